@@ -1,0 +1,152 @@
+"""A bundle on disk: a directory holding ``manifest.yaml``, executables and weights.
+
+The directory name is the model name. Loading a bundle reads and checks only the manifest;
+:mod:`hloserve.bundle.validate` checks the artifacts and weights against it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from hloserve.bundle import dtypes
+from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
+from hloserve.bundle.stablehlo import to_portable_artifact
+from hloserve.errors import InvalidArgumentError, NotFoundError
+
+#: Model names Triton accepts as repository directory names (and hloserve as bundle names).
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """Shape and dtype of one weight as stored in the safetensors file."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # manifest token
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle whose manifest parsed and passed the format rules.
+
+    Attributes:
+        path: the bundle directory.
+        manifest: the typed manifest.
+    """
+
+    path: Path
+    manifest: Manifest
+
+    @property
+    def name(self) -> str:
+        """The model name: the directory's name."""
+        return self.path.name
+
+    def executable_path(self, batch_size: int) -> Path:
+        """Path of the executable compiled for ``batch_size`` (0 for an unbatched model).
+
+        Raises:
+            NotFoundError: no executable for that size.
+        """
+        try:
+            return self.path / self.manifest.executables[batch_size]
+        except KeyError:
+            raise NotFoundError(
+                f"model {self.name!r} has no executable for batch size {batch_size}; "
+                f"compiled sizes: {sorted(self.manifest.executables)}"
+            ) from None
+
+    def read_artifact(self, batch_size: int) -> bytes:
+        """The portable artifact for ``batch_size`` (MLIR text is converted in memory)."""
+        return to_portable_artifact(self.executable_path(batch_size).read_bytes())
+
+    @property
+    def weights_path(self) -> Path | None:
+        """Path of the safetensors file, or None for a model without weights."""
+        file = self.manifest.weights.file
+        return self.path / file if file else None
+
+    @cached_property
+    def stored_weights(self) -> dict[str, WeightInfo]:
+        """Every tensor in the safetensors file, by name, read from its header only.
+
+        Raises:
+            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
+        """
+        if self.weights_path is None:
+            return {}
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.weights_path), framework="numpy") as f:
+                infos = {}
+                for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
+                    tensor = f.get_slice(key)
+                    token = dtypes.from_safetensors(tensor.get_dtype()).token
+                    infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
+                return infos
+        except (OSError, RuntimeError) as exc:  # safetensors raises SafetensorError(RuntimeError)
+            raise InvalidArgumentError(
+                f"{self.weights_path}: cannot read safetensors file: {exc}"
+            ) from None
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Total bytes of the weights ``main`` takes (those named in ``weights.order``)."""
+        return sum(self.stored_weights[n].nbytes for n in self.manifest.weights.order)
+
+    def load_weights(self) -> list[np.ndarray]:
+        """The weights as host NumPy arrays, in ``weights.order``.
+
+        Raises:
+            NotFoundError: a weight named in ``weights.order`` is not in the file.
+        """
+        if self.weights_path is None:
+            return []
+        from safetensors import safe_open
+
+        missing = [n for n in self.manifest.weights.order if n not in self.stored_weights]
+        if missing:
+            raise NotFoundError(f"{self.weights_path}: weights {missing} are not in the file")
+        with safe_open(str(self.weights_path), framework="numpy") as f:
+            return [f.get_tensor(name) for name in self.manifest.weights.order]
+
+
+def load_bundle(path: Path | str) -> Bundle:
+    """Read a bundle directory's manifest and check its format rules.
+
+    Raises:
+        NotFoundError: the directory or its manifest.yaml does not exist.
+        InvalidArgumentError: the directory name is not a valid model name.
+        ManifestError: the manifest breaks a rule (one line per problem).
+    """
+    path = Path(path)
+    if not (path / MANIFEST_FILE).is_file():
+        raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")
+    if not _MODEL_NAME.match(path.resolve().name):
+        raise InvalidArgumentError(
+            f"{path}: bundle directory name {path.name!r} is not a valid model name "
+            f"(must match {_MODEL_NAME.pattern})"
+        )
+    return Bundle(path, load_manifest(path / MANIFEST_FILE))
+
+
+def discover_bundles(root: Path | str) -> list[Path]:
+    """Immediate subdirectories of ``root`` that hold a ``manifest.yaml``, sorted by name."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NotFoundError(f"{root}: no such directory")
+    return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
+
+
+__all__ = ["Bundle", "ManifestError", "WeightInfo", "discover_bundles", "load_bundle"]

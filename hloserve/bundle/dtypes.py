@@ -1,0 +1,110 @@
+"""The one dtype table: manifest token, NumPy, KServe V2, Triton, StableHLO, safetensors.
+
+Sources: KServe V2 "Tensor Data Types" (kserve.github.io, open inference protocol); Triton
+``model_config.proto`` ``DataType``; StableHLO spec "Types" (element types ``i1``, ``si``/``ui``,
+``f16``/``bf16``/``f32``/``f64``); safetensors format (``Dtype`` enum). bf16 uses
+``ml_dtypes.bfloat16`` because NumPy has no bfloat16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from hloserve.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class DType:
+    """One row of the dtype table.
+
+    Attributes:
+        token: the manifest token, e.g. ``"f32"``.
+        numpy: the NumPy dtype (``object`` for bytes: Triton hands BYTES over as object arrays).
+        kserve: the KServe V2 datatype string, e.g. ``"FP32"``.
+        triton: the Triton ``config.pbtxt`` data type, e.g. ``"TYPE_FP32"``.
+        stablehlo: the StableHLO element type, or ``None`` for bytes (client-facing only).
+        safetensors: the safetensors dtype string, or ``None`` for bytes.
+        itemsize: bytes per element (0 for bytes: variable length).
+    """
+
+    token: str
+    numpy: np.dtype
+    kserve: str
+    triton: str
+    stablehlo: str | None
+    safetensors: str | None
+
+    @property
+    def itemsize(self) -> int:
+        return 0 if self.token == "bytes" else self.numpy.itemsize
+
+    @property
+    def executable(self) -> bool:
+        """Whether a StableHLO executable can take or return this dtype (all but bytes)."""
+        return self.stablehlo is not None
+
+
+_ROWS = (
+    DType("bool", np.dtype(np.bool_), "BOOL", "TYPE_BOOL", "i1", "BOOL"),
+    DType("u8", np.dtype(np.uint8), "UINT8", "TYPE_UINT8", "ui8", "U8"),
+    DType("u16", np.dtype(np.uint16), "UINT16", "TYPE_UINT16", "ui16", "U16"),
+    DType("u32", np.dtype(np.uint32), "UINT32", "TYPE_UINT32", "ui32", "U32"),
+    DType("u64", np.dtype(np.uint64), "UINT64", "TYPE_UINT64", "ui64", "U64"),
+    DType("i8", np.dtype(np.int8), "INT8", "TYPE_INT8", "i8", "I8"),
+    DType("i16", np.dtype(np.int16), "INT16", "TYPE_INT16", "i16", "I16"),
+    DType("i32", np.dtype(np.int32), "INT32", "TYPE_INT32", "i32", "I32"),
+    DType("i64", np.dtype(np.int64), "INT64", "TYPE_INT64", "i64", "I64"),
+    DType("f16", np.dtype(np.float16), "FP16", "TYPE_FP16", "f16", "F16"),
+    DType("bf16", np.dtype(ml_dtypes.bfloat16), "BF16", "TYPE_BF16", "bf16", "BF16"),
+    DType("f32", np.dtype(np.float32), "FP32", "TYPE_FP32", "f32", "F32"),
+    DType("f64", np.dtype(np.float64), "FP64", "TYPE_FP64", "f64", "F64"),
+    DType("bytes", np.dtype(object), "BYTES", "TYPE_STRING", None, None),
+)
+
+#: Every manifest dtype token, in table order.
+TOKENS: tuple[str, ...] = tuple(row.token for row in _ROWS)
+
+_BY_TOKEN = {row.token: row for row in _ROWS}
+_BY_KSERVE = {row.kserve: row for row in _ROWS}
+_BY_STABLEHLO = {row.stablehlo: row for row in _ROWS if row.stablehlo}
+_BY_SAFETENSORS = {row.safetensors: row for row in _ROWS if row.safetensors}
+_BY_NUMPY = {row.numpy: row for row in _ROWS if row.token != "bytes"}
+
+
+def _lookup(table: dict[str, DType], key: str, what: str) -> DType:
+    try:
+        return table[key]
+    except KeyError:
+        known = ", ".join(sorted(table))
+        raise InvalidArgumentError(f"unknown {what} {key!r}; known: {known}") from None
+
+
+def from_token(token: str) -> DType:
+    """Row for a manifest token. Raises InvalidArgumentError naming the known tokens."""
+    return _lookup(_BY_TOKEN, token, "dtype token")
+
+
+def from_kserve(datatype: str) -> DType:
+    """Row for a KServe V2 datatype string such as ``"FP32"``."""
+    return _lookup(_BY_KSERVE, datatype, "KServe datatype")
+
+
+def from_stablehlo(element_type: str) -> DType:
+    """Row for a StableHLO element type such as ``"f32"`` or ``"ui8"``."""
+    return _lookup(_BY_STABLEHLO, element_type, "StableHLO element type")
+
+
+def from_safetensors(dtype: str) -> DType:
+    """Row for a safetensors dtype string such as ``"F32"``."""
+    return _lookup(_BY_SAFETENSORS, dtype, "safetensors dtype")
+
+
+def from_numpy(dtype: np.dtype | type) -> DType:
+    """Row for a NumPy dtype (bfloat16 from ml_dtypes included); bytes are not numeric."""
+    key = np.dtype(dtype)
+    if key not in _BY_NUMPY:
+        raise InvalidArgumentError(f"unsupported NumPy dtype {key}; supported: {list(TOKENS)}")
+    return _BY_NUMPY[key]

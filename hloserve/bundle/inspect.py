@@ -1,0 +1,59 @@
+"""A readable summary of a bundle: tensors, compiled batch sizes, executables, weight bytes."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from hloserve.bundle.bundle import Bundle
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def render_bundle(bundle: Bundle) -> Group:
+    """Rich renderables describing ``bundle`` (print them with a rich Console)."""
+    m = bundle.manifest
+    title = Text.assemble(
+        (bundle.name, "bold"),
+        f"  format v{m.format_version}, kind {m.kind}, ",
+        f"batch sizes {m.batching.compiled_batch_sizes or 'none (unbatched)'}",
+    )
+    tensors = Table(title="tensors", title_justify="left")
+    for col in ("role", "name", "dtype", "axes", "shape", "KServe", "bytes/item"):
+        tensors.add_column(col)
+    for role, specs in (("input", m.inputs), ("output", m.outputs)):
+        for s in specs:
+            shape = ["n" if i == s.batch_axis else str(d) for i, d in enumerate(s.shape_at(0))]
+            cells = (
+                role,
+                s.name,
+                s.dtype,
+                s.shape,
+                f"[{', '.join(shape)}]",
+                s.dtype_info.kserve,
+                str(s.nbytes_per_item),
+            )
+            tensors.add_row(*(Text(c) for c in cells))  # Text: "[n, 8]" is not rich markup
+    exes = Table(title="executables", title_justify="left")
+    for col in ("batch size", "file", "size"):
+        exes.add_column(col)
+    for size, file in sorted(m.executables.items()):
+        path = bundle.path / file
+        exes.add_row(
+            str(size) if size else "unbatched",
+            file,
+            _size(path.stat().st_size) if path.exists() else "MISSING",
+        )
+    weights = Text(
+        f"weights: {len(m.weights.order)} tensors, {_size(bundle.weight_nbytes)}"
+        + (f" in {m.weights.file}" if m.weights.file else "")
+    )
+    producer = Text("producer: " + ", ".join(f"{k} {v}" for k, v in m.producer.items()))
+    return Group(title, tensors, exes, weights, producer)

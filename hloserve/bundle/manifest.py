@@ -1,0 +1,351 @@
+"""The bundle manifest (``manifest.yaml``), format v1: typed model, parsing, and rules.
+
+Format versions (the newest first; bump MAX and add a line when the format changes):
+
+* 1 (2026-11-29): first version: ``kind: model``; executable inputs/outputs in named-axis
+  notation; one StableHLO portable artifact per compiled batch size; weights as the leading
+  arguments of ``main``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hloserve.bundle import dtypes
+from hloserve.errors import InvalidArgumentError, Status
+
+#: Oldest manifest ``format_version`` this release reads.
+MIN_FORMAT_VERSION = 1
+#: Newest manifest ``format_version`` this release reads (and the one it writes).
+MAX_FORMAT_VERSION = 1
+#: Version written by :mod:`hloserve.export`.
+FORMAT_VERSION = MAX_FORMAT_VERSION
+
+MANIFEST_FILE = "manifest.yaml"
+#: Axis letters that mark the batch axis (at most one per tensor).
+BATCH_LETTERS = frozenset("nb")
+#: Key of the single executable of a model without a batch axis.
+UNBATCHED = 0
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+class ManifestError(InvalidArgumentError):
+    """A manifest breaks a format rule.
+
+    Attributes:
+        problems: one line per problem, each naming the tensor or key and expected vs actual.
+    """
+
+    def __init__(self, path: str, problems: list[str], *, status: Status | None = None) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
+
+
+class TensorSpec(BaseModel):
+    """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
+
+    ``shape`` is a row-major string of single letters (NumPy/JAX order): ``"nhwc"`` with
+    ``dims: {h: 8, w: 8, c: 1}`` is an array of shape ``(batch, 8, 8, 1)``. ``n`` or ``b`` marks
+    the batch axis (at most one); every other letter needs a positive size in ``dims``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    dtype: str
+    shape: str
+    dims: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
+        return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> TensorSpec:
+        problems = []
+        if self.dtype not in dtypes.TOKENS:
+            problems.append(
+                f"unknown dtype token {self.dtype!r}; known: {', '.join(dtypes.TOKENS)}"
+            )
+        elif self.dtype == "bytes":
+            problems.append(
+                "dtype 'bytes' is not allowed on an executable tensor "
+                "(only on client-facing tensors that a hook turns into numbers)"
+            )
+        seen: set[str] = set()
+        for letter in self.shape:
+            if not ("a" <= letter <= "z" or "A" <= letter <= "Z"):
+                problems.append(f"shape {self.shape!r}: {letter!r} is not an ASCII letter")
+            elif letter in seen:
+                problems.append(f"shape {self.shape!r}: axis letter {letter!r} appears twice")
+            seen.add(letter)
+        batch = [c for c in self.shape if c in BATCH_LETTERS]
+        if len(set(batch)) > 1:
+            problems.append(
+                f"shape {self.shape!r} has two batch letters {batch[0]!r} and {batch[1]!r}; "
+                "at most one of 'n'/'b' per tensor"
+            )
+        for letter in dict.fromkeys(self.shape):
+            if letter in BATCH_LETTERS or not letter.isascii() or not letter.isalpha():
+                continue
+            if letter not in self.dims:
+                problems.append(f"shape {self.shape!r}: axis {letter!r} has no size in dims")
+        for letter, size in self.dims.items():
+            if letter in BATCH_LETTERS:
+                problems.append(
+                    f"dims gives a size for batch letter {letter!r}; the batch size varies"
+                )
+            elif letter not in self.shape:
+                problems.append(f"dims names {letter!r}, which is not in shape {self.shape!r}")
+            elif size == -1:
+                problems.append(f"dims {letter}: -1 (variable size) is not allowed in format v1")
+            elif size <= 0:
+                problems.append(f"dims {letter}: size must be positive, got {size}")
+        if problems:
+            raise ValueError(f"tensor {self.name!r}: " + "; ".join(problems))
+        return self
+
+    @property
+    def dtype_info(self) -> dtypes.DType:
+        """The dtype table row of :attr:`dtype`."""
+        return dtypes.from_token(self.dtype)
+
+    @property
+    def batch_axis(self) -> int | None:
+        """Index of the batch axis in the row-major shape, or None when unbatched."""
+        for i, letter in enumerate(self.shape):
+            if letter in BATCH_LETTERS:
+                return i
+        return None
+
+    def shape_at(self, batch_size: int) -> tuple[int, ...]:
+        """Concrete row-major shape with the batch axis (if any) set to ``batch_size``."""
+        return tuple(
+            batch_size if letter in BATCH_LETTERS else self.dims[letter] for letter in self.shape
+        )
+
+    @property
+    def nbytes_per_item(self) -> int:
+        """Bytes of one batch item (the whole tensor when unbatched)."""
+        count = 1
+        for size in self.shape_at(1):
+            count *= size
+        return count * self.dtype_info.itemsize
+
+
+class Batching(BaseModel):
+    """``batching`` section: the batch sizes that have a compiled executable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compiled_batch_sizes: list[int] = Field(default_factory=list)
+
+    @field_validator("compiled_batch_sizes")
+    @classmethod
+    def _sizes_ok(cls, sizes: list[int]) -> list[int]:
+        bad = [s for s in sizes if s <= 0]
+        if bad:
+            raise ValueError(f"compiled batch sizes must be positive, got {bad}")
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"compiled batch sizes repeat a size: {sizes}")
+        return sorted(sizes)
+
+
+class Weights(BaseModel):
+    """``weights`` section: the safetensors file and the order ``main`` takes the weights in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str | None = None
+    order: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Weights:
+        dup = sorted({w for w in self.order if self.order.count(w) > 1})
+        if dup:
+            raise ValueError(f"weights.order names a weight twice: {dup}")
+        if self.order and not self.file:
+            raise ValueError("weights.order is not empty but weights.file is missing")
+        return self
+
+
+class Manifest(BaseModel):
+    """A parsed, rule-checked ``manifest.yaml`` (format v1).
+
+    The model name is not here: it is the bundle directory's name.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_version: int
+    kind: Literal["model"] = "model"
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    batching: Batching = Field(default_factory=Batching)
+    executables: dict[int, str]
+    weights: Weights = Field(default_factory=Weights)
+    producer: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Manifest:
+        problems = []
+        for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [s.name for s in specs]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                problems.append(f"{section} repeat a tensor name: {dup}")
+        if not self.outputs:
+            problems.append("outputs is empty; a model returns at least one tensor")
+        batched = [s.name for s in self.inputs + self.outputs if s.batch_axis is not None]
+        unbatched = [s.name for s in self.inputs + self.outputs if s.batch_axis is None]
+        sizes = self.batching.compiled_batch_sizes
+        if batched and unbatched:
+            problems.append(
+                f"tensors {batched} have a batch axis but {unbatched} do not; "
+                "either every input and output has one or none does"
+            )
+        elif batched and not sizes:
+            problems.append("tensors have a batch axis but batching.compiled_batch_sizes is empty")
+        elif not batched and sizes:
+            problems.append(
+                f"batching.compiled_batch_sizes is {sizes} but no tensor has a batch axis "
+                f"('n' or 'b'); an unbatched model has one executable under key {UNBATCHED}"
+            )
+        expected = set(sizes) if batched else {UNBATCHED}
+        for size in sorted(expected - set(self.executables)):
+            what = f"compiled batch size {size}" if size else "the unbatched executable (key 0)"
+            problems.append(f"executables: {what} has no artifact")
+        for size in sorted(set(self.executables) - expected):
+            problems.append(
+                f"executables: key {size} is not a compiled batch size {sorted(expected)}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def batched(self) -> bool:
+        """Whether the model has a batch axis (then every tensor has one)."""
+        return bool(self.batching.compiled_batch_sizes)
+
+    @property
+    def batch_leading(self) -> bool:
+        """Whether every tensor's batch axis is its first axis (Triton's implicit batch dim)."""
+        return self.batched and all(s.batch_axis == 0 for s in self.inputs + self.outputs)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest compiled batch size, 0 when unbatched."""
+        sizes = self.batching.compiled_batch_sizes
+        return max(sizes) if sizes else 0
+
+    def to_yaml(self) -> str:
+        """The manifest as YAML text, keys in the documented order."""
+        data = self.model_dump(mode="python", exclude_defaults=False)
+        if not data["weights"]["file"]:
+            del data["weights"]["file"]
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def _where(data: Any, loc: tuple[int | str, ...]) -> str:
+    """Render a pydantic error location, naming the tensor when the path goes through one."""
+    parts: list[str] = []
+    node = data
+    for key in loc:
+        if isinstance(key, int):
+            parts[-1] = f"{parts[-1]}[{key}]" if parts else f"[{key}]"
+        else:
+            parts.append(str(key))
+        node = node[key] if isinstance(node, (Mapping, list)) and _has(node, key) else None  # type: ignore[index]
+        if isinstance(node, Mapping) and isinstance(node.get("name"), str) and isinstance(key, int):
+            parts[-1] += f" {node['name']!r}"
+    return ".".join(parts) if parts else "manifest"
+
+
+def _has(node: Any, key: int | str) -> bool:
+    if isinstance(node, list):
+        return isinstance(key, int) and 0 <= key < len(node)
+    return key in node
+
+
+def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
+    """Check and type a manifest already loaded from YAML.
+
+    Args:
+        data: the YAML document (a mapping).
+        path: the file name used in error text.
+
+    Returns:
+        The typed manifest.
+
+    Raises:
+        ManifestError: with one line per problem. A ``format_version`` outside
+            [MIN_FORMAT_VERSION, MAX_FORMAT_VERSION] is reported alone, before anything else,
+            since other keys may mean something else in another version. ``kind: meta`` gives
+            status UNIMPLEMENTED.
+    """
+    if not isinstance(data, Mapping):
+        raise ManifestError(
+            path, [f"expected a mapping at the top level, got {type(data).__name__}"]
+        )
+    version = data.get("format_version")
+    if version is None:
+        raise ManifestError(path, ["format_version is missing"])
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestError(path, [f"format_version must be an integer, got {version!r}"])
+    if not MIN_FORMAT_VERSION <= version <= MAX_FORMAT_VERSION:
+        raise ManifestError(
+            path,
+            [
+                f"format_version {version} is not supported; this hloserve reads versions "
+                f"{MIN_FORMAT_VERSION} to {MAX_FORMAT_VERSION}"
+            ],
+        )
+    if data.get("kind") == "meta":
+        raise ManifestError(
+            path,
+            ["kind 'meta' (meta models) is not supported yet; this release serves kind 'model'"],
+            status=Status.UNIMPLEMENTED,
+        )
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            where = _where(data, tuple(err["loc"]))
+            if err["type"] == "missing":
+                msg = "required key is missing"
+            elif err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{where}: {msg}")
+        raise ManifestError(path, problems) from None
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and check ``manifest.yaml``.
+
+    Raises:
+        ManifestError: the file is not valid YAML or breaks a rule (see :func:`parse_manifest`).
+        NotFoundError-like OSError is turned into ManifestError naming the path.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ManifestError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ManifestError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_manifest(data, path=str(path))

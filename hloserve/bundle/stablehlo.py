@@ -1,0 +1,188 @@
+"""StableHLO artifacts: recognize, convert text to a portable artifact, read ``main``'s signature.
+
+This is the one place that touches MLIR. It uses the MLIR Python bindings and the StableHLO
+serialization entry points that jaxlib ships under ``jax.extend.mlir`` (public since JAX 0.4.x;
+checked on JAX 0.7.1 and 0.10.2).
+
+Portable artifacts (StableHLO's VHLO bytecode) are read back by StableHLO releases up to 5 years
+newer and 2 older (StableHLO compatibility RFC, openxla/stablehlo ``docs/compatibility.md``).
+Plain MLIR text has no such guarantee, so hloserve converts text once, when a bundle is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from hloserve.bundle import dtypes
+from hloserve.errors import InvalidArgumentError
+
+#: MLIR bytecode magic ("ML\xefR"); portable artifacts are MLIR bytecode.
+MLIR_BYTECODE_MAGIC = b"ML\xefR"
+#: Producer string StableHLO writes into a portable artifact right after the magic.
+_PORTABLE_PRODUCER = b"StableHLO_v"
+
+
+class ArtifactError(InvalidArgumentError):
+    """An executable file cannot be read as StableHLO or has no usable ``main``."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A ranked tensor type in a signature.
+
+    Attributes:
+        shape: row-major sizes; ``None`` for a dynamic size.
+        element_type: StableHLO element type, e.g. ``"f32"``, ``"ui8"``, ``"i1"``.
+    """
+
+    shape: tuple[int | None, ...]
+    element_type: str
+
+    @property
+    def dtype_token(self) -> str | None:
+        """The manifest dtype token, or None for an element type outside the table."""
+        try:
+            return dtypes.from_stablehlo(self.element_type).token
+        except InvalidArgumentError:
+            return None
+
+    def __str__(self) -> str:
+        dims = "x".join("?" if d is None else str(d) for d in self.shape)
+        return f"tensor<{dims + 'x' if dims else ''}{self.element_type}>"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The argument and result types of a module's ``main``."""
+
+    inputs: tuple[TensorType, ...]
+    outputs: tuple[TensorType, ...]
+
+
+def is_portable_artifact(data: bytes) -> bool:
+    """Whether ``data`` is a StableHLO portable artifact (VHLO bytecode written by StableHLO)."""
+    return data.startswith(MLIR_BYTECODE_MAGIC) and _PORTABLE_PRODUCER in data[4:40]
+
+
+@cache
+def _mlir() -> Any:
+    # Imported lazily: jaxlib is heavy, and manifest-only checks must not pay for it.
+    import jax.extend.mlir as mlir_ext
+    from jax.extend.mlir import ir
+    from jax.extend.mlir.dialects import stablehlo
+
+    return mlir_ext, ir, stablehlo
+
+
+def default_target_version() -> str:
+    """StableHLO version that artifacts are written for: the oldest this StableHLO supports.
+
+    That is StableHLO's ``StablehloCompatibilityRequirement.MAX`` (5 years of consumers), so an
+    artifact written by a new exporter still loads in an older serving JAX.
+    """
+    _, _, stablehlo = _mlir()
+    return str(
+        stablehlo.get_version_from_compatibility_requirement(
+            stablehlo.StablehloCompatibilityRequirement.MAX
+        )
+    )
+
+
+def to_portable_artifact(module: bytes | str, target_version: str | None = None) -> bytes:
+    """Convert StableHLO (MLIR text or bytecode, or an artifact) to a portable artifact.
+
+    Args:
+        module: MLIR text (``str`` or UTF-8 ``bytes``), MLIR bytecode, or a portable artifact
+            (returned unchanged).
+        target_version: StableHLO version to target, e.g. ``"1.0.0"``; default
+            :func:`default_target_version`.
+
+    Raises:
+        ArtifactError: the module does not parse, or uses ops newer than the target.
+    """
+    if isinstance(module, bytes) and is_portable_artifact(module):
+        return module
+    mlir_ext, _, _ = _mlir()
+    target = target_version or default_target_version()
+    try:
+        return bytes(mlir_ext.serialize_portable_artifact(module, target))
+    except Exception as exc:  # the bindings raise a bare Exception/ValueError with MLIR text
+        raise ArtifactError(
+            f"cannot serialize StableHLO to a portable artifact for target {target}: {exc}"
+        ) from None
+
+
+def _module_text(data: bytes) -> str:
+    """StableHLO MLIR text of a portable artifact or of MLIR text bytes."""
+    if is_portable_artifact(data):
+        mlir_ext, _, _ = _mlir()
+        try:
+            return str(mlir_ext.deserialize_portable_artifact(data))
+        except Exception as exc:
+            raise ArtifactError(f"cannot deserialize portable artifact: {exc}") from None
+    if data.startswith(MLIR_BYTECODE_MAGIC):
+        raise ArtifactError(
+            "MLIR bytecode that is not a StableHLO portable artifact; write it with "
+            "stablehlo.serialize_portable_artifact or give MLIR text"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArtifactError("neither a portable artifact nor UTF-8 MLIR text") from None
+
+
+def read_signature(data: bytes, function: str = "main") -> Signature:
+    """Read the argument and result types of ``function`` in a StableHLO module.
+
+    Args:
+        data: a portable artifact, or MLIR text as bytes.
+        function: the public function to read.
+
+    Raises:
+        ArtifactError: the module does not parse, has no such function, or has a non-tensor
+            argument or result (a token, a tuple).
+    """
+    _, ir, _ = _mlir()
+    from jax._src.interpreters import mlir as jax_mlir  # the context with every dialect loaded
+
+    with jax_mlir.make_ir_context() as ctx:
+        text = _module_text(data)  # newer bindings take the context from the surrounding `with`
+        try:
+            module = ir.Module.parse(text, context=ctx)
+        except Exception as exc:
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
+        for op in module.body.operations:
+            if (
+                "sym_name" in op.attributes
+                and ir.StringAttr(op.attributes["sym_name"]).value == function
+            ):
+                fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                return Signature(
+                    inputs=tuple(
+                        _tensor_type(ir, t, f"argument {i}") for i, t in enumerate(fn_type.inputs)
+                    ),
+                    outputs=tuple(
+                        _tensor_type(ir, t, f"result {i}") for i, t in enumerate(fn_type.results)
+                    ),
+                )
+    raise ArtifactError(f"module has no function named {function!r}")
+
+
+def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:
+    try:
+        ranked = ir.RankedTensorType(mlir_type)  # raises ValueError for any other type
+    except ValueError:
+        raise ArtifactError(
+            f"{what} of main has type {mlir_type}, expected a ranked tensor"
+        ) from None
+    shape = tuple(
+        None if ranked.is_dynamic_dim(i) else int(ranked.get_dim_size(i))
+        for i in range(ranked.rank)
+    )
+    element = str(ranked.element_type)
+    if element.startswith("si"):  # signless vs signed spelling: si32 means i32 here
+        element = element[1:]
+    return TensorType(shape, element)

@@ -1,0 +1,191 @@
+"""Check a bundle end to end: manifest rules, weights, and every executable's ``main`` signature.
+
+``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
+every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.bundle.bundle import Bundle, load_bundle
+from hloserve.bundle.manifest import MANIFEST_FILE, ManifestError, TensorSpec
+from hloserve.bundle.stablehlo import (
+    ArtifactError,
+    TensorType,
+    is_portable_artifact,
+    read_signature,
+)
+from hloserve.errors import HloserveError, InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of the validator.
+
+    Attributes:
+        file: the file it is about, relative to the bundle directory.
+        message: what is wrong, naming the tensor or weight and expected vs actual.
+        warning: True for findings that do not make the bundle invalid.
+    """
+
+    file: str
+    message: str
+    warning: bool = False
+
+    def __str__(self) -> str:
+        return f"{'warning: ' if self.warning else ''}{self.file}: {self.message}"
+
+
+class BundleError(InvalidArgumentError):
+    """A bundle failed validation.
+
+    Attributes:
+        bundle: the bundle directory.
+        problems: the errors found (warnings excluded).
+    """
+
+    def __init__(self, bundle: Path, problems: list[Problem]) -> None:
+        self.bundle = bundle
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"bundle {bundle.name!r} ({bundle}) is invalid:\n{lines}")
+
+
+def validate_bundle(path: Path | str) -> list[Problem]:
+    """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
+
+    Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header.
+    """
+    path = Path(path)
+    try:
+        bundle = load_bundle(path)
+    except ManifestError as exc:
+        return [Problem(MANIFEST_FILE, p) for p in exc.problems]
+    except HloserveError as exc:
+        return [Problem(MANIFEST_FILE, exc.message)]
+    problems = _check_weights(bundle)
+    for size in sorted(bundle.manifest.executables):
+        problems += _check_executable(bundle, size)
+    return problems
+
+
+def check_bundle(path: Path | str) -> Bundle:
+    """Load a bundle and validate it fully.
+
+    Raises:
+        BundleError: listing every error (status INVALID_ARGUMENT).
+    """
+    path = Path(path)
+    errors = [p for p in validate_bundle(path) if not p.warning]
+    if errors:
+        raise BundleError(path, errors)
+    return load_bundle(path)
+
+
+def _check_weights(bundle: Bundle) -> list[Problem]:
+    weights = bundle.manifest.weights
+    if not weights.file:
+        return []
+    file = weights.file
+    if not (bundle.path / file).is_file():
+        return [Problem(file, "weights file is missing")]
+    try:
+        stored = bundle.stored_weights
+    except InvalidArgumentError as exc:
+        return [Problem(file, exc.message)]
+    problems = [
+        Problem(file, f"weight {name!r} is in weights.order but not in the file")
+        for name in weights.order
+        if name not in stored
+    ]
+    problems += [
+        Problem(file, f"weight {name!r} is in the file but not in weights.order")
+        for name in sorted(set(stored) - set(weights.order))
+    ]
+    return problems
+
+
+def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
+    file = bundle.manifest.executables[size]
+    exe_path = bundle.path / file
+    if not exe_path.is_file():
+        what = f"batch size {size}" if size else "the unbatched executable"
+        return [Problem(file, f"artifact for {what} is missing")]
+    data = exe_path.read_bytes()
+    problems = []
+    if not is_portable_artifact(data):
+        problems.append(
+            Problem(
+                file,
+                "MLIR text, not a portable artifact: run `hloserve bundle convert` "
+                "(text has no compatibility guarantee across StableHLO versions)",
+                warning=True,
+            )
+        )
+    try:
+        signature = read_signature(data)
+    except ArtifactError as exc:
+        return [*problems, Problem(file, exc.message)]
+    manifest = bundle.manifest
+    order = manifest.weights.order
+    expected_args = len(order) + len(manifest.inputs)
+    if len(signature.inputs) != expected_args:
+        problems.append(
+            Problem(
+                file,
+                f"main takes {len(signature.inputs)} arguments, expected {expected_args} "
+                f"({len(order)} weights + {len(manifest.inputs)} inputs)",
+            )
+        )
+        return problems
+    stored = bundle.stored_weights if manifest.weights.file else {}
+    for name, actual in zip(order, signature.inputs[: len(order)], strict=True):
+        info = stored.get(name)
+        if info is not None:
+            problems += _compare(
+                file, f"weight {name!r}", info.shape, info.dtype, actual, "safetensors"
+            )
+    for spec, actual in zip(manifest.inputs, signature.inputs[len(order) :], strict=True):
+        problems += _compare_spec(file, "input", spec, size, actual)
+    if len(signature.outputs) != len(manifest.outputs):
+        problems.append(
+            Problem(
+                file,
+                f"main returns {len(signature.outputs)} results, "
+                f"manifest declares {len(manifest.outputs)} outputs",
+            )
+        )
+        return problems
+    for spec, actual in zip(manifest.outputs, signature.outputs, strict=True):
+        problems += _compare_spec(file, "output", spec, size, actual)
+    return problems
+
+
+def _compare_spec(
+    file: str, role: str, spec: TensorSpec, size: int, actual: TensorType
+) -> list[Problem]:
+    return _compare(
+        file, f"{role} {spec.name!r}", spec.shape_at(size), spec.dtype, actual, "manifest"
+    )
+
+
+def _compare(
+    file: str, subject: str, shape: tuple[int, ...], dtype: str, actual: TensorType, source: str
+) -> list[Problem]:
+    problems = []
+    if actual.dtype_token != dtype:
+        problems.append(
+            Problem(
+                file, f"{subject}: dtype {dtype} in {source}, {actual.element_type} in the artifact"
+            )
+        )
+    if actual.shape != shape:
+        problems.append(
+            Problem(
+                file,
+                f"{subject}: shape {list(shape)} in {source}, {list(actual.shape)} in the artifact",
+            )
+        )
+    return problems

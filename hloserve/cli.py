@@ -1,0 +1,115 @@
+"""The ``hloserve`` command line.
+
+Subcommands:
+    bundle validate BUNDLE_DIR...   check bundles; one line per problem on stderr; exit 1 if any
+    bundle inspect BUNDLE_DIR       table of tensors, batch sizes, executables, weight bytes
+    bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hloserve import __version__
+from hloserve.errors import HloserveError
+
+
+def _bundle_validate(args: argparse.Namespace) -> int:
+    from hloserve.bundle import validate_bundle
+
+    failed = 0
+    for path in args.bundle_dirs:
+        problems = validate_bundle(path)
+        errors = [p for p in problems if not p.warning]
+        for p in problems:
+            print(f"{path.name}/{p}", file=sys.stderr)
+        if errors:
+            failed += 1
+            print(
+                f"{path}: INVALID ({len(errors)} problem{'s' * (len(errors) != 1)})",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{path}: valid")
+    return 1 if failed else 0
+
+
+def _bundle_inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from hloserve.bundle import load_bundle
+    from hloserve.bundle.inspect import render_bundle
+
+    Console().print(render_bundle(load_bundle(args.bundle_dir)))
+    return 0
+
+
+def _bundle_convert(args: argparse.Namespace) -> int:
+    from hloserve.bundle.convert import convert_bundle
+
+    converted = convert_bundle(args.bundle_dir, args.target)
+    if converted:
+        print(f"{args.bundle_dir}: converted {', '.join(converted)} to portable artifacts")
+    else:
+        print(f"{args.bundle_dir}: every executable is already a portable artifact")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``hloserve`` (built on call, never at import)."""
+    parser = argparse.ArgumentParser(
+        prog="hloserve",
+        description="Serve StableHLO models on NVIDIA Triton Inference Server.",
+    )
+    parser.add_argument("--version", action="version", version=f"hloserve {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bundle = commands.add_parser("bundle", help="check, inspect and convert model bundles")
+    bundle_cmds = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+    validate = bundle_cmds.add_parser(
+        "validate",
+        help="check bundles against the format (manifest, weights, every executable's signature)",
+        description="Exit 0 when every bundle is valid; otherwise exit 1 with one line per "
+        "problem on stderr naming the file, the tensor or weight, and expected vs actual.",
+    )
+    validate.add_argument("bundle_dirs", nargs="+", type=Path, metavar="BUNDLE_DIR")
+    validate.set_defaults(func=_bundle_validate)
+    inspect = bundle_cmds.add_parser("inspect", help="print a table of a bundle's contents")
+    inspect.add_argument("bundle_dir", type=Path, metavar="BUNDLE_DIR")
+    inspect.set_defaults(func=_bundle_inspect)
+    convert = bundle_cmds.add_parser(
+        "convert",
+        help="rewrite MLIR text executables (.mlir) as StableHLO portable artifacts (.mlirbc)",
+    )
+    convert.add_argument("bundle_dir", type=Path, metavar="BUNDLE_DIR")
+    convert.add_argument(
+        "--target",
+        default=None,
+        metavar="VERSION",
+        help="StableHLO version to target (default: the oldest supported, widest compatibility)",
+    )
+    convert.set_defaults(func=_bundle_convert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hloserve`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except HloserveError as exc:
+        print(f"error ({exc.status.value}): {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Implementation of :func:`export_bundle` (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import hloserve
+from hloserve.bundle import dtypes
+from hloserve.bundle.bundle import Bundle, load_bundle
+from hloserve.bundle.manifest import (
+    BATCH_LETTERS,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    UNBATCHED,
+    Batching,
+    Manifest,
+    TensorSpec,
+    Weights,
+)
+from hloserve.bundle.stablehlo import default_target_version, to_portable_artifact
+from hloserve.bundle.validate import check_bundle
+from hloserve.errors import InvalidArgumentError
+
+log = logging.getLogger("hloserve.export")
+
+WEIGHTS_FILE = "weights.safetensors"
+
+
+class ExportError(InvalidArgumentError):
+    """The function, params or specs cannot be exported as declared."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A named output: its name and its named-axis shape string (e.g. ``"nk"``).
+
+    Sizes and dtype are read from the traced function; ``n``/``b`` marks the batch axis.
+    """
+
+    name: str
+    shape: str
+
+
+def weight_names(params: Any) -> list[str]:
+    """Stable, readable names of the leaves of a params pytree, in flattening order.
+
+    Dict keys, sequence indices and attribute names are joined with ``.``:
+    ``{"conv1": {"kernel": w}}`` -> ``"conv1.kernel"``. A bare array is named ``"params"``.
+    """
+    import jax
+
+    leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+    names = []
+    for path, _leaf in leaves:
+        parts = []
+        for key in path:
+            for attr in ("key", "idx", "name"):
+                if hasattr(key, attr):
+                    parts.append(str(getattr(key, attr)))
+                    break
+            else:
+                parts.append(str(key))
+        names.append(".".join(parts) or "params")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ExportError(f"params flatten to repeated weight names {dup}; use distinct keys")
+    return names
+
+
+@contextlib.contextmanager
+def _x64(enabled: bool) -> Iterator[None]:
+    """JAX's 64-bit mode for the duration of an export (restored afterwards)."""
+    import jax
+
+    previous = bool(jax.config.read("jax_enable_x64"))
+    if enabled and not previous:
+        jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        if enabled and not previous:
+            jax.config.update("jax_enable_x64", False)
+
+
+def export_bundle(
+    fn: Callable[..., Any],
+    params: Any,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[OutputSpec],
+    batch_sizes: Sequence[int],
+    out_dir: Path | str,
+    *,
+    overwrite: bool = False,
+    stablehlo_target: str | None = None,
+) -> Bundle:
+    """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
+
+    Args:
+        fn: a JAX-traceable function ``fn(params, *inputs)`` returning one array, a tuple/list
+            of arrays in ``outputs`` order, or a dict keyed by output name.
+        params: a pytree of arrays (NumPy or JAX). Its leaves become the weights, named by
+            :func:`weight_names`, and the leading arguments of each executable's ``main``.
+        inputs: executable input specs (name, dtype token, shape letters, dims), in the order
+            ``fn`` takes them after ``params``.
+        outputs: output names and shape letters, in ``fn``'s return order.
+        batch_sizes: batch sizes to compile, e.g. ``[1, 8, 32]``; empty for a model without a
+            batch axis (then no spec may use ``n``/``b``).
+        out_dir: the bundle directory to write; its name is the model name.
+        overwrite: replace an existing bundle at ``out_dir``.
+        stablehlo_target: StableHLO version the artifacts target (default: the oldest the
+            installed StableHLO can write, for the widest compatibility).
+
+    Returns:
+        The written bundle, already validated.
+
+    Raises:
+        ExportError: out_dir exists (without ``overwrite``), an output's rank or batch axis
+            differs from its spec, or a weight has an unsupported dtype.
+        BundleError: the written bundle fails validation (nothing is left at ``out_dir``).
+
+    The bundle is written to a temporary sibling directory, manifest last, validated, and then
+    renamed into place, so a half-written bundle is never visible under ``out_dir``. 64-bit
+    dtypes (i64, u64, f64) turn on JAX's x64 mode during the export only.
+    """
+    import jax
+    from jax import export as jax_export
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise ExportError(f"{out_dir} exists; pass overwrite=True to replace it")
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    names = weight_names(params)
+    host_weights = [np.asarray(leaf) for leaf in leaves]
+    for name, array in zip(names, host_weights, strict=True):
+        try:
+            dtypes.from_numpy(array.dtype)
+        except InvalidArgumentError:
+            raise ExportError(f"weight {name!r} has unsupported dtype {array.dtype}") from None
+    input_dtypes = [spec.dtype_info.numpy for spec in inputs]
+    wide = any(d.itemsize == 8 for d in [*input_dtypes, *(w.dtype for w in host_weights)])
+    sizes = sorted(set(batch_sizes)) or [UNBATCHED]
+    n_weights = len(host_weights)
+
+    def main(*args: Any) -> tuple[Any, ...]:
+        result = fn(jax.tree_util.tree_unflatten(treedef, args[:n_weights]), *args[n_weights:])
+        return _as_tuple(result, outputs)
+
+    target = stablehlo_target or default_target_version()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging = scratch / out_dir.name  # validated under the real model name, then moved in place
+    staging.mkdir()
+    try:
+        with _x64(wide):
+            weight_structs = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in host_weights]
+            executables: dict[int, str] = {}
+            out_specs: list[TensorSpec] | None = None
+            for i, size in enumerate(sizes, 1):
+                log.info("exporting %s: batch size %d (%d/%d)", out_dir.name, size, i, len(sizes))
+                in_structs = [
+                    jax.ShapeDtypeStruct(spec.shape_at(size), dt)
+                    for spec, dt in zip(inputs, input_dtypes, strict=True)
+                ]
+                exported = jax_export.export(jax.jit(main, keep_unused=True))(
+                    *weight_structs, *in_structs
+                )
+                specs = _output_specs(outputs, exported.out_avals, size)
+                if out_specs is not None and specs != out_specs:
+                    raise ExportError(
+                        f"outputs differ between batch sizes: {out_specs} vs {specs} at {size}"
+                    )
+                out_specs = specs
+                file = f"model.b{size}.mlirbc" if size else "model.mlirbc"
+                artifact = to_portable_artifact(exported.mlir_module(), target)
+                (staging / file).write_bytes(artifact)
+                executables[size] = file
+        assert out_specs is not None  # sizes is never empty
+        weights = _write_weights(staging, names, host_weights)
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            kind="model",
+            inputs=list(inputs),
+            outputs=out_specs,
+            batching=Batching(compiled_batch_sizes=[s for s in sizes if s != UNBATCHED]),
+            executables=executables,
+            weights=weights,
+            producer={
+                "tool": "hloserve.export",
+                "hloserve": hloserve.__version__,
+                "jax": jax.__version__,
+                "jaxlib": _jaxlib_version(),
+                "stablehlo_target": target,
+            },
+        )
+        (staging / MANIFEST_FILE).write_text(manifest.to_yaml())  # last: marks the bundle complete
+        check_bundle(staging)
+        for written in staging.iterdir():  # tempfile and safetensors create owner-only files
+            written.chmod(0o644)
+        staging.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+        log.info("wrote bundle %s (%d executables)", out_dir, len(executables))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return load_bundle(out_dir)
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+
+    return str(getattr(jaxlib, "__version__", "unknown"))
+
+
+def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
+    if isinstance(result, Mapping):
+        missing = [o.name for o in outputs if o.name not in result]
+        if missing:
+            raise ExportError(f"fn returned a dict without outputs {missing}")
+        return tuple(result[o.name] for o in outputs)
+    values = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    if len(values) != len(outputs):
+        raise ExportError(
+            f"fn returned {len(values)} arrays, but {len(outputs)} outputs are declared"
+        )
+    return values
+
+
+def _output_specs(
+    outputs: Sequence[OutputSpec], avals: Sequence[Any], size: int
+) -> list[TensorSpec]:
+    specs = []
+    for out, aval in zip(outputs, avals, strict=True):
+        shape = tuple(int(d) for d in aval.shape)
+        if len(shape) != len(out.shape):
+            raise ExportError(
+                f"output {out.name!r}: shape letters {out.shape!r} have rank {len(out.shape)}, "
+                f"fn returns shape {shape}"
+            )
+        dims = {}
+        for letter, dim in zip(out.shape, shape, strict=True):
+            if letter in BATCH_LETTERS:
+                if dim != size:
+                    raise ExportError(
+                        f"output {out.name!r}: batch axis {letter!r} has size {dim} "
+                        f"at batch size {size}"
+                    )
+            else:
+                dims[letter] = dim
+        try:
+            token = dtypes.from_numpy(aval.dtype).token
+        except InvalidArgumentError:
+            raise ExportError(f"output {out.name!r}: unsupported dtype {aval.dtype}") from None
+        specs.append(TensorSpec(name=out.name, dtype=token, shape=out.shape, dims=dims))
+    return specs
+
+
+def _write_weights(staging: Path, names: list[str], arrays: list[np.ndarray]) -> Weights:
+    if not names:
+        return Weights()
+    from safetensors.numpy import save_file
+
+    save_file(
+        {n: np.ascontiguousarray(a) for n, a in zip(names, arrays, strict=True)},
+        str(staging / WEIGHTS_FILE),
+        metadata={"producer": "hloserve.export"},
+    )
+    return Weights(file=WEIGHTS_FILE, order=names)

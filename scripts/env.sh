@@ -1,0 +1,30 @@
+# Sourced by the other scripts: create or update the project's virtual environments.
+#   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (DESIGN.md)
+#   .venv-np2  numpy 2 with the newest JAX, for the checks that the bundle core runs there too
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+_make_venv() {  # _make_venv DIR STAMP_TEXT PIP_ARGS...
+  local dir="$1" stamp="$2"; shift 2
+  if [ -f "$dir/.hloserve-stamp" ] && [ "$(cat "$dir/.hloserve-stamp")" = "$stamp" ]; then
+    return 0
+  fi
+  echo "==> setting up $dir (pip install $*)"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
+  "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+  echo "$stamp" > "$dir/.hloserve-stamp"
+}
+
+# The stamp changes whenever pyproject.toml changes, so dependency edits reinstall.
+_stamp="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+
+setup_serving_env() {
+  _make_venv "$ROOT/.venv" "$_stamp" -e "$ROOT[serve,test]"
+}
+
+setup_numpy2_env() {
+  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT[test]" "numpy>=2"
+}

@@ -1,0 +1,107 @@
+"""Shared fixtures: a tiny exported bundle to corrupt, the golden bundle, the digits bundle."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+DIGITS_DIR = ROOT / "examples" / "digits"
+
+
+def tiny_fn(params: dict[str, Any], x: Any) -> Any:
+    """y = x @ w + b, s = sum(x): the model every corruption test starts from."""
+    return x @ params["w"] + params["b"], x.sum(axis=-1)
+
+
+TINY_PARAMS = {
+    "w": np.arange(12, dtype=np.float32).reshape(4, 3) / 10,
+    "b": np.array([0.5, -0.5, 1.0], np.float32),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A valid bundle ``tiny`` (f32 x nk k=4 -> y nj j=3, s n; batch sizes 1 and 4)."""
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
+    out = tmp_path_factory.mktemp("src") / "tiny"
+    export_bundle(
+        tiny_fn,
+        TINY_PARAMS,
+        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": 4})],
+        [OutputSpec("y", "nj"), OutputSpec("s", "n")],
+        [1, 4],
+        out,
+    )
+    return out
+
+
+@pytest.fixture
+def tiny_bundle(tiny_bundle_src: Path, tmp_path: Path) -> Path:
+    """A fresh, writable copy of the tiny bundle for one test to corrupt."""
+    dst = tmp_path / "tiny"
+    shutil.copytree(tiny_bundle_src, dst)
+    return dst
+
+
+@pytest.fixture
+def edit_manifest() -> Callable[[Path, Callable[[dict[str, Any]], None]], None]:
+    """Apply an in-place edit to a bundle's manifest.yaml (loaded as plain YAML)."""
+
+    def edit(bundle: Path, change: Callable[[dict[str, Any]], None]) -> None:
+        path = bundle / "manifest.yaml"
+        data = yaml.safe_load(path.read_text())
+        change(data)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    return edit
+
+
+@pytest.fixture(scope="session")
+def digits_model() -> Any:
+    """The example's model module (examples/digits/digits_model.py)."""
+    sys.path.insert(0, str(DIGITS_DIR))
+    try:
+        import digits_model
+    finally:
+        sys.path.remove(str(DIGITS_DIR))
+    return digits_model
+
+
+@pytest.fixture(scope="session")
+def digits_params(digits_model: Any) -> Any:
+    """Trained digits params (fixed seed; ~8 s on 2 cores)."""
+    return digits_model.train()
+
+
+@pytest.fixture(scope="session")
+def digits_bundle(
+    digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The digits bundle exported the way examples/digits/export.py does it."""
+    sys.path.insert(0, str(DIGITS_DIR))
+    try:
+        import export as digits_export
+    finally:
+        sys.path.remove(str(DIGITS_DIR))
+    from hloserve.export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "digits"
+    export_bundle(
+        digits_model.apply,
+        digits_params,
+        [digits_export.IMAGE],
+        [digits_export.LOGITS],
+        digits_export.BATCH_SIZES,
+        out,
+    )
+    return out
