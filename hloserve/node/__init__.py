@@ -1,0 +1,5 @@
+"""Launching tritonserver processes: one local tritonserver per GPU (and, later, the gateway).
+
+Modules:
+    tritonserver: run one local tritonserver from the nvidia-pytriton wheel, without Docker.
+"""
