@@ -26,5 +26,6 @@ setup_serving_env() {
 }
 
 setup_numpy2_env() {
-  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT[test]" "numpy>=2"
+  # tritonclient 2.51 pins numpy<2, so this environment gets the core's test tools only.
+  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest scikit-learn
 }
