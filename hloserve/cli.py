@@ -4,6 +4,8 @@ Subcommands:
     bundle validate BUNDLE_DIR...   check bundles; one line per problem on stderr; exit 1 if any
     bundle inspect BUNDLE_DIR       table of tensors, batch sizes, executables, weight bytes
     bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
+    repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
+    repo validate REPO_DIR          check a repository's configs against their bundles
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ def _bundle_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _repo_build(args: argparse.Namespace) -> int:
+    from hloserve.model_repository_tools import build_repository
+
+    plan = build_repository(
+        args.bundles_dir,
+        args.output,
+        front_instances=args.front_instances,
+        max_queue_delay_us=args.max_queue_delay_us,
+        overwrite=args.overwrite,
+        progress=print,
+    )
+    print(f"{args.output}: wrote {len(plan.models)} front model(s) and the runtime model")
+    return 0
+
+
+def _repo_validate(args: argparse.Namespace) -> int:
+    from hloserve.model_repository_tools import validate_repository
+
+    problems = validate_repository(args.repo_dir)
+    for p in problems:
+        print(f"{args.repo_dir.name}/{p}", file=sys.stderr)
+    if problems:
+        print(f"{args.repo_dir}: INVALID ({len(problems)} problem(s))", file=sys.stderr)
+        return 1
+    print(f"{args.repo_dir}: valid")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``hloserve`` (built on call, never at import)."""
     parser = argparse.ArgumentParser(
@@ -94,6 +124,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="StableHLO version to target (default: the oldest supported, widest compatibility)",
     )
     convert.set_defaults(func=_bundle_convert)
+
+    repo = commands.add_parser("repo", help="build and check Triton model repositories")
+    repo_cmds = repo.add_subparsers(dest="repo_command", required=True, metavar="ACTION")
+    build = repo_cmds.add_parser(
+        "build",
+        help="write a Triton model repository serving every bundle in BUNDLES_DIR",
+        description="Validate every bundle first (one invalid bundle: its problems are printed, "
+        "exit 1, nothing is written), then write the repository atomically: built beside "
+        "REPO_DIR and renamed into place. Layout: docs/serving.md.",
+    )
+    build.add_argument("bundles_dir", type=Path, metavar="BUNDLES_DIR")
+    build.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="REPO_DIR", help="repository to write"
+    )
+    build.add_argument(
+        "--front-instances",
+        type=int,
+        default=2,
+        metavar="N",
+        help="CPU instances of each front model (default: 2)",
+    )
+    build.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=500,
+        metavar="D",
+        help="dynamic batcher max_queue_delay_microseconds (default: 500)",
+    )
+    build.add_argument(
+        "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
+    )
+    build.set_defaults(func=_repo_build)
+    repo_validate = repo_cmds.add_parser(
+        "validate",
+        help="check that every config parses and matches its bundle copy",
+        description="Exit 0 when the repository is consistent; otherwise exit 1 with one line "
+        "per problem on stderr.",
+    )
+    repo_validate.add_argument("repo_dir", type=Path, metavar="REPO_DIR")
+    repo_validate.set_defaults(func=_repo_validate)
     return parser
 
 

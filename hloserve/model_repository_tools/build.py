@@ -1,0 +1,362 @@
+"""Bundles directory -> Triton model repository, validated first and written atomically.
+
+:func:`plan_repository` validates every bundle and computes every config without writing;
+:func:`write_repository` writes a plan into a temporary directory next to the target and moves
+it into place with one rename (an exchange when the target exists), so a tritonserver polling
+the repository sees the old repository or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles
+from hloserve.bundle.stablehlo import is_portable_artifact
+from hloserve.errors import InvalidArgumentError, Status
+from hloserve.model_repository_tools import names
+from hloserve.model_repository_tools.config import config_text, front_config, runtime_config
+
+#: Name of every model's configuration file (Triton's fixed name).
+CONFIG_FILE = "config.pbtxt"
+
+#: Receives one human-readable line per step (the CLI prints them).
+Progress = Callable[[str], None]
+
+
+class RepositoryError(InvalidArgumentError):
+    """The repository cannot be built as asked (name collision, target exists, no bundles)."""
+
+
+@dataclass(frozen=True)
+class FrontModel:
+    """One front model of a planned repository.
+
+    Attributes:
+        name: model name (the bundle's name).
+        source: the bundle directory it is copied from.
+        config_text: its ``config.pbtxt``.
+        text_executables: executables (paths relative to the bundle) that are MLIR text and get
+            converted to portable artifacts in the copy.
+    """
+
+    name: str
+    source: Path
+    config_text: str
+    text_executables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RepositoryPlan:
+    """Everything a repository build writes, computed before anything is written.
+
+    Attributes:
+        models: the front models, sorted by name.
+        runtime_config_text: the runtime model's ``config.pbtxt``.
+    """
+
+    models: tuple[FrontModel, ...]
+    runtime_config_text: str
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Front model names, then the runtime model's."""
+        return (*(m.name for m in self.models), names.RUNTIME_MODEL)
+
+
+def plan_repository(
+    bundles_dir: Path | str,
+    *,
+    front_instances: int = 2,
+    max_queue_delay_us: int = 500,
+    progress: Progress | None = None,
+) -> RepositoryPlan:
+    """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
+
+    Args:
+        bundles_dir: directory whose subdirectories holding a ``manifest.yaml`` are bundles.
+        front_instances: CPU instances per front model, >= 1.
+        max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
+        progress: called with one line per bundle.
+
+    Raises:
+        BundleError: the first invalid bundle (every bundle is checked and reported to
+            ``progress`` first), with the validator's message.
+        RepositoryError: bad options, no bundles, or colliding names.
+    """
+    if front_instances < 1:
+        raise RepositoryError(f"front instances must be >= 1, got {front_instances}")
+    if max_queue_delay_us < 0:
+        raise RepositoryError(
+            f"max queue delay must be >= 0 microseconds, got {max_queue_delay_us}"
+        )
+    paths = discover_bundles(bundles_dir)
+    if not paths:
+        raise RepositoryError(f"{bundles_dir}: no bundles (no subdirectory holds a manifest.yaml)")
+    bundles: list[Bundle] = []
+    errors: list[BundleError] = []
+    for path in paths:
+        try:
+            bundle = check_bundle(path)
+        except BundleError as exc:
+            errors.append(exc)
+            _say(progress, f"{path.name}: INVALID ({len(exc.problems)} problem(s))")
+            continue
+        bundles.append(bundle)
+        _say(progress, f"{bundle.name}: valid ({_describe(bundle)})")
+    if errors:
+        raise errors[0]
+    check_names(bundles)
+    models = tuple(
+        FrontModel(
+            name=b.name,
+            source=b.path,
+            config_text=config_text(
+                front_config(
+                    b.name,
+                    b.manifest,
+                    front_instances=front_instances,
+                    max_queue_delay_us=max_queue_delay_us,
+                )
+            ),
+            text_executables=_text_executables(b),
+        )
+        for b in bundles
+    )
+    runtime = runtime_config([(b.name, b.manifest) for b in bundles])
+    return RepositoryPlan(models, config_text(runtime))
+
+
+def check_names(bundles: Sequence[Bundle]) -> None:
+    """Refuse bundle sets whose model or runtime tensor names collide.
+
+    The runtime's tensor ``<bundle>__<tensor>`` must name exactly one bundle: no two bundles'
+    names may both prefix it followed by ``"__"`` (so
+    :func:`~hloserve.model_repository_tools.names.split_runtime_tensor_name` is unambiguous).
+    A bundle may not be named like the runtime model.
+
+    Raises:
+        RepositoryError: listing every collision.
+    """
+    problems = []
+    seen: set[str] = set()
+    for bundle in bundles:
+        if bundle.name == names.RUNTIME_MODEL:
+            problems.append(
+                f"bundle {bundle.name!r} ({bundle.path}) has the runtime model's name; rename it"
+            )
+        if bundle.name in seen:
+            problems.append(f"two bundles are named {bundle.name!r}")
+        seen.add(bundle.name)
+    for bundle in bundles:
+        for spec in (*bundle.manifest.inputs, *bundle.manifest.outputs):
+            name = names.runtime_tensor_name(bundle.name, spec.name)
+            others = sorted(
+                b
+                for b in seen
+                if b != bundle.name and name.startswith(b + names.NAMESPACE_SEPARATOR)
+            )
+            for other in others:
+                rest = name[len(other) + len(names.NAMESPACE_SEPARATOR) :]
+                problems.append(
+                    f"runtime tensor name {name!r} is ambiguous: it is tensor {spec.name!r} of "
+                    f"model {bundle.name!r} and reads as tensor {rest!r} of model {other!r}; "
+                    f"rename a bundle (no bundle name may start with another bundle's name "
+                    f"followed by {names.NAMESPACE_SEPARATOR!r})"
+                )
+    if problems:
+        raise RepositoryError("name collision:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def write_repository(
+    plan: RepositoryPlan,
+    out_dir: Path | str,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write ``plan`` as a model repository at ``out_dir``, atomically.
+
+    The repository is built in ``<out_dir>.tmp-XXXX`` beside ``out_dir``, then renamed into
+    place. An existing ``out_dir`` (only with ``overwrite``) is exchanged with the new one in
+    one ``renameat2(RENAME_EXCHANGE)`` on Linux (two renames elsewhere) and then deleted.
+    Bundle sources are only read.
+
+    Returns:
+        The absolute repository path.
+
+    Raises:
+        RepositoryError (FAILED_PRECONDITION): ``out_dir`` exists and ``overwrite`` is False,
+            or is not a directory, or holds a bundle source.
+        ArtifactError: an MLIR text executable does not convert (nothing is left behind).
+    """
+    out = Path(out_dir).absolute()
+    _check_target(out, [m.source for m in plan.models], overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_tree(plan, tmp, progress)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def build_repository(
+    bundles_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    front_instances: int = 2,
+    max_queue_delay_us: int = 500,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RepositoryPlan:
+    """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
+
+    :func:`plan_repository` then :func:`write_repository`; nothing is written unless every
+    bundle is valid and the names do not collide.
+
+    Returns:
+        The plan that was written.
+
+    Raises:
+        BundleError, RepositoryError: see :func:`plan_repository` and :func:`write_repository`.
+    """
+    out = Path(out_dir).absolute()
+    _check_target(out, [], overwrite)  # fail before validating when the answer is known
+    plan = plan_repository(
+        bundles_dir,
+        front_instances=front_instances,
+        max_queue_delay_us=max_queue_delay_us,
+        progress=progress,
+    )
+    write_repository(plan, out, overwrite=overwrite, progress=progress)
+    return plan
+
+
+def _say(progress: Progress | None, line: str) -> None:
+    if progress is not None:
+        progress(line)
+
+
+def _describe(bundle: Bundle) -> str:
+    manifest = bundle.manifest
+    sizes = manifest.batching.compiled_batch_sizes
+    batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
+    if sizes and not manifest.batch_leading:
+        batching += ", batch axis not leading: max_batch_size 0"
+    return f"{len(manifest.inputs)} input(s), {len(manifest.outputs)} output(s), {batching}"
+
+
+def _text_executables(bundle: Bundle) -> tuple[str, ...]:
+    return tuple(
+        file
+        for _, file in sorted(bundle.manifest.executables.items())
+        if not is_portable_artifact((bundle.path / file).read_bytes())
+    )
+
+
+def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise RepositoryError(
+                f"{out} exists; replace it with --overwrite (overwrite=True)",
+                status=Status.FAILED_PRECONDITION,
+            )
+        if out.is_symlink() or not out.is_dir():
+            raise RepositoryError(
+                f"{out} exists and is not a directory; refusing to replace it",
+                status=Status.FAILED_PRECONDITION,
+            )
+    for source in sources:
+        resolved = source.resolve()
+        if resolved == out.resolve() or out.resolve() in resolved.parents:
+            raise RepositoryError(
+                f"{out} holds the bundle {source}; write the repository somewhere else",
+                status=Status.FAILED_PRECONDITION,
+            )
+
+
+def _ignore(_dir: str, entries: list[str]) -> list[str]:
+    """Leave editor/temp files and caches out of bundle copies."""
+    return [e for e in entries if e.startswith(".") or e == "__pycache__"]
+
+
+def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> None:
+    from hloserve.bundle.convert import convert_bundle
+
+    for model in plan.models:
+        model_dir = root / model.name
+        bundle_copy = model_dir / names.BUNDLE_SUBDIR
+        bundle_copy.parent.mkdir(parents=True)
+        shutil.copytree(model.source, bundle_copy, ignore=_ignore)
+        line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
+        if model.text_executables:
+            converted = convert_bundle(bundle_copy)
+            check_bundle(bundle_copy)  # the converted copy must still match the manifest
+            line += f"; converted {', '.join(converted)} to portable artifacts"
+        (model_dir / CONFIG_FILE).write_text(model.config_text)
+        _say(progress, line)
+    runtime_dir = root / names.RUNTIME_MODEL
+    (runtime_dir / names.MODEL_VERSION).mkdir(parents=True)
+    (runtime_dir / CONFIG_FILE).write_text(plan.runtime_config_text)
+
+
+def _move_into_place(new: Path, out: Path) -> None:
+    """Put ``new`` at ``out``; an existing ``out`` ends up deleted."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    if _exchange(new, out):
+        shutil.rmtree(new)  # now the old repository
+        return
+    old = out.with_name(f"{out.name}.old-{secrets.token_hex(4)}")
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)`` (glibc >= 2.28).
+
+    Returns:
+        False when the platform or file system cannot (the caller falls back to renames).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    renameat2.restype = ctypes.c_int
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

@@ -1,0 +1,159 @@
+"""Check a generated model repository: every config parses and matches its bundle.
+
+A front config is compared with the config :func:`~hloserve.model_repository_tools.config.
+front_config` makes from its bundle copy (keeping the instance count and queue delay it was
+built with), so a hand edit or a stale bundle shows up. Models of other backends are left alone.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
+from hloserve.errors import HloserveError, NotFoundError
+from hloserve.model_repository_tools import names
+from hloserve.model_repository_tools.build import CONFIG_FILE
+from hloserve.model_repository_tools.config import (
+    config_text,
+    front_config,
+    parameter,
+    parse_config,
+    runtime_config,
+)
+
+
+def validate_repository(repo_dir: Path | str) -> list[Problem]:
+    """Every problem found in the repository at ``repo_dir``; empty means it is consistent.
+
+    ``Problem.file`` is relative to the repository (``"<model>/config.pbtxt"``, ...).
+
+    Raises:
+        NotFoundError: ``repo_dir`` is not a directory.
+    """
+    root = Path(repo_dir)
+    if not root.is_dir():
+        raise NotFoundError(f"{root}: no such directory")
+    problems: list[Problem] = []
+    fronts: dict[str, Bundle | None] = {}
+    runtime: Any = None
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not _hidden(p)):
+        file = f"{model_dir.name}/{CONFIG_FILE}"
+        try:
+            config = parse_config(model_dir / CONFIG_FILE)
+        except HloserveError as exc:
+            problems.append(Problem(file, exc.message))
+            continue
+        if config.name and config.name != model_dir.name:
+            problems.append(Problem(file, f"name {config.name!r} is not the directory's name"))
+        if config.backend == names.FRONT_BACKEND:
+            bundle, found = _check_front(model_dir, config)
+            fronts[model_dir.name] = bundle
+            problems += found
+        elif config.backend == names.RUNTIME_BACKEND:
+            if model_dir.name != names.RUNTIME_MODEL:
+                problems.append(
+                    Problem(file, f"runtime model must be named {names.RUNTIME_MODEL!r}")
+                )
+            else:
+                runtime = config
+    problems += _check_runtime(runtime, fronts)
+    return problems
+
+
+def _hidden(path: Path) -> bool:
+    return path.name.startswith(".")
+
+
+def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Problem]]:
+    file = f"{model_dir.name}/{CONFIG_FILE}"
+    problems = _check_format(file, config)
+    runtime_model = parameter(config, names.PARAM_RUNTIME_MODEL)
+    if runtime_model != names.RUNTIME_MODEL:
+        problems.append(
+            Problem(
+                file,
+                f"parameter {names.PARAM_RUNTIME_MODEL} is {runtime_model!r}, "
+                f"expected {names.RUNTIME_MODEL!r}",
+            )
+        )
+    bundle_param = parameter(config, names.PARAM_BUNDLE)
+    if bundle_param is None:
+        return None, [*problems, Problem(file, f"parameter {names.PARAM_BUNDLE} is missing")]
+    try:
+        bundle = check_bundle(model_dir / bundle_param)
+    except BundleError as exc:
+        rel = f"{model_dir.name}/{bundle_param}"
+        return None, problems + [Problem(f"{rel}/{p.file}", p.message) for p in exc.problems]
+    except HloserveError as exc:
+        return None, [*problems, Problem(file, exc.message)]
+    groups = list(config.instance_group)
+    instances = groups[0].count if len(groups) == 1 else 0
+    expected = front_config(
+        model_dir.name,
+        bundle.manifest,
+        front_instances=max(instances, 1),
+        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
+    )
+    problems += _compare(file, config, expected)
+    return bundle, problems
+
+
+def _check_format(file: str, config: Any) -> list[Problem]:
+    value = parameter(config, names.PARAM_REPOSITORY_FORMAT)
+    if value is None or not value.isdigit():
+        return [Problem(file, f"parameter {names.PARAM_REPOSITORY_FORMAT} is {value!r}")]
+    version = int(value)
+    if not names.MIN_REPOSITORY_FORMAT <= version <= names.MAX_REPOSITORY_FORMAT:
+        return [
+            Problem(
+                file,
+                f"repository format {version} is not supported; this hloserve reads "
+                f"{names.MIN_REPOSITORY_FORMAT} to {names.MAX_REPOSITORY_FORMAT}",
+            )
+        ]
+    return []
+
+
+def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Problem]:
+    file = f"{names.RUNTIME_MODEL}/{CONFIG_FILE}"
+    if runtime is None:
+        return [Problem(file, "the runtime model is missing")]
+    problems = _check_format(file, runtime)
+    listed = (parameter(runtime, names.PARAM_BUNDLES) or "").split(names.BUNDLES_SEPARATOR)
+    listed = [n for n in listed if n]
+    if sorted(listed) != sorted(fronts):
+        problems.append(
+            Problem(
+                file,
+                f"parameter {names.PARAM_BUNDLES} lists {listed}, "
+                f"the repository's front models are {sorted(fronts)}",
+            )
+        )
+        return problems
+    models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
+    if len(models) == len(listed):
+        problems += _compare(file, runtime, runtime_config(models))
+    return problems
+
+
+def _compare(file: str, actual: Any, expected: Any) -> list[Problem]:
+    if actual == expected:
+        return []
+    diff = difflib.unified_diff(
+        config_text(expected).splitlines(),
+        config_text(actual).splitlines(),
+        "expected",
+        "actual",
+        lineterm="",
+        n=0,
+    )
+    changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    return [
+        Problem(
+            file,
+            "does not match what its bundle gives (rebuild the repository): "
+            + "; ".join(changed[:6]),
+        )
+    ]
