@@ -12,7 +12,7 @@ from typing import Any
 from conftest import GOLDEN, ROOT
 
 from hloserve.bundle import validate_bundle
-from hloserve.bundle.stablehlo import _module_text, is_portable_artifact
+from hloserve.bundle.stablehlo import is_portable_artifact, module_text
 
 
 def hloserve(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,7 @@ def test_convert_rewrites_text_as_portable_artifacts(
     tiny_bundle: Path, edit_manifest: Callable[..., Any]
 ) -> None:
     for size in (1, 4):
-        text = _module_text((tiny_bundle / f"model.b{size}.mlirbc").read_bytes())
+        text = module_text((tiny_bundle / f"model.b{size}.mlirbc").read_bytes())
         (tiny_bundle / f"model.b{size}.mlirbc").unlink()
         (tiny_bundle / f"model.b{size}.mlir").write_text(text)
     edit_manifest(

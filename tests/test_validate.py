@@ -134,9 +134,9 @@ def test_garbage_artifact(tiny_bundle: Path) -> None:
 
 
 def test_text_executable_is_a_warning_only(tiny_bundle: Path, edit_manifest: Edit) -> None:
-    from hloserve.bundle.stablehlo import _module_text
+    from hloserve.bundle.stablehlo import module_text
 
-    text = _module_text((tiny_bundle / "model.b1.mlirbc").read_bytes())
+    text = module_text((tiny_bundle / "model.b1.mlirbc").read_bytes())
     (tiny_bundle / "model.b1.mlir").write_text(text)
     edit_manifest(tiny_bundle, lambda d: d["executables"].update({1: "model.b1.mlir"}))
     problems = validate_bundle(tiny_bundle)

@@ -114,8 +114,19 @@ def to_portable_artifact(module: bytes | str, target_version: str | None = None)
         ) from None
 
 
+def module_text(data: bytes) -> str:
+    """StableHLO MLIR text of a portable artifact (or of MLIR text bytes, decoded).
+
+    Raises:
+        ArtifactError: neither a portable artifact nor UTF-8 text.
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+
+    with jax_mlir.make_ir_context():  # newer bindings take the context from the `with`
+        return _module_text(data)
+
+
 def _module_text(data: bytes) -> str:
-    """StableHLO MLIR text of a portable artifact or of MLIR text bytes."""
     if is_portable_artifact(data):
         mlir_ext, _, _ = _mlir()
         try:
