@@ -339,10 +339,10 @@ def test_runtime_tensor_names() -> None:
 def test_text_executables_converted_in_copy_only(
     bundles: Path, tmp_path: Path, edit_manifest: Edit
 ) -> None:
-    from hloserve.bundle.stablehlo import _module_text, is_portable_artifact
+    from hloserve.bundle.stablehlo import is_portable_artifact, module_text
 
     src = bundles / "tiny"
-    text = _module_text((src / "model.b1.mlirbc").read_bytes())
+    text = module_text((src / "model.b1.mlirbc").read_bytes())
     (src / "model.b1.mlir").write_text(text)
     (src / "model.b1.mlirbc").unlink()
     edit_manifest(src, lambda d: d["executables"].update({1: "model.b1.mlir"}))
