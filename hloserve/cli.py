@@ -89,6 +89,92 @@ def _repo_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from hloserve.node.serve import ServeOptions, run_serve
+
+    return run_serve(
+        ServeOptions(
+            path=args.path,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            host=args.host,
+            model_control_mode=args.model_control_mode,
+            load_models=tuple(args.load_model),
+            repository_out=args.repository_out,
+            front_instances=args.front_instances,
+            max_queue_delay_us=args.max_queue_delay_us,
+            tritonserver_args=tuple(args.tritonserver_args),
+            log_verbose=args.log_verbose,
+            startup_timeout_s=args.startup_timeout,
+        )
+    )
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve bundles (or a built repository) with a local tritonserver",
+        description="Serve PATH with tritonserver from the nvidia-pytriton wheel. PATH is a "
+        "bundles directory (built into a model repository first) or a model repository from "
+        "`hloserve repo build`. Prints the endpoints, waits until every model is ready, passes "
+        "the server log through, and stops everything on Ctrl-C or SIGTERM. Arguments after "
+        "`--` go to tritonserver unchanged (e.g. -- --log-info=false).",
+    )
+    serve.add_argument("path", type=Path, metavar="PATH", help="bundles directory or repository")
+    serve.add_argument("--http-port", type=int, default=8000, help="KServe V2 HTTP (8000)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="KServe V2 gRPC (8001)")
+    serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus (8002)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (127.0.0.1; 0.0.0.0 serves every interface)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="tritonserver --model-control-mode (none: load everything at start)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with explicit mode: a model to load at start (repeatable; '*' for all)",
+    )
+    serve.add_argument(
+        "--repository-out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the repository built from bundles here (default: a temporary directory)",
+    )
+    serve.add_argument(
+        "--front-instances",
+        type=int,
+        default=2,
+        metavar="N",
+        help="CPU instances per front model when building (2)",
+    )
+    serve.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=500,
+        metavar="US",
+        help="dynamic batcher queue delay when building, microseconds (500)",
+    )
+    serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
+    serve.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long models may take to load and warm up (600)",
+    )
+    serve.set_defaults(func=_serve, tritonserver_args=[])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``hloserve`` (built on call, never at import)."""
     parser = argparse.ArgumentParser(
@@ -164,12 +250,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repo_validate.add_argument("repo_dir", type=Path, metavar="REPO_DIR")
     repo_validate.set_defaults(func=_repo_validate)
+
+    _add_serve(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hloserve`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # everything after `--` belongs to tritonserver
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    if passthrough:
+        if args.command != "serve":
+            build_parser().error("arguments after `--` are only for `hloserve serve`")
+        args.tritonserver_args = passthrough
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -23,6 +23,15 @@ _stamp="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 
 setup_serving_env() {
   _make_venv "$ROOT/.venv" "$_stamp" -e "$ROOT[serve,test]"
+  # perf_analyzer (from tritonclient[all]) links Debian's libb64.
+  if ! ldconfig -p | grep -q "libb64.so.0d"; then
+    echo "==> installing libb64-0d (perf_analyzer needs it)"
+    if [ "$(id -u)" -eq 0 ]; then
+      apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null
+    else
+      sudo apt-get update -qq && sudo apt-get install -y -qq libb64-0d >/dev/null
+    fi
+  fi
 }
 
 setup_numpy2_env() {

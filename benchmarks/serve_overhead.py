@@ -1,0 +1,194 @@
+"""What serving through hloserve costs, side by side in one run, on the digits model.
+
+    .venv/bin/python benchmarks/serve_overhead.py [--seconds 2] [--concurrency 8]
+
+(a) the JAX function called directly in this process (jit, host arrays in and out);
+(b) the same JAX model as a plain one-file Triton Python model, as a user would write it by hand
+    (``backend: "python"``, dynamic batching, jit in ``initialize``);
+(c) hloserve: front model + runtime model over BLS.
+(b) and (c) run in ONE tritonserver and are measured alternately by perf_analyzer (gRPC).
+Prints latency p50/p99 (microseconds) and throughput (inferences/s) at batch 1 with one client
+and under load (``--concurrency`` clients), then the ratios c/b and c/a. The machine is noisy:
+read ratios, not absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples" / "digits"))
+
+PLAIN_MODEL = """
+import sys
+sys.path.insert(0, {digits_dir!r})
+import jax, numpy as np
+import triton_python_backend_utils as pb_utils
+from safetensors.numpy import load_file
+import digits_model
+
+
+def _unflatten(flat):
+    params = {{}}
+    for key, value in flat.items():
+        layer, name = key.split(".")
+        params.setdefault(layer, {{}})[name] = value
+    return params
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.params = jax.device_put(_unflatten(load_file({weights!r})))
+        self.apply = jax.jit(digits_model.apply)
+
+    def execute(self, requests):
+        images = [pb_utils.get_input_tensor_by_name(r, "image").as_numpy() for r in requests]
+        logits = np.asarray(self.apply(self.params, np.concatenate(images)))
+        responses, start = [], 0
+        for image in images:
+            out = logits[start : start + len(image)]
+            start += len(image)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", out)]))
+        return responses
+"""
+
+PLAIN_CONFIG = """
+name: "digits_plain"
+backend: "python"
+max_batch_size: 32
+input [{ name: "image" data_type: TYPE_FP32 dims: [8, 8, 1] }]
+output [{ name: "logits" data_type: TYPE_FP32 dims: [10] }]
+instance_group [{ count: 1 kind: KIND_CPU }]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+"""
+
+
+def measure_direct(seconds: float, concurrency: int) -> dict[str, float]:
+    """(a): jit-compiled apply on one image, from 1 and from ``concurrency`` threads."""
+    import digits_model
+    import jax
+
+    params = jax.device_put(digits_model.train(steps=50))
+    apply = jax.jit(digits_model.apply)
+    image = np.zeros((1, 8, 8, 1), np.float32)
+    np.asarray(apply(params, image))  # compile
+    latencies = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end and len(latencies) < 200_000:
+        t = time.perf_counter()
+        np.asarray(apply(params, image))
+        latencies.append(time.perf_counter() - t)
+    count = [0]
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def worker() -> None:
+        n = 0
+        while time.perf_counter() < stop and n < 200_000:
+            np.asarray(apply(params, image))
+            n += 1
+        with lock:
+            count[0] += n
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "p50_us": q[49] * 1e6,
+        "p99_us": q[98] * 1e6,
+        "throughput_1": len(latencies) / seconds,
+        "throughput_n": count[0] / seconds,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="measurement window (2)")
+    parser.add_argument("--concurrency", type=int, default=8, help="clients under load (8)")
+    args = parser.parse_args()
+
+    from hloserve.model_repository_tools import build_repository
+    from hloserve.node.perf_analyzer import run_perf_analyzer
+    from hloserve.node.serve import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer, free_ports
+
+    sys.path.insert(0, str(ROOT / "examples" / "digits"))
+    import export as digits_export
+
+    with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
+        bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
+        digits_export.export_digits(bundles)
+        build_repository(bundles, repo, front_instances=2)
+        plain = repo / "digits_plain"
+        (plain / "1").mkdir(parents=True)
+        (plain / "config.pbtxt").write_text(textwrap.dedent(PLAIN_CONFIG))
+        (plain / "1" / "model.py").write_text(
+            PLAIN_MODEL.format(
+                digits_dir=str(ROOT / "examples" / "digits"),
+                weights=str(repo / "digits" / "1" / "bundle" / "weights.safetensors"),
+            )
+        )
+        http, grpc, metrics = free_ports(3)
+        options = ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics)
+        rows: dict[str, dict[str, float]] = {}
+        with TritonServer(server_options(options, repo)) as server:
+            interval = int(args.seconds * 1000)
+            for _ in range(2):  # alternate, keep the second round (warm)
+                for label, model in (("b", "digits_plain"), ("c", "digits")):
+                    (one,), _ = run_perf_analyzer(
+                        model,
+                        server.urls.grpc,
+                        concurrency=(1, 1, 1),
+                        measurement_interval_ms=interval,
+                    )
+                    (load,), _ = run_perf_analyzer(
+                        model,
+                        server.urls.grpc,
+                        measurement_interval_ms=interval,
+                        concurrency=(args.concurrency, args.concurrency, 1),
+                    )
+                    rows[label] = {
+                        "p50_us": one.p50_us,
+                        "p99_us": one.p99_us,
+                        "throughput_1": one.throughput,
+                        "throughput_n": load.throughput,
+                        "p99_n_us": load.p99_us,
+                    }
+        rows["a"] = measure_direct(
+            bundles / "digits" / "weights.safetensors", args.seconds, args.concurrency
+        )
+
+    names = {"a": "JAX direct", "b": "plain Triton Python model", "c": "hloserve"}
+    print(f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients")
+    print(f"{'':28} {'p50 us':>9} {'p99 us':>9} {'infer/s (1)':>12} {'infer/s (load)':>15}")
+    for key in "abc":
+        r = rows[key]
+        print(
+            f"({key}) {names[key]:24} {r['p50_us']:9.0f} {r['p99_us']:9.0f} "
+            f"{r['throughput_1']:12.0f} {r['throughput_n']:15.0f}"
+        )
+    for num, den in (("c", "b"), ("c", "a")):
+        n, d = rows[num], rows[den]
+        print(
+            f"ratio {num}/{den}: p50 {n['p50_us'] / d['p50_us']:.2f}x, "
+            f"p99 {n['p99_us'] / d['p99_us']:.2f}x, "
+            f"throughput(1) {n['throughput_1'] / d['throughput_1']:.2f}x, "
+            f"throughput(load) {n['throughput_n'] / d['throughput_n']:.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

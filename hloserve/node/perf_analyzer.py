@@ -1,0 +1,154 @@
+"""Run Triton's ``perf_analyzer`` (shipped in the ``tritonclient[all]`` wheel) and read its CSV.
+
+The wheel's binary needs Debian's ``libb64-0d`` and ``libcudart.so.12`` (PyPI
+``nvidia-cuda-runtime-cu12``) on ``LD_LIBRARY_PATH`` even on a machine without a GPU
+(DESIGN.md). :func:`run_perf_analyzer` sets that up and returns one row per concurrency.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.errors import HloserveError, NotFoundError
+
+
+class PerfAnalyzerError(HloserveError):
+    """perf_analyzer is missing or exited with an error."""
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    """One perf_analyzer measurement (one concurrency level).
+
+    Attributes:
+        concurrency: concurrent outstanding requests.
+        throughput: inferences per second.
+        p50_us, p90_us, p99_us: client-side latency percentiles, microseconds.
+    """
+
+    concurrency: int
+    throughput: float
+    p50_us: float
+    p90_us: float
+    p99_us: float
+
+
+def perf_analyzer_binary() -> Path:
+    """The perf_analyzer executable beside the running Python (from tritonclient[all]).
+
+    Raises:
+        NotFoundError: not installed.
+    """
+    candidate = Path(sys.executable).parent / "perf_analyzer"
+    found = candidate if candidate.exists() else shutil.which("perf_analyzer")
+    if not found:
+        raise NotFoundError("perf_analyzer not found: pip install 'tritonclient[all]'")
+    return Path(found)
+
+
+def perf_analyzer_env() -> dict[str, str]:
+    """Environment with ``libcudart.so.12`` from the nvidia-cuda-runtime-cu12 wheel."""
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("nvidia")
+    libdirs = []
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            lib = Path(root) / "cuda_runtime" / "lib"
+            if lib.is_dir():
+                libdirs.append(str(lib))
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs)
+    return env
+
+
+def run_perf_analyzer(
+    model: str,
+    url: str,
+    *,
+    protocol: str = "grpc",
+    concurrency: tuple[int, int, int] = (1, 1, 1),
+    shape: Sequence[str] = (),
+    input_data: Path | None = None,
+    measurement_interval_ms: int = 2000,
+    extra_args: Sequence[str] = (),
+    timeout_s: float = 300.0,
+) -> tuple[list[PerfResult], str]:
+    """Measure ``model`` at each concurrency level.
+
+    Args:
+        model: model name.
+        url: ``host:port`` of the gRPC (or HTTP) endpoint.
+        protocol: "grpc" or "http".
+        concurrency: ``--concurrency-range`` as (start, end, step).
+        shape: ``--shape NAME:D1,D2`` values for inputs with variable dims.
+        input_data: a perf_analyzer ``--input-data`` JSON file (default: random data).
+        measurement_interval_ms: length of each measurement window.
+        extra_args: further perf_analyzer flags.
+        timeout_s: wall-clock limit for the whole run.
+
+    Returns:
+        (one result per concurrency, perf_analyzer's stdout).
+
+    Raises:
+        PerfAnalyzerError: perf_analyzer failed (its output is in the message).
+    """
+    with tempfile.TemporaryDirectory(prefix="hloserve-perf-") as tmp:
+        report = Path(tmp) / "report.csv"
+        argv = [
+            str(perf_analyzer_binary()),
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "--concurrency-range",
+            f"{min(concurrency)}:{max(concurrency)}:1"
+            if list(concurrency) == list(range(min(concurrency), max(concurrency) + 1))
+            else str(concurrency[0]),
+            "--measurement-interval",
+            str(measurement_interval_ms),
+            "--percentile=99",
+            "-f",
+            str(report),
+        ]
+        for s in shape:
+            argv += ["--shape", s]
+        if input_data is not None:
+            argv += ["--input-data", str(input_data)]
+        argv += list(extra_args)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=perf_analyzer_env(),
+            timeout=timeout_s,
+            check=False,
+        )
+        if proc.returncode != 0 or not report.exists():
+            raise PerfAnalyzerError(
+                f"perf_analyzer exited with {proc.returncode}:\n"
+                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            )
+        with report.open() as f:
+            rows = list(csv.DictReader(f))
+    return [
+        PerfResult(
+            concurrency=int(row["Concurrency"]),
+            throughput=float(row["Inferences/Second"]),
+            p50_us=float(row["p50 latency"]),
+            p90_us=float(row["p90 latency"]),
+            p99_us=float(row["p99 latency"]),
+        )
+        for row in rows
+    ], proc.stdout

@@ -1,0 +1,245 @@
+"""``hloserve serve``: build a repository from bundles if needed, run tritonserver, stop cleanly.
+
+PATH is either a **bundles directory** (subdirectories holding ``manifest.yaml``), which is
+built into a Triton model repository first, or a **model repository** (subdirectories holding
+``config.pbtxt``) built earlier by ``hloserve repo build``. The server runs from the
+nvidia-pytriton wheel (:mod:`hloserve.node.tritonserver`) with hloserve's Python-based
+backends, prints where it listens, waits for readiness, passes its log through, and on
+Ctrl-C/SIGTERM shuts down leaving no tritonserver or stub process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from hloserve.errors import InvalidArgumentError, NotFoundError
+from hloserve.node.tritonserver import (
+    ModelControlMode,
+    TritonServer,
+    TritonServerError,
+    TritonServerOptions,
+)
+
+log = logging.getLogger("hloserve.serve")
+
+#: Seconds the server may take to load and warm up every model before ``serve`` gives up.
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+
+
+def backend_dirs() -> dict[str, Path]:
+    """hloserve's Python-based backends shipped in the package, by backend name.
+
+    Each is a directory holding a ``model.py`` shim (``hloserve/triton_backend/backends/``).
+    """
+    import hloserve.triton_backend as pkg
+
+    root = Path(pkg.__file__).resolve().parent / "backends"
+    return {d.name: d for d in sorted(root.iterdir()) if (d / "model.py").is_file()}
+
+
+def is_repository(path: Path) -> bool:
+    """Whether ``path`` looks like a Triton model repository (a subdirectory has config.pbtxt)."""
+    return path.is_dir() and any((d / "config.pbtxt").is_file() for d in path.iterdir())
+
+
+def count_models(repository: Path) -> int:
+    """Number of model directories (with ``config.pbtxt``) in a repository."""
+    return sum(1 for d in repository.iterdir() if (d / "config.pbtxt").is_file())
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Settings of ``hloserve serve``.
+
+    Attributes:
+        path: a bundles directory or a model repository.
+        http_port: KServe V2 HTTP port (Triton's default 8000).
+        grpc_port: KServe V2 gRPC port (Triton's default 8001).
+        metrics_port: Prometheus metrics port (Triton's default 8002).
+        host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
+        model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit).
+        load_models: ``--load-model`` names, with ``explicit`` mode.
+        repository_out: where to build the repository from bundles; None builds it in a
+            temporary directory removed at exit.
+        front_instances: CPU instances of each front model (``instance_group.count``).
+        max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
+        tritonserver_args: further tritonserver flags, passed through last.
+        log_verbose: tritonserver ``--log-verbose`` level.
+        startup_timeout_s: seconds to wait for every model to load and warm up.
+    """
+
+    path: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"
+    model_control_mode: ModelControlMode = "none"
+    load_models: Sequence[str] = ()
+    repository_out: Path | None = None
+    front_instances: int = 2
+    max_queue_delay_us: int = 500
+    tritonserver_args: Sequence[str] = ()
+    log_verbose: int = 0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+
+
+@contextlib.contextmanager
+def prepared_repository(options: ServeOptions) -> Iterator[Path]:
+    """The model repository to serve: PATH itself, or PATH's bundles built into one.
+
+    Raises:
+        NotFoundError: PATH does not exist or holds neither bundles nor models.
+        BundleError: a bundle is invalid (nothing is built).
+    """
+    path = options.path
+    if not path.is_dir():
+        raise NotFoundError(f"{path}: no such directory")
+    if is_repository(path):
+        yield path
+        return
+    from hloserve.bundle import discover_bundles
+
+    if not discover_bundles(path):
+        raise NotFoundError(
+            f"{path}: neither a bundles directory (no */manifest.yaml) "
+            "nor a model repository (no */config.pbtxt)"
+        )
+    from hloserve.model_repository_tools import build_repository
+
+    scratch: Path | None = None
+    if options.repository_out is None:
+        scratch = Path(tempfile.mkdtemp(prefix="hloserve-repository-"))
+        out = scratch / "repository"
+    else:
+        out = options.repository_out
+    try:
+        log.info("building the model repository from bundles in %s into %s", path, out)
+        build_repository(
+            path,
+            out,
+            front_instances=options.front_instances,
+            max_queue_delay_us=options.max_queue_delay_us,
+            overwrite=True,
+        )
+        yield out
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
+    """tritonserver options for a repository of hloserve models.
+
+    ``--model-load-thread-count`` is raised to the model count + 2: a front model's warmup
+    waits for the runtime model, which Triton loads in parallel; with fewer load threads than
+    fronts, the runtime could wait behind them. ``--exit-on-error=false`` and
+    ``--strict-readiness=false`` keep the server up and ready when one model fails to load, so
+    the others keep serving (the failure is reported by :func:`model_states`).
+    """
+    threads = count_models(repository) + 2
+    return TritonServerOptions(
+        model_repository=repository,
+        http_port=options.http_port,
+        grpc_port=options.grpc_port,
+        metrics_port=options.metrics_port,
+        host=options.host,
+        model_control_mode=options.model_control_mode,
+        load_models=tuple(options.load_models),
+        extra_backend_dirs=backend_dirs(),
+        extra_args=(
+            f"--model-load-thread-count={threads}",
+            "--exit-on-error=false",
+            "--strict-readiness=false",
+            *options.tritonserver_args,
+        ),
+        log_verbose=options.log_verbose,
+        startup_timeout_s=options.startup_timeout_s,
+    )
+
+
+def run_serve(options: ServeOptions) -> int:
+    """Serve until Ctrl-C or SIGTERM (exit 0) or until tritonserver dies (exit 1).
+
+    Raises:
+        HloserveError: the repository cannot be prepared, or the server cannot start.
+    """
+    if options.load_models and options.model_control_mode != "explicit":
+        raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping tritonserver", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with prepared_repository(options) as repository:
+            server = TritonServer(server_options(options, repository))
+            server.start()
+            try:
+                urls = server.urls
+                print(
+                    f"hloserve: tritonserver (pid {server.pid}) serving {repository}\n"
+                    f"  HTTP    http://{urls.http}\n  gRPC    {urls.grpc}\n"
+                    f"  metrics http://{urls.metrics}/metrics",
+                    flush=True,
+                )
+                waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
+                if waited is not None:
+                    states = model_states(urls.http)
+                    for name, (state, reason) in states.items():
+                        print(f"  model {name}: {state}{' - ' + reason if reason else ''}")
+                    failed = sum(state != "READY" for state, _ in states.values())
+                    print(
+                        f"hloserve: ready after {waited:.1f} s"
+                        + (f", {failed} model(s) NOT ready" if failed else "")
+                        + " (Ctrl-C to stop)",
+                        flush=True,
+                    )
+                while not stop.wait(0.5):
+                    if not server.is_running():
+                        print(f"hloserve: tritonserver exited\n{server.log_tail()}", flush=True)
+                        return 1
+            finally:
+                server.stop()
+                print("hloserve: stopped", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def model_states(http_url: str) -> dict[str, tuple[str, str]]:
+    """Every model in the repository index: name -> (state, reason), e.g. ("READY", "")."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        index = client.get_model_repository_index()
+    finally:
+        client.close()
+    return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}
+
+
+def _wait_ready_or_stop(
+    server: TritonServer, timeout_s: float, stop: threading.Event
+) -> float | None:
+    """Wait for readiness in short slices so a signal during start-up is honoured."""
+    waited = 0.0
+    while not stop.is_set():
+        try:
+            return waited + server.wait_ready(timeout_s=min(2.0, max(timeout_s - waited, 0.1)))
+        except TritonServerError:
+            waited += 2.0
+            if not server.is_running() or waited >= timeout_s:
+                raise
+    return None

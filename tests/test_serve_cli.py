@@ -1,0 +1,92 @@
+"""``hloserve serve`` as a user runs it: a subprocess, real signals, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, ROOT
+
+from hloserve.node.tritonserver import _session_pids, free_ports
+
+pytestmark = pytest.mark.tritonserver
+grpcclient = pytest.importorskip("tritonclient.grpc")
+
+
+def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(pattern, text)
+        if match:
+            return match.group(0)
+        assert proc.poll() is None, f"hloserve serve exited early:\n{text[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hloserve.cli",
+                "serve",
+                str(bundles),
+                "--http-port",
+                str(http),
+                "--grpc-port",
+                str(grpc),
+                "--metrics-port",
+                str(metrics),
+                "--",
+                "--log-info=true",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    try:
+        pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
+        server_pid = int(re.findall(r"\d+", pid_line)[0])
+        wait_for_line(log, r"hloserve: ready after", proc, 240)
+        assert "model affine: READY" in log.read_text()
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
+        assert _session_pids(server_pid), "tritonserver and its stubs should be running"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _session_pids(server_pid) == [], "processes of the server's session survived"
+    assert "hloserve: stopped" in log.read_text()
+
+
+def test_serve_refuses_a_directory_without_bundles_or_models(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hloserve.cli", "serve", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "neither a bundles directory" in result.stderr
