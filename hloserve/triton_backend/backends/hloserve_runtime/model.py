@@ -1,0 +1,38 @@
+"""Triton backend ``hloserve_runtime``: a shim over the typed core ``RuntimeModel``.
+
+Adapts ``pb_utils`` objects only; the behaviour lives in the typed core. One instance per
+device: the only process of the server that imports JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from hloserve.triton_backend import pb
+from hloserve.triton_backend.runtime import RuntimeModel
+
+
+class TritonPythonModel:
+    """The runtime: loads bundles on first use and runs one execution at a time."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        pb.configure_logging()
+        self.core = RuntimeModel.from_args(pb.ModelArgs.from_triton(args))
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses = []
+        for request in requests:
+            try:
+                outputs = self.core.execute(
+                    pb.request_inputs(request), request.requested_output_names()
+                )
+            except Exception as exc:
+                responses.append(pb.inference_response(pb_utils, exc, tagged=True))
+                continue
+            responses.append(pb.inference_response(pb_utils, outputs, tagged=True))
+        return responses
+
+    def finalize(self) -> None:
+        self.core.close()

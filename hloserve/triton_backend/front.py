@@ -1,0 +1,342 @@
+"""The front model's core: validate, preprocess, coalesce, call the runtime, slice, postprocess.
+
+One front model serves one bundle (docs/serving.md, "The generated model repository"). Triton
+hands the front a list of requests (its dynamic batcher groups them); :meth:`FrontModel.execute`
+turns them into executions at compiled batch sizes (:mod:`hloserve.triton_backend.batching`),
+calls the runtime model once per execution through an injected ``call_runtime`` (the shim
+implements it with BLS), and returns one result per request, in order. A request's own problem
+(bad tensor, hook error) fails only that request; a runtime error fails the requests of that
+execution.
+
+The front never imports JAX (DESIGN.md: the runtime is the only JAX process).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hloserve.bundle import Bundle, TensorSpec, load_bundle
+from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.model_repository_tools import names
+from hloserve.triton_backend import batching
+from hloserve.triton_backend.pb import ModelArgs, ServerStartingError
+from hloserve.triton_backend.tensors import check_tensors
+
+log = logging.getLogger("hloserve.triton_backend.front")
+
+#: Optional front parameter: how long to wait for the runtime model to become ready, seconds.
+PARAM_RUNTIME_WAIT_S = "hloserve.runtime_wait_s"
+
+Tensors = dict[str, np.ndarray]
+#: One request's outcome: its output tensors by name, or the error it gets.
+Result = Tensors | Exception
+#: ``call_runtime(inputs, output_names) -> outputs``: one runtime execution. Names are the
+#: runtime's namespaced names (``<bundle>__<tensor>``). Raises HloserveError; UNAVAILABLE means
+#: "not ready, retry".
+CallRuntime = Callable[[Mapping[str, np.ndarray], Sequence[str]], Mapping[str, np.ndarray]]
+
+
+class Hooks(Protocol):
+    """Per-request pre/post processing around the executable (a bundle's ``model.py``).
+
+    ``preprocess`` turns a request's client-facing inputs into the executable's inputs (the
+    manifest's ``inputs``); ``postprocess`` turns one request's executable outputs into its
+    client-facing outputs. Both see one request (its own batch size), never padding.
+    """
+
+    def preprocess(self, inputs: Tensors) -> Tensors: ...
+
+    def postprocess(self, outputs: Tensors) -> Tensors: ...
+
+
+class IdentityHooks:
+    """The default hooks: tensors pass through unchanged."""
+
+    def preprocess(self, inputs: Tensors) -> Tensors:
+        return inputs
+
+    def postprocess(self, outputs: Tensors) -> Tensors:
+        return outputs
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long the front waits for a runtime that answers UNAVAILABLE (e.g. still loading).
+
+    Attributes:
+        total_s: give up after this many seconds (then the request gets UNAVAILABLE).
+        first_delay_s: first wait between attempts, seconds; doubled after each attempt.
+        max_delay_s: longest wait between attempts, seconds.
+    """
+
+    total_s: float = 120.0
+    first_delay_s: float = 0.05
+    max_delay_s: float = 1.0
+
+
+@dataclass
+class _Prepared:
+    index: int
+    inputs: Tensors
+    batch_size: int | None
+
+
+class FrontModel:
+    """Serves one bundle by calling the runtime model.
+
+    Args:
+        name: the model (= bundle) name: the prefix of its tensors in the runtime model.
+        bundle: the bundle (only its manifest is used).
+        call_runtime: runs one execution on the runtime (see :data:`CallRuntime`).
+        hooks: pre/post processing; identity by default.
+        retry: waiting for a runtime that is not ready.
+        sleep: ``time.sleep`` (injectable for tests).
+        clock: ``time.monotonic`` (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        bundle: Bundle,
+        call_runtime: CallRuntime,
+        *,
+        hooks: Hooks | None = None,
+        retry: RetryPolicy | None = None,
+        runtime_model: str = names.RUNTIME_MODEL,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.runtime_model = runtime_model
+        self.hooks: Hooks = hooks if hooks is not None else IdentityHooks()
+        self.retry = retry or RetryPolicy()
+        self._call_runtime = call_runtime
+        self._sleep = sleep
+        self._clock = clock
+        self._compiled = list(self.manifest.batching.compiled_batch_sizes)
+        self._runtime_inputs = {
+            s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.inputs
+        }
+        self._runtime_outputs = {
+            s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.outputs
+        }
+
+    @classmethod
+    def from_args(
+        cls, args: ModelArgs, call_runtime: CallRuntime, *, hooks: Hooks | None = None
+    ) -> FrontModel:
+        """Build from the model's Triton config (docs/serving.md, "Front model config").
+
+        Reads ``hloserve.bundle`` (bundle directory relative to the model directory),
+        ``hloserve.runtime_model``, ``hloserve.repository_format`` (checked against the
+        supported range) and the optional ``hloserve.runtime_wait_s``.
+
+        Raises:
+            InvalidArgumentError: a parameter is missing or malformed, or an unsupported
+                repository format.
+            NotFoundError / ManifestError: the bundle cannot be read.
+        """
+        fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, str(names.REPOSITORY_FORMAT))
+        if not fmt.isdigit() or not (
+            names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
+        ):
+            raise InvalidArgumentError(
+                f"model {args.name!r}: repository format {fmt!r} is not supported; this "
+                f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
+                f"{names.MAX_REPOSITORY_FORMAT} (rebuild with `hloserve repo build`)"
+            )
+        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
+        wait = args.parameter(PARAM_RUNTIME_WAIT_S, str(RetryPolicy.total_s))
+        try:
+            retry = RetryPolicy(total_s=float(wait))
+        except ValueError:
+            raise InvalidArgumentError(
+                f"model {args.name!r}: parameter {PARAM_RUNTIME_WAIT_S!r} must be a number of "
+                f"seconds, got {wait!r}"
+            ) from None
+        return cls(
+            args.name,
+            bundle,
+            call_runtime,
+            hooks=hooks,
+            retry=retry,
+            runtime_model=args.parameter(names.PARAM_RUNTIME_MODEL, names.RUNTIME_MODEL),
+        )
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def execute(self, requests: Sequence[Mapping[str, np.ndarray] | Exception]) -> list[Result]:
+        """Serve a list of requests; one result per request, in order.
+
+        Args:
+            requests: each request's input tensors by name (client-facing names), or the
+                exception a request already failed with (e.g. an unreadable tensor), which
+                is passed through as its result.
+
+        Returns:
+            For each request, its output tensors by name or the exception it gets (an
+            :class:`~hloserve.errors.HloserveError` carries the status to answer with).
+        """
+        results: list[Result | None] = [None] * len(requests)
+        prepared: list[_Prepared] = []
+        for i, request in enumerate(requests):
+            if isinstance(request, Exception):
+                results[i] = request
+                continue
+            try:
+                inputs = self.hooks.preprocess(dict(request))
+                prepared.append(_Prepared(i, inputs, self._check_request(inputs)))
+            except Exception as exc:
+                results[i] = exc
+        for execution, members in self._plan(prepared):
+            try:
+                outputs = self._run(execution, members)
+            except Exception as exc:
+                for m in members:
+                    results[m.index] = exc
+                continue
+            for m, request_outputs in zip(members, outputs, strict=True):
+                try:
+                    results[m.index] = self.hooks.postprocess(request_outputs)
+                except Exception as exc:
+                    results[m.index] = exc
+        return [r if r is not None else HloserveError("request was not served") for r in results]
+
+    def _check_request(self, inputs: Tensors) -> int | None:
+        batch = check_tensors(self.name, "input", self.manifest.inputs, inputs)
+        if not self.manifest.batched:
+            return None
+        if batch is None:  # a batched model without inputs: one item per request
+            return 1
+        largest = self._compiled[-1]
+        if not 1 <= batch <= largest:
+            raise InvalidArgumentError(
+                f"model {self.name!r}: batch size {batch} is outside 1 to {largest} "
+                f"(compiled batch sizes {self._compiled})"
+            )
+        return batch
+
+    def _plan(self, prepared: list[_Prepared]) -> list[tuple[batching.Execution, list[_Prepared]]]:
+        if not self.manifest.batched:
+            return [(batching.Execution((i,), (0,), (0,), 0), [p]) for i, p in enumerate(prepared)]
+        sizes = [p.batch_size or 1 for p in prepared]
+        plan = batching.plan_executions(sizes, self._compiled)
+        return [(e, [prepared[j] for j in e.requests]) for e in plan]
+
+    def _run(self, execution: batching.Execution, members: list[_Prepared]) -> list[Tensors]:
+        """One runtime call for ``members``; their outputs, sliced per request."""
+        inputs: dict[str, np.ndarray] = {}
+        for spec in self.manifest.inputs:
+            arrays = [m.inputs[spec.name] for m in members]
+            inputs[self._runtime_inputs[spec.name]] = self._assemble(spec, arrays, execution)
+        wanted = list(self._runtime_outputs.values())
+        raw = self._call_with_retry(inputs, wanted)
+        outputs = {
+            spec.name: raw.get(self._runtime_outputs[spec.name]) for spec in self.manifest.outputs
+        }
+        missing = [n for n, a in outputs.items() if a is None]
+        if missing:
+            raise HloserveError(
+                f"model {self.name!r}: runtime model {self.runtime_model!r} returned no "
+                f"output {self._runtime_outputs[missing[0]]!r}",
+                status=Status.INTERNAL,
+            )
+        present = {n: np.asarray(a) for n, a in outputs.items()}
+        try:
+            batch = check_tensors(self.name, "output", self.manifest.outputs, present)
+        except InvalidArgumentError as exc:
+            raise HloserveError(
+                f"runtime model {self.runtime_model!r} broke the contract: {exc.message}",
+                status=Status.INTERNAL,
+            ) from None
+        if self.manifest.batched and batch != execution.batch_size:
+            raise HloserveError(
+                f"model {self.name!r}: runtime returned batch size {batch}, "
+                f"expected {execution.batch_size}",
+                status=Status.INTERNAL,
+            )
+        if not self.manifest.batched:
+            return [present]
+        per_request: list[Tensors] = [{} for _ in members]
+        for spec in self.manifest.outputs:
+            axis = spec.batch_axis
+            assert axis is not None  # batched manifests have a batch axis on every tensor
+            for out, part in zip(
+                per_request, batching.split(present[spec.name], axis, execution.sizes), strict=True
+            ):
+                out[spec.name] = part
+        return per_request
+
+    @staticmethod
+    def _assemble(
+        spec: TensorSpec, arrays: list[np.ndarray], execution: batching.Execution
+    ) -> np.ndarray:
+        if spec.batch_axis is None:
+            return arrays[0]
+        return batching.concatenate(arrays, spec.batch_axis, execution.batch_size)
+
+    def _call_with_retry(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> Mapping[str, np.ndarray]:
+        """``call_runtime`` again while it answers UNAVAILABLE, with backoff, bounded in time.
+
+        Raises:
+            UnavailableError: still unavailable after ``retry.total_s`` seconds.
+            ServerStartingError: Triton refuses BLS because the server is starting (no retry:
+                the server cannot become ready while this model is still loading).
+            HloserveError: any other error of the runtime, unchanged.
+        """
+        policy = self.retry
+        deadline = self._clock() + policy.total_s
+        delay = policy.first_delay_s
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._call_runtime(inputs, outputs)
+            except ServerStartingError as exc:
+                raise ServerStartingError(
+                    f"model {self.name!r}: cannot call runtime model {self.runtime_model!r} "
+                    f"while the server is starting ({exc.message}); a front's model_warmup "
+                    "cannot reach the runtime at startup (the runtime compiles every bundle "
+                    "when it loads instead)"
+                ) from None
+            except HloserveError as exc:
+                if exc.status is not Status.UNAVAILABLE:
+                    raise
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"model {self.name!r}: runtime model {self.runtime_model!r} still "
+                        f"unavailable after {policy.total_s:g} s ({attempts} attempts): "
+                        f"{exc.message}"
+                    ) from None
+                if attempts == 1:
+                    log.warning(
+                        "model %r: runtime model %r unavailable (%s); retrying for up to %g s",
+                        self.name,
+                        self.runtime_model,
+                        exc.message,
+                        policy.total_s,
+                    )
+                self._sleep(min(delay, remaining))
+                delay = min(delay * 2, policy.max_delay_s)
+
+
+__all__ = [
+    "PARAM_RUNTIME_WAIT_S",
+    "CallRuntime",
+    "FrontModel",
+    "Hooks",
+    "IdentityHooks",
+    "Result",
+    "RetryPolicy",
+]

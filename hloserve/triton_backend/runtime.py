@@ -1,0 +1,334 @@
+"""The runtime model's core: the one JAX process that compiles and runs every bundle.
+
+docs/serving.md, "Front -> runtime (BLS)": the runtime model has one instance per GPU. Its
+inputs and outputs are namespaced ``<bundle>__<tensor>``; a request names one bundle. A bundle
+is loaded on the first request that names it (checked, every compiled batch size compiled
+through :func:`~hloserve.triton_backend.compile.compile_artifact`, weights handed to the
+:class:`~hloserve.triton_backend.weights.WeightStore`), once, under a per-bundle lock. A bundle
+that fails to load keeps failing with its own error; the other bundles keep serving.
+Executions run one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.bundle import Bundle
+from hloserve.bundle.manifest import UNBATCHED
+from hloserve.bundle.validate import check_bundle
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.model_repository_tools import names
+from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.tensors import check_tensors
+from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
+
+log = logging.getLogger("hloserve.triton_backend.runtime")
+
+Compile = Callable[[bytes, Any], CompiledExecutable]
+
+#: Optional runtime parameter: "true" (default) loads every bundle in ``initialize``, "false"
+#: loads each on the first request naming it. Triton refuses inference (BLS included) until the
+#: server is ready, and in ``--model-control-mode=none`` it is ready only once every model has
+#: loaded, so front warmups cannot trigger the loading; preloading makes "server ready" mean
+#: "every executable compiled".
+PARAM_PRELOAD = "hloserve.preload"
+
+
+@dataclass(frozen=True)
+class LoadedBundle:
+    """A bundle ready to run.
+
+    Attributes:
+        name: the model name (its runtime tensor prefix).
+        bundle: the checked bundle.
+        executables: by compiled batch size (``0`` for an unbatched model).
+        load_seconds: wall time of checking, compiling and placing weights, in seconds.
+    """
+
+    name: str
+    bundle: Bundle
+    executables: Mapping[int, CompiledExecutable]
+    load_seconds: float
+
+
+@dataclass
+class _Entry:
+    path: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    loaded: LoadedBundle | None = None
+    error: HloserveError | None = None
+
+
+class RuntimeModel:
+    """Runs the executables of every bundle of a repository on one device.
+
+    Args:
+        registry: bundle (model) name -> bundle directory.
+        store: where weights live; default :class:`ResidentWeightStore`.
+        device: the ``jax.Device`` to run on; default JAX's first device.
+        compile: the compile function (``compile_artifact``; injectable for tests).
+        preload: load every bundle now (see :meth:`preload`) instead of on first use.
+
+    Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width).
+    """
+
+    def __init__(
+        self,
+        registry: Mapping[str, Path],
+        *,
+        store: WeightStore | None = None,
+        device: Any | None = None,
+        compile: Compile = compile_artifact,
+        preload: bool = False,
+    ) -> None:
+        enable_x64()
+        import jax
+
+        self.device = device if device is not None else jax.devices()[0]
+        self.store: WeightStore = store if store is not None else ResidentWeightStore()
+        self._compile = compile
+        self._entries = {name: _Entry(Path(path)) for name, path in registry.items()}
+        self._bundle_names = frozenset(self._entries)
+        self._execute_lock = threading.Lock()
+        self._place = _placer(self.device)
+        if preload:
+            self.preload()
+
+    @classmethod
+    def from_args(cls, args: ModelArgs, **kwargs: Any) -> RuntimeModel:
+        """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
+
+        ``hloserve.bundles`` lists the bundle names; each bundle is at
+        ``<repository>/<name>/1/bundle``, the repository being the model directory's parent.
+        ``hloserve.preload`` (:data:`PARAM_PRELOAD`, default "true") loads them all now.
+
+        Raises:
+            InvalidArgumentError: a parameter is missing or malformed.
+        """
+        listed = args.parameter(names.PARAM_BUNDLES)
+        repository = args.model_dir.parent
+        registry = {
+            name: repository / name / names.BUNDLE_SUBDIR
+            for name in (n.strip() for n in listed.split(names.BUNDLES_SEPARATOR))
+            if name
+        }
+        preload = args.parameter(PARAM_PRELOAD, "true").strip().lower()
+        if preload not in ("true", "false"):
+            raise InvalidArgumentError(
+                f"model {args.name!r}: parameter {PARAM_PRELOAD!r} must be 'true' or 'false', "
+                f"got {preload!r}"
+            )
+        kwargs.setdefault("preload", preload == "true")
+        return cls(registry, **kwargs)
+
+    @property
+    def bundle_names(self) -> list[str]:
+        """The registered bundle names, sorted."""
+        return sorted(self._entries)
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def preload(self) -> dict[str, HloserveError]:
+        """Load every registered bundle now, in name order.
+
+        A bundle that fails keeps its error (requests naming it get it); the others load.
+
+        Returns:
+            The errors of the bundles that failed, by name.
+        """
+        failed = {}
+        for name in self.bundle_names:
+            try:
+                self.load(name)
+            except HloserveError as exc:
+                log.error("%s", exc.message)
+                failed[name] = exc
+        return failed
+
+    def load(self, name: str) -> LoadedBundle:
+        """The loaded bundle ``name``, loading it on first use (once; thread-safe).
+
+        Raises:
+            NotFoundError: ``name`` is not registered.
+            HloserveError: the bundle failed to load (now or before): its error, naming it.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise NotFoundError(
+                f"runtime: no model {name!r}; this runtime serves {self.bundle_names}"
+            )
+        if entry.loaded is not None:
+            return entry.loaded
+        with entry.lock:
+            if entry.loaded is None and entry.error is None:
+                try:
+                    entry.loaded = self._load(name, entry.path)
+                except HloserveError as exc:
+                    entry.error = HloserveError(
+                        f"model {name!r} failed to load: {exc.message}", status=exc.status
+                    )
+                except Exception as exc:  # a bug or an XLA/IO failure outside our errors
+                    log.exception("model %r failed to load", name)
+                    entry.error = HloserveError(
+                        f"model {name!r} failed to load: {type(exc).__name__}: {exc}",
+                        status=Status.INTERNAL,
+                    )
+            if entry.error is not None:
+                raise entry.error
+            assert entry.loaded is not None
+            return entry.loaded
+
+    def _load(self, name: str, path: Path) -> LoadedBundle:
+        start = time.perf_counter()
+        bundle = check_bundle(path)
+        sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
+        executables = {
+            size: self._compile(bundle.read_artifact(size), self.device) for size in sizes
+        }
+        self.store.add(name, bundle, self.device)
+        seconds = time.perf_counter() - start
+        log.info(
+            "model %r loaded in %.2f s (batch sizes %s, %d weight bytes)",
+            name,
+            seconds,
+            sizes,
+            bundle.weight_nbytes,
+        )
+        return LoadedBundle(name, bundle, executables, seconds)
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def execute(
+        self, inputs: Mapping[str, Any], requested_outputs: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Run one request: inputs of one bundle at one compiled batch size.
+
+        Args:
+            inputs: namespaced input tensors (``<bundle>__<tensor>``), host NumPy arrays.
+            requested_outputs: namespaced output names to return; empty for all of them.
+
+        Returns:
+            Namespaced outputs: JAX arrays in host memory on a CPU device, else host NumPy
+            arrays (both DLPack-exportable; ``np.asarray`` gives NumPy).
+
+        Raises:
+            NotFoundError: a tensor name that no registered bundle prefixes.
+            InvalidArgumentError: no inputs, inputs of two bundles, a missing/unknown/bad
+                tensor, a batch size without an executable, an unknown requested output.
+            HloserveError: the bundle failed to load (its status).
+        """
+        if not inputs:
+            raise InvalidArgumentError("runtime: the request has no inputs")
+        name, tensors = self._split(inputs)
+        loaded = self.load(name)
+        manifest = loaded.bundle.manifest
+        batch = check_tensors(name, "input", manifest.inputs, tensors)
+        key = UNBATCHED if batch is None else batch
+        executable = loaded.executables.get(key)
+        if executable is None:
+            raise InvalidArgumentError(
+                f"model {name!r}: no executable for batch size {batch}; "
+                f"compiled batch sizes {sorted(loaded.executables)}"
+            )
+        wanted = self._wanted(name, manifest.outputs, requested_outputs)
+        args = [self._place(tensors[spec.name]) for spec in manifest.inputs]
+        with self._execute_lock, acquired(self.store, name) as weights:
+            results = executable([*weights, *args])
+            for result in results:  # one execution at a time: finish before the next
+                result.block_until_ready()
+        out = {}
+        for spec, result in zip(manifest.outputs, results, strict=True):
+            if spec.name in wanted:
+                out[names.runtime_tensor_name(name, spec.name)] = _to_host(result)
+        return out
+
+    def _split(self, inputs: Mapping[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
+        bundle: str | None = None
+        tensors: dict[str, np.ndarray] = {}
+        for full in inputs:
+            try:
+                owner, tensor = names.split_runtime_tensor_name(full, self._bundle_names)
+            except KeyError:
+                raise NotFoundError(
+                    f"runtime: input {full!r} names no model this runtime serves "
+                    f"(expected '<model>__<tensor>' with a model of {self.bundle_names})"
+                ) from None
+            if bundle is not None and owner != bundle:
+                raise InvalidArgumentError(
+                    f"runtime: one request names two models, {bundle!r} and {owner!r}"
+                )
+            bundle = owner
+            tensors[tensor] = inputs[full]
+        assert bundle is not None
+        return bundle, tensors
+
+    def _wanted(self, name: str, specs: Sequence[Any], requested: Sequence[str]) -> set[str]:
+        """Names (un-namespaced) of the outputs of ``name`` to return.
+
+        Triton requests every output of the runtime's config when a client names none, so
+        requested outputs of other bundles are ignored; none of this bundle means all of them.
+        """
+        available = {names.runtime_tensor_name(name, s.name): s.name for s in specs}
+        wanted = set()
+        for full in requested:
+            if full in available:
+                wanted.add(available[full])
+                continue
+            try:
+                owner, _ = names.split_runtime_tensor_name(full, self._bundle_names)
+            except KeyError:
+                owner = name
+            if owner == name:
+                raise InvalidArgumentError(
+                    f"model {name!r}: unknown output {full!r}; outputs are {sorted(available)}"
+                )
+        return wanted or set(available.values())
+
+    def close(self) -> None:
+        """Drop every loaded bundle and its weights."""
+        for name, entry in self._entries.items():
+            with entry.lock:
+                if entry.loaded is not None:
+                    self.store.remove(name)
+                entry.loaded = None
+                entry.error = None
+
+
+def _placer(device: Any) -> Callable[[np.ndarray], Any]:
+    """A function placing a host array on ``device`` as a ``jax.Array``.
+
+    Uses the PJRT client's ``buffer_from_pyval`` (~6 us for a small array on CPU, against
+    ~120 us for ``jax.device_put``, JAX 0.7.1); falls back to ``jax.device_put`` where the
+    client lacks it. Host memory may be aliased on CPU, as ``jax.device_put`` does: the
+    arrays must not change until the execution has finished.
+    """
+    import jax
+
+    client = getattr(device, "client", None)
+    if client is None or not hasattr(client, "buffer_from_pyval"):
+        return lambda array: jax.device_put(array, device)
+
+    def place(array: np.ndarray) -> Any:
+        return client.buffer_from_pyval(np.ascontiguousarray(array), device)
+
+    return place
+
+
+def _to_host(array: Any) -> Any:
+    """A result in host memory: the JAX array itself on a CPU device, else a NumPy copy."""
+    devices = array.devices() if hasattr(array, "devices") else set()
+    if devices and all(d.platform == "cpu" for d in devices):
+        return array
+    return np.asarray(array)
+
+
+__all__ = ["LoadedBundle", "RuntimeModel"]

@@ -1,0 +1,100 @@
+"""Checking request tensors against a manifest's tensor specs (front and runtime share it).
+
+Error text names the model, the tensor, expected vs actual (STYLE.md, after ``jax.export``).
+Shapes are shown row-major with ``-1`` at the batch axis, as Triton shows variable dims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hloserve.bundle import TensorSpec
+from hloserve.errors import InvalidArgumentError
+
+
+def spec_shape(spec: TensorSpec) -> list[int]:
+    """The spec's row-major shape with ``-1`` at the batch axis (e.g. ``[-1, 4]``)."""
+    return [-1 if i == spec.batch_axis else d for i, d in enumerate(spec.shape_at(0))]
+
+
+def check_tensor(model: str, role: str, spec: TensorSpec, array: np.ndarray) -> int | None:
+    """Check one tensor's dtype and shape against its spec.
+
+    Args:
+        model: the model name, for error text.
+        role: ``"input"`` or ``"output"``, for error text.
+        spec: the manifest's spec of the tensor.
+        array: the tensor.
+
+    Returns:
+        Its batch size (size along the spec's batch axis), or None for an unbatched spec.
+
+    Raises:
+        InvalidArgumentError: wrong dtype, rank, or a non-batch dimension.
+    """
+    want = spec.dtype_info.numpy
+    where = f"model {model!r}: {role} {spec.name!r}"
+    if array.dtype != want:
+        raise InvalidArgumentError(
+            f"{where}: expected dtype {spec.dtype_info.kserve} ({spec.dtype}), "
+            f"got {_dtype_name(array.dtype)}"
+        )
+    expected = spec_shape(spec)
+    got = list(array.shape)
+    if len(got) != len(expected) or any(e not in (-1, g) for e, g in zip(expected, got)):  # noqa: B905
+        raise InvalidArgumentError(f"{where}: expected shape {expected}, got {got}")
+    return None if spec.batch_axis is None else got[spec.batch_axis]
+
+
+def check_tensors(
+    model: str, role: str, specs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray]
+) -> int | None:
+    """Check a whole set of tensors: names, dtypes, shapes, and one common batch size.
+
+    Returns:
+        The common batch size, or None when unbatched (or when ``specs`` is empty).
+
+    Raises:
+        InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or tensors
+            disagreeing on the batch size.
+    """
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise InvalidArgumentError(
+            f"model {model!r}: missing {role} {missing[0]!r}; expected {role}s {names}"
+        )
+    unknown = sorted(n for n in tensors if n not in names)
+    if unknown:
+        raise InvalidArgumentError(
+            f"model {model!r}: unknown {role} {unknown[0]!r}; expected {role}s {names}"
+        )
+    batch: int | None = None
+    first = ""
+    for spec in specs:
+        size = check_tensor(model, role, spec, tensors[spec.name])
+        if size is None:
+            continue
+        if batch is None:
+            batch, first = size, spec.name
+        elif size != batch:
+            raise InvalidArgumentError(
+                f"model {model!r}: {role} {spec.name!r} has batch size {size} but "
+                f"{role} {first!r} has {batch}"
+            )
+    return batch
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    from hloserve.bundle import dtypes
+
+    try:
+        row = dtypes.from_numpy(dtype)
+    except InvalidArgumentError:
+        return str(dtype)
+    return f"{row.kserve} ({row.token})"
+
+
+__all__ = ["check_tensor", "check_tensors", "spec_shape"]

@@ -1,0 +1,294 @@
+"""The front and runtime backends behind a real tritonserver (nvidia-pytriton wheel).
+
+One server for the module: a repository built by ``build_repository`` from
+    affine      the golden bundle (compiled 1, 2; max_batch_size 2)
+    dtypes      identity for every executable dtype (compiled 1, 4)
+    transposed  batch axis not leading (max_batch_size 0)
+    unbatched   no batch axis
+    big         20 MiB in, 20 MiB out
+    broken      a copy of affine whose batch-2 artifact is then corrupted in the repository
+Front ``model_warmup`` entries are dropped from the generated configs: Triton refuses every
+inference, BLS included, with "Server not ready" until all models have loaded, so a front's
+warmup cannot reach the runtime at startup; the runtime compiles every bundle in ``initialize``
+instead (hloserve.triton_backend.runtime.PARAM_PRELOAD).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import queue
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_triton_backend_bundles import (
+    EXECUTABLE_TOKENS,
+    TRANSPOSED_W,
+    export_dtypes,
+    export_transposed,
+    export_unbatched,
+    extreme_values,
+)
+
+from hloserve.bundle import dtypes, load_bundle
+from hloserve.node import tritonserver as ts
+
+pytestmark = [
+    pytest.mark.tritonserver,
+    pytest.mark.skipif(
+        importlib.util.find_spec("pytriton") is None, reason="nvidia-pytriton not installed"
+    ),
+]
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+BIG_K = 5 * 1024 * 1024  # f32 items per request: 20 MiB
+
+
+def _export_big(out: Path) -> Path:
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
+    export_bundle(
+        lambda p, x: x + 1,
+        {},
+        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_K})],
+        [OutputSpec("y", "nk")],
+        [1],
+        out,
+    )
+    return out
+
+
+def _drop_front_warmups(repo: Path) -> None:
+    from hloserve.model_repository_tools.config import config_text, parse_config
+
+    for path in repo.glob("*/config.pbtxt"):
+        config = parse_config(path)
+        if config.backend == "hloserve_front" and len(config.model_warmup):
+            del config.model_warmup[:]
+            path.write_text(config_text(config))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.triton_backend.backends import backend_dirs
+
+    root = tmp_path_factory.mktemp("backend_triton")
+    bundles = root / "bundles"
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    shutil.copytree(GOLDEN / "affine", bundles / "broken")
+    export_dtypes(bundles / "dtypes")
+    export_transposed(bundles / "transposed")
+    export_unbatched(bundles / "unbatched")
+    _export_big(bundles / "big")
+    repo = root / "repo"
+    build_repository(bundles, repo)
+    _drop_front_warmups(repo)
+    (repo / "broken" / "1" / "bundle" / "model.b2.mlirbc").write_bytes(b"ML\xefR corrupted")
+    options = ts.TritonServerOptions.on_free_ports(
+        repo,
+        extra_backend_dirs=backend_dirs(),
+        log_file=root / "tritonserver.log",
+        startup_timeout_s=180.0,
+    )
+    start = time.perf_counter()
+    with ts.TritonServer(options) as server:
+        print(f"tritonserver ready in {time.perf_counter() - start:.1f} s")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server: ts.TritonServer) -> Iterator[Any]:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.urls.grpc) as client:
+        yield client
+
+
+def _input(name: str, array: np.ndarray, datatype: str | None = None) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    kserve = datatype or dtypes.from_numpy(array.dtype).kserve
+    tensor = grpcclient.InferInput(name, list(array.shape), kserve)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _affine_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b, w = load_bundle(GOLDEN / "affine").load_weights()
+    y = np.tanh(x @ w + b)
+    return y, np.argmax(y, axis=1).astype(np.int32)
+
+
+def test_affine_batch_1_and_2_over_grpc_and_http(server: ts.TritonServer, client: Any) -> None:
+    import tritonclient.http as httpclient
+
+    expected = np.load(GOLDEN / "affine.expected.npz")
+    x = expected["x"]
+    for rows in (slice(0, 1), slice(0, 2)):
+        result = client.infer("affine", [_input("x", x[rows])])
+        np.testing.assert_allclose(result.as_numpy("y"), expected["y"][rows], rtol=1e-6)
+        # label is a per-item scalar: Triton declares it dims [1] (reshape []), so [batch, 1]
+        assert result.as_numpy("label").reshape(-1).tolist() == expected["label"][rows].tolist()
+    http = httpclient.InferenceServerClient(server.urls.http)
+    try:
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        result = http.infer("affine", [tensor])
+        np.testing.assert_allclose(result.as_numpy("y"), expected["y"], rtol=1e-6)
+    finally:
+        http.close()
+
+
+def test_affine_latency(client: Any) -> None:
+    """Sequential batch-1 latency through front + runtime, and through the runtime alone."""
+    x = np.load(GOLDEN / "affine.expected.npz")["x"][:1]
+    runs = {
+        "front+runtime (affine)": ("affine", [_input("x", x)]),
+        "runtime alone (hloserve_runtime)": ("hloserve_runtime", [_input("affine__x", x)]),
+    }
+    for label, (model, inputs) in runs.items():
+        for _ in range(20):
+            client.infer(model, inputs)
+        times = []
+        for _ in range(300):
+            start = time.perf_counter()
+            client.infer(model, inputs)
+            times.append(time.perf_counter() - start)
+        ms = np.array(times) * 1e3
+        print(
+            f"{label}: mean {ms.mean():.2f} ms, p50 {np.percentile(ms, 50):.2f} ms, "
+            f"p99 {np.percentile(ms, 99):.2f} ms (gRPC, sequential, batch 1)"
+        )
+
+
+def _batch_counts(client: Any, model: str) -> dict[int, int]:
+    stats = client.get_inference_statistics(model_name=model)
+    return {s.batch_size: s.compute_infer.count for s in stats.model_stats[0].batch_stats}
+
+
+def test_concurrent_single_requests_are_coalesced(client: Any) -> None:
+    before = _batch_counts(client, "affine")
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((1, 4)).astype(np.float32) for _ in range(48)]
+    done: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
+    for i, x in enumerate(xs):
+        client.async_infer(
+            "affine",
+            [_input("x", x)],
+            callback=lambda result, error, i=i: done.put((i, result, error)),
+        )
+    answers = {}
+    for _ in xs:
+        i, result, error = done.get(timeout=60)
+        assert error is None, error
+        answers[i] = result
+    for i, x in enumerate(xs):
+        y, label = _affine_reference(x)
+        np.testing.assert_allclose(answers[i].as_numpy("y"), y, rtol=1e-5, atol=1e-6)
+        assert answers[i].as_numpy("label").reshape(-1).tolist() == label.tolist()
+    after = _batch_counts(client, "affine")
+    grown = {n: after.get(n, 0) - before.get(n, 0) for n in after}
+    print(f"affine executions by batch size for 48 concurrent requests: {grown}")
+    assert sum(n * c for n, c in grown.items()) == len(xs)
+    assert grown.get(2, 0) > 0, grown  # Triton's dynamic batcher handed the front 2 at once
+
+
+def test_every_dtype_round_trips_bit_exactly(client: Any) -> None:
+    """Batch 3 is not compiled (1, 4): padded to 4 in the front, sliced back."""
+    inputs, sent = [], {}
+    for i, token in enumerate(EXECUTABLE_TOKENS):
+        values = extreme_values(token, 3, seed=i)
+        sent[token] = values
+        if token == "bf16":  # tritonclient carries BF16 as float32 holding the bf16 bits
+            wide = (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            inputs.append(_input(f"x_{token}", wide, "BF16"))
+        else:
+            inputs.append(_input(f"x_{token}", values))
+    result = client.infer("dtypes", inputs)
+    for token in EXECUTABLE_TOKENS:
+        got = result.as_numpy(f"y_{token}")
+        if token == "bf16":
+            got = (got.view(np.uint32) >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)
+        assert got.dtype == sent[token].dtype, token
+        assert got.shape == sent[token].shape, token
+        assert got.tobytes() == sent[token].tobytes(), token
+
+
+def test_non_leading_batch_axis_and_unbatched(client: Any) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)  # (k=2, n=3): padded to 4 on axis 1
+    result = client.infer("transposed", [_input("x", x)])
+    np.testing.assert_array_equal(result.as_numpy("y"), x.T * TRANSPOSED_W)
+    np.testing.assert_array_equal(result.as_numpy("z"), x + 1)
+    u = np.array([1.0, -2.0, 0.5], np.float32)
+    result = client.infer("unbatched", [_input("x", u)])
+    np.testing.assert_array_equal(result.as_numpy("y"), u * 2 + [1.0, 2.0, 3.0])
+
+
+def test_20_mib_request_and_response(client: Any) -> None:
+    x = np.random.default_rng(5).standard_normal((1, BIG_K)).astype(np.float32)
+    start = time.perf_counter()
+    result = client.infer("big", [_input("x", x)])
+    print(f"20 MiB in + 20 MiB out: {(time.perf_counter() - start) * 1e3:.0f} ms")
+    np.testing.assert_array_equal(result.as_numpy("y"), x + 1)
+
+
+def _error(client: Any, model: str, inputs: list[Any]) -> tuple[str, str]:
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(model, inputs)
+    return str(info.value.status()), str(info.value.message())
+
+
+def test_errors_reach_the_client_with_their_status(client: Any) -> None:
+    x = np.zeros((1, 4), np.float32)
+    # checked by the front (max_batch_size 0: Triton cannot know the largest batch)
+    status, message = _error(client, "transposed", [_input("x", np.zeros((2, 5), np.float32))])
+    assert status == "StatusCode.INVALID_ARGUMENT", message
+    assert "model 'transposed': batch size 5 is outside 1 to 4" in message
+    # checked by Triton from the generated config
+    status, message = _error(client, "affine", [_input("x", x.astype(np.float64))])
+    assert status == "StatusCode.INVALID_ARGUMENT" and "x" in message, message
+    status, message = _error(client, "affine", [_input("x", np.zeros((3, 4), np.float32))])
+    assert status == "StatusCode.INVALID_ARGUMENT", message
+    status, message = _error(client, "no_such_model", [_input("x", x)])
+    assert status == "StatusCode.NOT_FOUND" and "no_such_model" in message, message
+    # raised by the runtime when called directly: the status tag shows, the code is right
+    status, message = _error(
+        client, "hloserve_runtime", [_input("affine__x", np.zeros((3, 4), np.float32))]
+    )
+    assert status == "StatusCode.INVALID_ARGUMENT", message
+    assert "no executable for batch size 3" in message
+    assert client.infer("affine", [_input("x", x)]).as_numpy("y").shape == (1, 3)
+
+
+def test_a_bundle_failing_to_load_leaves_the_others_serving(
+    server: ts.TritonServer, client: Any
+) -> None:
+    x = np.zeros((1, 4), np.float32)
+    for _ in range(2):  # the runtime keeps the failure; it does not retry the load
+        status, message = _error(client, "broken", [_input("x", x)])
+        assert status == "StatusCode.INVALID_ARGUMENT", message  # the bundle's own error
+        assert message.startswith("model 'broken' failed to load"), message
+        assert "model.b2.mlirbc" in message and "[hloserve" not in message
+    for model in ("affine", "dtypes", "transposed", "unbatched", "big", "hloserve_runtime"):
+        assert client.is_model_ready(model), model
+    assert client.infer("affine", [_input("x", x)]).as_numpy("y").shape == (1, 3)
+    assert server.options.log_file is not None
+    log = server.options.log_file.read_text()
+    assert "model 'broken' failed to load" in log  # logged once by the runtime's preload
+    assert "model 'affine' loaded in" in log
+
+
+def test_server_log_is_clean(server: ts.TritonServer, client: Any) -> None:
+    client.infer("affine", [_input("x", np.zeros((1, 4), np.float32))])
+    assert server.options.log_file is not None
+    log = server.options.log_file.read_text()
+    for bad in ("Traceback", "PyCapsule", "Exception ignored", "not healthy"):
+        assert bad not in log, bad
