@@ -228,3 +228,29 @@ def test_from_args_finds_bundles_in_the_repository(tmp_path: Path) -> None:
     assert str(tmp_path / "repo" / "a" / "1" / "bundle") in info.value.message
     with pytest.raises(HloserveError, match=r"lacks parameter 'hloserve\.bundles'"):
         RuntimeModel.from_args(ModelArgs("r", tmp_path, "1"))
+
+
+def test_checker_names_the_tensors_that_disagree_on_batch_size() -> None:
+    from hloserve.bundle import TensorSpec
+    from hloserve.errors import InvalidArgumentError
+    from hloserve.triton_backend.tensors import TensorChecker
+
+    check = TensorChecker(
+        "m",
+        "input",
+        [
+            TensorSpec(name="a", dtype="f32", shape="nk", dims={"k": 2}),
+            TensorSpec(name="b", dtype="i64", shape="kn", dims={"k": 3}),
+        ],
+    )
+    ok = {"a": np.zeros((4, 2), np.float32), "b": np.zeros((3, 4), np.int64)}
+    assert check(ok) == 4
+    bad = {"a": np.zeros((4, 2), np.float32), "b": np.zeros((3, 5), np.int64)}
+    with pytest.raises(
+        InvalidArgumentError, match="input 'b' has batch size 5 but input 'a' has 4"
+    ):
+        check(bad)
+    with pytest.raises(
+        InvalidArgumentError, match=r"input 'b': expected shape \[3, -1\], got \[4\]"
+    ):
+        check({"a": ok["a"], "b": np.zeros(4, np.int64)})

@@ -26,7 +26,7 @@ from hloserve.errors import HloserveError, InvalidArgumentError, Status, Unavail
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend import batching
 from hloserve.triton_backend.pb import ModelArgs, ServerStartingError
-from hloserve.triton_backend.tensors import check_tensors
+from hloserve.triton_backend.tensors import TensorChecker
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
@@ -122,6 +122,8 @@ class FrontModel:
         self._sleep = sleep
         self._clock = clock
         self._compiled = list(self.manifest.batching.compiled_batch_sizes)
+        self._check_inputs = TensorChecker(name, "input", self.manifest.inputs)
+        self._check_outputs = TensorChecker(name, "output", self.manifest.outputs)
         self._runtime_inputs = {
             s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.inputs
         }
@@ -211,7 +213,7 @@ class FrontModel:
         return [r if r is not None else HloserveError("request was not served") for r in results]
 
     def _check_request(self, inputs: Tensors) -> int | None:
-        batch = check_tensors(self.name, "input", self.manifest.inputs, inputs)
+        batch = self._check_inputs(inputs)
         if not self.manifest.batched:
             return None
         if batch is None:  # a batched model without inputs: one item per request
@@ -251,7 +253,7 @@ class FrontModel:
             )
         present = {n: np.asarray(a) for n, a in outputs.items()}
         try:
-            batch = check_tensors(self.name, "output", self.manifest.outputs, present)
+            batch = self._check_outputs(present)
         except InvalidArgumentError as exc:
             raise HloserveError(
                 f"runtime model {self.runtime_model!r} broke the contract: {exc.message}",

@@ -28,7 +28,7 @@ from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, 
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
 from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.tensors import check_tensors
+from hloserve.triton_backend.tensors import TensorChecker
 from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
@@ -52,12 +52,14 @@ class LoadedBundle:
         bundle: the checked bundle.
         executables: by compiled batch size (``0`` for an unbatched model).
         load_seconds: wall time of checking, compiling and placing weights, in seconds.
+        check_inputs: checks a request's inputs against the manifest.
     """
 
     name: str
     bundle: Bundle
     executables: Mapping[int, CompiledExecutable]
     load_seconds: float
+    check_inputs: TensorChecker
 
 
 @dataclass
@@ -203,7 +205,8 @@ class RuntimeModel:
             sizes,
             bundle.weight_nbytes,
         )
-        return LoadedBundle(name, bundle, executables, seconds)
+        checker = TensorChecker(name, "input", bundle.manifest.inputs)
+        return LoadedBundle(name, bundle, executables, seconds, checker)
 
     # -- serving ------------------------------------------------------------------------------
 
@@ -231,7 +234,7 @@ class RuntimeModel:
         name, tensors = self._split(inputs)
         loaded = self.load(name)
         manifest = loaded.bundle.manifest
-        batch = check_tensors(name, "input", manifest.inputs, tensors)
+        batch = loaded.check_inputs(tensors)
         key = UNBATCHED if batch is None else batch
         executable = loaded.executables.get(key)
         if executable is None:

@@ -48,43 +48,74 @@ def check_tensor(model: str, role: str, spec: TensorSpec, array: np.ndarray) -> 
     return None if spec.batch_axis is None else got[spec.batch_axis]
 
 
+class TensorChecker:
+    """:func:`check_tensors` for one fixed list of specs, with the expectations precomputed.
+
+    Serving checks every request, so the per-spec work (dtype, shape with ``-1`` at the batch
+    axis) is done once here.
+    """
+
+    def __init__(self, model: str, role: str, specs: Sequence[TensorSpec]) -> None:
+        self.model = model
+        self.role = role
+        self.specs = list(specs)
+        self.names = [s.name for s in self.specs]
+        self._rules = [
+            (s, s.dtype_info.numpy, tuple(spec_shape(s)), s.batch_axis) for s in self.specs
+        ]
+
+    def __call__(self, tensors: Mapping[str, np.ndarray]) -> int | None:
+        """Check a whole set of tensors: names, dtypes, shapes, and one common batch size.
+
+        Returns:
+            The common batch size, or None when unbatched (or when there are no specs).
+
+        Raises:
+            InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or
+                tensors disagreeing on the batch size.
+        """
+        model, role = self.model, self.role
+        if len(tensors) != len(self.names) or any(n not in tensors for n in self.names):
+            missing = [n for n in self.names if n not in tensors]
+            if missing:
+                raise InvalidArgumentError(
+                    f"model {model!r}: missing {role} {missing[0]!r}; expected {role}s {self.names}"
+                )
+            unknown = sorted(n for n in tensors if n not in self.names)
+            raise InvalidArgumentError(
+                f"model {model!r}: unknown {role} {unknown[0]!r}; expected {role}s {self.names}"
+            )
+        batch: int | None = None
+        first = ""
+        for spec, dtype, shape, axis in self._rules:
+            array = tensors[spec.name]
+            if (
+                array.dtype != dtype
+                or len(array.shape) != len(shape)
+                or any(
+                    e != g and e != -1
+                    for e, g in zip(shape, array.shape)  # noqa: B905
+                )
+            ):
+                check_tensor(model, role, spec, array)  # raises with the full message
+            if axis is None:
+                continue
+            size = int(array.shape[axis])
+            if batch is None:
+                batch, first = size, spec.name
+            elif size != batch:
+                raise InvalidArgumentError(
+                    f"model {model!r}: {role} {spec.name!r} has batch size {size} but "
+                    f"{role} {first!r} has {batch}"
+                )
+        return batch
+
+
 def check_tensors(
     model: str, role: str, specs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray]
 ) -> int | None:
-    """Check a whole set of tensors: names, dtypes, shapes, and one common batch size.
-
-    Returns:
-        The common batch size, or None when unbatched (or when ``specs`` is empty).
-
-    Raises:
-        InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or tensors
-            disagreeing on the batch size.
-    """
-    names = [s.name for s in specs]
-    missing = [n for n in names if n not in tensors]
-    if missing:
-        raise InvalidArgumentError(
-            f"model {model!r}: missing {role} {missing[0]!r}; expected {role}s {names}"
-        )
-    unknown = sorted(n for n in tensors if n not in names)
-    if unknown:
-        raise InvalidArgumentError(
-            f"model {model!r}: unknown {role} {unknown[0]!r}; expected {role}s {names}"
-        )
-    batch: int | None = None
-    first = ""
-    for spec in specs:
-        size = check_tensor(model, role, spec, tensors[spec.name])
-        if size is None:
-            continue
-        if batch is None:
-            batch, first = size, spec.name
-        elif size != batch:
-            raise InvalidArgumentError(
-                f"model {model!r}: {role} {spec.name!r} has batch size {size} but "
-                f"{role} {first!r} has {batch}"
-            )
-    return batch
+    """Check a whole set of tensors against ``specs`` (see :class:`TensorChecker`)."""
+    return TensorChecker(model, role, specs)(tensors)
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -97,4 +128,4 @@ def _dtype_name(dtype: np.dtype) -> str:
     return f"{row.kserve} ({row.token})"
 
 
-__all__ = ["check_tensor", "check_tensors", "spec_shape"]
+__all__ = ["TensorChecker", "check_tensor", "check_tensors", "spec_shape"]
