@@ -232,10 +232,13 @@ def test_non_leading_batch_axis_and_unbatched(client: Any) -> None:
 
 def test_20_mib_request_and_response(client: Any) -> None:
     x = np.random.default_rng(5).standard_normal((1, BIG_K)).astype(np.float32)
-    start = time.perf_counter()
-    result = client.infer("big", [_input("x", x)])
-    print(f"20 MiB in + 20 MiB out: {(time.perf_counter() - start) * 1e3:.0f} ms")
-    np.testing.assert_array_equal(result.as_numpy("y"), x + 1)
+    times = []
+    for _ in range(3):  # the first calls grow the stubs' shared memory
+        start = time.perf_counter()
+        result = client.infer("big", [_input("x", x)])
+        times.append(f"{(time.perf_counter() - start) * 1e3:.0f}")
+        np.testing.assert_array_equal(result.as_numpy("y"), x + 1)
+    print(f"20 MiB in + 20 MiB out, three calls: {', '.join(times)} ms")
 
 
 def _error(client: Any, model: str, inputs: list[Any]) -> tuple[str, str]:
@@ -292,3 +295,50 @@ def test_server_log_is_clean(server: ts.TritonServer, client: Any) -> None:
     log = server.options.log_file.read_text()
     for bad in ("Traceback", "PyCapsule", "Exception ignored", "not healthy"):
         assert bad not in log, bad
+
+
+def test_front_waits_for_a_runtime_loaded_later(tmp_path: Path) -> None:
+    """The front retries while the runtime is not loaded (explicit model control)."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.triton_backend.backends import backend_dirs
+
+    bundles = tmp_path / "bundles"
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    repo = tmp_path / "repo"
+    build_repository(bundles, repo, front_instances=1)
+    _drop_front_warmups(repo)
+    options = ts.TritonServerOptions.on_free_ports(
+        repo,
+        extra_backend_dirs=backend_dirs(),
+        log_file=tmp_path / "tritonserver.log",
+        model_control_mode="explicit",
+        load_models=["affine"],
+        startup_timeout_s=120.0,
+    )
+    expected = np.load(GOLDEN / "affine.expected.npz")
+    outcome: dict[str, Any] = {}
+    with ts.TritonServer(options) as server:
+        client = grpcclient.InferenceServerClient(server.urls.grpc)
+        assert not client.is_model_ready("hloserve_runtime")
+
+        def ask() -> None:
+            try:
+                outcome["y"] = client.infer("affine", [_input("x", expected["x"])]).as_numpy("y")
+            except Exception as exc:
+                outcome["error"] = exc
+
+        asking = threading.Thread(target=ask)
+        start = time.perf_counter()
+        asking.start()
+        asking.join(timeout=1.5)
+        assert asking.is_alive(), outcome  # waiting for the runtime, not failed
+        client.load_model("hloserve_runtime")
+        asking.join(timeout=90)
+        print(f"answered {time.perf_counter() - start:.1f} s after it was sent")
+        assert "error" not in outcome, outcome
+        np.testing.assert_allclose(outcome["y"], expected["y"], rtol=1e-6)
+        client.close()

@@ -1,5 +1,16 @@
 """The typed core behind hloserve's Triton Python-based backends.
 
-Nothing in this package imports ``triton_python_backend_utils``; the ``model.py`` shims adapt
-``pb_utils`` objects and call into it.
+Nothing in this package imports ``triton_python_backend_utils``; the ``model.py`` shims under
+``backends/`` adapt ``pb_utils`` objects and call into it (docs/serving.md is the contract).
+
+Modules:
+    batching: the coalescing plan (whole requests, padded to compiled sizes) and array helpers.
+    tensors:  checking tensors against a manifest's specs (shared by front and runtime).
+    front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
+    runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.
+    weights:  the :class:`~hloserve.triton_backend.weights.WeightStore` interface.
+    pb:       pb_utils adapters: the Status -> TritonError code table, DLPack tensor moves
+              (bf16 included), the runtime's status tags, ``initialize`` args.
+    compile:  the one compile path (StableHLO portable artifact -> loaded executable).
+    backends: ``hloserve_front/model.py`` and ``hloserve_runtime/model.py``.
 """
