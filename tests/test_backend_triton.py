@@ -6,7 +6,11 @@ One server for the module: a repository built by ``build_repository`` from
     transposed  batch axis not leading (max_batch_size 0)
     unbatched   no batch axis
     big         20 MiB in, 20 MiB out
-    broken      a copy of affine whose batch-2 artifact is then corrupted in the repository
+    broken      a copy of affine whose batch-2 artifact is then corrupted in the repository: the
+                front refuses it in ``initialize`` (not ready), the others serve
+    mismatched  a copy of affine whose batch-2 artifact is replaced by another model's: the
+                front cannot tell (no JAX there), the runtime refuses to load it and each
+                request gets the runtime's error
 Front ``model_warmup`` entries are dropped from the generated configs: Triton refuses every
 inference, BLS included, with "Server not ready" until all models have loaded, so a front's
 warmup cannot reach the runtime at startup; the runtime compiles every bundle in ``initialize``
@@ -82,6 +86,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     bundles = root / "bundles"
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
     shutil.copytree(GOLDEN / "affine", bundles / "broken")
+    shutil.copytree(GOLDEN / "affine", bundles / "mismatched")
     export_dtypes(bundles / "dtypes")
     export_transposed(bundles / "transposed")
     export_unbatched(bundles / "unbatched")
@@ -90,11 +95,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     build_repository(bundles, repo)
     _drop_front_warmups(repo)
     (repo / "broken" / "1" / "bundle" / "model.b2.mlirbc").write_bytes(b"ML\xefR corrupted")
+    shutil.copyfile(
+        repo / "dtypes" / "1" / "bundle" / "model.b4.mlirbc",
+        repo / "mismatched" / "1" / "bundle" / "model.b2.mlirbc",
+    )
     options = ts.TritonServerOptions.on_free_ports(
         repo,
         extra_backend_dirs=backend_dirs(),
         log_file=root / "tritonserver.log",
         startup_timeout_s=180.0,
+        # a model that fails to load must not stop the server, nor its readiness
+        extra_args=["--exit-on-error=false", "--strict-readiness=false"],
     )
     start = time.perf_counter()
     with ts.TritonServer(options) as server:
@@ -271,21 +282,34 @@ def test_errors_reach_the_client_with_their_status(client: Any) -> None:
     assert client.infer("affine", [_input("x", x)]).as_numpy("y").shape == (1, 3)
 
 
-def test_a_bundle_failing_to_load_leaves_the_others_serving(
+def test_a_damaged_bundle_fails_its_front_and_the_others_serve(
+    server: ts.TritonServer, client: Any
+) -> None:
+    assert not client.is_model_ready("broken")
+    status, message = _error(client, "broken", [_input("x", np.zeros((1, 4), np.float32))])
+    print(f"request to a model that failed to load: {status} {message}")
+    assert "broken" in message
+    for model in ("affine", "dtypes", "transposed", "unbatched", "big", "hloserve_runtime"):
+        assert client.is_model_ready(model), model
+    assert server.options.log_file is not None
+    log = server.options.log_file.read_text()
+    assert "model.b2.mlirbc is not a StableHLO portable artifact" in log
+
+
+def test_a_bundle_the_runtime_cannot_load_answers_its_error(
     server: ts.TritonServer, client: Any
 ) -> None:
     x = np.zeros((1, 4), np.float32)
+    assert client.is_model_ready("mismatched")  # the front cannot know without JAX
     for _ in range(2):  # the runtime keeps the failure; it does not retry the load
-        status, message = _error(client, "broken", [_input("x", x)])
+        status, message = _error(client, "mismatched", [_input("x", x)])
         assert status == "StatusCode.INVALID_ARGUMENT", message  # the bundle's own error
-        assert message.startswith("model 'broken' failed to load"), message
+        assert message.startswith("model 'mismatched' failed to load"), message
         assert "model.b2.mlirbc" in message and "[hloserve" not in message
-    for model in ("affine", "dtypes", "transposed", "unbatched", "big", "hloserve_runtime"):
-        assert client.is_model_ready(model), model
     assert client.infer("affine", [_input("x", x)]).as_numpy("y").shape == (1, 3)
     assert server.options.log_file is not None
     log = server.options.log_file.read_text()
-    assert "model 'broken' failed to load" in log  # logged once by the runtime's preload
+    assert "model 'mismatched' failed to load" in log  # logged once by the runtime's preload
     assert "model 'affine' loaded in" in log
 
 

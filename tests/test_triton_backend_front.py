@@ -339,3 +339,23 @@ def test_front_does_not_import_jax() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_damaged_bundle_files_fail_the_front(tiny_bundle: Path) -> None:
+    from hloserve.triton_backend.front import check_bundle_files
+
+    check_bundle_files("tiny", load_bundle(tiny_bundle))
+    (tiny_bundle / "model.b4.mlirbc").write_bytes(b"ML\xefR damaged")
+    with pytest.raises(InvalidArgumentError, match=r"model 'tiny': .*model\.b4\.mlirbc is not a"):
+        check_bundle_files("tiny", load_bundle(tiny_bundle))
+
+
+def test_damaged_weights_fail_the_front(tiny_bundle: Path) -> None:
+    from hloserve.triton_backend.front import check_bundle_files
+
+    (tiny_bundle / "weights.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(InvalidArgumentError, match=r"model 'tiny': .*cannot read safetensors"):
+        check_bundle_files("tiny", load_bundle(tiny_bundle))
+    (tiny_bundle / "model.b1.mlirbc").unlink()
+    with pytest.raises(InvalidArgumentError, match="cannot read executable"):
+        check_bundle_files("tiny", load_bundle(tiny_bundle))

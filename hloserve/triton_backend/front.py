@@ -143,7 +143,7 @@ class FrontModel:
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed, or an unsupported
-                repository format.
+                repository format, or a damaged bundle (:func:`check_bundle_files`).
             NotFoundError / ManifestError: the bundle cannot be read.
         """
         fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, str(names.REPOSITORY_FORMAT))
@@ -156,6 +156,7 @@ class FrontModel:
                 f"{names.MAX_REPOSITORY_FORMAT} (rebuild with `hloserve repo build`)"
             )
         bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
+        check_bundle_files(args.name, bundle)
         wait = args.parameter(PARAM_RUNTIME_WAIT_S, str(RetryPolicy.total_s))
         try:
             retry = RetryPolicy(total_s=float(wait))
@@ -333,6 +334,48 @@ class FrontModel:
                 delay = min(delay * 2, policy.max_delay_s)
 
 
+def check_bundle_files(name: str, bundle: Bundle) -> None:
+    """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
+
+    A front cannot ask the runtime whether its bundle compiles: BLS is refused in
+    ``initialize`` and, at server startup, in warmup too. So the front checks what it can read
+    alone: every executable is a StableHLO portable artifact (its header; the generated
+    repository converts MLIR text), and the safetensors header is readable and holds every
+    weight ``main`` takes, with the shapes and dtypes of the file. Compilation problems surface
+    on the first request, from the runtime.
+
+    Raises:
+        InvalidArgumentError: naming the model and the damaged file.
+    """
+    from hloserve.bundle.stablehlo import is_portable_artifact
+
+    for size in sorted(bundle.manifest.executables):
+        path = bundle.executable_path(size)
+        try:
+            with path.open("rb") as f:
+                head = f.read(64)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"model {name!r}: cannot read executable {path}: {exc.strerror}"
+            ) from None
+        if not is_portable_artifact(head):
+            raise InvalidArgumentError(
+                f"model {name!r}: {path} is not a StableHLO portable artifact "
+                "(rebuild the repository with `hloserve repo build`)"
+            )
+    try:
+        stored = bundle.stored_weights
+    except HloserveError as exc:
+        raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
+    except Exception as exc:  # safetensors' SafetensorError is not a RuntimeError everywhere
+        raise InvalidArgumentError(
+            f"model {name!r}: {bundle.weights_path}: cannot read safetensors file: {exc}"
+        ) from None
+    missing = [w for w in bundle.manifest.weights.order if w not in stored]
+    if missing:
+        raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
+
+
 __all__ = [
     "PARAM_RUNTIME_WAIT_S",
     "CallRuntime",
@@ -341,4 +384,5 @@ __all__ = [
     "IdentityHooks",
     "Result",
     "RetryPolicy",
+    "check_bundle_files",
 ]
