@@ -150,14 +150,14 @@ def main() -> int:
                     (one,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
-                        concurrency=(1, 1, 1),
+                        concurrency=(1,),
                         measurement_interval_ms=interval,
                     )
                     (load,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
                         measurement_interval_ms=interval,
-                        concurrency=(args.concurrency, args.concurrency, 1),
+                        concurrency=(args.concurrency,),
                     )
                     rows[label] = {
                         "p50_us": one.p50_us,

@@ -44,7 +44,7 @@ echo "==> 5/5 perf_analyzer sweep (gRPC; concurrency 1, 4, 8)"
 import sys
 from hloserve.node.perf_analyzer import run_perf_analyzer
 for c in (1, 4, 8):
-    (r,), _ = run_perf_analyzer("digits", f"127.0.0.1:{sys.argv[1]}", concurrency=(c, c, 1),
+    (r,), _ = run_perf_analyzer("digits", f"127.0.0.1:{sys.argv[1]}", concurrency=(c,),
                                 measurement_interval_ms=2000)
     print(f"concurrency {c}: {r.throughput:8.0f} infer/s   p50 {r.p50_us:7.0f} us   p99 {r.p99_us:7.0f} us")
 PY

@@ -11,10 +11,8 @@ One server for the module: a repository built by ``build_repository`` from
     mismatched  a copy of affine whose batch-2 artifact is replaced by another model's: the
                 front cannot tell (no JAX there), the runtime refuses to load it and each
                 request gets the runtime's error
-Front ``model_warmup`` entries are dropped from the generated configs: Triton refuses every
-inference, BLS included, with "Server not ready" until all models have loaded, so a front's
-warmup cannot reach the runtime at startup; the runtime compiles every bundle in ``initialize``
-instead (hloserve.triton_backend.runtime.PARAM_PRELOAD).
+Front models have no ``model_warmup`` (see hloserve.model_repository_tools.config): the runtime
+compiles every bundle in ``initialize`` instead (hloserve.triton_backend.runtime.PARAM_PRELOAD).
 """
 
 from __future__ import annotations
@@ -67,16 +65,6 @@ def _export_big(out: Path) -> Path:
     return out
 
 
-def _drop_front_warmups(repo: Path) -> None:
-    from hloserve.model_repository_tools.config import config_text, parse_config
-
-    for path in repo.glob("*/config.pbtxt"):
-        config = parse_config(path)
-        if config.backend == "hloserve_front" and len(config.model_warmup):
-            del config.model_warmup[:]
-            path.write_text(config_text(config))
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools.build import build_repository
@@ -93,7 +81,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     _export_big(bundles / "big")
     repo = root / "repo"
     build_repository(bundles, repo)
-    _drop_front_warmups(repo)
     (repo / "broken" / "1" / "bundle" / "model.b2.mlirbc").write_bytes(b"ML\xefR corrupted")
     shutil.copyfile(
         repo / "dtypes" / "1" / "bundle" / "model.b4.mlirbc",
@@ -334,7 +321,6 @@ def test_front_waits_for_a_runtime_loaded_later(tmp_path: Path) -> None:
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
     repo = tmp_path / "repo"
     build_repository(bundles, repo, front_instances=1)
-    _drop_front_warmups(repo)
     options = ts.TritonServerOptions.on_free_ports(
         repo,
         extra_backend_dirs=backend_dirs(),

@@ -140,11 +140,7 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
         names.PARAM_RUNTIME_MODEL: names.RUNTIME_MODEL,
         names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
     }
-    assert [(w.name, w.batch_size, sorted(w.inputs)) for w in front.model_warmup] == [
-        ("batch_1", 1, ["x"]),
-        ("batch_2", 2, ["x"]),
-    ]
-    assert all(w.inputs["x"].zero_data for w in front.model_warmup)
+    assert len(front.model_warmup) == 0  # Triton refuses BLS during startup (config.py)
     runtime = parse_config(GOLDEN_REPO / "hloserve_runtime.config.pbtxt")
     assert runtime.max_batch_size == 0
     assert [(i.name, list(i.dims), i.optional) for i in runtime.input] == [
@@ -223,11 +219,6 @@ def test_non_leading_batch_axis_gets_max_batch_size_0(odd_bundles: Path) -> None
         ("y", [-1, 3], False),
         ("s", [-1], False),
     ]
-    # Triton skips batch_size 0 samples and allows no -1 in warmup dims: one request per size.
-    assert [(w.name, w.batch_size, list(w.inputs["x"].dims)) for w in config.model_warmup] == [
-        ("batch_1", 1, [4, 1]),
-        ("batch_4", 1, [4, 4]),
-    ]
 
 
 def test_unbatched_model(odd_bundles: Path) -> None:
@@ -237,9 +228,6 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     assert config.max_batch_size == 0
     assert not config.HasField("dynamic_batching")
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4])]
-    assert [(w.name, w.batch_size, list(w.inputs["x"].dims)) for w in config.model_warmup] == [
-        ("unbatched", 1, [4])
-    ]
     runtime = parse_config_text(plan.runtime_config_text)
     assert [(i.name, list(i.dims)) for i in runtime.input] == [
         ("nonlead__x", [4, -1]),

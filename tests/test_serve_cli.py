@@ -73,8 +73,12 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed assertion: stop it the way a user would, then force
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert _session_pids(server_pid) == [], "processes of the server's session survived"
     assert "hloserve: stopped" in log.read_text()
 

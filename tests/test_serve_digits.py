@@ -154,7 +154,8 @@ def test_a_bundle_that_fails_to_load_leaves_the_others_serving(grpc: Any) -> Non
     x = np.ones((1, 4), np.float32)
     tensor = grpcclient.InferInput("x", [1, 4], "FP32")
     tensor.set_data_from_numpy(x)
-    expect_error(lambda: grpc.infer("broken", [tensor]), "UNAVAILABLE", "broken")
+    # Triton answers a model that failed to load as unknown: NOT_FOUND, naming it.
+    expect_error(lambda: grpc.infer("broken", [tensor]), "NOT_FOUND", "broken")
     assert grpc.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
 
 
@@ -193,8 +194,8 @@ def test_perf_analyzer_runs_with_zero_errors(server: TritonServer) -> None:
     from hloserve.node.perf_analyzer import run_perf_analyzer
 
     results, output = run_perf_analyzer(
-        "digits", server.urls.grpc, concurrency=(1, 4, 3), measurement_interval_ms=1000
+        "digits", server.urls.grpc, concurrency=(1, 2), measurement_interval_ms=1000
     )
-    assert [r.concurrency for r in results] == [1, 4]
+    assert [r.concurrency for r in results] == [1, 2], output
     assert all(r.throughput > 0 for r in results), output
     assert "error" not in output.lower(), output

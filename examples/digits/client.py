@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import digits_model  # noqa: E402
+import digits_model
 
 MIN_ACCURACY = 0.95
 

@@ -85,7 +85,7 @@ class Bundle:
         """
         if self.weights_path is None:
             return {}
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(self.weights_path), framework="numpy") as f:
@@ -95,7 +95,7 @@ class Bundle:
                     token = dtypes.from_safetensors(tensor.get_dtype()).token
                     infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
                 return infos
-        except (OSError, RuntimeError) as exc:  # safetensors raises SafetensorError(RuntimeError)
+        except (OSError, SafetensorError) as exc:
             raise InvalidArgumentError(
                 f"{self.weights_path}: cannot read safetensors file: {exc}"
             ) from None

@@ -76,79 +76,95 @@ def run_perf_analyzer(
     url: str,
     *,
     protocol: str = "grpc",
-    concurrency: tuple[int, int, int] = (1, 1, 1),
+    concurrency: Sequence[int] = (1,),
     shape: Sequence[str] = (),
     input_data: Path | None = None,
     measurement_interval_ms: int = 2000,
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
 ) -> tuple[list[PerfResult], str]:
-    """Measure ``model`` at each concurrency level.
+    """Measure ``model`` at each concurrency level (one perf_analyzer run per level).
 
     Args:
         model: model name.
         url: ``host:port`` of the gRPC (or HTTP) endpoint.
         protocol: "grpc" or "http".
-        concurrency: ``--concurrency-range`` as (start, end, step).
+        concurrency: concurrency levels, measured in order.
         shape: ``--shape NAME:D1,D2`` values for inputs with variable dims.
         input_data: a perf_analyzer ``--input-data`` JSON file (default: random data).
-        measurement_interval_ms: length of each measurement window.
+        measurement_interval_ms: length of each measurement window, milliseconds.
         extra_args: further perf_analyzer flags.
-        timeout_s: wall-clock limit for the whole run.
+        timeout_s: wall-clock limit for each run, seconds.
 
     Returns:
-        (one result per concurrency, perf_analyzer's stdout).
+        (one result per concurrency level, perf_analyzer's stdout of every run).
 
     Raises:
         PerfAnalyzerError: perf_analyzer failed (its output is in the message).
     """
+    results: list[PerfResult] = []
+    outputs: list[str] = []
+    for level in concurrency:
+        result, output = _run_once(
+            model,
+            url,
+            protocol,
+            level,
+            shape,
+            input_data,
+            measurement_interval_ms,
+            extra_args,
+            timeout_s,
+        )
+        results.append(result)
+        outputs.append(output)
+    return results, "\n".join(outputs)
+
+
+def _run_once(
+    model: str,
+    url: str,
+    protocol: str,
+    concurrency: int,
+    shape: Sequence[str],
+    input_data: Path | None,
+    measurement_interval_ms: int,
+    extra_args: Sequence[str],
+    timeout_s: float,
+) -> tuple[PerfResult, str]:
     with tempfile.TemporaryDirectory(prefix="hloserve-perf-") as tmp:
         report = Path(tmp) / "report.csv"
         argv = [
-            str(perf_analyzer_binary()),
-            "-m",
-            model,
-            "-u",
-            url,
-            "-i",
-            protocol,
-            "--concurrency-range",
-            f"{min(concurrency)}:{max(concurrency)}:1"
-            if list(concurrency) == list(range(min(concurrency), max(concurrency) + 1))
-            else str(concurrency[0]),
-            "--measurement-interval",
-            str(measurement_interval_ms),
+            str(perf_analyzer_binary()), "-m", model, "-u", url, "-i", protocol,
+            "--concurrency-range", f"{concurrency}:{concurrency}:1",
+            "--measurement-interval", str(measurement_interval_ms),
             "--percentile=99",
-            "-f",
-            str(report),
-        ]
+            # This machine is noisy: accept 50 % spread between windows (default 10 %), else
+            # perf_analyzer fails with "Failed to obtain stable measurement".
+            "--stability-percentage=50",
+            "--max-trials=20",
+            "-f", str(report),
+        ]  # fmt: skip
         for s in shape:
             argv += ["--shape", s]
         if input_data is not None:
             argv += ["--input-data", str(input_data)]
         argv += list(extra_args)
         proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            env=perf_analyzer_env(),
-            timeout=timeout_s,
+            argv, capture_output=True, text=True, env=perf_analyzer_env(), timeout=timeout_s,
             check=False,
-        )
+        )  # fmt: skip
         if proc.returncode != 0 or not report.exists():
             raise PerfAnalyzerError(
                 f"perf_analyzer exited with {proc.returncode}:\n"
                 f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
             )
         with report.open() as f:
-            rows = list(csv.DictReader(f))
-    return [
-        PerfResult(
-            concurrency=int(row["Concurrency"]),
-            throughput=float(row["Inferences/Second"]),
-            p50_us=float(row["p50 latency"]),
-            p90_us=float(row["p90 latency"]),
-            p99_us=float(row["p99 latency"]),
-        )
-        for row in rows
-    ], proc.stdout
+            (row,) = list(csv.DictReader(f))
+    return PerfResult(
+        concurrency=int(row["Concurrency"]),
+        throughput=float(row["Inferences/Second"]),
+        p50_us=float(row["p50 latency"]),
+        p90_us=float(row["p90 latency"]),
+        p99_us=float(row["p99 latency"]),
+    ), proc.stdout

@@ -35,25 +35,9 @@ log = logging.getLogger("hloserve.serve")
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
-def backend_dirs() -> dict[str, Path]:
-    """hloserve's Python-based backends shipped in the package, by backend name.
-
-    Each is a directory holding a ``model.py`` shim (``hloserve/triton_backend/backends/``).
-    """
-    import hloserve.triton_backend as pkg
-
-    root = Path(pkg.__file__).resolve().parent / "backends"
-    return {d.name: d for d in sorted(root.iterdir()) if (d / "model.py").is_file()}
-
-
 def is_repository(path: Path) -> bool:
     """Whether ``path`` looks like a Triton model repository (a subdirectory has config.pbtxt)."""
     return path.is_dir() and any((d / "config.pbtxt").is_file() for d in path.iterdir())
-
-
-def count_models(repository: Path) -> int:
-    """Number of model directories (with ``config.pbtxt``) in a repository."""
-    return sum(1 for d in repository.iterdir() if (d / "config.pbtxt").is_file())
 
 
 @dataclass(frozen=True)
@@ -139,13 +123,12 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models.
 
-    ``--model-load-thread-count`` is raised to the model count + 2: a front model's warmup
-    waits for the runtime model, which Triton loads in parallel; with fewer load threads than
-    fronts, the runtime could wait behind them. ``--exit-on-error=false`` and
+    ``--exit-on-error=false`` and
     ``--strict-readiness=false`` keep the server up and ready when one model fails to load, so
     the others keep serving (the failure is reported by :func:`model_states`).
     """
-    threads = count_models(repository) + 2
+    from hloserve.triton_backend.backends import backend_dirs
+
     return TritonServerOptions(
         model_repository=repository,
         http_port=options.http_port,
@@ -156,7 +139,6 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         load_models=tuple(options.load_models),
         extra_backend_dirs=backend_dirs(),
         extra_args=(
-            f"--model-load-thread-count={threads}",
             "--exit-on-error=false",
             "--strict-readiness=false",
             *options.tritonserver_args,

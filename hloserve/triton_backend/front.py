@@ -367,10 +367,6 @@ def check_bundle_files(name: str, bundle: Bundle) -> None:
         stored = bundle.stored_weights
     except HloserveError as exc:
         raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
-    except Exception as exc:  # safetensors' SafetensorError is not a RuntimeError everywhere
-        raise InvalidArgumentError(
-            f"model {name!r}: {bundle.weights_path}: cannot read safetensors file: {exc}"
-        ) from None
     missing = [w for w in bundle.manifest.weights.order if w not in stored]
     if missing:
         raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
