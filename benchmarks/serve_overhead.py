@@ -72,12 +72,17 @@ dynamic_batching { max_queue_delay_microseconds: 500 }
 """
 
 
-def measure_direct(seconds: float, concurrency: int) -> dict[str, float]:
+def measure_direct(weights: Path, seconds: float, concurrency: int) -> dict[str, float]:
     """(a): jit-compiled apply on one image, from 1 and from ``concurrency`` threads."""
     import digits_model
     import jax
+    from safetensors.numpy import load_file
 
-    params = jax.device_put(digits_model.train(steps=50))
+    params: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in load_file(str(weights)).items():
+        layer, name = key.split(".")
+        params.setdefault(layer, {})[name] = value
+    params = jax.device_put(params)
     apply = jax.jit(digits_model.apply)
     image = np.zeros((1, 8, 8, 1), np.float32)
     np.asarray(apply(params, image))  # compile
@@ -117,6 +122,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="measurement window (2)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients under load (8)")
+    parser.add_argument("--front-instances", type=int, default=2, help="hloserve front (2)")
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
@@ -130,7 +136,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
         digits_export.export_digits(bundles)
-        build_repository(bundles, repo, front_instances=2)
+        build_repository(bundles, repo, front_instances=args.front_instances)
         plain = repo / "digits_plain"
         (plain / "1").mkdir(parents=True)
         (plain / "config.pbtxt").write_text(textwrap.dedent(PLAIN_CONFIG))
