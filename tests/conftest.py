@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,16 @@ TINY_PARAMS = {
     "w": np.arange(12, dtype=np.float32).reshape(4, 3) / 10,
     "b": np.array([0.5, -0.5, 1.0], np.float32),
 }
+
+
+@pytest.fixture(scope="module")
+def restore_x64() -> Iterator[None]:
+    """Give JAX's x64 mode back after a module whose runtime code turns it on for the process."""
+    import jax
+
+    previous = jax.config.read("jax_enable_x64")
+    yield
+    jax.config.update("jax_enable_x64", previous)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 from test_triton_backend_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
 from hloserve.bundle import load_bundle
@@ -21,16 +22,7 @@ from hloserve.triton_backend.front import FrontModel, RetryPolicy, Tensors
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def restore_x64() -> Iterator[None]:
-    import jax
-
-    previous = jax.config.read("jax_enable_x64")
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("restore_x64")
 
 
 @pytest.fixture(scope="module")

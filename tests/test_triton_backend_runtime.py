@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 from test_triton_backend_bundles import (
     EXECUTABLE_TOKENS,
     export_dtypes,
@@ -24,17 +24,7 @@ from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.weights import ResidentWeightStore
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def restore_x64() -> Iterator[None]:
-    """The runtime turns on JAX's x64 mode for its process; give other modules theirs back."""
-    import jax
-
-    previous = jax.config.read("jax_enable_x64")
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("restore_x64")
 
 
 @pytest.fixture(scope="module")
