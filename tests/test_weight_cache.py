@@ -1,0 +1,336 @@
+"""The weight cache policy (hloserve.triton_backend.weight_cache) with a fake transfer, no JAX.
+
+LRU order, pins, in-flight protection, accounting, over-budget models, compaction; plus the
+memory-mapped safetensors reader and, once, the real JaxTransfer on the CPU device.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.errors import HloserveError, Status
+from hloserve.triton_backend.weight_cache import (
+    JaxTransfer,
+    Residency,
+    WeightCache,
+    mmap_safetensors,
+)
+
+KIB = 1024
+
+
+class FakeSource:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.reads = 0
+
+    def read(self) -> list[np.ndarray]:
+        self.reads += 1
+        return [np.zeros(self.nbytes, np.uint8)]
+
+
+class FakeArray:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.deleted = False
+
+
+class FakeTransfer:
+    """Counts bytes on the 'device' and every copy; arrays are FakeArray."""
+
+    def __init__(self) -> None:
+        self.on_device = 0
+        self.peak = 0
+        self.to_host_calls = 0
+        self.to_device_calls = 0
+
+    def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:
+        self.to_host_calls += 1
+        return [np.array(a) for a in arrays]
+
+    def to_device(self, arrays: Sequence[Any], device: Any) -> list[Any]:
+        self.to_device_calls += 1
+        out = [FakeArray(int(a.nbytes)) for a in arrays]
+        self.on_device += sum(a.nbytes for a in out)
+        self.peak = max(self.peak, self.on_device)
+        return out
+
+    def delete(self, arrays: Sequence[Any]) -> None:
+        for a in arrays:
+            assert not a.deleted
+            a.deleted = True
+            self.on_device -= a.nbytes
+
+
+class Events:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, int]] = []
+
+    def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
+        self.log.append(("load", name, resident_bytes))
+
+    def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
+        self.log.append(("evict", name, resident_bytes))
+
+
+def make(
+    budget: int | None, sizes: dict[str, int], **kwargs: Any
+) -> tuple[WeightCache, FakeTransfer, dict[str, FakeSource]]:
+    transfer = FakeTransfer()
+    cache = WeightCache(budget, transfer=transfer, **kwargs)
+    sources = {}
+    for name, nbytes in sizes.items():
+        sources[name] = FakeSource(nbytes)
+        cache.add_weights(name, sources[name], device=None)
+    return cache, transfer, sources
+
+
+def use(cache: WeightCache, name: str) -> None:
+    cache.acquire(name)
+    cache.release(name)
+
+
+def test_lru_order_and_eviction() -> None:
+    cache, transfer, _ = make(3 * KIB, {"a": KIB, "b": KIB, "c": KIB, "d": KIB})
+    assert cache.resident_bytes == 0  # system: nothing on the device before first use
+    for name in "abc":
+        use(cache, name)
+    assert cache.lru_order() == ["a", "b", "c"]
+    use(cache, "a")  # bump a: b is now the oldest
+    assert cache.lru_order() == ["b", "c", "a"]
+    use(cache, "d")
+    assert cache.lru_order() == ["c", "a", "d"]
+    stats = cache.stats()
+    assert stats.models["b"].evictions == 1 and not stats.models["b"].resident
+    assert stats.resident_bytes == 3 * KIB == transfer.on_device
+    assert transfer.peak <= 3 * KIB  # evicted (deleted) before the new load
+    use(cache, "b")  # reload
+    assert cache.stats().models["b"].loads == 2
+    assert cache.stats().loads == 5 and cache.stats().evictions == 2
+
+
+def test_resident_hit_does_not_transfer() -> None:
+    cache, transfer, _ = make(2 * KIB, {"a": KIB})
+    use(cache, "a")
+    use(cache, "a")
+    assert transfer.to_device_calls == 1
+    stats = cache.stats().models["a"]
+    assert stats.loads == 1 and stats.load_seconds >= 0 and stats.in_use == 0
+
+
+def test_device_residency_is_loaded_at_add_never_evicted_and_counts_against_budget() -> None:
+    cache, transfer, _ = make(
+        3 * KIB, {"p": KIB, "a": KIB, "b": KIB, "c": KIB}, residency={"p": Residency.DEVICE}
+    )
+    assert cache.resident_bytes == KIB and cache.stats().models["p"].loads == 1
+    assert cache.stats().pinned_bytes == KIB
+    for _ in range(3):
+        for name in "abcp":
+            use(cache, name)
+            assert cache.resident_bytes <= 3 * KIB
+    stats = cache.stats()
+    assert stats.models["p"].evictions == 0 and stats.models["p"].loads == 1
+    assert "p" not in cache.lru_order()
+    assert sum(m.evictions for m in stats.models.values()) > 0
+    assert transfer.peak <= 3 * KIB
+
+
+def test_acquired_weights_are_never_evicted() -> None:
+    cache, _, _ = make(2 * KIB, {"a": KIB, "b": KIB, "c": KIB}, wait_s=0.05)
+    held = cache.acquire("a")  # oldest, but in flight
+    use(cache, "b")
+    use(cache, "c")  # must evict b, not a
+    assert cache.lru_order() == ["a", "c"]
+    assert cache.stats().models["a"].in_use == 1
+    cache.acquire("c")  # now a and c are both in flight: b cannot fit
+    with pytest.raises(HloserveError) as info:
+        cache.acquire("b")
+    assert info.value.status is Status.UNAVAILABLE
+    assert "executing" in info.value.message
+    cache.release("c")
+    use(cache, "b")  # c is free again: evicted
+    assert cache.lru_order() == ["a", "b"]
+    assert held is cache.acquire("a")  # same arrays, no reload
+    cache.release("a")
+    cache.release("a")
+
+
+def test_acquire_waits_for_a_release() -> None:
+    cache, _, _ = make(KIB, {"a": KIB, "b": KIB}, wait_s=10)
+    cache.acquire("a")
+    timer = threading.Timer(0.05, cache.release, args=("a",))
+    timer.start()
+    start = time.monotonic()
+    use(cache, "b")
+    timer.join()
+    assert 0.03 < time.monotonic() - start < 5
+    assert cache.lru_order() == ["b"]
+
+
+@pytest.mark.parametrize("residency", [Residency.SYSTEM, Residency.UNPINNED, Residency.DEVICE])
+def test_model_larger_than_budget_fails_with_both_sizes(residency: Residency) -> None:
+    cache, _, _ = make(3 * KIB, {"small": KIB}, residency={"big": residency})
+    with pytest.raises(HloserveError) as info:
+        cache.add_weights("big", FakeSource(4 * KIB), device=None)
+    assert info.value.status is Status.INVALID_ARGUMENT
+    message = info.value.message
+    assert "'big'" in message and "4096 bytes" in message and "3072 bytes" in message
+    use(cache, "small")  # the others keep serving
+    with pytest.raises(HloserveError) as missing:
+        cache.acquire("big")
+    assert missing.value.status is Status.NOT_FOUND
+
+
+def test_budget_left_by_pinned_models_is_what_counts() -> None:
+    cache, _, _ = make(3 * KIB, {"p": 2 * KIB}, residency={"p": Residency.DEVICE})
+    with pytest.raises(HloserveError) as info:
+        cache.add_weights("a", FakeSource(2 * KIB), device=None)
+    assert "pinned" in info.value.message and "2048 bytes" in info.value.message
+    cache.add_weights("b", FakeSource(KIB), device=None)
+    use(cache, "b")
+    assert cache.resident_bytes == 3 * KIB
+
+
+def test_tiers_system_reads_once_unpinned_reads_per_load() -> None:
+    cache, transfer, sources = make(KIB, {"s": KIB, "u": KIB}, residency={"u": Residency.UNPINNED})
+    assert sources["s"].reads == 1 and transfer.to_host_calls == 1  # host tier at add
+    assert sources["u"].reads == 0
+    for _ in range(3):
+        use(cache, "s")
+        use(cache, "u")
+    assert sources["s"].reads == 1
+    assert sources["u"].reads == 3
+    assert cache.stats().models["u"].residency is Residency.UNPINNED
+
+
+def test_no_budget_keeps_everything_resident() -> None:
+    cache, transfer, _ = make(None, {"a": KIB, "b": 10 * KIB})
+    assert cache.resident_bytes == 11 * KIB  # loaded at add, like the all-resident store
+    assert transfer.to_host_calls == 0  # no host tier needed
+    for _ in range(3):
+        use(cache, "a")
+        use(cache, "b")
+    assert cache.stats().evictions == 0 and transfer.to_device_calls == 2
+    assert WeightCache(0).budget_bytes is None
+
+
+def test_remove_frees_device_and_duplicates_are_refused() -> None:
+    cache, transfer, _ = make(2 * KIB, {"a": KIB})
+    use(cache, "a")
+    with pytest.raises(HloserveError) as info:
+        cache.add_weights("a", FakeSource(KIB), device=None)
+    assert info.value.status is Status.INTERNAL
+    cache.remove("a")
+    cache.remove("a")  # no-op
+    assert transfer.on_device == 0 and cache.resident_bytes == 0
+    with pytest.raises(HloserveError):
+        cache.acquire("a")
+
+
+def test_compaction_every_n_loads_frees_on_demand_only() -> None:
+    cache, transfer, _ = make(
+        4 * KIB,
+        {"p": KIB, "a": KIB, "b": KIB, "c": KIB},
+        residency={"p": Residency.DEVICE},
+        compaction_interval=2,
+    )
+    use(cache, "a")
+    use(cache, "b")
+    assert cache.resident_bytes == 3 * KIB
+    use(cache, "a")  # a hit, not a load: no compaction
+    assert cache.stats().compactions == 0
+    use(cache, "c")  # 2 loads since: compact first, then load c
+    stats = cache.stats()
+    assert stats.compactions == 1
+    assert stats.resident_bytes == 2 * KIB and cache.lru_order() == ["c"]
+    assert stats.models["p"].evictions == 0 and stats.models["a"].evictions == 1
+    assert cache.compact() == KIB and cache.resident_bytes == KIB == transfer.on_device
+
+
+def test_observer_sees_every_load_and_eviction_with_totals() -> None:
+    events = Events()
+    cache, _, _ = make(KIB, {"a": KIB, "b": KIB}, observer=events)
+    use(cache, "a")
+    use(cache, "b")
+    assert events.log == [("load", "a", KIB), ("evict", "a", 0), ("load", "b", KIB)]
+
+
+def test_concurrent_acquires_stay_within_budget() -> None:
+    cache, transfer, _ = make(3 * KIB, {n: KIB for n in "abcdef"}, wait_s=10)
+    rng = np.random.default_rng(3)
+    plan = [[str(c) for c in rng.choice(list("abcdef"), 200)] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def client(names: list[str]) -> None:
+        try:
+            for name in names:
+                cache.acquire(name)
+                assert cache.resident_bytes <= 3 * KIB
+                cache.release(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    assert transfer.peak <= 3 * KIB
+    stats = cache.stats()
+    assert all(m.in_use == 0 for m in stats.models.values())
+    assert stats.loads - stats.evictions == len(cache.lru_order())
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(HloserveError):
+        WeightCache(-1)
+    with pytest.raises(HloserveError):
+        WeightCache(1, compaction_interval=-1)
+    with pytest.raises(HloserveError) as info:
+        Residency.parse("gpu", model="m")
+    assert "'m'" in info.value.message and "device" in info.value.message
+    assert Residency.parse(" Device ") is Residency.DEVICE
+
+
+def test_mmap_safetensors_matches_the_file(tmp_path: Path) -> None:
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    tensors = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.array([1, -2], np.int64),
+        "h": np.arange(5).astype(ml_dtypes.bfloat16),
+    }
+    path = tmp_path / "weights.safetensors"
+    save_file(tensors, str(path))
+    arrays = mmap_safetensors(path, ["h", "w", "b"])
+    for array, name in zip(arrays, ["h", "w", "b"], strict=True):
+        assert array.dtype == tensors[name].dtype and array.shape == tensors[name].shape
+        np.testing.assert_array_equal(array, tensors[name])
+        assert not array.flags.writeable
+    with pytest.raises(HloserveError) as info:
+        mmap_safetensors(path, ["w", "nope"])
+    assert info.value.status is Status.NOT_FOUND
+
+
+def test_jax_transfer_on_cpu_round_trips_and_deletes() -> None:
+    import jax
+
+    device = jax.devices("cpu")[0]
+    transfer = JaxTransfer()
+    source = [np.arange(6, dtype=np.float32).reshape(2, 3)]
+    host = transfer.to_host(source, device)
+    assert isinstance(host[0], np.ndarray) and host[0] is not source[0]
+    placed = transfer.to_device(host, device)
+    np.testing.assert_array_equal(np.asarray(placed[0]), source[0])
+    transfer.delete(placed)
+    assert placed[0].is_deleted()
+    transfer.delete(placed)  # already deleted: no error
