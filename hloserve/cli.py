@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hloserve import __version__
-from hloserve.errors import HloserveError
+from hloserve.errors import HloserveError, InvalidArgumentError
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
@@ -62,13 +62,23 @@ def _bundle_convert(args: argparse.Namespace) -> int:
 
 
 def _repo_build(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools import WeightCacheOptions, build_repository
+    from hloserve.model_repository_tools.names import parse_residency
 
+    try:
+        residency = parse_residency(",".join(args.residency))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--residency: {exc}") from None
     plan = build_repository(
         args.bundles_dir,
         args.output,
         front_instances=args.front_instances,
         max_queue_delay_us=args.max_queue_delay_us,
+        weight_cache=WeightCacheOptions(
+            weight_cache_bytes=args.weight_cache_bytes,
+            residency=residency,
+            compaction_interval=args.compaction_interval,
+        ),
         overwrite=args.overwrite,
         progress=print,
     )
@@ -237,6 +247,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=500,
         metavar="D",
         help="dynamic batcher max_queue_delay_microseconds (default: 500)",
+    )
+    build.add_argument(
+        "--weight-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="byte budget of the runtime's device weight cache, pinned models included "
+        "(default: 0 = no budget, every model's weights stay on the device); "
+        "docs/on_demand_weights.md",
+    )
+    build.add_argument(
+        "--residency",
+        action="append",
+        default=[],
+        metavar="MODEL=RESIDENCY",
+        help="where MODEL's weights live: system (default: host copy, loaded on demand), "
+        "device (pinned on the device), unpinned (re-read from the file per load); repeatable",
+    )
+    build.add_argument(
+        "--compaction-interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
     )
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"

@@ -483,3 +483,78 @@ def test_cli_build_and_validate(
     capsys.readouterr()
     assert main(["repo", "validate", str(repo)]) == 1
     assert "repo/tiny/config.pbtxt: " in capsys.readouterr().err
+
+
+# -- weight cache settings (docs/on_demand_weights.md) ------------------------------------------
+
+
+def test_golden_runtime_config_with_weight_cache_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    repo = tmp_path / "repo"
+    argv = ["repo", "build", str(bundles), "-o", str(repo), "--weight-cache-bytes", "1048576"]
+    argv += ["--residency", "affine=device", "--compaction-interval", "8"]
+    assert main(argv) == 0
+    text = (repo / names.RUNTIME_MODEL / "config.pbtxt").read_text()
+    golden = GOLDEN_REPO / "hloserve_runtime.weight_cache.config.pbtxt"
+    if REGEN:
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{golden} differs; see this file's docstring"
+    config = parse_config_text(text)
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params[names.PARAM_WEIGHT_CACHE_BYTES] == "1048576"
+    assert params[names.PARAM_RESIDENCY] == "affine=device"
+    assert params[names.PARAM_COMPACTION_INTERVAL] == "8"
+    assert validate_repository(repo) == []
+    # the validator keeps the settings a repository was built with, but checks them
+    path = repo / names.RUNTIME_MODEL / "config.pbtxt"
+    path.write_text(text.replace('"affine=device"', '"affine=gpu"'))
+    problems = validate_repository(repo)
+    assert len(problems) == 1 and "'gpu'" in problems[0].message, problems
+
+
+def test_default_build_writes_no_weight_cache_parameters(bundles: Path, tmp_path: Path) -> None:
+    plan = plan_repository(bundles)
+    config = parse_config_text(plan.runtime_config_text)
+    for key in (
+        names.PARAM_WEIGHT_CACHE_BYTES,
+        names.PARAM_RESIDENCY,
+        names.PARAM_COMPACTION_INTERVAL,
+    ):
+        assert key not in config.parameters
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--residency", "nosuch=device"], "'nosuch'"),
+        (["--residency", "tiny=gpu"], "'gpu'"),
+        (["--residency", "tiny"], "'<model>=<residency>'"),
+        (["--residency", "tiny=device", "--residency", "tiny=unpinned"], "twice"),
+        (["--weight-cache-bytes", "-1"], ">= 0"),
+        (["--compaction-interval", "-2"], ">= 0"),
+    ],
+)
+def test_bad_weight_cache_options_are_refused(
+    bundles: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    needle: str,
+) -> None:
+    repo = tmp_path / "repo"
+    assert main(["repo", "build", str(bundles), "-o", str(repo), *options]) == 1
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT" in err and needle in err, err
+    assert not repo.exists()
+
+
+def test_residency_text_round_trips() -> None:
+    text = names.format_residency({"b": "unpinned", "a": "device", "c": "system"})
+    assert text == "a=device,b=unpinned"  # sorted, default left out
+    assert names.parse_residency(text) == {"a": "device", "b": "unpinned"}
+    assert names.parse_residency(" a = Device , ") == {"a": "device"}
+    assert names.parse_residency("") == {}

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -334,3 +334,65 @@ def test_jax_transfer_on_cpu_round_trips_and_deletes() -> None:
     transfer.delete(placed)
     assert placed[0].is_deleted()
     transfer.delete(placed)  # already deleted: no error
+
+
+class FakeMetric:
+    def __init__(self, family: FakeFamily, labels: dict[str, str], buckets: Any) -> None:
+        self.family, self.labels, self.buckets = family, labels, buckets
+        self.value = 0.0
+        self.observed: list[float] = []
+
+    def set(self, value: float) -> None:
+        assert self.family.kind == "GAUGE"
+        self.value = value
+
+    def increment(self, value: float) -> None:
+        assert self.family.kind == "COUNTER" and value >= 0
+        self.value += value
+
+    def observe(self, value: float) -> None:
+        assert self.family.kind == "HISTOGRAM"
+        self.observed.append(value)
+
+
+class FakeFamily:
+    COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
+    made: ClassVar[dict[str, FakeFamily]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name, self.kind = name, kind
+        self.metrics: list[FakeMetric] = []
+        FakeFamily.made[name] = self
+
+    def Metric(self, labels: dict[str, str], buckets: Any = None) -> FakeMetric:
+        assert (buckets is not None) == (self.kind == "HISTOGRAM")
+        self.metrics.append(FakeMetric(self, labels, buckets))
+        return self.metrics[-1]
+
+
+def test_triton_metrics_follow_the_cache() -> None:
+    from types import SimpleNamespace
+
+    from hloserve.triton_backend.metrics import TritonCacheMetrics
+
+    metrics = TritonCacheMetrics(SimpleNamespace(MetricFamily=FakeFamily), KIB, ["a", "b"])
+    cache, _, _ = make(KIB, {"a": KIB, "b": KIB}, observer=metrics)
+    use(cache, "a")
+    use(cache, "b")
+
+    def value(family: str, model: str | None = None) -> float:
+        for m in FakeFamily.made[family].metrics:
+            if m.labels == ({"model": model} if model else {}):
+                return m.value
+        raise KeyError(family)
+
+    assert value("hloserve_weight_cache_budget_bytes") == KIB
+    assert value("hloserve_weight_cache_resident_bytes") == KIB
+    assert value("hloserve_weight_resident_bytes", "a") == 0
+    assert value("hloserve_weight_resident_bytes", "b") == KIB
+    assert value("hloserve_weight_loads_total", "a") == 1
+    assert value("hloserve_weight_evictions_total", "a") == 1
+    assert value("hloserve_weight_evictions_total", "b") == 0
+    histograms = FakeFamily.made["hloserve_weight_load_seconds"].metrics
+    assert [len(h.observed) for h in histograms] == [1, 1]
+    metrics.close()

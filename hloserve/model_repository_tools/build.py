@@ -15,8 +15,8 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles
@@ -34,6 +34,22 @@ Progress = Callable[[str], None]
 
 class RepositoryError(InvalidArgumentError):
     """The repository cannot be built as asked (name collision, target exists, no bundles)."""
+
+
+@dataclass(frozen=True)
+class WeightCacheOptions:
+    """The runtime's weight cache settings, written to its config (docs/on_demand_weights.md).
+
+    Attributes:
+        weight_cache_bytes: byte budget for all weights (pinned included); 0 (default) = no
+            budget, every model's weights stay on the device.
+        residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
+        compaction_interval: on-demand loads between compactions; 0 (default) = off.
+    """
+
+    weight_cache_bytes: int = 0
+    residency: Mapping[str, str] = field(default_factory=dict)
+    compaction_interval: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ def plan_repository(
     *,
     front_instances: int = 2,
     max_queue_delay_us: int = 500,
+    weight_cache: WeightCacheOptions | None = None,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -85,6 +102,7 @@ def plan_repository(
         bundles_dir: directory whose subdirectories holding a ``manifest.yaml`` are bundles.
         front_instances: CPU instances per front model, >= 1.
         max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
+        weight_cache: the runtime's weight cache settings (default: no budget).
         progress: called with one line per bundle.
 
     Raises:
@@ -131,7 +149,16 @@ def plan_repository(
         )
         for b in bundles
     )
-    runtime = runtime_config([(b.name, b.manifest) for b in bundles])
+    cache = weight_cache or WeightCacheOptions()
+    try:
+        runtime = runtime_config(
+            [(b.name, b.manifest) for b in bundles],
+            weight_cache_bytes=cache.weight_cache_bytes,
+            residency=cache.residency,
+            compaction_interval=cache.compaction_interval,
+        )
+    except InvalidArgumentError as exc:
+        raise RepositoryError(exc.message) from None
     return RepositoryPlan(models, config_text(runtime))
 
 
@@ -218,6 +245,7 @@ def build_repository(
     *,
     front_instances: int = 2,
     max_queue_delay_us: int = 500,
+    weight_cache: WeightCacheOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -238,6 +266,7 @@ def build_repository(
         bundles_dir,
         front_instances=front_instances,
         max_queue_delay_us=max_queue_delay_us,
+        weight_cache=weight_cache,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)

@@ -20,7 +20,7 @@ Triton rules this module follows (triton-inference-server/core, ``model_config_u
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -93,13 +93,34 @@ def front_config(
     return config
 
 
-def runtime_config(models: Sequence[tuple[str, Manifest]]) -> Any:
+def runtime_config(
+    models: Sequence[tuple[str, Manifest]],
+    *,
+    weight_cache_bytes: int = 0,
+    residency: Mapping[str, str] | None = None,
+    compaction_interval: int = 0,
+) -> Any:
     """The runtime model's ``ModelConfig`` serving ``models`` (name, manifest), in that order.
 
     Inputs and outputs are namespaced ``<bundle>__<tensor>`` (inputs optional), full rank with
     ``-1`` at the batch axis. The caller checks that the names do not collide
     (:func:`hloserve.model_repository_tools.build.check_names`).
+
+    Args:
+        models: (name, manifest) of every bundle.
+        weight_cache_bytes: weight cache budget in bytes (docs/on_demand_weights.md); 0 = none.
+            Written as ``hloserve.weight_cache_bytes`` when > 0.
+        residency: model -> one of ``names.RESIDENCIES``; non-default ones are written as
+            ``hloserve.residency``.
+        compaction_interval: on-demand loads between compactions; 0 = off. Written as
+            ``hloserve.compaction_interval`` when > 0.
+
+    Raises:
+        InvalidArgumentError: a negative number, an unknown residency, or a residency for a
+            model not in ``models``.
     """
+    residency = dict(residency or {})
+    _check_cache_options(models, weight_cache_bytes, residency, compaction_interval)
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -128,7 +149,36 @@ def runtime_config(models: Sequence[tuple[str, Manifest]]) -> Any:
             names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
         },
     )
+    cache = {
+        names.PARAM_WEIGHT_CACHE_BYTES: str(weight_cache_bytes) if weight_cache_bytes else "",
+        names.PARAM_RESIDENCY: names.format_residency(residency),
+        names.PARAM_COMPACTION_INTERVAL: str(compaction_interval) if compaction_interval else "",
+    }
+    _set_parameters(config, {k: v for k, v in cache.items() if v})
     return config
+
+
+def _check_cache_options(
+    models: Sequence[tuple[str, Manifest]],
+    weight_cache_bytes: int,
+    residency: Mapping[str, str],
+    compaction_interval: int,
+) -> None:
+    problems = []
+    if weight_cache_bytes < 0:
+        problems.append(f"weight cache bytes must be >= 0, got {weight_cache_bytes}")
+    if compaction_interval < 0:
+        problems.append(f"compaction interval must be >= 0, got {compaction_interval}")
+    known = {n for n, _ in models}
+    for model, value in sorted(residency.items()):
+        if model not in known:
+            problems.append(f"residency for {model!r}, which is not a bundle {sorted(known)}")
+        if value not in names.RESIDENCIES:
+            problems.append(
+                f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
+            )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
 
 
 def config_text(config: Any) -> str:

@@ -36,6 +36,20 @@ PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
 PARAM_BUNDLES = "hloserve.bundles"
 #: Separator of the runtime's bundle list.
 BUNDLES_SEPARATOR = ","
+#: Runtime parameter: the weight cache's byte budget for all weights, pinned ones included, as
+#: a decimal integer; absent or "0" = no budget (every model's weights stay on the device).
+#: docs/on_demand_weights.md.
+PARAM_WEIGHT_CACHE_BYTES = "hloserve.weight_cache_bytes"
+#: Runtime parameter: residency of the models that do not use :data:`DEFAULT_RESIDENCY`, as
+#: ``"<model>=<residency>,..."`` sorted by model (:func:`format_residency`); absent = all default.
+PARAM_RESIDENCY = "hloserve.residency"
+#: Runtime parameter: free every on-demand device buffer each N on-demand loads; absent/"0" = off.
+PARAM_COMPACTION_INTERVAL = "hloserve.compaction_interval"
+#: Residency values (ReactantServer ``residency``): host tier, pinned on the device, re-read from
+#: the memory-mapped file per load. The first is the default.
+RESIDENCIES = ("system", "device", "unpinned")
+#: Residency of a model :data:`PARAM_RESIDENCY` does not list.
+DEFAULT_RESIDENCY = RESIDENCIES[0]
 
 #: Separator between bundle and tensor in the runtime's namespaced tensor names.
 NAMESPACE_SEPARATOR = "__"
@@ -44,6 +58,40 @@ NAMESPACE_SEPARATOR = "__"
 def runtime_tensor_name(bundle: str, tensor: str) -> str:
     """The runtime model's name for ``tensor`` of ``bundle``: ``"<bundle>__<tensor>"``."""
     return f"{bundle}{NAMESPACE_SEPARATOR}{tensor}"
+
+
+def format_residency(residency: dict[str, str]) -> str:
+    """:data:`PARAM_RESIDENCY` text: ``"a=device,b=unpinned"``, by model name, defaults left out."""
+    return BUNDLES_SEPARATOR.join(
+        f"{model}={value}"
+        for model, value in sorted(residency.items())
+        if value != DEFAULT_RESIDENCY
+    )
+
+
+def parse_residency(text: str) -> dict[str, str]:
+    """Inverse of :func:`format_residency` (also accepts the default value and spaces).
+
+    Raises:
+        ValueError: an item is not ``<model>=<residency>``, names a model twice, or gives a
+            residency outside :data:`RESIDENCIES` (the message says which).
+    """
+    out: dict[str, str] = {}
+    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
+        if not item:
+            continue
+        model, sep, value = (part.strip() for part in item.partition("="))
+        value = value.lower()
+        if not sep or not model:
+            raise ValueError(f"residency item {item!r} is not '<model>=<residency>'")
+        if value not in RESIDENCIES:
+            raise ValueError(
+                f"residency of model {model!r} is {value!r}, not one of {list(RESIDENCIES)}"
+            )
+        if model in out:
+            raise ValueError(f"residency of model {model!r} is given twice")
+        out[model] = value
+    return out
 
 
 def split_runtime_tensor_name(name: str, bundles: frozenset[str] | set[str]) -> tuple[str, str]:

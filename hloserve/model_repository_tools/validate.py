@@ -134,8 +134,35 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
         return problems
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
-        problems += _compare(file, runtime, runtime_config(models))
+        try:  # keep the weight cache settings it was built with; check them
+            expected = runtime_config(models, **_cache_settings(runtime))
+        except (ValueError, HloserveError) as exc:
+            message = exc.message if isinstance(exc, HloserveError) else str(exc)
+            return [*problems, Problem(file, f"weight cache parameters: {message}")]
+        problems += _compare(file, runtime, expected)
     return problems
+
+
+def _cache_settings(runtime: Any) -> dict[str, Any]:
+    """The weight cache keyword arguments of ``runtime_config`` read back from a config.
+
+    Raises:
+        ValueError: a malformed value (the message names the parameter).
+    """
+    settings: dict[str, Any] = {}
+    for key, arg in (
+        (names.PARAM_WEIGHT_CACHE_BYTES, "weight_cache_bytes"),
+        (names.PARAM_COMPACTION_INTERVAL, "compaction_interval"),
+    ):
+        value = parameter(runtime, key)
+        if value is not None:
+            if not value.strip().isdigit():
+                raise ValueError(f"{key} is {value!r}, not a non-negative integer")
+            settings[arg] = int(value)
+    residency = parameter(runtime, names.PARAM_RESIDENCY)
+    if residency is not None:
+        settings["residency"] = names.parse_residency(residency)
+    return settings
 
 
 def _compare(file: str, actual: Any, expected: Any) -> list[Problem]:

@@ -29,11 +29,14 @@ from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
+from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
 from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
 Compile = Callable[[bytes, Any], CompiledExecutable]
+#: Makes the weight cache's observer from (budget bytes or None, model names).
+ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
 
 #: Optional runtime parameter: "true" (default) loads every bundle in ``initialize``, "false"
 #: loads each on the first request naming it. Triton refuses inference (BLS included) until the
@@ -106,12 +109,17 @@ class RuntimeModel:
             self.preload()
 
     @classmethod
-    def from_args(cls, args: ModelArgs, **kwargs: Any) -> RuntimeModel:
+    def from_args(
+        cls, args: ModelArgs, *, observer: ObserverFactory | None = None, **kwargs: Any
+    ) -> RuntimeModel:
         """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
 
         ``hloserve.bundles`` lists the bundle names; each bundle is at
         ``<repository>/<name>/1/bundle``, the repository being the model directory's parent.
         ``hloserve.preload`` (:data:`PARAM_PRELOAD`, default "true") loads them all now.
+        Unless ``store`` is given, weights live in a :class:`WeightCache` set from the weight
+        cache parameters (:func:`weight_cache_from_args`), reporting to
+        ``observer(budget_bytes, model_names)`` (e.g. Triton metrics).
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed.
@@ -130,6 +138,8 @@ class RuntimeModel:
                 f"got {preload!r}"
             )
         kwargs.setdefault("preload", preload == "true")
+        if "store" not in kwargs:
+            kwargs["store"] = weight_cache_from_args(args, set(registry), observer=observer)
         return cls(registry, **kwargs)
 
     @property
@@ -306,6 +316,60 @@ class RuntimeModel:
                 entry.error = None
 
 
+def weight_cache_from_args(
+    args: ModelArgs, models: set[str], *, observer: ObserverFactory | None = None
+) -> WeightCache:
+    """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md).
+
+    ``hloserve.weight_cache_bytes`` (absent/0: no budget), ``hloserve.residency``
+    (``model=residency,...``), ``hloserve.compaction_interval`` (absent/0: off). Logs the
+    budget it chose.
+
+    Raises:
+        InvalidArgumentError: a malformed value, or a residency for a model not in ``models``.
+    """
+    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
+    interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
+    try:
+        listed = names.parse_residency(args.parameter(names.PARAM_RESIDENCY, ""))
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r}: {exc}"
+        ) from None
+    unknown = sorted(set(listed) - models)
+    if unknown:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r} names models {unknown} "
+            f"that this runtime does not serve ({sorted(models)})"
+        )
+    residency = {model: Residency(value) for model, value in listed.items()}
+    if budget:
+        log.info(
+            "weight cache: budget %d bytes for all weights (%s), residency %s, compaction %s",
+            budget,
+            names.PARAM_WEIGHT_CACHE_BYTES,
+            names.format_residency(listed) or f"all {names.DEFAULT_RESIDENCY}",
+            f"every {interval} loads" if interval else "off",
+        )
+    else:
+        log.info("weight cache: no budget; every model's weights stay on the device")
+    return WeightCache(
+        budget or None,
+        residency=residency,
+        compaction_interval=interval,
+        observer=observer(budget or None, sorted(models)) if observer else None,
+    )
+
+
+def _count_parameter(args: ModelArgs, key: str) -> int:
+    text = args.parameter(key, "0").strip() or "0"
+    if not text.isdigit():
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {key!r} must be a non-negative integer, got {text!r}"
+        )
+    return int(text)
+
+
 def _placer(device: Any) -> Callable[[np.ndarray], Any]:
     """A function placing a host array on ``device`` as a ``jax.Array``.
 
@@ -334,4 +398,4 @@ def _to_host(array: Any) -> Any:
     return np.asarray(array)
 
 
-__all__ = ["LoadedBundle", "RuntimeModel"]
+__all__ = ["LoadedBundle", "RuntimeModel", "weight_cache_from_args"]

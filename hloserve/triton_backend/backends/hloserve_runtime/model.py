@@ -1,16 +1,19 @@
 """Triton backend ``hloserve_runtime``: a shim over the typed core ``RuntimeModel``.
 
 Adapts ``pb_utils`` objects only; the behaviour lives in the typed core. One instance per
-device: the only process of the server that imports JAX.
+device: the only process of the server that imports JAX. Weight cache events become metrics on
+Triton's :8002 endpoint (hloserve.triton_backend.metrics).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
 from hloserve.triton_backend import pb
+from hloserve.triton_backend.metrics import TritonCacheMetrics
 from hloserve.triton_backend.runtime import RuntimeModel
 
 
@@ -19,7 +22,13 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        self.core = RuntimeModel.from_args(pb.ModelArgs.from_triton(args))
+        self.metrics: TritonCacheMetrics | None = None
+
+        def metrics(budget: int | None, models: Sequence[str]) -> TritonCacheMetrics:
+            self.metrics = TritonCacheMetrics(pb_utils, budget, models)
+            return self.metrics
+
+        self.core = RuntimeModel.from_args(pb.ModelArgs.from_triton(args), observer=metrics)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -36,3 +45,5 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.core.close()
+        if self.metrics is not None:
+            self.metrics.close()

@@ -1,0 +1,116 @@
+"""Weight cache metrics on Triton's Prometheus endpoint (:8002) through Python-backend metrics.
+
+The runtime shim passes ``triton_python_backend_utils`` in; this module never imports it.
+Triton 2.51's Python backend offers ``pb_utils.MetricFamily(name, description, kind)`` with
+kinds COUNTER, GAUGE and HISTOGRAM, and ``family.Metric(labels, buckets=...)`` with
+``increment``, ``set`` and ``observe`` (python_backend README, "Custom Metrics").
+
+Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
+
+==========================================  =========  ============================================
+``hloserve_weight_cache_budget_bytes``      gauge      the budget (0 = none)
+``hloserve_weight_cache_resident_bytes``    gauge      bytes of weights on the device, all models
+``hloserve_weight_resident_bytes{model}``   gauge      the model's bytes on the device (0 or all)
+``hloserve_weight_loads_total{model}``      counter    host-to-device loads
+``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
+``hloserve_weight_load_seconds{model}``     histogram  seconds per load
+==========================================  =========  ============================================
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+#: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
+#: takes ~21 ms on an H200, DESIGN.md).
+LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+
+
+class TritonCacheMetrics:
+    """A :class:`~hloserve.triton_backend.weight_cache.CacheObserver` writing Triton metrics.
+
+    Args:
+        pb_utils: the ``triton_python_backend_utils`` module (or a stand-in).
+        budget_bytes: the cache's budget (None or 0 = none).
+        models: the model names to create series for up front (all at 0).
+    """
+
+    def __init__(self, pb_utils: Any, budget_bytes: int | None, models: Iterable[str]) -> None:
+        family = pb_utils.MetricFamily
+        self._lock = threading.Lock()
+        self._families = [
+            family(
+                name="hloserve_weight_cache_budget_bytes",
+                description="Weight cache byte budget, pinned weights included (0 = none)",
+                kind=family.GAUGE,
+            ),
+            family(
+                name="hloserve_weight_cache_resident_bytes",
+                description="Bytes of weights on the device, all models",
+                kind=family.GAUGE,
+            ),
+            family(
+                name="hloserve_weight_resident_bytes",
+                description="Bytes of the model's weights on the device",
+                kind=family.GAUGE,
+            ),
+            family(
+                name="hloserve_weight_loads_total",
+                description="Host-to-device loads of the model's weights",
+                kind=family.COUNTER,
+            ),
+            family(
+                name="hloserve_weight_evictions_total",
+                description="Evictions of the model's weights from the device",
+                kind=family.COUNTER,
+            ),
+            family(
+                name="hloserve_weight_load_seconds",
+                description="Seconds per load of the model's weights to the device",
+                kind=family.HISTOGRAM,
+            ),
+        ]
+        budget, total, resident, loads, evictions, seconds = self._families
+        self._budget = budget.Metric(labels={})
+        self._budget.set(float(budget_bytes or 0))
+        self._total = total.Metric(labels={})
+        self._total.set(0.0)
+        self._resident: dict[str, Any] = {}
+        self._loads: dict[str, Any] = {}
+        self._evictions: dict[str, Any] = {}
+        self._seconds: dict[str, Any] = {}
+        for name in sorted(models):
+            labels = {"model": name}
+            self._resident[name] = resident.Metric(labels=labels)
+            self._resident[name].set(0.0)
+            self._loads[name] = loads.Metric(labels=labels)
+            self._evictions[name] = evictions.Metric(labels=labels)
+            self._seconds[name] = seconds.Metric(labels=labels, buckets=list(LOAD_SECONDS_BUCKETS))
+
+    def close(self) -> None:
+        """Drop every series, then the families (Triton wants the metrics deleted first)."""
+        with self._lock:
+            for table in (self._resident, self._loads, self._evictions, self._seconds):
+                table.clear()
+            self._budget = self._total = None
+            self._families.clear()
+
+    def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
+        with self._lock:
+            if name in self._resident:
+                self._resident[name].set(float(nbytes))
+                self._loads[name].increment(1.0)
+                self._seconds[name].observe(seconds)
+            self._total.set(float(resident_bytes))
+
+    def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
+        with self._lock:
+            if name in self._resident:
+                self._resident[name].set(0.0)
+                self._evictions[name].increment(1.0)
+            self._total.set(float(resident_bytes))
+
+
+__all__ = ["LOAD_SECONDS_BUCKETS", "TritonCacheMetrics"]

@@ -1,0 +1,151 @@
+"""The runtime core with the weight cache on the CPU device: parameters, eviction, correctness.
+
+Models ``m<i>``: ``y = x + sum(w)`` with ``w`` = WEIGHT_ITEMS f32 all equal to ``i + 1``, so
+every answer tells which weights were used (``sum(w)`` is exact in f32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.errors import HloserveError, Status
+from hloserve.model_repository_tools import names
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.weight_cache import Residency, WeightCache
+
+pytestmark = pytest.mark.usefixtures("restore_x64")
+
+WEIGHT_ITEMS = 64 * 1024  # f32: 256 KiB per model
+MODEL_BYTES = WEIGHT_ITEMS * 4
+
+
+def weighted_fn(params: dict[str, Any], x: Any) -> Any:
+    return x + params["w"].sum()
+
+
+def export_weighted(out: Path, value: float, items: int = WEIGHT_ITEMS) -> Path:
+    """A bundle ``y = x + sum(w)`` (x, y f32 ``nk`` k=4; batch size 1), ``w`` all ``value``."""
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
+    export_bundle(
+        weighted_fn,
+        {"w": np.full(items, value, np.float32)},
+        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": 4})],
+        [OutputSpec("y", "nk")],
+        [1],
+        out,
+    )
+    return out
+
+
+def expected_y(x: np.ndarray, value: float, items: int = WEIGHT_ITEMS) -> np.ndarray:
+    return x + np.float32(value * items)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository-shaped tree: ``<repo>/m<i>/1/bundle`` for i < 4, plus ``huge`` (4 models)."""
+    root = tmp_path_factory.mktemp("cache_runtime")
+    for i in range(4):
+        export_weighted(root / f"m{i}" / names.BUNDLE_SUBDIR, i + 1)
+    export_weighted(root / "huge" / names.BUNDLE_SUBDIR, 7, items=4 * WEIGHT_ITEMS)
+    return root
+
+
+def _args(repo: Path, bundles: list[str], **params: str) -> ModelArgs:
+    values = {names.PARAM_BUNDLES: ",".join(bundles), **params}
+    return ModelArgs(
+        name=names.RUNTIME_MODEL,
+        model_dir=repo / names.RUNTIME_MODEL,
+        version="1",
+        config={"parameters": {k: {"string_value": v} for k, v in values.items()}},
+    )
+
+
+def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> None:
+    models = ["m0", "m1", "m2", "m3", "huge"]
+    events: list[tuple[str, str]] = []
+
+    class Observer:
+        def loaded(self, name: str, nbytes: int, seconds: float, resident: int) -> None:
+            events.append(("load", name))
+            assert resident <= 3 * MODEL_BYTES
+
+        def evicted(self, name: str, nbytes: int, resident: int) -> None:
+            events.append(("evict", name))
+
+    budgets: list[int | None] = []
+
+    def observer(budget: int | None, names_: Any) -> Observer:
+        budgets.append(budget)
+        assert sorted(names_) == sorted(models)
+        return Observer()
+
+    params = {
+        names.PARAM_WEIGHT_CACHE_BYTES: str(3 * MODEL_BYTES),
+        names.PARAM_RESIDENCY: "m0=device,m3=unpinned",
+    }
+    runtime = RuntimeModel.from_args(_args(repo, models, **params), observer=observer)
+    assert budgets == [3 * MODEL_BYTES]
+    cache = runtime.store
+    assert isinstance(cache, WeightCache)
+    failed = runtime.preload()  # already preloaded: the sticky error again
+    assert set(failed) == {"huge"}
+    message = failed["huge"].message
+    assert failed["huge"].status is Status.INVALID_ARGUMENT
+    assert str(4 * MODEL_BYTES) in message and str(3 * MODEL_BYTES) in message, message
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        i = int(rng.integers(0, 4))
+        x = rng.integers(-8, 8, (1, 4)).astype(np.float32)
+        y = np.asarray(runtime.execute({f"m{i}__x": x})[f"m{i}__y"])
+        np.testing.assert_array_equal(y, expected_y(x, i + 1))
+        assert cache.resident_bytes <= 3 * MODEL_BYTES
+    stats = cache.stats()
+    assert stats.models["m0"].residency is Residency.DEVICE
+    assert stats.models["m0"].evictions == 0 and stats.models["m0"].loads == 1
+    assert stats.models["m3"].residency is Residency.UNPINNED
+    assert stats.evictions > 0 and stats.loads > 4
+    assert ("evict", "m0") not in events
+    with pytest.raises(HloserveError) as info:
+        runtime.execute({"huge__x": np.zeros((1, 4), np.float32)})
+    assert info.value.status is Status.INVALID_ARGUMENT
+    runtime.close()
+    assert cache.resident_bytes == 0
+
+
+def test_no_budget_keeps_every_model_resident(repo: Path) -> None:
+    runtime = RuntimeModel.from_args(_args(repo, ["m0", "m1"]))
+    cache = runtime.store
+    assert isinstance(cache, WeightCache) and cache.budget_bytes is None
+    assert cache.resident_bytes == 2 * MODEL_BYTES
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(runtime.execute({"m1__x": x})["m1__y"]), expected_y(x, 2)
+    )
+    runtime.close()
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({names.PARAM_WEIGHT_CACHE_BYTES: "lots"}, "non-negative integer"),
+        ({names.PARAM_COMPACTION_INTERVAL: "-1"}, "non-negative integer"),
+        ({names.PARAM_RESIDENCY: "m0=gpu"}, "'gpu'"),
+        ({names.PARAM_RESIDENCY: "zz=device"}, "['zz']"),
+    ],
+)
+def test_bad_parameters_are_refused(repo: Path, params: dict[str, str], needle: str) -> None:
+    with pytest.raises(HloserveError) as info:
+        RuntimeModel.from_args(_args(repo, ["m0"], **params), preload=False)
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert needle in info.value.message
+
+
+def test_residency_values_match_the_repository_names() -> None:
+    assert tuple(r.value for r in Residency) == names.RESIDENCIES
