@@ -9,6 +9,9 @@ Modules:
     front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
     runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.
     weights:  the :class:`~hloserve.triton_backend.weights.WeightStore` interface.
+    weight_cache: :class:`~hloserve.triton_backend.weight_cache.WeightCache`, on-demand weights:
+              LRU device cache under a byte budget, residency tiers (docs/on_demand_weights.md).
+    metrics:  weight cache events -> Triton custom metrics (pb_utils passed in).
     pb:       pb_utils adapters: the Status -> TritonError code table, DLPack tensor moves
               (bf16 included), the runtime's status tags, ``initialize`` args.
     compile:  the one compile path (StableHLO portable artifact -> loaded executable).

@@ -24,7 +24,8 @@ retrying is pointless (ReactantServer loads it anyway with a warning). Without a
 (``budget_bytes=None``) every model is loaded at add and stays, like the all-resident store.
 
 The device side sits behind :class:`Transfer` (:class:`JaxTransfer` in production), so the
-policy is unit-tested without JAX devices.
+policy is unit-tested without JAX devices. This module imports only NumPy and
+:mod:`hloserve.errors` (JAX and the bundle code on use).
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from hloserve.bundle import Bundle, dtypes
 from hloserve.errors import (
     HloserveError,
     InvalidArgumentError,
@@ -51,6 +51,9 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
+
+if TYPE_CHECKING:  # the policy imports only numpy and hloserve.errors (benchmarks need no more)
+    from hloserve.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.weight_cache")
 
@@ -487,6 +490,8 @@ def mmap_safetensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
             header = json.loads(f.read(size))
         except ValueError as exc:
             raise InvalidArgumentError(f"{path}: bad safetensors header: {exc}") from None
+    from hloserve.bundle import dtypes
+
     missing = [n for n in order if n not in header]
     if missing:
         raise NotFoundError(f"{path}: weights {missing} are not in the file")
@@ -510,7 +515,7 @@ class JaxTransfer:
     def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:
         if not arrays:
             return []
-        sharding = _sharding(device, "pinned_host")
+        sharding = memory_sharding(device, "pinned_host")
         if sharding is None:
             return [np.array(a, copy=True, order="C") for a in arrays]
         import jax
@@ -524,7 +529,7 @@ class JaxTransfer:
             return []
         import jax
 
-        target = _sharding(device, None) or device
+        target = memory_sharding(device, None) or device
         placed = list(jax.device_put(list(arrays), target))
         jax.block_until_ready(placed)
         return placed
@@ -535,7 +540,7 @@ class JaxTransfer:
                 array.delete()
 
 
-def _sharding(device: Any, memory_kind: str | None) -> Any:
+def memory_sharding(device: Any, memory_kind: str | None) -> Any:
     """``SingleDeviceSharding(device, memory_kind)``; None for the default kind, or when
     ``device`` does not offer ``memory_kind`` (CPU has no ``pinned_host`` tier worth using)."""
     from jax.sharding import SingleDeviceSharding
@@ -578,5 +583,6 @@ __all__ = [
     "Transfer",
     "WeightCache",
     "WeightSource",
+    "memory_sharding",
     "mmap_safetensors",
 ]
