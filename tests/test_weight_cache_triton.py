@@ -78,6 +78,7 @@ def _metrics(server: ts.TritonServer) -> dict[tuple[str, str], float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("hloserve_weight"):
+                assert set(sample.labels) <= {"model", "le"}, sample
                 out[(sample.name, sample.labels.get("model", ""))] = sample.value
     return out
 
