@@ -6,6 +6,7 @@ Subcommands:
     bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
     repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
     repo validate REPO_DIR          check a repository's configs against their bundles
+    status URL                      print a server's weight cache state (metrics endpoint)
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def _repo_validate(args: argparse.Namespace) -> int:
         print(f"{args.repo_dir}: INVALID ({len(problems)} problem(s))", file=sys.stderr)
         return 1
     print(f"{args.repo_dir}: valid")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hloserve.node.status import cache_status, fetch_metrics, render_status
+
+    print(render_status(cache_status(fetch_metrics(args.url))))
     return 0
 
 
@@ -286,6 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
     repo_validate.set_defaults(func=_repo_validate)
 
     _add_serve(commands)
+    status = commands.add_parser(
+        "status",
+        help="print a server's weight cache state (from its metrics endpoint)",
+        description="Read the hloserve_weight_* series of a tritonserver's Prometheus endpoint "
+        "and print the weight cache as a table: budget, resident total, and per model its "
+        "residency, weight bytes, resident bytes, loads, evictions and mean load time "
+        "(docs/on_demand_weights.md).",
+    )
+    status.add_argument("url", metavar="URL", help="metrics endpoint: HOST:PORT (8002) or a URL")
+    status.set_defaults(func=_status)
     return parser
 
 

@@ -73,6 +73,9 @@ class Events:
     def __init__(self) -> None:
         self.log: list[tuple[str, str, int]] = []
 
+    def registered(self, name: str, nbytes: int, residency: str) -> None:
+        self.log.append(("add", name, nbytes))
+
     def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
         self.log.append(("load", name, resident_bytes))
 
@@ -259,7 +262,13 @@ def test_observer_sees_every_load_and_eviction_with_totals() -> None:
     cache, _, _ = make(KIB, {"a": KIB, "b": KIB}, observer=events)
     use(cache, "a")
     use(cache, "b")
-    assert events.log == [("load", "a", KIB), ("evict", "a", 0), ("load", "b", KIB)]
+    assert events.log == [
+        ("add", "a", KIB),
+        ("add", "b", KIB),
+        ("load", "a", KIB),
+        ("evict", "a", 0),
+        ("load", "b", KIB),
+    ]
 
 
 def test_concurrent_acquires_stay_within_budget() -> None:
@@ -382,11 +391,16 @@ def test_triton_metrics_follow_the_cache() -> None:
 
     def value(family: str, model: str | None = None) -> float:
         for m in FakeFamily.made[family].metrics:
-            if m.labels == ({"model": model} if model else {}):
+            if m.labels.get("model") == model:
                 return m.value
         raise KeyError(family)
 
     assert value("hloserve_weight_cache_budget_bytes") == KIB
+    sizes = FakeFamily.made["hloserve_weight_bytes"].metrics
+    assert [(m.labels, m.value) for m in sizes] == [
+        ({"model": "a", "residency": "system"}, KIB),
+        ({"model": "b", "residency": "system"}, KIB),
+    ]
     assert value("hloserve_weight_cache_resident_bytes") == KIB
     assert value("hloserve_weight_resident_bytes", "a") == 0
     assert value("hloserve_weight_resident_bytes", "b") == KIB
@@ -396,3 +410,52 @@ def test_triton_metrics_follow_the_cache() -> None:
     histograms = FakeFamily.made["hloserve_weight_load_seconds"].metrics
     assert [len(h.observed) for h in histograms] == [1, 1]
     metrics.close()
+
+
+PROMETHEUS_TEXT = """# HELP hloserve_weight_cache_budget_bytes Weight cache byte budget
+# TYPE hloserve_weight_cache_budget_bytes gauge
+hloserve_weight_cache_budget_bytes 2048
+hloserve_weight_cache_resident_bytes 1024
+hloserve_weight_bytes{model="a",residency="device"} 1024
+hloserve_weight_bytes{model="b",residency="unpinned"} 3072
+hloserve_weight_resident_bytes{model="a"} 1024
+hloserve_weight_resident_bytes{model="b"} 0
+hloserve_weight_loads_total{model="a"} 1
+hloserve_weight_loads_total{model="b"} 4
+hloserve_weight_evictions_total{model="b"} 3
+hloserve_weight_load_seconds_bucket{model="b",le="0.01"} 4
+hloserve_weight_load_seconds_sum{model="b"} 0.02
+hloserve_weight_load_seconds_count{model="b"} 4
+nv_inference_count{model="a",version="1"} 12
+"""
+
+
+def test_status_table_from_prometheus_text() -> None:
+    from hloserve.node.status import cache_status, render_status
+
+    status = cache_status(PROMETHEUS_TEXT)
+    assert status.budget_bytes == 2048 and status.resident_bytes == KIB
+    b = status.models["b"]
+    assert (b.nbytes, b.residency, b.loads, b.evictions, b.load_seconds) == (
+        3072,
+        "unpinned",
+        4,
+        3,
+        0.02,
+    )
+    table = render_status(status).splitlines()
+    assert table[0] == "weight cache: budget 2.0 KiB, resident 1.0 KiB"
+    assert table[1].split() == [
+        "model",
+        "residency",
+        "weights",
+        "resident",
+        "loads",
+        "evictions",
+        "mean",
+        "load",
+    ]
+    assert table[3].split() == ["b", "unpinned", "3.0", "KiB", "-", "4", "3", "5.00", "ms"]
+    with pytest.raises(HloserveError) as info:
+        cache_status("nv_inference_count 1\n")
+    assert info.value.status is Status.INVALID_ARGUMENT

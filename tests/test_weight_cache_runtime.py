@@ -72,6 +72,9 @@ def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> Non
     events: list[tuple[str, str]] = []
 
     class Observer:
+        def registered(self, name: str, nbytes: int, residency: str) -> None:
+            events.append(("add", name))
+
         def loaded(self, name: str, nbytes: int, seconds: float, resident: int) -> None:
             events.append(("load", name))
             assert resident <= 3 * MODEL_BYTES

@@ -78,7 +78,7 @@ def _metrics(server: ts.TritonServer) -> dict[tuple[str, str], float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith("hloserve_weight"):
-                assert set(sample.labels) <= {"model", "le"}, sample
+                assert set(sample.labels) <= {"model", "residency", "le"}, sample
                 out[(sample.name, sample.labels.get("model", ""))] = sample.value
     return out
 
@@ -145,6 +145,24 @@ def test_six_models_over_budget_from_four_threads(server: ts.TritonServer) -> No
     assert sum(evictions.values()) > 0
     assert any(loads[m] > 1 for m in MODELS[1:])  # reloads after evictions
     assert end[("hloserve_weight_load_seconds_count", "m1")] == loads["m1"]
+
+
+def test_hloserve_status_prints_the_cache(
+    server: ts.TritonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hloserve.cli import main
+
+    assert server.urls.metrics is not None
+    assert main(["status", server.urls.metrics]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    lines = out.splitlines()
+    assert lines[0].startswith("weight cache: budget 512.0 KiB, resident ")
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert sorted(rows) == ["huge", *MODELS]
+    assert rows["huge"][1:3] == ["-", "-"]  # never registered: its load failed
+    assert rows["m0"][1:5] == ["device", "256.0", "KiB", "256.0"]
+    assert rows["m1"][1] == "system"
 
 
 def test_model_over_budget_fails_with_both_sizes_others_serve(server: ts.TritonServer) -> None:

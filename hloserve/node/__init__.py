@@ -2,4 +2,5 @@
 
 Modules:
     tritonserver: run one local tritonserver from the nvidia-pytriton wheel, without Docker.
+    status: ``hloserve status``: the weight cache state read from a server's metrics endpoint.
 """

@@ -10,6 +10,7 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 ==========================================  =========  ============================================
 ``hloserve_weight_cache_budget_bytes``      gauge      the budget (0 = none)
 ``hloserve_weight_cache_resident_bytes``    gauge      bytes of weights on the device, all models
+``hloserve_weight_bytes{model,residency}``  gauge      the model's weight bytes (once registered)
 ``hloserve_weight_resident_bytes{model}``   gauge      the model's bytes on the device (0 or all)
 ``hloserve_weight_loads_total{model}``      counter    host-to-device loads
 ``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
@@ -52,6 +53,11 @@ class TritonCacheMetrics:
                 kind=family.GAUGE,
             ),
             family(
+                name="hloserve_weight_bytes",
+                description="Bytes of the model's weights, labelled with its residency",
+                kind=family.GAUGE,
+            ),
+            family(
                 name="hloserve_weight_resident_bytes",
                 description="Bytes of the model's weights on the device",
                 kind=family.GAUGE,
@@ -72,7 +78,7 @@ class TritonCacheMetrics:
                 kind=family.HISTOGRAM,
             ),
         ]
-        budget, total, resident, loads, evictions, seconds = self._families
+        budget, total, self._sizes, resident, loads, evictions, seconds = self._families
         self._budget = budget.Metric(labels={})
         self._budget.set(float(budget_bytes or 0))
         self._total = total.Metric(labels={})
@@ -81,6 +87,7 @@ class TritonCacheMetrics:
         self._loads: dict[str, Any] = {}
         self._evictions: dict[str, Any] = {}
         self._seconds: dict[str, Any] = {}
+        self._size: dict[str, Any] = {}
         for name in sorted(models):
             labels = {"model": name}
             self._resident[name] = resident.Metric(labels=labels)
@@ -92,10 +99,19 @@ class TritonCacheMetrics:
     def close(self) -> None:
         """Drop every series, then the families (Triton wants the metrics deleted first)."""
         with self._lock:
-            for table in (self._resident, self._loads, self._evictions, self._seconds):
+            tables = (self._size, self._resident, self._loads, self._evictions, self._seconds)
+            for table in tables:
                 table.clear()
-            self._budget = self._total = None
+            self._budget = self._total = self._sizes = None
             self._families.clear()
+
+    def registered(self, name: str, nbytes: int, residency: str) -> None:
+        with self._lock:
+            if name not in self._size:
+                self._size[name] = self._sizes.Metric(
+                    labels={"model": name, "residency": residency}
+                )
+            self._size[name].set(float(nbytes))
 
     def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
         with self._lock:

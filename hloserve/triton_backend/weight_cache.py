@@ -113,6 +113,10 @@ class Transfer(Protocol):
 class CacheObserver(Protocol):
     """Receives cache events (the runtime shim turns them into Triton metrics)."""
 
+    def registered(self, name: str, nbytes: int, residency: str) -> None:
+        """``name`` (``nbytes`` of weights, ``residency``) was added to the cache."""
+        ...
+
     def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
         """``name``'s weights became resident; ``resident_bytes`` is the new total."""
         ...
@@ -205,7 +209,7 @@ class WeightCache:
         transfer: host/device copies; default :class:`JaxTransfer`.
         compaction_interval: free every on-demand device buffer before the load that follows
             each ``N`` on-demand loads (0 = never; ReactantServer ``compaction_interval``).
-        observer: receives load and eviction events.
+        observer: receives registration, load and eviction events.
         wait_s: how long an acquire waits for acquired weights to be released when only they
             could make room; then UNAVAILABLE.
 
@@ -264,6 +268,8 @@ class WeightCache:
         with self._lock:
             self._check_new(model)
             self._models[name] = model
+            if self._observer is not None:
+                self._observer.registered(name, model.nbytes, residency.value)
             if pinned:
                 try:
                     self._make_room(model)

@@ -1,0 +1,157 @@
+"""``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint.
+
+Reads the ``hloserve_weight_*`` series the runtime model exports (docs/on_demand_weights.md,
+"Metrics"; :mod:`hloserve.triton_backend.metrics`) and renders them as a table. The parser
+covers the Prometheus text exposition format as Triton writes it (one sample per line,
+``name{label="value",...} value``; prometheus.io/docs/instrumenting/exposition_formats).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from hloserve.errors import InvalidArgumentError, UnavailableError
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class ModelCacheRow:
+    """One model's row. Bytes in bytes, seconds in seconds; None = not reported."""
+
+    name: str
+    nbytes: float | None = None
+    residency: str = ""
+    resident_bytes: float = 0.0
+    loads: float = 0.0
+    evictions: float = 0.0
+    load_seconds: float = 0.0
+
+
+@dataclass
+class CacheStatus:
+    """The cache of one runtime: budget (0 = none), resident total, rows by model name."""
+
+    budget_bytes: float = 0.0
+    resident_bytes: float = 0.0
+    models: dict[str, ModelCacheRow] = field(default_factory=dict)
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` of every sample line of Prometheus text."""
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if line.startswith("#") or match is None:
+            continue
+        name, labels, value = match.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        parsed = {
+            k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(labels or "")
+        }
+        samples.append((name, parsed, number))
+    return samples
+
+
+def cache_status(text: str) -> CacheStatus:
+    """The weight cache state in Prometheus text from a tritonserver's metrics endpoint.
+
+    Raises:
+        InvalidArgumentError: the text holds no hloserve weight cache series.
+    """
+    status = CacheStatus()
+    seen = False
+    for name, labels, value in parse_samples(text):
+        if not name.startswith("hloserve_weight"):
+            continue
+        seen = True
+        if name == "hloserve_weight_cache_budget_bytes":
+            status.budget_bytes = value
+            continue
+        if name == "hloserve_weight_cache_resident_bytes":
+            status.resident_bytes = value
+            continue
+        model = labels.get("model")
+        if model is None:
+            continue
+        row = status.models.setdefault(model, ModelCacheRow(model))
+        if name == "hloserve_weight_bytes":
+            row.nbytes, row.residency = value, labels.get("residency", "")
+        elif name == "hloserve_weight_resident_bytes":
+            row.resident_bytes = value
+        elif name == "hloserve_weight_loads_total":
+            row.loads = value
+        elif name == "hloserve_weight_evictions_total":
+            row.evictions = value
+        elif name == "hloserve_weight_load_seconds_sum":
+            row.load_seconds = value
+    if not seen:
+        raise InvalidArgumentError(
+            "no hloserve_weight_* series: is this the metrics endpoint (:8002) of a tritonserver "
+            "serving an hloserve repository?"
+        )
+    return status
+
+
+def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
+    """The text of a metrics endpoint; ``url`` is ``host:port`` or a full ``http://`` URL.
+
+    Raises:
+        UnavailableError: the endpoint cannot be reached.
+    """
+    if "://" not in url:
+        url = f"http://{url}"
+    if not url.rstrip("/").endswith("/metrics"):
+        url = url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return str(response.read().decode())
+    except (urllib.error.URLError, OSError) as exc:
+        raise UnavailableError(f"{url}: cannot read metrics: {exc}") from None
+
+
+def render_status(status: CacheStatus) -> str:
+    """The cache state as a text table, models by name."""
+    budget = _size(status.budget_bytes) if status.budget_bytes else "none (all resident)"
+    lines = [f"weight cache: budget {budget}, resident {_size(status.resident_bytes)}"]
+    header = ("model", "residency", "weights", "resident", "loads", "evictions", "mean load")
+    rows = [header]
+    for name in sorted(status.models):
+        m = status.models[name]
+        mean = f"{m.load_seconds / m.loads * 1e3:.2f} ms" if m.loads else "-"
+        rows.append(
+            (
+                name,
+                m.residency or "-",
+                _size(m.nbytes) if m.nbytes is not None else "-",
+                _size(m.resident_bytes) if m.resident_bytes else "-",
+                f"{m.loads:.0f}",
+                f"{m.evictions:.0f}",
+                mean,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _size(nbytes: float) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+__all__ = ["CacheStatus", "ModelCacheRow", "cache_status", "fetch_metrics", "render_status"]
