@@ -141,6 +141,7 @@ def test_device_residency_is_loaded_at_add_never_evicted_and_counts_against_budg
     stats = cache.stats()
     assert stats.models["p"].evictions == 0 and stats.models["p"].loads == 1
     assert "p" not in cache.lru_order()
+    assert cache.pinned("p") and not cache.pinned("a") and not cache.pinned("unknown")
     assert sum(m.evictions for m in stats.models.values()) > 0
     assert transfer.peak <= 3 * KIB
 

@@ -102,6 +102,7 @@ def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> Non
     message = failed["huge"].message
     assert failed["huge"].status is Status.INVALID_ARGUMENT
     assert str(4 * MODEL_BYTES) in message and str(3 * MODEL_BYTES) in message, message
+    assert f"{MODEL_BYTES} bytes) of it pinned" in message  # m0 (device) was loaded first
     rng = np.random.default_rng(5)
     for _ in range(40):
         i = int(rng.integers(0, 4))

@@ -150,7 +150,7 @@ class RuntimeModel:
     # -- loading ------------------------------------------------------------------------------
 
     def preload(self) -> dict[str, HloserveError]:
-        """Load every registered bundle now, in name order.
+        """Load every registered bundle now: those the store pins first, each group by name.
 
         A bundle that fails keeps its error (requests naming it get it); the others load.
 
@@ -158,7 +158,7 @@ class RuntimeModel:
             The errors of the bundles that failed, by name.
         """
         failed = {}
-        for name in self.bundle_names:
+        for name in sorted(self.bundle_names, key=lambda n: (not self.store.pinned(n), n)):
             try:
                 self.load(name)
             except HloserveError as exc:

@@ -327,6 +327,12 @@ class WeightCache:
         with self._lock:
             return self._resident_bytes()
 
+    def pinned(self, name: str) -> bool:
+        """Whether ``name`` is (or, once added, will be) kept on the device: residency
+        ``device``, or no budget."""
+        residency = self._residency.get(name, self._default)
+        return residency is Residency.DEVICE or self.budget_bytes is None
+
     # -- control ------------------------------------------------------------------------------
 
     def compact(self) -> int:

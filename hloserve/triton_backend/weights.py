@@ -55,6 +55,14 @@ class WeightStore(Protocol):
         """Bytes of weights currently on the device."""
         ...
 
+    def pinned(self, name: str) -> bool:
+        """Whether ``name``'s weights stay on the device from :meth:`add` on (never evicted).
+
+        The runtime preloads pinned models first, so they claim their share of a budget before
+        on-demand models are checked against it.
+        """
+        ...
+
 
 @contextlib.contextmanager
 def acquired(store: WeightStore, name: str) -> Iterator[Sequence[Any]]:
@@ -115,6 +123,9 @@ class ResidentWeightStore:
     def resident_bytes(self) -> int:
         with self._lock:
             return sum(self._nbytes.values())
+
+    def pinned(self, name: str) -> bool:
+        return True
 
     def in_use(self, name: str) -> int:
         """How many acquisitions of ``name`` are not released yet."""
