@@ -143,3 +143,21 @@ def test_unbatched_model_uses_key_zero() -> None:
     data["executables"] = {0: "model.mlirbc"}
     m = parse_manifest(data)
     assert not m.batched and m.max_batch_size == 0
+
+
+def test_files_must_stay_inside_the_bundle() -> None:
+    err = refused(lambda d: d["executables"].update({8: "../../outside.mlirbc"}))
+    assert "executables: 8: '../../outside.mlirbc' must be a relative path inside the bundle" in str(
+        err
+    )
+    err = refused(lambda d: d["weights"].update(file="/etc/passwd"))
+    assert "weights.file '/etc/passwd' must be a relative path inside the bundle" in str(err)
+
+
+def test_binary_manifest_is_a_clear_problem(tmp_path: Any) -> None:
+    from hloserve.bundle import load_manifest
+
+    path = tmp_path / "manifest.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ManifestError, match="not UTF-8 text"):
+        load_manifest(path)

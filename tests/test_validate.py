@@ -162,3 +162,21 @@ def test_invalid_model_name(tiny_bundle: Path) -> None:
     bad = tiny_bundle.parent / "has space"
     shutil.move(tiny_bundle, bad)
     assert "is not a valid model name" in errors(bad)[0]
+
+
+def test_missing_weights_file_is_one_problem_line(tiny_bundle: Path) -> None:
+    (tiny_bundle / "weights.safetensors").unlink()
+    assert errors(tiny_bundle) == ["weights.safetensors: weights file is missing"]
+
+
+def test_truncated_weights_file_is_one_problem_line(tiny_bundle: Path) -> None:
+    (tiny_bundle / "weights.safetensors").write_bytes(b"\x08\x00\x00")
+    (found,) = errors(tiny_bundle)
+    assert found.startswith("weights.safetensors: ") and "cannot read safetensors file" in found
+
+
+def test_empty_artifact_is_not_called_text(tiny_bundle: Path) -> None:
+    (tiny_bundle / "model.b1.mlirbc").write_bytes(b"")
+    problems = validate_bundle(tiny_bundle)
+    assert not any(p.warning for p in problems)
+    assert len([p for p in problems if not p.warning]) == 1

@@ -36,6 +36,18 @@ UNBATCHED = 0
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
+def _inside_bundle(path: str) -> str | None:
+    """Why ``path`` may not name a file of the bundle, or None when it may.
+
+    Files are named relative to the bundle directory, without ``..`` or an absolute path, so
+    that a bundle can be copied (into a model repository) as one directory.
+    """
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith("/") or ".." in parts or not path.strip():
+        return f"{path!r} must be a relative path inside the bundle (no '..', not absolute)"
+    return None
+
+
 class ManifestError(InvalidArgumentError):
     """A manifest breaks a format rule.
 
@@ -177,6 +189,9 @@ class Weights(BaseModel):
             raise ValueError(f"weights.order names a weight twice: {dup}")
         if self.order and not self.file:
             raise ValueError("weights.order is not empty but weights.file is missing")
+        why = _inside_bundle(self.file) if self.file else None
+        if why:
+            raise ValueError(f"weights.file {why}")
         return self
 
 
@@ -226,6 +241,10 @@ class Manifest(BaseModel):
         for size in sorted(expected - set(self.executables)):
             what = f"compiled batch size {size}" if size else "the unbatched executable (key 0)"
             problems.append(f"executables: {what} has no artifact")
+        for size, file in sorted(self.executables.items()):
+            why = _inside_bundle(file)
+            if why:
+                problems.append(f"executables: {size}: {why}")
         for size in sorted(set(self.executables) - expected):
             problems.append(
                 f"executables: key {size} is not a compiled batch size {sorted(expected)}"
@@ -344,6 +363,8 @@ def load_manifest(path: Path) -> Manifest:
         text = path.read_text()
     except OSError as exc:
         raise ManifestError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError:
+        raise ManifestError(str(path), ["not UTF-8 text (is it a YAML file?)"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -64,7 +64,7 @@ def validate_bundle(path: Path | str) -> list[Problem]:
     except ManifestError as exc:
         return [Problem(MANIFEST_FILE, p) for p in exc.problems]
     except HloserveError as exc:
-        return [Problem(MANIFEST_FILE, exc.message)]
+        return [Problem(MANIFEST_FILE, exc.message.removeprefix(f"{path}: "))]
     problems = _check_weights(bundle)
     for size in sorted(bundle.manifest.executables):
         problems += _check_executable(bundle, size)
@@ -115,7 +115,7 @@ def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
         return [Problem(file, f"artifact for {what} is missing")]
     data = exe_path.read_bytes()
     problems = []
-    if not is_portable_artifact(data):
+    if not is_portable_artifact(data) and _is_text(data):
         problems.append(
             Problem(
                 file,
@@ -140,7 +140,10 @@ def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
             )
         )
         return problems
-    stored = bundle.stored_weights if manifest.weights.file else {}
+    try:
+        stored = bundle.stored_weights
+    except InvalidArgumentError:
+        stored = {}  # unreadable weights file: reported once by _check_weights
     for name, actual in zip(order, signature.inputs[: len(order)], strict=True):
         info = stored.get(name)
         if info is not None:
@@ -161,6 +164,13 @@ def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
     for spec, actual in zip(manifest.outputs, signature.outputs, strict=True):
         problems += _compare_spec(file, "output", spec, size, actual)
     return problems
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        return bool(data.strip()) and "\x00" not in data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
 
 
 def _compare_spec(

@@ -201,6 +201,10 @@ class TritonServerOptions:
         exit_timeout_s: ``--exit-timeout-secs``: how long the server waits for in-flight
             requests at shutdown, in seconds. Default 10.
         startup_timeout_s: how long the context manager waits for readiness, in seconds.
+        die_with_parent: SIGTERM the server when the thread that started it exits (Linux
+            ``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves no orphan server. Only for a
+            launcher whose starting thread lives as long as the server (``hloserve serve``'s
+            main thread): the signal follows the thread, not the process.
         install: where tritonserver lives; None finds it in the nvidia-pytriton wheel.
     """
 
@@ -219,6 +223,7 @@ class TritonServerOptions:
     run_dir: Path | None = None
     exit_timeout_s: int = 10
     startup_timeout_s: float = 120.0
+    die_with_parent: bool = False
     install: TritonInstall | None = None
 
     @classmethod
@@ -486,6 +491,7 @@ class TritonServer:
                 stdout=stdout,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.options.die_with_parent else None,
             )
         except OSError as e:
             raise TritonServerError(f"tritonserver: cannot run {argv[0]}: {e}") from e
@@ -528,6 +534,14 @@ class TritonServer:
     def _kill_at_exit(self) -> None:
         if self._process is not None:
             _kill_session(self._process.pid, grace_s=1.0)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
 
 
 def _compose_backend_dir(

@@ -307,10 +307,8 @@ class FrontModel:
                 return self._call_runtime(inputs, outputs)
             except ServerStartingError as exc:
                 raise ServerStartingError(
-                    f"model {self.name!r}: cannot call runtime model {self.runtime_model!r} "
-                    f"while the server is starting ({exc.message}); a front's model_warmup "
-                    "cannot reach the runtime at startup (the runtime compiles every bundle "
-                    "when it loads instead)"
+                    f"model {self.name!r}: cannot call runtime model {self.runtime_model!r}: "
+                    f"the server is starting or shutting down ({exc.message})"
                 ) from None
             except HloserveError as exc:
                 if exc.status is not Status.UNAVAILABLE:
