@@ -147,9 +147,8 @@ def test_unbatched_model_uses_key_zero() -> None:
 
 def test_files_must_stay_inside_the_bundle() -> None:
     err = refused(lambda d: d["executables"].update({8: "../../outside.mlirbc"}))
-    assert "executables: 8: '../../outside.mlirbc' must be a relative path inside the bundle" in str(
-        err
-    )
+    expected = "executables: 8: '../../outside.mlirbc' must be a relative path inside the bundle"
+    assert expected in str(err)
     err = refused(lambda d: d["weights"].update(file="/etc/passwd"))
     assert "weights.file '/etc/passwd' must be a relative path inside the bundle" in str(err)
 
