@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hloserve import __version__
 from hloserve.errors import HloserveError, InvalidArgumentError
@@ -63,23 +64,14 @@ def _bundle_convert(args: argparse.Namespace) -> int:
 
 
 def _repo_build(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import WeightCacheOptions, build_repository
-    from hloserve.model_repository_tools.names import parse_residency
+    from hloserve.model_repository_tools import build_repository
 
-    try:
-        residency = parse_residency(",".join(args.residency))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"--residency: {exc}") from None
     plan = build_repository(
         args.bundles_dir,
         args.output,
         front_instances=args.front_instances,
         max_queue_delay_us=args.max_queue_delay_us,
-        weight_cache=WeightCacheOptions(
-            weight_cache_bytes=args.weight_cache_bytes,
-            residency=residency,
-            compaction_interval=args.compaction_interval,
-        ),
+        weight_cache=_weight_cache_options(args),
         overwrite=args.overwrite,
         progress=print,
     )
@@ -122,10 +114,59 @@ def _serve(args: argparse.Namespace) -> int:
             repository_out=args.repository_out,
             front_instances=args.front_instances,
             max_queue_delay_us=args.max_queue_delay_us,
+            weight_cache=_weight_cache_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
         )
+    )
+
+
+def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
+    """--weight-cache-bytes, --residency, --compaction-interval (docs/on_demand_weights.md)."""
+    parser.add_argument(
+        "--weight-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="byte budget of the runtime's device weight cache, pinned models included "
+        "(default: 0 = no budget, every model's weights stay on the device); "
+        "docs/on_demand_weights.md",
+    )
+    parser.add_argument(
+        "--residency",
+        action="append",
+        default=[],
+        metavar="MODEL=RESIDENCY",
+        help="where MODEL's weights live: system (default: host copy, loaded on demand), "
+        "device (pinned on the device), unpinned (re-read from the file per load); repeatable",
+    )
+    parser.add_argument(
+        "--compaction-interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
+    )
+
+
+def _weight_cache_options(args: argparse.Namespace) -> Any:
+    """The ``WeightCacheOptions`` of :func:`_add_weight_cache_options`'s arguments.
+
+    Raises:
+        InvalidArgumentError: a malformed ``--residency``.
+    """
+    from hloserve.model_repository_tools import WeightCacheOptions
+    from hloserve.model_repository_tools.names import parse_residency
+
+    try:
+        residency = parse_residency(",".join(args.residency))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--residency: {exc}") from None
+    return WeightCacheOptions(
+        weight_cache_bytes=args.weight_cache_bytes,
+        residency=residency,
+        compaction_interval=args.compaction_interval,
     )
 
 
@@ -182,6 +223,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         metavar="US",
         help="dynamic batcher queue delay when building, microseconds (500)",
     )
+    _add_weight_cache_options(serve)
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
     serve.add_argument(
         "--startup-timeout",
@@ -256,30 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="dynamic batcher max_queue_delay_microseconds (default: 500)",
     )
-    build.add_argument(
-        "--weight-cache-bytes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="byte budget of the runtime's device weight cache, pinned models included "
-        "(default: 0 = no budget, every model's weights stay on the device); "
-        "docs/on_demand_weights.md",
-    )
-    build.add_argument(
-        "--residency",
-        action="append",
-        default=[],
-        metavar="MODEL=RESIDENCY",
-        help="where MODEL's weights live: system (default: host copy, loaded on demand), "
-        "device (pinned on the device), unpinned (re-read from the file per load); repeatable",
-    )
-    build.add_argument(
-        "--compaction-interval",
-        type=int,
-        default=0,
-        metavar="N",
-        help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
-    )
+    _add_weight_cache_options(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )

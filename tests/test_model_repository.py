@@ -558,3 +558,17 @@ def test_residency_text_round_trips() -> None:
     assert names.parse_residency(text) == {"a": "device", "b": "unpinned"}
     assert names.parse_residency(" a = Device , ") == {"a": "device"}
     assert names.parse_residency("") == {}
+
+
+def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
+    from hloserve.model_repository_tools import WeightCacheOptions
+    from hloserve.node.serve import ServeOptions, prepared_repository
+
+    options = ServeOptions(
+        path=bundles, weight_cache=WeightCacheOptions(4096, {"tiny": "unpinned"})
+    )
+    with prepared_repository(options) as repo:
+        config = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
+        params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params[names.PARAM_WEIGHT_CACHE_BYTES] == "4096"
+    assert params[names.PARAM_RESIDENCY] == "tiny=unpinned"

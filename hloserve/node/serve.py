@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from hloserve.errors import InvalidArgumentError, NotFoundError
 from hloserve.node.tritonserver import (
@@ -28,6 +29,9 @@ from hloserve.node.tritonserver import (
     TritonServerError,
     TritonServerOptions,
 )
+
+if TYPE_CHECKING:  # the build code is imported when a repository is built
+    from hloserve.model_repository_tools.build import WeightCacheOptions
 
 log = logging.getLogger("hloserve.serve")
 
@@ -56,6 +60,8 @@ class ServeOptions:
             temporary directory removed at exit.
         front_instances: CPU instances of each front model (``instance_group.count``).
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
+        weight_cache: the runtime's weight cache settings when building from bundles
+            (docs/on_demand_weights.md); None = no budget.
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -71,6 +77,7 @@ class ServeOptions:
     repository_out: Path | None = None
     front_instances: int = 2
     max_queue_delay_us: int = 500
+    weight_cache: WeightCacheOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -112,6 +119,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             out,
             front_instances=options.front_instances,
             max_queue_delay_us=options.max_queue_delay_us,
+            weight_cache=options.weight_cache,
             overwrite=True,
         )
         yield out
