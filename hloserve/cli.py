@@ -134,6 +134,15 @@ def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
         "docs/on_demand_weights.md",
     )
     parser.add_argument(
+        "--weight-cache-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="instead of --weight-cache-bytes: the budget as a fraction in (0, 1] of the device "
+        "memory free when the runtime starts (no budget on CPU); execution scratch is not "
+        "reserved, so leave room",
+    )
+    parser.add_argument(
         "--residency",
         action="append",
         default=[],
@@ -165,6 +174,7 @@ def _weight_cache_options(args: argparse.Namespace) -> Any:
         raise InvalidArgumentError(f"--residency: {exc}") from None
     return WeightCacheOptions(
         weight_cache_bytes=args.weight_cache_bytes,
+        weight_cache_fraction=args.weight_cache_fraction,
         residency=residency,
         compaction_interval=args.compaction_interval,
     )

@@ -536,6 +536,8 @@ def test_default_build_writes_no_weight_cache_parameters(bundles: Path, tmp_path
         (["--residency", "tiny=device", "--residency", "tiny=unpinned"], "twice"),
         (["--weight-cache-bytes", "-1"], ">= 0"),
         (["--compaction-interval", "-2"], ">= 0"),
+        (["--weight-cache-fraction", "1.5"], "(0, 1]"),
+        (["--weight-cache-fraction", "0.5", "--weight-cache-bytes", "9"], "not both"),
     ],
 )
 def test_bad_weight_cache_options_are_refused(
@@ -565,10 +567,23 @@ def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
     from hloserve.node.serve import ServeOptions, prepared_repository
 
     options = ServeOptions(
-        path=bundles, weight_cache=WeightCacheOptions(4096, {"tiny": "unpinned"})
+        path=bundles,
+        weight_cache=WeightCacheOptions(weight_cache_bytes=4096, residency={"tiny": "unpinned"}),
     )
     with prepared_repository(options) as repo:
         config = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
         params = {k: v.string_value for k, v in config.parameters.items()}
     assert params[names.PARAM_WEIGHT_CACHE_BYTES] == "4096"
     assert params[names.PARAM_RESIDENCY] == "tiny=unpinned"
+
+
+def test_weight_cache_fraction_is_written_and_validated(bundles: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    assert (
+        main(["repo", "build", str(bundles), "-o", str(repo), "--weight-cache-fraction", "0.8"])
+        == 0
+    )
+    config = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
+    assert config.parameters[names.PARAM_WEIGHT_CACHE_FRACTION].string_value == "0.8"
+    assert names.PARAM_WEIGHT_CACHE_BYTES not in config.parameters
+    assert validate_repository(repo) == []

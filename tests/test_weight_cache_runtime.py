@@ -153,3 +153,45 @@ def test_bad_parameters_are_refused(repo: Path, params: dict[str, str], needle: 
 
 def test_residency_values_match_the_repository_names() -> None:
     assert tuple(r.value for r in Residency) == names.RESIDENCIES
+
+
+class FakeDevice:
+    def __init__(self, stats: dict[str, int] | None) -> None:
+        self.stats = stats
+
+    def memory_stats(self) -> dict[str, int] | None:
+        return self.stats
+
+    def __str__(self) -> str:
+        return "FakeDevice"
+
+
+def test_budget_as_a_fraction_of_free_device_memory(repo: Path) -> None:
+    from hloserve.triton_backend.runtime import weight_cache_from_args
+
+    args = _args(repo, ["m0"], **{names.PARAM_WEIGHT_CACHE_FRACTION: "0.5"})
+    device = FakeDevice({"bytes_limit": 10_000, "bytes_in_use": 2_000})
+    assert weight_cache_from_args(args, {"m0"}, device=device).budget_bytes == 4_000
+    # no memory statistics (the CPU device): no budget
+    assert weight_cache_from_args(args, {"m0"}, device=FakeDevice(None)).budget_bytes is None
+    runtime = RuntimeModel.from_args(args, preload=False)  # JAX's CPU device
+    assert isinstance(runtime.store, WeightCache) and runtime.store.budget_bytes is None
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({names.PARAM_WEIGHT_CACHE_FRACTION: "1.5"}, "(0, 1]"),
+        ({names.PARAM_WEIGHT_CACHE_FRACTION: "half"}, "(0, 1]"),
+        (
+            {names.PARAM_WEIGHT_CACHE_FRACTION: "0.5", names.PARAM_WEIGHT_CACHE_BYTES: "10"},
+            "keep one",
+        ),
+    ],
+)
+def test_bad_fraction_is_refused(repo: Path, params: dict[str, str], needle: str) -> None:
+    from hloserve.triton_backend.runtime import weight_cache_from_args
+
+    with pytest.raises(HloserveError) as info:
+        weight_cache_from_args(_args(repo, ["m0"], **params), {"m0"}, device=FakeDevice(None))
+    assert info.value.status is Status.INVALID_ARGUMENT and needle in info.value.message

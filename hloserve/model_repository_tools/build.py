@@ -36,18 +36,21 @@ class RepositoryError(InvalidArgumentError):
     """The repository cannot be built as asked (name collision, target exists, no bundles)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WeightCacheOptions:
     """The runtime's weight cache settings, written to its config (docs/on_demand_weights.md).
 
     Attributes:
         weight_cache_bytes: byte budget for all weights (pinned included); 0 (default) = no
             budget, every model's weights stay on the device.
+        weight_cache_fraction: instead of bytes, the budget as a fraction in (0, 1] of the
+            device memory free at the runtime's start; 0 (default) = unused.
         residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
         compaction_interval: on-demand loads between compactions; 0 (default) = off.
     """
 
     weight_cache_bytes: int = 0
+    weight_cache_fraction: float = 0.0
     residency: Mapping[str, str] = field(default_factory=dict)
     compaction_interval: int = 0
 
@@ -154,6 +157,7 @@ def plan_repository(
         runtime = runtime_config(
             [(b.name, b.manifest) for b in bundles],
             weight_cache_bytes=cache.weight_cache_bytes,
+            weight_cache_fraction=cache.weight_cache_fraction,
             residency=cache.residency,
             compaction_interval=cache.compaction_interval,
         )

@@ -97,6 +97,7 @@ def runtime_config(
     models: Sequence[tuple[str, Manifest]],
     *,
     weight_cache_bytes: int = 0,
+    weight_cache_fraction: float = 0.0,
     residency: Mapping[str, str] | None = None,
     compaction_interval: int = 0,
 ) -> Any:
@@ -110,17 +111,22 @@ def runtime_config(
         models: (name, manifest) of every bundle.
         weight_cache_bytes: weight cache budget in bytes (docs/on_demand_weights.md); 0 = none.
             Written as ``hloserve.weight_cache_bytes`` when > 0.
+        weight_cache_fraction: instead of bytes, the budget as a fraction of the device memory
+            free at the runtime's start, in (0, 1]; 0 = unused. Written as
+            ``hloserve.weight_cache_fraction`` when > 0.
         residency: model -> one of ``names.RESIDENCIES``; non-default ones are written as
             ``hloserve.residency``.
         compaction_interval: on-demand loads between compactions; 0 = off. Written as
             ``hloserve.compaction_interval`` when > 0.
 
     Raises:
-        InvalidArgumentError: a negative number, an unknown residency, or a residency for a
-            model not in ``models``.
+        InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
+            an unknown residency, or a residency for a model not in ``models``.
     """
     residency = dict(residency or {})
-    _check_cache_options(models, weight_cache_bytes, residency, compaction_interval)
+    _check_cache_options(
+        models, weight_cache_bytes, weight_cache_fraction, residency, compaction_interval
+    )
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -151,6 +157,9 @@ def runtime_config(
     )
     cache = {
         names.PARAM_WEIGHT_CACHE_BYTES: str(weight_cache_bytes) if weight_cache_bytes else "",
+        names.PARAM_WEIGHT_CACHE_FRACTION: repr(weight_cache_fraction)
+        if weight_cache_fraction
+        else "",
         names.PARAM_RESIDENCY: names.format_residency(residency),
         names.PARAM_COMPACTION_INTERVAL: str(compaction_interval) if compaction_interval else "",
     }
@@ -161,12 +170,17 @@ def runtime_config(
 def _check_cache_options(
     models: Sequence[tuple[str, Manifest]],
     weight_cache_bytes: int,
+    weight_cache_fraction: float,
     residency: Mapping[str, str],
     compaction_interval: int,
 ) -> None:
     problems = []
     if weight_cache_bytes < 0:
         problems.append(f"weight cache bytes must be >= 0, got {weight_cache_bytes}")
+    if not 0.0 <= weight_cache_fraction <= 1.0:
+        problems.append(f"weight cache fraction must be in (0, 1], got {weight_cache_fraction}")
+    if weight_cache_bytes and weight_cache_fraction:
+        problems.append("give the weight cache budget as bytes or as a fraction, not both")
     if compaction_interval < 0:
         problems.append(f"compaction interval must be >= 0, got {compaction_interval}")
     known = {n for n, _ in models}

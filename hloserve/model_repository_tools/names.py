@@ -40,6 +40,11 @@ BUNDLES_SEPARATOR = ","
 #: a decimal integer; absent or "0" = no budget (every model's weights stay on the device).
 #: docs/on_demand_weights.md.
 PARAM_WEIGHT_CACHE_BYTES = "hloserve.weight_cache_bytes"
+#: Runtime parameter (instead of :data:`PARAM_WEIGHT_CACHE_BYTES`): the budget as this fraction
+#: (0 < f <= 1, decimal text) of the device memory free when the runtime starts
+#: (``bytes_limit - bytes_in_use`` of ``Device.memory_stats()``); no budget where the device
+#: reports no statistics (CPU).
+PARAM_WEIGHT_CACHE_FRACTION = "hloserve.weight_cache_fraction"
 #: Runtime parameter: residency of the models that do not use :data:`DEFAULT_RESIDENCY`, as
 #: ``"<model>=<residency>,..."`` sorted by model (:func:`format_residency`); absent = all default.
 PARAM_RESIDENCY = "hloserve.residency"

@@ -159,6 +159,14 @@ def _cache_settings(runtime: Any) -> dict[str, Any]:
             if not value.strip().isdigit():
                 raise ValueError(f"{key} is {value!r}, not a non-negative integer")
             settings[arg] = int(value)
+    fraction = parameter(runtime, names.PARAM_WEIGHT_CACHE_FRACTION)
+    if fraction is not None:
+        try:
+            settings["weight_cache_fraction"] = float(fraction)
+        except ValueError:
+            raise ValueError(
+                f"{names.PARAM_WEIGHT_CACHE_FRACTION} is {fraction!r}, not a number"
+            ) from None
     residency = parameter(runtime, names.PARAM_RESIDENCY)
     if residency is not None:
         settings["residency"] = names.parse_residency(residency)

@@ -139,7 +139,13 @@ class RuntimeModel:
             )
         kwargs.setdefault("preload", preload == "true")
         if "store" not in kwargs:
-            kwargs["store"] = weight_cache_from_args(args, set(registry), observer=observer)
+            if kwargs.get("device") is None:
+                import jax
+
+                kwargs["device"] = jax.devices()[0]
+            kwargs["store"] = weight_cache_from_args(
+                args, set(registry), device=kwargs["device"], observer=observer
+            )
         return cls(registry, **kwargs)
 
     @property
@@ -317,18 +323,23 @@ class RuntimeModel:
 
 
 def weight_cache_from_args(
-    args: ModelArgs, models: set[str], *, observer: ObserverFactory | None = None
+    args: ModelArgs,
+    models: set[str],
+    *,
+    device: Any = None,
+    observer: ObserverFactory | None = None,
 ) -> WeightCache:
     """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md).
 
-    ``hloserve.weight_cache_bytes`` (absent/0: no budget), ``hloserve.residency``
-    (``model=residency,...``), ``hloserve.compaction_interval`` (absent/0: off). Logs the
-    budget it chose.
+    ``hloserve.weight_cache_bytes`` (absent/0: no budget) or ``hloserve.weight_cache_fraction``
+    (of ``device``'s free memory now), ``hloserve.residency`` (``model=residency,...``),
+    ``hloserve.compaction_interval`` (absent/0: off). Logs the budget it chose.
 
     Raises:
-        InvalidArgumentError: a malformed value, or a residency for a model not in ``models``.
+        InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for
+            a model not in ``models``.
     """
-    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
+    budget = _budget(args, device)
     interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
     try:
         listed = names.parse_residency(args.parameter(names.PARAM_RESIDENCY, ""))
@@ -359,6 +370,48 @@ def weight_cache_from_args(
         compaction_interval=interval,
         observer=observer(budget or None, sorted(models)) if observer else None,
     )
+
+
+def _budget(args: ModelArgs, device: Any) -> int:
+    """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
+    ``device``'s free memory (``bytes_limit - bytes_in_use``); 0 = no budget."""
+    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
+    text = args.parameter(names.PARAM_WEIGHT_CACHE_FRACTION, "").strip()
+    if not text:
+        return budget
+    key = names.PARAM_WEIGHT_CACHE_FRACTION
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0.0 < fraction <= 1.0:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {key!r} must be a number in (0, 1], got {text!r}"
+        )
+    if budget:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and {key!r} "
+            "both set the budget; keep one"
+        )
+    try:
+        stats = device.memory_stats() if device is not None else None
+    except (AttributeError, RuntimeError):
+        stats = None
+    if not stats or "bytes_limit" not in stats:
+        log.info("weight cache: %s = %s but %s reports no memory statistics", key, text, device)
+        return 0
+    limit, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
+    budget = max(int(fraction * (limit - used)), 1)
+    log.info(
+        "weight cache: budget %d bytes = %s x (bytes_limit %d - bytes_in_use %d) of %s; "
+        "execution scratch is not reserved",
+        budget,
+        text,
+        limit,
+        used,
+        device,
+    )
+    return budget
 
 
 def _count_parameter(args: ModelArgs, key: str) -> int:
