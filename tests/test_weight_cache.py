@@ -460,3 +460,11 @@ def test_status_table_from_prometheus_text() -> None:
     with pytest.raises(HloserveError) as info:
         cache_status("nv_inference_count 1\n")
     assert info.value.status is Status.INVALID_ARGUMENT
+
+
+def test_remove_while_in_use_does_not_delete_the_arrays_under_the_execution() -> None:
+    cache, _, _ = make(2 * KIB, {"a": KIB})
+    arrays = cache.acquire("a")
+    cache.remove("a")
+    assert not arrays[0].deleted and cache.resident_bytes == 0
+    cache.release("a")  # unknown now: a no-op

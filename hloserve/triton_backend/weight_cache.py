@@ -318,7 +318,8 @@ class WeightCache:
             self._lru.pop(name, None)
             if model.resident is not None:
                 arrays, model.resident = model.resident, None
-                self._transfer.delete(arrays)
+                if model.in_use == 0:  # else an execution holds them: freed when it drops them
+                    self._transfer.delete(arrays)
             model.host = None
             self._released.notify_all()
 
