@@ -468,3 +468,20 @@ def test_remove_while_in_use_does_not_delete_the_arrays_under_the_execution() ->
     cache.remove("a")
     assert not arrays[0].deleted and cache.resident_bytes == 0
     cache.release("a")  # unknown now: a no-op
+
+
+def test_acquire_waiting_for_room_sees_a_removal() -> None:
+    cache, transfer, _ = make(KIB, {"a": KIB, "b": KIB}, wait_s=10)
+    cache.acquire("a")
+
+    def remove_b_then_release_a() -> None:
+        cache.remove("b")
+        cache.release("a")
+
+    timer = threading.Timer(0.05, remove_b_then_release_a)
+    timer.start()
+    with pytest.raises(HloserveError) as info:
+        cache.acquire("b")
+    timer.join()
+    assert info.value.status is Status.NOT_FOUND
+    assert transfer.to_device_calls == 1  # b was never loaded

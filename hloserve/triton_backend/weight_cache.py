@@ -295,6 +295,8 @@ class WeightCache:
                 self._check_fits(model)
                 self._maybe_compact()
                 self._make_room(model, deadline)
+                if self._models.get(name) is not model:  # removed while we waited
+                    raise NotFoundError(f"weights of model {name!r} were removed")
                 if model.resident is None:  # another thread may have loaded it meanwhile
                     self._load(model)
             if not model.pinned:
