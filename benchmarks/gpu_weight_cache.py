@@ -3,13 +3,15 @@
     python benchmarks/gpu_weight_cache.py                 # 1 GiB model, on the first device
     python benchmarks/gpu_weight_cache.py --bytes 4MiB    # a quick run (CPU too)
     python benchmarks/gpu_weight_cache.py --tensors 256   # per-transfer overhead (DESIGN.md)
+    python benchmarks/gpu_weight_cache.py --tensors 256 --packed 64MiB   # ... packed
 
 For the GPU machine (Python 3.12, JAX 0.11.2, numpy 2.5, no Triton): run from the repository
 root; it needs only numpy, JAX and ``hloserve/`` (put on ``sys.path`` from here; the weight cache
 imports nothing else). It measures, for one model of ``--bytes`` of f32 weights in
 ``--tensors`` arrays:
 
-(a) a cold load by the cache (:class:`WeightCache` with :class:`JaxTransfer`, residency
+(a) a cold load by the cache (:class:`WeightCache` with :class:`JaxTransfer`, or with
+    :class:`PackedJaxTransfer` given ``--packed CHUNK``; residency
     ``system``: the host tier is in the ``pinned_host`` memory kind on a GPU) -- the model is
     evicted between repetitions;
 (b) a bare ``jax.device_put`` of the same arrays from ``pinned_host`` memory;
@@ -90,6 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tensors", type=int, default=1, help="weight arrays (1)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions (5)")
     parser.add_argument("--platform", default=None, help="JAX platform (default: JAX's first)")
+    parser.add_argument(
+        "--packed",
+        type=parse_bytes,
+        default=0,
+        metavar="CHUNK",
+        help="(a) with PackedJaxTransfer: weights packed in host chunks of CHUNK bytes, one "
+        "transfer per chunk, split on the device (default: JaxTransfer, one per array)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -97,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from hloserve.triton_backend.weight_cache import JaxTransfer, WeightCache, memory_sharding
+    from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer, memory_sharding
+    from hloserve.triton_backend.weight_cache import WeightCache
 
     device = jax.devices(args.platform)[0] if args.platform else jax.devices()[0]
     items = args.bytes // 4 // args.tensors
@@ -126,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # (a) the cache: cold loads from the host tier, evicted between repetitions
     before = in_use(device)
-    cache = WeightCache(2 * nbytes, transfer=JaxTransfer())
+    transfer = PackedJaxTransfer(args.packed) if args.packed else JaxTransfer()
+    cache = WeightCache(2 * nbytes, transfer=transfer)
     cache.add_weights("model", ArraySource(pageable), device)
     after_host = in_use(device)
 
@@ -154,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if pinned is not pageable:
         delete(pinned)
 
-    rows = [("(a) cache cold load", cache_s), ("(b) device_put pinned", pinned_s)]
+    packed = f", packed {args.packed / 2**20:g} MiB" if args.packed else ""
+    rows = [(f"(a) cache cold load{packed}", cache_s), ("(b) device_put pinned", pinned_s)]
     rows.append(("(c) device_put pageable", pageable_s))
     for label, seconds in rows:
         median = statistics.median(seconds)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, Status
+from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer
 from hloserve.triton_backend.weight_cache import (
-    JaxTransfer,
     Residency,
     WeightCache,
     mmap_safetensors,
@@ -485,3 +485,62 @@ def test_acquire_waiting_for_room_sees_a_removal() -> None:
     timer.join()
     assert info.value.status is Status.NOT_FOUND
     assert transfer.to_device_calls == 1  # b was never loaded
+
+
+@pytest.mark.usefixtures("restore_x64")
+@pytest.mark.parametrize("chunk_bytes", [64, 1 << 20])
+def test_packed_transfer_round_trips_every_dtype_on_cpu(chunk_bytes: int) -> None:
+    import jax
+    import ml_dtypes
+
+    jax.config.update("jax_enable_x64", True)
+    device = jax.devices("cpu")[0]
+    rng = np.random.default_rng(7)
+    arrays = [
+        rng.standard_normal((3, 5)).astype(np.float32),
+        rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+        rng.integers(-(2**40), 2**40, (2, 2)).astype(np.int64),
+        np.array([True, False, True]),
+        rng.integers(0, 255, 100).astype(np.uint8),
+        rng.integers(-100, 100, 9).astype(np.int8),
+        np.array(3.5, np.float16),  # a scalar
+        np.zeros((0, 4), np.float32),  # empty
+        rng.standard_normal(40).astype(np.float64),
+    ]
+    transfer = PackedJaxTransfer(chunk_bytes)
+    host = transfer.to_host(arrays, device)
+    assert len(host) == 1
+    chunks = len(host[0].chunks)
+    assert chunks > 1 if chunk_bytes == 64 else chunks == 1
+    placed = transfer.to_device(host, device)
+    for got, want in zip(placed, arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+    transfer.delete(placed)
+    again = transfer.to_device(host, device)  # a reload from the same host tier
+    np.testing.assert_array_equal(np.asarray(again[2]), arrays[2])
+    plain = transfer.to_device(arrays[:1], device)  # unpacked arrays (unpinned): as JaxTransfer
+    np.testing.assert_array_equal(np.asarray(plain[0]), arrays[0])
+
+
+def test_cache_with_packed_transfer_serves_the_right_weights() -> None:
+    import jax
+
+    device = jax.devices("cpu")[0]
+    cache = WeightCache(2 * KIB, transfer=PackedJaxTransfer(KIB))
+    values = {n: np.full(KIB // 4, i, np.float32) for i, n in enumerate("abc")}
+
+    class Source:
+        def __init__(self, array: np.ndarray) -> None:
+            self.array, self.nbytes = array, array.nbytes
+
+        def read(self) -> list[np.ndarray]:
+            return [self.array]
+
+    for name, array in values.items():
+        cache.add_weights(name, Source(array), device)
+    for name in "abcabc":
+        (weights,) = cache.acquire(name)
+        np.testing.assert_array_equal(np.asarray(weights), values[name])
+        cache.release(name)
+    assert cache.stats().evictions > 0

@@ -51,6 +51,7 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
+from hloserve.triton_backend.transfer import JaxTransfer
 
 if TYPE_CHECKING:  # the policy imports only numpy and hloserve.errors (benchmarks need no more)
     from hloserve.bundle import Bundle
@@ -520,62 +521,6 @@ def mmap_safetensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
     return arrays
 
 
-class JaxTransfer:
-    """:class:`Transfer` with JAX: pinned host memory on accelerators, NumPy on CPU.
-
-    Each array moves in its own ``jax.device_put`` (batched in one call). DESIGN.md measured
-    ``pinned_host`` -> device at 45-48 GB/s against 7-8 GB/s from pageable NumPy (H200).
-    """
-
-    def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:
-        if not arrays:
-            return []
-        sharding = memory_sharding(device, "pinned_host")
-        if sharding is None:
-            return [np.array(a, copy=True, order="C") for a in arrays]
-        import jax
-
-        placed = list(jax.device_put(list(arrays), sharding))
-        jax.block_until_ready(placed)
-        return placed
-
-    def to_device(self, arrays: Sequence[Any], device: Any) -> list[Any]:
-        if not arrays:
-            return []
-        import jax
-
-        target = memory_sharding(device, None) or device
-        placed = list(jax.device_put(list(arrays), target))
-        jax.block_until_ready(placed)
-        return placed
-
-    def delete(self, arrays: Sequence[Any]) -> None:
-        for array in arrays:
-            if hasattr(array, "delete") and not array.is_deleted():
-                array.delete()
-
-
-def memory_sharding(device: Any, memory_kind: str | None) -> Any:
-    """``SingleDeviceSharding(device, memory_kind)``; None for the default kind, or when
-    ``device`` does not offer ``memory_kind`` (CPU has no ``pinned_host`` tier worth using)."""
-    from jax.sharding import SingleDeviceSharding
-
-    if memory_kind is None:
-        try:
-            memory_kind = device.default_memory().kind
-        except (AttributeError, RuntimeError, ValueError):
-            return None
-    elif device.platform == "cpu":
-        return None
-    try:
-        kinds = {m.kind for m in device.addressable_memories()}
-    except (AttributeError, RuntimeError, ValueError):
-        return None
-    if memory_kind not in kinds:
-        return None
-    return SingleDeviceSharding(device, memory_kind=memory_kind)
-
-
 def _size(nbytes: int) -> str:
     """``"3.0 MiB (3145728 bytes)"``."""
     value = float(nbytes)
@@ -592,12 +537,10 @@ __all__ = [
     "BundleWeights",
     "CacheObserver",
     "CacheStats",
-    "JaxTransfer",
     "ModelStats",
     "Residency",
     "Transfer",
     "WeightCache",
     "WeightSource",
-    "memory_sharding",
     "mmap_safetensors",
 ]
