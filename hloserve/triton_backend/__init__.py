@@ -12,6 +12,7 @@ Modules:
     weight_cache: :class:`~hloserve.triton_backend.weight_cache.WeightCache`, on-demand weights:
               LRU device cache under a byte budget, residency tiers (docs/on_demand_weights.md).
     metrics:  weight cache events -> Triton custom metrics (pb_utils passed in).
+    transfer: host <-> device weight copies with JAX (per array, or packed in chunks).
     pb:       pb_utils adapters: the Status -> TritonError code table, DLPack tensor moves
               (bf16 included), the runtime's status tags, ``initialize`` args.
     compile:  the one compile path (StableHLO portable artifact -> loaded executable).

@@ -23,7 +23,7 @@ weights exceed the budget left by the pinned models fails its :meth:`~WeightCach
 retrying is pointless (ReactantServer loads it anyway with a warning). Without a budget
 (``budget_bytes=None``) every model is loaded at add and stays, like the all-resident store.
 
-The device side sits behind :class:`Transfer` (:class:`JaxTransfer` in production), so the
+The device side sits behind :class:`Transfer` (:mod:`hloserve.triton_backend.transfer`), so the
 policy is unit-tested without JAX devices. This module imports only NumPy and
 :mod:`hloserve.errors` (JAX and the bundle code on use).
 """
