@@ -352,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # JAX logs its platform probing at INFO through a handler of its own: keep it to warnings.
+    logging.getLogger("jax").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.func(args))
     except HloserveError as exc:

@@ -94,3 +94,68 @@ def test_serve_refuses_a_directory_without_bundles_or_models(tmp_path: Path) -> 
     )
     assert result.returncode == 1
     assert "neither a bundles directory" in result.stderr
+
+
+def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hloserve.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )  # fmt: skip
+
+
+def test_serve_refuses_to_replace_a_foreign_repository_out(tmp_path: Path) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    result = run_cli("serve", bundles, "--repository-out", precious)
+    assert result.returncode == 1
+    assert "error (FAILED_PRECONDITION)" in result.stderr and "not a repository hloserve built" in (
+        result.stderr
+    )
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_serve_refuses_bad_ports_before_starting(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text('name: "m"')
+    result = run_cli("serve", tmp_path, "--http-port", "70000")
+    assert result.returncode == 1 and "HTTP port 70000 is not in 1..65535" in result.stderr
+    result = run_cli("serve", tmp_path, "--http-port", "9000", "--grpc-port", "9000")
+    assert result.returncode == 1 and "three different ports" in result.stderr
+
+
+def test_explicit_mode_loads_the_runtime_with_the_named_models(tmp_path: Path) -> None:
+    from hloserve.node.serve import ServeOptions, server_options
+
+    options = ServeOptions(path=tmp_path, model_control_mode="explicit", load_models=("digits",))
+    assert tuple(server_options(options, tmp_path).load_models) == ("digits", "hloserve_runtime")
+
+
+def test_sigkill_of_serve_takes_tritonserver_down_too(tmp_path: Path) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--http-port", str(http),
+             "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
+    server_pid = int(re.findall(r"\d+", pid_line)[0])
+    wait_for_line(log, r"hloserve: ready after", proc, 240)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while _session_pids(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leftover = _session_pids(server_pid)
+    for pid in leftover:  # never leave a server behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert leftover == [], "tritonserver outlived a SIGKILLed `hloserve serve`"

@@ -11,6 +11,7 @@ Ctrl-C/SIGTERM shuts down leaving no tritonserver or stub process behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from hloserve.errors import InvalidArgumentError, NotFoundError
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.node.tritonserver import (
     ModelControlMode,
     TritonServer,
@@ -34,6 +35,13 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.build import WeightCacheOptions
 
 log = logging.getLogger("hloserve.serve")
+
+
+class FailedPreconditionError(HloserveError):
+    """The command would destroy something it does not own."""
+
+    status = Status.FAILED_PRECONDITION
+
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -112,6 +120,13 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
         out = scratch / "repository"
     else:
         out = options.repository_out
+        from hloserve.model_repository_tools import names
+
+        if out.exists() and not (out / names.RUNTIME_MODEL / "config.pbtxt").is_file():
+            raise FailedPreconditionError(
+                f"--repository-out {out} exists and is not a repository hloserve built; "
+                "choose a new path (hloserve replaces only its own repositories)"
+            )
     try:
         log.info("building the model repository from bundles in %s into %s", path, out)
         build_repository(
@@ -131,12 +146,25 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models.
 
-    ``--exit-on-error=false`` and
-    ``--strict-readiness=false`` keep the server up and ready when one model fails to load, so
-    the others keep serving (the failure is reported by :func:`model_states`).
+    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep the server up and ready
+    when one model fails to load, so the others keep serving (the failure is reported by
+    :func:`model_states`). In explicit mode the runtime model is loaded with the named models.
+
+    Raises:
+        InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
     """
+    from hloserve.model_repository_tools import names
     from hloserve.triton_backend.backends import backend_dirs
 
+    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
+    for endpoint, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+    if len(set(ports.values())) != len(ports):
+        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    load_models = tuple(options.load_models)
+    if load_models and "*" not in load_models and names.RUNTIME_MODEL not in load_models:
+        load_models += (names.RUNTIME_MODEL,)  # every front needs it; else requests wait 120 s
     return TritonServerOptions(
         model_repository=repository,
         http_port=options.http_port,
@@ -144,7 +172,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         metrics_port=options.metrics_port,
         host=options.host,
         model_control_mode=options.model_control_mode,
-        load_models=tuple(options.load_models),
+        load_models=load_models,
         extra_backend_dirs=backend_dirs(),
         extra_args=(
             "--exit-on-error=false",
@@ -173,7 +201,12 @@ def run_serve(options: ServeOptions) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with prepared_repository(options) as repository:
-            server = TritonServer(server_options(options, repository))
+            if stop.is_set():  # Ctrl-C while the repository was being built
+                return 0
+            # die_with_parent: a SIGKILLed `hloserve serve` leaves no orphan tritonserver.
+            server = TritonServer(
+                dataclasses.replace(server_options(options, repository), die_with_parent=True)
+            )
             server.start()
             try:
                 urls = server.urls
@@ -196,8 +229,14 @@ def run_serve(options: ServeOptions) -> int:
                         flush=True,
                     )
                 while not stop.wait(0.5):
-                    if not server.is_running():
-                        print(f"hloserve: tritonserver exited\n{server.log_tail()}", flush=True)
+                    code = server.exit_code()
+                    if code is not None:
+                        how = (
+                            f"was killed by {signal.Signals(-code).name}"
+                            if code < 0
+                            else f"exited with code {code}"
+                        )
+                        print(f"hloserve: tritonserver {how} (its log is above)", flush=True)
                         return 1
             finally:
                 server.stop()

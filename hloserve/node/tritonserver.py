@@ -302,6 +302,10 @@ class TritonServer:
         """Process id of tritonserver (also its process group and session id), or None."""
         return None if self._process is None else self._process.pid
 
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited (negative: killed by that signal)."""
+        return None if self._process is None else self._process.poll()
+
     def is_running(self) -> bool:
         """Whether the tritonserver process has been started and has not exited."""
         return self._process is not None and self._process.poll() is None
