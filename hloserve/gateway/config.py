@@ -1,0 +1,315 @@
+"""Typed settings of ``hloserve gateway``: a YAML file plus ``HLOSERVE_GATEWAY_*`` overrides.
+
+The keys, their meaning and their defaults follow ReactantServer's gateway
+(reference/reactantserver_features.md, rows 62, 65, 69-74 and 77); units are in each field's
+name or description. Nothing is read at import time: call :func:`load_config`.
+
+Environment overrides use ONE scheme. A variable named ``HLOSERVE_GATEWAY_<PATH>`` sets the
+field at ``<PATH>``, where ``<PATH>`` is the dotted key path upper-cased with ``__`` between
+levels::
+
+    HLOSERVE_GATEWAY_MODE=lpt_packing                      -> mode
+    HLOSERVE_GATEWAY_ADMIN_PORT=9002                       -> admin_port
+    HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2            -> scheduling.hysteresis
+    HLOSERVE_GATEWAY_UPSTREAM__REQUEST_TIMEOUT_SECONDS=30  -> upstream.request_timeout_seconds
+    HLOSERVE_GATEWAY_WORKERS=127.0.0.1:8101,127.0.0.1:8102 -> workers (comma list, replaces)
+
+Values are parsed like the YAML scalars they stand for (``true``, ``0.2``, ``all``). An
+override wins over the file. A variable with the prefix that names no field is an error (a
+typo must not be ignored silently); ``scheduling.models`` (a map) has no environment form.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hloserve.errors import InvalidArgumentError
+
+#: Prefix of every environment override.
+ENV_PREFIX = "HLOSERVE_GATEWAY_"
+
+#: Triton's and tritonclient's gRPC message limit (2 GiB - 1 byte; gRPC takes an int32).
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
+FillMode = Literal["run", "spread"]
+RoutingPolicy = Literal["fill_least", "fill_rr"]
+Replicas = int | Literal["all"]
+
+
+class GatewayConfigError(InvalidArgumentError):
+    """The gateway configuration is invalid; the message lists every problem with its key path."""
+
+
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port with a port in 1..65535, got {value!r}")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GrpcLimits(_Section):
+    """gRPC message-size limits of the gateway's server and of every upstream channel.
+
+    Attributes:
+        max_recv_msg_bytes: largest message received, bytes (default 2 GiB - 1, as Triton).
+        max_send_msg_bytes: largest message sent, bytes (default 2 GiB - 1, as Triton).
+    """
+
+    max_recv_msg_bytes: int = Field(default=MAX_GRPC_MESSAGE_BYTES, gt=0, le=MAX_GRPC_MESSAGE_BYTES)
+    max_send_msg_bytes: int = Field(default=MAX_GRPC_MESSAGE_BYTES, gt=0, le=MAX_GRPC_MESSAGE_BYTES)
+
+
+class UpstreamConfig(_Section):
+    """How the gateway talks to workers (ReactantServer row 65, ``worker_client``).
+
+    Attributes:
+        request_timeout_seconds: deadline of one forwarded inference call, seconds (60).
+        probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, row 63).
+    """
+
+    request_timeout_seconds: float = Field(default=60.0, gt=0)
+    probe_timeout_seconds: float = Field(default=8.0, gt=0)
+
+
+class DiscoveryConfig(_Section):
+    """Route discovery (ReactantServer row 63).
+
+    Attributes:
+        poll_interval_seconds: seconds between polls of every worker's RepositoryIndex,
+            ServerReady and statistics (10, ReactantServer's health interval).
+    """
+
+    poll_interval_seconds: float = Field(default=10.0, gt=0)
+
+
+class ModelScheduling(_Section):
+    """Per-model overrides of the ``lpt_packing`` knobs (ReactantServer rows 72-73).
+
+    Attributes:
+        replicas: distinct workers holding the model: a positive integer or ``"all"``
+            (1 when the entry is present).
+        fill_mode: ``run`` or ``spread``; None inherits ``scheduling.routing_fill_mode``.
+        fill_factor: multiplier of the max batch giving the fill quantum, > 0; None inherits
+            ``scheduling.routing_fill_factor``.
+    """
+
+    replicas: Replicas = 1
+    fill_mode: FillMode | None = None
+    fill_factor: float | None = Field(default=None, gt=0)
+
+    @field_validator("replicas")
+    @classmethod
+    def _positive(cls, value: Replicas) -> Replicas:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
+        return value
+
+
+class SchedulingConfig(_Section):
+    """Knobs of ``lpt_packing`` with ReactantServer's defaults (rows 69-74).
+
+    Attributes:
+        default_replicas: distinct workers per model, a positive integer or ``"all"`` (1).
+        forbid_memory_oversubscription: never place a model on a worker whose weight budget it
+            would overflow while a worker with room exists (true, row 69).
+        hysteresis: fraction in [0, 1); a model keeps its current worker unless another one
+            lowers its pressure by more than this fraction (0.0, row 69).
+        rebalance_compute_seconds: fleet compute-seconds (summed over workers) between two
+            traffic-driven repacks, seconds > 0 (300, row 71).
+        first_rebalance_compute_seconds: budget of the first traffic-driven repack, seconds
+            (60; 0 means use ``rebalance_compute_seconds``, row 71).
+        routing_fill_factor: fill quantum = worker-reported max batch x this factor, in
+            items (1.0, > 0, row 73).
+        routing_fill_mode: ``run`` spends one quantum on a replica before opening another;
+            ``spread`` equalizes in-flight items (``run``, row 73).
+        routing_policy: which replica opens a run: ``fill_least`` (least in-flight work) or
+            ``fill_rr`` (rotation) (``fill_least``, row 74).
+        models: per-model overrides, keyed by model name (no environment form).
+    """
+
+    default_replicas: Replicas = 1
+    forbid_memory_oversubscription: bool = True
+    hysteresis: float = Field(default=0.0, ge=0.0, lt=1.0)
+    rebalance_compute_seconds: float = Field(default=300.0, gt=0)
+    first_rebalance_compute_seconds: float = Field(default=60.0, ge=0)
+    routing_fill_factor: float = Field(default=1.0, gt=0)
+    routing_fill_mode: FillMode = "run"
+    routing_policy: RoutingPolicy = "fill_least"
+    models: dict[str, ModelScheduling] = Field(default_factory=dict)
+
+    @field_validator("default_replicas")
+    @classmethod
+    def _positive(cls, value: Replicas) -> Replicas:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
+        return value
+
+    def replicas_of(self, model: str) -> Replicas:
+        """Configured replica count of ``model`` (its own entry, else ``default_replicas``)."""
+        entry = self.models.get(model)
+        return entry.replicas if entry is not None else self.default_replicas
+
+    def fill_mode_of(self, model: str) -> FillMode:
+        """Fill mode of ``model`` (its own entry, else ``routing_fill_mode``)."""
+        entry = self.models.get(model)
+        if entry is not None and entry.fill_mode is not None:
+            return entry.fill_mode
+        return self.routing_fill_mode
+
+    def fill_factor_of(self, model: str) -> float:
+        """Fill factor of ``model`` (its own entry, else ``routing_fill_factor``)."""
+        entry = self.models.get(model)
+        if entry is not None and entry.fill_factor is not None:
+            return entry.fill_factor
+        return self.routing_fill_factor
+
+
+class GatewayConfig(_Section):
+    """Settings of one gateway process.
+
+    Attributes:
+        listen: host:port of the KServe V2 gRPC endpoint ("127.0.0.1:8001", Triton's gRPC port).
+        admin_port: port of the admin HTTP server (/healthz, /readyz, /metrics) on the listen
+            host (8002, Triton's metrics port).
+        workers: host:port of every worker's gRPC endpoint, at least one, no duplicates.
+        mode: ``round_robin`` (default), ``least_outstanding`` or ``lpt_packing`` (rows 66-69).
+        scheduling: ``lpt_packing`` knobs (ignored by the other modes).
+        discovery: route discovery settings.
+        upstream: timeouts of calls to workers.
+        grpc: message-size limits.
+    """
+
+    listen: str = "127.0.0.1:8001"
+    admin_port: int = Field(default=8002, ge=0, le=65535)
+    workers: tuple[str, ...] = Field(min_length=1)
+    mode: Mode = "round_robin"
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    grpc: GrpcLimits = Field(default_factory=GrpcLimits)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return _check_host_port(value)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for worker in value:
+            _check_host_port(worker)
+        duplicates = sorted({w for w in value if value.count(w) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
+        return value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Nested dict of the ``HLOSERVE_GATEWAY_*`` overrides, and the problems found."""
+    overrides: dict[str, Any] = {}
+    problems: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        model: type[BaseModel] = GatewayConfig
+        for i, key in enumerate(path):
+            field = model.model_fields.get(key)
+            if field is None or key == "models":
+                problems.append(f"{name}: names no setting ({'.'.join(path[: i + 1])})")
+                break
+            annotation = field.annotation
+            is_last = i == len(path) - 1
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                if is_last:
+                    problems.append(f"{name}: {'.'.join(path)} is a section, name one of its keys")
+                    break
+                model = annotation
+                continue
+            if not is_last:
+                problems.append(f"{name}: {'.'.join(path[: i + 1])} has no sub-keys")
+                break
+            raw = environ[name]
+            value: Any
+            if key == "workers":
+                value = [w.strip() for w in raw.split(",") if w.strip()]
+            else:
+                try:
+                    value = yaml.safe_load(raw) if raw.strip() else raw
+                except yaml.YAMLError:
+                    value = raw
+            target = overrides
+            for part in path[:-1]:
+                target = target.setdefault(part, {})
+            target[key] = value
+    return overrides, problems
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Read the gateway settings from a YAML file and ``HLOSERVE_GATEWAY_*`` variables.
+
+    Args:
+        path: a YAML mapping of the :class:`GatewayConfig` keys; None reads the environment
+            alone (then ``HLOSERVE_GATEWAY_WORKERS`` is required).
+        environ: the environment to read (``os.environ`` when None).
+
+    Returns:
+        The validated, frozen configuration.
+
+    Raises:
+        GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a
+            value out of range; the message names every offending key path.
+    """
+    data: dict[str, Any] = {}
+    source = "environment"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise GatewayConfigError(f"gateway config {path}: cannot read it: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise GatewayConfigError(f"gateway config {path}: expected a mapping at the top")
+        data = loaded
+    overrides, problems = _env_overrides(os.environ if environ is None else environ)
+    if problems:
+        raise GatewayConfigError("gateway config environment: " + "; ".join(problems))
+    data = _merge(data, overrides)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        found = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "required key is missing"
+            elif err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            found.append(f"{where}: {msg}")
+        raise GatewayConfigError(f"gateway config {source}: " + "; ".join(found)) from None

@@ -1,0 +1,164 @@
+"""Gateway settings: defaults (ReactantServer rows 62, 65, 69-74, 77), YAML, env overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hloserve.errors import GRPC_CODE, Status
+from hloserve.gateway.config import (
+    MAX_GRPC_MESSAGE_BYTES,
+    GatewayConfig,
+    GatewayConfigError,
+    load_config,
+)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_reactantserver(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "workers: ['127.0.0.1:8101']\n"), environ={})
+    assert config.listen == "127.0.0.1:8001"
+    assert config.admin_port == 8002
+    assert config.mode == "round_robin"  # row 66
+    s = config.scheduling
+    assert s.default_replicas == 1  # row 72
+    assert s.forbid_memory_oversubscription is True  # row 69
+    assert s.hysteresis == 0.0  # row 69
+    assert s.rebalance_compute_seconds == 300.0  # row 71
+    assert s.first_rebalance_compute_seconds == 60.0  # row 71
+    assert s.routing_fill_factor == 1.0  # row 73
+    assert s.routing_fill_mode == "run"  # row 73
+    assert s.routing_policy == "fill_least"  # row 74
+    assert config.discovery.poll_interval_seconds == 10.0  # row 63
+    assert config.upstream.request_timeout_seconds == 60.0  # row 65
+    assert config.grpc.max_recv_msg_bytes == MAX_GRPC_MESSAGE_BYTES == 2**31 - 1
+    assert config.grpc.max_send_msg_bytes == MAX_GRPC_MESSAGE_BYTES
+
+
+def test_yaml_file_with_every_section(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+listen: 127.0.0.1:9001
+admin_port: 9002
+workers: [127.0.0.1:8101, 127.0.0.1:8102]
+mode: lpt_packing
+scheduling:
+  default_replicas: all
+  hysteresis: 0.25
+  routing_fill_mode: spread
+  routing_policy: fill_rr
+  models:
+    resnet: {replicas: 2, fill_mode: run, fill_factor: 2.0}
+discovery: {poll_interval_seconds: 1.5}
+upstream: {request_timeout_seconds: 5}
+grpc: {max_recv_msg_bytes: 1048576}
+""",
+    )
+    config = load_config(path, environ={})
+    assert config.workers == ("127.0.0.1:8101", "127.0.0.1:8102")
+    assert config.mode == "lpt_packing"
+    s = config.scheduling
+    assert s.default_replicas == "all"
+    assert s.replicas_of("resnet") == 2
+    assert s.replicas_of("other") == "all"
+    assert s.fill_mode_of("resnet") == "run"
+    assert s.fill_mode_of("other") == "spread"
+    assert s.fill_factor_of("resnet") == 2.0
+    assert s.fill_factor_of("other") == 1.0
+    assert config.discovery.poll_interval_seconds == 1.5
+    assert config.grpc.max_recv_msg_bytes == 1048576
+
+
+def test_env_overrides_win_over_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "workers: ['127.0.0.1:8101']\nscheduling: {hysteresis: 0.1}\n")
+    config = load_config(
+        path,
+        environ={
+            "HLOSERVE_GATEWAY_MODE": "lpt_packing",
+            "HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS": "0.5",
+            "HLOSERVE_GATEWAY_SCHEDULING__DEFAULT_REPLICAS": "all",
+            "HLOSERVE_GATEWAY_SCHEDULING__FORBID_MEMORY_OVERSUBSCRIPTION": "false",
+            "HLOSERVE_GATEWAY_UPSTREAM__REQUEST_TIMEOUT_SECONDS": "2.5",
+            "HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8201, 127.0.0.1:8202",
+            "UNRELATED": "x",
+        },
+    )
+    assert config.mode == "lpt_packing"
+    assert config.scheduling.hysteresis == 0.5
+    assert config.scheduling.default_replicas == "all"
+    assert config.scheduling.forbid_memory_oversubscription is False
+    assert config.upstream.request_timeout_seconds == 2.5
+    assert config.workers == ("127.0.0.1:8201", "127.0.0.1:8202")
+
+
+def test_env_only_config() -> None:
+    config = load_config(environ={"HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8101"})
+    assert config.workers == ("127.0.0.1:8101",)
+
+
+def test_env_replica_count_as_integer() -> None:
+    config = load_config(
+        environ={
+            "HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8101",
+            "HLOSERVE_GATEWAY_SCHEDULING__DEFAULT_REPLICAS": "3",
+        }
+    )
+    assert config.scheduling.default_replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("HLOSERVE_GATEWAY_MOOD", "names no setting (mood)"),
+        ("HLOSERVE_GATEWAY_SCHEDULING__HYSTERISIS", "names no setting (scheduling.hysterisis)"),
+        ("HLOSERVE_GATEWAY_SCHEDULING", "scheduling is a section"),
+        ("HLOSERVE_GATEWAY_MODE__X", "mode has no sub-keys"),
+        ("HLOSERVE_GATEWAY_SCHEDULING__MODELS__A", "names no setting (scheduling.models)"),
+    ],
+)
+def test_env_typos_are_errors(name: str, expected: str) -> None:
+    with pytest.raises(GatewayConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        load_config(environ={"HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8101", name: "1"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("listen: 127.0.0.1:8001\n", "workers: required key is missing"),
+        ("workers: []\n", "workers: "),
+        ("workers: [nohost]\n", "expected host:port"),
+        ("workers: [a:1, a:1]\n", "duplicate worker endpoints: a:1"),
+        ("workers: [a:1]\nmode: fastest\n", "mode: "),
+        ("workers: [a:1]\nscheduling: {hysteresis: 1.0}\n", "scheduling.hysteresis: "),
+        ("workers: [a:1]\nscheduling: {default_replicas: 0}\n", "positive integer or 'all'"),
+        ("workers: [a:1]\nscheduling: {routing_policy: least_outstanding}\n", "routing_policy"),
+        ("workers: [a:1]\nscheduling: {routing_fill_factor: 0}\n", "routing_fill_factor"),
+        ("workers: [a:1]\nscheduling: {rebalance_compute_seconds: 0}\n", "rebalance_compute"),
+        ("workers: [a:1]\nlisten: 127.0.0.1:0\n", "listen: expected host:port"),
+        ("workers: [a:1]\ncolour: red\n", "colour: unknown key"),
+        ("- a\n", "expected a mapping"),
+        ("workers: [a:1]\ngrpc: {max_recv_msg_bytes: 4294967296}\n", "max_recv_msg_bytes"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(GatewayConfigError, match=expected) as info:
+        load_config(_write(tmp_path, text), environ={})
+    assert GRPC_CODE[info.value.status] == GRPC_CODE[Status.INVALID_ARGUMENT]
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(GatewayConfigError, match="cannot read it"):
+        load_config(tmp_path / "absent.yaml", environ={})
+
+
+def test_config_is_frozen() -> None:
+    config = GatewayConfig(workers=("127.0.0.1:8101",))
+    with pytest.raises(ValueError, match="frozen"):
+        config.mode = "lpt_packing"  # type: ignore[misc]
