@@ -28,6 +28,20 @@ TINY_PARAMS = {
 }
 
 
+def serving_options(repo: Path, log_file: Path | None = None) -> Any:
+    """tritonserver options as ``hloserve serve`` sets them, on free ports, for a repository."""
+    import dataclasses
+
+    from hloserve.node.serve import ServeOptions, server_options
+    from hloserve.node.tritonserver import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    options = ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics)
+    return dataclasses.replace(
+        server_options(options, repo), log_file=log_file, startup_timeout_s=180.0
+    )
+
+
 @pytest.fixture(scope="module")
 def restore_x64() -> Iterator[None]:
     """Give JAX's x64 mode back after a module whose runtime code turns it on for the process."""

@@ -28,6 +28,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import serving_options
 from test_triton_backend_bundles import (
     EXECUTABLE_TOKENS,
     TRANSPOSED_W,
@@ -68,7 +69,6 @@ def _export_big(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools.build import build_repository
-    from hloserve.triton_backend.backends import backend_dirs
 
     root = tmp_path_factory.mktemp("backend_triton")
     bundles = root / "bundles"
@@ -86,14 +86,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
         repo / "dtypes" / "1" / "bundle" / "model.b4.mlirbc",
         repo / "mismatched" / "1" / "bundle" / "model.b2.mlirbc",
     )
-    options = ts.TritonServerOptions.on_free_ports(
-        repo,
-        extra_backend_dirs=backend_dirs(),
-        log_file=root / "tritonserver.log",
-        startup_timeout_s=180.0,
-        # a model that fails to load must not stop the server, nor its readiness
-        extra_args=["--exit-on-error=false", "--strict-readiness=false"],
-    )
+    # as `hloserve serve` runs it: a model that fails to load leaves the server up and ready
+    options = serving_options(repo, root / "tritonserver.log")
     start = time.perf_counter()
     with ts.TritonServer(options) as server:
         print(f"tritonserver ready in {time.perf_counter() - start:.1f} s")

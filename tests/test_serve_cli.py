@@ -32,8 +32,8 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeou
     raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+def start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, int]:
+    """`hloserve serve` on a bundles dir holding affine, free ports; (process, log, gRPC port)."""
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
@@ -41,25 +41,16 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hloserve.cli",
-                "serve",
-                str(bundles),
-                "--http-port",
-                str(http),
-                "--grpc-port",
-                str(grpc),
-                "--metrics-port",
-                str(metrics),
-                "--",
-                "--log-info=true",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--http-port", str(http),
+             "--grpc-port", str(grpc), "--metrics-port", str(metrics), *extra],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    return proc, log, grpc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+    proc, log, grpc = start_serve(tmp_path, "--", "--log-info=true")
     try:
         pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
         server_pid = int(re.findall(r"\d+", pid_line)[0])
@@ -136,17 +127,7 @@ def test_explicit_mode_loads_the_runtime_with_the_named_models(tmp_path: Path) -
 
 
 def test_sigkill_of_serve_takes_tritonserver_down_too(tmp_path: Path) -> None:
-    bundles = tmp_path / "bundles"
-    bundles.mkdir()
-    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
-    http, grpc, metrics = free_ports(3)
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--http-port", str(http),
-             "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+    proc, log, _ = start_serve(tmp_path)
     pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
     server_pid = int(re.findall(r"\d+", pid_line)[0])
     wait_for_line(log, r"hloserve: ready after", proc, 240)

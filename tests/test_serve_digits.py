@@ -17,11 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from conftest import GOLDEN
+from conftest import GOLDEN, serving_options
 
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.serve import ServeOptions, server_options
-from hloserve.node.tritonserver import TritonServer, free_ports
+from hloserve.node.tritonserver import TritonServer
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
@@ -52,9 +51,7 @@ def server(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     repo = bundles.parent / "repository"
     build_repository(bundles, repo)
     (repo / "broken" / "1" / "bundle" / "weights.safetensors").write_bytes(b"not safetensors")
-    http, grpc, metrics = free_ports(3)
-    options = ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics)
-    with TritonServer(server_options(options, repo)) as srv:
+    with TritonServer(serving_options(repo)) as srv:
         yield srv
 
 

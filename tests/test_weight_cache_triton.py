@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import serving_options
 from test_weight_cache_runtime import MODEL_BYTES, WEIGHT_ITEMS, expected_y, export_weighted
 
 from hloserve.node import tritonserver as ts
@@ -42,7 +43,6 @@ DEADLINE_S = 240.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools import WeightCacheOptions, build_repository
-    from hloserve.triton_backend.backends import backend_dirs
 
     root = tmp_path_factory.mktemp("weight_cache_triton")
     bundles = root / "bundles"
@@ -56,14 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
         front_instances=1,
         weight_cache=WeightCacheOptions(weight_cache_bytes=BUDGET, residency={"m0": "device"}),
     )
-    options = ts.TritonServerOptions.on_free_ports(
-        repo,
-        extra_backend_dirs=backend_dirs(),
-        log_file=root / "tritonserver.log",
-        startup_timeout_s=180.0,
-        extra_args=["--exit-on-error=false", "--strict-readiness=false"],
-    )
-    with ts.TritonServer(options) as server:
+    with ts.TritonServer(serving_options(repo, root / "tritonserver.log")) as server:
         yield server
 
 
