@@ -1,0 +1,281 @@
+"""``lpt_packing`` placement: which workers hold which model, and when to repack.
+
+Pure functions and small value classes, no gRPC and no clock: the discovery loop feeds them
+measurements and turns a :class:`Placement` into a :class:`hloserve.gateway.routing.RoutingTable`.
+
+Source of every rule: ReactantServer's gateway (reference/reactantserver_features.md, row 69
+"lpt_packing placement", row 71 "Repack cadence", row 72 "Replica counts";
+ReactantServer ``GW/src/lpt_packing.jl`` ``compute_assignment``). The greedy rule is Graham's
+LPT ("longest processing time first") list scheduling extended to two dimensions (compute share
+and weight memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: Pressures closer than this compare equal, so that float residue does not break ties.
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """What the packer knows of one model.
+
+    Attributes:
+        name: model name.
+        arrival_rate: items per second arriving for the model (an EWMA), >= 0.
+        cost_per_item_seconds: measured compute seconds per item on one worker, >= 0
+            (delta ``total_compute_seconds`` / delta items served, row 68).
+        weight_bytes: device weight footprint, bytes, charged in full to every replica.
+        replicas: distinct workers to place it on: a positive integer (clamped to the fleet
+            size) or ``"all"`` (row 72).
+    """
+
+    name: str
+    arrival_rate: float = 0.0
+    cost_per_item_seconds: float = 0.0
+    weight_bytes: int = 0
+    replicas: int | Literal["all"] = 1
+
+    @property
+    def utilization(self) -> float:
+        """Compute seconds per second the model needs: arrival rate x cost per item."""
+        return self.arrival_rate * self.cost_per_item_seconds
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    """What the packer knows of one worker.
+
+    Attributes:
+        name: worker endpoint (host:port), the key used in assignments.
+        weight_budget_bytes: device bytes available to model weights; 0 = unconstrained
+            (the runtime's ``weight_cache_max_bytes``, row 69).
+        compute_capacity: compute seconds per second the worker delivers (1.0 = one GPU).
+    """
+
+    name: str
+    weight_budget_bytes: int = 0
+    compute_capacity: float = 1.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Result of one packing.
+
+    Attributes:
+        assignment: model name -> workers holding it (distinct, in the order chosen).
+        compute_share: worker -> compute seconds per second assigned / capacity.
+        weight_bytes: worker -> bytes of weights assigned.
+        moved: models whose worker set differs from the previous placement.
+        held_by_hysteresis: models that kept a worker although another was less pressured.
+        warnings: human-readable problems (oversubscription, clamped replica counts).
+    """
+
+    assignment: Mapping[str, tuple[str, ...]]
+    compute_share: Mapping[str, float]
+    weight_bytes: Mapping[str, int]
+    moved: tuple[str, ...] = ()
+    held_by_hysteresis: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _memory_share(used: int, budget: int) -> float:
+    return used / budget if budget > 0 else 0.0
+
+
+def _slot_key(
+    worker: WorkerCapacity, model: ModelLoad, share: float, compute: float, memory: int
+) -> tuple[float, float]:
+    """Sort key of placing one replica of ``model`` on ``worker`` (lower is better).
+
+    Hot models: (pressure after, memory share after); cold models (``u == 0``): the reverse,
+    so they are packed by memory (row 69). The first element is rounded to ``_EPS``.
+    """
+    mem = _memory_share(memory + model.weight_bytes, worker.weight_budget_bytes)
+    pressure = max((compute + share) / worker.compute_capacity, mem)
+    first, second = (mem, pressure) if model.utilization == 0.0 else (pressure, mem)
+    return (round(first / _EPS) * _EPS, second)
+
+
+def compute_placement(
+    models: Sequence[ModelLoad],
+    workers: Sequence[WorkerCapacity],
+    *,
+    previous: Mapping[str, Sequence[str]] | None = None,
+    hysteresis: float = 0.0,
+    forbid_memory_oversubscription: bool = True,
+) -> Placement:
+    """Place every model on its replica count of distinct workers, heaviest first.
+
+    Rule (ReactantServer row 69): models are sorted by descending utilization ``u`` (ties:
+    larger weight footprint first, then name); each is placed on ``k = clamp(replicas, 1, N)``
+    distinct workers, one replica at a time, on the worker whose pressure after adding it is
+    lowest, where ``pressure = max(compute share, weight bytes / budget)``; each replica is
+    charged ``u / k`` of compute and the full weight footprint. Cold models (``u == 0``) are
+    packed by memory (lowest memory share first). With ``forbid_memory_oversubscription`` a
+    worker whose budget the model would overflow is skipped while another has room; when none
+    has room the model is placed anyway and a warning names it. Hysteresis: a worker that held
+    the model in ``previous`` is kept when its pressure x (1 - hysteresis) is at most the best
+    pressure (so with 0 it is kept on ties only). Ties between workers go to the earlier one
+    in ``workers``.
+
+    Args:
+        models: the models to place.
+        workers: the fleet; names must be distinct.
+        previous: the current assignment, for hysteresis and the ``moved`` report.
+        hysteresis: fraction in [0, 1).
+        forbid_memory_oversubscription: see above.
+
+    Returns:
+        The placement, with per-worker compute share and weight bytes and any warnings.
+
+    Raises:
+        ValueError: no workers, duplicate worker names, or hysteresis outside [0, 1).
+    """
+    if not workers:
+        raise ValueError("compute_placement needs at least one worker")
+    names = [w.name for w in workers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate worker names: {names}")
+    if not 0.0 <= hysteresis < 1.0:
+        raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
+    previous = previous or {}
+    index = {w.name: i for i, w in enumerate(workers)}
+    compute = {w.name: 0.0 for w in workers}
+    memory = {w.name: 0 for w in workers}
+    warnings: list[str] = []
+    held: list[str] = []
+    assignment: dict[str, tuple[str, ...]] = {}
+    n = len(workers)
+
+    ordered = sorted(models, key=lambda m: (-m.utilization, -m.weight_bytes, m.name))
+    for model in ordered:
+        if model.replicas == "all":
+            k = n
+        else:
+            k = max(1, min(model.replicas, n))
+            if model.replicas > n:
+                warnings.append(
+                    f"model {model.name}: {model.replicas} replicas asked, {n} workers exist;"
+                    f" placed on {n}"
+                )
+        share = model.utilization / k
+        home = set(previous.get(model.name, ()))
+        chosen: list[str] = []
+        was_held = False
+        for _ in range(k):
+            candidates = [w for w in workers if w.name not in chosen]
+            fits = [
+                w
+                for w in candidates
+                if w.weight_budget_bytes == 0
+                or memory[w.name] + model.weight_bytes <= w.weight_budget_bytes
+            ]
+            if forbid_memory_oversubscription:
+                if fits:
+                    candidates = fits
+                else:
+                    warnings.append(
+                        f"model {model.name}: no worker has room for {model.weight_bytes} bytes"
+                        " of weights; placed over budget"
+                    )
+
+            keys = {
+                w.name: (
+                    *_slot_key(w, model, share, compute[w.name], memory[w.name]),
+                    index[w.name],
+                )
+                for w in candidates
+            }
+            best = min(keys, key=keys.__getitem__)
+            homes = [w.name for w in candidates if w.name in home]
+            pick = best
+            if homes:
+                best_home = min(homes, key=keys.__getitem__)
+                if keys[best_home][0] * (1.0 - hysteresis) <= keys[best][0] + _EPS:
+                    pick = best_home
+                    if keys[best_home][0] > keys[best][0] + _EPS:
+                        was_held = True
+            chosen.append(pick)
+            compute[pick] += share
+            memory[pick] += model.weight_bytes
+        assignment[model.name] = tuple(chosen)
+        if was_held:
+            held.append(model.name)
+
+    for w in workers:
+        if w.weight_budget_bytes and memory[w.name] > w.weight_budget_bytes:
+            warnings.append(
+                f"worker {w.name}: {memory[w.name]} bytes of weights assigned over a budget of"
+                f" {w.weight_budget_bytes}"
+            )
+    moved = tuple(
+        sorted(
+            name
+            for name, placed in assignment.items()
+            if name in previous and set(previous[name]) != set(placed)
+        )
+    )
+    return Placement(
+        assignment=assignment,
+        compute_share={w.name: compute[w.name] / w.compute_capacity for w in workers},
+        weight_bytes=memory,
+        moved=moved,
+        held_by_hysteresis=tuple(sorted(held)),
+        warnings=tuple(warnings),
+    )
+
+
+class RepackClock:
+    """Decides when traffic calls for a repack, counting fleet compute-seconds (row 71).
+
+    Each discovery tick reports how many compute seconds the whole fleet spent since the last
+    tick (the sum over workers of delta ``total_compute_seconds``). A repack is due once the
+    accumulated amount reaches the budget: ``first_rebalance_compute_seconds`` for the first
+    traffic-driven repack when it is > 0, ``rebalance_compute_seconds`` afterwards. An idle
+    fleet (delta <= 0) never repacks. Startup and operator repacks do not go through this
+    clock and do not consume its budget. Not thread-safe: one discovery loop owns it.
+
+    Args:
+        rebalance_compute_seconds: budget between traffic-driven repacks, seconds > 0.
+        first_rebalance_compute_seconds: budget of the first one, seconds; 0 uses the above.
+    """
+
+    def __init__(
+        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float = 0.0
+    ) -> None:
+        if rebalance_compute_seconds <= 0:
+            raise ValueError(
+                f"rebalance_compute_seconds must be > 0, got {rebalance_compute_seconds}"
+            )
+        if first_rebalance_compute_seconds < 0:
+            raise ValueError(
+                "first_rebalance_compute_seconds must be >= 0, got"
+                f" {first_rebalance_compute_seconds}"
+            )
+        self._rebalance = rebalance_compute_seconds
+        self._first = first_rebalance_compute_seconds
+        self.accumulated_seconds = 0.0
+        self.repacks = 0
+
+    @property
+    def budget_seconds(self) -> float:
+        """Compute seconds the next traffic-driven repack waits for."""
+        if self.repacks == 0 and self._first > 0:
+            return self._first
+        return self._rebalance
+
+    def advance(self, fleet_compute_seconds: float) -> bool:
+        """Add one tick's fleet compute-seconds; True when a repack is due (then resets)."""
+        if fleet_compute_seconds <= 0:
+            return False
+        self.accumulated_seconds += fleet_compute_seconds
+        if self.accumulated_seconds + _EPS < self.budget_seconds:
+            return False
+        self.accumulated_seconds = 0.0
+        self.repacks += 1
+        return True
