@@ -1,0 +1,55 @@
+"""Partial decoding of ModelInferRequest bytes (ReactantServer row 62)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from hloserve.errors import InvalidArgumentError
+from hloserve.gateway.wire import peek_infer_request
+
+
+def _request(**inputs: list[int]) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="digits", model_version="3", id="r-7")
+    for name, shape in inputs.items():
+        tensor = request.inputs.add(name=name, datatype="FP32")
+        tensor.shape.extend(shape)
+        request.raw_input_contents.append(np.zeros(shape, np.float32).tobytes())
+    return request.SerializeToString()
+
+
+def test_reads_name_version_id_and_batch() -> None:
+    head = peek_infer_request(_request(x=[5, 28, 28], y=[7, 2]))
+    assert (head.model_name, head.model_version, head.request_id) == ("digits", "3", "r-7")
+    assert head.batch == 5
+
+
+def test_batch_by_input_name() -> None:
+    assert peek_infer_request(_request(x=[5, 28], y=[7, 2]), batch_input="y").batch == 7
+    assert peek_infer_request(_request(x=[5, 28]), batch_input="z").batch is None
+
+
+def test_no_inputs_or_scalar_input() -> None:
+    assert peek_infer_request(_request()).batch is None
+    assert peek_infer_request(_request(x=[])).batch is None
+
+
+def test_unpacked_shape_is_read_too() -> None:
+    # InferInputTensor{name: "x" (field 1), shape: 4 then 9 as two unpacked varints (field 3)}
+    tensor = b"\x0a\x01x" + b"\x18\x04" + b"\x18\x09"
+    data = b"\x0a\x01m" + b"\x2a" + bytes([len(tensor)]) + tensor
+    head = peek_infer_request(data)
+    assert head.model_name == "m" and head.batch == 4
+
+
+def test_large_payload_is_skipped() -> None:
+    request = _request(x=[1, 20 * 1024 * 1024 // 4])
+    assert len(request) > 20 * 1024 * 1024
+    assert peek_infer_request(request).batch == 1
+
+
+@pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\x0a", b"\x0f", b"\x08\xff"])
+def test_malformed_bytes_are_invalid_argument(data: bytes) -> None:
+    with pytest.raises(InvalidArgumentError, match="inference request"):
+        peek_infer_request(data)
