@@ -1,0 +1,291 @@
+"""The gateway's ``grpc.aio`` front: ``inference.GRPCInferenceService`` over several workers.
+
+Thin by design (STYLE.md, MLServer): replica choice, in-flight accounting and failover order
+come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes.
+
+- ``ModelInfer`` is forwarded as the bytes the client sent and answered with the bytes the
+  worker sent: :func:`hloserve.gateway.wire.peek_infer_request` reads the model name and the
+  batch extent, nothing is re-marshalled (ReactantServer row 62). UNAVAILABLE from a replica
+  sends the request to the next replica of the lease's order (row 64); any other error is
+  returned to the client with its code and message.
+- ``ServerLive``: the gateway's own liveness. ``ServerReady``: true when at least one worker
+  answers ready.
+- ``ModelReady``, ``ModelMetadata``, ``ModelConfig``: forwarded (raw bytes) to a replica of the
+  model, with the same failover; to every worker in turn when the model is not in the table.
+- ``RepositoryIndex``: every worker's index merged, one row per (name, version); READY wins.
+- Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
+
+Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
+on every upstream channel (DESIGN.md: gRPC defaults to 4 MiB, Triton uses 2 GiB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from hloserve.errors import HloserveError
+from hloserve.gateway.config import GrpcLimits
+from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
+from hloserve.gateway.wire import peek_infer_request
+
+log = logging.getLogger("hloserve.gateway")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _method(name: str) -> str:
+    return f"/{SERVICE}/{name}"
+
+
+def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
+    """gRPC options raising the message-size limits, for servers and channels alike."""
+    return [
+        ("grpc.max_receive_message_length", limits.max_recv_msg_bytes),
+        ("grpc.max_send_message_length", limits.max_send_msg_bytes),
+    ]
+
+
+class Upstreams:
+    """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
+
+    Args:
+        workers: worker endpoints (host:port).
+        limits: message-size limits of every channel.
+    """
+
+    def __init__(self, workers: Sequence[str], limits: GrpcLimits) -> None:
+        self.workers = tuple(workers)
+        self._channels = {
+            w: grpc.aio.insecure_channel(w, options=channel_options(limits)) for w in self.workers
+        }
+
+    def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes."""
+        return self._channels[worker].unary_unary(_method(method))
+
+    async def close(self) -> None:
+        """Close every channel."""
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable:
+    """Build a routing table from every worker's ready models (ReactantServer row 63).
+
+    Polls ``RepositoryIndex(ready=true)`` on each worker (workers that fail are left out), then
+    ``ModelConfig`` of each model on its first replica for ``max_batch_size`` (0 -> None).
+    Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
+    """
+    request = service_pb2.RepositoryIndexRequest(ready=True).SerializeToString()
+
+    async def index(worker: str) -> tuple[str, bytes | None]:
+        try:
+            reply = await upstreams.raw(worker, "RepositoryIndex")(request, timeout=timeout_s)
+            return worker, reply
+        except grpc.aio.AioRpcError as exc:
+            log.warning("worker %s: RepositoryIndex failed: %s", worker, exc.code().name)
+            return worker, None
+
+    replicas: dict[str, list[str]] = {}
+    for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
+        if reply is None:
+            continue
+        for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
+            if model.state == "READY" and worker not in replicas.setdefault(model.name, []):
+                replicas[model.name].append(worker)
+
+    async def max_batch(name: str, worker: str) -> int | None:
+        request = service_pb2.ModelConfigRequest(name=name).SerializeToString()
+        try:
+            reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return None
+        size = service_pb2.ModelConfigResponse.FromString(reply).config.max_batch_size
+        return size or None
+
+    names = sorted(replicas)
+    sizes = await asyncio.gather(*(max_batch(n, replicas[n][0]) for n in names))
+    return RoutingTable(
+        {n: ModelRoute(tuple(replicas[n]), max_batch=s) for n, s in zip(names, sizes, strict=True)}
+    )
+
+
+class GatewayProxy:
+    """Handlers of the gateway's ``inference.GRPCInferenceService``.
+
+    Args:
+        router: replica choice and in-flight accounting.
+        upstreams: channels to the workers.
+        request_timeout_s: deadline of one forwarded call, seconds.
+        probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
+        batch_inputs: model name -> name of its batched input (default: the first input).
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        upstreams: Upstreams,
+        *,
+        request_timeout_s: float = 60.0,
+        probe_timeout_s: float = 8.0,
+        batch_inputs: Mapping[str, str] | None = None,
+    ) -> None:
+        self._router = router
+        self._upstreams = upstreams
+        self._timeout = request_timeout_s
+        self._probe_timeout = probe_timeout_s
+        self._batch_inputs = dict(batch_inputs or {})
+
+    async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Forward one inference request to a replica, failing over on UNAVAILABLE."""
+        try:
+            head = peek_infer_request(request)
+            if head.model_name in self._batch_inputs:
+                head = peek_infer_request(request, self._batch_inputs[head.model_name])
+            lease = self._router.acquire(head.model_name, head.batch or 1)
+        except HloserveError as exc:
+            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
+            raise AssertionError("unreachable") from None
+        try:
+            worker: str | None = lease.worker
+            last: grpc.aio.AioRpcError | None = None
+            while worker is not None:
+                try:
+                    return await self._upstreams.raw(worker, "ModelInfer")(
+                        request, timeout=self._timeout
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        await context.abort(exc.code(), exc.details() or "")
+                    last = exc
+                    log.warning("worker %s: ModelInfer UNAVAILABLE; failing over", worker)
+                    worker = self._router.fail_over(lease)
+            details = last.details() if last is not None else ""
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"model {head.model_name!r}: no replica is available ({details})",
+            )
+            raise AssertionError("unreachable")
+        finally:
+            self._router.release(lease)
+
+    async def _forward_to_model(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        name = peek_infer_request(request).model_name  # field 1 is the name in all three
+        route = self._router.table.get(name)
+        order = route.replicas if route is not None and route.replicas else self._upstreams.workers
+        last: grpc.aio.AioRpcError | None = None
+        for worker in order:
+            try:
+                return await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    await context.abort(exc.code(), exc.details() or "")
+                last = exc
+        details = last.details() if last is not None else ""
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method} {name!r}: {details}")
+        raise AssertionError("unreachable")
+
+    async def server_live(
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
+        """The gateway process is live."""
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def server_ready(
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
+        """Ready when at least one worker answers ready."""
+        raw = request.SerializeToString()
+
+        async def probe(worker: str) -> bool:
+            try:
+                reply = await self._upstreams.raw(worker, "ServerReady")(
+                    raw, timeout=self._probe_timeout
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
+
+        answers = await asyncio.gather(*(probe(w) for w in self._upstreams.workers))
+        return service_pb2.ServerReadyResponse(ready=any(answers))
+
+    async def repository_index(
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
+        """Every worker's index merged by (name, version); READY wins over other states."""
+        raw = request.SerializeToString()
+
+        async def index(worker: str) -> bytes | None:
+            try:
+                return await self._upstreams.raw(worker, "RepositoryIndex")(
+                    raw, timeout=self._probe_timeout
+                )
+            except grpc.aio.AioRpcError:
+                return None
+
+        merged: dict[tuple[str, str], Any] = {}
+        for reply in await asyncio.gather(*(index(w) for w in self._upstreams.workers)):
+            if reply is None:
+                continue
+            for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
+                key = (model.name, model.version)
+                if key not in merged or model.state == "READY":
+                    merged[key] = model
+        response = service_pb2.RepositoryIndexResponse()
+        for key in sorted(merged):
+            response.models.append(merged[key])
+        return response
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a ``grpc.aio`` server."""
+
+        def forward(method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return await self._forward_to_model(method, request, context)
+
+            return call
+
+        raw = grpc.unary_unary_rpc_method_handler
+        handlers = {
+            "ModelInfer": raw(self.model_infer),
+            "ModelReady": raw(forward("ModelReady")),
+            "ModelMetadata": raw(forward("ModelMetadata")),
+            "ModelConfig": raw(forward("ModelConfig")),
+            "ServerLive": raw(
+                self.server_live,
+                request_deserializer=service_pb2.ServerLiveRequest.FromString,
+                response_serializer=service_pb2.ServerLiveResponse.SerializeToString,
+            ),
+            "ServerReady": raw(
+                self.server_ready,
+                request_deserializer=service_pb2.ServerReadyRequest.FromString,
+                response_serializer=service_pb2.ServerReadyResponse.SerializeToString,
+            ),
+            "RepositoryIndex": raw(
+                self.repository_index,
+                request_deserializer=service_pb2.RepositoryIndexRequest.FromString,
+                response_serializer=service_pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def make_server(
+    proxy: GatewayProxy, listen: str, limits: GrpcLimits
+) -> tuple[grpc.aio.Server, int]:
+    """A ``grpc.aio`` server serving ``proxy`` on ``listen`` (host:port; port 0 = any free).
+
+    Returns:
+        The server (not started) and the port it is bound to.
+    """
+    server = grpc.aio.server(options=channel_options(limits))
+    server.add_generic_rpc_handlers((proxy.handler(),))
+    port = server.add_insecure_port(listen)
+    return server, port

@@ -1,0 +1,232 @@
+"""The gateway proxy over two real in-process gRPC workers on loopback (rows 62-64).
+
+The workers are fake tritonservers (tritonclient's generated servicer, echoing their input and
+saying who answered); the client is tritonclient's stock ``grpc.aio`` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from hloserve.gateway.config import GrpcLimits, SchedulingConfig
+from hloserve.gateway.proxy import (
+    GatewayProxy,
+    Upstreams,
+    channel_options,
+    discover_table,
+    make_server,
+)
+from hloserve.gateway.routing import LptPackingScheduler, RoundRobinScheduler, Router
+
+LIMITS = GrpcLimits()
+
+
+@dataclass
+class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """A worker serving ``models``; ``unavailable`` makes ModelInfer answer UNAVAILABLE."""
+
+    name: str
+    models: tuple[str, ...] = ("echo",)
+    unavailable: bool = False
+    served: list[str] = field(default_factory=list)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=not self.unavailable)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        response = service_pb2.RepositoryIndexResponse()
+        for m in self.models:
+            response.models.add(name=m, version="1", state="READY")
+        return response
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        if request.name not in self.models:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name}")
+        response = service_pb2.ModelConfigResponse()
+        response.config.name = request.name
+        response.config.max_batch_size = 4
+        return response
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        return service_pb2.ModelMetadataResponse(name=request.name, platform=self.name)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        if self.unavailable:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
+        if request.model_name not in self.models:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name}")
+        self.served.append(request.id)
+        tensor = request.inputs[0]
+        response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+        out = response.outputs.add(name="OUT", datatype=tensor.datatype)
+        out.shape.extend(tensor.shape)
+        response.raw_output_contents.append(request.raw_input_contents[0])
+        response.parameters["worker"].string_param = self.name
+        return response
+
+
+@dataclass
+class Fleet:
+    workers: list[FakeWorker]
+    client: triton_aio.InferenceServerClient
+    router: Router
+
+
+@asynccontextmanager
+async def fleet(
+    *workers: FakeWorker, scheduler: RoundRobinScheduler | LptPackingScheduler | None = None
+) -> AsyncIterator[Fleet]:
+    servers = []
+    endpoints = []
+    for worker in workers:
+        server = grpc.aio.server(options=channel_options(LIMITS))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        endpoints.append(f"127.0.0.1:{port}")
+    upstreams = Upstreams(endpoints, LIMITS)
+    router = Router(scheduler or RoundRobinScheduler(), await discover_table(upstreams, 5.0))
+    proxy = GatewayProxy(router, upstreams, request_timeout_s=10.0, probe_timeout_s=5.0)
+    gateway, port = make_server(proxy, "127.0.0.1:0", LIMITS)
+    await gateway.start()
+    client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        yield Fleet(list(workers), client, router)
+    finally:
+        await client.close()
+        await gateway.stop(None)
+        await upstreams.close()
+        for server in servers:
+            await server.stop(None)
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), timeout=60))
+
+
+async def _infer(client: triton_aio.InferenceServerClient, data: np.ndarray, rid: str) -> str:
+    tensor = triton_aio.InferInput("IN", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    result = await client.infer("echo", [tensor], request_id=rid)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), data)
+    worker: str = result.get_response().parameters["worker"].string_param
+    return worker
+
+
+def test_infer_round_robin_through_the_gateway() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0"), FakeWorker("w1")) as f:
+            data = np.arange(6, dtype=np.float32).reshape(2, 3)
+            workers = [await _infer(f.client, data, f"r{i}") for i in range(4)]
+            assert workers == ["w0", "w1", "w0", "w1"]
+            assert f.workers[0].served == ["r0", "r2"]
+
+    run(body)
+
+
+def test_twenty_mib_tensor_round_trips() -> None:
+    """Message limits are raised on the gateway server and its upstream channels."""
+
+    async def body() -> None:
+        async with fleet(FakeWorker("w0")) as f:
+            data = np.random.default_rng(0).random((1, 5 * 1024 * 1024), dtype=np.float32)
+            assert data.nbytes == 20 * 1024 * 1024
+            assert await _infer(f.client, data, "big") == "w0"
+
+    run(body)
+
+
+def test_failover_on_unavailable() -> None:
+    """Row 64: UNAVAILABLE from a replica -> the request goes to another replica."""
+
+    async def body() -> None:
+        async with fleet(FakeWorker("w0", unavailable=True), FakeWorker("w1")) as f:
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(f.client, data, f"r{i}") for i in range(3)] == ["w1"] * 3
+            assert f.router.worker_items(f.router.table.routes["echo"].replicas) == {
+                w: 0 for w in f.router.table.routes["echo"].replicas
+            }
+
+    run(body)
+
+
+def test_no_replica_left_is_unavailable_and_unknown_model_not_found() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0", unavailable=True)) as f:
+            data = np.ones((1, 2), np.float32)
+            with pytest.raises(InferenceServerException, match="no replica is available") as info:
+                await _infer(f.client, data, "r")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+            tensor.set_data_from_numpy(data)
+            with pytest.raises(InferenceServerException, match="not served") as info:
+                await f.client.infer("nope", [tensor])
+            assert info.value.status() == "StatusCode.NOT_FOUND"
+
+    run(body)
+
+
+def test_other_upstream_errors_pass_through() -> None:
+    async def body() -> None:
+        worker = FakeWorker("w0")
+        async with fleet(worker) as f:
+            worker.models = ()  # unloaded after discovery: the worker says NOT_FOUND
+            with pytest.raises(InferenceServerException, match="unknown model echo") as info:
+                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+            assert info.value.status() == "StatusCode.NOT_FOUND"
+
+    run(body)
+
+
+def test_lpt_packing_reads_the_batch_extent() -> None:
+    """Row 73: the quantum (max batch 4 from ModelConfig) is counted in items."""
+
+    async def body() -> None:
+        scheduler = LptPackingScheduler(SchedulingConfig(routing_policy="fill_rr"))
+        async with fleet(FakeWorker("w0"), FakeWorker("w1"), scheduler=scheduler) as f:
+            assert f.router.table.routes["echo"].max_batch == 4
+            lease = f.router.acquire("echo", 3)  # w0 run holds 3 of 4 items
+            worker = await _infer(f.client, np.ones((2, 2), np.float32), "r")
+            f.router.release(lease)
+            assert worker == "w0"  # 3 + 2 >= 4: the run closes after this request
+            assert await _infer(f.client, np.ones((1, 2), np.float32), "s") == "w1"
+
+    run(body)
+
+
+def test_server_and_model_rpcs() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0", models=("a", "echo")), FakeWorker("w1")) as f:
+            assert await f.client.is_server_live()
+            assert await f.client.is_server_ready()
+            metadata = await f.client.get_model_metadata("a")
+            assert metadata.platform == "w0"  # only w0 serves "a"
+            config = await f.client.get_model_config("echo")
+            assert config.config.max_batch_size == 4
+            index = await f.client.get_model_repository_index()
+            assert [(m.name, m.state) for m in index.models] == [("a", "READY"), ("echo", "READY")]
+            with pytest.raises(InferenceServerException) as info:
+                await f.client.get_server_metadata()
+            assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+
+    run(body)
+
+
+def test_not_ready_fleet() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0", unavailable=True)) as f:
+            assert not await f.client.is_server_ready()
+
+    run(body)
