@@ -7,6 +7,7 @@ Subcommands:
     repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
     repo validate REPO_DIR          check a repository's configs against their bundles
     status URL                      print a server's weight cache state (metrics endpoint)
+    gateway --config FILE           one KServe V2 gRPC endpoint over several tritonservers
 """
 
 from __future__ import annotations
@@ -120,6 +121,26 @@ def _serve(args: argparse.Namespace) -> int:
             startup_timeout_s=args.startup_timeout,
         )
     )
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from hloserve.gateway.app import run_gateway
+    from hloserve.gateway.config import load_config
+
+    config = load_config(args.config)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_gateway(config, stop)
+
+    asyncio.run(serve())
+    return 0
 
 
 def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -333,6 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("url", metavar="URL", help="metrics endpoint: HOST:PORT (8002) or a URL")
     status.set_defaults(func=_status)
+    gateway = commands.add_parser(
+        "gateway",
+        help="one KServe V2 gRPC endpoint over several tritonservers (docs/gateway.md)",
+        description="Forward inference to the workers named in the config file; settings can "
+        "be overridden with HLOSERVE_GATEWAY_* variables (docs/gateway.md). Stops on "
+        "Ctrl-C/SIGTERM.",
+    )
+    gateway.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="gateway YAML file (default: environment variables only)",
+    )
+    gateway.set_defaults(func=_gateway)
     return parser
 
 

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,7 +20,8 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from hloserve.gateway.config import GrpcLimits, SchedulingConfig
+from hloserve.gateway.app import run_gateway
+from hloserve.gateway.config import GatewayConfig, GrpcLimits, SchedulingConfig
 from hloserve.gateway.proxy import (
     GatewayProxy,
     Upstreams,
@@ -230,3 +232,53 @@ def test_not_ready_fleet() -> None:
             assert not await f.client.is_server_ready()
 
     run(body)
+
+
+def test_run_gateway_discovers_models_loaded_later() -> None:
+    """Row 63: discovery polls the workers and swaps the table."""
+
+    async def body() -> None:
+        worker = FakeWorker("w0", models=())
+        server = grpc.aio.server(options=channel_options(LIMITS))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        config = GatewayConfig.model_validate(
+            {"workers": [f"127.0.0.1:{port}"], "discovery": {"poll_interval_seconds": 0.1}}
+        )
+        stop = asyncio.Event()
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            run_gateway(config, stop, listen="127.0.0.1:0", on_ready=ready.set_result)
+        )
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{await ready}")
+        try:
+            with pytest.raises(InferenceServerException, match="not served"):
+                await _infer(client, np.ones((1, 2), np.float32), "early")
+            worker.models = ("echo",)
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                try:
+                    assert await _infer(client, np.ones((1, 2), np.float32), "late") == "w0"
+                    break
+                except InferenceServerException:
+                    continue
+            assert worker.served == ["late"]
+        finally:
+            await client.close()
+            stop.set()
+            await task
+            await server.stop(None)
+
+    run(body)
+
+
+def test_cli_gateway_reports_a_bad_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hloserve.cli import main
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text("workers: []\n")
+    assert main(["gateway", "--config", str(path)]) == 1
+    assert "error (INVALID_ARGUMENT): gateway config" in capsys.readouterr().err

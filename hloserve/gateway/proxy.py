@@ -147,7 +147,10 @@ class GatewayProxy:
             head = peek_infer_request(request)
             if head.model_name in self._batch_inputs:
                 head = peek_infer_request(request, self._batch_inputs[head.model_name])
-            lease = self._router.acquire(head.model_name, head.batch or 1)
+            route = self._router.table.get(head.model_name)
+            batching = route is not None and route.max_batch is not None
+            # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
+            lease = self._router.acquire(head.model_name, (head.batch or 1) if batching else 1)
         except HloserveError as exc:
             await context.abort(grpc.StatusCode[exc.status.name], exc.message)
             raise AssertionError("unreachable") from None

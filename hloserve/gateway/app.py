@@ -1,0 +1,73 @@
+"""Run a gateway: proxy server plus a discovery loop, until asked to stop.
+
+:func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
+:mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
+``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
+row 63). In ``lpt_packing`` mode the table holds every ready replica: placement
+(:func:`hloserve.gateway.placement.compute_placement`) is not fed by measurements yet, so only
+the fill routing of that mode is active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.proxy import GatewayProxy, Upstreams, discover_table, make_server
+from hloserve.gateway.routing import Router, make_scheduler
+
+log = logging.getLogger("hloserve.gateway")
+
+
+async def run_gateway(
+    config: GatewayConfig,
+    stop: asyncio.Event,
+    *,
+    listen: str | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve the gateway until ``stop`` is set, then shut down within a few seconds.
+
+    Args:
+        config: the settings.
+        stop: set it to stop the gateway.
+        listen: overrides ``config.listen`` (tests pass "127.0.0.1:0" for a free port).
+        on_ready: called with the bound port once the server accepts calls.
+
+    Raises:
+        OSError: the listen address cannot be bound.
+    """
+    upstreams = Upstreams(config.workers, config.grpc)
+    router = Router(make_scheduler(config))
+    timeout = config.upstream.probe_timeout_seconds
+    router.swap_table(await discover_table(upstreams, timeout))
+    log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
+    proxy = GatewayProxy(
+        router,
+        upstreams,
+        request_timeout_s=config.upstream.request_timeout_seconds,
+        probe_timeout_s=timeout,
+    )
+    address = listen or config.listen
+    server, port = make_server(proxy, address, config.grpc)
+    if port == 0:
+        await upstreams.close()
+        raise OSError(f"gateway: cannot listen on {address}")
+    await server.start()
+    log.info(
+        "gateway: listening on %s (mode %s)", address.rpartition(":")[0] + f":{port}", config.mode
+    )
+    if on_ready is not None:
+        on_ready(port)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.discovery.poll_interval_seconds)
+            if not stop.is_set():
+                router.swap_table(await discover_table(upstreams, timeout))
+    finally:
+        await server.stop(grace=2.0)
+        await upstreams.close()
