@@ -1,0 +1,109 @@
+"""The gateway in front of two real tritonservers serving hloserve bundles (issue 5).
+
+tritonclient's stock gRPC client talks to the gateway exactly as to one tritonserver: answers
+equal the direct ones, requests spread over both workers, and a stopped worker's traffic fails
+over to the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, serving_options
+
+from hloserve.gateway.app import run_gateway
+from hloserve.gateway.config import GatewayConfig
+from hloserve.model_repository_tools import build_repository
+from hloserve.node.tritonserver import TritonServer
+
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+
+
+class Gateway:
+    """run_gateway on its own event loop in a thread."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._ready = threading.Event()
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, args=(config,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(60), "gateway did not start"
+
+    def _started(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def _run(self, config: GatewayConfig) -> None:
+        self._loop.run_until_complete(
+            run_gateway(config, self._stop, listen="127.0.0.1:0", on_ready=self._started)
+        )
+        self._loop.close()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[TritonServer], Any]]:
+    bundles = tmp_path_factory.mktemp("gateway") / "bundles"
+    bundles.mkdir()
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    repo = bundles.parent / "repository"
+    build_repository(bundles, repo)
+    with ExitStack() as stack:
+        servers = [stack.enter_context(TritonServer(serving_options(repo))) for _ in range(2)]
+        config = GatewayConfig(workers=tuple(s.urls.grpc for s in servers))
+        gateway = Gateway(config)
+        stack.callback(gateway.close)
+        yield servers, grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+
+
+def _affine(client: Any, x: np.ndarray) -> np.ndarray:
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result: np.ndarray = client.infer("affine", [tensor]).as_numpy("y")
+    return result
+
+
+def test_answers_equal_direct_and_spread_over_workers(
+    fleet: tuple[list[TritonServer], Any],
+) -> None:
+    servers, gateway = fleet
+    assert gateway.is_server_live() and gateway.is_server_ready()
+    assert gateway.is_model_ready("affine")
+    assert gateway.get_model_config("affine").config.max_batch_size > 0
+    direct = grpcclient.InferenceServerClient(servers[0].urls.grpc)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    expected = _affine(direct, x)
+    for _ in range(6):
+        np.testing.assert_array_equal(_affine(gateway, x), expected)
+    counts = []
+    for server in servers:
+        stats = grpcclient.InferenceServerClient(server.urls.grpc).get_inference_statistics(
+            "affine"
+        )
+        counts.append(stats.model_stats[0].inference_stats.success.count)
+    assert counts[0] >= 3 and counts[1] >= 3  # round robin: 3 each, plus the direct one on 0
+
+
+def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any]) -> None:
+    """Row 64: with one worker stopped every request still succeeds (runs last: it stops one)."""
+    servers, gateway = fleet
+    x = np.ones((1, 4), np.float32)
+    expected = _affine(grpcclient.InferenceServerClient(servers[0].urls.grpc), x)
+    servers[1].stop()
+    for _ in range(6):  # bounded: every request must succeed
+        np.testing.assert_array_equal(_affine(gateway, x), expected)
+    assert gateway.is_server_ready()  # one ready worker is enough
