@@ -42,6 +42,34 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     models: tuple[str, ...] = ("echo",)
     unavailable: bool = False
     served: list[str] = field(default_factory=list)
+    refuse_shm: bool = False
+    regions: set[str] = field(default_factory=set)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        response = service_pb2.ModelStatisticsResponse()
+        for m in self.models:
+            row = response.model_stats.add(name=m, version="1")
+            row.inference_count = row.execution_count = len(self.served)
+            row.inference_stats.success.count = len(self.served)
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        if self.refuse_shm:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name} cannot map it")
+        self.regions.add(request.name)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        if request.name not in self.regions:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no region {request.name}")
+        self.regions.discard(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for name in sorted(self.regions):
+            response.regions[name].name = name
+        return response
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerReadyResponse(ready=not self.unavailable)
@@ -282,3 +310,37 @@ def test_cli_gateway_reports_a_bad_config(
     path.write_text("workers: []\n")
     assert main(["gateway", "--config", str(path)]) == 1
     assert "error (INVALID_ARGUMENT): gateway config" in capsys.readouterr().err
+
+
+def test_model_statistics_are_summed_over_workers() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0"), FakeWorker("w1")) as f:
+            for i in range(4):
+                await _infer(f.client, np.ones((1, 2), np.float32), f"r{i}")
+            stats = await f.client.get_inference_statistics("echo")
+            row = stats.model_stats[0]
+            assert row.inference_count == 4 == row.inference_stats.success.count
+
+    run(body)
+
+
+def test_shm_register_fans_out_and_rolls_back() -> None:
+    """Row 75: register on every worker or on none; unregister succeeds if any worker does."""
+
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0"), FakeWorker("w1")
+        async with fleet(w0, w1) as f:
+            await f.client.register_system_shared_memory("region", "/key", 64)
+            assert w0.regions == w1.regions == {"region"}
+            status = await f.client.get_system_shared_memory_status()
+            assert list(status.regions) == ["region"]
+            w1.regions.clear()
+            await f.client.unregister_system_shared_memory("region")  # w0 succeeds
+            assert w0.regions == set()
+            w1.refuse_shm = True
+            with pytest.raises(InferenceServerException, match="w1 cannot map it") as info:
+                await f.client.register_system_shared_memory("other", "/key2", 64)
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert w0.regions == set()  # rolled back
+
+    run(body)

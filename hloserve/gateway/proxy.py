@@ -13,6 +13,10 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
 - ``ModelReady``, ``ModelMetadata``, ``ModelConfig``: forwarded (raw bytes) to a replica of the
   model, with the same failover; to every worker in turn when the model is not in the table.
 - ``RepositoryIndex``: every worker's index merged, one row per (name, version); READY wins.
+- ``ModelStatistics``: every worker's statistics summed (:mod:`hloserve.gateway.aggregate`).
+- ``SystemSharedMemoryRegister`` fans out to every worker and is rolled back on partial
+  failure; ``...Unregister`` succeeds if any worker succeeds; ``...Status`` comes from the
+  first worker (ReactantServer row 75).
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
 Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
@@ -22,6 +26,7 @@ on every upstream channel (DESIGN.md: gRPC defaults to 4 MiB, Triton uses 2 GiB)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -30,6 +35,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError
+from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.gateway.wire import peek_infer_request
@@ -246,6 +252,88 @@ class GatewayProxy:
             response.models.append(merged[key])
         return response
 
+    async def _fan_out(
+        self, method: str, request: bytes
+    ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
+        """Send ``request`` to every worker; (worker, reply bytes or the error) per worker."""
+
+        async def one(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
+            try:
+                reply = await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
+                return worker, reply
+            except grpc.aio.AioRpcError as exc:
+                return worker, exc
+
+        return list(await asyncio.gather(*(one(w) for w in self._upstreams.workers)))
+
+    @staticmethod
+    async def _abort_with(
+        context: grpc.aio.ServicerContext, errors: list[grpc.aio.AioRpcError], what: str
+    ) -> None:
+        first = errors[0] if errors else None
+        code = first.code() if first is not None else grpc.StatusCode.UNAVAILABLE
+        details = first.details() if first is not None else "no worker"
+        await context.abort(code, f"{what}: {details}")
+
+    async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Every worker's statistics summed per (name, version) (aggregate.py).
+
+        Workers answering with an error (e.g. NOT_FOUND: the model is not on that worker) are
+        left out; when every worker fails, the first error is returned.
+        """
+        answers = await self._fan_out("ModelStatistics", request)
+        replies = [r for _, r in answers if isinstance(r, bytes)]
+        if not replies:
+            errors = [r for _, r in answers if not isinstance(r, bytes)]
+            await self._abort_with(context, errors, "ModelStatistics")
+        merged = merge_model_statistics(
+            service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
+        )
+        return bytes(merged.SerializeToString())
+
+    async def shm_register(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Register a system shared-memory region on every worker, or on none (row 75).
+
+        When a worker refuses, the region is unregistered from the workers that accepted it
+        and the refusal is returned.
+        """
+        answers = await self._fan_out("SystemSharedMemoryRegister", request)
+        errors = [r for _, r in answers if not isinstance(r, bytes)]
+        if errors:
+            name = service_pb2.SystemSharedMemoryRegisterRequest.FromString(request).name
+            undo = service_pb2.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
+            for worker, reply in answers:
+                if isinstance(reply, bytes):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await self._upstreams.raw(worker, "SystemSharedMemoryUnregister")(
+                            undo, timeout=self._probe_timeout
+                        )
+            await self._abort_with(context, errors, "SystemSharedMemoryRegister")
+        return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
+
+    async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Unregister on every worker; succeeds when any worker succeeds (row 75)."""
+        answers = await self._fan_out("SystemSharedMemoryUnregister", request)
+        if not any(isinstance(r, bytes) for _, r in answers):
+            errors = [r for _, r in answers if not isinstance(r, bytes)]
+            await self._abort_with(context, errors, "SystemSharedMemoryUnregister")
+        return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
+
+    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The first worker's answer (registrations are the same on every worker)."""
+        errors = []
+        for worker in self._upstreams.workers:
+            try:
+                return await self._upstreams.raw(worker, "SystemSharedMemoryStatus")(
+                    request, timeout=self._timeout
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    await context.abort(exc.code(), exc.details() or "")
+                errors.append(exc)
+        await self._abort_with(context, errors, "SystemSharedMemoryStatus")
+        raise AssertionError("unreachable")
+
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
 
@@ -261,6 +349,10 @@ class GatewayProxy:
             "ModelReady": raw(forward("ModelReady")),
             "ModelMetadata": raw(forward("ModelMetadata")),
             "ModelConfig": raw(forward("ModelConfig")),
+            "ModelStatistics": raw(self.model_statistics),
+            "SystemSharedMemoryRegister": raw(self.shm_register),
+            "SystemSharedMemoryUnregister": raw(self.shm_unregister),
+            "SystemSharedMemoryStatus": raw(self.shm_status),
             "ServerLive": raw(
                 self.server_live,
                 request_deserializer=service_pb2.ServerLiveRequest.FromString,

@@ -1,0 +1,48 @@
+"""Fleet ModelStatistics = the sum of the workers' (issue 5: ModelStatistics aggregate)."""
+
+from __future__ import annotations
+
+from tritonclient.grpc import service_pb2
+
+from hloserve.gateway.aggregate import merge_model_statistics
+
+
+def _stats(
+    name: str, count: int, ns: int, last: int, batches: dict[int, int]
+) -> service_pb2.ModelStatisticsResponse:
+    response = service_pb2.ModelStatisticsResponse()
+    row = response.model_stats.add(
+        name=name, version="1", last_inference=last, inference_count=count, execution_count=count
+    )
+    row.inference_stats.success.count = count
+    row.inference_stats.success.ns = ns
+    for size, n in batches.items():
+        batch = row.batch_stats.add(batch_size=size)
+        batch.compute_infer.count = n
+        batch.compute_infer.ns = 10 * n
+    row.response_stats["0"].success.count = count
+    row.memory_usage.add(type="GPU", id=0, byte_size=count)
+    return response
+
+
+def test_counters_add_last_inference_is_latest_batches_match_by_size() -> None:
+    merged = merge_model_statistics(
+        [
+            _stats("m", 3, 300, 1000, {1: 2, 4: 1}),
+            _stats("m", 5, 700, 900, {4: 3}),
+            _stats("a", 1, 10, 5, {}),
+        ]
+    )
+    assert [(r.name, r.version) for r in merged.model_stats] == [("a", "1"), ("m", "1")]
+    m = merged.model_stats[1]
+    assert m.inference_count == 8 and m.execution_count == 8
+    assert m.last_inference == 1000
+    assert (m.inference_stats.success.count, m.inference_stats.success.ns) == (8, 1000)
+    batches = {b.batch_size: (b.compute_infer.count, b.compute_infer.ns) for b in m.batch_stats}
+    assert batches == {1: (2, 20), 4: (4, 40)}
+    assert m.response_stats["0"].success.count == 8
+    assert [u.byte_size for u in m.memory_usage] == [3, 5]
+
+
+def test_nothing_to_merge() -> None:
+    assert len(merge_model_statistics([]).model_stats) == 0
