@@ -91,6 +91,18 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         return service_pb2.ModelMetadataResponse(name=request.name, platform=self.name)
 
+    async def ModelStreamInfer(self, requests: Any, context: Any) -> Any:
+        async for request in requests:
+            self.served.append(request.id)
+            response = service_pb2.ModelStreamInferResponse()
+            out = response.infer_response.outputs.add(name="OUT", datatype="FP32")
+            out.shape.extend(request.inputs[0].shape)
+            response.infer_response.model_name = request.model_name
+            response.infer_response.id = request.id
+            response.infer_response.raw_output_contents.append(request.raw_input_contents[0])
+            response.infer_response.parameters["worker"].string_param = self.name
+            yield response
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         if self.unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
@@ -342,5 +354,31 @@ def test_shm_register_fans_out_and_rolls_back() -> None:
                 await f.client.register_system_shared_memory("other", "/key2", 64)
             assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert w0.regions == set()  # rolled back
+
+    run(body)
+
+
+def test_stream_infer_passes_through_to_one_replica() -> None:
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0"), FakeWorker("w1")
+        async with fleet(w0, w1) as f:
+            data = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+            async def requests() -> AsyncIterator[dict[str, Any]]:
+                for i in range(3):
+                    tensor = triton_aio.InferInput("IN", [1, 4], "FP32")
+                    tensor.set_data_from_numpy(data * i)
+                    yield {"model_name": "echo", "inputs": [tensor], "request_id": f"s{i}"}
+
+            seen = []
+            async for result, error in f.client.stream_infer(requests()):
+                assert error is None
+                seen.append(result.get_response().id)
+                i = int(seen[-1][1:])
+                np.testing.assert_array_equal(result.as_numpy("OUT"), data * i)
+            assert seen == ["s0", "s1", "s2"]
+            assert (w0.served, w1.served) == (["s0", "s1", "s2"], [])
+            replicas = f.router.table.routes["echo"].replicas
+            assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
 
     run(body)

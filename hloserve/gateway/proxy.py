@@ -8,6 +8,8 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
   batch extent, nothing is re-marshalled (ReactantServer row 62). UNAVAILABLE from a replica
   sends the request to the next replica of the lease's order (row 64); any other error is
   returned to the client with its code and message.
+- ``ModelStreamInfer``: passed through (bytes) to the replica chosen by the stream's first
+  request; no failover once open.
 - ``ServerLive``: the gateway's own liveness. ``ServerReady``: true when at least one worker
   answers ready.
 - ``ModelReady``, ``ModelMetadata``, ``ModelConfig``: forwarded (raw bytes) to a replica of the
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -74,6 +76,10 @@ class Upstreams:
     def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
         """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes."""
         return self._channels[worker].unary_unary(_method(method))
+
+    def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
+        """A bidirectional-streaming callable carrying bytes both ways."""
+        return self._channels[worker].stream_stream(_method(method))
 
     async def close(self) -> None:
         """Close every channel."""
@@ -180,6 +186,41 @@ class GatewayProxy:
                 f"model {head.model_name!r}: no replica is available ({details})",
             )
             raise AssertionError("unreachable")
+        finally:
+            self._router.release(lease)
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """Pass a ``ModelStreamInfer`` stream through to one replica, bytes both ways.
+
+        The replica is chosen with the stream's first request (its model and batch extent, one
+        lease for the whole stream); every later message goes to the same worker. No failover
+        once the stream is open: an upstream error ends the stream with its code.
+        """
+        iterator = aiter(requests)
+        try:
+            first = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        try:
+            head = peek_infer_request(first)
+            lease = self._router.acquire(head.model_name, 1)
+        except HloserveError as exc:
+            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
+            raise AssertionError("unreachable") from None
+
+        async def upstream_requests() -> AsyncIterator[bytes]:
+            yield first
+            async for request in iterator:
+                yield request
+
+        try:
+            call = self._upstreams.raw_stream(lease.worker, "ModelStreamInfer")(upstream_requests())
+            async for reply in call:
+                yield reply
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
         finally:
             self._router.release(lease)
 
@@ -350,6 +391,7 @@ class GatewayProxy:
             "ModelMetadata": raw(forward("ModelMetadata")),
             "ModelConfig": raw(forward("ModelConfig")),
             "ModelStatistics": raw(self.model_statistics),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.model_stream_infer),
             "SystemSharedMemoryRegister": raw(self.shm_register),
             "SystemSharedMemoryUnregister": raw(self.shm_unregister),
             "SystemSharedMemoryStatus": raw(self.shm_status),
