@@ -24,6 +24,7 @@ from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig, GrpcLimits, SchedulingConfig
 from hloserve.gateway.proxy import (
     GatewayProxy,
+    SingleFlight,
     Upstreams,
     channel_options,
     discover_table,
@@ -140,7 +141,17 @@ async def fleet(
         endpoints.append(f"127.0.0.1:{port}")
     upstreams = Upstreams(endpoints, LIMITS)
     router = Router(scheduler or RoundRobinScheduler(), await discover_table(upstreams, 5.0))
-    proxy = GatewayProxy(router, upstreams, request_timeout_s=10.0, probe_timeout_s=5.0)
+
+    async def discover() -> None:
+        router.swap_table(await discover_table(upstreams, 5.0))
+
+    proxy = GatewayProxy(
+        router,
+        upstreams,
+        request_timeout_s=10.0,
+        probe_timeout_s=5.0,
+        refresh=SingleFlight(discover, min_interval_s=0.0),
+    )
     gateway, port = make_server(proxy, "127.0.0.1:0", LIMITS)
     await gateway.start()
     client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
@@ -380,5 +391,49 @@ def test_stream_infer_passes_through_to_one_replica() -> None:
             assert (w0.served, w1.served) == (["s0", "s1", "s2"], [])
             replicas = f.router.table.routes["echo"].replicas
             assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
+
+    run(body)
+
+
+def test_unknown_model_triggers_a_refresh() -> None:
+    """Row 63: a model loaded after the last poll is served on its first request."""
+
+    async def body() -> None:
+        worker = FakeWorker("w0", models=())
+        async with fleet(worker) as f:
+            assert "echo" not in f.router.table.routes
+            worker.models = ("echo",)
+            assert await _infer(f.client, np.ones((1, 2), np.float32), "r") == "w0"
+
+    run(body)
+
+
+def test_single_flight_runs_once_for_concurrent_callers() -> None:
+    async def body() -> None:
+        calls = 0
+
+        async def refresh() -> None:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.05)
+
+        flight = SingleFlight(refresh, min_interval_s=30.0)
+        await asyncio.gather(*(flight() for _ in range(5)))
+        assert calls == 1
+        await flight()  # within the interval
+        assert calls == 1
+        eager = SingleFlight(refresh, min_interval_s=0.0)
+        await eager()
+        await eager()
+        assert calls == 3
+
+        async def broken() -> None:
+            raise OSError("down")
+
+        failing = SingleFlight(broken, min_interval_s=30.0)
+        with pytest.raises(OSError, match="down"):
+            await failing()
+        await failing()  # a failed refresh also counts against the interval
+        assert failing.count == 0
 
     run(body)

@@ -3,9 +3,10 @@
 :func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
 ``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
-row 63). In ``lpt_packing`` mode the table holds every ready replica: placement
-(:func:`hloserve.gateway.placement.compute_placement`) is not fed by measurements yet, so only
-the fill routing of that mode is active.
+row 63); a request naming a model missing from the table triggers a single-flight discovery
+pass (at most one per second) before it is answered NOT_FOUND. In ``lpt_packing`` mode the
+table holds every ready replica: placement (:func:`hloserve.gateway.placement.compute_placement`)
+is not fed by measurements yet, so only the fill routing of that mode is active.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import logging
 from collections.abc import Callable
 
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.proxy import GatewayProxy, Upstreams, discover_table, make_server
+from hloserve.gateway.proxy import (
+    GatewayProxy,
+    SingleFlight,
+    Upstreams,
+    discover_table,
+    make_server,
+)
 from hloserve.gateway.routing import Router, make_scheduler
 
 log = logging.getLogger("hloserve.gateway")
@@ -45,11 +52,17 @@ async def run_gateway(
     timeout = config.upstream.probe_timeout_seconds
     router.swap_table(await discover_table(upstreams, timeout))
     log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
+
+    async def discover() -> None:
+        router.swap_table(await discover_table(upstreams, timeout))
+
+    refresh = SingleFlight(discover, min_interval_s=1.0)
     proxy = GatewayProxy(
         router,
         upstreams,
         request_timeout_s=config.upstream.request_timeout_seconds,
         probe_timeout_s=timeout,
+        refresh=refresh,
     )
     address = listen or config.listen
     server, port = make_server(proxy, address, config.grpc)
@@ -67,7 +80,7 @@ async def run_gateway(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), config.discovery.poll_interval_seconds)
             if not stop.is_set():
-                router.swap_table(await discover_table(upstreams, timeout))
+                await refresh()
     finally:
         await server.stop(grace=2.0)
         await upstreams.close()

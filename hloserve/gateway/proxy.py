@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -127,6 +129,37 @@ async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable
     )
 
 
+class SingleFlight:
+    """Runs an async refresh for many waiting callers at once, at most once per interval.
+
+    Callers arriving while a refresh runs wait for it and do not start another; a call within
+    ``min_interval_s`` of the last completed refresh returns at once (ReactantServer row 63:
+    "synchronous single-flight refresh", "refreshes at least 1 s apart").
+
+    Args:
+        refresh: the coroutine function to run.
+        min_interval_s: seconds between two refreshes (1.0).
+    """
+
+    def __init__(self, refresh: Callable[[], Awaitable[None]], min_interval_s: float = 1.0) -> None:
+        self._refresh = refresh
+        self._min_interval = min_interval_s
+        self._lock = asyncio.Lock()
+        self._last = -math.inf
+        self.count = 0
+
+    async def __call__(self) -> None:
+        """Refresh unless one ran within the interval (or another caller is running one)."""
+        async with self._lock:
+            if time.monotonic() - self._last < self._min_interval:
+                return
+            try:
+                await self._refresh()
+                self.count += 1
+            finally:
+                self._last = time.monotonic()
+
+
 class GatewayProxy:
     """Handlers of the gateway's ``inference.GRPCInferenceService``.
 
@@ -136,6 +169,8 @@ class GatewayProxy:
         request_timeout_s: deadline of one forwarded call, seconds.
         probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
         batch_inputs: model name -> name of its batched input (default: the first input).
+        refresh: called (then routing retried once) when a request names a model that is not
+            in the table, e.g. a :class:`SingleFlight` over a discovery pass.
     """
 
     def __init__(
@@ -146,7 +181,9 @@ class GatewayProxy:
         request_timeout_s: float = 60.0,
         probe_timeout_s: float = 8.0,
         batch_inputs: Mapping[str, str] | None = None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self._refresh = refresh
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
@@ -160,6 +197,9 @@ class GatewayProxy:
             if head.model_name in self._batch_inputs:
                 head = peek_infer_request(request, self._batch_inputs[head.model_name])
             route = self._router.table.get(head.model_name)
+            if route is None and self._refresh is not None:
+                await self._refresh()
+                route = self._router.table.get(head.model_name)
             batching = route is not None and route.max_batch is not None
             # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
             lease = self._router.acquire(head.model_name, (head.batch or 1) if batching else 1)
