@@ -7,6 +7,8 @@ saying who answered); the client is tritonclient's stock ``grpc.aio`` client.
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -285,8 +287,19 @@ def test_not_ready_fleet() -> None:
     run(body)
 
 
+async def _http(port: int, path: str) -> tuple[int, str]:
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
 def test_run_gateway_discovers_models_loaded_later() -> None:
-    """Row 63: discovery polls the workers and swaps the table."""
+    """Row 63: discovery polls the workers and swaps the table; the admin port tells."""
 
     async def body() -> None:
         worker = FakeWorker("w0", models=())
@@ -298,12 +311,22 @@ def test_run_gateway_discovers_models_loaded_later() -> None:
             {"workers": [f"127.0.0.1:{port}"], "discovery": {"poll_interval_seconds": 0.1}}
         )
         stop = asyncio.Event()
-        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        ready: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
-            run_gateway(config, stop, listen="127.0.0.1:0", on_ready=ready.set_result)
+            run_gateway(
+                config,
+                stop,
+                listen="127.0.0.1:0",
+                admin_port=0,
+                on_ready=lambda port, admin: ready.set_result((port, admin)),
+            )
         )
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{await ready}")
+        port, admin = await ready
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         try:
+            assert await _http(admin, "/healthz") == (200, "ok\n")
+            assert await _http(admin, "/readyz") == (503, "not ready\n")
+            assert (await _http(admin, "/nope"))[0] == 404
             with pytest.raises(InferenceServerException, match="not served"):
                 await _infer(client, np.ones((1, 2), np.float32), "early")
             worker.models = ("echo",)
@@ -315,6 +338,14 @@ def test_run_gateway_discovers_models_loaded_later() -> None:
                 except InferenceServerException:
                     continue
             assert worker.served == ["late"]
+            assert await _http(admin, "/readyz") == (200, "ready\n")
+            status, text = await _http(admin, "/metrics")
+            assert status == 200
+            ok = 'hloserve_gateway_requests_total{model="echo",outcome="ok",worker="127.0.0.1:'
+            assert ok in text
+            assert 'hloserve_gateway_replicas{model="echo"} 1.0' in text
+            assert "hloserve_gateway_upstream_seconds_bucket" in text
+            assert "hloserve_gateway_table_swaps_total" in text
         finally:
             await client.close()
             stop.set()

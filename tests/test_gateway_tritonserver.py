@@ -35,18 +35,21 @@ class Gateway:
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._ready = threading.Event()
-        self.port = 0
+        self.port = self.admin_port = 0
         self._thread = threading.Thread(target=self._run, args=(config,), daemon=True)
         self._thread.start()
         assert self._ready.wait(60), "gateway did not start"
 
-    def _started(self, port: int) -> None:
+    def _started(self, port: int, admin_port: int) -> None:
         self.port = port
+        self.admin_port = admin_port
         self._ready.set()
 
     def _run(self, config: GatewayConfig) -> None:
         self._loop.run_until_complete(
-            run_gateway(config, self._stop, listen="127.0.0.1:0", on_ready=self._started)
+            run_gateway(
+                config, self._stop, listen="127.0.0.1:0", admin_port=0, on_ready=self._started
+            )
         )
         self._loop.close()
 

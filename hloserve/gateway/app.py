@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.proxy import (
     GatewayProxy,
@@ -34,7 +35,8 @@ async def run_gateway(
     stop: asyncio.Event,
     *,
     listen: str | None = None,
-    on_ready: Callable[[int], None] | None = None,
+    admin_port: int | None = None,
+    on_ready: Callable[[int, int], None] | None = None,
 ) -> None:
     """Serve the gateway until ``stop`` is set, then shut down within a few seconds.
 
@@ -42,7 +44,8 @@ async def run_gateway(
         config: the settings.
         stop: set it to stop the gateway.
         listen: overrides ``config.listen`` (tests pass "127.0.0.1:0" for a free port).
-        on_ready: called with the bound port once the server accepts calls.
+        admin_port: overrides ``config.admin_port`` (0 = a free port).
+        on_ready: called with the bound gRPC port and admin port once both accept calls.
 
     Raises:
         OSError: the listen address cannot be bound.
@@ -50,31 +53,46 @@ async def run_gateway(
     upstreams = Upstreams(config.workers, config.grpc)
     router = Router(make_scheduler(config))
     timeout = config.upstream.probe_timeout_seconds
-    router.swap_table(await discover_table(upstreams, timeout))
-    log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
+    metrics = GatewayMetrics(router)
 
     async def discover() -> None:
         router.swap_table(await discover_table(upstreams, timeout))
+        metrics.table_swaps.inc()
 
     refresh = SingleFlight(discover, min_interval_s=1.0)
+    await refresh()
+    log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
     proxy = GatewayProxy(
         router,
         upstreams,
         request_timeout_s=config.upstream.request_timeout_seconds,
         probe_timeout_s=timeout,
         refresh=refresh,
+        metrics=metrics,
     )
     address = listen or config.listen
     server, port = make_server(proxy, address, config.grpc)
     if port == 0:
         await upstreams.close()
         raise OSError(f"gateway: cannot listen on {address}")
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        admin = AdminServer(
+            host,
+            config.admin_port if admin_port is None else admin_port,
+            metrics,
+            ready=lambda: any(r.replicas for r in router.table.routes.values()),
+        )
+    except OSError:
+        await upstreams.close()
+        raise
+    admin.start()
     await server.start()
     log.info(
         "gateway: listening on %s (mode %s)", address.rpartition(":")[0] + f":{port}", config.mode
     )
     if on_ready is not None:
-        on_ready(port)
+        on_ready(port, admin.port)
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -83,4 +101,5 @@ async def run_gateway(
                 await refresh()
     finally:
         await server.stop(grace=2.0)
+        admin.close()
         await upstreams.close()

@@ -39,6 +39,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError
+from hloserve.gateway.admin import GatewayMetrics
 from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
@@ -171,6 +172,7 @@ class GatewayProxy:
         batch_inputs: model name -> name of its batched input (default: the first input).
         refresh: called (then routing retried once) when a request names a model that is not
             in the table, e.g. a :class:`SingleFlight` over a discovery pass.
+        metrics: where upstream calls of ModelInfer are recorded (none when None).
     """
 
     def __init__(
@@ -182,8 +184,10 @@ class GatewayProxy:
         probe_timeout_s: float = 8.0,
         batch_inputs: Mapping[str, str] | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self._refresh = refresh
+        self._metrics = metrics
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
@@ -210,13 +214,18 @@ class GatewayProxy:
             worker: str | None = lease.worker
             last: grpc.aio.AioRpcError | None = None
             while worker is not None:
+                start = time.perf_counter()
                 try:
-                    return await self._upstreams.raw(worker, "ModelInfer")(
+                    reply: bytes = await self._upstreams.raw(worker, "ModelInfer")(
                         request, timeout=self._timeout
                     )
+                    self._observe(head.model_name, worker, "ok", start)
+                    return reply
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        self._observe(head.model_name, worker, "error", start)
                         await context.abort(exc.code(), exc.details() or "")
+                    self._observe(head.model_name, worker, "failover", start)
                     last = exc
                     log.warning("worker %s: ModelInfer UNAVAILABLE; failing over", worker)
                     worker = self._router.fail_over(lease)
@@ -228,6 +237,10 @@ class GatewayProxy:
             raise AssertionError("unreachable")
         finally:
             self._router.release(lease)
+
+    def _observe(self, model: str, worker: str, outcome: str, start: float) -> None:
+        if self._metrics is not None:
+            self._metrics.observe(model, worker, outcome, time.perf_counter() - start)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

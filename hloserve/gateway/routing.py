@@ -126,6 +126,10 @@ class Load:
         work = self._worker_work.get(worker, 0.0)
         return round(work / WORK_QUANTUM_SECONDS) * WORK_QUANTUM_SECONDS
 
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """Copy of the non-zero in-flight items per (model, worker)."""
+        return dict(self._items)
+
     def add(self, model: str, worker: str, items: int, work: float) -> None:
         """Charge (positive) or free (negative) ``items`` and ``work``."""
         key = (model, worker)
@@ -388,6 +392,11 @@ class Router:
         """Items of ``model`` in flight on ``worker``."""
         with self._lock:
             return self._load.outstanding(model, worker)
+
+    def outstanding_all(self) -> dict[tuple[str, str], int]:
+        """Items in flight per (model, worker), only the non-zero ones."""
+        with self._lock:
+            return self._load.snapshot()
 
     def worker_items(self, workers: Iterable[str]) -> dict[str, int]:
         """In-flight items per worker, every model together."""

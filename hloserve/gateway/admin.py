@@ -1,0 +1,146 @@
+"""The gateway's admin HTTP port: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text).
+
+Metrics (own registry, prefix ``hloserve_gateway_``), as issue 5 lists them:
+
+- ``requests_total{model, worker, outcome}``: upstream calls by outcome (``ok``, ``failover``
+  for UNAVAILABLE answers that moved the request on, ``error`` for other upstream codes).
+- ``upstream_seconds{model, worker}``: histogram of upstream call latency, seconds.
+- ``outstanding_items{model, worker}``: items in flight now (read from the router on scrape).
+- ``replicas{model}``: replicas of each model in the current routing table.
+- ``table_swaps_total``: routing tables installed (discovery passes).
+
+The HTTP server is the standard library's, on a daemon thread: scrapes never touch the
+gateway's event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from hloserve.gateway.routing import Router
+
+PREFIX = "hloserve_gateway_"
+
+
+class _RouterCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        outstanding = GaugeMetricFamily(
+            PREFIX + "outstanding_items",
+            "Items in flight per model and worker.",
+            labels=["model", "worker"],
+        )
+        for (model, worker), items in sorted(self._router.outstanding_all().items()):
+            outstanding.add_metric([model, worker], items)
+        yield outstanding
+        replicas = GaugeMetricFamily(
+            PREFIX + "replicas", "Replicas of each model in the routing table.", labels=["model"]
+        )
+        for model, route in sorted(self._router.table.routes.items()):
+            replicas.add_metric([model], len(route.replicas))
+        yield replicas
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, in a registry of their own.
+
+    Args:
+        router: read at scrape time for in-flight items and the table.
+    """
+
+    def __init__(self, router: Router) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            PREFIX + "requests",
+            "Upstream calls by model, worker and outcome (ok, failover, error).",
+            ["model", "worker", "outcome"],
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            PREFIX + "upstream_seconds",
+            "Upstream call latency, seconds.",
+            ["model", "worker"],
+            registry=self.registry,
+        )
+        self.table_swaps = Counter(
+            PREFIX + "table_swaps", "Routing tables installed.", registry=self.registry
+        )
+        self.registry.register(_RouterCollector(router))
+
+    def observe(self, model: str, worker: str, outcome: str, seconds: float) -> None:
+        """Record one upstream call."""
+        self.requests.labels(model, worker, outcome).inc()
+        self.upstream_seconds.labels(model, worker).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return bytes(generate_latest(self.registry))
+
+
+class AdminServer:
+    """``/healthz`` (always 200 while running), ``/readyz`` (200 when ``ready()``, else 503),
+    ``/metrics`` on a daemon thread.
+
+    Args:
+        host: address to bind (the gateway's listen host).
+        port: port; 0 picks a free one (see :attr:`port`).
+        metrics: what ``/metrics`` serves.
+        ready: readiness test, called per ``/readyz`` request; must be cheap and thread-safe.
+    """
+
+    def __init__(
+        self, host: str, port: int, metrics: GatewayMetrics, ready: Callable[[], bool]
+    ) -> None:
+        def handle(handler: BaseHTTPRequestHandler) -> None:
+            path = handler.path.split("?", 1)[0]
+            if path == "/healthz":
+                status, body, kind = 200, b"ok\n", "text/plain"
+            elif path == "/readyz":
+                ok = ready()
+                status, body, kind = (
+                    (200 if ok else 503),
+                    (b"ready\n" if ok else b"not ready\n"),
+                    "text/plain",
+                )
+            elif path == "/metrics":
+                status, body, kind = 200, metrics.exposition(), CONTENT_TYPE_LATEST
+            else:
+                status, body, kind = 404, b"not found\n", "text/plain"
+            handler.send_response(status)
+            handler.send_header("Content-Type", kind)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # scrapes are not logged
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="hloserve-gateway-admin", daemon=True
+        )
+
+    def start(self) -> None:
+        """Serve on the daemon thread."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
