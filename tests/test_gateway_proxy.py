@@ -31,6 +31,7 @@ from hloserve.gateway.proxy import (
     channel_options,
     discover_table,
     make_server,
+    poll_counters,
 )
 from hloserve.gateway.routing import LptPackingScheduler, RoundRobinScheduler, Router
 
@@ -54,6 +55,9 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             row = response.model_stats.add(name=m, version="1")
             row.inference_count = row.execution_count = len(self.served)
             row.inference_stats.success.count = len(self.served)
+            batch = row.batch_stats.add(batch_size=1)
+            batch.compute_infer.count = len(self.served)
+            batch.compute_infer.ns = 2_000_000 * len(self.served)
         return response
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
@@ -466,5 +470,52 @@ def test_single_flight_runs_once_for_concurrent_callers() -> None:
             await failing()
         await failing()  # a failed refresh also counts against the interval
         assert failing.count == 0
+
+    run(body)
+
+
+def test_lpt_packing_gateway_places_each_model_on_one_worker() -> None:
+    """Rows 69, 72: default replicas 1: every request of the model goes to its one worker."""
+
+    async def body() -> None:
+        workers = [FakeWorker("w0"), FakeWorker("w1")]
+        servers, endpoints = [], []
+        for worker in workers:
+            server = grpc.aio.server(options=channel_options(LIMITS))
+            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
+            endpoints.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            await server.start()
+            servers.append(server)
+        config = GatewayConfig.model_validate({"workers": endpoints, "mode": "lpt_packing"})
+        stop = asyncio.Event()
+        ready: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            run_gateway(
+                config,
+                stop,
+                listen="127.0.0.1:0",
+                admin_port=0,
+                on_ready=lambda port, admin: ready.set_result((port, admin)),
+            )
+        )
+        port, _ = await ready
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        upstreams = Upstreams(endpoints, LIMITS)
+        try:
+            answered = {
+                await _infer(client, np.ones((1, 2), np.float32), f"r{i}") for i in range(4)
+            }
+            assert len(answered) == 1
+            counters = await poll_counters(upstreams, 5.0)
+            served_on = endpoints[0] if answered == {"w0"} else endpoints[1]
+            assert counters[("echo", served_on)].items == 4
+            assert counters[("echo", served_on)].compute_seconds == pytest.approx(0.008)
+        finally:
+            await client.close()
+            await upstreams.close()
+            stop.set()
+            await task
+            for server in servers:
+                await server.stop(None)
 
     run(body)

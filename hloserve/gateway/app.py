@@ -4,9 +4,10 @@
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
 ``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
 row 63); a request naming a model missing from the table triggers a single-flight discovery
-pass (at most one per second) before it is answered NOT_FOUND. In ``lpt_packing`` mode the
-table holds every ready replica: placement (:func:`hloserve.gateway.placement.compute_placement`)
-is not fed by measurements yet, so only the fill routing of that mode is active.
+pass (at most one per second) before it is answered NOT_FOUND. In ``lpt_packing`` mode each
+pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
+restrict the table to the placement (repacked at startup, on fleet changes and per the
+rebalance budget).
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.packing import LptController
 from hloserve.gateway.proxy import (
     GatewayProxy,
     SingleFlight,
     Upstreams,
     discover_table,
     make_server,
+    poll_counters,
 )
 from hloserve.gateway.routing import Router, make_scheduler
 
@@ -55,8 +59,18 @@ async def run_gateway(
     timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
 
+    controller = LptController(config.scheduling) if config.mode == "lpt_packing" else None
+    last_tick = time.monotonic()
+
     async def discover() -> None:
-        router.swap_table(await discover_table(upstreams, timeout))
+        nonlocal last_tick
+        table = await discover_table(upstreams, timeout)
+        if controller is not None:
+            counters = await poll_counters(upstreams, timeout)
+            now = time.monotonic()
+            table = controller.tick(table, counters, now - last_tick)
+            last_tick = now
+        router.swap_table(table)
         metrics.table_swaps.inc()
 
     refresh = SingleFlight(discover, min_interval_s=1.0)

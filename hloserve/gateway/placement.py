@@ -120,8 +120,8 @@ def compute_placement(
     worker whose budget the model would overflow is skipped while another has room; when none
     has room the model is placed anyway and a warning names it. Hysteresis: a worker that held
     the model in ``previous`` is kept when its pressure x (1 - hysteresis) is at most the best
-    pressure (so with 0 it is kept on ties only). Ties between workers go to the earlier one
-    in ``workers``.
+    pressure (so with 0 it is kept on ties only). Ties between workers go to the one holding
+    fewer models (so cold models of unknown weight spread), then to the earlier in ``workers``.
 
     Args:
         models: the models to place.
@@ -147,6 +147,7 @@ def compute_placement(
     index = {w.name: i for i, w in enumerate(workers)}
     compute = {w.name: 0.0 for w in workers}
     memory = {w.name: 0 for w in workers}
+    placed = {w.name: 0 for w in workers}
     warnings: list[str] = []
     held: list[str] = []
     assignment: dict[str, tuple[str, ...]] = {}
@@ -187,6 +188,7 @@ def compute_placement(
             keys = {
                 w.name: (
                     *_slot_key(w, model, share, compute[w.name], memory[w.name]),
+                    placed[w.name],
                     index[w.name],
                 )
                 for w in candidates
@@ -201,6 +203,7 @@ def compute_placement(
                     if keys[best_home][0] > keys[best][0] + _EPS:
                         was_held = True
             chosen.append(pick)
+            placed[pick] += 1
             compute[pick] += share
             memory[pick] += model.weight_bytes
         assignment[model.name] = tuple(chosen)

@@ -42,6 +42,7 @@ from hloserve.errors import HloserveError
 from hloserve.gateway.admin import GatewayMetrics
 from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
+from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.gateway.wire import peek_infer_request
 
@@ -128,6 +129,32 @@ async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable
     return RoutingTable(
         {n: ModelRoute(tuple(replicas[n]), max_batch=s) for n, s in zip(names, sizes, strict=True)}
     )
+
+
+async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
+    """Cumulative items and execution seconds per (model, worker) from ``ModelStatistics``.
+
+    Items are ``inference_count``; seconds are the sum of ``batch_stats[*].compute_infer.ns``
+    (counted once per execution). Workers that fail are left out.
+    """
+    request = service_pb2.ModelStatisticsRequest().SerializeToString()
+
+    async def one(worker: str) -> tuple[str, bytes | None]:
+        try:
+            return worker, await upstreams.raw(worker, "ModelStatistics")(
+                request, timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return worker, None
+
+    counters: dict[tuple[str, str], Counters] = {}
+    for worker, reply in await asyncio.gather(*(one(w) for w in upstreams.workers)):
+        if reply is None:
+            continue
+        for row in service_pb2.ModelStatisticsResponse.FromString(reply).model_stats:
+            ns = sum(b.compute_infer.ns for b in row.batch_stats)
+            counters[(row.name, worker)] = Counters(row.inference_count, ns / 1e9)
+    return counters
 
 
 class SingleFlight:

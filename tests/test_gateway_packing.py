@@ -1,0 +1,112 @@
+"""The lpt_packing control loop: statistics -> EWMAs -> repack -> table (rows 68, 69, 71, 72)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hloserve.gateway.config import SchedulingConfig
+from hloserve.gateway.packing import Counters, LptController
+from hloserve.gateway.placement import ModelLoad, WorkerCapacity, compute_placement
+from hloserve.gateway.routing import ModelRoute, RoutingTable
+
+WORKERS = ("w0", "w1")
+
+
+def _discovered(*models: str) -> RoutingTable:
+    return RoutingTable({m: ModelRoute(WORKERS, max_batch=8) for m in models})
+
+
+def _counters(**per_model: tuple[int, float]) -> dict[tuple[str, str], Counters]:
+    """Cumulative counters, all on w0 (where a model is served does not matter to its EWMA)."""
+    return {(m, "w0"): Counters(items, seconds) for m, (items, seconds) in per_model.items()}
+
+
+def test_first_tick_places_every_model_with_its_replica_count() -> None:
+    """Row 72: replicas per model from the config; row 69: placed at startup."""
+    controller = LptController(SchedulingConfig(models={"a": {"replicas": 2}}))
+    table = controller.tick(_discovered("a", "b", "c"), {}, 1.0)
+    assert sorted(table.routes["a"].replicas) == ["w0", "w1"]
+    assert len(table.routes["b"].replicas) == 1
+    assert len(table.routes["c"].replicas) == 1
+    # cold models of unknown weight spread instead of piling on the first worker
+    assert table.routes["b"].replicas != table.routes["c"].replicas
+    assert table.routes["a"].max_batch == 8
+
+
+def test_cold_models_spread_over_workers() -> None:
+    placement = compute_placement(
+        [ModelLoad(n) for n in "abcd"], [WorkerCapacity("w0"), WorkerCapacity("w1")]
+    )
+    assert [placement.assignment[n] for n in "abcd"] == [("w0",), ("w1",), ("w0",), ("w1",)]
+
+
+def test_observe_measures_rate_and_cost_per_item() -> None:
+    """Row 68: cost per item = delta compute seconds / delta items."""
+    controller = LptController(SchedulingConfig())
+    assert controller.observe(_counters(a=(50, 0.5)), 10.0) == 0.0  # baseline only
+    assert controller.observe(_counters(a=(150, 1.5)), 10.0) == pytest.approx(1.0)
+    rate, cost = controller.estimates()["a"]
+    assert rate == pytest.approx(10.0) and cost == pytest.approx(0.01)
+
+
+def test_a_counter_reset_counts_as_a_fresh_start() -> None:
+    controller = LptController(SchedulingConfig())
+    controller.observe(_counters(a=(1000, 10.0)), 1.0)
+    assert controller.observe(_counters(a=(20, 0.4)), 2.0) == pytest.approx(0.4)
+    assert controller.estimates()["a"] == (pytest.approx(10.0), pytest.approx(0.02))
+
+
+def test_ewma_weighs_new_samples_by_fleet_compute() -> None:
+    """Row 71: the EWMA decays against fleet compute seconds (half-life = rebalance budget)."""
+    controller = LptController(SchedulingConfig(rebalance_compute_seconds=1.0))
+    controller.observe(_counters(a=(0, 0.0)), 1.0)
+    controller.observe(_counters(a=(100, 1.0)), 1.0)  # first sample: rate 100
+    controller.observe(_counters(a=(300, 2.0)), 1.0)  # 1 s of compute = one half-life
+    rate, cost = controller.estimates()["a"]
+    assert rate == pytest.approx(150.0)  # halfway from 100 to 200
+    assert cost == pytest.approx(0.0075)  # halfway from 0.01 to 0.005
+
+
+def test_traffic_repack_separates_the_heavy_models() -> None:
+    """Rows 69, 71: after the compute budget, heavy models are spread heaviest first."""
+    controller = LptController(
+        SchedulingConfig(rebalance_compute_seconds=1.0, first_rebalance_compute_seconds=0)
+    )
+    discovered = _discovered("a", "b", "c")
+    table = controller.tick(discovered, _counters(a=(0, 0), b=(0, 0), c=(0, 0)), 1.0)
+    assert table.routes["a"].replicas == table.routes["c"].replicas == ("w0",)  # cold start
+    assert controller.clock.repacks == 0
+    busy = _counters(a=(100, 1.0), b=(1, 0.001), c=(100, 1.0))
+    table = controller.tick(discovered, busy, 1.0)
+    assert controller.clock.repacks == 1
+    assert table.routes["a"].replicas != table.routes["c"].replicas
+    assert table.routes["a"].cost_per_item_seconds == pytest.approx(0.01)
+    assert controller.placement is not None and controller.placement.moved != ()
+
+
+def test_idle_fleet_keeps_its_placement() -> None:
+    controller = LptController(SchedulingConfig(rebalance_compute_seconds=1.0))
+    discovered = _discovered("a", "b")
+    first = controller.tick(discovered, _counters(a=(5, 0.1)), 1.0)
+    placement = controller.placement
+    again = controller.tick(discovered, _counters(a=(5, 0.1)), 1.0)
+    assert controller.placement is placement
+    assert again.routes == first.routes
+
+
+def test_a_new_model_or_worker_triggers_a_repack() -> None:
+    controller = LptController(SchedulingConfig())
+    controller.tick(_discovered("a"), {}, 1.0)
+    table = controller.tick(_discovered("a", "b"), {}, 1.0)
+    assert "b" in table.routes and len(table.routes["b"].replicas) == 1
+
+
+def test_placed_worker_gone_falls_back_to_discovered_replicas() -> None:
+    controller = LptController(SchedulingConfig())
+    controller.tick(RoutingTable({"a": ModelRoute(("w0",)), "b": ModelRoute(("w1",))}), {}, 1.0)
+    # the set of workers is unchanged, but a moved: route over what discovery says
+    table = controller.tick(
+        RoutingTable({"a": ModelRoute(("w1",)), "b": ModelRoute(("w0",))}), {}, 1.0
+    )
+    assert table.routes["a"].replicas == ("w1",)
+    assert table.routes["b"].replicas == ("w0",)
