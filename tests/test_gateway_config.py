@@ -162,3 +162,20 @@ def test_config_is_frozen() -> None:
     config = GatewayConfig(workers=("127.0.0.1:8101",))
     with pytest.raises(ValueError, match="frozen"):
         config.mode = "lpt_packing"  # type: ignore[misc]
+
+
+def test_worker_metrics_one_per_worker() -> None:
+    config = load_config(
+        environ={
+            "HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8101,127.0.0.1:8201",
+            "HLOSERVE_GATEWAY_WORKER_METRICS": "127.0.0.1:8103,127.0.0.1:8203",
+        }
+    )
+    assert config.worker_metrics == ("127.0.0.1:8103", "127.0.0.1:8203")
+    with pytest.raises(GatewayConfigError, match="names 1 endpoints for 2 workers"):
+        load_config(
+            environ={
+                "HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8101,127.0.0.1:8201",
+                "HLOSERVE_GATEWAY_WORKER_METRICS": "127.0.0.1:8103",
+            }
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hloserve.gateway.config import SchedulingConfig
-from hloserve.gateway.packing import Counters, LptController
+from hloserve.gateway.packing import Counters, LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.placement import ModelLoad, WorkerCapacity, compute_placement
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 
@@ -110,3 +110,39 @@ def test_placed_worker_gone_falls_back_to_discovered_replicas() -> None:
     )
     assert table.routes["a"].replicas == ("w1",)
     assert table.routes["b"].replicas == ("w0",)
+
+
+METRICS = """# HELP hloserve_weight_cache_budget_bytes budget
+hloserve_weight_cache_budget_bytes 100
+hloserve_weight_bytes{model="a",residency="unpinned"} 60
+hloserve_weight_bytes{model="b",residency="unpinned"} 50
+"""
+
+
+def test_weights_from_metrics() -> None:
+    """Footprints and budgets come from the runtime's hloserve_weight_* series."""
+    info = weights_from_metrics(
+        {"w0": METRICS, "w1": METRICS.replace("} 50", "} 55"), "w2": "nv_inference_count 1\n"}
+    )
+    assert dict(info.model_bytes) == {"a": 60, "b": 55}
+    assert dict(info.budget_bytes) == {"w0": 100, "w1": 100}
+
+
+def test_weights_keep_models_within_budget() -> None:
+    """Row 69: b and c (60 bytes each) would share w1 on compute alone; budgets forbid it."""
+    knobs = SchedulingConfig(rebalance_compute_seconds=0.1, first_rebalance_compute_seconds=0)
+    start = _counters(a=(0, 0.0), b=(0, 0.0), c=(0, 0.0))
+    busy = _counters(a=(100, 1.0), b=(10, 0.1), c=(10, 0.1))
+    info = WeightInfo({"a": 10, "b": 60, "c": 60}, {"w0": 100, "w1": 100})
+
+    blind = LptController(knobs)
+    blind.tick(_discovered("a", "b", "c"), start, 1.0)
+    table = blind.tick(_discovered("a", "b", "c"), busy, 1.0)
+    assert table.routes["b"].replicas == table.routes["c"].replicas
+
+    aware = LptController(knobs)
+    aware.tick(_discovered("a", "b", "c"), start, 1.0, info)
+    table = aware.tick(_discovered("a", "b", "c"), busy, 1.0, info)
+    assert table.routes["b"].replicas != table.routes["c"].replicas
+    assert aware.placement is not None
+    assert max(aware.placement.weight_bytes.values()) <= 100

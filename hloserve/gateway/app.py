@@ -18,9 +18,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from hloserve.errors import HloserveError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.packing import LptController
+from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import (
     GatewayProxy,
     SingleFlight,
@@ -30,8 +31,20 @@ from hloserve.gateway.proxy import (
     poll_counters,
 )
 from hloserve.gateway.routing import Router, make_scheduler
+from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
+
+
+def _poll_weights(config: GatewayConfig, timeout_s: float) -> WeightInfo:
+    """Footprints and budgets from every configured worker metrics endpoint (blocking)."""
+    texts = {}
+    for worker, endpoint in zip(config.workers, config.worker_metrics, strict=False):
+        try:
+            texts[worker] = fetch_metrics(endpoint, timeout_s)
+        except HloserveError as exc:
+            log.debug("worker %s: no weight metrics: %s", worker, exc)
+    return weights_from_metrics(texts)
 
 
 async def run_gateway(
@@ -67,8 +80,9 @@ async def run_gateway(
         table = await discover_table(upstreams, timeout)
         if controller is not None:
             counters = await poll_counters(upstreams, timeout)
+            weights = await asyncio.to_thread(_poll_weights, config, timeout)
             now = time.monotonic()
-            table = controller.tick(table, counters, now - last_tick)
+            table = controller.tick(table, counters, now - last_tick, weights)
             last_tick = now
         router.swap_table(table)
         metrics.table_swaps.inc()

@@ -13,6 +13,7 @@ levels::
     HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2            -> scheduling.hysteresis
     HLOSERVE_GATEWAY_UPSTREAM__REQUEST_TIMEOUT_SECONDS=30  -> upstream.request_timeout_seconds
     HLOSERVE_GATEWAY_WORKERS=127.0.0.1:8101,127.0.0.1:8102 -> workers (comma list, replaces)
+    HLOSERVE_GATEWAY_WORKER_METRICS=127.0.0.1:8103,...     -> worker_metrics (likewise)
 
 Values are parsed like the YAML scalars they stand for (``true``, ``0.2``, ``all``). An
 override wins over the file. A variable with the prefix that names no field is an error (a
@@ -27,9 +28,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hloserve.errors import InvalidArgumentError
+
+#: Top-level keys whose environment form is a comma list that replaces the list.
+_LIST_KEYS = ("workers", "worker_metrics")
 
 #: Prefix of every environment override.
 ENV_PREFIX = "HLOSERVE_GATEWAY_"
@@ -183,6 +194,9 @@ class GatewayConfig(_Section):
         admin_port: port of the admin HTTP server (/healthz, /readyz, /metrics) on the listen
             host (8002, Triton's metrics port).
         workers: host:port of every worker's gRPC endpoint, at least one, no duplicates.
+        worker_metrics: host:port of every worker's metrics endpoint (Triton's 8002), in the
+            order of ``workers``; empty (default) = weight footprints and budgets unknown.
+            ``lpt_packing`` reads the runtime's ``hloserve_weight_*`` series there.
         mode: ``round_robin`` (default), ``least_outstanding`` or ``lpt_packing`` (rows 66-69).
         scheduling: ``lpt_packing`` knobs (ignored by the other modes).
         discovery: route discovery settings.
@@ -193,6 +207,7 @@ class GatewayConfig(_Section):
     listen: str = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)
     workers: tuple[str, ...] = Field(min_length=1)
+    worker_metrics: tuple[str, ...] = ()
     mode: Mode = "round_robin"
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
@@ -213,6 +228,22 @@ class GatewayConfig(_Section):
         if duplicates:
             raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
         return value
+
+    @field_validator("worker_metrics")
+    @classmethod
+    def _worker_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for endpoint in value:
+            _check_host_port(endpoint)
+        return value
+
+    @model_validator(mode="after")
+    def _same_length(self) -> GatewayConfig:
+        if self.worker_metrics and len(self.worker_metrics) != len(self.workers):
+            raise ValueError(
+                f"worker_metrics names {len(self.worker_metrics)} endpoints for"
+                f" {len(self.workers)} workers; give one per worker, in the same order"
+            )
+        return self
 
 
 def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -242,7 +273,7 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str
                 break
             raw = environ[name]
             value: Any
-            if key == "workers":
+            if key in _LIST_KEYS:
                 value = [w.strip() for w in raw.split(",") if w.strip()]
             else:
                 try:

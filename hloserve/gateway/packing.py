@@ -8,17 +8,19 @@ with the fleet's compute seconds, repacks with
 :func:`~hloserve.gateway.placement.compute_placement` at startup and when the clock says so
 (ReactantServer rows 68, 69, 71), and returns the discovered table restricted to the placement.
 
-Not done yet: weight footprints and budgets (every model weighs 0, every budget is unlimited:
-the runtime does not publish them in a form the gateway reads), operator repacks, EWMA
-half-life decoupled from the rebalance budget.
+Weight footprints and budgets come from the runtime's ``hloserve_weight_*`` metrics
+(:func:`weights_from_metrics`) when the workers' metrics endpoints are configured; otherwise
+every model weighs 0 and budgets are unlimited. Not done yet: operator repacks, EWMA half-life
+decoupled from the rebalance budget.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.config import SchedulingConfig
 from hloserve.gateway.placement import (
     ModelLoad,
@@ -28,6 +30,7 @@ from hloserve.gateway.placement import (
     compute_placement,
 )
 from hloserve.gateway.routing import ModelRoute, RoutingTable
+from hloserve.node.status import cache_status
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -44,6 +47,44 @@ class Counters:
 
     items: int
     compute_seconds: float
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """Weight footprints and budgets as the workers' runtimes publish them.
+
+    Attributes:
+        model_bytes: model -> device bytes of its weights (the largest any worker reports).
+        budget_bytes: worker -> weight cache budget, bytes (0 or absent = unlimited).
+    """
+
+    model_bytes: Mapping[str, int] = field(default_factory=dict)
+    budget_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
+    """Read footprints and budgets from each worker's Prometheus text.
+
+    Args:
+        texts: worker (gRPC endpoint) -> text of its metrics endpoint; workers whose text
+            holds no ``hloserve_weight_*`` series are left out.
+
+    Source: the runtime's series ``hloserve_weight_cache_budget_bytes`` and
+    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.metrics), parsed with
+    :func:`hloserve.node.status.cache_status`.
+    """
+    models: dict[str, int] = {}
+    budgets: dict[str, int] = {}
+    for worker, text in texts.items():
+        try:
+            status = cache_status(text)
+        except InvalidArgumentError:
+            continue
+        budgets[worker] = int(status.budget_bytes)
+        for name, row in status.models.items():
+            if row.nbytes is not None:
+                models[name] = max(models.get(name, 0), int(row.nbytes))
+    return WeightInfo(models, budgets)
 
 
 @dataclass
@@ -122,6 +163,7 @@ class LptController:
         discovered: RoutingTable,
         counters: Mapping[tuple[str, str], Counters],
         elapsed_seconds: float,
+        weights: WeightInfo | None = None,
     ) -> RoutingTable:
         """One control step: observe, repack if due, and return the table to route with.
 
@@ -135,11 +177,11 @@ class LptController:
         changed = models != self._placed_models or frozenset(workers) != self._placed_workers
         due = self.clock.advance(fleet)
         if workers and (self.placement is None or changed or due):
-            self._repack(discovered, workers)
+            self._repack(discovered, workers, weights or WeightInfo())
             self._placed_models, self._placed_workers = models, frozenset(workers)
         return self._restrict(discovered)
 
-    def _repack(self, discovered: RoutingTable, workers: list[str]) -> None:
+    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
         loads = []
         for name, route in discovered.routes.items():
             estimate = self._estimates.get(name, _Estimate())
@@ -149,13 +191,14 @@ class LptController:
                     name,
                     arrival_rate=estimate.rate,
                     cost_per_item_seconds=cost,
+                    weight_bytes=weights.model_bytes.get(name, 0),
                     replicas=self._scheduling.replicas_of(name),
                 )
             )
         previous = self.placement.assignment if self.placement is not None else None
         self.placement = compute_placement(
             loads,
-            [WorkerCapacity(w) for w in workers],
+            [WorkerCapacity(w, weights.budget_bytes.get(w, 0)) for w in workers],
             previous=previous,
             hysteresis=self._scheduling.hysteresis,
             forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
