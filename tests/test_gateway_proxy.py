@@ -519,3 +519,51 @@ def test_lpt_packing_gateway_places_each_model_on_one_worker() -> None:
                 await server.stop(None)
 
     run(body)
+
+
+def test_cli_gateway_serves_until_sigterm() -> None:
+    """`hloserve gateway` with env-only settings: live, not ready (no worker), exits 0 on TERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import tritonclient.grpc as triton_grpc
+
+    from hloserve.node.tritonserver import free_ports
+
+    grpc_port, admin_port, dead_port = free_ports(3)
+    env = dict(
+        os.environ,
+        HLOSERVE_GATEWAY_WORKERS=f"127.0.0.1:{dead_port}",
+        HLOSERVE_GATEWAY_LISTEN=f"127.0.0.1:{grpc_port}",
+        HLOSERVE_GATEWAY_ADMIN_PORT=str(admin_port),
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hloserve.cli", "gateway"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.is_server_live()
+                break
+            except InferenceServerException:
+                assert time.monotonic() < deadline, "gateway did not start"
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                time.sleep(0.2)
+        assert not client.is_server_ready()
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
