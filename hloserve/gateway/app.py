@@ -126,7 +126,10 @@ async def run_gateway(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), config.discovery.poll_interval_seconds)
             if not stop.is_set():
-                await refresh()
+                try:
+                    await refresh()
+                except Exception:  # a bad pass must not stop the gateway; the next may work
+                    log.exception("gateway: discovery pass failed; keeping the current table")
     finally:
         await server.stop(grace=2.0)
         admin.close()
