@@ -567,3 +567,23 @@ def test_cli_gateway_serves_until_sigterm() -> None:
             process.wait()
         if process.stderr is not None:
             process.stderr.close()
+
+
+def test_worker_not_found_fails_over_and_refreshes() -> None:
+    """Row 64: a replica that lost the model answers NOT_FOUND; the request moves on and the
+    table is refreshed in the background (row 63)."""
+
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0"), FakeWorker("w1")
+        async with fleet(w0, w1) as f:
+            assert len(f.router.table.routes["echo"].replicas) == 2
+            w0.models = ()
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(f.client, data, f"r{i}") for i in range(4)] == ["w1"] * 4
+            for _ in range(100):
+                if len(f.router.table.routes["echo"].replicas) == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(f.router.table.routes["echo"].replicas) == 1
+
+    run(body)

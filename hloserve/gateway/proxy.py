@@ -5,9 +5,10 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
 
 - ``ModelInfer`` is forwarded as the bytes the client sent and answered with the bytes the
   worker sent: :func:`hloserve.gateway.wire.peek_infer_request` reads the model name and the
-  batch extent, nothing is re-marshalled (ReactantServer row 62). UNAVAILABLE from a replica
-  sends the request to the next replica of the lease's order (row 64); any other error is
-  returned to the client with its code and message.
+  batch extent, nothing is re-marshalled (ReactantServer row 62). UNAVAILABLE or NOT_FOUND
+  from a replica sends the request to the next replica of the lease's order (row 64; NOT_FOUND
+  also refreshes the table in the background); any other error is returned to the client
+  with its code and message.
 - ``ModelStreamInfer``: passed through (bytes) to the replica chosen by the stream's first
   request; no failover once open.
 - ``ServerLive``: the gateway's own liveness. ``ServerReady``: true when at least one worker
@@ -49,6 +50,9 @@ from hloserve.gateway.wire import peek_infer_request
 log = logging.getLogger("hloserve.gateway")
 
 SERVICE = "inference.GRPCInferenceService"
+
+#: Upstream codes after which ModelInfer tries the next replica (ReactantServer row 64).
+_FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
 
 def _method(name: str) -> str:
@@ -215,6 +219,7 @@ class GatewayProxy:
     ) -> None:
         self._refresh = refresh
         self._metrics = metrics
+        self._background: set[asyncio.Future[None]] = set()
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
@@ -222,7 +227,12 @@ class GatewayProxy:
         self._batch_inputs = dict(batch_inputs or {})
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Forward one inference request to a replica, failing over on UNAVAILABLE."""
+        """Forward one inference request to a replica.
+
+        UNAVAILABLE or NOT_FOUND from a replica moves the request to the next one (row 64);
+        NOT_FOUND also starts a background refresh of the table. When no replica is left the
+        answer is NOT_FOUND if the last replica said so, else UNAVAILABLE.
+        """
         try:
             head = peek_infer_request(request)
             if head.model_name in self._batch_inputs:
@@ -249,13 +259,17 @@ class GatewayProxy:
                     self._observe(head.model_name, worker, "ok", start)
                     return reply
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    if exc.code() not in _FAILOVER_CODES:
                         self._observe(head.model_name, worker, "error", start)
                         await context.abort(exc.code(), exc.details() or "")
                     self._observe(head.model_name, worker, "failover", start)
                     last = exc
-                    log.warning("worker %s: ModelInfer UNAVAILABLE; failing over", worker)
+                    log.warning("worker %s: ModelInfer %s; failing over", worker, exc.code().name)
+                    if exc.code() == grpc.StatusCode.NOT_FOUND:
+                        self._refresh_soon()
                     worker = self._router.fail_over(lease)
+            if last is not None and last.code() == grpc.StatusCode.NOT_FOUND:
+                await context.abort(grpc.StatusCode.NOT_FOUND, last.details() or "")
             details = last.details() if last is not None else ""
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -264,6 +278,14 @@ class GatewayProxy:
             raise AssertionError("unreachable")
         finally:
             self._router.release(lease)
+
+    def _refresh_soon(self) -> None:
+        """Start a refresh in the background (a worker no longer has a model, row 63)."""
+        if self._refresh is None:
+            return
+        task = asyncio.ensure_future(self._refresh())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _observe(self, model: str, worker: str, outcome: str, start: float) -> None:
         if self._metrics is not None:
