@@ -498,7 +498,7 @@ def test_lpt_packing_gateway_places_each_model_on_one_worker() -> None:
                 on_ready=lambda port, admin: ready.set_result((port, admin)),
             )
         )
-        port, _ = await ready
+        port, admin = await ready
         client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         upstreams = Upstreams(endpoints, LIMITS)
         try:
@@ -510,6 +510,8 @@ def test_lpt_packing_gateway_places_each_model_on_one_worker() -> None:
             served_on = endpoints[0] if answered == {"w0"} else endpoints[1]
             assert counters[("echo", served_on)].items == 4
             assert counters[("echo", served_on)].compute_seconds == pytest.approx(0.008)
+            _, text = await _http(admin, "/metrics")
+            assert "hloserve_gateway_repacks_total 1.0" in text
         finally:
             await client.close()
             await upstreams.close()

@@ -8,6 +8,7 @@ Metrics (own registry, prefix ``hloserve_gateway_``), as issue 5 lists them:
 - ``outstanding_items{model, worker}``: items in flight now (read from the router on scrape).
 - ``replicas{model}``: replicas of each model in the current routing table.
 - ``table_swaps_total``: routing tables installed (discovery passes).
+- ``repacks_total``: ``lpt_packing`` placements computed (startup, fleet changes, budget).
 
 The HTTP server is the standard library's, on a daemon thread: scrapes never touch the
 gateway's event loop.
@@ -74,6 +75,9 @@ class GatewayMetrics:
         )
         self.table_swaps = Counter(
             PREFIX + "table_swaps", "Routing tables installed.", registry=self.registry
+        )
+        self.repacks = Counter(
+            PREFIX + "repacks", "lpt_packing placements computed.", registry=self.registry
         )
         self.registry.register(_RouterCollector(router))
 

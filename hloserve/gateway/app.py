@@ -82,7 +82,10 @@ async def run_gateway(
             counters = await poll_counters(upstreams, timeout)
             weights = await asyncio.to_thread(_poll_weights, config, timeout)
             now = time.monotonic()
+            before = controller.placement
             table = controller.tick(table, counters, now - last_tick, weights)
+            if controller.placement is not before:
+                metrics.repacks.inc()
             last_tick = now
         router.swap_table(table)
         metrics.table_swaps.inc()
