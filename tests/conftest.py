@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -11,6 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+
+# The numpy-2 CI leg has no tritonclient (2.51 pins numpy<2); these modules import its generated
+# KServe protos at the top, so they are not collected there (the serving leg runs them).
+if importlib.util.find_spec("tritonclient") is None:
+    collect_ignore_glob = [
+        "test_gateway_aggregate.py",
+        "test_gateway_proxy.py",
+        "test_gateway_tritonserver.py",
+        "test_gateway_wire.py",
+    ]
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
