@@ -29,6 +29,34 @@ from typing import Any
 LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
+#: (name, description, kind) of every metric family, in the order ``__init__`` unpacks them.
+_FAMILIES = (
+    (
+        "hloserve_weight_cache_budget_bytes",
+        "Weight cache byte budget, pinned weights included (0 = none)",
+        "GAUGE",
+    ),
+    ("hloserve_weight_cache_resident_bytes", "Bytes of weights on the device, all models", "GAUGE"),
+    (
+        "hloserve_weight_bytes",
+        "Bytes of the model's weights, labelled with its residency",
+        "GAUGE",
+    ),
+    ("hloserve_weight_resident_bytes", "Bytes of the model's weights on the device", "GAUGE"),
+    ("hloserve_weight_loads_total", "Host-to-device loads of the model's weights", "COUNTER"),
+    (
+        "hloserve_weight_evictions_total",
+        "Evictions of the model's weights from the device",
+        "COUNTER",
+    ),
+    (
+        "hloserve_weight_load_seconds",
+        "Seconds per load of the model's weights to the device",
+        "HISTOGRAM",
+    ),
+)
+
+
 class TritonCacheMetrics:
     """A :class:`~hloserve.triton_backend.weight_cache.CacheObserver` writing Triton metrics.
 
@@ -42,41 +70,8 @@ class TritonCacheMetrics:
         family = pb_utils.MetricFamily
         self._lock = threading.Lock()
         self._families = [
-            family(
-                name="hloserve_weight_cache_budget_bytes",
-                description="Weight cache byte budget, pinned weights included (0 = none)",
-                kind=family.GAUGE,
-            ),
-            family(
-                name="hloserve_weight_cache_resident_bytes",
-                description="Bytes of weights on the device, all models",
-                kind=family.GAUGE,
-            ),
-            family(
-                name="hloserve_weight_bytes",
-                description="Bytes of the model's weights, labelled with its residency",
-                kind=family.GAUGE,
-            ),
-            family(
-                name="hloserve_weight_resident_bytes",
-                description="Bytes of the model's weights on the device",
-                kind=family.GAUGE,
-            ),
-            family(
-                name="hloserve_weight_loads_total",
-                description="Host-to-device loads of the model's weights",
-                kind=family.COUNTER,
-            ),
-            family(
-                name="hloserve_weight_evictions_total",
-                description="Evictions of the model's weights from the device",
-                kind=family.COUNTER,
-            ),
-            family(
-                name="hloserve_weight_load_seconds",
-                description="Seconds per load of the model's weights to the device",
-                kind=family.HISTOGRAM,
-            ),
+            family(name=name, description=description, kind=getattr(family, kind))
+            for name, description, kind in _FAMILIES
         ]
         budget, total, self._sizes, resident, loads, evictions, seconds = self._families
         self._budget = budget.Metric(labels={})
