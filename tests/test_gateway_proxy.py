@@ -315,17 +315,7 @@ def test_run_gateway_discovers_models_loaded_later() -> None:
             {"workers": [f"127.0.0.1:{port}"], "discovery": {"poll_interval_seconds": 0.1}}
         )
         stop = asyncio.Event()
-        ready: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            run_gateway(
-                config,
-                stop,
-                listen="127.0.0.1:0",
-                admin_port=0,
-                on_ready=lambda port, admin: ready.set_result((port, admin)),
-            )
-        )
-        port, admin = await ready
+        task, port, admin = await _start_gateway(config, stop)
         client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             assert await _http(admin, "/healthz") == (200, "ok\n")
@@ -488,17 +478,7 @@ def test_lpt_packing_gateway_places_each_model_on_one_worker() -> None:
             servers.append(server)
         config = GatewayConfig.model_validate({"workers": endpoints, "mode": "lpt_packing"})
         stop = asyncio.Event()
-        ready: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            run_gateway(
-                config,
-                stop,
-                listen="127.0.0.1:0",
-                admin_port=0,
-                on_ready=lambda port, admin: ready.set_result((port, admin)),
-            )
-        )
-        port, admin = await ready
+        task, port, admin = await _start_gateway(config, stop)
         client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         upstreams = Upstreams(endpoints, LIMITS)
         try:
@@ -589,3 +569,21 @@ def test_worker_not_found_fails_over_and_refreshes() -> None:
             assert len(f.router.table.routes["echo"].replicas) == 1
 
     run(body)
+
+
+async def _start_gateway(
+    config: GatewayConfig, stop: asyncio.Event
+) -> tuple[asyncio.Task[None], int, int]:
+    """run_gateway on free loopback ports; (its task, gRPC port, admin port) once it listens."""
+    ready: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        run_gateway(
+            config,
+            stop,
+            listen="127.0.0.1:0",
+            admin_port=0,
+            on_ready=lambda port, admin: ready.set_result((port, admin)),
+        )
+    )
+    port, admin = await ready
+    return task, port, admin
