@@ -12,6 +12,8 @@ setup_numpy2_env
 echo "==> ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "==> generated protos (scripts/gen_protos.sh --check)"
+bash scripts/gen_protos.sh --check
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest (serving env: numpy<2, jax 0.7.1)"
