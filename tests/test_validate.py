@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax import export as jax_export
 
-from hloserve.bundle import BundleError, check_bundle, validate_bundle
+from hloserve.bundle import MAX_FORMAT_VERSION, BundleError, check_bundle, validate_bundle
 from hloserve.bundle.stablehlo import to_portable_artifact
 
 Edit = Callable[[Path, Callable[[dict[str, Any]], None]], None]
@@ -145,9 +145,10 @@ def test_text_executable_is_a_warning_only(tiny_bundle: Path, edit_manifest: Edi
 
 
 def test_manifest_problems_come_first_and_alone(tiny_bundle: Path, edit_manifest: Edit) -> None:
-    edit_manifest(tiny_bundle, lambda d: d.update(format_version=2))
+    edit_manifest(tiny_bundle, lambda d: d.update(format_version=MAX_FORMAT_VERSION + 1))
     assert errors(tiny_bundle) == [
-        "manifest.yaml: format_version 2 is not supported; this hloserve reads versions 1 to 1"
+        f"manifest.yaml: format_version {MAX_FORMAT_VERSION + 1} is not supported; "
+        f"this hloserve reads versions 1 to {MAX_FORMAT_VERSION}"
     ]
 
 

@@ -1,7 +1,8 @@
 """The bundle format: how a model reaches hloserve.
 
 A bundle is a directory named after the model holding ``manifest.yaml``, one StableHLO portable
-artifact per compiled batch size, ``weights.safetensors``, and (later) optional hooks. This
+artifact per compiled batch size, ``weights.safetensors``, and (later) optional hooks; a
+meta bundle holds ``manifest.yaml`` and ``model.py`` only. This
 package parses and checks it; it never imports Triton or gRPC.
 """
 
@@ -9,9 +10,13 @@ from hloserve.bundle.bundle import Bundle, WeightInfo, discover_bundles, load_bu
 from hloserve.bundle.manifest import (
     FORMAT_VERSION,
     MAX_FORMAT_VERSION,
+    META_FORMAT_VERSION,
     MIN_FORMAT_VERSION,
+    MODEL_PY,
+    ClientTensorSpec,
     Manifest,
     ManifestError,
+    MetaSection,
     TensorSpec,
     load_manifest,
     parse_manifest,
@@ -21,11 +26,15 @@ from hloserve.bundle.validate import BundleError, Problem, check_bundle, validat
 __all__ = [
     "FORMAT_VERSION",
     "MAX_FORMAT_VERSION",
+    "META_FORMAT_VERSION",
     "MIN_FORMAT_VERSION",
+    "MODEL_PY",
     "Bundle",
     "BundleError",
+    "ClientTensorSpec",
     "Manifest",
     "ManifestError",
+    "MetaSection",
     "Problem",
     "TensorSpec",
     "WeightInfo",

@@ -28,7 +28,12 @@ def render_bundle(bundle: Bundle) -> Group:
     tensors = Table(title="tensors", title_justify="left")
     for col in ("role", "name", "dtype", "axes", "shape", "KServe", "bytes/item"):
         tensors.add_column(col)
-    for role, specs in (("input", m.inputs), ("output", m.outputs)):
+    for role, specs in (
+        ("input", m.inputs),
+        ("output", m.outputs),
+        ("client input", m.client_inputs or []),
+        ("client output", m.client_outputs or []),
+    ):
         for s in specs:
             shape = ["n" if i == s.batch_axis else str(d) for i, d in enumerate(s.shape_at(0))]
             cells = (
@@ -55,5 +60,8 @@ def render_bundle(bundle: Bundle) -> Group:
         f"weights: {len(m.weights.order)} tensors, {_size(bundle.weight_nbytes)}"
         + (f" in {m.weights.file}" if m.weights.file else "")
     )
+    if m.is_meta:
+        calls = Text(f"meta: calls {', '.join(m.calls) or 'nothing (compute-only)'}")
+        return Group(title, tensors, calls)
     producer = Text("producer: " + ", ".join(f"{k} {v}" for k, v in m.producer.items()))
     return Group(title, tensors, exes, weights, producer)

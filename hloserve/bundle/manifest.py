@@ -2,6 +2,10 @@
 
 Format versions (the newest first; bump MAX and add a line when the format changes):
 
+* 2 (2026-11-30): ``kind: meta`` (Python glue calling other models: ``meta.calls``, a
+  ``model.py`` defining ``run``, no executable); ``client_inputs``/``client_outputs`` (the wire
+  tensors, same notation; required for a meta, optional for a model, where hooks use them).
+  A manifest that uses none of these may keep ``format_version: 1``.
 * 1 (2026-11-29): first version: ``kind: model``; executable inputs/outputs in named-axis
   notation; one StableHLO portable artifact per compiled batch size; weights as the leading
   arguments of ``main``.
@@ -12,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,10 +26,16 @@ from hloserve.errors import InvalidArgumentError, Status
 
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
-#: Newest manifest ``format_version`` this release reads (and the one it writes).
-MAX_FORMAT_VERSION = 1
-#: Version written by :mod:`hloserve.export`.
-FORMAT_VERSION = MAX_FORMAT_VERSION
+#: Newest manifest ``format_version`` this release reads.
+MAX_FORMAT_VERSION = 2
+#: Version written by :mod:`hloserve.export` for a plain model (the oldest that expresses it,
+#: so that older hloserve releases still read it).
+FORMAT_VERSION = 1
+#: Oldest ``format_version`` that may use ``kind: meta``, ``meta``, ``client_inputs`` and
+#: ``client_outputs``.
+META_FORMAT_VERSION = 2
+#: The Python file of a meta bundle (and of a model's hooks), relative to the bundle directory.
+MODEL_PY = "model.py"
 
 MANIFEST_FILE = "manifest.yaml"
 #: Axis letters that mark the batch axis (at most one per tensor).
@@ -34,6 +44,8 @@ BATCH_LETTERS = frozenset("nb")
 UNBATCHED = 0
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+#: Model names (the bundle directory names; kept in step with ``hloserve.bundle.bundle``).
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 def _inside_bundle(path: str) -> str | None:
@@ -71,6 +83,9 @@ class TensorSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: Whether dtype ``bytes`` is allowed (only on client-facing tensors).
+    _allow_bytes: ClassVar[bool] = False
+
     name: str
     dtype: str
     shape: str
@@ -90,7 +105,7 @@ class TensorSpec(BaseModel):
             problems.append(
                 f"unknown dtype token {self.dtype!r}; known: {', '.join(dtypes.TOKENS)}"
             )
-        elif self.dtype == "bytes":
+        elif self.dtype == "bytes" and not self._allow_bytes:
             problems.append(
                 "dtype 'bytes' is not allowed on an executable tensor "
                 "(only on client-facing tensors that a hook turns into numbers)"
@@ -156,6 +171,39 @@ class TensorSpec(BaseModel):
         return count * self.dtype_info.itemsize
 
 
+class ClientTensorSpec(TensorSpec):
+    """One client-facing (wire) tensor: the notation of :class:`TensorSpec`, ``bytes`` allowed.
+
+    Declared by ``client_inputs``/``client_outputs``: what clients send and receive when that
+    differs from the executable's tensors (a meta model, or a model with hooks).
+    """
+
+    _allow_bytes: ClassVar[bool] = True
+
+
+class MetaSection(BaseModel):
+    """``meta`` section of a ``kind: meta`` manifest.
+
+    Attributes:
+        calls: the models ``run`` may call (by model name); empty for a compute-only meta.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calls: list[str] = Field(default_factory=list)
+
+    @field_validator("calls")
+    @classmethod
+    def _calls_ok(cls, calls: list[str]) -> list[str]:
+        bad = [c for c in calls if not isinstance(c, str) or not _MODEL_NAME.match(c)]
+        if bad:
+            raise ValueError(f"meta.calls: {bad} are not model names ({_MODEL_NAME.pattern})")
+        dup = sorted({c for c in calls if calls.count(c) > 1})
+        if dup:
+            raise ValueError(f"meta.calls names a model twice: {dup}")
+        return calls
+
+
 class Batching(BaseModel):
     """``batching`` section: the batch sizes that have a compiled executable."""
 
@@ -204,23 +252,77 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format_version: int
-    kind: Literal["model"] = "model"
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+    kind: Literal["model", "meta"] = "model"
+    inputs: list[TensorSpec] = Field(default_factory=list)
+    outputs: list[TensorSpec] = Field(default_factory=list)
     batching: Batching = Field(default_factory=Batching)
-    executables: dict[int, str]
+    executables: dict[int, str] = Field(default_factory=dict)
     weights: Weights = Field(default_factory=Weights)
+    client_inputs: list[ClientTensorSpec] | None = None
+    client_outputs: list[ClientTensorSpec] | None = None
+    meta: MetaSection | None = None
     producer: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _rules(self) -> Manifest:
+        problems = self._version_rules()
+        for section, client_specs in (
+            ("client_inputs", self.client_inputs),
+            ("client_outputs", self.client_outputs),
+        ):
+            names = [s.name for s in client_specs or []]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                problems.append(f"{section} repeat a tensor name: {dup}")
+        if self.kind == "meta":
+            problems += self._meta_rules()
+        else:
+            problems += self._model_rules()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _version_rules(self) -> list[str]:
+        if self.format_version >= META_FORMAT_VERSION:
+            return []
+        keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta")
+        used = [k for k in keys if k in self.model_fields_set]
+        if self.kind == "meta":
+            used.insert(0, "kind 'meta'")
+        return [
+            f"{key} needs format_version {META_FORMAT_VERSION} or later, got {self.format_version}"
+            for key in used
+        ]
+
+    def _meta_rules(self) -> list[str]:
         problems = []
+        for key in ("inputs", "outputs", "batching", "executables", "weights"):
+            if key in self.model_fields_set:
+                problems.append(
+                    f"{key}: not allowed with kind 'meta' (a meta model has no executable; "
+                    "declare its tensors in client_inputs/client_outputs)"
+                )
+        if self.meta is None:
+            problems.append("meta: required with kind 'meta' (meta.calls lists what run calls)")
+        if not self.client_inputs:
+            problems.append("client_inputs: required and non-empty with kind 'meta'")
+        if not self.client_outputs:
+            problems.append("client_outputs: required and non-empty with kind 'meta'")
+        return problems
+
+    def _model_rules(self) -> list[str]:
+        problems = []
+        if self.meta is not None:
+            problems.append("meta: only allowed with kind 'meta'")
+        for key in ("inputs", "outputs", "executables"):
+            if key not in self.model_fields_set:
+                problems.append(f"{key}: required key is missing")
         for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
             names = [s.name for s in specs]
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 problems.append(f"{section} repeat a tensor name: {dup}")
-        if not self.outputs:
+        if not self.outputs and "outputs" in self.model_fields_set:
             problems.append("outputs is empty; a model returns at least one tensor")
         batched = [s.name for s in self.inputs + self.outputs if s.batch_axis is not None]
         unbatched = [s.name for s in self.inputs + self.outputs if s.batch_axis is None]
@@ -249,9 +351,29 @@ class Manifest(BaseModel):
             problems.append(
                 f"executables: key {size} is not a compiled batch size {sorted(expected)}"
             )
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+        return problems
+
+    @property
+    def is_meta(self) -> bool:
+        """Whether this is a meta model (Python glue, no executable)."""
+        return self.kind == "meta"
+
+    @property
+    def calls(self) -> list[str]:
+        """The models a meta may call (``meta.calls``); empty for a model."""
+        return list(self.meta.calls) if self.meta else []
+
+    @property
+    def wire_inputs(self) -> list[TensorSpec]:
+        """The tensors clients send: ``client_inputs`` when declared, else ``inputs``."""
+        return list(self.client_inputs) if self.client_inputs is not None else list(self.inputs)
+
+    @property
+    def wire_outputs(self) -> list[TensorSpec]:
+        """The tensors clients receive: ``client_outputs`` when declared, else ``outputs``."""
+        if self.client_outputs is not None:
+            return list(self.client_outputs)
+        return list(self.outputs)
 
     @property
     def batched(self) -> bool:
@@ -271,9 +393,12 @@ class Manifest(BaseModel):
 
     def to_yaml(self) -> str:
         """The manifest as YAML text, keys in the documented order."""
-        data = self.model_dump(mode="python", exclude_defaults=False)
-        if not data["weights"]["file"]:
-            del data["weights"]["file"]
+        data = self.model_dump(mode="python", exclude_defaults=False, exclude_none=True)
+        if self.is_meta:
+            for key in ("inputs", "outputs", "batching", "executables", "weights"):
+                del data[key]
+        elif not data["weights"].get("file"):
+            data["weights"].pop("file", None)
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
 
 
@@ -311,8 +436,7 @@ def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
     Raises:
         ManifestError: with one line per problem. A ``format_version`` outside
             [MIN_FORMAT_VERSION, MAX_FORMAT_VERSION] is reported alone, before anything else,
-            since other keys may mean something else in another version. ``kind: meta`` gives
-            status UNIMPLEMENTED.
+            since other keys may mean something else in another version.
     """
     if not isinstance(data, Mapping):
         raise ManifestError(
@@ -330,12 +454,6 @@ def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
                 f"format_version {version} is not supported; this hloserve reads versions "
                 f"{MIN_FORMAT_VERSION} to {MAX_FORMAT_VERSION}"
             ],
-        )
-    if data.get("kind") == "meta":
-        raise ManifestError(
-            path,
-            ["kind 'meta' (meta models) is not supported yet; this release serves kind 'model'"],
-            status=Status.UNIMPLEMENTED,
         )
     try:
         return Manifest.model_validate(data)

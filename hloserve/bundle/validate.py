@@ -2,15 +2,20 @@
 
 ``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
 every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
+A meta bundle (``kind: meta``) has no executable: its ``model.py`` must define a top-level
+``run(inputs, call)`` (read with :mod:`ast`; nothing is imported or run), and each model in
+``meta.calls`` must be among the bundles being built, not a meta, and not the meta itself.
 """
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hloserve.bundle.bundle import Bundle, load_bundle
-from hloserve.bundle.manifest import MANIFEST_FILE, ManifestError, TensorSpec
+from hloserve.bundle.manifest import MANIFEST_FILE, MODEL_PY, ManifestError, TensorSpec
 from hloserve.bundle.stablehlo import (
     ArtifactError,
     TensorType,
@@ -53,10 +58,17 @@ class BundleError(InvalidArgumentError):
         super().__init__(f"bundle {bundle.name!r} ({bundle}) is invalid:\n{lines}")
 
 
-def validate_bundle(path: Path | str) -> list[Problem]:
+def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
-    Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header.
+    Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header; for
+    a meta bundle, parses ``model.py``.
+
+    Args:
+        path: the bundle directory.
+        models: the bundles being built with it, model name -> kind (``"model"``/``"meta"``);
+            when given, a meta's ``meta.calls`` are checked against it. None skips that check
+            (a bundle validated on its own).
     """
     path = Path(path)
     try:
@@ -65,23 +77,87 @@ def validate_bundle(path: Path | str) -> list[Problem]:
         return [Problem(MANIFEST_FILE, p) for p in exc.problems]
     except HloserveError as exc:
         return [Problem(MANIFEST_FILE, exc.message.removeprefix(f"{path}: "))]
+    if bundle.manifest.is_meta:
+        return _check_meta(bundle, models)
     problems = _check_weights(bundle)
     for size in sorted(bundle.manifest.executables):
         problems += _check_executable(bundle, size)
     return problems
 
 
-def check_bundle(path: Path | str) -> Bundle:
-    """Load a bundle and validate it fully.
+def check_bundle(path: Path | str, *, models: Mapping[str, str] | None = None) -> Bundle:
+    """Load a bundle and validate it fully (``models``: see :func:`validate_bundle`).
 
     Raises:
         BundleError: listing every error (status INVALID_ARGUMENT).
     """
     path = Path(path)
-    errors = [p for p in validate_bundle(path) if not p.warning]
+    errors = [p for p in validate_bundle(path, models=models) if not p.warning]
     if errors:
         raise BundleError(path, errors)
     return load_bundle(path)
+
+
+def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Problem]:
+    problems = []
+    for call in bundle.manifest.calls:
+        if call == bundle.name:
+            problems.append(Problem(MANIFEST_FILE, f"meta.calls: {call!r} is this meta itself"))
+        elif models is None:
+            continue
+        elif call not in models:
+            problems.append(
+                Problem(
+                    MANIFEST_FILE,
+                    f"meta.calls: model {call!r} is not among the bundles being built "
+                    f"{sorted(models)}",
+                )
+            )
+        elif models[call] == "meta":
+            problems.append(
+                Problem(
+                    MANIFEST_FILE,
+                    f"meta.calls: model {call!r} is a meta model; a meta may only call models",
+                )
+            )
+    return problems + _check_run(bundle.path / MODEL_PY)
+
+
+def _check_run(file: Path) -> list[Problem]:
+    """Problems with a meta's ``model.py``: it must define a top-level ``run(inputs, call)``."""
+    try:
+        source = file.read_text()
+    except FileNotFoundError:
+        return [
+            Problem(MODEL_PY, "missing: a meta bundle needs model.py defining run(inputs, call)")
+        ]
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Problem(MODEL_PY, f"cannot read: {exc}")]
+    try:
+        tree = ast.parse(source, filename=str(file))
+    except SyntaxError as exc:
+        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
+    runs = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "run"
+    ]
+    if not runs:
+        return [Problem(MODEL_PY, "does not define a top-level function run(inputs, call)")]
+    run = runs[-1]
+    if isinstance(run, ast.AsyncFunctionDef):
+        return [Problem(MODEL_PY, f"line {run.lineno}: run must be a plain function, not async")]
+    args = run.args
+    positional = len(args.posonlyargs) + len(args.args)
+    if positional < 2 and args.vararg is None:
+        return [
+            Problem(
+                MODEL_PY,
+                f"line {run.lineno}: run takes {positional} positional argument(s), "
+                "expected 2 (inputs, call)",
+            )
+        ]
+    return []
 
 
 def _check_weights(bundle: Bundle) -> list[Problem]:
