@@ -119,6 +119,9 @@ def _serve(args: argparse.Namespace) -> int:
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
+            workers=args.workers,
+            worker_port_base=args.worker_port_base,
+            gateway_config=args.gateway_config,
         )
     )
 
@@ -262,6 +265,30 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         default=600.0,
         metavar="SECONDS",
         help="how long models may take to load and warm up (600)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tritonservers to run; above 1 the gateway listens on --grpc-port (admin HTTP on "
+        "--metrics-port) and routes over them (docs/gateway.md) (1)",
+    )
+    serve.add_argument(
+        "--worker-port-base",
+        type=int,
+        default=8100,
+        metavar="PORT",
+        help="with --workers: worker i binds HTTP, gRPC, metrics on PORT+3i..PORT+3i+2 "
+        "(8100; 0 = free ports)",
+    )
+    serve.add_argument(
+        "--gateway-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
+        "workers, listen and admin ports",
     )
     serve.set_defaults(func=_serve, tritonserver_args=[])
 

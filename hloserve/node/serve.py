@@ -29,6 +29,7 @@ from hloserve.node.tritonserver import (
     TritonServer,
     TritonServerError,
     TritonServerOptions,
+    free_port,
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
@@ -73,6 +74,12 @@ class ServeOptions:
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
+        workers: tritonserver processes; above 1 the gateway listens on ``grpc_port`` (its
+            admin HTTP port on ``metrics_port``) and the workers on ``worker_port_base``.
+        worker_port_base: worker i binds HTTP, gRPC and metrics on ``base + 3i`` .. ``+ 2``;
+            0 = free ports. Used only with ``workers`` > 1.
+        gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
+            its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
     """
 
     path: Path
@@ -89,6 +96,9 @@ class ServeOptions:
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    workers: int = 1
+    worker_port_base: int = 8100
+    gateway_config: Path | None = None
 
 
 @contextlib.contextmanager
@@ -192,6 +202,8 @@ def run_serve(options: ServeOptions) -> int:
     """
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    if options.workers < 1:
+        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -203,6 +215,8 @@ def run_serve(options: ServeOptions) -> int:
         with prepared_repository(options) as repository:
             if stop.is_set():  # Ctrl-C while the repository was being built
                 return 0
+            if options.workers > 1:
+                return _run_fleet(options, repository, stop)
             # die_with_parent: a SIGKILLed `hloserve serve` leaves no orphan tritonserver.
             server = TritonServer(
                 dataclasses.replace(server_options(options, repository), die_with_parent=True)
@@ -245,6 +259,78 @@ def run_serve(options: ServeOptions) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -> int:
+    """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
+    from hloserve.node.fleet import LocalFleet, fleet_gateway_config, supervise, worker_ports
+
+    for endpoint, port in (("gRPC", options.grpc_port), ("metrics", options.metrics_port)):
+        if not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
+    if options.grpc_port == 0:
+        options = dataclasses.replace(options, grpc_port=free_port(options.host))
+    ports = worker_ports(options.workers, options.worker_port_base, options.host)
+    taken = {options.grpc_port, options.metrics_port} - {0}
+    clash = sorted(taken & {p for w in ports for p in (w.http, w.grpc, w.metrics)})
+    if clash:
+        raise InvalidArgumentError(
+            f"worker ports from --worker-port-base {options.worker_port_base} include the "
+            f"gateway's port(s) {clash}; choose another base"
+        )
+    workers = [
+        server_options(
+            dataclasses.replace(
+                options, http_port=p.http, grpc_port=p.grpc, metrics_port=p.metrics
+            ),
+            repository,
+        )
+        for p in ports
+    ]
+    gateway = fleet_gateway_config(
+        workers,
+        f"{options.host}:{options.grpc_port}",
+        options.metrics_port,
+        options.gateway_config,
+    )
+    fleet = LocalFleet(workers, gateway)
+    try:
+        waited = fleet.start(options.startup_timeout_s, stop)
+        lines = [f"hloserve: {options.workers} tritonservers serving {repository}"]
+        for i, server in enumerate(fleet.servers):
+            urls = server.urls
+            lines.append(
+                f"  worker {i} (pid {server.pid}): HTTP http://{urls.http}  gRPC {urls.grpc}"
+                f"  metrics http://{urls.metrics}/metrics"
+            )
+        if waited is None:  # Ctrl-C during start-up
+            print("\n".join(lines), flush=True)
+            return 0
+        assert fleet.gateway is not None
+        admin = f"{options.host}:{fleet.gateway.admin_port}"
+        lines += [
+            f"  gateway gRPC    {fleet.gateway.address} (KServe V2, mode {gateway.mode})",
+            f"  gateway admin   http://{admin}/metrics, /healthz, /readyz",
+        ]
+        print("\n".join(lines), flush=True)
+        failed = 0
+        for i, server in enumerate(fleet.servers):
+            for name, (state, reason) in model_states(server.urls.http).items():
+                if state != "READY":
+                    failed += 1
+                    print(f"  worker {i} model {name}: {state} - {reason}")
+        names = sorted(model_states(fleet.servers[0].urls.http))
+        print(f"  models: {', '.join(names)}")
+        print(
+            f"hloserve: ready after {waited:.1f} s"
+            + (f", {failed} model(s) NOT ready" if failed else "")
+            + " (Ctrl-C to stop)",
+            flush=True,
+        )
+        return supervise(fleet, stop, lambda line: print(line, flush=True))
+    finally:
+        fleet.close()
+        print("hloserve: stopped", flush=True)
 
 
 def model_states(http_url: str) -> dict[str, tuple[str, str]]:

@@ -1,0 +1,107 @@
+"""``hloserve serve PATH --workers 2`` as a user runs it: two tritonservers plus the gateway.
+
+A subprocess with real signals: tritonclient's gRPC client reaches the model through the
+gateway's port; a SIGKILLed worker is reported and the gateway keeps answering through the
+other; SIGTERM stops the gateway and every worker, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, ROOT
+
+from hloserve.node.fleet import worker_ports
+from hloserve.node.tritonserver import _session_pids, free_ports
+
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+grpcclient = pytest.importorskip("tritonclient.grpc")
+
+
+def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(pattern, text)
+        if match:
+            return match.group(0)
+        assert proc.poll() is None, f"hloserve serve exited early:\n{text[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def _affine(address: str, x: np.ndarray) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(address)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result: np.ndarray = client.infer("affine", [tensor]).as_numpy("y")
+    return result
+
+
+def test_worker_ports_are_consecutive_from_the_base() -> None:
+    ports = worker_ports(2, 8100)
+    assert [(p.http, p.grpc, p.metrics) for p in ports] == [(8100, 8101, 8102), (8103, 8104, 8105)]
+    free = worker_ports(2, 0)
+    assert len({p for w in free for p in (w.http, w.grpc, w.metrics)}) == 6
+
+
+def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
+    tmp_path: Path,
+) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    grpc_port, admin_port = free_ports(2)
+    config = tmp_path / "gateway.yaml"
+    config.write_text("mode: round_robin\n")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
+             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
+             "--metrics-port", str(admin_port), "--gateway-config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    pids: list[int] = []
+    try:
+        _wait_for(log, r"hloserve: ready after", proc, 300)
+        text = log.read_text()
+        pids = [int(p) for p in re.findall(r"worker \d \(pid (\d+)\)", text)]
+        assert len(pids) == 2, text
+        assert f"gateway gRPC    127.0.0.1:{grpc_port}" in text
+        assert f"http://127.0.0.1:{admin_port}/metrics" in text
+        worker_grpc = re.findall(r"gRPC (127\.0\.0\.1:\d+)  metrics", text)
+        gateway = f"127.0.0.1:{grpc_port}"
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        expected = _affine(worker_grpc[0], x)
+        for _ in range(4):
+            np.testing.assert_array_equal(_affine(gateway, x), expected)
+
+        os.kill(pids[1], signal.SIGKILL)  # a worker dies
+        _wait_for(log, r"worker 1 \(gRPC [^)]*\) was killed by SIGKILL", proc, 60)
+        for _ in range(6):  # every request still succeeds, through worker 0
+            np.testing.assert_array_equal(_affine(gateway, x), expected)
+        assert proc.poll() is None
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    deadline = time.monotonic() + 30
+    while any(_session_pids(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_session_pids(p) == [] for p in pids), "processes of a worker's session survived"
+    assert "hloserve: stopped" in log.read_text()
