@@ -104,6 +104,41 @@ class DiscoveryConfig(_Section):
     poll_interval_seconds: float = Field(default=10.0, gt=0)
 
 
+class HealthConfig(_Section):
+    """Worker health probes (ReactantServer row 63: the prober's ``ServerReady`` poll).
+
+    Every ``interval_seconds`` the gateway calls each worker's ``ServerReady`` (deadline
+    ``upstream.probe_timeout_seconds``). A worker failing ``failure_threshold`` probes in a row
+    (error, deadline or ``ready: false``) leaves the routing table; one passing probe brings
+    it back, after a discovery pass of its models.
+
+    Attributes:
+        interval_seconds: seconds between two probes of every worker (2.0, > 0).
+        failure_threshold: consecutive failed probes that remove a worker (2, >= 1).
+    """
+
+    interval_seconds: float = Field(default=2.0, gt=0)
+    failure_threshold: int = Field(default=2, ge=1)
+
+
+class AdmissionConfig(_Section):
+    """Bounds on the requests the gateway holds at once (ReactantServer row 65).
+
+    A request over a bound is refused at once with UNAVAILABLE (Triton's answer when a
+    model's queue is full; ReactantServer sheds with RESOURCE_EXHAUSTED) and a message naming
+    the model and the bound; nothing is queued in the gateway.
+
+    Attributes:
+        max_inflight_requests_per_worker: gateway-wide bound on ModelInfer calls in flight =
+            this x the number of configured workers (64; 0 = unbounded).
+        max_inflight_items_per_model: bound on the items (batch extent) of one model in
+            flight over all its replicas (0 = unbounded, the default).
+    """
+
+    max_inflight_requests_per_worker: int = Field(default=64, ge=0)
+    max_inflight_items_per_model: int = Field(default=0, ge=0)
+
+
 class ModelScheduling(_Section):
     """Per-model overrides of the ``lpt_packing`` knobs (ReactantServer rows 72-73).
 
@@ -202,6 +237,8 @@ class GatewayConfig(_Section):
         discovery: route discovery settings.
         upstream: timeouts of calls to workers.
         grpc: message-size limits.
+        health: worker health probes.
+        admission: bounds on requests in flight.
     """
 
     listen: str = "127.0.0.1:8001"
@@ -213,6 +250,8 @@ class GatewayConfig(_Section):
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
 
     @field_validator("listen")
     @classmethod
