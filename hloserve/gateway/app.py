@@ -7,7 +7,8 @@ row 63); a request naming a model missing from the table triggers a single-fligh
 pass (at most one per second) before it is answered NOT_FOUND. In ``lpt_packing`` mode each
 pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
 restrict the table to the placement (repacked at startup, on fleet changes and per the
-rebalance budget).
+rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
+gRPC port.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from collections.abc import Callable
 from hloserve.errors import HloserveError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
+from hloserve.gateway.control import add_control_service
+from hloserve.gateway.packing import (
+    LptController,
+    SchedulingControl,
+    WeightInfo,
+    weights_from_metrics,
+)
 from hloserve.gateway.proxy import (
     GatewayProxy,
     SingleFlight,
@@ -103,6 +110,10 @@ async def run_gateway(
     )
     address = listen or config.listen
     server, port = make_server(proxy, address, config.grpc)
+    control = SchedulingControl(
+        config.mode, config.scheduling, config.workers, router, controller, metrics.repacks.inc
+    )
+    add_control_service(server, control)  # hloserve.gateway.v1.GatewayControl, same port
     if port == 0:
         await upstreams.close()
         raise OSError(f"gateway: cannot listen on {address}")

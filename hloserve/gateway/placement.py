@@ -265,6 +265,17 @@ class RepackClock:
         self.accumulated_seconds = 0.0
         self.repacks = 0
 
+    def retune(
+        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float
+    ) -> None:
+        """Change the budgets (a knob change); the compute accumulated so far is kept.
+
+        Raises:
+            ValueError: ``rebalance_compute_seconds`` <= 0 or ``first`` < 0.
+        """
+        fresh = RepackClock(rebalance_compute_seconds, first_rebalance_compute_seconds)
+        self._rebalance, self._first = fresh._rebalance, fresh._first
+
     @property
     def budget_seconds(self) -> float:
         """Compute seconds the next traffic-driven repack waits for."""

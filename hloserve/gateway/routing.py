@@ -168,6 +168,9 @@ class Scheduler(abc.ABC):
     def on_table(self, table: RoutingTable) -> None:  # noqa: B027 - optional hook
         """Called after a table swap; drop state of models whose replicas changed."""
 
+    def update_scheduling(self, scheduling: SchedulingConfig) -> None:  # noqa: B027 - optional
+        """Called when the control plane changes the knobs; the modes that read none ignore it."""
+
 
 class _Rotation:
     """Per-model rotation counters."""
@@ -182,6 +185,16 @@ class _Rotation:
 
     def peek(self, model: str) -> int:
         return self._next.get(model, 0)
+
+
+def fill_quantum(max_batch: int | None, fill_factor: float) -> int | None:
+    """Fill quantum in items: ``max_batch x fill_factor`` rounded, at least 1 (row 73).
+
+    Returns None when the max batch is unknown or the model does not batch.
+    """
+    if not max_batch:
+        return None
+    return max(1, round(max_batch * fill_factor))
 
 
 def _rotated(replicas: tuple[str, ...], start: int) -> tuple[str, ...]:
@@ -254,9 +267,11 @@ class LptPackingScheduler(Scheduler):
 
     def fill_quantum(self, model: str, route: ModelRoute) -> int | None:
         """Fill quantum of ``model`` in items, or None when its max batch is unknown."""
-        if not route.max_batch:
-            return None
-        return max(1, round(route.max_batch * self._scheduling.fill_factor_of(model)))
+        return fill_quantum(route.max_batch, self._scheduling.fill_factor_of(model))
+
+    def update_scheduling(self, scheduling: SchedulingConfig) -> None:
+        """Route with new knobs from now on; open runs keep their replica."""
+        self._scheduling = scheduling
 
     def _open(self, model: str, route: ModelRoute, load: Load) -> str:
         candidates = _rotated(route.replicas, self._rotation.take(model))
@@ -334,6 +349,11 @@ class Router:
         with self._lock:
             self._table = table
             self._scheduler.on_table(table)
+
+    def update_scheduling(self, scheduling: SchedulingConfig) -> None:
+        """Hand new knobs to the scheduler (the control plane's knob and per-model changes)."""
+        with self._lock:
+            self._scheduler.update_scheduling(scheduling)
 
     def acquire(self, model: str, items: int = 1) -> Lease:
         """Pick a replica for a request of ``items`` items and charge it.
