@@ -8,6 +8,7 @@ Subcommands:
     repo validate REPO_DIR          check a repository's configs against their bundles
     status URL                      print a server's weight cache state (metrics endpoint)
     gateway --config FILE           one KServe V2 gRPC endpoint over several tritonservers
+    gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
 """
 
 from __future__ import annotations
@@ -144,6 +145,12 @@ def _gateway(args: argparse.Namespace) -> int:
 
     asyncio.run(serve())
     return 0
+
+
+def _gateway_ctl(args: argparse.Namespace) -> int:
+    from hloserve.gateway.ctl import run
+
+    return run(args)
 
 
 def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -396,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway YAML file (default: environment variables only)",
     )
     gateway.set_defaults(func=_gateway)
+    from hloserve.gateway.ctl import add_parser as add_gateway_ctl
+
+    add_gateway_ctl(commands, _gateway_ctl)
     return parser
 
 
