@@ -61,7 +61,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
     grpc_port, admin_port = free_ports(2)
     config = tmp_path / "gateway.yaml"
-    config.write_text("mode: round_robin\n")
+    config.write_text("health: {interval_seconds: 0.5, failure_threshold: 1}\n")
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

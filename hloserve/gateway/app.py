@@ -4,7 +4,12 @@
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
 ``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
 row 63); a request naming a model missing from the table triggers a single-flight discovery
-pass (at most one per second) before it is answered NOT_FOUND. In ``lpt_packing`` mode each
+pass (at most one per second) before it is answered NOT_FOUND. Health probes
+(``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a
+worker out of the table after ``health.failure_threshold`` failures in a row and bring it back
+(after a forced discovery pass) when it answers ready again. Admission bounds
+(:mod:`hloserve.gateway.admission`) refuse ModelInfer calls over ``admission.*`` with
+UNAVAILABLE. In ``lpt_packing`` mode each
 pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
 restrict the table to the placement (repacked at startup, on fleet changes and per the
 rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
@@ -21,8 +26,10 @@ from collections.abc import Callable
 
 from hloserve.errors import HloserveError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
+from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
+from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.packing import (
     LptController,
     SchedulingControl,
@@ -36,8 +43,9 @@ from hloserve.gateway.proxy import (
     discover_table,
     make_server,
     poll_counters,
+    probe_ready,
 )
-from hloserve.gateway.routing import Router, make_scheduler
+from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -81,10 +89,13 @@ async def run_gateway(
 
     controller = LptController(config.scheduling) if config.mode == "lpt_packing" else None
     last_tick = time.monotonic()
+    health = HealthTracker(config.workers, config.health.failure_threshold)
+    discovered = RoutingTable()
 
     async def discover() -> None:
-        nonlocal last_tick
-        table = await discover_table(upstreams, timeout)
+        nonlocal last_tick, discovered
+        discovered = await discover_table(upstreams, timeout, discovered)
+        table = restrict_to_healthy(discovered, health.unhealthy)
         if controller is not None:
             counters = await poll_counters(upstreams, timeout)
             weights = await asyncio.to_thread(_poll_weights, config, timeout)
@@ -107,6 +118,10 @@ async def run_gateway(
         probe_timeout_s=timeout,
         refresh=refresh,
         metrics=metrics,
+        admission=Admission(
+            config.admission.max_inflight_requests_per_worker * len(config.workers),
+            config.admission.max_inflight_items_per_model,
+        ),
     )
     address = listen or config.listen
     server, port = make_server(proxy, address, config.grpc)
@@ -135,6 +150,32 @@ async def run_gateway(
     )
     if on_ready is not None:
         on_ready(port, admin.port)
+
+    async def probe_workers() -> None:
+        """Health probes every ``health.interval_seconds``; a change re-runs discovery."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.health.interval_seconds)
+            if stop.is_set():
+                return
+            try:
+                answers = await asyncio.gather(
+                    *(probe_ready(upstreams, w, timeout) for w in config.workers)
+                )
+                changed = False
+                for worker, ok in zip(config.workers, answers, strict=True):
+                    if health.record(worker, ok):
+                        changed = True
+                        if ok:
+                            log.info("gateway: worker %s is healthy again", worker)
+                        else:
+                            log.warning("gateway: worker %s failed its health probes", worker)
+                if changed:
+                    await refresh(force=True)
+            except Exception:  # a bad pass must not stop the probes
+                log.exception("gateway: health probe pass failed")
+
+    prober = asyncio.ensure_future(probe_workers())
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -145,6 +186,9 @@ async def run_gateway(
                 except Exception:  # a bad pass must not stop the gateway; the next may work
                     log.exception("gateway: discovery pass failed; keeping the current table")
     finally:
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await prober
         await server.stop(grace=2.0)
         admin.close()
         await upstreams.close()

@@ -41,6 +41,7 @@ from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError
 from hloserve.gateway.admin import GatewayMetrics
+from hloserve.gateway.admission import Admission, Ticket
 from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
@@ -94,11 +95,16 @@ class Upstreams:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
 
 
-async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable:
+async def discover_table(
+    upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
+) -> RoutingTable:
     """Build a routing table from every worker's ready models (ReactantServer row 63).
 
-    Polls ``RepositoryIndex(ready=true)`` on each worker (workers that fail are left out), then
-    ``ModelConfig`` of each model on its first replica for ``max_batch_size`` (0 -> None).
+    Polls ``RepositoryIndex(ready=true)`` on each worker, then ``ModelConfig`` of each model on
+    its first replica for ``max_batch_size`` (0 -> None). A worker whose index call fails keeps
+    the models ``previous`` routed to it: whether it may be routed to is the health probes'
+    decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
+    known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
     Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
     """
     request = service_pb2.RepositoryIndexRequest(ready=True).SerializeToString()
@@ -114,6 +120,10 @@ async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable
     replicas: dict[str, list[str]] = {}
     for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
         if reply is None:
+            if previous is not None:
+                for name, route in previous.routes.items():
+                    if worker in route.replicas:
+                        replicas.setdefault(name, []).append(worker)
             continue
         for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
             if model.state == "READY" and worker not in replicas.setdefault(model.name, []):
@@ -129,10 +139,25 @@ async def discover_table(upstreams: Upstreams, timeout_s: float) -> RoutingTable
         return size or None
 
     names = sorted(replicas)
-    sizes = await asyncio.gather(*(max_batch(n, replicas[n][0]) for n in names))
+    sizes = list(await asyncio.gather(*(max_batch(n, replicas[n][0]) for n in names)))
+    if previous is not None:  # a replica that did not answer: the size known before
+        for i, name in enumerate(names):
+            old = previous.get(name)
+            if sizes[i] is None and old is not None:
+                sizes[i] = old.max_batch
     return RoutingTable(
         {n: ModelRoute(tuple(replicas[n]), max_batch=s) for n, s in zip(names, sizes, strict=True)}
     )
+
+
+async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bool:
+    """One health probe: ``ServerReady`` of ``worker`` answered ``ready: true`` in time."""
+    request = service_pb2.ServerReadyRequest().SerializeToString()
+    try:
+        reply = await upstreams.raw(worker, "ServerReady")(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
 
 
 async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
@@ -180,10 +205,15 @@ class SingleFlight:
         self._last = -math.inf
         self.count = 0
 
-    async def __call__(self) -> None:
-        """Refresh unless one ran within the interval (or another caller is running one)."""
+    async def __call__(self, force: bool = False) -> None:
+        """Refresh unless one ran within the interval (or another caller is running one).
+
+        Args:
+            force: refresh even within the interval (after waiting for a running one), e.g.
+                when a worker came back and its models must be routed now.
+        """
         async with self._lock:
-            if time.monotonic() - self._last < self._min_interval:
+            if not force and time.monotonic() - self._last < self._min_interval:
                 return
             try:
                 await self._refresh()
@@ -204,6 +234,7 @@ class GatewayProxy:
         refresh: called (then routing retried once) when a request names a model that is not
             in the table, e.g. a :class:`SingleFlight` over a discovery pass.
         metrics: where upstream calls of ModelInfer are recorded (none when None).
+        admission: bounds on ModelInfer calls and items in flight (none when None).
     """
 
     def __init__(
@@ -216,7 +247,9 @@ class GatewayProxy:
         batch_inputs: Mapping[str, str] | None = None,
         refresh: Callable[[], Awaitable[None]] | None = None,
         metrics: GatewayMetrics | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self._admission = admission
         self._refresh = refresh
         self._metrics = metrics
         self._background: set[asyncio.Future[None]] = set()
@@ -243,7 +276,16 @@ class GatewayProxy:
                 route = self._router.table.get(head.model_name)
             batching = route is not None and route.max_batch is not None
             # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
-            lease = self._router.acquire(head.model_name, (head.batch or 1) if batching else 1)
+            items = (head.batch or 1) if batching else 1
+            ticket = (
+                None if self._admission is None else self._admission.admit(head.model_name, items)
+            )
+            try:
+                lease = self._router.acquire(head.model_name, items)
+            except HloserveError:
+                if ticket is not None:
+                    self._release_ticket(ticket)
+                raise
         except HloserveError as exc:
             await context.abort(grpc.StatusCode[exc.status.name], exc.message)
             raise AssertionError("unreachable") from None
@@ -278,6 +320,12 @@ class GatewayProxy:
             raise AssertionError("unreachable")
         finally:
             self._router.release(lease)
+            if ticket is not None:
+                self._release_ticket(ticket)
+
+    def _release_ticket(self, ticket: Ticket) -> None:
+        if self._admission is not None:
+            self._admission.release(ticket)
 
     def _refresh_soon(self) -> None:
         """Start a refresh in the background (a worker no longer has a model, row 63)."""

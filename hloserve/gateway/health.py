@@ -1,0 +1,73 @@
+"""Worker health: consecutive-failure tracking and the routing table restricted to healthy workers.
+
+Transport-neutral (the probes themselves are in :func:`hloserve.gateway.proxy.probe_ready`,
+the loop in :func:`hloserve.gateway.app.run_gateway`). A worker leaves the table after
+``failure_threshold`` failed probes in a row and returns after one passing probe (ReactantServer
+row 63). A model whose every replica is unhealthy stays in the table with no replica, so its
+requests are answered UNAVAILABLE (not NOT_FOUND) until a replica returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from hloserve.gateway.routing import RoutingTable
+
+
+class HealthTracker:
+    """Which workers are healthy, from probe outcomes.
+
+    Every worker starts healthy (discovery has just found it, or it will fail its probes).
+
+    Args:
+        workers: every worker endpoint.
+        failure_threshold: consecutive failures that mark a worker unhealthy, >= 1.
+
+    Raises:
+        ValueError: ``failure_threshold`` < 1.
+    """
+
+    def __init__(self, workers: Iterable[str], failure_threshold: int) -> None:
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
+        self._threshold = failure_threshold
+        self._failures = {w: 0 for w in workers}
+        self._unhealthy: set[str] = set()
+
+    def record(self, worker: str, ok: bool) -> bool:
+        """Record one probe of ``worker``; True when its health changed."""
+        if ok:
+            self._failures[worker] = 0
+            if worker in self._unhealthy:
+                self._unhealthy.discard(worker)
+                return True
+            return False
+        self._failures[worker] = self._failures.get(worker, 0) + 1
+        if worker not in self._unhealthy and self._failures[worker] >= self._threshold:
+            self._unhealthy.add(worker)
+            return True
+        return False
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        """Workers currently out of the table."""
+        return frozenset(self._unhealthy)
+
+    def is_healthy(self, worker: str) -> bool:
+        """Whether ``worker`` may be routed to."""
+        return worker not in self._unhealthy
+
+
+def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
+    """``table`` without the ``unhealthy`` workers; models keep their entry, maybe empty."""
+    if not unhealthy:
+        return table
+    return RoutingTable(
+        {
+            name: dataclasses.replace(
+                route, replicas=tuple(w for w in route.replicas if w not in unhealthy)
+            )
+            for name, route in table.routes.items()
+        }
+    )
