@@ -18,6 +18,7 @@ import yaml
 if importlib.util.find_spec("tritonclient") is None:
     collect_ignore_glob = [
         "test_gateway_aggregate.py",
+        "test_gateway_control.py",
         "test_gateway_proxy.py",
         "test_gateway_tritonserver.py",
         "test_gateway_wire.py",
