@@ -1,0 +1,438 @@
+"""The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
+
+:func:`container_spec` is pure: it turns the node settings and one worker's plan into the
+keyword arguments of ``docker.DockerClient.containers.run`` as plain JSON values (unit-tested
+against golden values); :func:`to_sdk` converts the device requests and ulimits into the SDK's
+types at call time. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
+containers, waits for readiness, streams their logs with a ``[worker i]`` prefix, reports
+restarts, and stops and removes them. :func:`remove_node_containers` is ``hloserve node down``.
+
+Restarts are Docker's: every container carries the node's restart policy
+(``restart_policy``), so a worker that crashes is restarted by the daemon even when the
+``node up`` process is gone; ``node up`` only watches ``RestartCount`` and re-attaches the log
+stream. Each container is found again by its labels ``hloserve.node=<name>`` and
+``hloserve.worker=<i>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from hloserve.errors import Status
+from hloserve.node.node import (
+    NodeError,
+    WorkerPlan,
+    connect_host,
+    tritonserver_flags,
+    worker_env,
+)
+from hloserve.node.node_config import NodeConfig
+
+#: Label holding the node name on every container of a node.
+LABEL_NODE = "hloserve.node"
+#: Label holding the worker index.
+LABEL_WORKER = "hloserve.worker"
+#: Label holding the GPU index, or "cpu".
+LABEL_GPU = "hloserve.gpu"
+
+#: ``ulimit -l unlimited`` and a 64 MiB stack, as NVIDIA's Triton containers are documented to run.
+ULIMITS = (
+    {"name": "memlock", "soft": -1, "hard": -1},
+    {"name": "stack", "soft": 67108864, "hard": 67108864},
+)
+
+_LOG_TAIL_LINES = 40
+
+
+def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
+    """Docker name of a worker's container: ``hloserve-<node>-worker<i>``."""
+    return f"hloserve-{config.name}-worker{worker.index}"
+
+
+def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
+    """The container's command line for ``docker.launcher``.
+
+    ``tritonserver``: the image's tritonserver with hloserve's backends in
+    ``docker.backend_directory``. ``hloserve``: ``hloserve serve`` on the mounted repository (it
+    runs the nvidia-pytriton wheel's tritonserver and composes the backend directory itself).
+    """
+    repo = config.docker.repository_mount
+    t = config.tritonserver
+    if config.docker.launcher == "hloserve":
+        argv = [
+            "hloserve",
+            "serve",
+            repo,
+            f"--host={config.host}",
+            f"--http-port={worker.http_port}",
+            f"--grpc-port={worker.grpc_port}",
+            f"--metrics-port={worker.metrics_port}",
+            f"--model-control-mode={t.model_control_mode}",
+            *(f"--load-model={m}" for m in t.load_models),
+            f"--log-verbose={t.log_verbose}",
+            f"--startup-timeout={t.startup_timeout_s:g}",
+        ]
+        return [*argv, "--", *t.args] if t.args else argv
+    return [
+        "tritonserver",
+        f"--model-repository={repo}",
+        f"--backend-directory={config.docker.backend_directory}",
+        *tritonserver_flags(config, worker),
+    ]
+
+
+def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
+    """Keyword arguments of ``containers.run`` for one worker, as plain JSON values.
+
+    Host networking (the worker binds its planned ports on ``config.host``), the repository
+    mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, ``shm_size``,
+    memlock/stack ulimits, Docker's ``init`` (reaps the Python backend's stub processes), the
+    restart policy, the node/worker/GPU labels, and for a GPU worker one device request for
+    exactly that GPU (inside the container it is device 0).
+
+    Args:
+        config: the node settings.
+        worker: the worker's plan (index, GPU, ports).
+
+    Returns:
+        A dict for :func:`to_sdk`; ``device_requests`` and ``ulimits`` hold dicts of the
+        SDK's ``DeviceRequest`` / ``Ulimit`` keyword arguments.
+    """
+    d = config.docker
+    volumes: dict[str, dict[str, str]] = {
+        str(config.repository.resolve()): {"bind": d.repository_mount, "mode": "ro"}
+    }
+    for mount in d.mounts:
+        host, bind, *mode = mount.split(":")
+        volumes[host] = {"bind": bind, "mode": mode[0] if mode else "ro"}
+    policy: dict[str, Any] = {"Name": config.restart.policy}
+    if config.restart.policy == "on-failure":
+        policy["MaximumRetryCount"] = config.restart.max_retries
+    return {
+        "image": d.image,
+        "name": container_name(config, worker),
+        "command": worker_command(config, worker),
+        "labels": {
+            LABEL_NODE: config.name,
+            LABEL_WORKER: str(worker.index),
+            LABEL_GPU: "cpu" if worker.gpu is None else str(worker.gpu),
+        },
+        "environment": {**worker_env(worker, docker=True), **d.env},
+        "network_mode": "host",
+        "volumes": volumes,
+        "shm_size": d.shm_size,
+        "ulimits": [dict(u) for u in ULIMITS],
+        "device_requests": (
+            []
+            if worker.gpu is None
+            else [
+                {
+                    "driver": d.gpu_driver,
+                    "device_ids": [str(worker.gpu)],
+                    "capabilities": [["gpu"]],
+                }
+            ]
+        ),
+        "restart_policy": policy,
+        "init": True,
+        "stop_timeout": d.stop_timeout_s,
+        "detach": True,
+    }
+
+
+def to_sdk(spec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`container_spec`'s dict with the docker SDK's ``DeviceRequest``/``Ulimit`` types."""
+    from docker.types import DeviceRequest, Ulimit
+
+    kwargs = dict(spec)
+    kwargs["device_requests"] = [DeviceRequest(**r) for r in spec["device_requests"]] or None
+    kwargs["ulimits"] = [Ulimit(**u) for u in spec["ulimits"]]
+    return kwargs
+
+
+def connect() -> Any:
+    """A docker SDK client connected to the daemon (``DOCKER_HOST`` or the default socket).
+
+    Raises:
+        NodeError: the docker SDK is missing (FAILED_PRECONDITION) or no daemon
+            answers (UNAVAILABLE), with what to do.
+    """
+    try:
+        import docker
+    except ImportError:
+        raise NodeError(
+            "the docker runtime needs the docker SDK: pip install 'hloserve[node]'",
+            status=Status.FAILED_PRECONDITION,
+        ) from None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise NodeError(
+            f"no Docker daemon answers (DOCKER_HOST or unix:///var/run/docker.sock): {exc}; "
+            "start it (systemctl start docker, or dockerd as root) and make sure this user "
+            "may use its socket",
+            status=Status.UNAVAILABLE,
+        ) from None
+    return client
+
+
+def node_containers(client: Any, name: str) -> list[Any]:
+    """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index."""
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={name}"})
+    return sorted(found, key=lambda c: int(c.labels.get(LABEL_WORKER, "0")))
+
+
+def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
+    """Stop and remove every container of node ``name`` (``hloserve node down``).
+
+    Returns:
+        The names of the removed containers (empty when none was there).
+
+    Raises:
+        NodeError: no Docker daemon answers.
+    """
+    import docker
+
+    client = connect()
+    removed = []
+    for container in node_containers(client, name):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.stop(timeout=timeout_s)
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+        removed.append(container.name)
+    return removed
+
+
+def _log_tail(container: Any, lines: int = _LOG_TAIL_LINES) -> str:
+    with contextlib.suppress(Exception):
+        return str(container.logs(tail=lines).decode(errors="replace")).rstrip()
+    return "(no log)"
+
+
+class _LogStream(threading.Thread):
+    """Copy one container's output to stdout, each line prefixed, across restarts."""
+
+    def __init__(self, container_id: str, prefix: str, stop: threading.Event) -> None:
+        super().__init__(name=f"logs {prefix}", daemon=True)
+        self._id = container_id
+        self._prefix = prefix
+        self._stop = stop
+
+    def run(self) -> None:
+        import docker
+
+        client = docker.from_env()
+        since: float | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    container = client.containers.get(self._id)
+                    pending = b""
+                    for chunk in container.logs(stream=True, follow=True, since=since):
+                        pending += chunk
+                        *lines, pending = pending.split(b"\n")
+                        for line in lines:
+                            self._emit(line)
+                        if self._stop.is_set():
+                            return
+                    if pending:
+                        self._emit(pending)
+                    since = time.time()
+                except docker.errors.NotFound:
+                    return
+                except docker.errors.DockerException:
+                    pass
+                self._stop.wait(0.5)  # stopped (or restarting): attach again shortly
+        finally:
+            client.close()
+
+    def _emit(self, line: bytes) -> None:
+        sys.stdout.write(f"{self._prefix} {line.decode(errors='replace')}\n")
+        sys.stdout.flush()
+
+
+class DockerWorkers:
+    """The node's worker containers: start, wait ready, watch, stop. Not thread-safe."""
+
+    def __init__(self, config: NodeConfig, plan: Sequence[WorkerPlan]) -> None:
+        self.config = config
+        self.plan = tuple(plan)
+        self._client: Any = None
+        self._containers: list[Any] = []
+        self._restarts: list[int] = []
+        self._down: set[int] = set()
+        self._logs_stop = threading.Event()
+        self._logs: list[_LogStream] = []
+
+    def start(self) -> None:
+        """Check the daemon, the image and leftovers, then run one container per worker.
+
+        Raises:
+            NodeError: no daemon (UNAVAILABLE), image missing (NOT_FOUND), containers of this
+                node already exist (FAILED_PRECONDITION), or Docker refused a container (e.g.
+                no NVIDIA runtime for the GPU device request).
+        """
+        import docker
+
+        self._client = client = connect()
+        image = self.config.docker.image
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise NodeError(
+                f"docker image {image!r} is not present on this Docker host: build it "
+                f"(docker build -f containers/worker.Dockerfile -t {image} .) or pull it, "
+                "or set docker.image",
+                status=Status.NOT_FOUND,
+            ) from None
+        existing = node_containers(client, self.config.name)
+        if existing:
+            raise NodeError(
+                f"node {self.config.name!r} already has containers "
+                f"({', '.join(c.name for c in existing)}): run `hloserve node down` first",
+                status=Status.FAILED_PRECONDITION,
+            )
+        for worker in self.plan:
+            spec = container_spec(self.config, worker)
+            try:
+                container = client.containers.run(**to_sdk(spec))
+            except docker.errors.APIError as exc:
+                hint = ""
+                if worker.gpu is not None and "device driver" in str(exc):
+                    hint = " (GPU containers need the NVIDIA Container Toolkit on the host)"
+                raise NodeError(
+                    f"docker refused worker {worker.index} ({spec['name']}): "
+                    f"{exc.explanation or exc}{hint}"
+                ) from None
+            self._containers.append(container)
+            self._restarts.append(0)
+            stream = _LogStream(container.id, f"[worker {worker.index}]", self._logs_stop)
+            stream.start()
+            self._logs.append(stream)
+            device = "CPU" if worker.gpu is None else f"GPU {worker.gpu}"
+            print(
+                f"hloserve node: worker {worker.index} container {spec['name']} "
+                f"({container.short_id}, {device})",
+                flush=True,
+            )
+
+    def wait_ready(self, stop: threading.Event) -> bool:
+        """Poll every worker's ``/v2/health/ready`` until all answer 200.
+
+        Returns:
+            True when all are ready, False when ``stop`` was set first.
+
+        Raises:
+            NodeError: a container exited and Docker will not restart it, or the startup
+                timeout passed; the message holds the container's log tail.
+        """
+        import docker
+
+        host = connect_host(self.config.host)
+        timeout = self.config.tritonserver.startup_timeout_s
+        start = time.monotonic()
+        waiting = set(range(len(self.plan)))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while waiting and not stop.is_set():
+            for i in sorted(waiting):
+                url = f"http://{host}:{self.plan[i].http_port}/v2/health/ready"
+                with contextlib.suppress(OSError), opener.open(url, timeout=1.0) as response:
+                    if response.status == 200:
+                        waiting.discard(i)
+                        continue
+                container = self._containers[i]
+                try:
+                    container.reload()
+                except docker.errors.NotFound:
+                    raise NodeError(
+                        f"worker {i}: its container was removed while starting"
+                    ) from None
+                state = container.attrs["State"]
+                exited = state["Status"] in ("exited", "dead") and not state.get("Restarting")
+                if exited and not self._will_restart(container):
+                    raise NodeError(
+                        f"worker {i} ({container.name}) exited with code "
+                        f"{state.get('ExitCode')} before it was ready:\n{_log_tail(container)}"
+                    )
+            if time.monotonic() - start > timeout:
+                names = ", ".join(self._containers[i].name for i in sorted(waiting))
+                raise NodeError(
+                    f"workers not ready after {timeout:g} s: {names}\n"
+                    f"{_log_tail(self._containers[min(waiting)])}",
+                    status=Status.DEADLINE_EXCEEDED,
+                )
+            if waiting:
+                stop.wait(0.5)
+        return not waiting
+
+    def _will_restart(self, container: Any) -> bool:
+        policy = self.config.restart
+        if policy.policy == "no":
+            return False
+        if policy.policy in ("always", "unless-stopped"):
+            return True
+        exit_code = container.attrs["State"].get("ExitCode", 0)
+        count = container.attrs.get("RestartCount", 0)
+        return exit_code != 0 and (policy.max_retries == 0 or count < policy.max_retries)
+
+    def poll(self) -> str | None:
+        """Report restarts and workers down for good; a reason to stop, or None.
+
+        Returns:
+            A message when the node's containers were removed (``hloserve node down``).
+        """
+        import docker
+
+        for i, container in enumerate(self._containers):
+            try:
+                container.reload()
+            except docker.errors.NotFound:
+                return f"worker {i}'s container was removed (hloserve node down?)"
+            count = int(container.attrs.get("RestartCount", 0))
+            if count != self._restarts[i]:
+                self._restarts[i] = count
+                self._down.discard(i)
+                print(
+                    f"hloserve node: worker {i} ({container.name}) restarted by Docker "
+                    f"(restart {count}, policy {self.config.restart.policy})",
+                    flush=True,
+                )
+            state = container.attrs["State"]
+            if (
+                state["Status"] in ("exited", "dead")
+                and i not in self._down
+                and not self._will_restart(container)
+            ):
+                self._down.add(i)
+                print(
+                    f"hloserve node: worker {i} ({container.name}) is down (exit code "
+                    f"{state.get('ExitCode')}); the restart policy allows no more restarts",
+                    flush=True,
+                )
+        return None
+
+    def stop(self) -> None:
+        """Stop and remove every container this object started; idempotent."""
+        import docker
+
+        timeout = self.config.docker.stop_timeout_s
+        for container in self._containers:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.stop(timeout=timeout)
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+        self._logs_stop.set()
+        for stream in self._logs:
+            stream.join(timeout=5.0)
+        self._containers = []
+        if self._client is not None:
+            self._client.close()
+            self._client = None

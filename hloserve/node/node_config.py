@@ -1,0 +1,372 @@
+"""Typed settings of ``hloserve node up|down``: a YAML file plus ``HLOSERVE_NODE_*`` overrides.
+
+One node file says how one machine serves a model repository: which runtime starts the workers
+(``process``: local tritonservers from the nvidia-pytriton wheel; ``docker``: one container per
+GPU), which GPUs (``all`` or a list of indices) or how many CPU workers (development), the port
+plan, the restart policy, and the gateway in front when there are two or more workers. Nothing is
+read at import time: call :func:`load_node_config`. docs/deployment.md shows full examples.
+
+Environment overrides use the gateway's scheme (:mod:`hloserve.gateway.config`): a variable
+named ``HLOSERVE_NODE_<PATH>`` sets the field at ``<PATH>``, the dotted key path upper-cased
+with ``__`` between levels::
+
+    HLOSERVE_NODE_RUNTIME=docker                 -> runtime
+    HLOSERVE_NODE_GPUS=0,1                       -> gpus (comma list, or "all")
+    HLOSERVE_NODE_DOCKER__IMAGE=hloserve-worker:1 -> docker.image
+    HLOSERVE_NODE_RESTART__MAX_RETRIES=3         -> restart.max_retries
+    HLOSERVE_NODE_PORTS__HTTP_BASE=9000          -> ports.http_base
+
+Values are parsed like the YAML scalars they stand for. An override wins over the file; a
+variable with the prefix that names no field is an error. Maps (``docker.env``,
+``gateway.settings``) and lists other than ``gpus`` take YAML flow syntax (``[a, b]``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hloserve.errors import InvalidArgumentError
+
+#: Prefix of every environment override.
+ENV_PREFIX = "HLOSERVE_NODE_"
+
+Runtime = Literal["process", "docker"]
+Launcher = Literal["tritonserver", "hloserve"]
+RestartName = Literal["no", "on-failure", "always", "unless-stopped"]
+ModelControlMode = Literal["none", "poll", "explicit"]
+
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+_SHM = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+
+
+class NodeConfigError(InvalidArgumentError):
+    """The node configuration is invalid; the message lists every problem with its key path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PortsConfig(_Section):
+    """Port plan of the workers: worker ``i`` binds ``<base> + i * stride``.
+
+    Attributes:
+        http_base: KServe V2 HTTP port of worker 0 (8100); readiness is polled there.
+        grpc_base: KServe V2 gRPC port of worker 0 (8101); the gateway forwards there.
+        metrics_base: Prometheus port of worker 0 (8102).
+        stride: distance between two workers' ports (10), > the three ports' spread.
+    """
+
+    http_base: int = Field(default=8100, ge=1, le=65535)
+    grpc_base: int = Field(default=8101, ge=1, le=65535)
+    metrics_base: int = Field(default=8102, ge=1, le=65535)
+    stride: int = Field(default=10, ge=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PortsConfig:
+        bases = (self.http_base, self.grpc_base, self.metrics_base)
+        if len(set(bases)) != 3:
+            raise ValueError(f"http_base, grpc_base and metrics_base must differ, got {bases}")
+        if max(bases) - min(bases) >= self.stride:
+            raise ValueError(
+                f"stride {self.stride} must exceed the spread of the base ports "
+                f"({max(bases) - min(bases)}), or two workers' ports overlap"
+            )
+        return self
+
+    def of_worker(self, index: int) -> tuple[int, int, int]:
+        """(http, grpc, metrics) ports of worker ``index``."""
+        step = index * self.stride
+        return self.http_base + step, self.grpc_base + step, self.metrics_base + step
+
+
+class RestartConfig(_Section):
+    """What happens when a worker dies (Docker's restart policy names and meaning).
+
+    Attributes:
+        policy: ``no`` (stay down), ``on-failure`` (restart after a non-zero exit or a kill, up
+            to ``max_retries`` times; default), ``always`` / ``unless-stopped`` (restart after
+            any exit). The docker runtime hands it to Docker; the process runtime applies it
+            itself.
+        max_retries: restarts allowed per worker with ``on-failure`` (5); 0 = unlimited.
+    """
+
+    policy: RestartName = "on-failure"
+    max_retries: int = Field(default=5, ge=0)
+
+
+class TritonConfig(_Section):
+    """tritonserver settings shared by every worker.
+
+    Attributes:
+        model_control_mode: ``--model-control-mode`` (none: load the whole repository).
+        load_models: ``--load-model`` names (explicit mode only).
+        args: further tritonserver flags, appended last (e.g.
+            ``--backend-config=python,shm-default-byte-size=16777216``).
+        log_verbose: ``--log-verbose`` level.
+        startup_timeout_s: seconds a worker may take to become ready (600).
+    """
+
+    model_control_mode: ModelControlMode = "none"
+    load_models: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    log_verbose: int = Field(default=0, ge=0)
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class DockerConfig(_Section):
+    """Settings of the docker runtime (ignored by the process runtime).
+
+    Attributes:
+        image: worker image (``containers/worker.Dockerfile`` or ``worker-cpu.Dockerfile``).
+        launcher: what the container runs: ``tritonserver`` (the NGC image's
+            ``/opt/tritonserver/bin/tritonserver`` with hloserve's backends in
+            ``backend_directory``) or ``hloserve`` (``hloserve serve``, which runs the
+            nvidia-pytriton wheel's tritonserver: the CPU image).
+        backend_directory: ``--backend-directory`` inside the image (launcher tritonserver).
+        repository_mount: where the repository is mounted, read-only, in the container.
+        shm_size: ``/dev/shm`` size, Docker syntax (``"1g"``); the Python backend moves every
+            tensor through it, so Docker's 64 MiB default is too small.
+        env: extra environment variables of every worker container.
+        mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
+        stop_timeout_s: seconds Docker waits after SIGTERM before SIGKILL on stop (30).
+        gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
+    """
+
+    image: str = "hloserve-worker:latest"
+    launcher: Launcher = "tritonserver"
+    backend_directory: str = "/opt/tritonserver/backends"
+    repository_mount: str = "/models"
+    shm_size: str = "1g"
+    env: dict[str, str] = Field(default_factory=dict)
+    mounts: tuple[str, ...] = ()
+    stop_timeout_s: int = Field(default=30, ge=0)
+    gpu_driver: str = "nvidia"
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, value: str) -> str:
+        if not _SHM.match(value):
+            raise ValueError(f"expected a size like 1g, 512m or 1073741824, got {value!r}")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for mount in value:
+            parts = mount.split(":")
+            if (
+                len(parts) not in (2, 3)
+                or not all(parts[:2])
+                or parts[2:] not in ([], ["ro"], ["rw"])
+            ):
+                raise ValueError(f"expected HOST:CONTAINER[:ro|rw], got {mount!r}")
+            if not parts[0].startswith("/") or not parts[1].startswith("/"):
+                raise ValueError(f"mount paths must be absolute, got {mount!r}")
+        return value
+
+
+class NodeGatewayConfig(_Section):
+    """The gateway in front of the workers; it runs in the ``node up`` process on the host.
+
+    Attributes:
+        enabled: ``auto`` (default) runs it when there are two or more workers; true/false
+            force it on or off.
+        listen: its KServe V2 gRPC endpoint, host:port ("127.0.0.1:8001").
+        admin_port: its /healthz, /readyz, /metrics port on the listen host (8002).
+        settings: further :class:`hloserve.gateway.config.GatewayConfig` keys (``mode``,
+            ``scheduling``, ``discovery``, ``upstream``, ``grpc``); ``workers`` and
+            ``worker_metrics`` come from the node.
+    """
+
+    enabled: bool | Literal["auto"] = "auto"
+    listen: str = "127.0.0.1:8001"
+    admin_port: int = Field(default=8002, ge=0, le=65535)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("settings")
+    @classmethod
+    def _settings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted({"workers", "worker_metrics", "listen", "admin_port"} & set(value))
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)} are set by the node, not in settings")
+        return value
+
+
+class NodeConfig(_Section):
+    """Settings of one node: the workers of one machine and the gateway in front of them.
+
+    Attributes:
+        name: node name, the value of the ``hloserve.node`` label on its containers
+            (letters, digits, ``_.-``; "hloserve").
+        runtime: ``process`` (local tritonservers from the nvidia-pytriton wheel) or ``docker``.
+        repository: the model repository (``hloserve repo build``); required.
+        host: address the workers bind ("127.0.0.1"; "0.0.0.0" serves the network).
+        gpus: ``"all"`` (every GPU NVML/nvidia-smi finds) or a list of GPU indices; one worker
+            per GPU. Empty (default) = no GPU, see ``cpu_workers``.
+        cpu_workers: number of CPU-only workers, for development without GPUs (0). Exactly one
+            of ``gpus`` and ``cpu_workers`` must be set.
+        ports: the workers' port plan.
+        restart: what happens when a worker dies.
+        tritonserver: tritonserver settings of every worker.
+        docker: docker runtime settings.
+        gateway: the gateway in front.
+    """
+
+    name: str = "hloserve"
+    runtime: Runtime = "process"
+    repository: Path
+    host: str = "127.0.0.1"
+    gpus: Literal["all"] | tuple[int, ...] = ()
+    cpu_workers: int = Field(default=0, ge=0)
+    ports: PortsConfig = Field(default_factory=PortsConfig)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+    tritonserver: TritonConfig = Field(default_factory=TritonConfig)
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    gateway: NodeGatewayConfig = Field(default_factory=NodeGatewayConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"expected letters, digits and _.- (at most 63), got {value!r}")
+        return value
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value,)
+        if isinstance(value, str) and value != "all":
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError(f"expected 'all' or GPU indices like 0,1, got {value!r}")
+            return tuple(int(p) for p in parts)
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, value: Literal["all"] | tuple[int, ...]) -> Any:
+        if value == "all":
+            return value
+        if any(i < 0 for i in value) or len(set(value)) != len(value):
+            raise ValueError(f"GPU indices must be distinct and >= 0, got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _workers(self) -> NodeConfig:
+        if (self.gpus == "all" or self.gpus) and self.cpu_workers:
+            raise ValueError("set gpus or cpu_workers, not both")
+        if not (self.gpus == "all" or self.gpus) and not self.cpu_workers:
+            raise ValueError("no workers: set gpus ('all' or indices) or cpu_workers (>= 1)")
+        return self
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Nested dict of the ``HLOSERVE_NODE_*`` overrides, and the problems found."""
+    overrides: dict[str, Any] = {}
+    problems: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        model: type[BaseModel] = NodeConfig
+        for i, key in enumerate(path):
+            field = model.model_fields.get(key)
+            if field is None:
+                problems.append(f"{name}: names no setting ({'.'.join(path[: i + 1])})")
+                break
+            annotation = field.annotation
+            is_last = i == len(path) - 1
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                if is_last:
+                    problems.append(f"{name}: {'.'.join(path)} is a section, name one of its keys")
+                    break
+                model = annotation
+                continue
+            if not is_last:
+                problems.append(f"{name}: {'.'.join(path[: i + 1])} has no sub-keys")
+                break
+            raw = environ[name]
+            value: Any = raw
+            if key != "gpus" and raw.strip():
+                try:
+                    value = yaml.safe_load(raw)
+                except yaml.YAMLError:
+                    value = raw
+            target = overrides
+            for part in path[:-1]:
+                target = target.setdefault(part, {})
+            target[key] = value
+    return overrides, problems
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_node_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> NodeConfig:
+    """Read the node settings from a YAML file and ``HLOSERVE_NODE_*`` variables.
+
+    A relative ``repository`` in the file is resolved against the file's directory.
+
+    Args:
+        path: a YAML mapping of the :class:`NodeConfig` keys; None reads the environment alone
+            (then ``HLOSERVE_NODE_REPOSITORY`` is required).
+        environ: the environment to read (``os.environ`` when None).
+
+    Returns:
+        The validated, frozen configuration.
+
+    Raises:
+        NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value
+            out of range; the message names every offending key path.
+    """
+    data: dict[str, Any] = {}
+    source = "environment"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise NodeConfigError(f"node config {path}: cannot read it: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise NodeConfigError(f"node config {path}: expected a mapping at the top")
+        data = loaded
+        repository = data.get("repository")
+        if isinstance(repository, str) and not Path(repository).is_absolute():
+            data["repository"] = str(Path(path).resolve().parent / repository)
+    overrides, problems = _env_overrides(os.environ if environ is None else environ)
+    if problems:
+        raise NodeConfigError("node config environment: " + "; ".join(problems))
+    data = _merge(data, overrides)
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        found = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = "required key is missing"
+            elif err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            found.append(f"{where}: {msg}")
+        raise NodeConfigError(f"node config {source}: " + "; ".join(found)) from None

@@ -1,0 +1,285 @@
+"""The node file, the worker plan and the container spec, without Docker or tritonserver.
+
+The golden test pins what ``hloserve node up`` sends to Docker for a four-GPU node: the
+device request of exactly one GPU per container, host networking, the read-only repository,
+``/dev/shm``, the ulimits, the restart policy, labels, environment and tritonserver flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+
+import pytest
+
+from hloserve.errors import Status
+from hloserve.node.docker_runtime import container_spec, to_sdk
+from hloserve.node.node import (
+    GpuNotFoundError,
+    WorkerPlan,
+    gateway_config,
+    gateway_enabled,
+    plan_workers,
+    planned_ports,
+    run_node_up,
+    worker_env,
+)
+from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
+from hloserve.node.tritonserver import PortInUseError
+
+GPU_NODE = """
+name: gpunode
+runtime: docker
+repository: /srv/models
+host: 0.0.0.0
+gpus: all
+docker:
+  image: registry.example/hloserve-worker:24.12
+  shm_size: 2g
+  env: {HLOSERVE_LOG: info}
+  mounts: [/srv/cache:/cache:rw]
+restart: {policy: on-failure, max_retries: 3}
+tritonserver:
+  args: ["--backend-config=python,shm-default-byte-size=16777216"]  # quoted: a comma
+gateway:
+  listen: 0.0.0.0:8001
+  settings: {mode: least_outstanding}
+"""
+
+#: containers.run keyword arguments of worker 2 (GPU 2) of GPU_NODE.
+GOLDEN_WORKER_2 = {
+    "image": "registry.example/hloserve-worker:24.12",
+    "name": "hloserve-gpunode-worker2",
+    "command": [
+        "tritonserver",
+        "--model-repository=/models",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--model-control-mode=none",
+        "--http-address=0.0.0.0",
+        "--http-port=8120",
+        "--grpc-address=0.0.0.0",
+        "--grpc-port=8121",
+        "--metrics-address=0.0.0.0",
+        "--metrics-port=8122",
+        "--log-verbose=0",
+        "--exit-on-error=false",
+        "--strict-readiness=false",
+        "--backend-config=python,shm-default-byte-size=16777216",
+    ],
+    "labels": {"hloserve.node": "gpunode", "hloserve.worker": "2", "hloserve.gpu": "2"},
+    "environment": {"HLOSERVE_LOG": "info"},
+    "network_mode": "host",
+    "volumes": {
+        "/srv/models": {"bind": "/models", "mode": "ro"},
+        "/srv/cache": {"bind": "/cache", "mode": "rw"},
+    },
+    "shm_size": "2g",
+    "ulimits": [
+        {"name": "memlock", "soft": -1, "hard": -1},
+        {"name": "stack", "soft": 67108864, "hard": 67108864},
+    ],
+    "device_requests": [{"driver": "nvidia", "device_ids": ["2"], "capabilities": [["gpu"]]}],
+    "restart_policy": {"Name": "on-failure", "MaximumRetryCount": 3},
+    "init": True,
+    "stop_timeout": 30,
+    "detach": True,
+}
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> NodeConfig:
+    path = tmp_path / "node.yaml"
+    path.write_text(GPU_NODE)
+    return load_node_config(path, environ={})
+
+
+def test_gpu_node_container_spec_matches_golden(gpu_node: NodeConfig) -> None:
+    plan = plan_workers(gpu_node, available_gpus=(0, 1, 2, 3))
+    assert [(w.index, w.gpu, w.grpc_port) for w in plan] == [
+        (0, 0, 8101),
+        (1, 1, 8111),
+        (2, 2, 8121),
+        (3, 3, 8131),
+    ]
+    assert container_spec(gpu_node, plan[2]) == GOLDEN_WORKER_2
+    for worker in plan:  # one GPU per container, each a different one
+        requests = container_spec(gpu_node, worker)["device_requests"]
+        assert requests[0]["device_ids"] == [str(worker.gpu)]
+
+
+def test_cpu_worker_spec_has_no_device_request_and_hides_gpus(tmp_path: Path) -> None:
+    config = NodeConfig(repository=tmp_path, runtime="docker", cpu_workers=2)
+    spec = container_spec(config, plan_workers(config)[1])
+    assert spec["device_requests"] == []
+    assert spec["environment"] == {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 5}
+
+
+def test_hloserve_launcher_runs_hloserve_serve_on_the_mount(tmp_path: Path) -> None:
+    config = NodeConfig.model_validate(
+        {
+            "repository": tmp_path,
+            "cpu_workers": 1,
+            "docker": {"launcher": "hloserve"},
+            "tritonserver": {"args": ["--log-info=false"], "startup_timeout_s": 90},
+        }
+    )
+    assert container_spec(config, plan_workers(config)[0])["command"] == [
+        "hloserve",
+        "serve",
+        "/models",
+        "--host=127.0.0.1",
+        "--http-port=8100",
+        "--grpc-port=8101",
+        "--metrics-port=8102",
+        "--model-control-mode=none",
+        "--log-verbose=0",
+        "--startup-timeout=90",
+        "--",
+        "--log-info=false",
+    ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
+def test_to_sdk_builds_the_sdk_types(gpu_node: NodeConfig) -> None:
+    from docker.types import DeviceRequest, Ulimit
+
+    kwargs = to_sdk(container_spec(gpu_node, plan_workers(gpu_node, (0,))[0]))
+    (request,) = kwargs["device_requests"]
+    assert isinstance(request, DeviceRequest)
+    assert request == {
+        "Driver": "nvidia",
+        "Count": 0,
+        "DeviceIDs": ["0"],
+        "Capabilities": [["gpu"]],
+        "Options": {},
+    }
+    assert all(isinstance(u, Ulimit) for u in kwargs["ulimits"])
+    assert kwargs["ulimits"][0] == {"Name": "memlock", "Soft": -1, "Hard": -1}
+
+
+def test_gpu_asked_for_but_none_present(gpu_node: NodeConfig) -> None:
+    with pytest.raises(GpuNotFoundError, match=r"GPU asked for .*but none present"):
+        plan_workers(gpu_node, available_gpus=())
+    listed = gpu_node.model_copy(update={"gpus": (0, 5)})
+    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but this machine has GPUs 0, 1"):
+        plan_workers(listed, available_gpus=(0, 1))
+    assert GpuNotFoundError("x").status is Status.FAILED_PRECONDITION
+
+
+def test_process_workers_see_only_their_gpu() -> None:
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=False) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {}
+
+
+def test_env_overrides_use_the_gateway_scheme(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("repository: repo\ncpu_workers: 1\n")
+    config = load_node_config(
+        path,
+        environ={
+            "HLOSERVE_NODE_RUNTIME": "docker",
+            "HLOSERVE_NODE_CPU_WORKERS": "0",
+            "HLOSERVE_NODE_GPUS": "0,2",
+            "HLOSERVE_NODE_DOCKER__IMAGE": "img:1",
+            "HLOSERVE_NODE_DOCKER__ENV": "{A: b}",
+            "HLOSERVE_NODE_RESTART__POLICY": "always",
+            "HLOSERVE_NODE_PORTS__HTTP_BASE": "9000",
+            "HLOSERVE_NODE_PORTS__STRIDE": "1000",
+            "OTHER": "ignored",
+        },
+    )
+    assert config.repository == tmp_path / "repo"  # relative to the file
+    assert (config.runtime, config.gpus, config.docker.image) == ("docker", (0, 2), "img:1")
+    assert config.docker.env == {"A": "b"}
+    assert config.restart.policy == "always"
+    assert config.ports.of_worker(1) == (10000, 9101, 9102)
+    assert (
+        load_node_config(
+            path, environ={"HLOSERVE_NODE_GPUS": "all", "HLOSERVE_NODE_CPU_WORKERS": "0"}
+        ).gpus
+        == "all"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "text", "words"),
+    [
+        (
+            {"HLOSERVE_NODE_DOCKR__IMAGE": "x"},
+            "repository: r\ncpu_workers: 1\n",
+            ["DOCKR", "names no setting"],
+        ),
+        ({"HLOSERVE_NODE_DOCKER": "x"}, "repository: r\ncpu_workers: 1\n", ["is a section"]),
+        ({}, "cpu_workers: 1\n", ["repository: required key is missing"]),
+        ({}, "repository: r\n", ["no workers"]),
+        ({}, "repository: r\ncpu_workers: 1\ngpus: all\n", ["not both"]),
+        ({}, "repository: r\ngpus: [0, 0]\n", ["gpus", "distinct"]),
+        ({}, "repository: r\ngpus: 'a,b'\n", ["gpus", "'all' or GPU indices"]),
+        ({}, "repository: r\ncpu_workers: 1\nports: {stride: 2}\n", ["ports", "stride 2"]),
+        ({}, "repository: r\ncpu_workers: 1\ndocker: {shm_size: lots}\n", ["docker.shm_size"]),
+        ({}, "repository: r\ncpu_workers: 1\ndocker: {mounts: [a:b]}\n", ["absolute"]),
+        ({}, "repository: r\ncpu_workers: 1\nrestart: {policy: sometimes}\n", ["restart.policy"]),
+        ({}, "repository: r\ncpu_workers: 1\nname: 'a b'\n", ["name"]),
+        (
+            {},
+            "repository: r\ncpu_workers: 1\ngateway: {settings: {workers: [x:1]}}\n",
+            ["set by the node"],
+        ),
+        ({}, "repository: r\ncpu_workers: 1\nbogus: 1\n", ["bogus: unknown key"]),
+        ({}, "- a list\n", ["expected a mapping"]),
+    ],
+)
+def test_bad_node_files_name_the_key(
+    tmp_path: Path, environ: dict[str, str], text: str, words: list[str]
+) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(text)
+    with pytest.raises(NodeConfigError) as info:
+        load_node_config(path, environ=environ)
+    for word in words:
+        assert word in str(info.value)
+    assert info.value.status is Status.INVALID_ARGUMENT
+
+
+def test_gateway_runs_for_two_or_more_workers(tmp_path: Path) -> None:
+    one = NodeConfig(repository=tmp_path, cpu_workers=1)
+    two = NodeConfig(repository=tmp_path, cpu_workers=2, host="0.0.0.0")
+    assert not gateway_enabled(one, 1)
+    assert gateway_enabled(two, 2)
+    forced = one.model_copy(update={"gateway": one.gateway.model_copy(update={"enabled": True})})
+    assert gateway_enabled(forced, 1)
+    gw = gateway_config(two, plan_workers(two))
+    assert gw.workers == ("127.0.0.1:8101", "127.0.0.1:8111")
+    assert gw.worker_metrics == ("127.0.0.1:8102", "127.0.0.1:8112")
+    assert set(planned_ports(two, plan_workers(two))) >= {"gateway grpc", "gateway admin"}
+
+
+def test_bad_gateway_settings_and_port_clashes_are_config_errors(tmp_path: Path) -> None:
+    bad = NodeConfig.model_validate(
+        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"settings": {"mode": "fastest"}}}
+    )
+    with pytest.raises(NodeConfigError, match=r"gateway\.settings: mode"):
+        gateway_config(bad, plan_workers(bad))
+    clash = NodeConfig.model_validate(
+        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"listen": "127.0.0.1:8111"}}
+    )
+    with pytest.raises(NodeConfigError, match="gateway grpc and worker 1 grpc both use port 8111"):
+        planned_ports(clash, plan_workers(clash))
+
+
+def test_port_in_use_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = NodeConfig.model_validate(
+            {
+                "repository": tmp_path,
+                "cpu_workers": 1,
+                "ports": {"http_base": port - 1, "grpc_base": port, "metrics_base": port + 1},
+            }
+        )
+        with pytest.raises(PortInUseError, match=f"worker 0 grpc port 127.0.0.1:{port}"):
+            run_node_up(config)
