@@ -146,3 +146,44 @@ def test_weights_keep_models_within_budget() -> None:
     assert table.routes["b"].replicas != table.routes["c"].replicas
     assert aware.placement is not None
     assert max(aware.placement.weight_bytes.values()) <= 100
+
+
+def test_the_runtime_model_is_neither_measured_nor_placed() -> None:
+    """hloserve_runtime serves every front model over BLS: its time is inside theirs."""
+    controller = LptController(SchedulingConfig())
+    discovered = RoutingTable(
+        {
+            "a": ModelRoute(("w0", "w1", "w2"), max_batch=8),
+            "b": ModelRoute(("w0", "w1", "w2"), max_batch=8),
+            "hloserve_runtime": ModelRoute(("w0", "w1", "w2"), max_batch=8),
+        }
+    )
+    controller.tick(discovered, _counters(a=(0, 0.0), hloserve_runtime=(0, 0.0)), 1.0)
+    fleet = controller.observe(_counters(a=(100, 1.0), hloserve_runtime=(100, 0.9)), 1.0)
+    assert fleet == pytest.approx(1.0)
+    assert "hloserve_runtime" not in controller.estimates()
+    table = controller.repack_now()
+    assert controller.placement is not None
+    assert "hloserve_runtime" not in controller.placement.assignment
+    assert table.routes["hloserve_runtime"].replicas == ("w0", "w1", "w2")
+    assert len(table.routes["a"].replicas) == 1
+
+
+def test_knob_changes_reach_the_clock_and_the_next_repack() -> None:
+    controller = LptController(SchedulingConfig(rebalance_compute_seconds=10.0))
+    assert controller.repack_now().routes == {}  # nothing discovered yet
+    controller.tick(_discovered("a", "b"), {}, 1.0)
+    assert controller.repacks == 1
+    controller.clock.advance(3.0)
+    controller.update_scheduling(
+        SchedulingConfig(
+            rebalance_compute_seconds=20.0,
+            first_rebalance_compute_seconds=0,
+            models={"a": {"replicas": 2}},
+        )
+    )
+    assert controller.clock.budget_seconds == 20.0
+    assert controller.clock.accumulated_seconds == 3.0
+    assert len(controller.tick(_discovered("a", "b"), {}, 1.0).routes["a"].replicas) == 1
+    assert sorted(controller.repack_now().routes["a"].replicas) == ["w0", "w1"]
+    assert controller.repacks == 2

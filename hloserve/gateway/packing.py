@@ -35,6 +35,7 @@ from hloserve.gateway.placement import (
     compute_placement,
 )
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable, fill_quantum
+from hloserve.model_repository_tools.names import RUNTIME_MODEL
 from hloserve.node.status import cache_status
 
 log = logging.getLogger("hloserve.gateway")
@@ -104,12 +105,24 @@ class LptController:
 
     Not thread-safe: one discovery loop owns it.
 
+    Internal models (hloserve's runtime model, which every front model calls over BLS) are
+    left out of the estimates, the repack clock and the placement: clients never address
+    them, and their execution time is already inside the front models' (counting it would
+    count the fleet's compute twice and place the runtime as the heaviest "model"). They keep
+    every discovered replica.
+
     Args:
         scheduling: the knobs (replica counts, hysteresis, rebalance budgets).
+        internal_models: names never placed (default: the runtime model).
     """
 
-    def __init__(self, scheduling: SchedulingConfig) -> None:
+    def __init__(
+        self,
+        scheduling: SchedulingConfig,
+        internal_models: frozenset[str] = frozenset({RUNTIME_MODEL}),
+    ) -> None:
         self._scheduling = scheduling
+        self._internal = internal_models
         self.clock = RepackClock(
             scheduling.rebalance_compute_seconds, scheduling.first_rebalance_compute_seconds
         )
@@ -167,6 +180,8 @@ class LptController:
         items: dict[str, int] = {}
         compute: dict[str, float] = {}
         for key, now in counters.items():
+            if key[0] in self._internal:
+                continue
             before = self._last.get(key)
             if (
                 before is None
@@ -222,6 +237,8 @@ class LptController:
     def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
         loads = []
         for name, route in discovered.routes.items():
+            if name in self._internal:
+                continue
             estimate = self._estimates.get(name, _Estimate())
             cost = estimate.cost or route.cost_per_item_seconds or 0.0
             loads.append(
