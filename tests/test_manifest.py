@@ -67,9 +67,9 @@ def test_dims_letter_not_in_shape() -> None:
     assert "'logits'" in str(err) and "dims names 'z'" in str(err)
 
 
-def test_variable_size_refused_in_v1() -> None:
+def test_variable_size_needs_variants() -> None:
     err = refused(lambda d: d["inputs"][0]["dims"].update(w=-1))
-    assert "-1 (variable size) is not allowed in format v1" in str(err)
+    assert "are -1 (variable) but there is no variants section" in str(err)
 
 
 def test_future_format_version_names_found_and_supported() -> None:

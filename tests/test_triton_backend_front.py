@@ -262,11 +262,11 @@ class ScaleHooks:
     """Doubles x before the executable; adds an output; refuses a marked request afterwards."""
 
     def preprocess(self, inputs: Tensors) -> Tensors:
-        if "fail_pre" in inputs:
+        if (inputs["x"] < 0).any():
             raise InvalidArgumentError("preprocess refused")
         return {"x": inputs["x"] * 2}
 
-    def postprocess(self, outputs: Tensors) -> Tensors:
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
         if (outputs["s"] == 0).any():
             raise InvalidArgumentError("postprocess refused")
         return {**outputs, "twice_s": outputs["s"] * 2}
@@ -276,9 +276,7 @@ def test_hooks_wrap_each_request(paths: dict[str, Path], runtime: RuntimeModel) 
     recorder = Recorder(runtime)
     front = FrontModel("tiny", load_bundle(paths["tiny"]), recorder, hooks=ScaleHooks())
     one = np.ones((1, 4), np.float32)
-    results = front.execute(
-        [{"x": one}, {"x": one, "fail_pre": one}, {"x": np.zeros((1, 4), np.float32)}]
-    )
+    results = front.execute([{"x": one}, {"x": -one}, {"x": np.zeros((1, 4), np.float32)}])
     out = _ok(results[0])
     np.testing.assert_array_equal(out["s"], [8.0])  # sum of 2 * ones(4)
     np.testing.assert_array_equal(out["twice_s"], [16.0])

@@ -52,23 +52,28 @@ class Bundle:
         """The model name: the directory's name."""
         return self.path.name
 
-    def executable_path(self, batch_size: int) -> Path:
+    def executable_path(self, batch_size: int, variant: int = 0) -> Path:
         """Path of the executable compiled for ``batch_size`` (0 for an unbatched model).
 
+        Args:
+            batch_size: a compiled batch size.
+            variant: index into ``variants.shapes`` (0 for a model without variants).
+
         Raises:
-            NotFoundError: no executable for that size.
+            NotFoundError: no executable for that size (and variant).
         """
         try:
-            return self.path / self.manifest.executables[batch_size]
+            return self.path / self.manifest.all_executables[(variant, batch_size)]
         except KeyError:
+            which = f" in variant {variant}" if self.manifest.variants else ""
             raise NotFoundError(
-                f"model {self.name!r} has no executable for batch size {batch_size}; "
-                f"compiled sizes: {sorted(self.manifest.executables)}"
+                f"model {self.name!r} has no executable for batch size {batch_size}{which}; "
+                f"compiled (variant, batch size): {sorted(self.manifest.all_executables)}"
             ) from None
 
-    def read_artifact(self, batch_size: int) -> bytes:
+    def read_artifact(self, batch_size: int, variant: int = 0) -> bytes:
         """The portable artifact for ``batch_size`` (MLIR text is converted in memory)."""
-        return to_portable_artifact(self.executable_path(batch_size).read_bytes())
+        return to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
 
     @property
     def weights_path(self) -> Path | None:

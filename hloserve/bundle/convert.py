@@ -28,19 +28,29 @@ def convert_bundle(path: Path | str, target_version: str | None = None) -> list[
         ArtifactError: a text executable does not parse.
     """
     bundle: Bundle = load_bundle(path)
-    executables = dict(bundle.manifest.executables)
+    manifest = bundle.manifest
+    files = dict(manifest.all_executables)
     converted = []
-    for size, file in sorted(executables.items()):
+    for key, file in sorted(files.items()):
         data = (bundle.path / file).read_bytes()
         if is_portable_artifact(data):
             continue
         new_file = str(Path(file).with_suffix(".mlirbc"))
         (bundle.path / new_file).write_bytes(to_portable_artifact(data, target_version))
-        executables[size] = new_file
+        files[key] = new_file
         converted.append(file)
     if not converted:
         return []
-    manifest = bundle.manifest.model_copy(update={"executables": executables})
+    if manifest.variants is None:
+        update: dict[str, object] = {"executables": {s: f for (_, s), f in files.items()}}
+    else:
+        shapes = [
+            v.model_copy(update={"executables": {s: files[(i, s)] for s in v.executables}})
+            for i, v in enumerate(manifest.variants.shapes)
+        ]
+        update = {"variants": manifest.variants.model_copy(update={"shapes": shapes})}
+    manifest = manifest.model_copy(update=update)
+    executables = files
     tmp = bundle.path / f".{MANIFEST_FILE}.tmp"
     tmp.write_text(manifest.to_yaml())
     os.replace(tmp, bundle.path / MANIFEST_FILE)

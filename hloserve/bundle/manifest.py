@@ -5,6 +5,8 @@ Format versions (the newest first; bump MAX and add a line when the format chang
 * 2 (2026-11-30): ``kind: meta`` (Python glue calling other models: ``meta.calls``, a
   ``model.py`` defining ``run``, no executable); ``client_inputs``/``client_outputs`` (the wire
   tensors, same notation; required for a meta, optional for a model, where hooks use them).
+  ``variants``: several executables per batch size that differ in non-batch axes (sizes
+  ``-1`` in ``dims``), sharing one weights file, with the rule that picks one per request.
   A manifest that uses none of these may keep ``format_version: 1``.
 * 1 (2026-11-29): first version: ``kind: model``; executable inputs/outputs in named-axis
   notation; one StableHLO portable artifact per compiled batch size; weights as the leading
@@ -42,6 +44,8 @@ MANIFEST_FILE = "manifest.yaml"
 BATCH_LETTERS = frozenset("nb")
 #: Key of the single executable of a model without a batch axis.
 UNBATCHED = 0
+#: ``dims`` size of an axis whose size varies between ``variants`` (and on client tensors).
+VARIABLE = -1
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 #: Model names (the bundle directory names; kept in step with ``hloserve.bundle.bundle``).
@@ -135,8 +139,8 @@ class TensorSpec(BaseModel):
                 )
             elif letter not in self.shape:
                 problems.append(f"dims names {letter!r}, which is not in shape {self.shape!r}")
-            elif size == -1:
-                problems.append(f"dims {letter}: -1 (variable size) is not allowed in format v1")
+            elif size == VARIABLE:
+                pass  # the manifest checks that variants list its sizes (or: a client tensor)
             elif size <= 0:
                 problems.append(f"dims {letter}: size must be positive, got {size}")
         if problems:
@@ -156,11 +160,28 @@ class TensorSpec(BaseModel):
                 return i
         return None
 
-    def shape_at(self, batch_size: int) -> tuple[int, ...]:
-        """Concrete row-major shape with the batch axis (if any) set to ``batch_size``."""
+    def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """Row-major shape with the batch axis (if any) set to ``batch_size``.
+
+        Args:
+            batch_size: size of the batch axis.
+            sizes: sizes of variable axes (``-1`` in ``dims``), e.g. a variant's ``dims``;
+                a variable axis not in ``sizes`` stays ``-1``.
+        """
+        sizes = sizes or {}
         return tuple(
-            batch_size if letter in BATCH_LETTERS else self.dims[letter] for letter in self.shape
+            batch_size
+            if letter in BATCH_LETTERS
+            else sizes.get(letter, self.dims[letter])
+            if self.dims[letter] == VARIABLE
+            else self.dims[letter]
+            for letter in self.shape
         )
+
+    @property
+    def variable_axes(self) -> list[str]:
+        """Letters whose size is ``-1`` (varies between variants), in shape order."""
+        return [c for c in self.shape if self.dims.get(c) == VARIABLE]
 
     @property
     def nbytes_per_item(self) -> int:
@@ -222,6 +243,38 @@ class Batching(BaseModel):
         return sorted(sizes)
 
 
+class Variant(BaseModel):
+    """One shape variant: sizes of the variable axes and its executables by batch size."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dims: dict[str, int]
+    executables: dict[int, str]
+
+    @field_validator("dims")
+    @classmethod
+    def _dims_ok(cls, dims: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in dims.items() if v <= 0}
+        if bad:
+            raise ValueError(f"variant sizes must be positive, got {bad}")
+        return dims
+
+
+class Variants(BaseModel):
+    """``variants`` section: executables differing in non-batch axes, and how to pick one.
+
+    ``pick: smallest_fitting`` (the only rule): a request runs on the variant whose sizes are
+    the smallest that hold every variable axis of its executable inputs (after ``preprocess``);
+    the front zero-pads those axes up to the variant's sizes and slices outputs back. Requests
+    are coalesced only with requests of the same variant.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pick: Literal["smallest_fitting"] = "smallest_fitting"
+    shapes: list[Variant]
+
+
 class Weights(BaseModel):
     """``weights`` section: the safetensors file and the order ``main`` takes the weights in."""
 
@@ -261,6 +314,7 @@ class Manifest(BaseModel):
     client_inputs: list[ClientTensorSpec] | None = None
     client_outputs: list[ClientTensorSpec] | None = None
     meta: MetaSection | None = None
+    variants: Variants | None = None
     producer: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -285,7 +339,7 @@ class Manifest(BaseModel):
     def _version_rules(self) -> list[str]:
         if self.format_version >= META_FORMAT_VERSION:
             return []
-        keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta")
+        keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta", "variants")
         used = [k for k in keys if k in self.model_fields_set]
         if self.kind == "meta":
             used.insert(0, "kind 'meta'")
@@ -296,7 +350,7 @@ class Manifest(BaseModel):
 
     def _meta_rules(self) -> list[str]:
         problems = []
-        for key in ("inputs", "outputs", "batching", "executables", "weights"):
+        for key in ("inputs", "outputs", "batching", "executables", "weights", "variants"):
             if key in self.model_fields_set:
                 problems.append(
                     f"{key}: not allowed with kind 'meta' (a meta model has no executable; "
@@ -314,7 +368,8 @@ class Manifest(BaseModel):
         problems = []
         if self.meta is not None:
             problems.append("meta: only allowed with kind 'meta'")
-        for key in ("inputs", "outputs", "executables"):
+        required = ("inputs", "outputs") if self.variants else ("inputs", "outputs", "executables")
+        for key in required:
             if key not in self.model_fields_set:
                 problems.append(f"{key}: required key is missing")
         for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
@@ -340,6 +395,9 @@ class Manifest(BaseModel):
                 f"('n' or 'b'); an unbatched model has one executable under key {UNBATCHED}"
             )
         expected = set(sizes) if batched else {UNBATCHED}
+        if self.variants is not None or any(s.variable_axes for s in self.inputs + self.outputs):
+            problems += self._variant_rules(expected)
+            return problems
         for size in sorted(expected - set(self.executables)):
             what = f"compiled batch size {size}" if size else "the unbatched executable (key 0)"
             problems.append(f"executables: {what} has no artifact")
@@ -352,6 +410,60 @@ class Manifest(BaseModel):
                 f"executables: key {size} is not a compiled batch size {sorted(expected)}"
             )
         return problems
+
+    def _variant_rules(self, expected: set[int]) -> list[str]:
+        problems = []
+        axes = sorted({a for s in self.inputs + self.outputs for a in s.variable_axes})
+        from_inputs = {a for s in self.inputs for a in s.variable_axes}
+        if self.variants is None:
+            return [
+                f"dims of axes {axes} are -1 (variable) but there is no variants section "
+                "listing their compiled sizes"
+            ]
+        if not axes:
+            problems.append("variants: no executable tensor has a variable axis (-1 in dims)")
+        lost = sorted(set(axes) - from_inputs)
+        if lost:
+            problems.append(f"variable axes {lost} appear in outputs only; inputs must fix them")
+        if self.executables:
+            problems.append("executables: must be empty with variants (each variant lists its own)")
+        seen: list[dict[str, int]] = []
+        for i, variant in enumerate(self.variants.shapes):
+            where = f"variants.shapes[{i}]"
+            if sorted(variant.dims) != axes:
+                problems.append(f"{where}: dims give {sorted(variant.dims)}, expected axes {axes}")
+            if variant.dims in seen:
+                problems.append(f"{where}: repeats sizes {variant.dims}")
+            seen.append(variant.dims)
+            for size in sorted(expected - set(variant.executables)):
+                problems.append(f"{where}: compiled batch size {size} has no artifact")
+            for size in sorted(set(variant.executables) - expected):
+                problems.append(f"{where}: key {size} is not a compiled batch size")
+            for size, file in sorted(variant.executables.items()):
+                why = _inside_bundle(file)
+                if why:
+                    problems.append(f"{where}.executables: {size}: {why}")
+        if not self.variants.shapes:
+            problems.append("variants.shapes is empty")
+        return problems
+
+    @property
+    def variant_dims(self) -> list[dict[str, int]]:
+        """Each variant's sizes of the variable axes; ``[{}]`` for a model without variants."""
+        if self.variants is None:
+            return [{}]
+        return [dict(v.dims) for v in self.variants.shapes]
+
+    @property
+    def all_executables(self) -> dict[tuple[int, int], str]:
+        """Every executable file by ``(variant index, batch size)``; variant 0 without variants."""
+        if self.variants is None:
+            return {(0, size): file for size, file in self.executables.items()}
+        return {
+            (i, size): file
+            for i, v in enumerate(self.variants.shapes)
+            for size, file in v.executables.items()
+        }
 
     @property
     def is_meta(self) -> bool:

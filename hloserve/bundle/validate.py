@@ -80,8 +80,8 @@ def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None
     if bundle.manifest.is_meta:
         return _check_meta(bundle, models)
     problems = _check_weights(bundle)
-    for size in sorted(bundle.manifest.executables):
-        problems += _check_executable(bundle, size)
+    for variant, size in sorted(bundle.manifest.all_executables):
+        problems += _check_executable(bundle, size, variant)
     return problems
 
 
@@ -183,8 +183,9 @@ def _check_weights(bundle: Bundle) -> list[Problem]:
     return problems
 
 
-def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
-    file = bundle.manifest.executables[size]
+def _check_executable(bundle: Bundle, size: int, variant: int = 0) -> list[Problem]:
+    file = bundle.manifest.all_executables[(variant, size)]
+    sizes = bundle.manifest.variant_dims[variant]
     exe_path = bundle.path / file
     if not exe_path.is_file():
         what = f"batch size {size}" if size else "the unbatched executable"
@@ -227,7 +228,7 @@ def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
                 file, f"weight {name!r}", info.shape, info.dtype, actual, "safetensors"
             )
     for spec, actual in zip(manifest.inputs, signature.inputs[len(order) :], strict=True):
-        problems += _compare_spec(file, "input", spec, size, actual)
+        problems += _compare_spec(file, "input", spec, size, actual, sizes)
     if len(signature.outputs) != len(manifest.outputs):
         problems.append(
             Problem(
@@ -238,7 +239,7 @@ def _check_executable(bundle: Bundle, size: int) -> list[Problem]:
         )
         return problems
     for spec, actual in zip(manifest.outputs, signature.outputs, strict=True):
-        problems += _compare_spec(file, "output", spec, size, actual)
+        problems += _compare_spec(file, "output", spec, size, actual, sizes)
     return problems
 
 
@@ -250,10 +251,15 @@ def _is_text(data: bytes) -> bool:
 
 
 def _compare_spec(
-    file: str, role: str, spec: TensorSpec, size: int, actual: TensorType
+    file: str,
+    role: str,
+    spec: TensorSpec,
+    size: int,
+    actual: TensorType,
+    sizes: dict[str, int] | None = None,
 ) -> list[Problem]:
     return _compare(
-        file, f"{role} {spec.name!r}", spec.shape_at(size), spec.dtype, actual, "manifest"
+        file, f"{role} {spec.name!r}", spec.shape_at(size, sizes), spec.dtype, actual, "manifest"
     )
 
 

@@ -21,10 +21,15 @@ from hloserve.bundle.manifest import (
     BATCH_LETTERS,
     FORMAT_VERSION,
     MANIFEST_FILE,
+    META_FORMAT_VERSION,
     UNBATCHED,
+    VARIABLE,
     Batching,
+    ClientTensorSpec,
     Manifest,
     TensorSpec,
+    Variant,
+    Variants,
     Weights,
 )
 from hloserve.bundle.stablehlo import default_target_version, to_portable_artifact
@@ -102,6 +107,10 @@ def export_bundle(
     *,
     overwrite: bool = False,
     stablehlo_target: str | None = None,
+    variants: Sequence[Mapping[str, int]] = (),
+    client_inputs: Sequence[ClientTensorSpec] | None = None,
+    client_outputs: Sequence[ClientTensorSpec] | None = None,
+    files: Mapping[str, Path | str] | None = None,
 ) -> Bundle:
     """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
 
@@ -119,6 +128,15 @@ def export_bundle(
         overwrite: replace an existing bundle at ``out_dir``.
         stablehlo_target: StableHLO version the artifacts target (default: the oldest the
             installed StableHLO can write, for the widest compatibility).
+        variants: shape variants, each the sizes of the input axes whose ``dims`` are ``-1``
+            (e.g. ``[{"s": 32}, {"s": 128}]``); every variant is compiled at every batch size
+            (files ``model.s32.b8.mlirbc``), all sharing the weights. Output axes whose size
+            follows a variable axis get ``-1`` too. Empty: no variable axis allowed.
+        client_inputs: client-facing inputs (the wire tensors, ``bytes`` allowed) when hooks
+            turn them into ``inputs``; needs a ``model.py`` among ``files``.
+        client_outputs: client-facing outputs, when ``postprocess`` makes them.
+        files: extra files copied into the bundle, by name in the bundle (e.g.
+            ``{"model.py": "hooks.py", "tokenizer.json": path}``).
 
     Returns:
         The written bundle, already validated.
@@ -150,6 +168,13 @@ def export_bundle(
     wide = any(d.itemsize == 8 for d in [*input_dtypes, *(w.dtype for w in host_weights)])
     sizes = sorted(set(batch_sizes)) or [UNBATCHED]
     n_weights = len(host_weights)
+    shapes = [dict(v) for v in variants] or [{}]
+    variable = sorted({a for spec in inputs for a in spec.variable_axes})
+    if [sorted(v) for v in shapes if sorted(v) != variable]:
+        raise ExportError(
+            f"variants {shapes} must each give a size for exactly the variable input axes "
+            f"{variable} (inputs with -1 in dims)"
+        )
 
     def main(*args: Any) -> tuple[Any, ...]:
         result = fn(jax.tree_util.tree_unflatten(treedef, args[:n_weights]), *args[n_weights:])
@@ -163,37 +188,61 @@ def export_bundle(
     try:
         with _x64(wide):
             weight_structs = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in host_weights]
-            executables: dict[int, str] = {}
+            executables: list[dict[int, str]] = [{} for _ in shapes]
             out_specs: list[TensorSpec] | None = None
-            for i, size in enumerate(sizes, 1):
-                log.info("exporting %s: batch size %d (%d/%d)", out_dir.name, size, i, len(sizes))
+            jobs = [(v, size) for v in range(len(shapes)) for size in sizes]
+            for i, (v, size) in enumerate(jobs, 1):
+                log.info(
+                    "exporting %s: batch size %d%s (%d/%d)",
+                    out_dir.name,
+                    size,
+                    f", variant {shapes[v]}" if variants else "",
+                    i,
+                    len(jobs),
+                )
                 in_structs = [
-                    jax.ShapeDtypeStruct(spec.shape_at(size), dt)
+                    jax.ShapeDtypeStruct(spec.shape_at(size, shapes[v]), dt)
                     for spec, dt in zip(inputs, input_dtypes, strict=True)
                 ]
                 exported = jax_export.export(jax.jit(main, keep_unused=True))(
                     *weight_structs, *in_structs
                 )
-                specs = _output_specs(outputs, exported.out_avals, size)
+                specs = _output_specs(outputs, exported.out_avals, size, shapes[v])
                 if out_specs is not None and specs != out_specs:
                     raise ExportError(
-                        f"outputs differ between batch sizes: {out_specs} vs {specs} at {size}"
+                        f"outputs differ between batch sizes or variants: {out_specs} vs "
+                        f"{specs} at batch size {size}, variant {shapes[v]}"
                     )
                 out_specs = specs
-                file = f"model.b{size}.mlirbc" if size else "model.mlirbc"
+                tag = "".join(f"{a}{n}." for a, n in sorted(shapes[v].items()))
+                file = f"model.{tag}b{size}.mlirbc" if size else f"model.{tag}mlirbc"
                 artifact = to_portable_artifact(exported.mlir_module(), target)
                 (staging / file).write_bytes(artifact)
-                executables[size] = file
+                executables[v][size] = file
         assert out_specs is not None  # sizes is never empty
+        for name, source in (files or {}).items():
+            shutil.copyfile(source, staging / name)
         weights = _write_weights(staging, names, host_weights)
+        extra: dict[str, Any] = {}
+        if variants:
+            extra["variants"] = Variants(
+                shapes=[
+                    Variant(dims=d, executables=e) for d, e in zip(shapes, executables, strict=True)
+                ]
+            )
+        if client_inputs is not None:
+            extra["client_inputs"] = list(client_inputs)
+        if client_outputs is not None:
+            extra["client_outputs"] = list(client_outputs)
         manifest = Manifest(
-            format_version=FORMAT_VERSION,
+            format_version=META_FORMAT_VERSION if extra else FORMAT_VERSION,
             kind="model",
             inputs=list(inputs),
             outputs=out_specs,
             batching=Batching(compiled_batch_sizes=[s for s in sizes if s != UNBATCHED]),
-            executables=executables,
+            executables={} if variants else executables[0],
             weights=weights,
+            **extra,
             producer={
                 "tool": "hloserve.export",
                 "hloserve": hloserve.__version__,
@@ -210,7 +259,7 @@ def export_bundle(
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
-        log.info("wrote bundle %s (%d executables)", out_dir, len(executables))
+        log.info("wrote bundle %s (%d executables)", out_dir, len(jobs))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return load_bundle(out_dir)
@@ -237,8 +286,13 @@ def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
 
 
 def _output_specs(
-    outputs: Sequence[OutputSpec], avals: Sequence[Any], size: int
+    outputs: Sequence[OutputSpec],
+    avals: Sequence[Any],
+    size: int,
+    variant: Mapping[str, int] | None = None,
 ) -> list[TensorSpec]:
+    """Output specs from the traced shapes; axes lettered like a variable input axis get -1."""
+    variant = variant or {}
     specs = []
     for out, aval in zip(outputs, avals, strict=True):
         shape = tuple(int(d) for d in aval.shape)
@@ -255,6 +309,13 @@ def _output_specs(
                         f"output {out.name!r}: batch axis {letter!r} has size {dim} "
                         f"at batch size {size}"
                     )
+            elif letter in variant:
+                if dim != variant[letter]:
+                    raise ExportError(
+                        f"output {out.name!r}: axis {letter!r} has size {dim}, but the "
+                        f"variant {dict(variant)} makes it {variant[letter]}"
+                    )
+                dims[letter] = VARIABLE
             else:
                 dims[letter] = dim
         try:

@@ -8,20 +8,30 @@ implements it with BLS), and returns one result per request, in order. A request
 (bad tensor, hook error) fails only that request; a runtime error fails the requests of that
 execution.
 
+Hooks (docs/bundles.md, "Hooks"): a bundle's ``model.py`` may define ``preprocess`` and
+``postprocess``; they run here, per request, in the front's instances (never in the runtime).
+Shape variants (docs/bundles.md, "Shape variants"): each request runs on the smallest variant
+holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
+back; requests are coalesced only with requests of the same variant.
+
 The front never imports JAX (DESIGN.md: the runtime is the only JAX process).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from hloserve.bundle import Bundle, TensorSpec, load_bundle
+from hloserve.bundle.manifest import MODEL_PY
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend import batching
@@ -47,12 +57,14 @@ class Hooks(Protocol):
 
     ``preprocess`` turns a request's client-facing inputs into the executable's inputs (the
     manifest's ``inputs``); ``postprocess`` turns one request's executable outputs into its
-    client-facing outputs. Both see one request (its own batch size), never padding.
+    client-facing outputs, and also gets that request's executable inputs (what
+    ``preprocess`` returned, e.g. an attention mask). Both see one request (its own batch
+    size and, with shape variants, its own sizes of the variable axes), never padding.
     """
 
     def preprocess(self, inputs: Tensors) -> Tensors: ...
 
-    def postprocess(self, outputs: Tensors) -> Tensors: ...
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors: ...
 
 
 class IdentityHooks:
@@ -61,8 +73,98 @@ class IdentityHooks:
     def preprocess(self, inputs: Tensors) -> Tensors:
         return inputs
 
-    def postprocess(self, outputs: Tensors) -> Tensors:
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
         return outputs
+
+
+class ModuleHooks:
+    """Hooks from a bundle's ``model.py``: its ``preprocess(inputs)`` and ``postprocess``.
+
+    ``postprocess`` may take ``(outputs)`` or ``(outputs, inputs)``. A function the module does
+    not define is the identity.
+    """
+
+    def __init__(self, module: object) -> None:
+        self.module = module
+        self._pre = getattr(module, "preprocess", None)
+        post = getattr(module, "postprocess", None)
+        self._post = post
+        self._post_takes_inputs = post is not None and _positional_count(post) >= 2
+
+    @property
+    def has_preprocess(self) -> bool:
+        return self._pre is not None
+
+    @property
+    def has_postprocess(self) -> bool:
+        return self._post is not None
+
+    def preprocess(self, inputs: Tensors) -> Tensors:
+        return dict(self._pre(inputs)) if self._pre is not None else inputs
+
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
+        if self._post is None:
+            return outputs
+        if self._post_takes_inputs:
+            return dict(self._post(outputs, inputs))
+        return dict(self._post(outputs))
+
+
+def _positional_count(fn: Callable[..., object]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(1 for p in params if p.kind in kinds)
+
+
+def load_hooks(name: str, bundle: Bundle) -> Hooks:
+    """The hooks of a bundle: its ``model.py`` (:class:`ModuleHooks`), else the identity.
+
+    The module is imported under a private name with ``__file__`` set to its path, so it can
+    read files beside it (e.g. ``Path(__file__).parent / "tokenizer.json"``).
+
+    Raises:
+        InvalidArgumentError: ``model.py`` fails to import (its error in the message), or
+            ``client_inputs``/``client_outputs`` are declared without the hook that makes
+            them (``preprocess``/``postprocess``).
+    """
+    path = bundle.path / MODEL_PY
+    manifest = bundle.manifest
+    if not path.is_file():
+        hooks: Hooks = IdentityHooks()
+        has_pre = has_post = False
+    else:
+        module_name = f"hloserve_hooks_{name.replace('.', '_').replace('-', '_')}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise InvalidArgumentError(f"model {name!r}: cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise InvalidArgumentError(
+                f"model {name!r}: {path} failed to import: {type(exc).__name__}: {exc}"
+            ) from None
+        module_hooks = ModuleHooks(module)
+        has_pre, has_post = module_hooks.has_preprocess, module_hooks.has_postprocess
+        hooks = module_hooks
+    if manifest.client_inputs is not None and not has_pre:
+        raise InvalidArgumentError(
+            f"model {name!r}: client_inputs are declared but {MODEL_PY} defines no preprocess "
+            "to turn them into the executable's inputs"
+        )
+    if manifest.client_outputs is not None and not has_post:
+        raise InvalidArgumentError(
+            f"model {name!r}: client_outputs are declared but {MODEL_PY} defines no "
+            "postprocess to make them from the executable's outputs"
+        )
+    return hooks
 
 
 @dataclass(frozen=True)
@@ -85,6 +187,9 @@ class _Prepared:
     index: int
     inputs: Tensors
     batch_size: int | None
+    variant: int = 0
+    #: the request's own sizes of the variable axes (before padding to the variant)
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 class FrontModel:
@@ -124,6 +229,11 @@ class FrontModel:
         self._compiled = list(self.manifest.batching.compiled_batch_sizes)
         self._check_inputs = TensorChecker(name, "input", self.manifest.inputs)
         self._check_outputs = TensorChecker(name, "output", self.manifest.outputs)
+        self._check_client_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
+        self._check_client_outputs = TensorChecker(name, "output", self.manifest.wire_outputs)
+        self._has_client_outputs = self.manifest.client_outputs is not None
+        self._variants = self.manifest.variant_dims
+        self._variable = sorted({a for s in self.manifest.inputs for a in s.variable_axes})
         self._runtime_inputs = {
             s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.inputs
         }
@@ -157,6 +267,8 @@ class FrontModel:
             )
         bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
         check_bundle_files(args.name, bundle)
+        if hooks is None:
+            hooks = load_hooks(args.name, bundle)
         wait = args.parameter(PARAM_RUNTIME_WAIT_S, str(RetryPolicy.total_s))
         try:
             retry = RetryPolicy(total_s=float(wait))
@@ -195,8 +307,11 @@ class FrontModel:
                 results[i] = request
                 continue
             try:
-                inputs = self.hooks.preprocess(dict(request))
-                prepared.append(_Prepared(i, inputs, self._check_request(inputs)))
+                self._check_client_inputs(request)
+                inputs = self._preprocess(dict(request))
+                batch = self._check_request(inputs)
+                variant, sizes = self._pick_variant(inputs)
+                prepared.append(_Prepared(i, inputs, batch, variant, sizes))
             except Exception as exc:
                 results[i] = exc
         for execution, members in self._plan(prepared):
@@ -208,10 +323,78 @@ class FrontModel:
                 continue
             for m, request_outputs in zip(members, outputs, strict=True):
                 try:
-                    results[m.index] = self.hooks.postprocess(request_outputs)
+                    results[m.index] = self._postprocess(request_outputs, m.inputs)
                 except Exception as exc:
                     results[m.index] = exc
         return [r if r is not None else HloserveError("request was not served") for r in results]
+
+    def _preprocess(self, inputs: Tensors) -> Tensors:
+        try:
+            return self.hooks.preprocess(inputs)
+        except HloserveError:
+            raise
+        except Exception as exc:  # a hook refusing a request (ValueError, ...): the client's
+            raise InvalidArgumentError(
+                f"model {self.name!r}: preprocess failed: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
+        try:
+            result = self.hooks.postprocess(outputs, inputs)
+        except HloserveError:
+            raise
+        except Exception as exc:
+            raise HloserveError(
+                f"model {self.name!r}: postprocess failed: {type(exc).__name__}: {exc}",
+                status=Status.INTERNAL,
+            ) from None
+        if self._has_client_outputs:
+            try:
+                self._check_client_outputs(result)
+            except InvalidArgumentError as exc:
+                raise HloserveError(
+                    f"postprocess broke the client_outputs contract: {exc.message}",
+                    status=Status.INTERNAL,
+                ) from None
+        return result
+
+    def _pick_variant(self, inputs: Tensors) -> tuple[int, dict[str, int]]:
+        """The variant for a request's executable inputs and its sizes of the variable axes.
+
+        ``smallest_fitting``: the first variant (they are tried smallest total size first)
+        whose every variable axis holds the request's size.
+
+        Raises:
+            InvalidArgumentError: tensors disagree on a variable axis, or no variant holds it.
+        """
+        if not self._variable:
+            return 0, {}
+        sizes: dict[str, int] = {}
+        seen: dict[str, str] = {}
+        for spec in self.manifest.inputs:
+            array = inputs[spec.name]
+            for axis, letter in enumerate(spec.shape):
+                if letter not in self._variable:
+                    continue
+                size = int(array.shape[axis])
+                if letter in sizes and sizes[letter] != size:
+                    raise InvalidArgumentError(
+                        f"model {self.name!r}: input {spec.name!r} has size {size} on axis "
+                        f"{letter!r} but input {seen[letter]!r} has {sizes[letter]}"
+                    )
+                sizes[letter] = size
+                seen[letter] = spec.name
+        order = sorted(
+            range(len(self._variants)),
+            key=lambda i: (sum(self._variants[i].values()), i),
+        )
+        for i in order:
+            if all(sizes[a] <= self._variants[i][a] for a in self._variable):
+                return i, sizes
+        raise InvalidArgumentError(
+            f"model {self.name!r}: no shape variant holds sizes {sizes} of the variable axes; "
+            f"variants {self._variants}"
+        )
 
     def _check_request(self, inputs: Tensors) -> int | None:
         batch = self._check_inputs(inputs)
@@ -230,15 +413,20 @@ class FrontModel:
     def _plan(self, prepared: list[_Prepared]) -> list[tuple[batching.Execution, list[_Prepared]]]:
         if not self.manifest.batched:
             return [(batching.Execution((i,), (0,), (0,), 0), [p]) for i, p in enumerate(prepared)]
-        sizes = [p.batch_size or 1 for p in prepared]
-        plan = batching.plan_executions(sizes, self._compiled)
-        return [(e, [prepared[j] for j in e.requests]) for e in plan]
+        planned = []
+        for variant in dict.fromkeys(p.variant for p in prepared):  # first-arrival order
+            group = [p for p in prepared if p.variant == variant]
+            sizes = [p.batch_size or 1 for p in group]
+            plan = batching.plan_executions(sizes, self._compiled)
+            planned += [(e, [group[j] for j in e.requests]) for e in plan]
+        return planned
 
     def _run(self, execution: batching.Execution, members: list[_Prepared]) -> list[Tensors]:
         """One runtime call for ``members``; their outputs, sliced per request."""
+        variant = self._variants[members[0].variant]
         inputs: dict[str, np.ndarray] = {}
         for spec in self.manifest.inputs:
-            arrays = [m.inputs[spec.name] for m in members]
+            arrays = [_pad_variable(spec, m.inputs[spec.name], variant) for m in members]
             inputs[self._runtime_inputs[spec.name]] = self._assemble(spec, arrays, execution)
         wanted = list(self._runtime_outputs.values())
         raw = self._call_with_retry(inputs, wanted)
@@ -260,6 +448,17 @@ class FrontModel:
                 f"runtime model {self.runtime_model!r} broke the contract: {exc.message}",
                 status=Status.INTERNAL,
             ) from None
+        for spec in self.manifest.outputs:
+            got = present[spec.name].shape
+            want = spec.shape_at(
+                got[spec.batch_axis] if spec.batch_axis is not None else 0, variant
+            )
+            if tuple(got) != want:
+                raise HloserveError(
+                    f"model {self.name!r}: runtime returned output {spec.name!r} with shape "
+                    f"{list(got)}, expected {list(want)} for variant {variant}",
+                    status=Status.INTERNAL,
+                )
         if self.manifest.batched and batch != execution.batch_size:
             raise HloserveError(
                 f"model {self.name!r}: runtime returned batch size {batch}, "
@@ -267,7 +466,7 @@ class FrontModel:
                 status=Status.INTERNAL,
             )
         if not self.manifest.batched:
-            return [present]
+            return [_unpad_outputs(self.manifest.outputs, present, members[0].sizes)]
         per_request: list[Tensors] = [{} for _ in members]
         for spec in self.manifest.outputs:
             axis = spec.batch_axis
@@ -276,7 +475,10 @@ class FrontModel:
                 per_request, batching.split(present[spec.name], axis, execution.sizes), strict=True
             ):
                 out[spec.name] = part
-        return per_request
+        return [
+            _unpad_outputs(self.manifest.outputs, out, m.sizes)
+            for out, m in zip(per_request, members, strict=True)
+        ]
 
     @staticmethod
     def _assemble(
@@ -332,6 +534,32 @@ class FrontModel:
                 delay = min(delay * 2, policy.max_delay_s)
 
 
+def _pad_variable(spec: TensorSpec, array: np.ndarray, variant: Mapping[str, int]) -> np.ndarray:
+    """``array`` zero-padded at the end of each variable axis up to the variant's size."""
+    if not variant:
+        return array
+    for axis, letter in enumerate(spec.shape):
+        if letter in variant and array.shape[axis] < variant[letter]:
+            array = batching.pad(array, axis, variant[letter])
+    return array
+
+
+def _unpad_outputs(
+    specs: Sequence[TensorSpec], outputs: Tensors, sizes: Mapping[str, int]
+) -> Tensors:
+    """Each output cut back, on its variable axes, to the request's own sizes (views)."""
+    if not sizes:
+        return outputs
+    cut = {}
+    for spec in specs:
+        array = outputs[spec.name]
+        index = tuple(
+            slice(0, sizes[letter]) if letter in sizes else slice(None) for letter in spec.shape
+        )
+        cut[spec.name] = array[index]
+    return cut
+
+
 def check_bundle_files(name: str, bundle: Bundle) -> None:
     """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
 
@@ -347,8 +575,8 @@ def check_bundle_files(name: str, bundle: Bundle) -> None:
     """
     from hloserve.bundle.stablehlo import is_portable_artifact
 
-    for size in sorted(bundle.manifest.executables):
-        path = bundle.executable_path(size)
+    for variant, size in sorted(bundle.manifest.all_executables):
+        path = bundle.executable_path(size, variant)
         try:
             with path.open("rb") as f:
                 head = f.read(64)
@@ -376,7 +604,9 @@ __all__ = [
     "FrontModel",
     "Hooks",
     "IdentityHooks",
+    "ModuleHooks",
     "Result",
     "RetryPolicy",
     "check_bundle_files",
+    "load_hooks",
 ]

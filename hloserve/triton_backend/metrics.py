@@ -16,6 +16,10 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 ``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
 ``hloserve_weight_load_seconds{model}``     histogram  seconds per load
 ==========================================  =========  ============================================
+
+and, from :class:`TritonExecutionMetrics` (docs/serving.md, "Shape variants"):
+``hloserve_executions_total{model,variant,batch_size}`` (counter): runtime executions per
+compiled executable (``variant`` is e.g. ``s32``, empty for a model without variants).
 """
 
 from __future__ import annotations
@@ -124,4 +128,36 @@ class TritonCacheMetrics:
             self._total.set(float(resident_bytes))
 
 
-__all__ = ["LOAD_SECONDS_BUCKETS", "TritonCacheMetrics"]
+class TritonExecutionMetrics:
+    """``hloserve_executions_total{model,variant,batch_size}``: the runtime's executions.
+
+    :meth:`executed` is the runtime core's ``on_execute`` callback; series appear on first use.
+    """
+
+    def __init__(self, pb_utils: Any) -> None:
+        family = pb_utils.MetricFamily
+        self._family = family(
+            name="hloserve_executions_total",
+            description="Runtime executions per compiled executable (variant, batch size)",
+            kind=family.COUNTER,
+        )
+        self._series: dict[tuple[str, str, int], Any] = {}
+        self._lock = threading.Lock()
+
+    def executed(self, model: str, variant: str, batch_size: int) -> None:
+        key = (model, variant, batch_size)
+        with self._lock:
+            metric = self._series.get(key)
+            if metric is None:
+                labels = {"model": model, "variant": variant, "batch_size": str(batch_size)}
+                metric = self._series[key] = self._family.Metric(labels=labels)
+            metric.increment(1.0)
+
+    def close(self) -> None:
+        """Drop every series, then the family."""
+        with self._lock:
+            self._series.clear()
+            self._family = None
+
+
+__all__ = ["LOAD_SECONDS_BUCKETS", "TritonCacheMetrics", "TritonExecutionMetrics"]

@@ -3,7 +3,8 @@
 docs/serving.md, "Front -> runtime (BLS)": the runtime model has one instance per GPU. Its
 inputs and outputs are namespaced ``<bundle>__<tensor>``; a request names one bundle. A bundle
 is loaded on the first request that names it (checked, every compiled batch size compiled
-through :func:`~hloserve.triton_backend.compile.compile_artifact`, weights handed to the
+through :func:`~hloserve.triton_backend.compile.compile_artifact` (one executable per
+shape variant and batch size), weights handed to the
 :class:`~hloserve.triton_backend.weights.WeightStore`), once, under a per-bundle lock. A bundle
 that fails to load keeps failing with its own error; the other bundles keep serving.
 Executions run one at a time.
@@ -53,16 +54,41 @@ class LoadedBundle:
     Attributes:
         name: the model name (its runtime tensor prefix).
         bundle: the checked bundle.
-        executables: by compiled batch size (``0`` for an unbatched model).
+        executables: by ``(variant index, compiled batch size)``; variant 0 for a model
+            without shape variants, batch size ``0`` for an unbatched model.
         load_seconds: wall time of checking, compiling and placing weights, in seconds.
         check_inputs: checks a request's inputs against the manifest.
     """
 
     name: str
     bundle: Bundle
-    executables: Mapping[int, CompiledExecutable]
+    executables: Mapping[tuple[int, int], CompiledExecutable]
     load_seconds: float
     check_inputs: TensorChecker
+
+    def variant_of(self, tensors: Mapping[str, np.ndarray]) -> int:
+        """Index of the variant whose sizes equal the inputs' variable axes (0 if none vary).
+
+        Raises:
+            InvalidArgumentError: no variant has exactly these sizes (the front pads requests
+                up to a variant; the runtime does not).
+        """
+        manifest = self.bundle.manifest
+        if manifest.variants is None:
+            return 0
+        sizes = {
+            letter: int(tensors[spec.name].shape[axis])
+            for spec in manifest.inputs
+            for axis, letter in enumerate(spec.shape)
+            if letter in spec.variable_axes
+        }
+        for i, dims in enumerate(manifest.variant_dims):
+            if dims == sizes:
+                return i
+        raise InvalidArgumentError(
+            f"model {self.name!r}: no executable for variable axis sizes {sizes}; "
+            f"variants {manifest.variant_dims}"
+        )
 
 
 @dataclass
@@ -82,6 +108,8 @@ class RuntimeModel:
         device: the ``jax.Device`` to run on; default JAX's first device.
         compile: the compile function (``compile_artifact``; injectable for tests).
         preload: load every bundle now (see :meth:`preload`) instead of on first use.
+        on_execute: called after each execution with (model, variant label as given by
+            :func:`variant_label`, compiled batch size), e.g. to count executions.
 
     Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width).
     """
@@ -94,6 +122,7 @@ class RuntimeModel:
         device: Any | None = None,
         compile: Compile = compile_artifact,
         preload: bool = False,
+        on_execute: Callable[[str, str, int], None] | None = None,
     ) -> None:
         enable_x64()
         import jax
@@ -101,6 +130,7 @@ class RuntimeModel:
         self.device = device if device is not None else jax.devices()[0]
         self.store: WeightStore = store if store is not None else ResidentWeightStore()
         self._compile = compile
+        self._on_execute = on_execute
         self._entries = {name: _Entry(Path(path)) for name, path in registry.items()}
         self._bundle_names = frozenset(self._entries)
         self._execute_lock = threading.Lock()
@@ -209,16 +239,20 @@ class RuntimeModel:
         start = time.perf_counter()
         bundle = check_bundle(path)
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
+        variants = range(len(bundle.manifest.variant_dims))
         executables = {
-            size: self._compile(bundle.read_artifact(size), self.device) for size in sizes
+            (v, size): self._compile(bundle.read_artifact(size, v), self.device)
+            for v in variants
+            for size in sizes
         }
         self.store.add(name, bundle, self.device)
         seconds = time.perf_counter() - start
         log.info(
-            "model %r loaded in %.2f s (batch sizes %s, %d weight bytes)",
+            "model %r loaded in %.2f s (batch sizes %s%s, %d weight bytes)",
             name,
             seconds,
             sizes,
+            f", variants {bundle.manifest.variant_dims}" if bundle.manifest.variants else "",
             bundle.weight_nbytes,
         )
         checker = TensorChecker(name, "input", bundle.manifest.inputs)
@@ -251,12 +285,13 @@ class RuntimeModel:
         loaded = self.load(name)
         manifest = loaded.bundle.manifest
         batch = loaded.check_inputs(tensors)
+        variant = loaded.variant_of(tensors)
         key = UNBATCHED if batch is None else batch
-        executable = loaded.executables.get(key)
+        executable = loaded.executables.get((variant, key))
         if executable is None:
             raise InvalidArgumentError(
                 f"model {name!r}: no executable for batch size {batch}; "
-                f"compiled batch sizes {sorted(loaded.executables)}"
+                f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
             )
         wanted = self._wanted(name, manifest.outputs, requested_outputs)
         args = [self._place(tensors[spec.name]) for spec in manifest.inputs]
@@ -264,6 +299,8 @@ class RuntimeModel:
             results = executable([*weights, *args])
             for result in results:  # one execution at a time: finish before the next
                 result.block_until_ready()
+        if self._on_execute is not None:
+            self._on_execute(name, variant_label(manifest.variant_dims[variant]), key)
         out = {}
         for spec, result in zip(manifest.outputs, results, strict=True):
             if spec.name in wanted:
@@ -320,6 +357,11 @@ class RuntimeModel:
                     self.store.remove(name)
                 entry.loaded = None
                 entry.error = None
+
+
+def variant_label(dims: Mapping[str, int]) -> str:
+    """A variant's label: its axis letters and sizes, e.g. ``"s32"``; ``""`` for no variant."""
+    return "".join(f"{letter}{size}" for letter, size in sorted(dims.items()))
 
 
 def weight_cache_from_args(
@@ -451,4 +493,4 @@ def _to_host(array: Any) -> Any:
     return np.asarray(array)
 
 
-__all__ = ["LoadedBundle", "RuntimeModel", "weight_cache_from_args"]
+__all__ = ["LoadedBundle", "RuntimeModel", "variant_label", "weight_cache_from_args"]

@@ -13,7 +13,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from hloserve.triton_backend import pb
-from hloserve.triton_backend.metrics import TritonCacheMetrics
+from hloserve.triton_backend.metrics import TritonCacheMetrics, TritonExecutionMetrics
 from hloserve.triton_backend.runtime import RuntimeModel
 
 
@@ -28,7 +28,10 @@ class TritonPythonModel:
             self.metrics = TritonCacheMetrics(pb_utils, budget, models)
             return self.metrics
 
-        self.core = RuntimeModel.from_args(pb.ModelArgs.from_triton(args), observer=metrics)
+        self.executions = TritonExecutionMetrics(pb_utils)
+        self.core = RuntimeModel.from_args(
+            pb.ModelArgs.from_triton(args), observer=metrics, on_execute=self.executions.executed
+        )
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -45,5 +48,6 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.core.close()
+        self.executions.close()
         if self.metrics is not None:
             self.metrics.close()
