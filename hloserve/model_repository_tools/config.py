@@ -71,8 +71,10 @@ def front_config(
     leading = manifest.batch_leading
     max_batch = manifest.max_batch_size if leading else 0
     config = m.ModelConfig(name=name, backend=names.FRONT_BACKEND, max_batch_size=max_batch)
-    tensors = [(s, config.input) for s in manifest.inputs]
-    tensors += [(s, config.output) for s in manifest.outputs]
+    # client-facing tensors: client_inputs/client_outputs when hooks make them, else the
+    # executable's (docs/bundles.md, "Hooks"); BYTES is TYPE_STRING
+    tensors = [(s, config.input) for s in manifest.wire_inputs]
+    tensors += [(s, config.output) for s in manifest.wire_outputs]
     for spec, field in tensors:
         _check_declarable(name, spec)
         io = field.add(name=spec.name, data_type=_data_type(spec), dims=_front_dims(spec, leading))
