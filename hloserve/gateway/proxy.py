@@ -20,6 +20,7 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
 - ``SystemSharedMemoryRegister`` fans out to every worker and is rolled back on partial
   failure; ``...Unregister`` succeeds if any worker succeeds; ``...Status`` comes from the
   first worker (ReactantServer row 75).
+- ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
 Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
@@ -510,20 +511,32 @@ class GatewayProxy:
             await self._abort_with(context, errors, "SystemSharedMemoryUnregister")
         return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
 
-    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The first worker's answer (registrations are the same on every worker)."""
+    async def _first_worker(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """The first worker's answer; UNAVAILABLE moves on to the next worker."""
         errors = []
         for worker in self._upstreams.workers:
             try:
-                return await self._upstreams.raw(worker, "SystemSharedMemoryStatus")(
+                reply: bytes = await self._upstreams.raw(worker, method)(
                     request, timeout=self._timeout
                 )
+                return reply
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     await context.abort(exc.code(), exc.details() or "")
                 errors.append(exc)
-        await self._abort_with(context, errors, "SystemSharedMemoryStatus")
+        await self._abort_with(context, errors, method)
         raise AssertionError("unreachable")
+
+    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The first worker's answer (registrations are the same on every worker)."""
+        return await self._first_worker("SystemSharedMemoryStatus", request, context)
+
+    async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The first answering worker's name, version and extensions (every worker runs the
+        same tritonserver; perf_analyzer asks for it before it starts)."""
+        return await self._first_worker("ServerMetadata", request, context)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
@@ -545,6 +558,7 @@ class GatewayProxy:
             "SystemSharedMemoryRegister": raw(self.shm_register),
             "SystemSharedMemoryUnregister": raw(self.shm_unregister),
             "SystemSharedMemoryStatus": raw(self.shm_status),
+            "ServerMetadata": raw(self.server_metadata),
             "ServerLive": raw(
                 self.server_live,
                 request_deserializer=service_pb2.ServerLiveRequest.FromString,

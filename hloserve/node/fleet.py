@@ -166,14 +166,25 @@ class LocalFleet:
     """N local tritonservers and the gateway in front of them.
 
     Args:
-        workers: the options of each worker (distinct ports); ``die_with_parent`` is set.
+        workers: the options of each worker (distinct ports).
         gateway: the gateway's settings (its ``workers`` are the workers' gRPC endpoints).
+        die_with_parent: a SIGKILLed parent takes the workers down too (``serve``); this
+            forks through a pre-exec hook, which a process that has imported JAX (tests)
+            should avoid.
 
     Use as a context manager or call :meth:`start` and :meth:`close`.
     """
 
-    def __init__(self, workers: Sequence[TritonServerOptions], gateway: GatewayConfig) -> None:
-        self.worker_options = [dataclasses.replace(w, die_with_parent=True) for w in workers]
+    def __init__(
+        self,
+        workers: Sequence[TritonServerOptions],
+        gateway: GatewayConfig,
+        *,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.worker_options = [
+            dataclasses.replace(w, die_with_parent=die_with_parent) for w in workers
+        ]
         self.gateway_config = gateway
         self.servers = [TritonServer(o) for o in self.worker_options]
         self.gateway: GatewayThread | None = None
