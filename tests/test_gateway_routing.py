@@ -225,3 +225,25 @@ def test_concurrent_acquire_release_keeps_counts_exact() -> None:
 def test_make_scheduler_follows_the_mode(mode: str, cls: type) -> None:
     config = GatewayConfig.model_validate({"workers": ["127.0.0.1:8101"], "mode": mode})
     assert isinstance(make_scheduler(config), cls)
+
+
+def test_run_share_guard_keeps_replicas_within_a_quantum() -> None:
+    """fill_least alone keeps opening runs on the idler worker; the guard bounds the drift."""
+    table = RoutingTable(
+        {"m": ModelRoute(("a", "b"), max_batch=4), "busy": ModelRoute(("b",), max_batch=4)}
+    )
+    scheduler = _lpt()
+    router = Router(scheduler, table)
+    router.acquire("busy", items=100)  # b's worker stays loaded: fill_least prefers a
+    seen = []
+    for _ in range(24):  # each request drains before the next: every run ends at once
+        lease = router.acquire("m")
+        seen.append(lease.worker)
+        router.release(lease)
+    assert seen[:4] == ["a"] * 4  # a opens while within a quantum of b ...
+    assert seen[4] == "b"  # ... then b must take its share
+    assert abs(seen.count("a") - seen.count("b")) <= 4
+    assert scheduler.served("m", table.routes["m"]) == {"a": seen.count("a"), "b": seen.count("b")}
+    # A new replica set starts the count afresh.
+    moved = ModelRoute(("a", "c"), max_batch=4)
+    assert scheduler.served("m", moved) == {"a": 0, "c": 0}

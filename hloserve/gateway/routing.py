@@ -249,10 +249,16 @@ class LptPackingScheduler(Scheduler):
     run sends requests to one replica until it has spent Q items, then the next request opens
     a run elsewhere; a run also ends early when nothing of the model is in flight on its
     replica (the batch it was filling has left) or when its replica is a whole quantum of items
-    ahead of the least loaded sibling. Mode ``spread``: each request to the replica with the
-    fewest in-flight items of the model. Opening policy ``fill_least``: the replica whose
-    worker has the least in-flight work (all models, compute seconds, quantized so exact ties
-    rotate); ``fill_rr``: rotation, load-blind. Unknown max batch degrades to rotation.
+    ahead of the least loaded sibling. Share guard (``run``, not in ReactantServer): the items
+    a model's replicas received since its replica set last changed stay within one quantum of
+    each other -- a run ends, and a replica is not opened, once that replica is a whole
+    quantum ahead of the least served sibling (so with batch-1 traffic the shares differ by
+    at most Q; a request may overshoot as within a run). Placement charges each replica u/k,
+    so the replicas must get equal shares; a load-aware opening policy alone lets them drift
+    apart. Mode ``spread``: each request to the replica with the fewest in-flight
+    items of the model. Opening policy ``fill_least``: the replica whose worker has the least
+    in-flight work (all models, compute seconds, quantized so exact ties rotate); ``fill_rr``:
+    rotation, load-blind. Unknown max batch degrades to rotation.
 
     Args:
         scheduling: the knobs (fill mode/factor per model, routing policy).
@@ -264,6 +270,16 @@ class LptPackingScheduler(Scheduler):
         self._scheduling = scheduling
         self._rotation = _Rotation()
         self._runs: dict[str, _Run] = {}
+        # model -> (its replica set, items routed to each since the set last changed)
+        self._served: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {}
+
+    def served(self, model: str, route: ModelRoute) -> dict[str, int]:
+        """Items ``run`` routed to each replica of ``model`` since its replica set changed."""
+        replicas, counts = self._served.get(model, ((), {}))
+        if set(replicas) != set(route.replicas):
+            counts = dict.fromkeys(route.replicas, 0)
+            self._served[model] = (route.replicas, counts)
+        return counts
 
     def fill_quantum(self, model: str, route: ModelRoute) -> int | None:
         """Fill quantum of ``model`` in items, or None when its max batch is unknown."""
@@ -287,13 +303,19 @@ class LptPackingScheduler(Scheduler):
             least = min(load.outstanding(model, w) for w in route.replicas)
             tied = tuple(w for w in route.replicas if load.outstanding(model, w) == least)
             return self._open(model, dataclasses.replace(route, replicas=tied), load)
+        served = self.served(model, route)
+        floor = min(served.values())
+        fits = tuple(w for w in route.replicas if served[w] - floor < quantum)
         run = self._runs.get(model)
-        if run is not None and not self._continues(model, route, run, quantum, load):
+        if run is not None and (
+            run.worker not in fits or not self._continues(model, route, run, quantum, load)
+        ):
             run = None
-        if run is None:
-            run = _Run(self._open(model, route, load))
+        if run is None:  # fits holds at least the least served replica
+            run = _Run(self._open(model, dataclasses.replace(route, replicas=fits), load))
             self._runs[model] = run
         run.spent += items
+        served[run.worker] += items
         if run.spent >= quantum:
             del self._runs[model]
         return run.worker
