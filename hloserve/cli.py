@@ -74,6 +74,7 @@ def _repo_build(args: argparse.Namespace) -> int:
         front_instances=args.front_instances,
         max_queue_delay_us=args.max_queue_delay_us,
         weight_cache=_weight_cache_options(args),
+        meta_concurrency=args.meta_concurrency,
         overwrite=args.overwrite,
         progress=print,
     )
@@ -117,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
             front_instances=args.front_instances,
             max_queue_delay_us=args.max_queue_delay_us,
             weight_cache=_weight_cache_options(args),
+            meta_concurrency=args.meta_concurrency,
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
@@ -258,6 +260,13 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="CPU instances per front model when building (2)",
     )
     serve.add_argument(
+        "--meta-concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="meta model runs at once on the worker, across all metas, when building (2)",
+    )
+    serve.add_argument(
         "--max-queue-delay-us",
         type=int,
         default=500,
@@ -355,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         metavar="N",
         help="CPU instances of each front model (default: 2)",
+    )
+    build.add_argument(
+        "--meta-concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="meta model runs at once on the worker, across all metas (default: 2; "
+        "docs/meta_models.md)",
     )
     build.add_argument(
         "--max-queue-delay-us",

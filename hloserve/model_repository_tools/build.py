@@ -19,11 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles
+from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact
-from hloserve.errors import InvalidArgumentError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_repository_tools import names
-from hloserve.model_repository_tools.config import config_text, front_config, runtime_config
+from hloserve.model_repository_tools.config import (
+    config_text,
+    front_config,
+    meta_config,
+    runtime_config,
+)
 
 #: Name of every model's configuration file (Triton's fixed name).
 CONFIG_FILE = "config.pbtxt"
@@ -57,7 +62,7 @@ class WeightCacheOptions:
 
 @dataclass(frozen=True)
 class FrontModel:
-    """One front model of a planned repository.
+    """One front model (or meta model) of a planned repository.
 
     Attributes:
         name: model name (the bundle's name).
@@ -97,6 +102,7 @@ def plan_repository(
     front_instances: int = 2,
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
+    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -106,6 +112,7 @@ def plan_repository(
         front_instances: CPU instances per front model, >= 1.
         max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
         weight_cache: the runtime's weight cache settings (default: no budget).
+        meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
         progress: called with one line per bundle.
 
     Raises:
@@ -119,14 +126,17 @@ def plan_repository(
         raise RepositoryError(
             f"max queue delay must be >= 0 microseconds, got {max_queue_delay_us}"
         )
+    if meta_concurrency < 1:
+        raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
     paths = discover_bundles(bundles_dir)
     if not paths:
         raise RepositoryError(f"{bundles_dir}: no bundles (no subdirectory holds a manifest.yaml)")
+    kinds = _kinds(paths)
     bundles: list[Bundle] = []
     errors: list[BundleError] = []
     for path in paths:
         try:
-            bundle = check_bundle(path)
+            bundle = check_bundle(path, models=kinds)
         except BundleError as exc:
             errors.append(exc)
             _say(progress, f"{path.name}: INVALID ({len(exc.problems)} problem(s))")
@@ -141,7 +151,9 @@ def plan_repository(
             name=b.name,
             source=b.path,
             config_text=config_text(
-                front_config(
+                meta_config(b.name, b.manifest, meta_concurrency=meta_concurrency)
+                if b.manifest.is_meta
+                else front_config(
                     b.name,
                     b.manifest,
                     front_instances=front_instances,
@@ -155,7 +167,7 @@ def plan_repository(
     cache = weight_cache or WeightCacheOptions()
     try:
         runtime = runtime_config(
-            [(b.name, b.manifest) for b in bundles],
+            [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],
             weight_cache_bytes=cache.weight_cache_bytes,
             weight_cache_fraction=cache.weight_cache_fraction,
             residency=cache.residency,
@@ -164,6 +176,17 @@ def plan_repository(
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
     return RepositoryPlan(models, config_text(runtime))
+
+
+def _kinds(paths: Sequence[Path]) -> dict[str, str]:
+    """Model name -> manifest kind of every bundle whose manifest loads (for meta.calls)."""
+    kinds: dict[str, str] = {}
+    for path in paths:
+        try:
+            kinds[path.name] = load_bundle(path).manifest.kind
+        except HloserveError:
+            continue  # reported by check_bundle
+    return kinds
 
 
 def check_names(bundles: Sequence[Bundle]) -> None:
@@ -250,6 +273,7 @@ def build_repository(
     front_instances: int = 2,
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
+    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -271,6 +295,7 @@ def build_repository(
         front_instances=front_instances,
         max_queue_delay_us=max_queue_delay_us,
         weight_cache=weight_cache,
+        meta_concurrency=meta_concurrency,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
@@ -284,6 +309,12 @@ def _say(progress: Progress | None, line: str) -> None:
 
 def _describe(bundle: Bundle) -> str:
     manifest = bundle.manifest
+    if manifest.is_meta:
+        calls = ", ".join(manifest.calls) or "nothing (compute-only)"
+        return (
+            f"meta, {len(manifest.wire_inputs)} input(s), {len(manifest.wire_outputs)} "
+            f"output(s), calls {calls}"
+        )
     sizes = manifest.batching.compiled_batch_sizes
     batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
     if sizes and not manifest.batch_leading:

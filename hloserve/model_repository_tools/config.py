@@ -95,6 +95,43 @@ def front_config(
     return config
 
 
+def meta_config(name: str, manifest: Manifest, *, meta_concurrency: int) -> Any:
+    """The ``ModelConfig`` of a meta model (``kind: meta``), served by ``hloserve_meta``.
+
+    ``max_batch_size: 0`` (a meta runs one request per execution; its tensors' batch axes are
+    ``-1`` dims); ``input``/``output`` are the manifest's ``client_inputs``/``client_outputs``;
+    ``meta_concurrency`` CPU instances (more could only wait at the worker's gate).
+
+    Args:
+        name: the model name (the bundle's directory name).
+        manifest: the meta bundle's manifest (validated, ``kind: meta``).
+        meta_concurrency: the worker's gate size (>= 1), also written as parameter
+            ``hloserve.meta_concurrency``.
+
+    Raises:
+        InvalidArgumentError: ``meta_concurrency`` < 1, or a scalar tensor (shape ``""``).
+    """
+    if meta_concurrency < 1:
+        raise InvalidArgumentError(f"meta concurrency must be >= 1, got {meta_concurrency}")
+    m = pb2()
+    config = m.ModelConfig(name=name, backend=names.META_BACKEND, max_batch_size=0)
+    tensors = [(s, config.input) for s in manifest.wire_inputs]
+    tensors += [(s, config.output) for s in manifest.wire_outputs]
+    for spec, field in tensors:
+        _check_declarable(name, spec)
+        field.add(name=spec.name, data_type=_data_type(spec), dims=_full_dims(spec))
+    config.instance_group.add(count=meta_concurrency, kind=m.ModelInstanceGroup.KIND_CPU)
+    _set_parameters(
+        config,
+        {
+            names.PARAM_BUNDLE: names.BUNDLE_SUBDIR,
+            names.PARAM_META_CONCURRENCY: str(meta_concurrency),
+            names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
+        },
+    )
+    return config
+
+
 def runtime_config(
     models: Sequence[tuple[str, Manifest]],
     *,

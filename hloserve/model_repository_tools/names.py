@@ -20,6 +20,8 @@ FRONT_BACKEND = "hloserve_front"
 RUNTIME_BACKEND = "hloserve_runtime"
 #: Model name of the single runtime model in a repository.
 RUNTIME_MODEL = "hloserve_runtime"
+#: Triton ``backend:`` of every meta model (docs/meta_models.md).
+META_BACKEND = "hloserve_meta"
 
 #: Model version directory the generator writes (Triton version "1").
 MODEL_VERSION = "1"
@@ -32,6 +34,15 @@ PARAM_BUNDLE = "hloserve.bundle"
 PARAM_RUNTIME_MODEL = "hloserve.runtime_model"
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
 PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
+#: Request parameter (bool) a meta model sets on its BLS sub-requests: the front answers errors
+#: with their status tagged in the message (``hloserve.triton_backend.pb.tag_status``), since
+#: BLS responses lose the error code (they arrive as INTERNAL on 2.51).
+REQUEST_PARAM_TAG_ERRORS = "hloserve.tag_errors"
+#: Meta parameter: the worker's gate size, the most meta runs (with calls) at once across
+#: every meta model of one tritonserver, as a decimal integer (docs/meta_models.md).
+PARAM_META_CONCURRENCY = "hloserve.meta_concurrency"
+#: Default of :data:`PARAM_META_CONCURRENCY` (ReactantServer's ``REACTANT_META_CONCURRENCY``).
+DEFAULT_META_CONCURRENCY = 2
 #: Runtime parameter: comma-separated bundle names, each at ``<repo>/<name>/1/bundle``.
 PARAM_BUNDLES = "hloserve.bundles"
 #: Separator of the runtime's bundle list.

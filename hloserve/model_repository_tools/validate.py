@@ -18,6 +18,7 @@ from hloserve.model_repository_tools.build import CONFIG_FILE
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
+    meta_config,
     parameter,
     parse_config,
     runtime_config,
@@ -51,6 +52,8 @@ def validate_repository(repo_dir: Path | str) -> list[Problem]:
             bundle, found = _check_front(model_dir, config)
             fronts[model_dir.name] = bundle
             problems += found
+        elif config.backend == names.META_BACKEND:
+            problems += _check_meta(root, model_dir, config)
         elif config.backend == names.RUNTIME_BACKEND:
             if model_dir.name != names.RUNTIME_MODEL:
                 problems.append(
@@ -98,6 +101,44 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
     )
     problems += _compare(file, config, expected)
     return bundle, problems
+
+
+def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
+    file = f"{model_dir.name}/{CONFIG_FILE}"
+    problems = _check_format(file, config)
+    bundle_param = parameter(config, names.PARAM_BUNDLE)
+    if bundle_param is None:
+        return [*problems, Problem(file, f"parameter {names.PARAM_BUNDLE} is missing")]
+    kinds = {
+        p.name: "meta" if parse_config_backend(p) == names.META_BACKEND else "model"
+        for p in root.iterdir()
+        if p.is_dir() and not _hidden(p) and parse_config_backend(p) != names.RUNTIME_BACKEND
+    }
+    try:
+        bundle = check_bundle(model_dir / bundle_param, models=kinds)
+    except BundleError as exc:
+        rel = f"{model_dir.name}/{bundle_param}"
+        return problems + [Problem(f"{rel}/{p.file}", p.message) for p in exc.problems]
+    except HloserveError as exc:
+        return [*problems, Problem(file, exc.message)]
+    if not bundle.manifest.is_meta:
+        return [*problems, Problem(file, "backend is hloserve_meta but the bundle is not a meta")]
+    concurrency = parameter(config, names.PARAM_META_CONCURRENCY) or ""
+    if not concurrency.isdigit() or int(concurrency) < 1:
+        return [
+            *problems,
+            Problem(file, f"parameter {names.PARAM_META_CONCURRENCY} is {concurrency!r}"),
+        ]
+    expected = meta_config(model_dir.name, bundle.manifest, meta_concurrency=int(concurrency))
+    return problems + _compare(file, config, expected)
+
+
+def parse_config_backend(model_dir: Path) -> str | None:
+    """The ``backend`` of ``model_dir/config.pbtxt``, or None when it does not parse."""
+    try:
+        return str(parse_config(model_dir / CONFIG_FILE).backend)
+    except HloserveError:
+        return None
 
 
 def _check_format(file: str, config: Any) -> list[Problem]:

@@ -71,6 +71,7 @@ class ServeOptions:
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
+        meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -93,6 +94,7 @@ class ServeOptions:
     front_instances: int = 2
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
+    meta_concurrency: int = 2
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -145,6 +147,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             front_instances=options.front_instances,
             max_queue_delay_us=options.max_queue_delay_us,
             weight_cache=options.weight_cache,
+            meta_concurrency=options.meta_concurrency,
             overwrite=True,
         )
         yield out

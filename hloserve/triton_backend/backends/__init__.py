@@ -14,7 +14,10 @@ _HERE = Path(__file__).resolve().parent
 
 def backend_dirs() -> dict[str, Path]:
     """Backend name -> directory holding its ``model.py`` (for ``extra_backend_dirs``)."""
-    return {name: _HERE / name for name in (names.FRONT_BACKEND, names.RUNTIME_BACKEND)}
+    return {
+        name: _HERE / name
+        for name in (names.FRONT_BACKEND, names.RUNTIME_BACKEND, names.META_BACKEND)
+    }
 
 
 __all__ = ["backend_dirs"]

@@ -5,14 +5,25 @@ Adapts ``pb_utils`` objects only; the behaviour lives in the typed core.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hloserve.model_repository_tools import names
 from hloserve.triton_backend import pb
 from hloserve.triton_backend.front import FrontModel
+
+
+def _tags_errors(request: Any) -> bool:
+    """Whether the request (a meta model's BLS sub-request) asks for status-tagged errors."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (TypeError, ValueError):
+        return False
+    return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
 
 
 class TritonPythonModel:
@@ -30,7 +41,10 @@ class TritonPythonModel:
             except Exception as exc:  # an unreadable tensor fails this request only
                 inputs.append(exc)
         results = self.core.execute(inputs)
-        return [pb.inference_response(pb_utils, r) for r in results]
+        return [
+            pb.inference_response(pb_utils, r, tagged=_tags_errors(q))
+            for r, q in zip(results, requests, strict=True)
+        ]
 
     def _call_runtime(
         self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]

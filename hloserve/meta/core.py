@@ -1,0 +1,363 @@
+"""A meta model's core: load ``run`` from ``model.py``, check tensors, gate, call, deadline.
+
+A meta bundle's ``model.py`` defines ``run(inputs, call) -> outputs``: ``inputs`` are the
+request's ``client_inputs`` as NumPy arrays by name; ``call(name, inputs)`` runs another model
+(one of ``meta.calls``) and returns its outputs; ``run`` returns the ``client_outputs``. The
+transport of ``call`` is injected (:data:`Send`): the Triton shim implements it with BLS to the
+sub-model's front model, so sub-calls coalesce with other clients' traffic to that model.
+Nothing here imports Triton.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hloserve.bundle import MODEL_PY, Bundle, Manifest, load_bundle
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.meta.deadline import Deadline, DeadlineExceededError
+from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
+from hloserve.model_repository_tools import names
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.tensors import TensorChecker
+
+log = logging.getLogger("hloserve.meta")
+
+Tensors = dict[str, np.ndarray]
+
+#: ``describe(model) -> manifest``: a callee's manifest, to check a sub-call's inputs before
+#: sending it; None when unknown (then the callee checks alone).
+Describe = Callable[[str], Manifest | None]
+
+#: ``send(model, inputs, output_names, timeout_us) -> outputs``: one request to ``model``
+#: (``output_names`` empty = all outputs; ``timeout_us`` 0 = no timeout). Raises HloserveError
+#: with the callee's status.
+Send = Callable[[str, Mapping[str, np.ndarray], Sequence[str], int], Mapping[str, np.ndarray]]
+
+
+class Call(Protocol):
+    """What ``run`` gets as ``call``: ``call(name, inputs, outputs=None) -> outputs``."""
+
+    def __call__(
+        self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> Tensors: ...
+
+
+#: ``run(inputs, call) -> outputs`` as defined by a meta bundle's ``model.py``.
+Run = Callable[[Tensors, Call], Mapping[str, Any]]
+
+#: Texts of Triton 2.51 errors for a callee that does not exist (BLS to an unknown model).
+_UNKNOWN_MODEL_TEXTS = ("unknown model", "is not found")
+#: Text of Triton's error for a request whose ``timeout`` ran out in a queue.
+_TIMEOUT_TEXT = "timeout expired"
+
+
+class MetaCall:
+    """The ``call`` object handed to ``run``: calls declared models within the deadline.
+
+    Args:
+        meta: the meta model's name (for error text).
+        calls: the models it may call (``meta.calls``).
+        send: the transport (:data:`Send`).
+        deadline: the run's deadline; each sub-call gets the time left as its ``timeout``.
+        describe: the callees' manifests (:data:`Describe`); a sub-call's inputs are checked
+            against the callee's client-facing inputs and its largest batch before sending
+            (Triton's own refusals lose their status over BLS).
+        clock: ``time.monotonic`` (injectable for tests).
+
+    Attributes:
+        compute_s: seconds spent inside sub-calls (the glue between them excluded).
+        calls_made: sub-calls issued.
+    """
+
+    def __init__(
+        self,
+        meta: str,
+        calls: Sequence[str],
+        send: Send,
+        deadline: Deadline,
+        *,
+        describe: Describe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.meta = meta
+        self.calls = tuple(calls)
+        self.deadline = deadline
+        self._send = send
+        self._describe = describe
+        self._clock = clock
+        self.compute_s = 0.0
+        self.calls_made = 0
+
+    def __call__(
+        self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> Tensors:
+        """Run model ``name`` on ``inputs``; its outputs (``outputs`` only, when given).
+
+        Raises:
+            InvalidArgumentError: ``name`` is not in ``meta.calls``, or ``inputs`` do not match
+                the callee's inputs (nothing is sent).
+            DeadlineExceededError: the deadline passed before the call (nothing is sent), or
+                the callee reports its timeout ran out.
+            HloserveError: the callee's error, with its status; the message names the meta
+                and the callee.
+        """
+        if name not in self.calls:
+            raise InvalidArgumentError(
+                f"model {self.meta!r}: run called model {name!r}, which is not in its "
+                f"meta.calls {list(self.calls)}"
+            )
+        self._check_callee_inputs(name, inputs)
+        self.deadline.check(self.meta, f"calling model {name!r}")
+        start = self._clock()
+        try:
+            result = self._send(name, inputs, list(outputs or ()), self.deadline.remaining_us())
+        except HloserveError as exc:
+            raise _callee_error(self.meta, name, exc.message, exc.status) from None
+        except Exception as exc:
+            raise _callee_error(
+                self.meta, name, f"{type(exc).__name__}: {exc}", Status.INTERNAL
+            ) from None
+        finally:
+            self.compute_s += self._clock() - start
+            self.calls_made += 1
+        return dict(result)
+
+    def _check_callee_inputs(self, name: str, inputs: Mapping[str, np.ndarray]) -> None:
+        manifest = self._describe(name) if self._describe is not None else None
+        if manifest is None:
+            return
+        try:
+            batch = TensorChecker(name, "input", manifest.wire_inputs)(inputs)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"model {self.meta!r}: call to model {name!r}: {exc.message}"
+            ) from None
+        largest = manifest.max_batch_size
+        batched = manifest.client_inputs is None and manifest.batch_leading
+        if batched and batch is not None and not 1 <= batch <= largest:
+            raise InvalidArgumentError(
+                f"model {self.meta!r}: call to model {name!r}: batch size {batch} is "
+                f"outside 1 to {largest} (its compiled batch sizes)"
+            )
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline, or None without one (for ``run`` to budget)."""
+        return self.deadline.remaining_s()
+
+
+def _callee_error(meta: str, callee: str, message: str, status: Status) -> HloserveError:
+    lowered = message.lower()
+    if any(t in lowered for t in _UNKNOWN_MODEL_TEXTS):
+        status = Status.NOT_FOUND
+    text = f"model {meta!r}: call to model {callee!r} failed: {message}"
+    if status is Status.DEADLINE_EXCEEDED or _TIMEOUT_TEXT in lowered:
+        return DeadlineExceededError(
+            f"model {meta!r}: deadline exceeded in the call to model {callee!r}: {message}"
+        )
+    return HloserveError(text, status=status)
+
+
+def repository_describer(repository: Path) -> Describe:
+    """A :data:`Describe` reading ``<repository>/<model>/1/bundle``, cached per model.
+
+    A model whose bundle copy is absent or unreadable is described as None (not cached: the
+    repository may change).
+    """
+    cache: dict[str, Manifest] = {}
+
+    def describe(model: str) -> Manifest | None:
+        if model not in cache:
+            try:
+                cache[model] = load_bundle(repository / model / names.BUNDLE_SUBDIR).manifest
+            except HloserveError:
+                return None
+        return cache[model]
+
+    return describe
+
+
+def load_run(path: Path, model: str) -> Run:
+    """Import ``model.py`` at ``path`` and return its ``run``.
+
+    The file is imported as module ``hloserve_meta_model_<model>`` (its own namespace; the
+    bundle directory is not put on ``sys.path``).
+
+    Raises:
+        NotFoundError: the file does not exist.
+        InvalidArgumentError: importing it fails (the error and its line are named) or it
+            defines no callable ``run``.
+    """
+    if not path.is_file():
+        raise NotFoundError(f"model {model!r}: {path} does not exist; a meta bundle needs it")
+    module_name = f"hloserve_meta_model_{model}".replace("-", "_").replace(".", "_")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise InvalidArgumentError(f"model {model!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        raise InvalidArgumentError(f"model {model!r}: importing {path} failed: {where}") from None
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise InvalidArgumentError(f"model {model!r}: {path} defines no function run(inputs, call)")
+    return run
+
+
+class MetaModel:
+    """Serves one meta bundle: checks a request, takes a gate permit, runs ``run``.
+
+    Args:
+        name: the model name.
+        bundle: the meta bundle (``kind: meta``).
+        run: its ``run`` function.
+        send: the transport of ``call`` (:data:`Send`).
+        gate: the worker's meta gate; None = no limit. A meta with no ``meta.calls``
+            (compute-only) never takes a permit.
+        describe: the callees' manifests (:data:`Describe`); None = not checked here.
+        clock: ``time.monotonic`` (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        bundle: Bundle,
+        run: Run,
+        send: Send,
+        *,
+        gate: MetaGate | None = None,
+        describe: Describe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not bundle.manifest.is_meta:
+            raise InvalidArgumentError(
+                f"model {name!r}: bundle {bundle.path} is kind {bundle.manifest.kind!r}, not 'meta'"
+            )
+        self.name = name
+        self.manifest = bundle.manifest
+        self.calls = bundle.manifest.calls
+        self._run = run
+        self._send = send
+        self._gate = gate if self.calls else None
+        self._describe = describe
+        self._clock = clock
+        self._check_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
+        self._check_outputs = TensorChecker(name, "output", self.manifest.wire_outputs)
+        self._output_names = [s.name for s in self.manifest.wire_outputs]
+
+    @classmethod
+    def from_args(cls, args: ModelArgs, send: Send) -> MetaModel:
+        """Build from the meta model's Triton config (docs/meta_models.md).
+
+        Reads ``hloserve.bundle`` (the bundle copy, relative to the model directory) and
+        ``hloserve.meta_concurrency`` (the gate size; the gate lives in
+        :func:`~hloserve.meta.gate.server_gate_dir`). Callees are described by their bundle
+        copies in the same repository (``<repo>/<callee>/1/bundle``), read on first call.
+
+        Raises:
+            InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
+            NotFoundError / ManifestError: the bundle cannot be read.
+        """
+        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
+        run = load_run(bundle.path / MODEL_PY, args.name)
+        text = args.parameter(names.PARAM_META_CONCURRENCY, str(names.DEFAULT_META_CONCURRENCY))
+        if not text.isdigit() or int(text) < 1:
+            raise InvalidArgumentError(
+                f"model {args.name!r}: parameter {names.PARAM_META_CONCURRENCY!r} must be an "
+                f"integer >= 1, got {text!r}"
+            )
+        remove_stale_gates()
+        gate = MetaGate(server_gate_dir(), int(text))
+        return cls(
+            args.name,
+            bundle,
+            run,
+            send,
+            gate=gate,
+            describe=repository_describer(args.model_dir.parent),
+        )
+
+    def execute(self, inputs: Mapping[str, np.ndarray], *, timeout_us: int = 0) -> Tensors:
+        """Serve one request.
+
+        Args:
+            inputs: the request's tensors by name (``client_inputs``).
+            timeout_us: the client's budget in microseconds (the request's ``timeout``), from
+                now; 0 = none.
+
+        Returns:
+            The ``client_outputs`` ``run`` returned.
+
+        Raises:
+            InvalidArgumentError: the inputs do not match ``client_inputs``, or ``run`` called
+                an undeclared model.
+            DeadlineExceededError: the budget ran out (waiting for the gate, or before a call).
+            HloserveError: a sub-call's error (its status; the message names the callee), or
+                INTERNAL when ``run`` raised or returned tensors that are not the declared ones.
+        """
+        self._check_inputs(inputs)
+        deadline = Deadline.after_us(timeout_us, self._clock)
+        if self._gate is None:
+            return self._run_once(inputs, deadline)
+        with self._gate.permit(self.name, deadline):
+            deadline.check(self.name, "running (after waiting for the meta gate)")
+            return self._run_once(inputs, deadline)
+
+    def _run_once(self, inputs: Mapping[str, np.ndarray], deadline: Deadline) -> Tensors:
+        call = MetaCall(
+            self.name,
+            self.calls,
+            self._send,
+            deadline,
+            describe=self._describe,
+            clock=self._clock,
+        )
+        try:
+            result = self._run(dict(inputs), call)
+        except HloserveError:
+            raise
+        except Exception as exc:
+            log.error("model %r: run raised:\n%s", self.name, traceback.format_exc())
+            raise HloserveError(
+                f"model {self.name!r}: run raised {type(exc).__name__}: {exc}",
+                status=Status.INTERNAL,
+            ) from None
+        if not isinstance(result, Mapping):
+            raise HloserveError(
+                f"model {self.name!r}: run returned {type(result).__name__}, expected a dict "
+                f"of outputs {self._output_names}",
+                status=Status.INTERNAL,
+            )
+        outputs = {k: np.asarray(v) for k, v in result.items()}
+        try:
+            self._check_outputs(outputs)
+        except InvalidArgumentError as exc:
+            raise HloserveError(
+                f"run returned outputs that do not match client_outputs: {exc.message}",
+                status=Status.INTERNAL,
+            ) from None
+        return outputs
+
+
+__all__ = [
+    "Call",
+    "Describe",
+    "MetaCall",
+    "MetaModel",
+    "Run",
+    "Send",
+    "load_run",
+    "repository_describer",
+]

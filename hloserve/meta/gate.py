@@ -1,0 +1,133 @@
+"""The per-worker meta gate: at most N meta runs at once across every meta model of a server.
+
+Triton runs each model instance of a Python-based backend in its own stub process, so a limit
+across meta models (and their instances) needs a primitive that processes share. The gate is a
+counting semaphore made of N lock files, ``slot-0`` .. ``slot-<N-1>`` in one directory per
+tritonserver: a run holds an exclusive :func:`fcntl.flock` on one slot file for its whole
+duration (sub-calls and the Python glue between them). ``flock`` locks belong to the open file
+and vanish when the process dies, so a crashed stub never leaks a permit (a POSIX named
+semaphore would; the stdlib has none either).
+
+Waiting is polling (a few milliseconds apart, doubling up to :data:`MAX_POLL_S`) bounded by the
+request's deadline: the order in which waiting runs are admitted is not first-come-first-served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from hloserve.meta.deadline import Deadline, DeadlineExceededError
+
+#: First and longest wait between two attempts to take a slot, seconds.
+FIRST_POLL_S = 0.002
+MAX_POLL_S = 0.02
+
+
+_GATE_PREFIX = "hloserve-meta-gate-"
+
+
+def server_gate_dir(server_pid: int | None = None) -> Path:
+    """The gate directory of one tritonserver: ``<tmp>/hloserve-meta-gate-<pid>``.
+
+    Args:
+        server_pid: the tritonserver's process id; default: this process's parent (a Python
+            backend stub is a child of tritonserver).
+    """
+    pid = os.getppid() if server_pid is None else server_pid
+    return Path(tempfile.gettempdir()) / f"{_GATE_PREFIX}{pid}"
+
+
+def remove_stale_gates() -> list[Path]:
+    """Delete the gate directories of servers that no longer run (their pid is gone).
+
+    Returns:
+        The directories removed.
+    """
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{_GATE_PREFIX}*"):
+        pid = path.name.removeprefix(_GATE_PREFIX)
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            continue  # alive, another user's
+    return removed
+
+
+class MetaGate:
+    """A cross-process counting semaphore of ``slots`` permits backed by lock files.
+
+    Args:
+        directory: where the slot files live (created if missing); every process sharing the
+            directory shares the permits.
+        slots: number of permits, >= 1 (``hloserve.meta_concurrency``).
+        sleep: ``time.sleep`` (injectable for tests).
+
+    Raises:
+        ValueError: ``slots`` < 1.
+    """
+
+    def __init__(
+        self, directory: Path, slots: int, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"meta gate: slots must be >= 1, got {slots}")
+        self.directory = Path(directory)
+        self.slots = slots
+        self._sleep = sleep
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def try_acquire(self) -> int | None:
+        """Take a free slot without waiting: its open, locked file descriptor, or None."""
+        for slot in range(self.slots):
+            fd = os.open(self.directory / f"slot-{slot}", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        return None
+
+    @contextlib.contextmanager
+    def permit(self, model: str, deadline: Deadline) -> Iterator[None]:
+        """Hold one permit for the ``with`` body, waiting for one until ``deadline``.
+
+        Args:
+            model: the meta model asking, for error text.
+            deadline: when to give up.
+
+        Raises:
+            DeadlineExceededError: no permit came free before the deadline (nothing ran).
+        """
+        delay = FIRST_POLL_S
+        while (fd := self.try_acquire()) is None:
+            left = deadline.remaining_s()
+            if left is not None and left <= 0:
+                raise DeadlineExceededError(
+                    f"model {model!r}: deadline exceeded waiting for the meta gate "
+                    f"({self.slots} meta run(s) at once on this worker); nothing ran"
+                )
+            self._sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, MAX_POLL_S)
+        try:
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+
+__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "MetaGate", "remove_stale_gates", "server_gate_dir"]

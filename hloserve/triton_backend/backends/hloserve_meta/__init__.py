@@ -1,0 +1,1 @@
+"""Triton Python-based backend ``hloserve_meta`` (see ``model.py``)."""
