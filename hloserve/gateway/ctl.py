@@ -145,9 +145,14 @@ def _call(address: str, method: str, request: Any, timeout_s: float) -> Any:
     """One unary RPC; gRPC errors become HloserveError with the same status."""
     import grpc
 
+    from hloserve.gateway.config import MAX_GRPC_MESSAGE_BYTES
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    limits = [
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ]
+    with grpc.insecure_channel(address, options=limits) as channel:
         stub = pb_grpc.GatewayControlStub(channel)
         try:
             return getattr(stub, method)(request, timeout=timeout_s)
