@@ -82,10 +82,16 @@ class Upstreams:
         self._channels = {
             w: grpc.aio.insecure_channel(w, options=channel_options(limits)) for w in self.workers
         }
+        self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
 
     def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes."""
-        return self._channels[worker].unary_unary(_method(method))
+        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes
+        (made once per worker and method, then reused)."""
+        key = (worker, method)
+        call = self._unary.get(key)
+        if call is None:
+            call = self._unary[key] = self._channels[worker].unary_unary(_method(method))
+        return call
 
     def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
         """A bidirectional-streaming callable carrying bytes both ways."""
