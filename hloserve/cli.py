@@ -6,6 +6,7 @@ Subcommands:
     bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
     repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
     repo validate REPO_DIR          check a repository's configs against their bundles
+    serve PATH [--workers N]        serve bundles with tritonserver (N > 1: behind the gateway)
     status URL                      print a server's weight cache state (metrics endpoint)
     gateway --config FILE           one KServe V2 gRPC endpoint over several tritonservers
     gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
@@ -423,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 
     add_gateway_ctl(commands, _gateway_ctl)
+    from hloserve.node.cli_node import add_parser as add_node
+
+    add_node(commands)
     return parser
 
 
