@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = "hloserve-test-rootfs"
 LABEL = "hloserve.content"
 
-_DIRS = ("usr", "etc", "tmp", "var", "var/tmp", "root", "dev", "proc", "sys", "run", "opt")
-_LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}
+# /sbin is a directory, not the merged-/usr link: Docker mounts its init at /sbin/docker-init
+# before the /usr bind mount, which would hide it behind the link.
+_DIRS = ("usr", "etc", "tmp", "var", "var/tmp", "root", "dev", "proc", "sys", "run", "opt", "sbin")
+_LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 _ETC = ("passwd", "group", "nsswitch.conf", "hosts", "ld.so.cache", "ld.so.conf")
 
 

@@ -82,7 +82,6 @@ GOLDEN_WORKER_2 = {
     "device_requests": [{"driver": "nvidia", "device_ids": ["2"], "capabilities": [["gpu"]]}],
     "restart_policy": {"Name": "on-failure", "MaximumRetryCount": 3},
     "init": True,
-    "stop_timeout": 30,
     "detach": True,
 }
 

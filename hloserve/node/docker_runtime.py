@@ -41,12 +41,6 @@ LABEL_WORKER = "hloserve.worker"
 #: Label holding the GPU index, or "cpu".
 LABEL_GPU = "hloserve.gpu"
 
-#: ``ulimit -l unlimited`` and a 64 MiB stack, as NVIDIA's Triton containers are documented to run.
-ULIMITS = (
-    {"name": "memlock", "soft": -1, "hard": -1},
-    {"name": "stack", "soft": 67108864, "hard": 67108864},
-)
-
 _LOG_TAIL_LINES = 40
 
 
@@ -92,9 +86,9 @@ def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
 
     Host networking (the worker binds its planned ports on ``config.host``), the repository
     mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, ``shm_size``,
-    memlock/stack ulimits, Docker's ``init`` (reaps the Python backend's stub processes), the
-    restart policy, the node/worker/GPU labels, and for a GPU worker one device request for
-    exactly that GPU (inside the container it is device 0).
+    ``docker.ulimits`` (memlock unlimited, 64 MiB stack), Docker's ``init`` (reaps the Python
+    backend's stub processes), the restart policy, the node/worker/GPU labels, and for a GPU
+    worker one device request for exactly that GPU (inside the container it is device 0).
 
     Args:
         config: the node settings.
@@ -127,7 +121,7 @@ def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
         "network_mode": "host",
         "volumes": volumes,
         "shm_size": d.shm_size,
-        "ulimits": [dict(u) for u in ULIMITS],
+        "ulimits": [{"name": k, "soft": v, "hard": v} for k, v in d.ulimits.items()],
         "device_requests": (
             []
             if worker.gpu is None
@@ -141,7 +135,6 @@ def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
         ),
         "restart_policy": policy,
         "init": True,
-        "stop_timeout": d.stop_timeout_s,
         "detach": True,
     }
 
@@ -198,17 +191,34 @@ def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
     Raises:
         NodeError: no Docker daemon answers.
     """
-    import docker
 
     client = connect()
     removed = []
     for container in node_containers(client, name):
-        with contextlib.suppress(docker.errors.NotFound):
-            container.stop(timeout=timeout_s)
-        with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True)
+        _stop_and_remove(container, timeout_s)
         removed.append(container.name)
+    # the node's own `node up` may be removing some at the same time: wait until all are gone
+    deadline = time.monotonic() + timeout_s + 30
+    while node_containers(client, name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = node_containers(client, name)
+    if left:
+        raise NodeError(f"node {name}: containers {', '.join(c.name for c in left)} remain")
     return removed
+
+
+def _stop_and_remove(container: Any, timeout_s: int) -> None:
+    """Stop then remove one container; tolerate it being gone or removed by someone else."""
+    import docker
+
+    for step in (lambda: container.stop(timeout=timeout_s), lambda: container.remove(force=True)):
+        try:
+            step()
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress elsewhere
+                raise
 
 
 def _log_tail(container: Any, lines: int = _LOG_TAIL_LINES) -> str:
@@ -224,7 +234,7 @@ class _LogStream(threading.Thread):
         super().__init__(name=f"logs {prefix}", daemon=True)
         self._id = container_id
         self._prefix = prefix
-        self._stop = stop
+        self._halt = stop
 
     def run(self) -> None:
         import docker
@@ -232,7 +242,7 @@ class _LogStream(threading.Thread):
         client = docker.from_env()
         since: float | None = None
         try:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 try:
                     container = client.containers.get(self._id)
                     pending = b""
@@ -241,7 +251,7 @@ class _LogStream(threading.Thread):
                         *lines, pending = pending.split(b"\n")
                         for line in lines:
                             self._emit(line)
-                        if self._stop.is_set():
+                        if self._halt.is_set():
                             return
                     if pending:
                         self._emit(pending)
@@ -250,7 +260,7 @@ class _LogStream(threading.Thread):
                     return
                 except docker.errors.DockerException:
                     pass
-                self._stop.wait(0.5)  # stopped (or restarting): attach again shortly
+                self._halt.wait(0.5)  # stopped (or restarting): attach again shortly
         finally:
             client.close()
 
@@ -308,6 +318,8 @@ class DockerWorkers:
                 hint = ""
                 if worker.gpu is not None and "device driver" in str(exc):
                     hint = " (GPU containers need the NVIDIA Container Toolkit on the host)"
+                elif "rlimit" in str(exc):
+                    hint = " (this host's hard limit is lower than docker.ulimits: lower it)"
                 raise NodeError(
                     f"docker refused worker {worker.index} ({spec['name']}): "
                     f"{exc.explanation or exc}{hint}"
@@ -425,10 +437,8 @@ class DockerWorkers:
 
         timeout = self.config.docker.stop_timeout_s
         for container in self._containers:
-            with contextlib.suppress(docker.errors.NotFound):
-                container.stop(timeout=timeout)
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
+            with contextlib.suppress(docker.errors.DockerException):
+                _stop_and_remove(container, timeout)
         self._logs_stop.set()
         for stream in self._logs:
             stream.join(timeout=5.0)

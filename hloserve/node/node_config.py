@@ -137,6 +137,10 @@ class DockerConfig(_Section):
         env: extra environment variables of every worker container.
         mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
         stop_timeout_s: seconds Docker waits after SIGTERM before SIGKILL on stop (30).
+        ulimits: soft = hard limits by name, -1 = unlimited; default memlock -1 and stack
+            64 MiB, as NVIDIA documents for Triton containers. A host whose own hard limit is
+            lower (an unprivileged or nested daemon) refuses to start the container with
+            "error setting rlimit"; lower the value there.
         gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
     """
 
@@ -148,6 +152,7 @@ class DockerConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     mounts: tuple[str, ...] = ()
     stop_timeout_s: int = Field(default=30, ge=0)
+    ulimits: dict[str, int] = Field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
     gpu_driver: str = "nvidia"
 
     @field_validator("shm_size")
