@@ -53,6 +53,28 @@ def test_worker_ports_are_consecutive_from_the_base() -> None:
     assert len({p for w in free for p in (w.http, w.grpc, w.metrics)}) == 6
 
 
+def _run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hloserve.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )  # fmt: skip
+
+
+def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text('name: "m"')
+    result = _run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "8000")
+    assert result.returncode == 1
+    assert "include the gateway's port(s) [8001, 8002]" in result.stderr
+    result = _run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "65534")
+    assert result.returncode == 1 and "are not all in 1..65535" in result.stderr
+    result = _run_cli("serve", tmp_path, "--workers", "0")
+    assert result.returncode == 1 and "--workers must be at least 1" in result.stderr
+    result = _run_cli("serve", tmp_path, "--gateway-config", tmp_path / "g.yaml")
+    assert result.returncode == 1 and "--gateway-config needs --workers 2" in result.stderr
+
+
 def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     tmp_path: Path,
 ) -> None:

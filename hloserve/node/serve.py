@@ -207,6 +207,8 @@ def run_serve(options: ServeOptions) -> int:
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
     if options.workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
+    if options.gateway_config is not None and options.workers == 1:
+        raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
