@@ -23,7 +23,7 @@ def apply(params: Params, image: jax.Array) -> jax.Array:
 
 
 def train(
-    images: np.ndarray, labels: np.ndarray, steps: int = 300, lr: float = 0.5, l2: float = 1e-3
+    images: np.ndarray, labels: np.ndarray, steps: int = 1000, lr: float = 0.5, l2: float = 1e-4
 ) -> Params:
     """Full-batch gradient descent on cross-entropy + L2; deterministic (zero init).
 

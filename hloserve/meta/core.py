@@ -34,7 +34,8 @@ log = logging.getLogger("hloserve.meta")
 Tensors = dict[str, np.ndarray]
 
 #: ``describe(model) -> manifest``: a callee's manifest, to check a sub-call's inputs before
-#: sending it; None when unknown (then the callee checks alone).
+#: sending it; None when unknown (then the callee checks alone). Raises NotFoundError when the
+#: callee is not served here.
 Describe = Callable[[str], Manifest | None]
 
 #: ``send(model, inputs, output_names, timeout_us) -> outputs``: one request to ``model``
@@ -105,6 +106,7 @@ class MetaCall:
         Raises:
             InvalidArgumentError: ``name`` is not in ``meta.calls``, or ``inputs`` do not match
                 the callee's inputs (nothing is sent).
+            NotFoundError: the callee is not served on this worker (nothing is sent).
             DeadlineExceededError: the deadline passed before the call (nothing is sent), or
                 the callee reports its timeout ran out.
             HloserveError: the callee's error, with its status; the message names the meta
@@ -132,7 +134,12 @@ class MetaCall:
         return dict(result)
 
     def _check_callee_inputs(self, name: str, inputs: Mapping[str, np.ndarray]) -> None:
-        manifest = self._describe(name) if self._describe is not None else None
+        try:
+            manifest = self._describe(name) if self._describe is not None else None
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"model {self.meta!r}: call to model {name!r} failed: {exc.message}"
+            ) from None
         if manifest is None:
             return
         try:
@@ -169,13 +176,18 @@ def _callee_error(meta: str, callee: str, message: str, status: Status) -> Hlose
 def repository_describer(repository: Path) -> Describe:
     """A :data:`Describe` reading ``<repository>/<model>/1/bundle``, cached per model.
 
-    A model whose bundle copy is absent or unreadable is described as None (not cached: the
-    repository may change).
+    A model whose bundle copy is unreadable is described as None (not cached: the repository
+    may change); one without a directory in the repository raises NotFoundError.
     """
     cache: dict[str, Manifest] = {}
 
     def describe(model: str) -> Manifest | None:
         if model not in cache:
+            if not (repository / model).is_dir():
+                raise NotFoundError(
+                    f"model {model!r} is not served by this worker (not in its repository "
+                    f"{repository})"
+                )
             try:
                 cache[model] = load_bundle(repository / model / names.BUNDLE_SUBDIR).manifest
             except HloserveError:

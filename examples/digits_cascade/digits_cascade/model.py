@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 #: Top-1 probability of the fast model under which an image is escalated.
-THRESHOLD = 0.9
+THRESHOLD = 0.8
 FAST = "digits_fast"
 STRONG = "digits"
 
