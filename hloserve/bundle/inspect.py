@@ -43,19 +43,25 @@ def render_bundle(bundle: Bundle) -> Group:
                 s.shape,
                 f"[{', '.join(shape)}]",
                 s.dtype_info.kserve,
-                str(s.nbytes_per_item),
+                "varies" if s.variable_axes or s.dtype == "bytes" else str(s.nbytes_per_item),
             )
             tensors.add_row(*(Text(c) for c in cells))  # Text: "[n, 8]" is not rich markup
     exes = Table(title="executables", title_justify="left")
-    for col in ("batch size", "file", "size"):
+    columns = (
+        ("variant", "batch size", "file", "size") if m.variants else ("batch size", "file", "size")
+    )
+    for col in columns:
         exes.add_column(col)
-    for size, file in sorted(m.executables.items()):
+    for (variant, size), file in sorted(m.all_executables.items()):
         path = bundle.path / file
-        exes.add_row(
+        row = [
             str(size) if size else "unbatched",
             file,
             _size(path.stat().st_size) if path.exists() else "MISSING",
-        )
+        ]
+        if m.variants:
+            row.insert(0, ", ".join(f"{a}={n}" for a, n in m.variant_dims[variant].items()))
+        exes.add_row(*row)
     weights = Text(
         f"weights: {len(m.weights.order)} tensors, {_size(bundle.weight_nbytes)}"
         + (f" in {m.weights.file}" if m.weights.file else "")
