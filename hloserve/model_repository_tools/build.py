@@ -325,7 +325,7 @@ def _describe(bundle: Bundle) -> str:
 def _text_executables(bundle: Bundle) -> tuple[str, ...]:
     return tuple(
         file
-        for _, file in sorted(bundle.manifest.executables.items())
+        for _, file in sorted(bundle.manifest.all_executables.items())
         if not is_portable_artifact((bundle.path / file).read_bytes())
     )
 
