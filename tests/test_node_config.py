@@ -282,3 +282,11 @@ def test_port_in_use_is_reported_before_anything_starts(tmp_path: Path) -> None:
         )
         with pytest.raises(PortInUseError, match=f"worker 0 grpc port 127.0.0.1:{port}"):
             run_node_up(config)
+
+
+@pytest.mark.parametrize("name", ["node-gpu.yaml", "node-cpu.yaml"])
+def test_example_node_files_are_valid(name: str) -> None:
+    config = load_node_config(Path(__file__).parent.parent / "containers" / name, environ={})
+    plan = plan_workers(config, available_gpus=(0, 1))
+    assert len(plan) == 2 and gateway_enabled(config, len(plan))
+    gateway_config(config, plan)
