@@ -9,6 +9,7 @@ only model answers UNAVAILABLE, not NOT_FOUND) and returns when ready again.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,12 @@ async def _serve(worker: FakeWorker) -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
+def _scrape(admin_port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as reply:
+        text: str = reply.read().decode()
+    return text
+
+
 def _input(rows: int) -> triton_aio.InferInput:
     tensor = triton_aio.InferInput("IN", [rows, 3], "FP32")
     tensor.set_data_from_numpy(np.ones((rows, 3), np.float32))
@@ -107,7 +114,7 @@ def test_gateway_refuses_over_the_item_bound_with_unavailable() -> None:
         server, endpoint = await _serve(worker)
         config = GatewayConfig(workers=(endpoint,), admission={"max_inflight_items_per_model": 4})
         stop = asyncio.Event()
-        task, port, _ = await _start_gateway(config, stop)
+        task, port, admin = await _start_gateway(config, stop)
         client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             held = asyncio.ensure_future(client.infer("echo", [_input(4)]))
@@ -117,6 +124,8 @@ def test_gateway_refuses_over_the_item_bound_with_unavailable() -> None:
                 await client.infer("echo", [_input(1)])
             assert refused.value.status() == "StatusCode.UNAVAILABLE"
             assert "model 'echo'" in str(refused.value) and "4 items" in str(refused.value)
+            metrics = await asyncio.to_thread(_scrape, admin)
+            assert 'hloserve_gateway_admission_refused_total{model="echo"} 1.0' in metrics
             worker.release.set()
             assert (await held).as_numpy("OUT").shape == (4, 3)
             ok = await client.infer("echo", [_input(4)])  # the bound frees with the answer
@@ -142,7 +151,7 @@ def test_a_worker_failing_probes_leaves_the_table_and_returns() -> None:
             discovery={"poll_interval_seconds": 60},
         )
         stop = asyncio.Event()
-        task, port, _ = await _start_gateway(config, stop)
+        task, port, admin = await _start_gateway(config, stop)
         client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             assert (await client.infer("solo", [_input(1)])).as_numpy("OUT").shape == (1, 3)
@@ -157,6 +166,9 @@ def test_a_worker_failing_probes_leaves_the_table_and_returns() -> None:
                     break
                 await asyncio.sleep(0.05)
             assert "model 'solo' has no ready replica" in message
+            metrics = await asyncio.to_thread(_scrape, admin)
+            assert f'hloserve_gateway_worker_healthy{{worker="{e1}"}} 0.0' in metrics
+            assert f'hloserve_gateway_worker_healthy{{worker="{e0}"}} 1.0' in metrics
             before = len(w0.served)
             for _ in range(4):  # every echo is served by w0
                 await client.infer("echo", [_input(1)])

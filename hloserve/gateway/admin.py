@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -78,6 +78,18 @@ class GatewayMetrics:
         )
         self.repacks = Counter(
             PREFIX + "repacks", "lpt_packing placements computed.", registry=self.registry
+        )
+        self.refused = Counter(
+            PREFIX + "admission_refused",
+            "ModelInfer calls refused by an admission bound, by model.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.worker_healthy = Gauge(
+            PREFIX + "worker_healthy",
+            "1 while the worker passes its health probes (in the routing table), else 0.",
+            ["worker"],
+            registry=self.registry,
         )
         self.registry.register(_RouterCollector(router))
 

@@ -90,6 +90,8 @@ async def run_gateway(
     controller = LptController(config.scheduling) if config.mode == "lpt_packing" else None
     last_tick = time.monotonic()
     health = HealthTracker(config.workers, config.health.failure_threshold)
+    for worker in config.workers:
+        metrics.worker_healthy.labels(worker).set(1.0)
     discovered = RoutingTable()
 
     async def discover() -> None:
@@ -164,7 +166,9 @@ async def run_gateway(
                 )
                 changed = False
                 for worker, ok in zip(config.workers, answers, strict=True):
-                    if health.record(worker, ok):
+                    flipped = health.record(worker, ok)
+                    metrics.worker_healthy.labels(worker).set(float(health.is_healthy(worker)))
+                    if flipped:
                         changed = True
                         if ok:
                             log.info("gateway: worker %s is healthy again", worker)

@@ -48,6 +48,7 @@ from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.gateway.wire import peek_infer_request
+from hloserve.model_repository_tools.names import META_BACKEND, PARAM_META_CALLS
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -117,7 +118,10 @@ async def discover_table(
     """Build a routing table from every worker's ready models (ReactantServer row 63).
 
     Polls ``RepositoryIndex(ready=true)`` on each worker, then ``ModelConfig`` of each model on
-    its first replica for ``max_batch_size`` (0 -> None). A worker whose index call fails keeps
+    its first replica for ``max_batch_size`` (0 -> None) and, for a meta model, its
+    ``hloserve.meta_calls``: a meta keeps only the replicas whose worker serves every model it
+    calls (all of them when no worker does; a worker then answers NOT_FOUND naming the missing
+    one). A worker whose index call fails keeps
     the models ``previous`` routed to it: whether it may be routed to is the health probes'
     decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
@@ -145,22 +149,37 @@ async def discover_table(
             if model.state == "READY" and worker not in replicas.setdefault(model.name, []):
                 replicas[model.name].append(worker)
 
-    async def max_batch(name: str, worker: str) -> int | None:
+    async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:
+        """(max batch or None, the meta's calls or None when not a meta) from ModelConfig."""
         request = service_pb2.ModelConfigRequest(name=name).SerializeToString()
         try:
             reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
         except grpc.aio.AioRpcError:
-            return None
-        size = service_pb2.ModelConfigResponse.FromString(reply).config.max_batch_size
-        return size or None
+            return None, None
+        config = service_pb2.ModelConfigResponse.FromString(reply).config
+        calls = None
+        if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
+            text = config.parameters[PARAM_META_CALLS].string_value
+            calls = [c for c in text.split(",") if c]
+        return config.max_batch_size or None, calls
 
     names = sorted(replicas)
-    sizes = list(await asyncio.gather(*(max_batch(n, replicas[n][0]) for n in names)))
+    configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
+    sizes = [size for size, _ in configs]
     if previous is not None:  # a replica that did not answer: the size known before
         for i, name in enumerate(names):
             old = previous.get(name)
             if sizes[i] is None and old is not None:
                 sizes[i] = old.max_batch
+    for name, (_, calls) in zip(names, configs, strict=True):
+        if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
+            whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
+            if whole:
+                replicas[name] = whole
+            else:
+                log.warning(
+                    "meta model %s: no worker serves all of %s; routing it anyway", name, calls
+                )
     return RoutingTable(
         {n: ModelRoute(tuple(replicas[n]), max_batch=s) for n, s in zip(names, sizes, strict=True)}
     )
@@ -293,9 +312,7 @@ class GatewayProxy:
             batching = route is not None and route.max_batch is not None
             # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
             items = (head.batch or 1) if batching else 1
-            ticket = (
-                None if self._admission is None else self._admission.admit(head.model_name, items)
-            )
+            ticket = self._admit(head.model_name, items)
             try:
                 lease = self._router.acquire(head.model_name, items)
             except HloserveError:
@@ -338,6 +355,21 @@ class GatewayProxy:
             self._router.release(lease)
             if ticket is not None:
                 self._release_ticket(ticket)
+
+    def _admit(self, model: str, items: int) -> Ticket | None:
+        """Admit the request (None without admission bounds); count refusals.
+
+        Raises:
+            UnavailableError: over a bound.
+        """
+        if self._admission is None:
+            return None
+        try:
+            return self._admission.admit(model, items)
+        except HloserveError:
+            if self._metrics is not None:
+                self._metrics.refused.labels(model).inc()
+            raise
 
     def _release_ticket(self, ticket: Ticket) -> None:
         if self._admission is not None:
