@@ -290,3 +290,14 @@ def test_example_node_files_are_valid(name: str) -> None:
     plan = plan_workers(config, available_gpus=(0, 1))
     assert len(plan) == 2 and gateway_enabled(config, len(plan))
     gateway_config(config, plan)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
+def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hloserve.node.docker_runtime import connect
+    from hloserve.node.node import NodeError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    with pytest.raises(NodeError, match="no Docker daemon answers") as info:
+        connect()
+    assert info.value.status is Status.UNAVAILABLE

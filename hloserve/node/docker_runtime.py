@@ -17,6 +17,8 @@ stream. Each container is found again by its labels ``hloserve.node=<name>`` and
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import sys
 import threading
 import time
@@ -42,6 +44,8 @@ LABEL_WORKER = "hloserve.worker"
 LABEL_GPU = "hloserve.gpu"
 
 _LOG_TAIL_LINES = 40
+#: Docker Engine API version spoken to the daemon (Docker >= 20.10).
+DOCKER_API_VERSION = "1.41"
 
 
 def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
@@ -163,15 +167,31 @@ def connect() -> Any:
             "the docker runtime needs the docker SDK: pip install 'hloserve[node]'",
             status=Status.FAILED_PRECONDITION,
         ) from None
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    hint = (
+        "start it (systemctl start docker, or dockerd as root) and make sure this user may "
+        "use its socket"
+    )
+    if host.startswith("unix://"):
+        # Probe the socket first: the SDK leaks its socket when the connect fails.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            try:
+                sock.connect(host.removeprefix("unix://"))
+            except OSError as exc:
+                raise NodeError(
+                    f"no Docker daemon answers at {host} ({exc.strerror or exc}); {hint}",
+                    status=Status.UNAVAILABLE,
+                ) from None
+    # A fixed API version (Docker 20.10's; device requests need >= 1.40) makes no request in
+    # the constructor, so a daemon that does not answer surfaces in ping().
+    client = docker.from_env(version=DOCKER_API_VERSION)
     try:
-        client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
+        client.close()
         raise NodeError(
-            f"no Docker daemon answers (DOCKER_HOST or unix:///var/run/docker.sock): {exc}; "
-            "start it (systemctl start docker, or dockerd as root) and make sure this user "
-            "may use its socket",
-            status=Status.UNAVAILABLE,
+            f"no Docker daemon answers at {host} ({exc}); {hint}", status=Status.UNAVAILABLE
         ) from None
     return client
 
@@ -239,7 +259,7 @@ class _LogStream(threading.Thread):
     def run(self) -> None:
         import docker
 
-        client = docker.from_env()
+        client = docker.from_env(version=DOCKER_API_VERSION)
         since: float | None = None
         try:
             while not self._halt.is_set():
