@@ -245,6 +245,7 @@ def test_stale_gate_directories_are_removed(tmp_path: Path) -> None:
 
 
 def test_repository_build_emits_the_meta_config(tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient.grpc")  # Triton's model_config_pb2
     from hloserve.model_repository_tools import build_repository, validate_repository
 
     bundles = tmp_path / "bundles"
@@ -266,6 +267,7 @@ def test_repository_build_emits_the_meta_config(tmp_path: Path) -> None:
 
 
 def test_repository_build_refuses_a_meta_calling_what_is_not_built(tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient.grpc")  # Triton's model_config_pb2
     from hloserve.model_repository_tools import build_repository
 
     bundles = tmp_path / "bundles"

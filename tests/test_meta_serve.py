@@ -160,6 +160,30 @@ def test_deadline_too_short(client: tuple[Any, Any]) -> None:
     np.testing.assert_array_equal(ok["y"], affine(*client))
 
 
+def test_cascade_through_the_gateway(server: TritonServer) -> None:
+    """The gateway forwards the meta's request (timeout parameter included) unchanged."""
+    from test_gateway_tritonserver import Gateway
+
+    from hloserve.gateway.config import GatewayConfig
+
+    gateway = Gateway(GatewayConfig(workers=(server.urls.grpc,)))
+    try:
+        via = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        direct = grpcclient.InferenceServerClient(server.urls.grpc)
+        cascade_client = cascade_module("client")
+        _, _, images, _ = cascade_client.digits_model.load_split()
+        answers = [
+            cascade_client.infer(c, grpcclient, "digits_cascade", images[:32], ["label", "stage"])
+            for c in (via, direct)
+        ]
+        np.testing.assert_array_equal(answers[0][0], answers[1][0])
+        np.testing.assert_array_equal(answers[0][1], answers[1][1])
+        status, message = refused(grpcclient, via, 0, 300, timeout=100_000)
+        assert status == "UNAVAILABLE" and "deadline exceeded before calling" in message
+    finally:
+        gateway.close()
+
+
 def test_gate_runs_two_metas_one_after_the_other_while_models_answer(
     server: TritonServer,
 ) -> None:

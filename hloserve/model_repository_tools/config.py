@@ -100,7 +100,8 @@ def meta_config(name: str, manifest: Manifest, *, meta_concurrency: int) -> Any:
 
     ``max_batch_size: 0`` (a meta runs one request per execution; its tensors' batch axes are
     ``-1`` dims); ``input``/``output`` are the manifest's ``client_inputs``/``client_outputs``;
-    ``meta_concurrency`` CPU instances (more could only wait at the worker's gate).
+    ``meta_concurrency`` CPU instances (more could only wait at the worker's gate); parameter
+    ``hloserve.meta_calls`` lists ``meta.calls`` for the gateway.
 
     Args:
         name: the model name (the bundle's directory name).
@@ -125,6 +126,7 @@ def meta_config(name: str, manifest: Manifest, *, meta_concurrency: int) -> Any:
         config,
         {
             names.PARAM_BUNDLE: names.BUNDLE_SUBDIR,
+            names.PARAM_META_CALLS: names.BUNDLES_SEPARATOR.join(manifest.calls),
             names.PARAM_META_CONCURRENCY: str(meta_concurrency),
             names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
         },

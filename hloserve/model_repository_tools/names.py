@@ -41,6 +41,9 @@ REQUEST_PARAM_TAG_ERRORS = "hloserve.tag_errors"
 #: Meta parameter: the worker's gate size, the most meta runs (with calls) at once across
 #: every meta model of one tritonserver, as a decimal integer (docs/meta_models.md).
 PARAM_META_CONCURRENCY = "hloserve.meta_concurrency"
+#: Meta parameter: the meta's ``meta.calls``, comma-separated ("" for a compute-only meta); the
+#: gateway routes a meta only to workers that serve all of them.
+PARAM_META_CALLS = "hloserve.meta_calls"
 #: Default of :data:`PARAM_META_CONCURRENCY` (ReactantServer's ``REACTANT_META_CONCURRENCY``).
 DEFAULT_META_CONCURRENCY = 2
 #: Runtime parameter: comma-separated bundle names, each at ``<repo>/<name>/1/bundle``.
