@@ -296,3 +296,23 @@ def test_hook_exceptions_become_statuses(bundles: dict[str, Path], runtime: Runt
     [result] = front.execute([{"blob": np.zeros((1,), np.float32)}])
     assert isinstance(result, InvalidArgumentError)
     assert "input 'blob': expected dtype BYTES" in str(result)
+
+
+def test_validator_checks_the_hooks_that_client_tensors_need(
+    tmp_path: Path, bundles: dict[str, Path]
+) -> None:
+    import shutil
+
+    bundle_dir = tmp_path / "echo"
+    shutil.copytree(bundles["echo"], bundle_dir)
+    (bundle_dir / "model.py").write_text("def preprocess(inputs):\n    return inputs\n")
+    assert [str(p) for p in validate_bundle(bundle_dir)] == [
+        "model.py: does not define a top-level function postprocess, which the declared "
+        "client_outputs need"
+    ]
+    (bundle_dir / "model.py").write_text("def preprocess(:\n")
+    assert [str(p) for p in validate_bundle(bundle_dir)] == [
+        "model.py: line 1: syntax error: invalid syntax"
+    ]
+    (bundle_dir / "model.py").unlink()
+    assert len(validate_bundle(bundle_dir)) == 2  # preprocess and postprocess missing

@@ -79,7 +79,7 @@ def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None
         return [Problem(MANIFEST_FILE, exc.message.removeprefix(f"{path}: "))]
     if bundle.manifest.is_meta:
         return _check_meta(bundle, models)
-    problems = _check_weights(bundle)
+    problems = _check_weights(bundle) + _check_hooks(bundle)
     for variant, size in sorted(bundle.manifest.all_executables):
         problems += _check_executable(bundle, size, variant)
     return problems
@@ -121,6 +121,42 @@ def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Proble
                 )
             )
     return problems + _check_run(bundle.path / MODEL_PY)
+
+
+def _check_hooks(bundle: Bundle) -> list[Problem]:
+    """Problems with a model's hooks: ``model.py`` parses, and defines ``preprocess`` when
+    ``client_inputs`` are declared and ``postprocess`` when ``client_outputs`` are."""
+    manifest = bundle.manifest
+    file = bundle.path / MODEL_PY
+    needed = [
+        hook
+        for hook, declared in (
+            ("preprocess", manifest.client_inputs),
+            ("postprocess", manifest.client_outputs),
+        )
+        if declared is not None
+    ]
+    if not file.exists():
+        return [
+            Problem(MODEL_PY, f"missing: client tensors are declared, so model.py must define {h}")
+            for h in needed
+        ]
+    try:
+        tree = ast.parse(file.read_text(), filename=str(file))
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Problem(MODEL_PY, f"cannot read: {exc}")]
+    except SyntaxError as exc:
+        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    return [
+        Problem(
+            MODEL_PY,
+            f"does not define a top-level function {h}, which the declared "
+            f"{'client_inputs' if h == 'preprocess' else 'client_outputs'} need",
+        )
+        for h in needed
+        if h not in defined
+    ]
 
 
 def _check_run(file: Path) -> list[Problem]:
