@@ -319,6 +319,11 @@ def _describe(bundle: Bundle) -> str:
     batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
     if sizes and not manifest.batch_leading:
         batching += ", batch axis not leading: max_batch_size 0"
+    if manifest.variants:
+        shapes = " | ".join(
+            ", ".join(f"{a}={n}" for a, n in dims.items()) for dims in manifest.variant_dims
+        )
+        batching += f", variants {shapes}"
     return f"{len(manifest.inputs)} input(s), {len(manifest.outputs)} output(s), {batching}"
 
 
