@@ -52,3 +52,34 @@ def test_meta_without_a_whole_group_anywhere_keeps_its_replicas() -> None:
             assert len(f.router.table.get("cascade").replicas) == 1
 
     run(body)
+
+
+def test_lpt_packing_places_a_meta_with_its_group_footprint_and_callees() -> None:
+    from hloserve.gateway.config import SchedulingConfig
+    from hloserve.gateway.packing import Counters, LptController, WeightInfo
+    from hloserve.gateway.routing import ModelRoute, RoutingTable
+
+    workers = ("w0", "w1", "w2")
+    discovered = RoutingTable(
+        {
+            "fast": ModelRoute(workers, max_batch=32),
+            "strong": ModelRoute(workers, max_batch=32),
+            "other": ModelRoute(workers, max_batch=8),
+            "cascade": ModelRoute(workers, calls=("fast", "strong")),
+        }
+    )
+    weights = WeightInfo(model_bytes={"fast": 10, "strong": 1000, "other": 500})
+    controller = LptController(SchedulingConfig())
+    table = controller.tick(discovered, {}, 1.0, weights)
+    (home,) = table.get("cascade").replicas
+    assert home in table.get("fast").replicas and home in table.get("strong").replicas
+    assert table.get("cascade").calls == ("fast", "strong")
+    assert controller.placement is not None
+    assert controller.placement.weight_bytes[home] >= 1010  # the group's footprint
+    # a meta's time is its sub-calls': it does not count toward the fleet's compute
+    counters = {("cascade", home): Counters(10, 5.0), ("fast", home): Counters(10, 0.5)}
+    controller.observe(counters, 1.0)
+    assert controller.observe(
+        {k: Counters(v.items * 2, v.compute_seconds * 2) for k, v in counters.items()}, 1.0
+    ) == pytest.approx(0.5)
+    assert "cascade" not in controller.estimates()

@@ -111,6 +111,12 @@ class LptController:
     count the fleet's compute twice and place the runtime as the heaviest "model"). They keep
     every discovered replica.
 
+    A meta model (a route with ``calls``) and the models it calls are one placement unit
+    (docs/meta_models.md): the meta is placed with the sum of its callees' weight bytes and no
+    compute of its own (its execution time is its sub-calls', already measured on the
+    callees, so it is left out of the estimates and the repack clock like the runtime), and
+    every callee is also routed to the workers the meta was placed on.
+
     Args:
         scheduling: the knobs (replica counts, hysteresis, rebalance budgets).
         internal_models: names never placed (default: the runtime model).
@@ -179,8 +185,9 @@ class LptController:
         """
         items: dict[str, int] = {}
         compute: dict[str, float] = {}
+        metas = {n for n, r in self._discovered.routes.items() if r.calls}
         for key, now in counters.items():
-            if key[0] in self._internal:
+            if key[0] in self._internal or key[0] in metas:
                 continue
             before = self._last.get(key)
             if (
@@ -221,8 +228,8 @@ class LptController:
         when the repack clock says traffic calls for one. Models the placement did not see
         (or whose placed workers are all gone) route over every discovered replica.
         """
-        fleet = self.observe(counters, elapsed_seconds)
         self._discovered = discovered
+        fleet = self.observe(counters, elapsed_seconds)
         if weights is not None:
             self.weights = weights
         workers = sorted({w for r in discovered.routes.values() for w in r.replicas})
@@ -238,6 +245,11 @@ class LptController:
         loads = []
         for name, route in discovered.routes.items():
             if name in self._internal:
+                continue
+            if route.calls:  # a meta: its group's footprint, no compute of its own
+                footprint = sum(weights.model_bytes.get(c, 0) for c in route.calls)
+                replicas = self._scheduling.replicas_of(name)
+                loads.append(ModelLoad(name, weight_bytes=footprint, replicas=replicas))
                 continue
             estimate = self._estimates.get(name, _Estimate())
             cost = estimate.cost or route.cost_per_item_seconds or 0.0
@@ -269,7 +281,11 @@ class LptController:
             log.warning("lpt_packing: %s", warning)
 
     def _restrict(self, discovered: RoutingTable) -> RoutingTable:
-        assignment = self.placement.assignment if self.placement is not None else {}
+        assignment = dict(self.placement.assignment) if self.placement is not None else {}
+        for name, route in discovered.routes.items():  # callees go where their metas went
+            for callee in route.calls:
+                both = (*assignment.get(callee, ()), *assignment.get(name, ()))
+                assignment[callee] = tuple(dict.fromkeys(both))
         routes = {}
         for name, route in discovered.routes.items():
             placed = tuple(w for w in assignment.get(name, ()) if w in route.replicas)
@@ -279,6 +295,7 @@ class LptController:
                 placed or route.replicas,
                 max_batch=route.max_batch,
                 cost_per_item_seconds=cost or route.cost_per_item_seconds,
+                calls=route.calls,
             )
         return RoutingTable(routes)
 

@@ -181,7 +181,10 @@ async def discover_table(
                     "meta model %s: no worker serves all of %s; routing it anyway", name, calls
                 )
     return RoutingTable(
-        {n: ModelRoute(tuple(replicas[n]), max_batch=s) for n, s in zip(names, sizes, strict=True)}
+        {
+            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=tuple(c or ()))
+            for n, s, (_, c) in zip(names, sizes, configs, strict=True)
+        }
     )
 
 

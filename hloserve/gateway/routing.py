@@ -44,11 +44,14 @@ class ModelRoute:
         max_batch: effective max batch of the model in items (Triton ``max_batch_size``);
             None when unknown or when the model does not batch.
         cost_per_item_seconds: measured compute seconds per item; None when not measured yet.
+        calls: for a meta model, the models it calls (its placement group,
+            docs/meta_models.md); empty for a plain model.
     """
 
     replicas: tuple[str, ...]
     max_batch: int | None = None
     cost_per_item_seconds: float | None = None
+    calls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(set(self.replicas)) != len(self.replicas):
