@@ -40,8 +40,7 @@ def echo(params: Any, data: Any, length: Any) -> Any:
 
 def export_echo(out: Path) -> Path:
     """Write the echo bundle at ``out`` (its directory name is the model name)."""
-    from hloserve.bundle.manifest import ClientTensorSpec
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+    from hloserve.export import ClientTensorSpec, OutputSpec, TensorSpec, export_bundle
 
     hooks = out.parent / f".{out.name}.model.py"
     hooks.parent.mkdir(parents=True, exist_ok=True)

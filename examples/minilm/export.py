@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minilm_model
 
 from hloserve.bundle import Bundle
-from hloserve.bundle.manifest import ClientTensorSpec
-from hloserve.export import OutputSpec, TensorSpec, export_bundle
+from hloserve.export import ClientTensorSpec, OutputSpec, TensorSpec, export_bundle
 
 HERE = Path(__file__).resolve().parent
 BATCH_SIZES = (1, 8, 32)

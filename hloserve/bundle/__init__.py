@@ -1,7 +1,8 @@
 """The bundle format: how a model reaches hloserve.
 
 A bundle is a directory named after the model holding ``manifest.yaml``, one StableHLO portable
-artifact per compiled batch size, ``weights.safetensors``, and (later) optional hooks; a
+artifact per compiled batch size (and shape variant), ``weights.safetensors``, and optional
+``model.py`` hooks; a
 meta bundle holds ``manifest.yaml`` and ``model.py`` only. This
 package parses and checks it; it never imports Triton or gRPC.
 """
@@ -18,6 +19,8 @@ from hloserve.bundle.manifest import (
     ManifestError,
     MetaSection,
     TensorSpec,
+    Variant,
+    Variants,
     load_manifest,
     parse_manifest,
 )
@@ -37,6 +40,8 @@ __all__ = [
     "MetaSection",
     "Problem",
     "TensorSpec",
+    "Variant",
+    "Variants",
     "WeightInfo",
     "check_bundle",
     "discover_bundles",
