@@ -55,7 +55,10 @@ class Call(Protocol):
 #: ``run(inputs, call) -> outputs`` as defined by a meta bundle's ``model.py``.
 Run = Callable[[Tensors, Call], Mapping[str, Any]]
 
-#: Texts of Triton 2.51 errors for a callee that does not exist (BLS to an unknown model).
+#: Texts of Triton errors about a model it does not know ("Request for unknown model: 'x' is
+#: not found"). BLS to a model absent from the server says "Model 'x' is not ready." instead
+#: (2.51, measured) and stays UNAVAILABLE; :func:`repository_describer` answers NOT_FOUND for a
+#: callee missing from the repository before any BLS.
 _UNKNOWN_MODEL_TEXTS = ("unknown model", "is not found")
 #: Text of Triton's error for a request whose ``timeout`` ran out in a queue.
 _TIMEOUT_TEXT = "timeout expired"
