@@ -17,6 +17,7 @@ stream. Each container is found again by its labels ``hloserve.node=<name>`` and
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import socket
 import sys
@@ -376,7 +377,11 @@ class DockerWorkers:
         while waiting and not stop.is_set():
             for i in sorted(waiting):
                 url = f"http://{host}:{self.plan[i].http_port}/v2/health/ready"
-                with contextlib.suppress(OSError), opener.open(url, timeout=1.0) as response:
+                # HTTPException: a malformed answer (not Triton) counts as not ready yet
+                with (
+                    contextlib.suppress(OSError, http.client.HTTPException),
+                    opener.open(url, timeout=1.0) as response,
+                ):
                     if response.status == 200:
                         waiting.discard(i)
                         continue

@@ -556,6 +556,15 @@ def run_node_up(
         print(f"hloserve node {config.name}: stopped", flush=True)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
 def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
     """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process.
 
@@ -581,9 +590,7 @@ def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
         return []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return [f"pid {pid}"]
         time.sleep(0.2)
     raise NodeError(f"node {config.name}: process {pid} did not exit {timeout_s:g} s after SIGTERM")
