@@ -57,11 +57,11 @@ GOLDEN_WORKER_2 = {
         "--backend-directory=/opt/tritonserver/backends",
         "--model-control-mode=none",
         "--http-address=0.0.0.0",
-        "--http-port=8120",
+        "--http-port=8106",
         "--grpc-address=0.0.0.0",
-        "--grpc-port=8121",
+        "--grpc-port=8107",
         "--metrics-address=0.0.0.0",
-        "--metrics-port=8122",
+        "--metrics-port=8108",
         "--log-verbose=0",
         "--exit-on-error=false",
         "--strict-readiness=false",
@@ -97,9 +97,9 @@ def test_gpu_node_container_spec_matches_golden(gpu_node: NodeConfig) -> None:
     plan = plan_workers(gpu_node, available_gpus=(0, 1, 2, 3))
     assert [(w.index, w.gpu, w.grpc_port) for w in plan] == [
         (0, 0, 8101),
-        (1, 1, 8111),
-        (2, 2, 8121),
-        (3, 3, 8131),
+        (1, 1, 8104),
+        (2, 2, 8107),
+        (3, 3, 8110),
     ]
     assert container_spec(gpu_node, plan[2]) == GOLDEN_WORKER_2
     for worker in plan:  # one GPU per container, each a different one
@@ -250,8 +250,8 @@ def test_gateway_runs_for_two_or_more_workers(tmp_path: Path) -> None:
     forced = one.model_copy(update={"gateway": one.gateway.model_copy(update={"enabled": True})})
     assert gateway_enabled(forced, 1)
     gw = gateway_config(two, plan_workers(two))
-    assert gw.workers == ("127.0.0.1:8101", "127.0.0.1:8111")
-    assert gw.worker_metrics == ("127.0.0.1:8102", "127.0.0.1:8112")
+    assert gw.workers == ("127.0.0.1:8101", "127.0.0.1:8104")
+    assert gw.worker_metrics == ("127.0.0.1:8102", "127.0.0.1:8105")
     assert set(planned_ports(two, plan_workers(two))) >= {"gateway grpc", "gateway admin"}
 
 
@@ -262,9 +262,9 @@ def test_bad_gateway_settings_and_port_clashes_are_config_errors(tmp_path: Path)
     with pytest.raises(NodeConfigError, match=r"gateway\.settings: mode"):
         gateway_config(bad, plan_workers(bad))
     clash = NodeConfig.model_validate(
-        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"listen": "127.0.0.1:8111"}}
+        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"listen": "127.0.0.1:8104"}}
     )
-    with pytest.raises(NodeConfigError, match="gateway grpc and worker 1 grpc both use port 8111"):
+    with pytest.raises(NodeConfigError, match="gateway grpc and worker 1 grpc both use port 8104"):
         planned_ports(clash, plan_workers(clash))
 
 

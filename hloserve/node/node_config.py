@@ -61,13 +61,14 @@ class PortsConfig(_Section):
         http_base: KServe V2 HTTP port of worker 0 (8100); readiness is polled there.
         grpc_base: KServe V2 gRPC port of worker 0 (8101); the gateway forwards there.
         metrics_base: Prometheus port of worker 0 (8102).
-        stride: distance between two workers' ports (10), > the three ports' spread.
+        stride: distance between two workers' ports (3, so worker 1 takes 8103-8105 as with
+            ``hloserve serve --workers``); must exceed the spread of the three bases.
     """
 
     http_base: int = Field(default=8100, ge=1, le=65535)
     grpc_base: int = Field(default=8101, ge=1, le=65535)
     metrics_base: int = Field(default=8102, ge=1, le=65535)
-    stride: int = Field(default=10, ge=1)
+    stride: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsConfig:
