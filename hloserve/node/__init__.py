@@ -3,4 +3,8 @@
 Modules:
     tritonserver: run one local tritonserver from the nvidia-pytriton wheel, without Docker.
     status: ``hloserve status``: the weight cache state read from a server's metrics endpoint.
+    node_config: the typed node file of ``hloserve node up|down`` (YAML + HLOSERVE_NODE_*).
+    node: ``hloserve node up|down``: worker plan, process runtime, the gateway in front.
+    docker_runtime: the docker runtime: one tritonserver container per GPU (docker SDK).
+    cli_node: the ``node`` subcommands.
 """
