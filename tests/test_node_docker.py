@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+import yaml
 from docker_image import container_env, container_mounts, ensure_test_image
 from node_testing import (
+    HLOSERVE,
     LoadLoop,
     NodeProcess,
     contiguous_free_ports,
@@ -209,3 +212,32 @@ def test_node_down_removes_every_container(client: Any, node: NodeProcess) -> No
     assert containers(client, node) == []
     assert node.process.wait(timeout=60) == 0
     assert f"hloserve node {node.name}: stopped" in node.log_text()
+
+
+def test_ctrl_c_while_starting_removes_the_containers(
+    client: Any, node: NodeProcess, tmp_path: Path
+) -> None:
+    settings = yaml.safe_load(node.config.read_text())
+    name = f"{settings['name']}c"
+    settings.update(name=name, cpu_workers=1, ports=two_worker_ports(contiguous_free_ports(3)))
+    config = tmp_path / "node.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    log = tmp_path / "node.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [HLOSERVE, "node", "up", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        for _ in range(600):  # the container exists; the worker is still starting
+            if f"hloserve-{name}-worker0" in log.read_text() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert f"container hloserve-{name}-worker0" in log.read_text(), log.read_text()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert client.containers.list(all=True, filters={"label": f"hloserve.node={name}"}) == []
+    assert f"hloserve node {name}: stopped" in log.read_text()
