@@ -301,3 +301,20 @@ def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(NodeError, match="no Docker daemon answers") as info:
         connect()
     assert info.value.status is Status.UNAVAILABLE
+
+
+def test_cli_node_reports_errors_and_an_empty_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hloserve.cli import main
+
+    path = tmp_path / "node.yaml"
+    path.write_text(f"name: clitest\nrepository: {tmp_path}\ngpus: [63]\n")
+    assert main(["node", "up", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "error (FAILED_PRECONDITION)" in err and "GPU" in err and "asked for" in err
+    assert main(["node", "down", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == "node clitest: nothing was running"
+    path.write_text("repository: r\ncpu_workers: 1\nruntime: podman\n")
+    assert main(["node", "up", "--config", str(path)]) == 1
+    assert "runtime" in capsys.readouterr().err
