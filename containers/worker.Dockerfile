@@ -26,16 +26,13 @@ RUN python3 -m pip install --break-system-packages \
 WORKDIR /src/hloserve
 COPY pyproject.toml README.md ./
 COPY hloserve ./hloserve
-RUN python3 -m pip install --break-system-packages . "numpy<2" "jax==0.7.1" \
- && python3 - <<'PY'
-# Copy every Python-based backend beside Triton's own (python/, onnxruntime/, ...), where
+# Then copy every Python-based backend beside Triton's own (python/, onnxruntime/, ...), where
 # --backend-directory=/opt/tritonserver/backends finds `backend: "hloserve_*"`.
-import shutil
-from hloserve.triton_backend.backends import backend_dirs
-for name, path in backend_dirs().items():
-    shutil.copytree(path, f"/opt/tritonserver/backends/{name}", dirs_exist_ok=True)
-    print("backend", name)
-PY
+RUN python3 -m pip install --break-system-packages . "numpy<2" "jax==0.7.1" \
+ && python3 -c "import shutil; from hloserve.triton_backend.backends import backend_dirs; \
+[shutil.copytree(p, '/opt/tritonserver/backends/' + n, dirs_exist_ok=True) \
+ for n, p in backend_dirs().items()]" \
+ && ls /opt/tritonserver/backends
 
 # The node mounts the model repository read-only here.
 VOLUME ["/models"]

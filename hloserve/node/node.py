@@ -442,7 +442,10 @@ class ProcessWorkers:
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             if not allowed:
                 self._down.add(i)
-                print(f"hloserve node: worker {i} {how}; the restart policy says stay down")
+                print(
+                    f"hloserve node: worker {i} {how}; the restart policy says stay down",
+                    flush=True,
+                )
                 continue
             self._restarts[i] += 1
             print(f"hloserve node: worker {i} {how}; restart {self._restarts[i]}", flush=True)
