@@ -28,7 +28,6 @@ if importlib.util.find_spec("tritonclient") is None:
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
-DIGITS_DIR = ROOT / "examples" / "digits"
 
 
 def tiny_fn(params: dict[str, Any], x: Any) -> Any:
@@ -104,15 +103,38 @@ def edit_manifest() -> Callable[[Path, Callable[[dict[str, Any]], None]], None]:
     return edit
 
 
+def import_example(example: str, module: str) -> Any:
+    """``examples/<example>/<module>.py``, imported once as ``<example>_<module>``.
+
+    Several examples have a module of the same name (``export.py``); a unique module name keeps
+    one from shadowing another in ``sys.modules``. The example's folder is on ``sys.path`` while
+    the module runs, so its own sibling imports work; ``sys.path`` is restored afterwards.
+    """
+    name = f"{example}_{module}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = ROOT / "examples" / example
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{module}.py")
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return loaded
+    finally:
+        sys.path[:] = saved
+
+
 @pytest.fixture(scope="session")
 def digits_model() -> Any:
     """The example's model module (examples/digits/digits_model.py)."""
-    sys.path.insert(0, str(DIGITS_DIR))
-    try:
-        import digits_model
-    finally:
-        sys.path.remove(str(DIGITS_DIR))
-    return digits_model
+    return import_example("digits", "digits_model")
 
 
 @pytest.fixture(scope="session")
@@ -126,11 +148,7 @@ def digits_bundle(
     digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """The digits bundle exported the way examples/digits/export.py does it."""
-    sys.path.insert(0, str(DIGITS_DIR))
-    try:
-        import export as digits_export
-    finally:
-        sys.path.remove(str(DIGITS_DIR))
+    digits_export = import_example("digits", "export")
     from hloserve.export import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "digits"

@@ -10,9 +10,7 @@ is swapped for digits' in the built repository: its front loads, the runtime ref
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT, serving_options
+from conftest import GOLDEN, ROOT, import_example, serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
@@ -39,21 +37,8 @@ X = np.arange(4, dtype=np.float32)[None] / 4  # affine's input, batch 1
 
 
 def cascade_module(name: str) -> Any:
-    """examples/digits_cascade/<name>.py, imported as ``digits_cascade_<name>`` (sys.path kept)."""
-    if f"digits_cascade_{name}" in sys.modules:
-        return sys.modules[f"digits_cascade_{name}"]
-    saved = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location(
-            f"digits_cascade_{name}", CASCADE_DIR / f"{name}.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = saved
+    """examples/digits_cascade/<name>.py, imported as ``digits_cascade_<name>``."""
+    return import_example("digits_cascade", name)
 
 
 @pytest.fixture(scope="module")

