@@ -103,6 +103,31 @@ def edit_manifest() -> Callable[[Path, Callable[[dict[str, Any]], None]], None]:
     return edit
 
 
+BIG_ITEMS = 5 * 1024 * 1024  # f32 items of the "big" bundle: 20 MiB per request and response
+
+
+def serving_bundles(bundles: Path, digits_bundle: Path) -> Path:
+    """Fill ``bundles`` with digits, the golden affine and "big" (y = 2x, (1, BIG_ITEMS) f32).
+
+    Returns:
+        ``bundles``, created.
+    """
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
+    bundles.mkdir(parents=True)
+    shutil.copytree(digits_bundle, bundles / "digits")
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    export_bundle(
+        lambda p, x: x * 2.0,
+        {},
+        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_ITEMS})],
+        [OutputSpec("y", "nk")],
+        [1],
+        bundles / "big",
+    )
+    return bundles
+
+
 def import_example(example: str, module: str) -> Any:
     """``examples/<example>/<module>.py``, imported once as ``<example>_<module>``.
 

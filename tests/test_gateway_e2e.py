@@ -11,7 +11,6 @@ to the gateway; the last test kills worker 0 under a bounded load loop and start
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
+from conftest import BIG_ITEMS, serving_bundles
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
@@ -33,25 +32,10 @@ pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-BIG_ITEMS = 5 * 1024 * 1024  # f32 items: 20 MiB per request and per response
-
 
 @pytest.fixture(scope="module")
 def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
-
-    bundles = tmp_path_factory.mktemp("e2e") / "bundles"
-    bundles.mkdir()
-    shutil.copytree(digits_bundle, bundles / "digits")
-    shutil.copytree(GOLDEN / "affine", bundles / "affine")
-    export_bundle(
-        lambda p, x: x * 2.0,
-        {},
-        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_ITEMS})],
-        [OutputSpec("y", "nk")],
-        [1],
-        bundles / "big",
-    )
+    bundles = serving_bundles(tmp_path_factory.mktemp("e2e") / "bundles", digits_bundle)
     repo = bundles.parent / "repository"
     build_repository(bundles, repo, front_instances=1)
     workers = []

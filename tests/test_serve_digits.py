@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from conftest import GOLDEN, serving_options
+from conftest import BIG_ITEMS, GOLDEN, serving_bundles, serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
@@ -28,25 +28,10 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-BIG_ITEMS = 5 * 1024 * 1024  # f32 items: 20 MiB per request and per response
-
 
 @pytest.fixture(scope="module")
 def server(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
-
-    bundles = tmp_path_factory.mktemp("serve") / "bundles"
-    bundles.mkdir()
-    shutil.copytree(digits_bundle, bundles / "digits")
-    shutil.copytree(GOLDEN / "affine", bundles / "affine")
-    export_bundle(
-        lambda p, x: x * 2.0,
-        {},
-        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_ITEMS})],
-        [OutputSpec("y", "nk")],
-        [1],
-        bundles / "big",
-    )
+    bundles = serving_bundles(tmp_path_factory.mktemp("serve") / "bundles", digits_bundle)
     shutil.copytree(GOLDEN / "affine", bundles / "broken")
     repo = bundles.parent / "repository"
     build_repository(bundles, repo)
