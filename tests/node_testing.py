@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,37 +19,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from hloserve.node.tritonserver import free_ports
+
 HLOSERVE = str(Path(sys.executable).parent / "hloserve")
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
 def contiguous_free_ports(count: int) -> int:
-    """First of ``count`` consecutive ports free on 127.0.0.1, below the ephemeral range.
-
-    Below it, because a client polling a port in the ephemeral range before the server binds
-    it can connect to itself (TCP simultaneous open: its own source port is the target) and
-    then holds the port, so the server fails with "address already in use".
-    """
-    rng = random.Random()
-    low = min(_ephemeral_range()[0], 32768)
-    for _ in range(200):
-        base = rng.randrange(10000, low - count)
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
+    """First of ``count`` consecutive ports free on 127.0.0.1, below the ephemeral range."""
+    return free_ports(count, contiguous=True)[0]
 
 
 def two_worker_ports(base: int) -> dict[str, int]:

@@ -367,12 +367,16 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     assert not any(_alive(p) for p in pids)
 
 
-def test_free_ports_are_distinct_and_bindable() -> None:
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = ts.free_ports(5)
     assert len(set(ports)) == 5
     for port in ports:
+        assert 10000 <= port < ephemeral_low  # no self-connect when polled before bound
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+    base, *rest = ts.free_ports(3, contiguous=True)
+    assert rest == [base + 1, base + 2]
 
 
 def test_backend_dir_without_model_py_is_rejected(tmp_path: Path) -> None:

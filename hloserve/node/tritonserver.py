@@ -23,8 +23,10 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import http.client
 import importlib.util
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -75,23 +77,51 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> tuple[int, ...]:
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``ip_local_port_range``; 32768 if unread)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, contiguous: bool = False) -> tuple[int, ...]:
     """Return ``count`` distinct TCP ports on ``host`` that were free when asked.
 
-    All sockets are held open until every port is chosen, so the ports differ.
+    Ports come from 10000 up to the kernel's ephemeral range, never from inside it: a client
+    polling a port in the ephemeral range before its server binds it can connect to itself (TCP
+    simultaneous open, its own source port being the target) and then hold the port, so the
+    server fails with "address already in use". All sockets are held open until every port is
+    chosen, so the ports differ.
+
+    Args:
+        count: how many ports.
+        host: the address they must be free on.
+        contiguous: the ports must be consecutive (``base .. base + count - 1``).
 
     Raises:
         ValueError: ``count`` is below 1.
+        OSError: no such ports were found in 200 tries.
     """
     if count < 1:
         raise ValueError(f"free_ports: count must be >= 1, got {count}")
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
-        return tuple(ports)
+    rng = random.Random()
+    high = max(_ephemeral_low(), 10000 + 2 * count)
+    for _ in range(200):
+        if contiguous:
+            base = rng.randrange(10000, high - count)
+            candidates = list(range(base, base + count))
+        else:
+            candidates = rng.sample(range(10000, high), count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in candidates:
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind((host, port))
+            except OSError:
+                continue
+            return tuple(candidates)
+    raise OSError(f"free_ports: no {count} free ports on {host} below {high} after 200 tries")
 
 
 @dataclass(frozen=True)
@@ -367,8 +397,12 @@ class TritonServer:
                     f"tritonserver exited with code {code} before it was ready "
                     f"(http {self.urls.http}, grpc {self.urls.grpc})\n{self.log_tail()}"
                 )
-            # OSError covers URLError, HTTPError (503 while loading), refused, timeout.
-            with contextlib.suppress(OSError), opener.open(url, timeout=1.0) as response:
+            # OSError covers URLError, HTTPError (503 while loading), refused, timeout;
+            # HTTPException a malformed answer (BadStatusLine) from a half-started server.
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                opener.open(url, timeout=1.0) as response,
+            ):
                 # A 200 from someone else on our port must not count: check the owner.
                 if response.status == 200 and self._listens_on(self.options.http_port):
                     return time.monotonic() - start
