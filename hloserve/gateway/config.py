@@ -25,19 +25,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from hloserve.errors import InvalidArgumentError
+from hloserve.settings import load_settings
 
 #: Top-level keys whose environment form is a comma list that replaces the list.
 _LIST_KEYS = ("workers", "worker_metrics")
@@ -285,57 +284,6 @@ class GatewayConfig(_Section):
         return self
 
 
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """Nested dict of the ``HLOSERVE_GATEWAY_*`` overrides, and the problems found."""
-    overrides: dict[str, Any] = {}
-    problems: list[str] = []
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
-        model: type[BaseModel] = GatewayConfig
-        for i, key in enumerate(path):
-            field = model.model_fields.get(key)
-            if field is None or key == "models":
-                problems.append(f"{name}: names no setting ({'.'.join(path[: i + 1])})")
-                break
-            annotation = field.annotation
-            is_last = i == len(path) - 1
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                if is_last:
-                    problems.append(f"{name}: {'.'.join(path)} is a section, name one of its keys")
-                    break
-                model = annotation
-                continue
-            if not is_last:
-                problems.append(f"{name}: {'.'.join(path[: i + 1])} has no sub-keys")
-                break
-            raw = environ[name]
-            value: Any
-            if key in _LIST_KEYS:
-                value = [w.strip() for w in raw.split(",") if w.strip()]
-            else:
-                try:
-                    value = yaml.safe_load(raw) if raw.strip() else raw
-                except yaml.YAMLError:
-                    value = raw
-            target = overrides
-            for part in path[:-1]:
-                target = target.setdefault(part, {})
-            target[key] = value
-    return overrides, problems
-
-
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(dict(merged[key]), value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
@@ -353,33 +301,13 @@ def load_config(
         GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a
             value out of range; the message names every offending key path.
     """
-    data: dict[str, Any] = {}
-    source = "environment"
-    if path is not None:
-        source = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise GatewayConfigError(f"gateway config {path}: cannot read it: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise GatewayConfigError(f"gateway config {path}: expected a mapping at the top")
-        data = loaded
-    overrides, problems = _env_overrides(os.environ if environ is None else environ)
-    if problems:
-        raise GatewayConfigError("gateway config environment: " + "; ".join(problems))
-    data = _merge(data, overrides)
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        found = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top)"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "missing":
-                msg = "required key is missing"
-            elif err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            found.append(f"{where}: {msg}")
-        raise GatewayConfigError(f"gateway config {source}: " + "; ".join(found)) from None
+    return load_settings(
+        GatewayConfig,
+        what="gateway config",
+        error=GatewayConfigError,
+        path=path,
+        environ=os.environ if environ is None else environ,
+        prefix=ENV_PREFIX,
+        list_keys=_LIST_KEYS,
+        no_env_keys=("models",),
+    )

@@ -1,0 +1,176 @@
+"""Typed settings from a YAML file plus environment overrides: one scheme for every config.
+
+The gateway (``HLOSERVE_GATEWAY_*``) and node (``HLOSERVE_NODE_*``) settings are pydantic models
+read the same way: the YAML file first, then one variable per key path, ``__`` between nesting
+levels, names case-insensitive after the prefix::
+
+    HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2   ->  scheduling.hysteresis = 0.2
+
+A variable's value is parsed as a YAML scalar (``0.2`` is a number, ``true`` a boolean), except
+for list keys (comma-separated) and raw keys (kept as the string). A variable naming no setting,
+or naming a whole section, is an error: a typo must not be ignored silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hloserve.errors import HloserveError
+
+Settings = TypeVar("Settings", bound=BaseModel)
+
+
+def env_overrides(
+    environ: Mapping[str, str],
+    prefix: str,
+    root: type[BaseModel],
+    *,
+    list_keys: Collection[str] = (),
+    raw_keys: Collection[str] = (),
+    no_env_keys: Collection[str] = (),
+) -> tuple[dict[str, Any], list[str]]:
+    """The nested overrides that ``prefix`` variables give for ``root``, and the problems found.
+
+    Args:
+        environ: the environment to read.
+        prefix: e.g. ``"HLOSERVE_GATEWAY_"``.
+        root: the settings model the key paths are checked against.
+        list_keys: leaf keys whose value is a comma-separated list.
+        raw_keys: leaf keys whose value stays the string given.
+        no_env_keys: keys with no environment form (maps such as per-model overrides).
+
+    Returns:
+        ``(overrides, problems)``: a nested dict to merge over the file's data, and one line per
+        variable that names no setting.
+    """
+    overrides: dict[str, Any] = {}
+    problems: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(prefix):
+            continue
+        path = [part.lower() for part in name[len(prefix) :].split("__")]
+        model = root
+        for i, key in enumerate(path):
+            field = model.model_fields.get(key)
+            if field is None or key in no_env_keys:
+                problems.append(f"{name}: names no setting ({'.'.join(path[: i + 1])})")
+                break
+            annotation = field.annotation
+            is_last = i == len(path) - 1
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                if is_last:
+                    problems.append(f"{name}: {'.'.join(path)} is a section, name one of its keys")
+                    break
+                model = annotation
+                continue
+            if not is_last:
+                problems.append(f"{name}: {'.'.join(path[: i + 1])} has no sub-keys")
+                break
+            target = overrides
+            for part in path[:-1]:
+                target = target.setdefault(part, {})
+            target[key] = _env_value(environ[name], key in list_keys, key in raw_keys)
+    return overrides, problems
+
+
+def _env_value(raw: str, is_list: bool, is_raw: bool) -> Any:
+    if is_list:
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    if is_raw or not raw.strip():
+        return raw
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` laid over it, sections merged key by key (new dict)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(
+    model: type[Settings],
+    *,
+    what: str,
+    error: type[HloserveError],
+    path: str | Path | None,
+    environ: Mapping[str, str],
+    prefix: str,
+    list_keys: Collection[str] = (),
+    raw_keys: Collection[str] = (),
+    no_env_keys: Collection[str] = (),
+    prepare_file: Callable[[dict[str, Any], Path], None] | None = None,
+) -> Settings:
+    """Read ``model`` from a YAML file (optional) and ``prefix`` environment variables.
+
+    Args:
+        model: the pydantic settings model.
+        what: the name in messages, e.g. ``"gateway config"``.
+        error: raised for every problem.
+        path: the YAML file, a mapping of the model's keys; None reads the environment alone.
+        environ: the environment to read.
+        prefix, list_keys, raw_keys, no_env_keys: see :func:`env_overrides`.
+        prepare_file: adjusts the file's data in place before the overrides (e.g. resolve a
+            relative path against the file's directory).
+
+    Returns:
+        The validated settings.
+
+    Raises:
+        error: unreadable file, not a mapping, unknown key or variable, or a value out of range;
+            the message names every offending key path.
+    """
+    data: dict[str, Any] = {}
+    source = "environment"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise error(f"{what} {path}: cannot read it: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise error(f"{what} {path}: expected a mapping at the top")
+        data = loaded
+        if prepare_file is not None:
+            prepare_file(data, Path(path))
+    overrides, problems = env_overrides(
+        environ,
+        prefix,
+        model,
+        list_keys=list_keys,
+        raw_keys=raw_keys,
+        no_env_keys=no_env_keys,
+    )
+    if problems:
+        raise error(f"{what} environment: " + "; ".join(problems))
+    try:
+        return model.model_validate(merge(data, overrides))
+    except ValidationError as exc:
+        raise error(f"{what} {source}: " + "; ".join(_problems(exc))) from None
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    found = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        found.append(f"{where}: {msg}")
+    return found
