@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.errors import Status
-from hloserve.node.docker_runtime import container_spec, to_sdk
+from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
 from hloserve.node.node import (
     GpuNotFoundError,
     WorkerPlan,
@@ -290,6 +290,21 @@ def test_example_node_files_are_valid(name: str) -> None:
     plan = plan_workers(config, available_gpus=(0, 1))
     assert len(plan) == 2 and gateway_enabled(config, len(plan))
     gateway_config(config, plan)
+
+
+@pytest.mark.parametrize(
+    ("name", "dockerfile"),
+    [("node-gpu.yaml", "worker.Dockerfile"), ("node-cpu.yaml", "worker-cpu.Dockerfile")],
+)
+def test_missing_image_hint_builds_from_the_images_own_dockerfile(
+    name: str, dockerfile: str
+) -> None:
+    containers = Path(__file__).parent.parent / "containers"
+    config = load_node_config(containers / name, environ={})
+    hint = image_build_command(config)
+    assert hint == f"docker build -f containers/{dockerfile} -t {config.docker.image} ."
+    # the Dockerfile's own header documents the same line
+    assert f"#   {hint}\n" in (containers / dockerfile).read_text()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")

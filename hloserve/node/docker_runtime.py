@@ -54,6 +54,17 @@ def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
     return f"hloserve-{config.name}-worker{worker.index}"
 
 
+def image_build_command(config: NodeConfig) -> str:
+    """The ``docker build`` line that makes ``docker.image`` from this repository's Dockerfiles.
+
+    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image: the CPU image,
+    ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
+    ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
+    """
+    dockerfile = "worker-cpu" if config.docker.launcher == "hloserve" else "worker"
+    return f"docker build -f containers/{dockerfile}.Dockerfile -t {config.docker.image} ."
+
+
 def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
     """The container's command line for ``docker.launcher``.
 
@@ -320,7 +331,7 @@ class DockerWorkers:
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"(docker build -f containers/worker.Dockerfile -t {image} .) or pull it, "
+                f"({image_build_command(self.config)}) or pull it, "
                 "or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None
