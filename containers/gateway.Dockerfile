@@ -10,7 +10,7 @@ WORKDIR /src/hloserve
 COPY pyproject.toml README.md ./
 COPY hloserve ./hloserve
 # The gateway needs hloserve, grpcio and tritonclient's KServe protos (no tritonserver).
-RUN pip install . "tritonclient[grpc]==2.51.0" "numpy<2" prometheus_client
+RUN pip install ".[gateway]"
 
 EXPOSE 8001 8002
 ENTRYPOINT ["hloserve", "gateway"]
