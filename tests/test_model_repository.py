@@ -28,6 +28,7 @@ from hloserve.cli import main
 from hloserve.errors import Status
 from hloserve.model_repository_tools import (
     RepositoryError,
+    WeightCacheOptions,
     build_repository,
     front_config,
     names,
@@ -554,6 +555,59 @@ def test_bad_weight_cache_options_are_refused(
     assert not repo.exists()
 
 
+@pytest.mark.parametrize(
+    ("budget", "residency", "needles"),
+    [  # affine and tiny: 60 bytes of weights each
+        (
+            "59",
+            [],
+            ["weights of model 'affine' are 60 bytes", "'tiny' are 60 bytes", "of 59 bytes"],
+        ),
+        (
+            "50",
+            ["affine=device"],
+            ["model 'affine' (residency=device) are 60 bytes", "of 50 bytes"],
+        ),
+        (
+            "100",
+            ["affine=device", "tiny=device"],
+            ["models ('affine' 60 bytes, 'tiny' 60 bytes) total 120 bytes", "of 100 bytes"],
+        ),
+        (
+            "100",
+            ["affine=device"],
+            ["model 'tiny' are 60 bytes", "of 100 bytes; 60 bytes of it pinned"],
+        ),
+    ],
+)
+def test_build_refuses_a_weight_budget_a_model_can_never_fit(
+    bundles: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    budget: str,
+    residency: list[str],
+    needles: list[str],
+) -> None:
+    repo = tmp_path / "repo"
+    argv = ["repo", "build", str(bundles), "-o", str(repo), "--weight-cache-bytes", budget]
+    argv += [arg for r in residency for arg in ("--residency", r)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT" in err and "raise the weight cache budget" in err, err
+    for needle in needles:
+        assert needle in err, err
+    assert not repo.exists()
+
+
+def test_build_accepts_a_weight_budget_every_model_fits(bundles: Path) -> None:
+    # the budget is the rule's edge: both pinned (120 bytes), or one pinned + the other on demand
+    for residency in ({"affine": "device", "tiny": "device"}, {"affine": "device"}):
+        plan_repository(
+            bundles, weight_cache=WeightCacheOptions(weight_cache_bytes=120, residency=residency)
+        )
+    plan_repository(bundles, weight_cache=WeightCacheOptions(weight_cache_bytes=60))
+
+
 def test_residency_text_round_trips() -> None:
     text = names.format_residency({"b": "unpinned", "a": "device", "c": "system"})
     assert text == "a=device,b=unpinned"  # sorted, default left out
@@ -563,7 +617,7 @@ def test_residency_text_round_trips() -> None:
 
 
 def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
-    from hloserve.model_repository_tools import WeightCacheOptions
+
     from hloserve.node.serve import ServeOptions, prepared_repository
 
     options = ServeOptions(

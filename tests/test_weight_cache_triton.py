@@ -1,7 +1,7 @@
 """On-demand weights behind a real tritonserver: six models over a budget, metrics on :8002.
 
-Repository (``hloserve repo build --weight-cache-bytes`` = 2 models' weights,
-``--residency m0=device``):
+Repository (``hloserve repo build --residency m0=device``, then its budget lowered to 2 models'
+weights in the config, as ``repo build`` refuses a budget ``huge`` can never fit):
     m0..m5  ``y = x + sum(w)``, ``w`` 256 KiB of f32 all ``i + 1`` (1.5 MiB in all: 3x the
             budget); m0 pinned on the device, so one on-demand model fits at a time
     huge    1 MiB of weights, more than the whole budget: its load fails with both sizes, the
@@ -50,12 +50,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
         export_weighted(bundles / name, i + 1)
     export_weighted(bundles / "huge", 7, items=4 * WEIGHT_ITEMS)
     repo = root / "repo"
+    # `repo build` refuses a budget 'huge' can never fit, so build with room for it and lower
+    # the budget in the config afterwards, as a hand-edited repository (or a fraction budget on
+    # a small GPU) would: the load-time check is what this module tests.
+    roomy = BUDGET + 4 * WEIGHT_ITEMS * 4
     build_repository(
         bundles,
         repo,
         front_instances=1,
-        weight_cache=WeightCacheOptions(weight_cache_bytes=BUDGET, residency={"m0": "device"}),
+        weight_cache=WeightCacheOptions(weight_cache_bytes=roomy, residency={"m0": "device"}),
     )
+    config = repo / "hloserve_runtime" / "config.pbtxt"
+    text = config.read_text()
+    assert text.count(f'"{roomy}"') == 1, text
+    config.write_text(text.replace(f'"{roomy}"', f'"{BUDGET}"'))
     with ts.TritonServer(serving_options(repo, root / "tritonserver.log")) as server:
         yield server
 

@@ -175,7 +175,27 @@ def plan_repository(
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
+    if cache.weight_cache_bytes > 0:
+        _check_weight_budget(bundles, cache)
     return RepositoryPlan(models, config_text(runtime))
+
+
+def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -> None:
+    """Refuse a byte budget some model's weights can never fit (docs/on_demand_weights.md).
+
+    Raises:
+        RepositoryError (INVALID_ARGUMENT): every problem, one per line, naming the model, its
+            weight bytes and the budget; served, the same models would fail to load.
+    """
+    from hloserve.triton_backend.weight_cache import budget_problems
+
+    weights = {b.name: b.weight_nbytes for b in bundles if not b.manifest.is_meta}
+    problems = budget_problems(cache.weight_cache_bytes, weights, cache.residency)
+    if problems:
+        raise RepositoryError(
+            "; ".join(problems)
+            + ": raise the weight cache budget, change the residency, or serve the model elsewhere"
+        )
 
 
 def _kinds(paths: Sequence[Path]) -> dict[str, str]:

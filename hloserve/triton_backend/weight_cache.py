@@ -398,10 +398,12 @@ class WeightCache:
         others = sum(m.nbytes for m in self._models.values() if m.pinned and m is not model)
         room = self.budget_bytes - others
         if model.nbytes > room:
-            pinned = f"; {_size(others)} of it pinned by residency=device models" if others else ""
+            pinned = (
+                f"; {format_size(others)} of it pinned by residency=device models" if others else ""
+            )
             raise InvalidArgumentError(
-                f"weights of model {model.name!r} are {_size(model.nbytes)}, more than the "
-                f"weight cache budget of {_size(self.budget_bytes)}{pinned} "
+                f"weights of model {model.name!r} are {format_size(model.nbytes)}, more than the "
+                f"weight cache budget of {format_size(self.budget_bytes)}{pinned} "
                 f"(raise hloserve.weight_cache_bytes or serve it elsewhere)"
             )
 
@@ -421,8 +423,8 @@ class WeightCache:
             if left <= 0 or not self._released.wait(timeout=left):
                 in_use = sorted(n for n in self._lru if self._models[n].in_use)
                 raise UnavailableError(
-                    f"weights of model {model.name!r} ({_size(model.nbytes)}) do not fit: "
-                    f"{_size(over)} more is needed and models {in_use} are executing; retry"
+                    f"weights of model {model.name!r} ({format_size(model.nbytes)}) do not fit: "
+                    f"{format_size(over)} more is needed and models {in_use} are executing; retry"
                 )
 
     def _load(self, model: _Model) -> None:
@@ -521,7 +523,60 @@ def mmap_safetensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
     return arrays
 
 
-def _size(nbytes: int) -> str:
+def budget_problems(
+    budget_bytes: int, weight_bytes: Mapping[str, int], residency: Mapping[str, str]
+) -> list[str]:
+    """What can never fit a weight cache budget, known before anything loads.
+
+    The same rule as :meth:`WeightCache.add`/:meth:`~WeightCache.acquire` applied to the whole
+    repository at once (``hloserve repo build`` refuses on it): ``device`` models pin their
+    weights, so together they must fit the budget; every other model must fit what all pinned
+    models leave. At run time the same configurations fail some model's load with
+    INVALID_ARGUMENT (which one depends on the load order).
+
+    Args:
+        budget_bytes: the budget in bytes, > 0.
+        weight_bytes: model name -> its weight bytes.
+        residency: model name -> ``"system"``, ``"device"`` or ``"unpinned"`` (missing:
+            ``system``).
+
+    Returns:
+        One message per problem, naming the model(s), their weight bytes and the budget; empty
+        when every model can fit.
+    """
+    pinned = {
+        name: n
+        for name, n in sorted(weight_bytes.items())
+        if Residency.parse(residency.get(name, "system"), model=name) is Residency.DEVICE
+    }
+    pinned_total = sum(pinned.values())
+    budget = format_size(budget_bytes)
+    problems = []
+    if pinned_total > budget_bytes:
+        if len(pinned) == 1:
+            ((name, n),) = pinned.items()
+            problems.append(
+                f"weights of model {name!r} (residency=device) are {format_size(n)}, more than "
+                f"the weight cache budget of {budget}"
+            )
+        else:
+            which = ", ".join(f"{name!r} {format_size(n)}" for name, n in pinned.items())
+            problems.append(
+                f"the weights of the residency=device models ({which}) total "
+                f"{format_size(pinned_total)}, more than the weight cache budget of {budget}"
+            )
+    room = max(budget_bytes - pinned_total, 0)
+    left = f"; {format_size(pinned_total)} of it pinned by residency=device models"
+    for name, n in sorted(weight_bytes.items()):
+        if name not in pinned and n > room:
+            problems.append(
+                f"weights of model {name!r} are {format_size(n)}, more than the weight cache "
+                f"budget of {budget}{left if pinned_total else ''}"
+            )
+    return problems
+
+
+def format_size(nbytes: int) -> str:
     """``"3.0 MiB (3145728 bytes)"``."""
     value = float(nbytes)
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
