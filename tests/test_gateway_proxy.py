@@ -48,6 +48,8 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     served: list[str] = field(default_factory=list)
     refuse_shm: bool = False
     regions: set[str] = field(default_factory=set)
+    dies: bool = False  # ModelInfer shuts the worker's server down while holding the request
+    server: Any = None
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         response = service_pb2.ModelStatisticsResponse()
@@ -77,6 +79,9 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         for name in sorted(self.regions):
             response.regions[name].name = name
         return response
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerReadyResponse(ready=not self.unavailable)
@@ -111,6 +116,10 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             yield response
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        if self.dies:
+            self.served.append(request.id)
+            asyncio.get_running_loop().create_task(self.server.stop(None))
+            await asyncio.sleep(30)
         if self.unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
         if request.model_name not in self.models:
@@ -130,6 +139,7 @@ class Fleet:
     workers: list[FakeWorker]
     client: triton_aio.InferenceServerClient
     router: Router
+    servers: list[grpc.aio.Server]
 
 
 @asynccontextmanager
@@ -143,6 +153,7 @@ async def fleet(
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
+        worker.server = server
         servers.append(server)
         endpoints.append(f"127.0.0.1:{port}")
     upstreams = Upstreams(endpoints, LIMITS)
@@ -162,7 +173,7 @@ async def fleet(
     await gateway.start()
     client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
     try:
-        yield Fleet(list(workers), client, router)
+        yield Fleet(list(workers), client, router, servers)
     finally:
         await client.close()
         await gateway.stop(None)
@@ -221,11 +232,73 @@ def test_failover_on_unavailable() -> None:
     run(body)
 
 
+def test_worker_dying_mid_request_is_not_resent() -> None:
+    """Query-of-death protection: a worker that dies while holding a request (maybe killed by
+    it) gets UNAVAILABLE for that request, and the request never reaches another replica."""
+
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0", dies=True), FakeWorker("w1")
+        async with fleet(w0, w1) as f:
+            with pytest.raises(InferenceServerException, match="failed while it held") as info:
+                await _infer(f.client, np.ones((1, 2), np.float32), "deadly")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            assert "does not send a request that may have crashed" in str(info.value)
+            assert (w0.served, w1.served) == (["deadly"], [])
+            replicas = f.router.table.routes["echo"].replicas
+            assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
+
+    run(body)
+
+
+def test_refused_connection_fails_over() -> None:
+    """A worker that is down before the request is sent (connection refused): nothing was
+    sent, so the request goes to the next replica."""
+
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0"), FakeWorker("w1")
+        async with fleet(w0, w1) as f:
+            await f.servers[0].stop(None)
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(f.client, data, f"r{i}") for i in range(3)] == ["w1"] * 3
+            assert w0.served == []
+
+    run(body)
+
+
+def test_unavailable_answers_are_resent_at_most_once() -> None:
+    async def body() -> None:
+        workers = [FakeWorker(f"w{i}", unavailable=i < 2) for i in range(3)]
+        async with fleet(*workers) as f:
+            with pytest.raises(InferenceServerException, match="no ready replica") as info:
+                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            assert "answered UNAVAILABLE: w0 is down" in str(info.value)
+            assert "answered UNAVAILABLE: w1 is down" in str(info.value)
+            assert workers[2].served == []
+
+    run(body)
+
+
+def test_impossible_shapes_are_refused_not_forwarded() -> None:
+    """0 rows or more than max_batch_size (4) rows: INVALID_ARGUMENT from the gateway."""
+
+    async def body() -> None:
+        async with fleet(FakeWorker("w0")) as f:
+            for rows, match in ((0, "batch size 0"), (5, "exceeds the model's max_batch_size 4")):
+                with pytest.raises(InferenceServerException, match=match) as info:
+                    await _infer(f.client, np.ones((rows, 2), np.float32), "r")
+                assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+                assert "model 'echo', input 'IN'" in str(info.value)
+            assert f.workers[0].served == []
+
+    run(body)
+
+
 def test_no_replica_left_is_unavailable_and_unknown_model_not_found() -> None:
     async def body() -> None:
         async with fleet(FakeWorker("w0", unavailable=True)) as f:
             data = np.ones((1, 2), np.float32)
-            with pytest.raises(InferenceServerException, match="no replica is available") as info:
+            with pytest.raises(InferenceServerException, match="no ready replica") as info:
                 await _infer(f.client, data, "r")
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             tensor = triton_aio.InferInput("IN", [1, 2], "FP32")

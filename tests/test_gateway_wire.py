@@ -7,7 +7,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import InvalidArgumentError
-from hloserve.gateway.wire import peek_infer_request
+from hloserve.gateway.wire import check_shapes, peek_infer_request
 
 
 def _request(**inputs: list[int]) -> bytes:
@@ -53,3 +53,20 @@ def test_large_payload_is_skipped() -> None:
 def test_malformed_bytes_are_invalid_argument(data: bytes) -> None:
     with pytest.raises(InvalidArgumentError, match="inference request"):
         peek_infer_request(data)
+
+
+def test_inputs_and_check_shapes() -> None:
+    head = peek_infer_request(_request(x=[0, 3], y=[2, 2]))
+    assert head.inputs == (("x", (0, 3)), ("y", (2, 2)))
+    check_shapes(head, None)  # not batching: 0 rows may be meaningful
+    with pytest.raises(InvalidArgumentError, match="model 'digits', input 'x': batch size 0"):
+        check_shapes(head, 8)
+    check_shapes(peek_infer_request(_request(x=[8, 3])), 8)
+    with pytest.raises(InvalidArgumentError, match=r"batch size 9 .* max_batch_size 8"):
+        check_shapes(peek_infer_request(_request(x=[9, 3])), 8)
+    request = service_pb2.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="x", datatype="FP32").shape.extend([2, -1])
+    negative = peek_infer_request(request.SerializeToString())
+    assert negative.inputs == (("x", (2, -1)),)
+    with pytest.raises(InvalidArgumentError, match=r"input 'x': shape \[2, -1\] has a negative"):
+        check_shapes(negative, None)

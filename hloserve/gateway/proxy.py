@@ -5,10 +5,20 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
 
 - ``ModelInfer`` is forwarded as the bytes the client sent and answered with the bytes the
   worker sent: :func:`hloserve.gateway.wire.peek_infer_request` reads the model name and the
-  batch extent, nothing is re-marshalled (ReactantServer row 62). UNAVAILABLE or NOT_FOUND
-  from a replica sends the request to the next replica of the lease's order (row 64; NOT_FOUND
-  also refreshes the table in the background); any other error is returned to the client
-  with its code and message.
+  input shapes, nothing is re-marshalled (ReactantServer row 62). Shapes no model can run
+  (negative extents; for a batching model 0 rows or more than ``max_batch_size``) are
+  answered INVALID_ARGUMENT and never forwarded (:func:`hloserve.gateway.wire.check_shapes`).
+  Failover (row 64) follows the rule of gRPC's and Envoy's retry policies for requests that
+  are not idempotent (retry on ``connect-failure`` / ``refused-stream``, never on ``reset``):
+  the request goes to the next replica of the lease's order only when it provably did not
+  run there -- the gateway could not connect to the worker (it connects before sending), or
+  the worker answered NOT_FOUND (the model is not loaded there; also refreshes the table in
+  the background), or the worker answered UNAVAILABLE and still answers ``ServerLive``
+  afterwards (its own status, e.g. a model not ready; at most one such re-send per request).
+  A connection lost while the worker held the request (the worker died: maybe the request
+  killed it, a "query of death") is answered UNAVAILABLE and never re-sent, so one bad
+  request cannot take down every replica. Any other error is returned with its code and
+  message.
 - ``ModelStreamInfer``: passed through (bytes) to the replica chosen by the stream's first
   request; no failover once open.
 - ``ServerLive``: the gateway's own liveness. ``ServerReady``: true when at least one worker
@@ -47,15 +57,20 @@ from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
-from hloserve.gateway.wire import peek_infer_request
+from hloserve.gateway.wire import check_shapes, peek_infer_request
 from hloserve.model_repository_tools.names import META_BACKEND, PARAM_META_CALLS
 
 log = logging.getLogger("hloserve.gateway")
 
 SERVICE = "inference.GRPCInferenceService"
 
-#: Upstream codes after which ModelInfer tries the next replica (ReactantServer row 64).
+#: Upstream codes after which ModelInfer may try the next replica (ReactantServer row 64),
+#: under the conditions of :meth:`GatewayProxy.model_infer`.
 _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+
+#: Re-sends of one ModelInfer request after a live worker answered UNAVAILABLE (re-sends
+#: after a connect failure or a NOT_FOUND answer are not counted: the model did not run).
+MAX_RESENDS_AFTER_UNAVAILABLE = 1
 
 
 #: Reconnect backoff of the upstream channels, milliseconds. gRPC's default grows to 120 s, so
@@ -106,6 +121,51 @@ class Upstreams:
     def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
         """A bidirectional-streaming callable carrying bytes both ways."""
         return self._channels[worker].stream_stream(_method(method))
+
+    async def connect(self, worker: str, timeout_s: float) -> str | None:
+        """Bring the channel to ``worker`` to READY before a request is sent on it.
+
+        A call started on a channel that is not connected yet cannot tell a connect failure
+        (nothing was sent) from a connection lost mid-request; connecting first separates
+        the two (:meth:`GatewayProxy.model_infer`).
+
+        Args:
+            worker: the worker endpoint.
+            timeout_s: longest wait for the connection, seconds.
+
+        Returns:
+            None when the channel is READY, else why not (the request was not sent).
+        """
+        channel = self._channels[worker]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        state = channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            if state in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            ):
+                return "connection failed"
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return f"no connection within {timeout_s:g} s"
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            except TimeoutError:
+                return f"no connection within {timeout_s:g} s"
+            state = channel.get_state(try_to_connect=True)
+        return None
+
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        """Whether ``worker`` is still connected and answers ``ServerLive`` with live: true."""
+        if self._channels[worker].get_state() != grpc.ChannelConnectivity.READY:
+            return False
+        request = service_pb2.ServerLiveRequest().SerializeToString()
+        try:
+            reply = await self.raw(worker, "ServerLive")(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(service_pb2.ServerLiveResponse.FromString(reply).live)
 
     async def close(self) -> None:
         """Close every channel."""
@@ -300,9 +360,13 @@ class GatewayProxy:
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Forward one inference request to a replica.
 
-        UNAVAILABLE or NOT_FOUND from a replica moves the request to the next one (row 64);
-        NOT_FOUND also starts a background refresh of the table. When no replica is left the
-        answer is NOT_FOUND if the last replica said so, else UNAVAILABLE.
+        Shapes are checked first (:func:`hloserve.gateway.wire.check_shapes`: INVALID_ARGUMENT,
+        not forwarded). The request moves to the next replica of the lease's order only when
+        it provably did not run on the one tried (module docstring): the connection could
+        not be made, the worker answered NOT_FOUND, or the worker answered UNAVAILABLE and is
+        still live (once per request). A connection lost mid-request is answered UNAVAILABLE
+        without a re-send. When no replica is left the answer is NOT_FOUND if every replica
+        said so, else UNAVAILABLE naming each replica's failure.
         """
         try:
             head = peek_infer_request(request)
@@ -313,6 +377,8 @@ class GatewayProxy:
                 await self._refresh()
                 route = self._router.table.get(head.model_name)
             batching = route is not None and route.max_batch is not None
+            if route is not None:
+                check_shapes(head, route.max_batch)
             # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
             items = (head.batch or 1) if batching else 1
             ticket = self._admit(head.model_name, items)
@@ -325,33 +391,64 @@ class GatewayProxy:
         except HloserveError as exc:
             await context.abort(grpc.StatusCode[exc.status.name], exc.message)
             raise AssertionError("unreachable") from None
+        model = head.model_name
         try:
             worker: str | None = lease.worker
-            last: grpc.aio.AioRpcError | None = None
+            failures: list[str] = []
+            all_not_found = True
+            resends = 0
             while worker is not None:
                 start = time.perf_counter()
+                why = await self._upstreams.connect(worker, self._probe_timeout)
+                if why is not None:  # never sent: the next replica is safe
+                    self._observe(model, worker, "failover", start)
+                    log.warning("worker %s: %s; ModelInfer fails over", worker, why)
+                    failures.append(f"worker {worker} unreachable ({why})")
+                    all_not_found = False
+                    worker = self._router.fail_over(lease)
+                    continue
                 try:
                     reply: bytes = await self._upstreams.raw(worker, "ModelInfer")(
                         request, timeout=self._timeout
                     )
-                    self._observe(head.model_name, worker, "ok", start)
+                    self._observe(model, worker, "ok", start)
                     return reply
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in _FAILOVER_CODES:
-                        self._observe(head.model_name, worker, "error", start)
-                        await context.abort(exc.code(), exc.details() or "")
-                    self._observe(head.model_name, worker, "failover", start)
-                    last = exc
-                    log.warning("worker %s: ModelInfer %s; failing over", worker, exc.code().name)
-                    if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    code, details = exc.code(), exc.details() or ""
+                    if code not in _FAILOVER_CODES:
+                        self._observe(model, worker, "error", start)
+                        await context.abort(code, details)
+                    if code == grpc.StatusCode.UNAVAILABLE:
+                        all_not_found = False
+                        if not await self._upstreams.alive(worker, self._probe_timeout):
+                            self._observe(model, worker, "error", start)
+                            log.error(
+                                "worker %s: connection lost during a ModelInfer of %r (%s); "
+                                "not re-sent",
+                                worker,
+                                model,
+                                details,
+                            )
+                            await context.abort(
+                                grpc.StatusCode.UNAVAILABLE,
+                                f"model {model!r}: worker {worker} failed while it held the "
+                                f"request ({details}); the gateway does not send a request "
+                                "that may have crashed a worker to another replica",
+                            )
+                        if resends >= MAX_RESENDS_AFTER_UNAVAILABLE:
+                            self._observe(model, worker, "error", start)
+                            failures.append(f"worker {worker} answered UNAVAILABLE: {details}")
+                            break
+                        resends += 1
+                    self._observe(model, worker, "failover", start)
+                    failures.append(f"worker {worker} answered {code.name}: {details}")
+                    log.warning("worker %s: ModelInfer %s; failing over", worker, code.name)
+                    if code == grpc.StatusCode.NOT_FOUND:
                         self._refresh_soon()
                     worker = self._router.fail_over(lease)
-            if last is not None and last.code() == grpc.StatusCode.NOT_FOUND:
-                await context.abort(grpc.StatusCode.NOT_FOUND, last.details() or "")
-            details = last.details() if last is not None else ""
+            status = grpc.StatusCode.NOT_FOUND if all_not_found else grpc.StatusCode.UNAVAILABLE
             await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"model {head.model_name!r}: no replica is available ({details})",
+                status, f"model {model!r} has no ready replica: {'; '.join(failures)}"
             )
             raise AssertionError("unreachable")
         finally:

@@ -31,12 +31,15 @@ class InferHead:
         request_id: ``id`` (field 3), "" when absent.
         batch: leading extent of the batch input's shape, None when there is no such input
             or it has no dimensions (then the request counts as 1 item).
+        inputs: (name, shape) of every input tensor, in request order (shapes only; the
+            tensor contents are never read).
     """
 
     model_name: str
     model_version: str
     request_id: str
     batch: int | None
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
@@ -117,6 +120,7 @@ def peek_infer_request(data: bytes, batch_input: str | None = None) -> InferHead
     name = version = request_id = ""
     batch: int | None = None
     found = False
+    inputs: list[tuple[str, tuple[int, ...]]] = []
     for number, _wire, value in _fields(view):
         if not isinstance(value, memoryview):
             continue
@@ -126,9 +130,48 @@ def peek_infer_request(data: bytes, batch_input: str | None = None) -> InferHead
             version = bytes(value).decode("utf-8", "replace")
         elif number == 3:
             request_id = bytes(value).decode("utf-8", "replace")
-        elif number == 5 and not found:
+        elif number == 5:
             tensor_name, shape = _shape_and_name(value)
-            if batch_input is None or tensor_name == batch_input:
+            inputs.append((tensor_name, tuple(shape)))
+            if not found and (batch_input is None or tensor_name == batch_input):
                 found = True
                 batch = shape[0] if shape else None
-    return InferHead(name, version, request_id, batch)
+    return InferHead(name, version, request_id, batch, tuple(inputs))
+
+
+def check_shapes(head: InferHead, max_batch: int | None) -> None:
+    """Refuse input shapes no model can run, before the request is forwarded.
+
+    A worker must never see a request that is malformed for every model: one such request
+    (0 rows of a BYTES input) crashed tritonserver's Python backend, so the gateway checks
+    what it can from the shapes alone.
+
+    Args:
+        head: the peeked request (:func:`peek_infer_request`).
+        max_batch: the routed model's ``max_batch_size`` when it batches (Triton batches on
+            the leading axis of every input), None when it does not batch or is unknown
+            (then only negative extents are refused).
+
+    Raises:
+        InvalidArgumentError: an extent is negative; or the model batches and an input's
+            leading extent is 0 or above ``max_batch``. The message names model, input,
+            shape and the allowed range.
+    """
+    model = head.model_name
+    for name, shape in head.inputs:
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(
+                f"model {model!r}, input {name!r}: shape {list(shape)} has a negative extent"
+            )
+        if max_batch is None or not shape:
+            continue
+        if shape[0] == 0:
+            raise InvalidArgumentError(
+                f"model {model!r}, input {name!r}: batch size 0 (shape {list(shape)}); "
+                f"a request needs 1 to {max_batch} rows"
+            )
+        if shape[0] > max_batch:
+            raise InvalidArgumentError(
+                f"model {model!r}, input {name!r}: batch size {shape[0]} (shape "
+                f"{list(shape)}) exceeds the model's max_batch_size {max_batch}"
+            )
