@@ -22,6 +22,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from hloserve.errors import UnavailableError
 from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig, GrpcLimits, SchedulingConfig
 from hloserve.gateway.proxy import (
@@ -49,6 +50,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     refuse_shm: bool = False
     regions: set[str] = field(default_factory=set)
     dies: bool = False  # ModelInfer shuts the worker's server down while holding the request
+    failed: dict[str, str] = field(default_factory=dict)  # listed UNAVAILABLE: model -> reason
     server: Any = None
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
@@ -90,6 +92,9 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         response = service_pb2.RepositoryIndexResponse()
         for m in self.models:
             response.models.add(name=m, version="1", state="READY")
+        if not request.ready:
+            for m, reason in self.failed.items():
+                response.models.add(name=m, version="1", state="UNAVAILABLE", reason=reason)
         return response
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
@@ -290,6 +295,70 @@ def test_impossible_shapes_are_refused_not_forwarded() -> None:
                 assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
                 assert "model 'echo', input 'IN'" in str(info.value)
             assert f.workers[0].served == []
+
+    run(body)
+
+
+def test_model_failed_everywhere_is_unavailable_with_reasons() -> None:
+    """NOT_FOUND only for a name no worker lists; a model that failed to load on every
+    worker is UNAVAILABLE, with each worker's reason."""
+
+    async def body() -> None:
+        w0 = FakeWorker("w0", failed={"digits": "load failed: boom"})
+        w1 = FakeWorker("w1", failed={"digits": "load failed: bang"})
+        async with fleet(w0, w1) as f:
+            tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+            with pytest.raises(InferenceServerException) as info:
+                await f.client.infer("digits", [tensor])
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            message = str(info.value)
+            assert "model 'digits' has no ready replica: worker 127.0.0.1:" in message
+            assert "reports UNAVAILABLE: load failed: boom" in message
+            assert "reports UNAVAILABLE: load failed: bang" in message
+            with pytest.raises(InferenceServerException, match="not served") as info:
+                await f.client.infer("nope", [tensor])
+            assert info.value.status() == "StatusCode.NOT_FOUND"
+
+    run(body)
+
+
+def test_every_worker_down_is_unavailable_naming_them() -> None:
+    async def body() -> None:
+        async with fleet(FakeWorker("w0"), FakeWorker("w1")) as f:
+            for server in f.servers:
+                await server.stop(None)
+            with pytest.raises(InferenceServerException) as info:
+                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            message = str(info.value)
+            assert "model 'echo' has no ready replica" in message
+            assert message.count("unreachable (connection failed)") == 2
+
+    run(body)
+
+
+def test_unknown_model_with_an_unreachable_worker_is_unavailable() -> None:
+    """A worker that never answered might serve the model: UNAVAILABLE, not NOT_FOUND."""
+
+    async def body() -> None:
+        server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeWorker("w0"), server)
+        live = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        dead = "127.0.0.1:1"  # nothing listens there
+        upstreams = Upstreams((live, dead), LIMITS)
+        try:
+            table = await discover_table(upstreams, 5.0)
+        finally:
+            await upstreams.close()
+            await server.stop(None)
+        assert dict(table.unreachable) == {dead: "RepositoryIndex failed: UNAVAILABLE"}
+        router = Router(RoundRobinScheduler(), table)
+        with pytest.raises(UnavailableError, match="not listed by any reachable worker") as info:
+            router.acquire("digits")
+        assert dead in str(info.value)
+        assert router.acquire("echo").worker == live
 
     run(body)
 

@@ -42,6 +42,26 @@ def test_unknown_model_is_not_found_and_empty_route_unavailable() -> None:
     assert info.value.status is Status.UNAVAILABLE  # type: ignore[attr-defined]
 
 
+def test_no_route_error_names_each_workers_reason() -> None:
+    from hloserve.gateway.health import restrict_to_healthy
+
+    table = RoutingTable(
+        {"m": ModelRoute(("a", "b"))},
+        unready={"f": {"a": "reports UNAVAILABLE: load failed"}},
+    )
+    router = Router(RoundRobinScheduler(), restrict_to_healthy(table, frozenset({"a", "b"})))
+    with pytest.raises(Exception, match="model 'm' has no ready replica: worker a unreachable"):
+        router.acquire("m")
+    with pytest.raises(Exception, match="'f' has no ready replica: worker a reports UNAVAIL"):
+        router.acquire("f")
+    with pytest.raises(Exception, match="not served by any worker"):
+        router.acquire("nope")
+    down = RoutingTable(unreachable={"c": "RepositoryIndex failed: UNAVAILABLE"})
+    error = down.no_route_error("nope")
+    assert error.status is Status.UNAVAILABLE
+    assert "not listed by any reachable worker; unreachable: c (RepositoryIndex" in error.message
+
+
 def test_failover_moves_the_charge_and_release_is_idempotent() -> None:
     """Row 64: replicas tried in order; row 74: the rest least backed up first."""
     router = Router(LeastOutstandingScheduler(), RoutingTable({"m": ModelRoute(("a", "b", "c"))}))

@@ -4,7 +4,8 @@
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
 ``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
 row 63); a request naming a model missing from the table triggers a single-flight discovery
-pass (at most one per second) before it is answered NOT_FOUND. Health probes
+pass (at most one per second) before it is answered NOT_FOUND (no worker lists it) or
+UNAVAILABLE (some worker lists it but not READY, or a worker did not answer). Health probes
 (``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a
 worker out of the table after ``health.failure_threshold`` failures in a row and bring it back
 (after a forced discovery pass) when it answers ready again. Admission bounds

@@ -60,14 +60,21 @@ class HealthTracker:
 
 
 def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
-    """``table`` without the ``unhealthy`` workers; models keep their entry, maybe empty."""
+    """``table`` without the ``unhealthy`` workers; models keep their entry, maybe empty, and
+    the removed workers are noted as unreachable for the model's error message."""
     if not unhealthy:
         return table
-    return RoutingTable(
+    why = "unreachable (failed its health probes)"
+    return table.with_routes(
         {
             name: dataclasses.replace(
                 route, replicas=tuple(w for w in route.replicas if w not in unhealthy)
             )
             for name, route in table.routes.items()
-        }
+        },
+        unready={
+            name: {w: why for w in route.replicas if w in unhealthy}
+            for name, route in table.routes.items()
+            if any(w in unhealthy for w in route.replicas)
+        },
     )

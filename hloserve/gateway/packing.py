@@ -297,7 +297,7 @@ class LptController:
                 cost_per_item_seconds=cost or route.cost_per_item_seconds,
                 calls=route.calls,
             )
-        return RoutingTable(routes)
+        return discovered.with_routes(routes)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,9 @@ async def discover_table(
 ) -> RoutingTable:
     """Build a routing table from every worker's ready models (ReactantServer row 63).
 
-    Polls ``RepositoryIndex(ready=true)`` on each worker, then ``ModelConfig`` of each model on
+    Polls ``RepositoryIndex`` on each worker (every model with its state: READY ones are
+    routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
+    gets, :meth:`RoutingTable.no_route_error`), then ``ModelConfig`` of each model on
     its first replica for ``max_batch_size`` (0 -> None) and, for a meta model, its
     ``hloserve.meta_calls``: a meta keeps only the replicas whose worker serves every model it
     calls (all of them when no worker does; a worker then answers NOT_FOUND naming the missing
@@ -187,27 +189,38 @@ async def discover_table(
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
     Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
     """
-    request = service_pb2.RepositoryIndexRequest(ready=True).SerializeToString()
+    request = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
 
-    async def index(worker: str) -> tuple[str, bytes | None]:
+    async def index(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
         try:
             reply = await upstreams.raw(worker, "RepositoryIndex")(request, timeout=timeout_s)
             return worker, reply
         except grpc.aio.AioRpcError as exc:
             log.warning("worker %s: RepositoryIndex failed: %s", worker, exc.code().name)
-            return worker, None
+            return worker, exc
 
     replicas: dict[str, list[str]] = {}
+    unready: dict[str, dict[str, str]] = {}
+    unreachable: dict[str, str] = {}
     for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
-        if reply is None:
+        if not isinstance(reply, bytes):
+            unreachable[worker] = f"RepositoryIndex failed: {reply.code().name}"
             if previous is not None:
                 for name, route in previous.routes.items():
                     if worker in route.replicas:
                         replicas.setdefault(name, []).append(worker)
+                for name, workers in previous.unready.items():
+                    if worker in workers:
+                        unready.setdefault(name, {})[worker] = workers[worker]
             continue
         for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
-            if model.state == "READY" and worker not in replicas.setdefault(model.name, []):
-                replicas[model.name].append(worker)
+            if model.state == "READY":
+                if worker not in replicas.setdefault(model.name, []):
+                    replicas[model.name].append(worker)
+            else:
+                state = model.state or "not loaded"
+                why = f"reports {state}: {model.reason}" if model.reason else f"reports {state}"
+                unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:
         """(max batch or None, the meta's calls or None when not a meta) from ModelConfig."""
@@ -244,7 +257,9 @@ async def discover_table(
         {
             n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=tuple(c or ()))
             for n, s, (_, c) in zip(names, sizes, configs, strict=True)
-        }
+        },
+        unready=unready,
+        unreachable=unreachable,
     )
 
 

@@ -59,10 +59,33 @@ class ModelRoute:
 
 
 class RoutingTable:
-    """Immutable map of model name -> :class:`ModelRoute`; build a new one to change it."""
+    """Immutable map of model name -> :class:`ModelRoute`; build a new one to change it.
 
-    def __init__(self, routes: Mapping[str, ModelRoute] | None = None) -> None:
+    Besides the routes it keeps why a model cannot be routed, for the error a client gets
+    (UNAVAILABLE naming each worker's reason, NOT_FOUND only for a name no reachable worker
+    lists).
+
+    Args:
+        routes: model name -> route.
+        unready: model name -> {worker: why the model cannot be routed there}, e.g.
+            ``"reports UNAVAILABLE: load failed"`` (RepositoryIndex) or ``"unreachable
+            (failed its health probes)"``.
+        unreachable: worker -> why it did not answer discovery; a model it might serve is
+            unknown, not absent.
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, ModelRoute] | None = None,
+        *,
+        unready: Mapping[str, Mapping[str, str]] | None = None,
+        unreachable: Mapping[str, str] | None = None,
+    ) -> None:
         self._routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
+        self.unready: Mapping[str, Mapping[str, str]] = MappingProxyType(
+            {m: MappingProxyType(dict(w)) for m, w in (unready or {}).items()}
+        )
+        self.unreachable: Mapping[str, str] = MappingProxyType(dict(unreachable or {}))
         costs = [r.cost_per_item_seconds for r in self._routes.values() if r.cost_per_item_seconds]
         #: Fleet-mean cost per item, the cost of an unmeasured model (row 68); 1.0 if none.
         self.mean_cost_per_item_seconds = sum(costs) / len(costs) if costs else 1.0
@@ -75,6 +98,35 @@ class RoutingTable:
     def get(self, model: str) -> ModelRoute | None:
         """The route of ``model``, or None."""
         return self._routes.get(model)
+
+    def with_routes(
+        self,
+        routes: Mapping[str, ModelRoute],
+        unready: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> RoutingTable:
+        """A table with other routes, this one's notes and ``unready`` merged into them."""
+        merged = {m: dict(w) for m, w in self.unready.items()}
+        for model, workers in (unready or {}).items():
+            merged.setdefault(model, {}).update(workers)
+        return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
+
+    def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
+        """The error for a request of ``model`` that no replica can take.
+
+        UNAVAILABLE with every worker's reason when some worker lists the model (or a worker
+        that did not answer might); NOT_FOUND when every worker answered and none lists it.
+        """
+        reasons = [f"worker {w} {why}" for w, why in sorted(self.unready.get(model, {}).items())]
+        if reasons:
+            return UnavailableError(f"model {model!r} has no ready replica: {'; '.join(reasons)}")
+        if model in self._routes:
+            return UnavailableError(f"model {model!r} has no ready replica")
+        if self.unreachable:
+            down = "; ".join(f"{w} ({why})" for w, why in sorted(self.unreachable.items()))
+            return UnavailableError(
+                f"model {model!r} is not listed by any reachable worker; unreachable: {down}"
+            )
+        return NotFoundError(f"model {model!r} is not served by any worker")
 
     def cost_per_item(self, model: str) -> float:
         """Measured cost per item of ``model``, else the fleet mean (row 68)."""
@@ -388,16 +440,15 @@ class Router:
             items: batch extent of the request; values below 1 count as 1 (row 68).
 
         Raises:
-            NotFoundError: the model is in no worker's repository.
-            UnavailableError: the model is known but no replica is in the table.
+            NotFoundError: every worker answered discovery and none lists the model.
+            UnavailableError: the model is known (or a worker that might serve it did not
+                answer) but no replica can take it; the message gives each worker's reason.
         """
         items = max(1, items)
         with self._lock:
             route = self._table.get(model)
-            if route is None:
-                raise NotFoundError(f"model {model!r} is not served by any worker")
-            if not route.replicas:
-                raise UnavailableError(f"model {model!r} has no ready replica")
+            if route is None or not route.replicas:
+                raise self._table.no_route_error(model)
             chosen = self._scheduler.choose(model, route, items, self._load)
             order = self._scheduler.order(model, route, chosen, self._load)
             work = items * self._table.cost_per_item(model)
