@@ -22,7 +22,7 @@ from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.ctl import parse_knob, parse_replicas
+from hloserve.gateway.ctl import parse_knob, parse_replicas, print_status, render_status
 from hloserve.gateway.proxy import channel_options
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
@@ -235,3 +235,38 @@ def test_unreachable_gateway_is_unavailable(capsys: pytest.CaptureFixture[str]) 
     (port,) = free_ports(1)
     assert main(["gateway-ctl", "--address", f"127.0.0.1:{port}", "--timeout", "2", "status"]) == 1
     assert f"error (UNAVAILABLE): gateway 127.0.0.1:{port} not reachable" in capsys.readouterr().err
+
+
+def test_status_never_cuts_worker_addresses(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns (what rich assumes when piped) addresses are printed whole."""
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert ctl(fleet, "lpt_packing", "status") == 0
+    out = capsys.readouterr().out
+    for worker in fleet.workers:
+        assert worker in out
+    assert "…" not in out
+    status = pb.SchedulingStatus(mode="lpt_packing")
+    long = "worker-node-17.cluster.example.internal:8101"
+    status.workers.add(worker=long, compute_share=0.25, pressure=0.5)
+    status.models.add(name="digits", effective_replicas=1).replicas.add(worker=long)
+    buffer = io.StringIO()
+    print_status(Console(file=buffer, width=80), render_status(status))
+    text = buffer.getvalue()
+    assert text.count(long) == 2 and "…" not in text and "0.250" in text
+
+
+def test_a_tritonserver_port_is_named_as_not_a_gateway(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worker = fleet.workers[0]  # serves inference.GRPCInferenceService only
+    assert main(["gateway-ctl", "--address", worker, "status"]) == 1
+    assert (
+        f"error (UNIMPLEMENTED): {worker} does not serve the hloserve gateway control plane "
+        "(is it a tritonserver port? use the gateway's gRPC port)"
+    ) in capsys.readouterr().err

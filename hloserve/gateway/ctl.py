@@ -11,7 +11,9 @@ Subcommands (docs/gateway.md, "Control plane"), each one ``GatewayControl`` RPC:
 Only the actions import grpc and rich, so building ``hloserve``'s parser stays cheap. The
 address is the gateway's gRPC endpoint (``listen``, default 127.0.0.1:8001). A gRPC error
 becomes an :class:`hloserve.errors.HloserveError` with the same status, which ``hloserve``
-prints as ``error (STATUS): message`` with exit status 1.
+prints as ``error (STATUS): message`` with exit status 1 (UNIMPLEMENTED: the address is not a
+gateway, e.g. a tritonserver port). ``status`` never cuts worker addresses: a table wider than
+the terminal (80 columns when piped) is printed at its natural width.
 """
 
 from __future__ import annotations
@@ -89,19 +91,27 @@ def _knob_text(knobs: Any, name: str) -> str:
 
 
 def render_status(status: Any) -> list[Any]:
-    """Rich renderables of a ``SchedulingStatus``: knobs, models, workers, repack state."""
+    """Rich renderables of a ``SchedulingStatus``: knobs, models, workers, repack state.
+
+    Cells never wrap (print them with :func:`print_status`, which widens a table that does
+    not fit rather than cutting worker addresses).
+    """
     from rich.table import Table
 
     out: list[Any] = [f"mode: [bold]{status.mode}[/bold]"]
     knobs = Table(title="knobs", show_header=False)
+    knobs.add_column(no_wrap=True)
+    knobs.add_column(no_wrap=True)
     for name in KNOBS:
         knobs.add_row(name, _knob_text(status.knobs, name))
     out.append(knobs)
     models = Table(title="models")
-    for column in ("model", "replicas", "fill", "quantum", "rate/s", "cost ms", "placement"):
-        models.add_column(column, justify="left" if column in ("model", "placement") else "right")
+    models.add_column("model", no_wrap=True)
+    for column in ("replicas", "fill", "quantum", "rate/s", "cost ms"):
+        models.add_column(column, justify="right", no_wrap=True)
+    models.add_column("placement", no_wrap=True)  # one replica per line
     for m in status.models:
-        placement = ", ".join(
+        placement = "\n".join(
             f"{r.worker} (routed {r.routed_total}, in flight {r.outstanding_items})"
             for r in m.replicas
         )
@@ -116,9 +126,9 @@ def render_status(status: Any) -> list[Any]:
         )
     out.append(models)
     workers = Table(title="workers")
-    for column in ("worker", "models", "in flight", "compute", "weights MiB", "budget MiB"):
-        workers.add_column(column, justify="left" if column == "worker" else "right")
-    workers.add_column("pressure", justify="right")
+    workers.add_column("worker", no_wrap=True)
+    for column in ("models", "in flight", "compute", "weights MiB", "budget MiB", "pressure"):
+        workers.add_column(column, justify="right", no_wrap=True)
     for w in status.workers:
         workers.add_row(
             w.worker,
@@ -141,6 +151,27 @@ def render_status(status: Any) -> list[Any]:
     return out
 
 
+def print_status(console: Any, renderables: list[Any]) -> None:
+    """Print :func:`render_status`'s output without cutting anything.
+
+    A table wider than the console (80 columns when output is piped) is printed at its
+    natural width instead of being shrunk: rich would cut cells ("127.0.0.…").
+    """
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    for renderable in renderables:
+        width = console.width
+        if isinstance(renderable, Table):
+            natural = Measurement.get(console, console.options.update_width(10_000), renderable)
+            if natural.maximum > width:
+                console.width = natural.maximum  # console.print(width=) cannot exceed it
+        try:
+            console.print(renderable, crop=False)
+        finally:
+            console.width = width
+
+
 def _call(address: str, method: str, request: Any, timeout_s: float) -> Any:
     """One unary RPC; gRPC errors become HloserveError with the same status."""
     import grpc
@@ -161,6 +192,11 @@ def _call(address: str, method: str, request: Any, timeout_s: float) -> Any:
             status = Status.__members__.get(code.name, Status.INTERNAL)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 detail = f"gateway {address} not reachable: {exc.details()}"
+            elif code == grpc.StatusCode.UNIMPLEMENTED:
+                detail = (
+                    f"{address} does not serve the hloserve gateway control plane (is it a"
+                    " tritonserver port? use the gateway's gRPC port)"
+                )
             else:
                 detail = exc.details() or code.name
             raise HloserveError(detail, status=status) from None
@@ -185,10 +221,9 @@ def run(args: argparse.Namespace, console: Any = None) -> int:
 
     action = args.ctl_action
     if action == "status":
-        for renderable in render_status(
-            call("GetSchedulingStatus", pb.GetSchedulingStatusRequest())
-        ):
-            console.print(renderable)
+        print_status(
+            console, render_status(call("GetSchedulingStatus", pb.GetSchedulingStatusRequest()))
+        )
     elif action == "set-replicas":
         replicas = parse_replicas(args.replicas, "replicas")
         row = call(
