@@ -179,3 +179,30 @@ def test_worker_metrics_one_per_worker() -> None:
                 "HLOSERVE_GATEWAY_WORKER_METRICS": "127.0.0.1:8103",
             }
         )
+
+
+def test_docs_example_config_matches_the_code() -> None:
+    """docs/gateway.md's YAML block loads, shows the real defaults, and its worker ports are
+    the ones `hloserve serve --workers 2` (base 8100) gives its workers."""
+    import re
+
+    import yaml
+
+    from hloserve.gateway.config import GatewayConfig
+    from hloserve.node.fleet import worker_ports
+
+    text = (Path(__file__).parent.parent / "docs" / "gateway.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
+    assert block is not None
+    values = yaml.safe_load(block.group(1))
+    config = GatewayConfig.model_validate(values)
+    ports = worker_ports(2, 8100)
+    assert config.workers == tuple(f"127.0.0.1:{p.grpc}" for p in ports)
+    assert config.worker_metrics == tuple(f"127.0.0.1:{p.metrics}" for p in ports)
+    defaults = GatewayConfig(workers=config.workers).model_dump()
+    shown = config.model_dump()
+    for key in ("listen", "admin_port", "mode", "discovery", "upstream", "grpc", "health"):
+        assert shown[key] == defaults[key], key
+    assert shown["admission"] == defaults["admission"]
+    scheduling = {k: v for k, v in shown["scheduling"].items() if k != "models"}
+    assert scheduling == {k: v for k, v in defaults["scheduling"].items() if k != "models"}

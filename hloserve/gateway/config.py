@@ -12,8 +12,8 @@ levels::
     HLOSERVE_GATEWAY_ADMIN_PORT=9002                       -> admin_port
     HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2            -> scheduling.hysteresis
     HLOSERVE_GATEWAY_UPSTREAM__REQUEST_TIMEOUT_SECONDS=30  -> upstream.request_timeout_seconds
-    HLOSERVE_GATEWAY_WORKERS=127.0.0.1:8101,127.0.0.1:8102 -> workers (comma list, replaces)
-    HLOSERVE_GATEWAY_WORKER_METRICS=127.0.0.1:8103,...     -> worker_metrics (likewise)
+    HLOSERVE_GATEWAY_WORKERS=127.0.0.1:8101,127.0.0.1:8104 -> workers (comma list, replaces)
+    HLOSERVE_GATEWAY_WORKER_METRICS=127.0.0.1:8102,...     -> worker_metrics (likewise)
 
 Values are parsed like the YAML scalars they stand for (``true``, ``0.2``, ``all``). An
 override wins over the file. A variable with the prefix that names no field is an error (a
