@@ -132,13 +132,63 @@ def test_callee_inputs_are_checked_against_its_bundle(tmp_path: Path) -> None:
     call = MetaCall("m", ["affine", "ghost"], send, Deadline(None), describe=describe)
     with pytest.raises(HloserveError, match="call to model 'affine': model 'affine': input 'x'"):
         call("affine", {"x": np.ones((1, 5), np.float32)})
-    with pytest.raises(HloserveError, match="batch size 3 is outside 1 to 2"):
-        call("affine", {"x": np.ones((3, 4), np.float32)})
+    with pytest.raises(HloserveError, match="call to model 'affine': batch size 0; a call needs"):
+        call("affine", {"x": np.ones((0, 4), np.float32)})
     with pytest.raises(NotFoundError, match="model 'ghost' is not served by this worker"):
         call("ghost", {"x": X})
     assert send.calls == []
     call("affine", {"x": X})
     assert len(send.calls) == 1
+
+
+def test_a_batch_larger_than_the_callee_takes_is_sent_in_chunks(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(GOLDEN / "affine", repo / "affine" / "1" / "bundle")  # batch sizes 1, 2
+    sizes: list[int] = []
+
+    def send(model: str, inputs: Any, outputs: Any, timeout_us: int) -> Any:
+        sizes.append(len(inputs["x"]))
+        return {
+            "y": inputs["x"][:, :3] * 2,
+            "n": np.array([f"{len(inputs['x'])}".encode()] * len(inputs["x"]), dtype=object),
+        }
+
+    clock = Clock()
+    call = MetaCall(
+        "m",
+        ["affine"],
+        send,
+        Deadline(clock.now + 1, clock),
+        describe=repository_describer(repo),
+        clock=clock,
+    )
+    x = np.arange(20, dtype=np.float32).reshape(5, 4)
+    out = call("affine", {"x": x})
+    assert sizes == [2, 2, 1] and call.calls_made == 3
+    np.testing.assert_array_equal(out["y"], x[:, :3] * 2)  # in order
+    assert out["n"].tolist() == [b"2", b"2", b"2", b"2", b"1"]  # bytes outputs too
+
+    def late(model: str, inputs: Any, outputs: Any, timeout_us: int) -> Any:
+        clock.now += 2  # the deadline passes during the first chunk
+        return send(model, inputs, outputs, timeout_us)
+
+    sizes.clear()
+    slow = MetaCall(
+        "m", ["affine"], late, Deadline(clock.now + 1, clock), describe=repository_describer(repo)
+    )
+    with pytest.raises(DeadlineExceededError, match="before calling model 'affine'"):
+        slow("affine", {"x": x})
+    assert sizes == [2]  # nothing sent after the deadline
+
+
+def test_zero_rows_are_refused_before_run(tmp_path: Path) -> None:
+    send = Send()
+    model = meta_model(tmp_path, send)
+    with pytest.raises(HloserveError) as info:
+        model.execute({"x": np.ones((0, 4), np.float32)})
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "model 'm': batch size 0; a request needs at least one item" in str(info.value)
+    assert send.calls == []
 
 
 def test_meta_model_runs_and_checks_tensors(tmp_path: Path) -> None:

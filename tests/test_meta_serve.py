@@ -112,6 +112,28 @@ def test_cascade_equals_the_rule_applied_to_both_models(client: tuple[Any, Any])
     escalated = np.mean(r["stage"] == b"strong")
     assert 0 < escalated < 1  # both stages decide some images
     assert np.mean(r["label"] == labels) >= np.mean(r["fast"] == labels)
+    # All 360 images in one request: `call` splits both sub-calls into the callees' batches
+    # (at most 32), here 12 to digits_fast and 3 to digits; same answers as in batches of 32.
+    assert np.sum(r["stage"] == b"strong") > 64
+    label, stage = cascade_client.infer(c, module, "digits_cascade", images, ["label", "stage"])
+    np.testing.assert_array_equal(label, r["label"])
+    np.testing.assert_array_equal(stage, r["stage"])
+
+
+def test_cascade_refuses_zero_images(client: tuple[Any, Any]) -> None:
+    module, c = client
+    image = module.InferInput("image", [0, 8, 8, 1], "FP32")
+    image.set_data_from_numpy(np.zeros((0, 8, 8, 1), np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        c.infer("digits_cascade", [image])
+    assert str(info.value.status()) in ("StatusCode.INVALID_ARGUMENT", "400"), info.value
+    assert "model 'digits_cascade': batch size 0; a request needs at least one item" in str(
+        info.value
+    )
+    label, _ = cascade_module("client").infer(
+        c, module, "digits_cascade", np.zeros((1, 8, 8, 1), np.float32), ["label", "stage"]
+    )
+    assert label.shape == (1,)  # still serving
 
 
 def test_undeclared_call_is_refused_naming_the_model(client: tuple[Any, Any]) -> None:

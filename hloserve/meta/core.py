@@ -73,13 +73,14 @@ class MetaCall:
         send: the transport (:data:`Send`).
         deadline: the run's deadline; each sub-call gets the time left as its ``timeout``.
         describe: the callees' manifests (:data:`Describe`); a sub-call's inputs are checked
-            against the callee's client-facing inputs and its largest batch before sending
-            (Triton's own refusals lose their status over BLS).
+            against the callee's client-facing inputs before sending (Triton's own refusals
+            lose their status over BLS), and a batch too large for it is split into chunks of
+            its largest compiled batch size.
         clock: ``time.monotonic`` (injectable for tests).
 
     Attributes:
         compute_s: seconds spent inside sub-calls (the glue between them excluded).
-        calls_made: sub-calls issued.
+        calls_made: sub-requests sent (a chunked call counts each chunk).
     """
 
     def __init__(
@@ -106,12 +107,19 @@ class MetaCall:
     ) -> Tensors:
         """Run model ``name`` on ``inputs``; its outputs (``outputs`` only, when given).
 
+        A batch larger than the callee's largest compiled batch size is split along the batch
+        axis into sub-requests of at most that size, sent one after the other (each within
+        the deadline), and their outputs are concatenated in order: ``run`` may pass any
+        batch of at least one item. Only for a callee whose tensors all have their batch
+        axis first and that declares no ``client_inputs`` (its wire batch is its compiled
+        batch); other callees get the batch as given.
+
         Raises:
             InvalidArgumentError: ``name`` is not in ``meta.calls``, or ``inputs`` do not match
-                the callee's inputs (nothing is sent).
+                the callee's inputs, or hold 0 items (nothing is sent).
             NotFoundError: the callee is not served on this worker (nothing is sent).
-            DeadlineExceededError: the deadline passed before the call (nothing is sent), or
-                the callee reports its timeout ran out.
+            DeadlineExceededError: the deadline passed before the call or one of its chunks
+                (nothing more is sent), or the callee reports its timeout ran out.
             HloserveError: the callee's error, with its status; the message names the meta
                 and the callee.
         """
@@ -120,7 +128,18 @@ class MetaCall:
                 f"model {self.meta!r}: run called model {name!r}, which is not in its "
                 f"meta.calls {list(self.calls)}"
             )
-        self._check_callee_inputs(name, inputs)
+        batch, chunk = self._check_callee_inputs(name, inputs)
+        if batch is None or chunk is None or batch <= chunk:
+            return self._send_one(name, inputs, outputs)
+        parts = [
+            self._send_one(name, {k: v[i : i + chunk] for k, v in inputs.items()}, outputs)
+            for i in range(0, batch, chunk)
+        ]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _send_one(
+        self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None
+    ) -> Tensors:
         self.deadline.check(self.meta, f"calling model {name!r}")
         start = self._clock()
         try:
@@ -136,7 +155,10 @@ class MetaCall:
             self.calls_made += 1
         return dict(result)
 
-    def _check_callee_inputs(self, name: str, inputs: Mapping[str, np.ndarray]) -> None:
+    def _check_callee_inputs(
+        self, name: str, inputs: Mapping[str, np.ndarray]
+    ) -> tuple[int | None, int | None]:
+        """(batch size of ``inputs``, the callee's largest batch when chunkable, else None)."""
         try:
             manifest = self._describe(name) if self._describe is not None else None
         except NotFoundError as exc:
@@ -144,20 +166,20 @@ class MetaCall:
                 f"model {self.meta!r}: call to model {name!r} failed: {exc.message}"
             ) from None
         if manifest is None:
-            return
+            return None, None
         try:
             batch = TensorChecker(name, "input", manifest.wire_inputs)(inputs)
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(
                 f"model {self.meta!r}: call to model {name!r}: {exc.message}"
             ) from None
-        largest = manifest.max_batch_size
-        batched = manifest.client_inputs is None and manifest.batch_leading
-        if batched and batch is not None and not 1 <= batch <= largest:
+        if batch == 0:
             raise InvalidArgumentError(
-                f"model {self.meta!r}: call to model {name!r}: batch size {batch} is "
-                f"outside 1 to {largest} (its compiled batch sizes)"
+                f"model {self.meta!r}: call to model {name!r}: batch size 0; a call needs at "
+                "least one item"
             )
+        batched = manifest.client_inputs is None and manifest.batch_leading
+        return batch, manifest.max_batch_size if batched else None
 
     def remaining_s(self) -> float | None:
         """Seconds left before the deadline, or None without one (for ``run`` to budget)."""
@@ -316,13 +338,17 @@ class MetaModel:
             The ``client_outputs`` ``run`` returned.
 
         Raises:
-            InvalidArgumentError: the inputs do not match ``client_inputs``, or ``run`` called
-                an undeclared model.
+            InvalidArgumentError: the inputs do not match ``client_inputs`` or hold 0 items
+                (``run`` is not called), or ``run`` called an undeclared model.
             DeadlineExceededError: the budget ran out (waiting for the gate, or before a call).
             HloserveError: a sub-call's error (its status; the message names the callee), or
                 INTERNAL when ``run`` raised or returned tensors that are not the declared ones.
         """
-        self._check_inputs(inputs)
+        batch = self._check_inputs(inputs)
+        if batch == 0:
+            raise InvalidArgumentError(
+                f"model {self.name!r}: batch size 0; a request needs at least one item"
+            )
         deadline = Deadline.after_us(timeout_us, self._clock)
         if self._gate is None:
             return self._run_once(inputs, deadline)

@@ -1,8 +1,11 @@
 """Cascade: ``digits_fast`` labels every image; images whose top-1 probability is under
 :data:`THRESHOLD` go to the stronger ``digits`` CNN (only those: one sub-call for the lot).
 
-Inputs: ``image`` f32 (n, 8, 8, 1). Outputs: ``label`` i32 (n,), ``stage`` bytes (n,) --
-``b"fast"`` or ``b"strong"``, the model whose answer ``label`` is.
+Inputs: ``image`` f32 (n, 8, 8, 1), n >= 1 of any size (0 images: INVALID_ARGUMENT before
+``run``). Outputs: ``label`` i32 (n,), ``stage`` bytes (n,) -- ``b"fast"`` or ``b"strong"``, the
+model whose answer ``label`` is. ``call`` splits a sub-call larger than the callee's largest
+compiled batch (32) into chunks of at most that size (docs/meta_models.md), so a request of
+any size works; escalation is skipped when no image is unsure (a sub-call needs >= 1 item).
 """
 
 from __future__ import annotations
