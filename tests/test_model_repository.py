@@ -362,9 +362,12 @@ def test_existing_repository_needs_overwrite(bundles: Path, tmp_path: Path) -> N
     repo = tmp_path / "repo"
     build_repository(bundles, repo)
     before = _digest(repo)
-    with pytest.raises(RepositoryError, match="exists; replace it with --overwrite") as info:
+    with pytest.raises(
+        RepositoryError, match="exists; to replace it, build with overwrite on "
+    ) as info:
         build_repository(bundles, repo, front_instances=5)
     assert info.value.status is Status.FAILED_PRECONDITION
+    assert "overwrite=True" not in str(info.value)  # no Python argument in a CLI message
     assert _digest(repo) == before
 
 

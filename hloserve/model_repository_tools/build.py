@@ -359,7 +359,8 @@ def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise RepositoryError(
-                f"{out} exists; replace it with --overwrite (overwrite=True)",
+                f"{out} exists; to replace it, build with overwrite on "
+                "(`hloserve repo build --overwrite`)",
                 status=Status.FAILED_PRECONDITION,
             )
         if out.is_symlink() or not out.is_dir():
