@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,10 +149,13 @@ class Fleet:
 
 @asynccontextmanager
 async def fleet(
-    *workers: FakeWorker, scheduler: RoundRobinScheduler | LptPackingScheduler | None = None
+    *workers: FakeWorker,
+    scheduler: RoundRobinScheduler | LptPackingScheduler | None = None,
+    first: Sequence[str] = (),
 ) -> AsyncIterator[Fleet]:
+    """The gateway over ``workers`` (in-process), after the endpoints ``first`` (elsewhere)."""
     servers = []
-    endpoints = []
+    endpoints = list(first)
     for worker in workers:
         server = grpc.aio.server(options=channel_options(LIMITS))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
@@ -251,6 +254,66 @@ def test_worker_dying_mid_request_is_not_resent() -> None:
             assert (w0.served, w1.served) == (["deadly"], [])
             replicas = f.router.table.routes["echo"].replicas
             assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
+
+    run(body)
+
+
+#: A worker process that lists "echo" and exits abruptly (like a segfault) on ModelInfer.
+_CRASHING_WORKER = """
+import asyncio, os, grpc
+from tritonclient.grpc import service_pb2 as pb, service_pb2_grpc as pb_grpc
+
+class Worker(pb_grpc.GRPCInferenceServiceServicer):
+    async def RepositoryIndex(self, request, context):
+        return pb.RepositoryIndexResponse(models=[dict(name="echo", version="1", state="READY")])
+
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(config=dict(name="echo", max_batch_size=4))
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ModelInfer(self, request, context):
+        os._exit(139)
+
+async def main():
+    server = grpc.aio.server()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Worker(), server)
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def test_worker_process_crashing_on_a_request_is_not_resent() -> None:
+    """A real process exiting mid-request (connection reset, no status from the worker)."""
+    import subprocess
+    import sys
+
+    async def body() -> None:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _CRASHING_WORKER], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert process.stdout is not None
+            port = int(await asyncio.to_thread(process.stdout.readline))
+            w1 = FakeWorker("w1")
+            async with fleet(w1, first=[f"127.0.0.1:{port}"]) as f:
+                assert f.router.table.routes["echo"].replicas[0] == f"127.0.0.1:{port}"
+                with pytest.raises(InferenceServerException, match="failed while it held"):
+                    await _infer(f.client, np.ones((1, 2), np.float32), "deadly")
+                assert await asyncio.to_thread(process.wait, 30) == 139
+                assert w1.served == []
+                # the next request finds the dead worker refusing connections: it fails over
+                assert await _infer(f.client, np.ones((1, 2), np.float32), "next") == "w1"
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
     run(body)
 
