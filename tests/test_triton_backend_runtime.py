@@ -202,6 +202,24 @@ def test_a_bundle_failing_to_load_leaves_others_serving(
     assert np.asarray(runtime.execute({"affine__x": x})["affine__y"]).shape == (1, 3)
 
 
+def test_load_error_names_the_model_not_the_copys_directory(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    copy = repo / "digits_fast" / "1" / "bundle"  # the repository's layout
+    shutil.copytree(GOLDEN / "affine", copy)
+    (copy / "model.b2.mlirbc").unlink()
+    args = ModelArgs(
+        name="hloserve_runtime",
+        model_dir=repo / "hloserve_runtime",
+        version="1",
+        config={"parameters": {"hloserve.bundles": {"string_value": "digits_fast"}}},
+    )
+    with pytest.raises(HloserveError) as info:
+        RuntimeModel.from_args(args).execute({"digits_fast__x": np.zeros((1, 4), np.float32)})
+    message = info.value.message
+    assert message.startswith("model 'digits_fast' failed to load: bundle 'digits_fast' ("), message
+    assert "'bundle'" not in message and "model.b2.mlirbc" in message
+
+
 def test_from_args_finds_bundles_in_the_repository(tmp_path: Path) -> None:
     args = ModelArgs(
         name="hloserve_runtime",

@@ -42,15 +42,18 @@ class Bundle:
     Attributes:
         path: the bundle directory.
         manifest: the typed manifest.
+        model_name: the model's name when it is not the directory's (a repository's bundle
+            copy lives in ``<model>/1/bundle``); None = the directory's name.
     """
 
     path: Path
     manifest: Manifest
+    model_name: str | None = None
 
     @property
     def name(self) -> str:
-        """The model name: the directory's name."""
-        return self.path.name
+        """The model name: ``model_name`` when given, else the directory's name."""
+        return self.model_name or self.path.name
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
         """Path of the executable compiled for ``batch_size`` (0 for an unbatched model).
@@ -127,23 +130,34 @@ class Bundle:
             return [f.get_tensor(name) for name in self.manifest.weights.order]
 
 
-def load_bundle(path: Path | str) -> Bundle:
+def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
     """Read a bundle directory's manifest and check its format rules.
+
+    Args:
+        path: the bundle directory.
+        name: the model's name when it is not the directory's (a repository's bundle copy,
+            ``<model>/1/bundle``); None = the directory's name.
 
     Raises:
         NotFoundError: the directory or its manifest.yaml does not exist.
-        InvalidArgumentError: the directory name is not a valid model name.
+        InvalidArgumentError: the model name is not a valid model name.
         ManifestError: the manifest breaks a rule (one line per problem).
     """
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")
-    if not _MODEL_NAME.match(path.resolve().name):
+    if name is not None:
+        if not _MODEL_NAME.match(name):
+            raise InvalidArgumentError(
+                f"{path}: model name {name!r} is not a valid model name "
+                f"(must match {_MODEL_NAME.pattern})"
+            )
+    elif not _MODEL_NAME.match(path.resolve().name):
         raise InvalidArgumentError(
             f"{path}: bundle directory name {path.name!r} is not a valid model name "
             f"(must match {_MODEL_NAME.pattern})"
         )
-    return Bundle(path, load_manifest(path / MANIFEST_FILE))
+    return Bundle(path, load_manifest(path / MANIFEST_FILE), name)
 
 
 def discover_bundles(root: Path | str) -> list[Path]:

@@ -49,16 +49,20 @@ class BundleError(InvalidArgumentError):
     Attributes:
         bundle: the bundle directory.
         problems: the errors found (warnings excluded).
+        name: the model's name (the directory's unless given).
     """
 
-    def __init__(self, bundle: Path, problems: list[Problem]) -> None:
+    def __init__(self, bundle: Path, problems: list[Problem], name: str | None = None) -> None:
         self.bundle = bundle
         self.problems = problems
+        self.name = name or bundle.name
         lines = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"bundle {bundle.name!r} ({bundle}) is invalid:\n{lines}")
+        super().__init__(f"bundle {self.name!r} ({bundle}) is invalid:\n{lines}")
 
 
-def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None) -> list[Problem]:
+def validate_bundle(
+    path: Path | str, *, models: Mapping[str, str] | None = None, name: str | None = None
+) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
     Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header; for
@@ -69,10 +73,11 @@ def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None
         models: the bundles being built with it, model name -> kind (``"model"``/``"meta"``);
             when given, a meta's ``meta.calls`` are checked against it. None skips that check
             (a bundle validated on its own).
+        name: the model's name when it is not the directory's (a repository's bundle copy).
     """
     path = Path(path)
     try:
-        bundle = load_bundle(path)
+        bundle = load_bundle(path, name=name)
     except ManifestError as exc:
         return [Problem(MANIFEST_FILE, p) for p in exc.problems]
     except HloserveError as exc:
@@ -85,17 +90,19 @@ def validate_bundle(path: Path | str, *, models: Mapping[str, str] | None = None
     return problems
 
 
-def check_bundle(path: Path | str, *, models: Mapping[str, str] | None = None) -> Bundle:
-    """Load a bundle and validate it fully (``models``: see :func:`validate_bundle`).
+def check_bundle(
+    path: Path | str, *, models: Mapping[str, str] | None = None, name: str | None = None
+) -> Bundle:
+    """Load a bundle and validate it fully (``models``, ``name``: see :func:`validate_bundle`).
 
     Raises:
-        BundleError: listing every error (status INVALID_ARGUMENT).
+        BundleError: listing every error (status INVALID_ARGUMENT), naming the model.
     """
     path = Path(path)
-    errors = [p for p in validate_bundle(path, models=models) if not p.warning]
+    errors = [p for p in validate_bundle(path, models=models, name=name) if not p.warning]
     if errors:
-        raise BundleError(path, errors)
-    return load_bundle(path)
+        raise BundleError(path, errors, name)
+    return load_bundle(path, name=name)
 
 
 def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Problem]:

@@ -214,7 +214,8 @@ def repository_describer(repository: Path) -> Describe:
                     f"{repository})"
                 )
             try:
-                cache[model] = load_bundle(repository / model / names.BUNDLE_SUBDIR).manifest
+                copy = repository / model / names.BUNDLE_SUBDIR
+                cache[model] = load_bundle(copy, name=model).manifest
             except HloserveError:
                 return None
         return cache[model]
@@ -307,7 +308,7 @@ class MetaModel:
             InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
             NotFoundError / ManifestError: the bundle cannot be read.
         """
-        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
+        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE), name=args.name)
         run = load_run(bundle.path / MODEL_PY, args.name)
         text = args.parameter(names.PARAM_META_CONCURRENCY, str(names.DEFAULT_META_CONCURRENCY))
         if not text.isdigit() or int(text) < 1:

@@ -393,7 +393,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
         line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
         if model.text_executables:
             converted = convert_bundle(bundle_copy)
-            check_bundle(bundle_copy)  # the converted copy must still match the manifest
+            check_bundle(
+                bundle_copy, name=model.name
+            )  # the converted copy must still match the manifest
             line += f"; converted {', '.join(converted)} to portable artifacts"
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         _say(progress, line)

@@ -85,7 +85,7 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
     if bundle_param is None:
         return None, [*problems, Problem(file, f"parameter {names.PARAM_BUNDLE} is missing")]
     try:
-        bundle = check_bundle(model_dir / bundle_param)
+        bundle = check_bundle(model_dir / bundle_param, name=model_dir.name)
     except BundleError as exc:
         rel = f"{model_dir.name}/{bundle_param}"
         return None, problems + [Problem(f"{rel}/{p.file}", p.message) for p in exc.problems]
@@ -115,7 +115,7 @@ def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
         if p.is_dir() and not _hidden(p) and parse_config_backend(p) != names.RUNTIME_BACKEND
     }
     try:
-        bundle = check_bundle(model_dir / bundle_param, models=kinds)
+        bundle = check_bundle(model_dir / bundle_param, models=kinds, name=model_dir.name)
     except BundleError as exc:
         rel = f"{model_dir.name}/{bundle_param}"
         return problems + [Problem(f"{rel}/{p.file}", p.message) for p in exc.problems]

@@ -237,7 +237,7 @@ class RuntimeModel:
 
     def _load(self, name: str, path: Path) -> LoadedBundle:
         start = time.perf_counter()
-        bundle = check_bundle(path)
+        bundle = check_bundle(path, name=name)
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
         variants = range(len(bundle.manifest.variant_dims))
         executables = {
