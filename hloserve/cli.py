@@ -236,8 +236,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
-        default="none",
-        help="tritonserver --model-control-mode (none: load everything at start)",
+        default=None,
+        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
+        "(everything loads at start, and a model whose process dies is reloaded)",
     )
     serve.add_argument(
         "--load-model",

@@ -119,6 +119,23 @@ def test_serve_refuses_bad_ports_before_starting(tmp_path: Path) -> None:
     assert result.returncode == 1 and "three different ports" in result.stderr
 
 
+def test_serve_refuses_bad_options_before_building(tmp_path: Path) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    out = tmp_path / "repo"
+    for args, message in [
+        (
+            ("--front-instances", "0"),
+            "error (INVALID_ARGUMENT): --front-instances must be at least 1",
+        ),
+        (("--host", "999.1.1.1"), "error (INVALID_ARGUMENT): cannot resolve host '999.1.1.1'"),
+    ]:
+        result = run_cli("serve", bundles, "--repository-out", out, *args)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+        assert not out.exists(), "the repository was built before the options were checked"
+
+
 def test_explicit_mode_loads_the_runtime_with_the_named_models(tmp_path: Path) -> None:
     from hloserve.node.serve import ServeOptions, server_options
 
@@ -140,3 +157,49 @@ def test_sigkill_of_serve_takes_tritonserver_down_too(tmp_path: Path) -> None:
     for pid in leftover:  # never leave a server behind, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert leftover == [], "tritonserver outlived a SIGKILLed `hloserve serve`"
+
+
+def stub_pids(server_pid: int, model: str) -> list[int]:
+    """Live Python backend stubs of ``model`` in the server's session (command line names
+    ``<repository>/<model>/1/model.py``)."""
+    found = []
+    for pid in _session_pids(server_pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if argv[0].endswith(b"triton_python_backend_stub") and argv[1].endswith(
+            f"/{model}/1/model.py".encode()
+        ):
+            found.append(pid)
+    return found
+
+
+def test_serve_reloads_a_model_whose_stub_was_killed(tmp_path: Path) -> None:
+    proc, log, grpc = start_serve(tmp_path)
+    try:
+        pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
+        server_pid = int(re.findall(r"\d+", pid_line)[0])
+        wait_for_line(log, r"hloserve: ready after", proc, 240)
+        front, runtime = stub_pids(server_pid, "affine"), stub_pids(server_pid, "hloserve_runtime")
+        assert len(front) == 2 and len(runtime) == 1, (front, runtime)
+        os.kill(front[0], signal.SIGKILL)
+        os.kill(runtime[0], signal.SIGKILL)
+        for model, pid in (("affine", front[0]), ("hloserve_runtime", runtime[0])):
+            wait_for_line(
+                log,
+                rf"model '{model}': Python backend stub pid {pid} \({model}_0_\d\) died "
+                r"\(signal 9, SIGKILL\); reloading",
+                proc,
+                30,
+            )
+            wait_for_line(log, rf"model '{model}': reloaded", proc, 120)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        for _ in range(20):  # both front instances serve again (round robin); every one succeeds
+            assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
+        assert front[0] not in stub_pids(server_pid, "affine")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

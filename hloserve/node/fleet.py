@@ -286,11 +286,20 @@ def supervise(
     """Watch a started fleet until ``stop`` is set (0) or nothing is left to serve (1).
 
     A worker that exits is reported once and left to the gateway's health probes; the others
-    and the gateway keep running. Returns 1 when the gateway stops by itself or every worker
-    has exited.
+    and the gateway keep running. A model whose Python backend stub dies on a worker is
+    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Returns 1 when the gateway
+    stops by itself or every worker has exited.
     """
+    from hloserve.node.serve import stub_watchdog
+
     reported: set[int] = set()
+    watchdogs = {id(server): stub_watchdog(server) for server in fleet.servers}
     while not stop.wait(poll_s):
+        for server in fleet.servers:
+            if id(server) not in watchdogs:  # restarted by restart_worker
+                watchdogs[id(server)] = stub_watchdog(server)
+            if server.is_running():
+                watchdogs[id(server)].check()
         for i, code in enumerate(fleet.exit_codes()):
             if code is not None and i not in reported:
                 reported.add(i)

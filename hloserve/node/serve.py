@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,11 +30,14 @@ from hloserve.node.tritonserver import (
     TritonServer,
     TritonServerError,
     TritonServerOptions,
+    check_ports_free,
     free_port,
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.build import WeightCacheOptions
+    from hloserve.node.fleet import WorkerPorts
+    from hloserve.node.watchdog import StubWatchdog
 
 log = logging.getLogger("hloserve.serve")
 
@@ -63,8 +67,11 @@ class ServeOptions:
         grpc_port: KServe V2 gRPC port (Triton's default 8001).
         metrics_port: Prometheus metrics port (Triton's default 8002).
         host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
-        model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit).
-        load_models: ``--load-model`` names, with ``explicit`` mode.
+        model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
+            None = explicit with ``--load-model=*``: everything loads at start, as with none,
+            and a model whose Python backend stub dies is reloaded (:mod:`.watchdog`).
+        load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
+            the models a meta calls are added (:func:`with_dependencies`).
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
         front_instances: CPU instances of each front model (``instance_group.count``).
@@ -88,7 +95,7 @@ class ServeOptions:
     grpc_port: int = 8001
     metrics_port: int = 8002
     host: str = "127.0.0.1"
-    model_control_mode: ModelControlMode = "none"
+    model_control_mode: ModelControlMode | None = None
     load_models: Sequence[str] = ()
     repository_out: Path | None = None
     front_instances: int = 2
@@ -166,7 +173,6 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     Raises:
         InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
     """
-    from hloserve.model_repository_tools import names
     from hloserve.triton_backend.backends import backend_dirs
 
     ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
@@ -175,16 +181,19 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
             raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
     if len(set(ports.values())) != len(ports):
         raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    mode = options.model_control_mode
     load_models = tuple(options.load_models)
-    if load_models and "*" not in load_models and names.RUNTIME_MODEL not in load_models:
-        load_models += (names.RUNTIME_MODEL,)  # every front needs it; else requests wait 120 s
+    if mode is None:  # load everything, and let the stub watchdog reload a model
+        mode, load_models = "explicit", ("*",)
+    if load_models and "*" not in load_models:
+        load_models = with_dependencies(repository, load_models)
     return TritonServerOptions(
         model_repository=repository,
         http_port=options.http_port,
         grpc_port=options.grpc_port,
         metrics_port=options.metrics_port,
         host=options.host,
-        model_control_mode=options.model_control_mode,
+        model_control_mode=mode,
         load_models=load_models,
         extra_backend_dirs=backend_dirs(),
         extra_args=(
@@ -197,18 +206,112 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     )
 
 
+def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
+    """``models`` plus what they need loaded: the runtime model (every front calls it; without
+    it requests wait 120 s) and, transitively, the models each meta's ``meta.calls`` names.
+
+    A name without ``<repository>/<name>/config.pbtxt`` is kept as is (Triton reports it).
+    Dependencies follow the models they serve, in first-seen order.
+
+    Raises:
+        InvalidArgumentError: a config.pbtxt does not parse.
+    """
+    from hloserve.model_repository_tools import names
+    from hloserve.model_repository_tools.config import parse_config
+
+    result: list[str] = []
+    pending = list(models)
+    while pending:
+        name = pending.pop(0)
+        if name in result:
+            continue
+        result.append(name)
+        config_path = repository / name / "config.pbtxt"
+        if not config_path.is_file():
+            continue
+        config = parse_config(config_path)
+        if names.PARAM_META_CALLS in config.parameters:
+            calls = config.parameters[names.PARAM_META_CALLS].string_value
+            pending += [c for c in calls.split(names.BUNDLES_SEPARATOR) if c]
+    if names.RUNTIME_MODEL not in result:
+        result.append(names.RUNTIME_MODEL)
+    return tuple(result)
+
+
+def check_options(options: ServeOptions) -> None:
+    """Refuse bad settings before anything is built or started.
+
+    Raises:
+        InvalidArgumentError: --load-model without explicit mode, --workers or
+            --front-instances below 1, --gateway-config with one worker, a port out of range
+            or shared by two endpoints, or a host that does not resolve.
+        PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
+            (``--workers`` above 1) is already bound on the host.
+    """
+    if options.load_models and options.model_control_mode != "explicit":
+        raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    if options.workers < 1:
+        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
+    if options.front_instances < 1:
+        raise InvalidArgumentError(
+            f"--front-instances must be at least 1, got {options.front_instances}"
+        )
+    if options.gateway_config is not None and options.workers == 1:
+        raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    try:
+        socket.getaddrinfo(options.host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidArgumentError(
+            f"cannot resolve host '{options.host}' ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    if options.workers == 1:
+        ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
+        ports["metrics"] = options.metrics_port
+        for endpoint, port in ports.items():
+            if not 1 <= port <= 65535:
+                raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+        if len(set(ports.values())) != len(ports):
+            raise InvalidArgumentError(
+                f"HTTP, gRPC and metrics need three different ports: {ports}"
+            )
+        check_ports_free(options.host, ports)
+        return
+    gateway = {"gRPC": options.grpc_port, "admin (--metrics-port)": options.metrics_port}
+    for endpoint, port in gateway.items():
+        if not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
+    if options.grpc_port != 0 and options.grpc_port == options.metrics_port:
+        raise InvalidArgumentError(
+            f"the gateway's gRPC and admin ports must differ, both are {options.grpc_port}"
+        )
+    check_ports_free(options.host, {k: v for k, v in gateway.items() if v}, "gateway ")
+    if options.worker_port_base:
+        from hloserve.node.fleet import worker_ports
+
+        workers = worker_ports(options.workers, options.worker_port_base, options.host)
+        _check_worker_ports(options, workers)
+        for i, w in enumerate(workers):
+            endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
+            check_ports_free(options.host, endpoints, f"worker {i} ")
+
+
+def _check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
+    taken = {options.grpc_port, options.metrics_port} - {0}
+    clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
+    if clash:
+        raise InvalidArgumentError(
+            f"worker ports from --worker-port-base {options.worker_port_base} include the "
+            f"gateway's port(s) {clash}; choose another base"
+        )
+
+
 def run_serve(options: ServeOptions) -> int:
     """Serve until Ctrl-C or SIGTERM (exit 0) or until tritonserver dies (exit 1).
 
     Raises:
         HloserveError: the repository cannot be prepared, or the server cannot start.
     """
-    if options.load_models and options.model_control_mode != "explicit":
-        raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
-    if options.workers < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
-    if options.gateway_config is not None and options.workers == 1:
-        raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    check_options(options)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -236,6 +339,7 @@ def run_serve(options: ServeOptions) -> int:
                     flush=True,
                 )
                 waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
+                watchdog = stub_watchdog(server)
                 if waited is not None:
                     states = model_states(urls.http)
                     for name, (state, reason) in states.items():
@@ -248,6 +352,7 @@ def run_serve(options: ServeOptions) -> int:
                         flush=True,
                     )
                 while not stop.wait(0.5):
+                    watchdog.check()
                     code = server.exit_code()
                     if code is not None:
                         how = (
@@ -270,19 +375,10 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
     """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
     from hloserve.node.fleet import LocalFleet, fleet_gateway_config, supervise, worker_ports
 
-    for endpoint, port in (("gRPC", options.grpc_port), ("metrics", options.metrics_port)):
-        if not 0 <= port <= 65535:
-            raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
     if options.grpc_port == 0:
         options = dataclasses.replace(options, grpc_port=free_port(options.host))
     ports = worker_ports(options.workers, options.worker_port_base, options.host)
-    taken = {options.grpc_port, options.metrics_port} - {0}
-    clash = sorted(taken & {p for w in ports for p in (w.http, w.grpc, w.metrics)})
-    if clash:
-        raise InvalidArgumentError(
-            f"worker ports from --worker-port-base {options.worker_port_base} include the "
-            f"gateway's port(s) {clash}; choose another base"
-        )
+    _check_worker_ports(options, ports)
     workers = [
         server_options(
             dataclasses.replace(
@@ -324,6 +420,8 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
                 if state != "READY":
                     failed += 1
                     print(f"  worker {i} model {name}: {state} - {reason}")
+        for server in fleet.servers:
+            server.stub_processes()  # the stub watchdog knows each live stub from now on
         names = sorted(model_states(fleet.servers[0].urls.http))
         print(f"  models: {', '.join(names)}")
         print(
@@ -336,6 +434,19 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
     finally:
         fleet.close()
         print("hloserve: stopped", flush=True)
+
+
+def stub_watchdog(server: TritonServer) -> StubWatchdog:
+    """The watchdog of a server: it reloads models in explicit mode, else only reports."""
+    from hloserve.node.watchdog import StubWatchdog, reload_model
+
+    http = server.urls.http
+    explicit = server.options.model_control_mode == "explicit"
+    return StubWatchdog(
+        server,
+        (lambda model: reload_model(http, model)) if explicit else None,
+        lambda line: print(line, flush=True),
+    )
 
 
 def model_states(http_url: str) -> dict[str, tuple[str, str]]:

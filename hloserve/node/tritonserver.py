@@ -297,6 +297,53 @@ class TritonServerUrls:
     metrics: str | None
 
 
+@dataclass(frozen=True)
+class StubProcess:
+    """One Python backend stub process of a server (one per model instance).
+
+    Attributes:
+        pid: process id.
+        model: the model's name (the stub's command line names
+            ``<repository>/<model>/<version>/model.py``).
+        version: the model version directory name.
+        instance: Triton's instance name, e.g. ``digits_0_1``.
+        wait_status: the ``waitpid`` status of a dead stub that its server has not reaped yet
+            (a zombie; ``/proc/<pid>/stat`` field 52), None while the stub runs.
+    """
+
+    pid: int
+    model: str
+    version: str
+    instance: str
+    wait_status: int | None = None
+
+    @property
+    def dead(self) -> bool:
+        """Whether the stub has exited (its server has not noticed: Triton reaps it on unload)."""
+        return self.wait_status is not None
+
+    @classmethod
+    def from_proc(cls, pid: int, argv: Sequence[str], stat: str) -> StubProcess | None:
+        """The stub described by a command line and a ``/proc/<pid>/stat`` line, or None when
+        the process is not a Python backend stub.
+
+        The 2.51 stub runs as ``triton_python_backend_stub <model.py> <shm region> <shm size>
+        <shm growth> <parent pid> <python backend dir> <ipc size> <instance name> ...``.
+        """
+        if len(argv) < 2 or Path(argv[0]).name != _STUB:
+            return None
+        model_py = Path(argv[1])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        zombie = fields[0] in ("Z", "X")
+        return cls(
+            pid=pid,
+            model=model_py.parent.parent.name,
+            version=model_py.parent.name,
+            instance=argv[8] if len(argv) > 8 else "",
+            wait_status=int(fields[-1]) if zombie else None,
+        )
+
+
 class TritonServer:
     """One local tritonserver process and the stub processes it starts.
 
@@ -314,6 +361,7 @@ class TritonServer:
         self._tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
         self._log_handle: IO[bytes] | None = None
         self._forwarder: threading.Thread | None = None
+        self._stub_argv: dict[int, list[str]] = {}  # a zombie's /proc cmdline is empty
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -339,6 +387,36 @@ class TritonServer:
     def is_running(self) -> bool:
         """Whether the tritonserver process has been started and has not exited."""
         return self._process is not None and self._process.poll() is None
+
+    def stub_processes(self) -> list[StubProcess]:
+        """The Python backend stubs of this server's session, dead (unreaped) ones included."""
+        if self._process is None:
+            return []
+        session = self._process.pid
+        stubs = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                group, sid = stat[stat.rindex(")") + 2 :].split()[2:4]
+                if session not in (int(group), int(sid)):
+                    continue
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            words = [a.decode(errors="replace") for a in argv if a]
+            if not words:  # a zombie's cmdline is empty: use what was seen while it ran
+                words = self._stub_argv.get(pid, [])
+            elif Path(words[0]).name == _STUB:
+                self._stub_argv[pid] = words
+            else:
+                self._stub_argv.pop(pid, None)  # the pid was reused
+            stub = StubProcess.from_proc(pid, words, stat)
+            if stub is not None:
+                stubs.append(stub)
+        return stubs
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -639,7 +717,20 @@ def _remove_tree(path: Path) -> None:
 
 
 def _check_ports_free(host: str, ports: Mapping[str, int]) -> None:
-    """Raise PortInUseError if a port cannot be bound on ``host`` (TIME_WAIT is not "in use")."""
+    check_ports_free(host, ports, "tritonserver: ")
+
+
+def check_ports_free(host: str, ports: Mapping[str, int], what: str = "") -> None:
+    """Raise PortInUseError if a port cannot be bound on ``host`` (TIME_WAIT is not "in use").
+
+    Args:
+        host: the address the ports will be bound on.
+        ports: port by endpoint name ("gRPC", "metrics", ...).
+        what: prefix of the message's endpoint name, e.g. "gateway ".
+
+    Raises:
+        PortInUseError: (UNAVAILABLE) "<what><endpoint> port <host>:<port> is already in use".
+    """
     for endpoint, port in ports.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -647,7 +738,7 @@ def _check_ports_free(host: str, ports: Mapping[str, int]) -> None:
                 sock.bind((host, port))
             except OSError as e:
                 raise PortInUseError(
-                    f"tritonserver: {endpoint} port {host}:{port} is already in use ({e})"
+                    f"{what}{endpoint} port {host}:{port} is already in use ({e})"
                 ) from e
 
 

@@ -1,0 +1,132 @@
+"""Reload a model whose Python backend stub process died.
+
+Triton 2.51's Python backend never restarts a stub that died (SIGKILL, the OOM killer, a model
+calling ``os._exit``): the model stays READY, and every request routed to that instance fails
+INTERNAL "Stub process '<instance>' is not healthy." until the model is reloaded. Triton does not
+reap the dead stub either, so it stays a zombie of tritonserver whose ``/proc`` entry still holds
+its exit status. :class:`StubWatchdog` polls a :class:`~hloserve.node.tritonserver.TritonServer`'s
+stubs, reports each death once ("model 'digits': Python backend stub pid 4242 (digits_0_1)
+died (signal 9, SIGKILL); reloading") and reloads the model through Triton's repository API
+(``POST /v2/repository/models/<model>/load`` with the model's own configuration, which makes
+Triton load fresh instances even though no file changed, then swap them in). This needs
+``--model-control-mode=explicit``; ``hloserve serve`` uses it (with ``--load-model=*``) unless
+another mode is asked for, in which case the death is only reported.
+
+A reload of the runtime model (``hloserve_runtime``) is retried by the fronts as UNAVAILABLE
+for up to ``hloserve.runtime_wait_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from hloserve.node.tritonserver import StubProcess, TritonServer
+
+log = logging.getLogger("hloserve.watchdog")
+
+
+def describe_wait_status(status: int) -> str:
+    """A ``waitpid`` status in words: "signal 9, SIGKILL" or "exit code 3"."""
+    if status & 0x7F:
+        number = status & 0x7F
+        try:
+            return f"signal {number}, {signal.Signals(number).name}"
+        except ValueError:
+            return f"signal {number}"
+    return f"exit code {(status >> 8) & 0xFF}"
+
+
+def reload_model(http_url: str, model: str, timeout_s: float = 600.0) -> None:
+    """Load ``model`` again with its current configuration, even though no file changed.
+
+    Args:
+        http_url: the server's HTTP endpoint, ``host:port``.
+        model: the model name.
+        timeout_s: seconds the load may take.
+
+    Raises:
+        tritonclient.utils.InferenceServerException: Triton refused or failed the load (for
+            instance "explicit model load / unload is not allowed" outside explicit mode).
+    """
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(
+        http_url, connection_timeout=timeout_s, network_timeout=timeout_s
+    )
+    try:
+        config = client.get_model_config(model)
+        client.load_model(model, config=json.dumps(config))
+    finally:
+        client.close()
+
+
+class StubWatchdog:
+    """Notices dead stubs of one server and reloads their models.
+
+    Args:
+        server: the started server.
+        reload: called with a model name to reload it (in a thread of its own); None only
+            reports deaths (the server is not in explicit mode).
+        report: receives one line per event (death, reload done or failed).
+
+    Call :meth:`check` periodically (every half second is cheap: one scan of ``/proc``).
+    """
+
+    def __init__(
+        self,
+        server: TritonServer,
+        reload: Callable[[str], None] | None,
+        report: Callable[[str], None] = log.warning,
+    ) -> None:
+        self.server = server
+        self.reload = reload
+        self.report = report
+        self._seen: set[int] = set()  # dead stub pids already handled
+        self._reloading: dict[str, threading.Thread] = {}
+        server.stub_processes()  # learn the live stubs' command lines (a zombie's is empty)
+
+    def check(self) -> list[StubProcess]:
+        """Report (and reload) every stub death not seen before; return those deaths."""
+        dead = [s for s in self.server.stub_processes() if s.dead and s.pid not in self._seen]
+        for stub in dead:
+            self._seen.add(stub.pid)
+        for model in sorted({s.model for s in dead}):
+            stubs = [s for s in dead if s.model == model]
+            what = ", ".join(
+                f"pid {s.pid} ({s.instance}) died ({describe_wait_status(s.wait_status or 0)})"
+                for s in stubs
+            )
+            thread = self._reloading.get(model)
+            if self.reload is None:
+                self.report(
+                    f"hloserve: model '{model}': Python backend stub {what}; its requests fail "
+                    "until the server restarts (reloading needs --model-control-mode explicit)"
+                )
+            else:
+                self.report(f"hloserve: model '{model}': Python backend stub {what}; reloading")
+                if thread is not None and thread.is_alive():
+                    continue  # the reload in flight loads fresh instances
+                thread = threading.Thread(
+                    target=self._reload, args=(model,), name=f"reload-{model}", daemon=True
+                )
+                self._reloading[model] = thread
+                thread.start()
+        return dead
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        """Wait for the reloads in flight (tests)."""
+        for thread in list(self._reloading.values()):
+            thread.join(timeout_s)
+
+    def _reload(self, model: str) -> None:
+        assert self.reload is not None
+        try:
+            self.reload(model)
+        except Exception as exc:  # reported, never raised: the watchdog keeps watching
+            self.report(f"hloserve: model '{model}': reload failed: {exc}")
+        else:
+            self.report(f"hloserve: model '{model}': reloaded")

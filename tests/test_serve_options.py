@@ -1,0 +1,151 @@
+"""``hloserve serve``'s option checks, load list and stub watchdog logic, without tritonserver."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from hloserve.errors import InvalidArgumentError, Status
+from hloserve.node.serve import ServeOptions, check_options, server_options, with_dependencies
+from hloserve.node.tritonserver import PortInUseError, StubProcess, free_ports
+from hloserve.node.watchdog import StubWatchdog, describe_wait_status
+
+
+def write_config(repo: Path, name: str, calls: str | None = None) -> None:
+    (repo / name).mkdir(parents=True)
+    text = f'name: "{name}"\n'
+    if calls is not None:
+        text += f'parameters {{ key: "hloserve.meta_calls" value {{ string_value: "{calls}" }} }}\n'
+    (repo / name / "config.pbtxt").write_text(text)
+
+
+def test_explicit_load_of_a_meta_loads_what_it_calls_transitively(tmp_path: Path) -> None:
+    write_config(tmp_path, "cascade", "fast,outer")
+    write_config(tmp_path, "outer", "slow,fast")  # a meta calling a meta
+    write_config(tmp_path, "fast")
+    write_config(tmp_path, "slow")
+    write_config(tmp_path, "unrelated")
+    write_config(tmp_path, "hloserve_runtime")
+    options = ServeOptions(path=tmp_path, model_control_mode="explicit", load_models=("cascade",))
+    loads = tuple(server_options(options, tmp_path).load_models)
+    assert loads == ("cascade", "fast", "outer", "slow", "hloserve_runtime")
+    assert with_dependencies(tmp_path, ["fast", "missing"]) == (
+        "fast",
+        "missing",
+        "hloserve_runtime",
+    )
+
+
+def test_default_mode_is_explicit_loading_everything(tmp_path: Path) -> None:
+    options = server_options(ServeOptions(path=tmp_path), tmp_path)
+    assert (options.model_control_mode, tuple(options.load_models)) == ("explicit", ("*",))
+    kept = server_options(ServeOptions(path=tmp_path, model_control_mode="none"), tmp_path)
+    assert (kept.model_control_mode, tuple(kept.load_models)) == ("none", ())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"host": "999.1.1.1"}, "cannot resolve host '999.1.1.1'"),
+        ({"front_instances": 0}, "--front-instances must be at least 1, got 0"),
+        ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
+        ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
+        ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
+    ],
+)
+def test_bad_options_are_refused(tmp_path: Path, change: dict[str, object], message: str) -> None:
+    http, grpc, metrics = free_ports(3)
+    base = {"path": tmp_path, "http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+    with pytest.raises(InvalidArgumentError, match=message.replace(".", r"\.")) as info:
+        check_options(ServeOptions(**{**base, **change}))  # type: ignore[arg-type]
+    assert info.value.status is Status.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("busy", ["grpc_port", "metrics_port"])
+def test_a_busy_gateway_port_is_refused_up_front(tmp_path: Path, busy: str) -> None:
+    http, grpc, metrics = free_ports(3)
+    ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports[busy]))
+        holder.listen()
+        options = ServeOptions(path=tmp_path, workers=2, worker_port_base=0, **ports)  # type: ignore[arg-type]
+        with pytest.raises(
+            PortInUseError, match=f"gateway .*port 127.0.0.1:{ports[busy]} is already in use"
+        ) as info:
+            check_options(options)
+    assert info.value.status is Status.UNAVAILABLE
+    check_options(options)  # free again
+
+
+def test_stub_process_from_proc() -> None:
+    argv = ["/b/python/triton_python_backend_stub", "/repo/digits/1/model.py", "shm", "1", "1",
+            "40", "/b/python", "336", "digits_0_1", "/b/hloserve_front"]  # fmt: skip
+    running = StubProcess.from_proc(42, argv, "42 (triton_python_b) S 40 40 40 0 0")
+    assert running == StubProcess(42, "digits", "1", "digits_0_1", None) and not running.dead
+    zombie = StubProcess.from_proc(42, argv, "42 (triton_python_b) Z 40 40 40 0 0 9")
+    assert zombie is not None and zombie.dead and zombie.wait_status == 9
+    assert StubProcess.from_proc(7, ["/usr/bin/python3", "x.py"], "7 (python3) S 1 7 7") is None
+
+
+def test_describe_wait_status() -> None:
+    assert describe_wait_status(int(signal.SIGKILL)) == "signal 9, SIGKILL"
+    assert describe_wait_status(3 << 8) == "exit code 3"
+
+
+class FakeServer:
+    """Stub lists a test controls (the watchdog's only view of a server)."""
+
+    def __init__(self) -> None:
+        self.stubs: list[StubProcess] = []
+
+    def stub_processes(self) -> list[StubProcess]:
+        return list(self.stubs)
+
+
+def test_watchdog_reports_each_death_once_and_reloads_the_model() -> None:
+    server = FakeServer()
+    reloaded: list[str] = []
+    lines: list[str] = []
+    watchdog = StubWatchdog(server, reloaded.append, lines.append)  # type: ignore[arg-type]
+    server.stubs = [
+        StubProcess(5, "digits", "1", "digits_0_1", 9),
+        StubProcess(6, "x", "1", "x_0_0"),
+    ]
+    assert [s.pid for s in watchdog.check()] == [5]
+    watchdog.join()
+    assert watchdog.check() == []  # the same zombie is not reported again
+    watchdog.join()
+    assert reloaded == ["digits"]
+    assert lines == [
+        "hloserve: model 'digits': Python backend stub pid 5 (digits_0_1) died "
+        "(signal 9, SIGKILL); reloading",
+        "hloserve: model 'digits': reloaded",
+    ]
+
+
+def test_watchdog_without_explicit_mode_only_reports() -> None:
+    server = FakeServer()
+    lines: list[str] = []
+    watchdog = StubWatchdog(server, None, lines.append)  # type: ignore[arg-type]
+    server.stubs = [StubProcess(5, "digits", "1", "digits_0_0", 3 << 8)]
+    watchdog.check()
+    assert (
+        len(lines) == 1 and "died (exit code 3)" in lines[0] and "--model-control-mode" in lines[0]
+    )
+
+
+def test_watchdog_reports_a_failed_reload() -> None:
+    server = FakeServer()
+    lines: list[str] = []
+
+    def fail(model: str) -> None:
+        raise RuntimeError(f"cannot load {model}")
+
+    watchdog = StubWatchdog(server, fail, lines.append)  # type: ignore[arg-type]
+    server.stubs = [StubProcess(5, "digits", "1", "digits_0_0", 9)]
+    watchdog.check()
+    watchdog.join()
+    assert lines[-1] == "hloserve: model 'digits': reload failed: cannot load digits"
