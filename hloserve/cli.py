@@ -97,9 +97,9 @@ def _repo_validate(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hloserve.node.status import cache_status, fetch_metrics, render_status
+    from hloserve.node.status import cache_status, fetch_metrics, print_quietly, render_status
 
-    print(render_status(cache_status(fetch_metrics(args.url))))
+    print_quietly(render_status(cache_status(fetch_metrics(args.url))))
     return 0
 
 

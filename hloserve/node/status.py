@@ -8,7 +8,10 @@ covers the Prometheus text exposition format as Triton writes it (one sample per
 
 from __future__ import annotations
 
+import http.client
+import os
 import re
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -105,16 +108,36 @@ def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
 
     Raises:
         UnavailableError: the endpoint cannot be reached.
+        InvalidArgumentError: something answers there, but not like a metrics endpoint (an
+            HTTP error status, or not HTTP/1 at all, e.g. Triton's gRPC port).
     """
     if "://" not in url:
         url = f"http://{url}"
     if not url.rstrip("/").endswith("/metrics"):
         url = url.rstrip("/") + "/metrics"
+    not_metrics = f"{url} does not answer like Triton's metrics endpoint (--metrics-port, 8002)"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return str(response.read().decode())
+    except urllib.error.HTTPError as exc:  # an HTTP server, but not that endpoint (404, 400)
+        raise InvalidArgumentError(f"{not_metrics}: HTTP {exc.code} {exc.reason}") from None
+    except (http.client.HTTPException, UnicodeDecodeError) as exc:  # e.g. a gRPC port
+        raise InvalidArgumentError(f"{not_metrics}: {type(exc).__name__}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise UnavailableError(f"{url}: cannot read metrics: {exc}") from None
+
+
+def print_quietly(text: str) -> None:
+    """Print ``text`` to stdout; a reader that went away (``| head``) ends it quietly.
+
+    On ``BrokenPipeError`` stdout is pointed at ``/dev/null`` so that the interpreter's final
+    flush does not fail again (the recipe of the Python ``signal`` module's documentation).
+    """
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def render_status(status: CacheStatus) -> str:
@@ -154,4 +177,11 @@ def _size(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-__all__ = ["CacheStatus", "ModelCacheRow", "cache_status", "fetch_metrics", "render_status"]
+__all__ = [
+    "CacheStatus",
+    "ModelCacheRow",
+    "cache_status",
+    "fetch_metrics",
+    "print_quietly",
+    "render_status",
+]

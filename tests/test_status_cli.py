@@ -1,0 +1,77 @@
+"""``hloserve status`` pointed at the wrong port, and piped into a reader that stops early."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+
+from hloserve.errors import InvalidArgumentError, UnavailableError
+from hloserve.node.status import fetch_metrics
+from hloserve.node.tritonserver import free_port
+
+
+@pytest.fixture
+def grpc_port() -> Iterator[int]:
+    """A gRPC server with no services on loopback (what Triton's gRPC port looks like to HTTP/1)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port
+    server.stop(grace=None)
+
+
+@pytest.fixture
+def http_error_port() -> Iterator[int]:
+    """An HTTP server that answers every GET with an error status (501: no handler)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def test_a_grpc_port_is_named_as_not_a_metrics_endpoint(grpc_port: int) -> None:
+    with pytest.raises(InvalidArgumentError, match="does not answer like Triton's metrics"):
+        fetch_metrics(f"127.0.0.1:{grpc_port}", timeout_s=10)
+
+
+def test_an_http_error_is_named_as_not_a_metrics_endpoint(http_error_port: int) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"metrics endpoint .*: HTTP 501"):
+        fetch_metrics(f"127.0.0.1:{http_error_port}", timeout_s=10)
+
+
+def test_nothing_listening_is_unavailable() -> None:
+    with pytest.raises(UnavailableError, match="cannot read metrics"):
+        fetch_metrics(f"127.0.0.1:{free_port()}", timeout_s=10)
+
+
+def test_cli_on_a_grpc_port_prints_one_error_line(grpc_port: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hloserve.cli", "status", f"127.0.0.1:{grpc_port}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("error (INVALID_ARGUMENT): http://127.0.0.1:")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly() -> None:
+    code = "from hloserve.node.status import print_quietly; print_quietly('row\\n' * 200000)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"row\n"
+    proc.stdout.close()  # `| head -1`
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr.read() == b""
+    proc.stderr.close()
