@@ -73,6 +73,9 @@ def test_convert_rewrites_text_as_portable_artifacts(
         tiny_bundle, lambda d: d.update(executables={1: "model.b1.mlir", 4: "model.b4.mlir"})
     )
     assert all(p.warning for p in validate_bundle(tiny_bundle))
+    result = hloserve("bundle", "validate", tiny_bundle)
+    assert result.returncode == 0, result.stderr  # warnings only: valid
+    assert "tiny/model.b1.mlir: warning: MLIR text, not a portable artifact" in result.stderr
     result = hloserve("bundle", "convert", tiny_bundle)
     assert result.returncode == 0, result.stderr
     assert "converted model.b1.mlir, model.b4.mlir" in result.stdout

@@ -135,6 +135,11 @@ def test_calls_are_checked_against_the_bundles_being_built(tmp_path: Path) -> No
         (None, "model.py: missing: a meta bundle needs model.py defining run(inputs, call)"),
         ("def runner(inputs, call):\n    pass\n", "model.py: does not define a top-level"),
         ("def run(inputs:\n", "model.py: line 1: syntax error"),
+        (  # only the compiler refuses these (ast.parse accepts them)
+            "import os\nfrom __future__ import annotations\n" + RUN,
+            "model.py: line 2: syntax error: from __future__ imports must occur at the beginning",
+        ),
+        ("return 1\n" + RUN, "model.py: line 1: syntax error: 'return' outside function"),
         ("def run(inputs):\n    pass\n", "takes 1 positional argument(s), expected 2"),
         ("async def run(inputs, call):\n    pass\n", "run must be a plain function, not async"),
     ],

@@ -3,13 +3,15 @@
 ``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
 every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
 A meta bundle (``kind: meta``) has no executable: its ``model.py`` must define a top-level
-``run(inputs, call)`` (read with :mod:`ast`; nothing is imported or run), and each model in
-``meta.calls`` must be among the bundles being built, not a meta, and not the meta itself.
+``run(inputs, call)`` (read with :mod:`ast` and compiled; nothing is imported or run), and each
+model in ``meta.calls`` must be among the bundles being built, not a meta, and not the meta
+itself. A model's ``model.py`` (hooks) is parsed and compiled the same way.
 """
 
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ class Problem:
     warning: bool = False
 
     def __str__(self) -> str:
-        return f"{'warning: ' if self.warning else ''}{self.file}: {self.message}"
+        return f"{self.file}: {'warning: ' if self.warning else ''}{self.message}"
 
 
 class BundleError(InvalidArgumentError):
@@ -149,11 +151,12 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
             for h in needed
         ]
     try:
-        tree = ast.parse(file.read_text(), filename=str(file))
+        source = file.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    except SyntaxError as exc:
-        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
+    tree = _parse(file, source)
+    if isinstance(tree, Problem):
+        return [tree]
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     return [
         Problem(
@@ -166,6 +169,26 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
     ]
 
 
+def _parse(file: Path, source: str) -> ast.Module | Problem:
+    """``model.py``'s syntax tree, or the problem that stops Python from importing it.
+
+    Besides parsing, the source is compiled (never run): the compiler alone refuses some
+    code the parser accepts (a ``from __future__`` import after other statements, ``return``
+    outside a function, ``nonlocal`` at module level). Warnings the compiler raises (invalid
+    escape sequences) are left for the import to report.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, filename=str(file))
+            compile(source, str(file), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")
+    except ValueError as exc:  # null bytes in the source
+        return Problem(MODEL_PY, f"cannot compile: {exc}")
+    return tree
+
+
 def _check_run(file: Path) -> list[Problem]:
     """Problems with a meta's ``model.py``: it must define a top-level ``run(inputs, call)``."""
     try:
@@ -176,10 +199,9 @@ def _check_run(file: Path) -> list[Problem]:
         ]
     except (OSError, UnicodeDecodeError) as exc:
         return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    try:
-        tree = ast.parse(source, filename=str(file))
-    except SyntaxError as exc:
-        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
+    tree = _parse(file, source)
+    if isinstance(tree, Problem):
+        return [tree]
     runs = [
         node
         for node in tree.body
