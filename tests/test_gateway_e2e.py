@@ -119,8 +119,12 @@ def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: LocalFleet) ->
 
 
 def test_killing_a_worker_under_load(fleet: LocalFleet, gateway: Any, digits_model: Any) -> None:
-    """Runs last: affine (2 replicas) never fails; digits (1 replica, on worker 0) answers
-    UNAVAILABLE while worker 0 is down and serves again once it is back."""
+    """Runs last: affine (2 replicas) keeps serving; digits (1 replica, on worker 0) answers
+    UNAVAILABLE while worker 0 is down and serves again once it is back.
+
+    The one load thread's request that worker 0 may hold when it is killed fails UNAVAILABLE
+    and is not re-sent (query-of-death protection, docs/gateway.md "Proxy"); every other
+    affine request succeeds."""
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     expected = _affine(_direct(fleet, 1), x)
     image = digits_model.load_split()[2][:1].astype(np.float32)
@@ -168,5 +172,9 @@ def test_killing_a_worker_under_load(fleet: LocalFleet, gateway: Any, digits_mod
     finally:
         done.set()
         thread.join(60)
-    assert failures == [], failures[:3]
+    assert len(failures) <= 1, failures[:3]
+    for failure in failures:  # the request worker 0 held when it was killed, if any
+        assert isinstance(failure, InferenceServerException), failure
+        assert failure.status() == "StatusCode.UNAVAILABLE", failure
+        assert "failed while it held the request" in str(failure), failure
     assert served[0] >= during + 20
