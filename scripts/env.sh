@@ -6,15 +6,22 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 
 _make_venv() {  # _make_venv DIR STAMP_TEXT PIP_ARGS...
+  # pip's output (warnings and build banners included) goes to DIR/pip-install.log; the
+  # terminal gets one line per environment, and the log's tail only when pip fails.
   local dir="$1" stamp="$2"; shift 2
   if [ -f "$dir/.hloserve-stamp" ] && [ "$(cat "$dir/.hloserve-stamp")" = "$stamp" ]; then
     return 0
   fi
-  echo "==> setting up $dir (pip install $*)"
+  local log="$dir/pip-install.log"
+  echo "==> setting up $dir (pip install $*; a few minutes; log: $log)"
   rm -rf "$dir"
   "$PYTHON" -m venv "$dir"
-  "$dir/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
-  "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+  if ! { "$dir/bin/pip" install --disable-pip-version-check --upgrade pip \
+       && "$dir/bin/pip" install --disable-pip-version-check "$@"; } >"$log" 2>&1; then
+    echo "error: pip install into $dir failed; the end of $log:" >&2
+    tail -n 30 "$log" >&2
+    return 1
+  fi
   echo "$stamp" > "$dir/.hloserve-stamp"
 }
 
