@@ -110,6 +110,37 @@ def test_answers_equal_direct_and_spread_over_workers(
     assert counts == [4, 3]  # round robin: 3 each, plus the direct one on worker 0
 
 
+def test_impossible_batch_sizes_are_refused_by_the_gateway(
+    fleet: tuple[list[TritonServer], Any],
+) -> None:
+    """0 rows or more than the worker-reported max_batch_size: INVALID_ARGUMENT from the
+    gateway, and no worker counts a request."""
+    from tritonclient.utils import InferenceServerException
+
+    servers, gateway = fleet
+    limit = gateway.get_model_config("affine").config.max_batch_size
+
+    def counts() -> list[tuple[int, int]]:  # (successes, failures) per worker
+        stats = [
+            grpcclient.InferenceServerClient(server.urls.grpc)
+            .get_inference_statistics("affine")
+            .model_stats[0]
+            .inference_stats
+            for server in servers
+        ]
+        return [(s.success.count, s.fail.count) for s in stats]
+
+    before = counts()
+    for rows, match in ((0, "batch size 0"), (limit + 1, f"max_batch_size {limit}")):
+        tensor = grpcclient.InferInput("x", [rows, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((rows, 4), np.float32))
+        with pytest.raises(InferenceServerException, match=match) as info:
+            gateway.infer("affine", [tensor])
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "model 'affine', input 'x'" in str(info.value)
+    assert counts() == before
+
+
 def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any]) -> None:
     """Row 64: with one worker stopped every request still succeeds (runs last: it stops one)."""
     servers, gateway = fleet
