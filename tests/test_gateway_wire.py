@@ -1,4 +1,4 @@
-"""Partial decoding of ModelInferRequest bytes (ReactantServer row 62)."""
+"""Reading the head of ModelInferRequest bytes (ReactantServer row 62)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,36 @@ def test_inputs_and_check_shapes() -> None:
     assert negative.inputs == (("x", (2, -1)),)
     with pytest.raises(InvalidArgumentError, match=r"input 'x': shape \[2, -1\] has a negative"):
         check_shapes(negative, None)
+
+
+def test_head_fields_match_tritons_model_infer_request() -> None:
+    """infer_head.proto mirrors grpc_service.proto: same numbers, names and wire types."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    from hloserve.protos.infer_head_pb2 import InferInputHead, InferRequestHead
+
+    length_delimited = {FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE}
+    pairs = [
+        (InferRequestHead.DESCRIPTOR, service_pb2.ModelInferRequest.DESCRIPTOR),
+        (InferInputHead.DESCRIPTOR, service_pb2.ModelInferRequest.InferInputTensor.DESCRIPTOR),
+    ]
+    for head, triton in pairs:
+        assert {f.number for f in head.fields} == {f.number for f in triton.fields}
+        for field in head.fields:
+            theirs = triton.fields_by_number[field.number]
+            assert field.name == theirs.name, (head.name, field.number)
+            if field.type == FieldDescriptor.TYPE_BYTES:  # opaque: theirs must be LEN-encoded
+                assert theirs.type in length_delimited, (head.name, field.name)
+            else:
+                assert field.type == theirs.type, (head.name, field.name)
+                assert field.label == theirs.label, (head.name, field.name)
+
+
+def test_model_ready_metadata_and_config_requests_read_the_same_way() -> None:
+    for message in (
+        service_pb2.ModelReadyRequest(name="digits", version="2"),
+        service_pb2.ModelMetadataRequest(name="digits", version="2"),
+        service_pb2.ModelConfigRequest(name="digits", version="2"),
+    ):
+        head = peek_infer_request(message.SerializeToString())
+        assert (head.model_name, head.model_version, head.batch) == ("digits", "2", None)
