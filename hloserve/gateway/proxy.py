@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -386,7 +387,8 @@ class GatewayProxy:
         try:
             head = peek_infer_request(request)
             if head.model_name in self._batch_inputs:
-                head = peek_infer_request(request, self._batch_inputs[head.model_name])
+                batch_input = self._batch_inputs[head.model_name]
+                head = dataclasses.replace(head, batch=head.batch_of(batch_input))
             route = self._router.table.get(head.model_name)
             if route is None and self._refresh is not None:
                 await self._refresh()
