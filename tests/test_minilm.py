@@ -203,6 +203,32 @@ def test_bytes_round_trip_byte_exact(server: TritonServer, protocol: str) -> Non
     assert [bytes(b) for b in out.reshape(-1)] == TRICKY
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize(("model", "tensor_name"), [("minilm", "text"), ("echo", "blob")])
+def test_zero_rows_are_refused_and_the_server_keeps_serving(
+    server: TritonServer, protocol: str, model: str, tensor_name: str
+) -> None:
+    """A 0-row BYTES request used to crash tritonserver 2.51 (SIGSEGV in its Python backend,
+    for any input declared with a ``reshape``); the inputs carry none now, and Triton refuses."""
+    from tritonclient.utils import InferenceServerException
+
+    module = grpcclient if protocol == "grpc" else httpclient
+    client = module.InferenceServerClient(getattr(server.urls, protocol))
+    tensor = module.InferInput(tensor_name, [0, 1], "BYTES")
+    tensor.set_data_from_numpy(np.empty((0, 1), dtype=object))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(model, [tensor])
+    assert "INVALID_ARGUMENT" in str(err.value.status()) or err.value.status() == "400"
+    assert f"input '{tensor_name}' for model '{model}'" in err.value.message()
+    assert server.is_running()
+    data = np.array([[b"still serving"]], dtype=object)
+    tensor = module.InferInput(tensor_name, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(data)
+    answer = client.infer(model, [tensor]).as_numpy(tensor_name if model == "echo" else "embedding")
+    assert answer is not None and answer.shape[0] == 1
+    assert server.is_running()
+
+
 def test_invalid_utf8_is_refused_with_invalid_argument(grpc: Any) -> None:
     from tritonclient.utils import InferenceServerException
 

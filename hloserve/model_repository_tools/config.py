@@ -9,8 +9,10 @@ Triton rules this module follows (triton-inference-server/core, ``model_config_u
 ``backend_model_instance.cc``):
 
 * every input and output needs at least one dim, so a per-item scalar of a batched model (shape
-  ``"n"``) is declared ``dims: [1]`` with an empty ``reshape`` (the backend sees ``[batch]``);
-  a scalar of an unbatched model cannot be declared at all;
+  ``"n"``) is declared ``dims: [1]``; an output gets an empty ``reshape`` (the front returns
+  ``[batch]``), an input none (the front receives ``[batch, 1]`` and drops the 1: with a
+  ``reshape`` Triton 2.51 skips its input size check and its Python backend crashes with
+  SIGSEGV on a 0-row request); a scalar of an unbatched model cannot be declared at all;
 * front models get no ``model_warmup``: until every model has loaded, Triton 2.51 refuses all
   inference, BLS included ("Server not ready"), so a front's warmup can never reach the runtime,
   and a failed warmup sometimes crashed tritonserver (exit -11, 3 runs in 5). The runtime model
@@ -78,8 +80,11 @@ def front_config(
     for spec, field in tensors:
         _check_declarable(name, spec)
         io = field.add(name=spec.name, data_type=_data_type(spec), dims=_front_dims(spec, leading))
-        if leading and spec.batch_axis is not None and len(spec.shape) == 1:
-            io.reshape.SetInParent()  # per-item scalar: dims [1], the backend sees [batch]
+        scalar = leading and spec.batch_axis is not None and len(spec.shape) == 1
+        if scalar and field is config.output:
+            io.reshape.SetInParent()  # per-item scalar: dims [1], the front returns [batch]
+        # No reshape on inputs: Triton 2.51 skips its size check for a reshaped input and
+        # crashes (SIGSEGV) on a 0-row request; the front drops the trailing 1 itself.
     config.instance_group.add(count=front_instances, kind=m.ModelInstanceGroup.KIND_CPU)
     if max_batch > 0:
         config.dynamic_batching.preferred_batch_size.extend(manifest.batching.compiled_batch_sizes)

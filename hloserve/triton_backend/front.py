@@ -232,6 +232,13 @@ class FrontModel:
         self._check_client_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
         self._check_client_outputs = TensorChecker(name, "output", self.manifest.wire_outputs)
         self._has_client_outputs = self.manifest.client_outputs is not None
+        #: per-item scalar inputs (shape "n"): config dims [1] without reshape, so Triton hands
+        #: them over as [batch, 1] (model_repository_tools.config explains why)
+        self._scalar_inputs = {
+            s.name
+            for s in self.manifest.wire_inputs
+            if self.manifest.batch_leading and s.batch_axis is not None and len(s.shape) == 1
+        }
         # identity hooks: the executable's check after "preprocess" is the same check
         self._check_client = not isinstance(self.hooks, IdentityHooks)
         self._variants = self.manifest.variant_dims
@@ -313,6 +320,7 @@ class FrontModel:
                 results[i] = request
                 continue
             try:
+                request = self._drop_unit_axis(request)
                 if self._check_client:
                     self._check_client_inputs(request)
                 inputs = self._preprocess(dict(request))
@@ -334,6 +342,21 @@ class FrontModel:
                 except Exception as exc:
                     results[m.index] = exc
         return [r if r is not None else HloserveError("request was not served") for r in results]
+
+    def _drop_unit_axis(self, request: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """Per-item scalar inputs as the bundle declares them: ``[batch, 1]`` -> ``[batch]``.
+
+        A repository built before inputs lost their ``reshape`` hands over ``[batch]``
+        already; that is kept as is.
+        """
+        if not self._scalar_inputs.intersection(request):
+            return request
+        inputs = dict(request)
+        for name in self._scalar_inputs.intersection(inputs):
+            array = inputs[name]
+            if array.ndim == 2 and array.shape[1] == 1:
+                inputs[name] = array.reshape(array.shape[0])
+        return inputs
 
     def _preprocess(self, inputs: Tensors) -> Tensors:
         try:
