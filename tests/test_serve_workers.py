@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GOLDEN, ROOT
+from test_serve_cli import stub_pids
 
 from hloserve.node.fleet import worker_ports
 from hloserve.node.tritonserver import _session_pids, free_ports
@@ -105,6 +106,13 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         expected = _affine(worker_grpc[0], x)
         for _ in range(4):
+            np.testing.assert_array_equal(_affine(gateway, x), expected)
+
+        stub = stub_pids(pids[0], "affine")[0]
+        os.kill(stub, signal.SIGKILL)  # a model process of worker 0 dies: it is reloaded there
+        _wait_for(log, rf"model 'affine': Python backend stub pid {stub} .*; reloading", proc, 30)
+        _wait_for(log, r"model 'affine': reloaded", proc, 120)
+        for _ in range(6):
             np.testing.assert_array_equal(_affine(gateway, x), expected)
 
         os.kill(pids[1], signal.SIGKILL)  # a worker dies
