@@ -105,6 +105,16 @@ class FakeServer:
         return list(self.stubs)
 
 
+def test_a_stub_reaped_before_the_next_check_is_not_a_death() -> None:
+    server = FakeServer()
+    lines: list[str] = []
+    watchdog = StubWatchdog(server, lines.append, lines.append)  # type: ignore[arg-type]
+    server.stubs = [StubProcess(5, "digits", "1", "digits_0_0", 0)]  # exiting on unload
+    assert watchdog.check() == []
+    server.stubs = []  # reaped by Triton
+    assert watchdog.check() == [] and lines == []
+
+
 def test_watchdog_reports_each_death_once_and_reloads_the_model() -> None:
     server = FakeServer()
     reloaded: list[str] = []
@@ -114,6 +124,7 @@ def test_watchdog_reports_each_death_once_and_reloads_the_model() -> None:
         StubProcess(5, "digits", "1", "digits_0_1", 9),
         StubProcess(6, "x", "1", "x_0_0"),
     ]
+    assert watchdog.check() == []  # not yet: Triton may be about to reap it (an unload)
     assert [s.pid for s in watchdog.check()] == [5]
     watchdog.join()
     assert watchdog.check() == []  # the same zombie is not reported again
@@ -132,6 +143,7 @@ def test_watchdog_without_explicit_mode_only_reports() -> None:
     watchdog = StubWatchdog(server, None, lines.append)  # type: ignore[arg-type]
     server.stubs = [StubProcess(5, "digits", "1", "digits_0_0", 3 << 8)]
     watchdog.check()
+    watchdog.check()
     assert (
         len(lines) == 1 and "died (exit code 3)" in lines[0] and "--model-control-mode" in lines[0]
     )
@@ -146,6 +158,7 @@ def test_watchdog_reports_a_failed_reload() -> None:
 
     watchdog = StubWatchdog(server, fail, lines.append)  # type: ignore[arg-type]
     server.stubs = [StubProcess(5, "digits", "1", "digits_0_0", 9)]
+    watchdog.check()
     watchdog.check()
     watchdog.join()
     assert lines[-1] == "hloserve: model 'digits': reload failed: cannot load digits"

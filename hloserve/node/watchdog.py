@@ -73,7 +73,8 @@ class StubWatchdog:
             reports deaths (the server is not in explicit mode).
         report: receives one line per event (death, reload done or failed).
 
-    Call :meth:`check` periodically (every half second is cheap: one scan of ``/proc``).
+    Call :meth:`check` periodically (every half second is cheap: one scan of ``/proc``); a
+    death is acted on at the second check that sees it.
     """
 
     def __init__(
@@ -86,12 +87,20 @@ class StubWatchdog:
         self.reload = reload
         self.report = report
         self._seen: set[int] = set()  # dead stub pids already handled
+        self._suspects: set[int] = set()  # dead at the last check, not yet handled
         self._reloading: dict[str, threading.Thread] = {}
         server.stub_processes()  # learn the live stubs' command lines (a zombie's is empty)
 
     def check(self) -> list[StubProcess]:
-        """Report (and reload) every stub death not seen before; return those deaths."""
-        dead = [s for s in self.server.stub_processes() if s.dead and s.pid not in self._seen]
+        """Report (and reload) every stub death not seen before; return those deaths.
+
+        A stub counts as dead when two checks in a row find it exited and unreaped.
+        """
+        zombies = [s for s in self.server.stub_processes() if s.dead and s.pid not in self._seen]
+        # Triton reaps a stub it ended itself (unload, shutdown) at once: only a stub that is
+        # still unreaped one check later died on its own.
+        dead = [s for s in zombies if s.pid in self._suspects]
+        self._suspects = {s.pid for s in zombies} - {s.pid for s in dead}
         for stub in dead:
             self._seen.add(stub.pid)
         for model in sorted({s.model for s in dead}):
