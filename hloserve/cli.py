@@ -237,8 +237,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
         default=None,
-        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
-        "(everything loads at start, and a model whose process dies is reloaded)",
+        help="tritonserver --model-control-mode; by default, on a loopback --host, explicit "
+        "with --load-model=* (everything loads at start, and a model whose process dies is "
+        "reloaded), else none (explicit mode lets clients load model files)",
     )
     serve.add_argument(
         "--load-model",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import shutil
 import signal
@@ -68,8 +69,9 @@ class ServeOptions:
         metrics_port: Prometheus metrics port (Triton's default 8002).
         host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
         model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
-            None = explicit with ``--load-model=*``: everything loads at start, as with none,
-            and a model whose Python backend stub dies is reloaded (:mod:`.watchdog`).
+            None = :func:`default_control_mode`: on loopback explicit with ``--load-model=*``
+            (everything loads at start, as with none, and a model whose Python backend stub
+            dies is reloaded, :mod:`.watchdog`), on other addresses none.
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
             the models a meta calls are added (:func:`with_dependencies`).
         repository_out: where to build the repository from bundles; None builds it in a
@@ -183,8 +185,8 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
     mode = options.model_control_mode
     load_models = tuple(options.load_models)
-    if mode is None:  # load everything, and let the stub watchdog reload a model
-        mode, load_models = "explicit", ("*",)
+    if mode is None:
+        mode, load_models = default_control_mode(options.host)
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
     return TritonServerOptions(
@@ -434,6 +436,28 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
     finally:
         fleet.close()
         print("hloserve: stopped", flush=True)
+
+
+def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
+    """The model control mode (and ``--load-model`` names) when the user named none.
+
+    On a loopback address: ``explicit`` with ``--load-model=*``, so everything loads at start
+    (as in ``none``) and the stub watchdog can reload a model whose process died. On any other
+    address: ``none``, because explicit mode opens Triton's repository API to every client that
+    reaches the port, and its load call accepts model files (a Python model is code); the
+    watchdog then only reports a dead stub.
+
+    Args:
+        host: the address the server binds.
+
+    Returns:
+        ``(mode, load_models)``.
+    """
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return ("explicit", ("*",)) if loopback else ("none", ())
 
 
 def stub_watchdog(server: TritonServer) -> StubWatchdog:
