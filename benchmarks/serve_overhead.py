@@ -10,6 +10,12 @@
 Prints latency p50/p99 (microseconds) and throughput (inferences/s) at batch 1 with one client
 and under load (``--concurrency`` clients), then the ratios c/b and c/a. The machine is noisy:
 read ratios, not absolute numbers.
+
+Measured 2026-11-30 (2 shared CPU cores, load average 4-9), two runs: (b) p50 1495/1488 us,
+p99 4081/5792 us, 614/580 infer/s with one client, 2050/2625 under 8; (c) p50 2256/2200 us,
+p99 8524/7319 us, 385/403 and 946/1091 infer/s: ratio c/b p50 1.5x, throughput 0.63-0.70x
+(one client) and 0.42-0.46x (8 clients). Where the time goes: docs/serving.md, "Front ->
+runtime (BLS)".
 """
 
 from __future__ import annotations
