@@ -209,8 +209,14 @@ def connect() -> Any:
 
 
 def node_containers(client: Any, name: str) -> list[Any]:
-    """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index."""
-    found = client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={name}"})
+    """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index.
+
+    A container removed between the listing and its inspection (``node up`` and ``node down``
+    removing the same containers at once) is left out rather than raising ``NotFound``.
+    """
+    found = client.containers.list(
+        all=True, filters={"label": f"{LABEL_NODE}={name}"}, ignore_removed=True
+    )
     return sorted(found, key=lambda c: int(c.labels.get(LABEL_WORKER, "0")))
 
 
