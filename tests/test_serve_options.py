@@ -167,3 +167,44 @@ def test_watchdog_reports_a_failed_reload() -> None:
     watchdog.check()
     watchdog.join()
     assert lines[-1] == "hloserve: model 'digits': reload failed: cannot load digits"
+
+
+def _cli_serve_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> ServeOptions:
+    """The ServeOptions ``hloserve serve ARGV`` would run with (the CLI's own defaults)."""
+    from hloserve import cli
+    from hloserve.node import serve
+
+    captured: list[ServeOptions] = []
+    monkeypatch.setattr(serve, "run_serve", lambda options: captured.append(options) or 0)
+    args = cli.build_parser().parse_args(["serve", *argv])
+    args.func(args)
+    return captured[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--weight-cache-bytes", "100"], "--weight-cache-bytes applies"),
+        (["--weight-cache-fraction", "0.5"], "--weight-cache-fraction applies"),
+        (["--residency", "a=device"], "--residency applies"),
+        (["--front-instances", "3", "--meta-concurrency", "1"], "--front-instances, --meta-"),
+        (["--max-queue-delay-us", "0"], "--max-queue-delay-us applies"),
+        (["--compaction-interval", "4"], "--compaction-interval applies"),
+    ],
+)
+def test_build_options_on_a_built_repository_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], named: str
+) -> None:
+    write_config(tmp_path, "hloserve_runtime")
+    ports = [str(p) for p in free_ports(3)]
+    argv = [str(tmp_path), "--http-port", ports[0], "--grpc-port", ports[1]]
+    argv += ["--metrics-port", ports[2]]
+    check_options(_cli_serve_options(monkeypatch, argv))  # the CLI's defaults are not "set"
+    with pytest.raises(InvalidArgumentError, match=named) as info:
+        check_options(_cli_serve_options(monkeypatch, [*argv, *flags]))
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "PATH is a bundles directory" in str(info.value)
+    assert "hloserve repo build" in str(info.value)
+    bundles = tmp_path / "bundles"
+    (bundles / "m").mkdir(parents=True)  # not a repository: the flags apply
+    check_options(_cli_serve_options(monkeypatch, [str(bundles), *argv[1:], *flags]))

@@ -240,13 +240,43 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
     return tuple(result)
 
 
+def build_flags_set(options: ServeOptions) -> list[str]:
+    """The build-only flags whose values differ from their defaults, in command-line spelling.
+
+    They shape the repository built from bundles and mean nothing for a repository that
+    ``hloserve repo build`` made earlier. A flag set to its default value is not reported.
+    """
+    defaults = ServeOptions(path=options.path)
+    flags = []
+    if options.repository_out is not None:
+        flags.append("--repository-out")
+    if options.front_instances != defaults.front_instances:
+        flags.append("--front-instances")
+    if options.meta_concurrency != defaults.meta_concurrency:
+        flags.append("--meta-concurrency")
+    if options.max_queue_delay_us != defaults.max_queue_delay_us:
+        flags.append("--max-queue-delay-us")
+    cache = options.weight_cache
+    if cache is not None:
+        if cache.weight_cache_bytes:
+            flags.append("--weight-cache-bytes")
+        if cache.weight_cache_fraction:
+            flags.append("--weight-cache-fraction")
+        if cache.residency:
+            flags.append("--residency")
+        if cache.compaction_interval:
+            flags.append("--compaction-interval")
+    return flags
+
+
 def check_options(options: ServeOptions) -> None:
     """Refuse bad settings before anything is built or started.
 
     Raises:
         InvalidArgumentError: --load-model without explicit mode, --workers or
             --front-instances below 1, --gateway-config with one worker, a port out of range
-            or shared by two endpoints, or a host that does not resolve.
+            or shared by two endpoints, a host that does not resolve, or a build option
+            (:func:`build_flags_set`) set while PATH is an already-built model repository.
         PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
             (``--workers`` above 1) is already bound on the host.
     """
@@ -260,6 +290,13 @@ def check_options(options: ServeOptions) -> None:
         )
     if options.gateway_config is not None and options.workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    build_flags = build_flags_set(options)
+    if build_flags and is_repository(options.path):
+        raise InvalidArgumentError(
+            f"{', '.join(build_flags)} {'applies' if len(build_flags) == 1 else 'apply'} when "
+            f"PATH is a bundles directory (PATH {options.path} is a model repository: rebuild "
+            "it with hloserve repo build BUNDLES OUT and these options, then serve OUT)"
+        )
     try:
         socket.getaddrinfo(options.host, None, socket.AF_INET, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
