@@ -792,3 +792,30 @@ async def _start_gateway(
     )
     port, admin = await ready
     return task, port, admin
+
+
+def test_a_taken_grpc_or_admin_port_is_unavailable_before_discovery() -> None:
+    """A second gateway on a taken port must fail, not share it (gRPC's SO_REUSEPORT is off)."""
+
+    async def body() -> None:
+        server = grpc.aio.server(options=channel_options(LIMITS))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeWorker("w0"), server)
+        worker_port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        config = GatewayConfig(workers=(f"127.0.0.1:{worker_port}",))
+        stop = asyncio.Event()
+        task, port, admin = await _start_gateway(config, stop)
+        try:
+            for listen, admin_port, what in (
+                (f"127.0.0.1:{port}", 0, "cannot listen on 127.0.0.1:"),
+                ("127.0.0.1:0", admin, "cannot serve the admin port 127.0.0.1:"),
+            ):
+                second = run_gateway(config, asyncio.Event(), listen=listen, admin_port=admin_port)
+                with pytest.raises(UnavailableError, match=what):
+                    await asyncio.wait_for(second, 10)
+        finally:
+            stop.set()
+            await task
+            await server.stop(None)
+
+    run(body)

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from hloserve.errors import HloserveError
+from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
@@ -81,7 +81,7 @@ async def run_gateway(
         on_ready: called with the bound gRPC port and admin port once both accept calls.
 
     Raises:
-        OSError: the listen address cannot be bound.
+        UnavailableError: the listen address or the admin port cannot be bound.
     """
     upstreams = Upstreams(config.workers, config.grpc)
     router = Router(make_scheduler(config))
@@ -112,8 +112,6 @@ async def run_gateway(
         metrics.table_swaps.inc()
 
     refresh = SingleFlight(discover, min_interval_s=1.0)
-    await refresh()
-    log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
     proxy = GatewayProxy(
         router,
         upstreams,
@@ -126,27 +124,39 @@ async def run_gateway(
             config.admission.max_inflight_items_per_model,
         ),
     )
+    # Both ports are bound before the first discovery pass, so a taken port fails at once.
     address = listen or config.listen
-    server, port = make_server(proxy, address, config.grpc)
+    try:
+        server, port = make_server(proxy, address, config.grpc)
+    except HloserveError:
+        await upstreams.close()
+        raise
     control = SchedulingControl(
         config.mode, config.scheduling, config.workers, router, controller, metrics.repacks.inc
     )
     add_control_service(server, control)  # hloserve.gateway.v1.GatewayControl, same port
-    if port == 0:
-        await upstreams.close()
-        raise OSError(f"gateway: cannot listen on {address}")
     host = address.rpartition(":")[0].strip("[]")
+    admin_at = config.admin_port if admin_port is None else admin_port
     try:
         admin = AdminServer(
             host,
-            config.admin_port if admin_port is None else admin_port,
+            admin_at,
             metrics,
             ready=lambda: any(r.replicas for r in router.table.routes.values()),
         )
-    except OSError:
+    except OSError as exc:
+        await upstreams.close()
+        raise UnavailableError(
+            f"gateway: cannot serve the admin port {host}:{admin_at}: {exc}"
+        ) from None
+    admin.start()  # /readyz answers 503 until discovery has found a model
+    try:
+        await refresh()
+    except BaseException:
+        admin.close()
         await upstreams.close()
         raise
-    admin.start()
+    log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
     await server.start()
     log.info(
         "gateway: listening on %s (mode %s)", address.rpartition(":")[0] + f":{port}", config.mode

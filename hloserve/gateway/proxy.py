@@ -51,7 +51,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.errors import HloserveError
+from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import GatewayMetrics
 from hloserve.gateway.admission import Admission, Ticket
 from hloserve.gateway.aggregate import merge_model_statistics
@@ -747,10 +747,21 @@ def make_server(
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server serving ``proxy`` on ``listen`` (host:port; port 0 = any free).
 
+    ``SO_REUSEPORT`` is off (gRPC turns it on by default on Linux): with it, a second gateway
+    on a taken port would bind too and the kernel would split clients between the two.
+
     Returns:
         The server (not started) and the port it is bound to.
+
+    Raises:
+        UnavailableError: ``listen`` cannot be bound (in use, or not an address of this host).
     """
-    server = grpc.aio.server(options=channel_options(limits))
+    server = grpc.aio.server(options=[*channel_options(limits), ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((proxy.handler(),))
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:  # grpcio >= 1.5x raises where older versions returned 0
+        raise UnavailableError(f"gateway: cannot listen on {listen}: {exc}") from None
+    if port == 0:
+        raise UnavailableError(f"gateway: cannot listen on {listen}")
     return server, port
