@@ -579,7 +579,19 @@ def test_bad_weight_cache_options_are_refused(
         (
             "100",
             ["affine=device"],
-            ["model 'tiny' are 60 bytes", "of 100 bytes; 60 bytes of it pinned"],
+            [
+                "model 'tiny' are 60 bytes",
+                "more than the 40 bytes the residency=device models "
+                "leave of the weight cache budget of 100 bytes (they pin 60 bytes)",
+            ],
+        ),
+        (
+            "50",
+            ["affine=device"],
+            [
+                "model 'tiny' are 60 bytes, more than the 0 bytes the residency=device models "
+                "leave of the weight cache budget of 50 bytes (they pin 60 bytes)"
+            ],
         ),
     ],
 )
@@ -644,3 +656,19 @@ def test_weight_cache_fraction_is_written_and_validated(bundles: Path, tmp_path:
     assert config.parameters[names.PARAM_WEIGHT_CACHE_FRACTION].string_value == "0.8"
     assert names.PARAM_WEIGHT_CACHE_BYTES not in config.parameters
     assert validate_repository(repo) == []
+
+
+def test_residency_of_a_meta_model_is_refused(
+    bundles: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_meta_manifest import write_meta
+
+    write_meta(bundles, "twice", meta={"calls": ["tiny"]})
+    repo = tmp_path / "repo"
+    argv = ["repo", "build", str(bundles), "-o", str(repo), "--residency", "twice=device"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT" in err, err
+    assert "residency for 'twice': 'twice' is a meta model: it has no weights" in err, err
+    assert "bundles with weights: ['affine', 'tiny']" in err, err
+    assert not repo.exists()

@@ -165,6 +165,15 @@ def plan_repository(
         for b in bundles
     )
     cache = weight_cache or WeightCacheOptions()
+    metas = sorted(set(cache.residency) & {b.name for b in bundles if b.manifest.is_meta})
+    if metas:
+        raise RepositoryError(
+            "; ".join(
+                f"residency for {n!r}: {n!r} is a meta model: it has no weights" for n in metas
+            )
+            + " (residency applies to the bundles with weights: "
+            + f"{sorted(b.name for b in bundles if not b.manifest.is_meta)})"
+        )
     try:
         runtime = runtime_config(
             [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],

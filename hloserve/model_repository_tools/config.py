@@ -232,7 +232,10 @@ def _check_cache_options(
     known = {n for n, _ in models}
     for model, value in sorted(residency.items()):
         if model not in known:
-            problems.append(f"residency for {model!r}, which is not a bundle {sorted(known)}")
+            problems.append(
+                f"residency for {model!r}, which is not a bundle; the bundles with weights "
+                f"are {sorted(known)}"
+            )
         if value not in names.RESIDENCIES:
             problems.append(
                 f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"

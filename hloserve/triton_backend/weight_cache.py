@@ -566,13 +566,15 @@ def budget_problems(
                 f"{format_size(pinned_total)}, more than the weight cache budget of {budget}"
             )
     room = max(budget_bytes - pinned_total, 0)
-    left = f"; {format_size(pinned_total)} of it pinned by residency=device models"
     for name, n in sorted(weight_bytes.items()):
         if name not in pinned and n > room:
-            problems.append(
-                f"weights of model {name!r} are {format_size(n)}, more than the weight cache "
-                f"budget of {budget}{left if pinned_total else ''}"
-            )
+            limit = f"the weight cache budget of {budget}"
+            if pinned_total:  # what the pinned models leave of it, 0 when they overflow it
+                limit = (
+                    f"the {format_size(room)} the residency=device models leave of {limit} "
+                    f"(they pin {format_size(pinned_total)})"
+                )
+            problems.append(f"weights of model {name!r} are {format_size(n)}, more than {limit}")
     return problems
 
 
