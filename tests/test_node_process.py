@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+import yaml
 from node_testing import (
     LoadLoop,
     NodeProcess,
@@ -91,6 +92,8 @@ def test_two_process_workers_serve_digits_through_the_gateway(
         time.sleep(0.1)
     assert all(successes(url) > 0 for url in node.worker_grpc)
     assert "[worker 0]" in node.log_text() and "[worker 1]" in node.log_text()
+    admin = yaml.safe_load(node.config.read_text())["gateway"]["admin_port"]
+    assert f"gateway grpc {node.gateway} admin http://127.0.0.1:{admin} " in node.log_text()
 
 
 def test_killed_worker_is_restarted_and_traffic_recovers(

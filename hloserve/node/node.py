@@ -539,8 +539,13 @@ def run_node_up(
                 f"http {host}:{w.http_port} grpc {host}:{w.grpc_port} "
                 f"metrics {host}:{w.metrics_port}"
             )
-        if gateway is not None:
-            lines.append(f"  gateway grpc {config.gateway.listen} (Ctrl-C to stop)")
+        if gateway is not None and gateway.ports is not None:
+            gw_host = config.gateway.listen.rpartition(":")[0]
+            grpc_port, admin_port = gateway.ports
+            lines.append(
+                f"  gateway grpc {gw_host}:{grpc_port} "
+                f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
+            )
         print("\n".join(lines), flush=True)
         while not stop.wait(1.0):
             reason = workers.poll()
