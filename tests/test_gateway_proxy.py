@@ -46,6 +46,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     name: str
     models: tuple[str, ...] = ("echo",)
     unavailable: bool = False
+    deadline_exceeded: bool = False  # ModelInfer answers like a meta whose timeout ran out
     served: list[str] = field(default_factory=list)
     refuse_shm: bool = False
     regions: set[str] = field(default_factory=set)
@@ -127,6 +128,11 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(30)
         if self.unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
+        if self.deadline_exceeded:
+            self.served.append(request.id)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"model {request.model_name!r}: deadline exceeded"
+            )
         if request.model_name not in self.models:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name}")
         self.served.append(request.id)
@@ -337,12 +343,25 @@ def test_unavailable_answers_are_resent_at_most_once() -> None:
     async def body() -> None:
         workers = [FakeWorker(f"w{i}", unavailable=i < 2) for i in range(3)]
         async with fleet(*workers) as f:
-            with pytest.raises(InferenceServerException, match="no ready replica") as info:
+            with pytest.raises(InferenceServerException, match="no replica could serve it") as info:
                 await _infer(f.client, np.ones((1, 2), np.float32), "r")
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             assert "answered UNAVAILABLE: w0 is down" in str(info.value)
             assert "answered UNAVAILABLE: w1 is down" in str(info.value)
             assert workers[2].served == []
+
+    run(body)
+
+
+def test_an_expired_deadline_is_not_rerun_on_another_replica() -> None:
+    async def body() -> None:
+        workers = [FakeWorker("w0", deadline_exceeded=True), FakeWorker("w1")]
+        async with fleet(*workers) as f:
+            with pytest.raises(InferenceServerException, match="deadline exceeded") as info:
+                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            assert "no replica" not in str(info.value)
+            assert (workers[0].served, workers[1].served) == (["r"], [])
 
     run(body)
 
@@ -395,7 +414,7 @@ def test_every_worker_down_is_unavailable_naming_them() -> None:
                 await _infer(f.client, np.ones((1, 2), np.float32), "r")
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             message = str(info.value)
-            assert "model 'echo' has no ready replica" in message
+            assert "model 'echo': no replica could serve it" in message
             assert message.count("unreachable (connection failed)") == 2
 
     run(body)
@@ -430,7 +449,7 @@ def test_no_replica_left_is_unavailable_and_unknown_model_not_found() -> None:
     async def body() -> None:
         async with fleet(FakeWorker("w0", unavailable=True)) as f:
             data = np.ones((1, 2), np.float32)
-            with pytest.raises(InferenceServerException, match="no ready replica") as info:
+            with pytest.raises(InferenceServerException, match="no replica could serve it") as info:
                 await _infer(f.client, data, "r")
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             tensor = triton_aio.InferInput("IN", [1, 2], "FP32")

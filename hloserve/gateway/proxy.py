@@ -88,6 +88,10 @@ def _method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
+# hloserve's meta models say this when the client's timeout ran out (hloserve/meta/deadline.py).
+_DEADLINE_TEXT = "deadline exceeded"
+
+
 def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
     """gRPC options raising the message-size limits, for servers and channels alike."""
     return [
@@ -435,6 +439,12 @@ class GatewayProxy:
                     if code not in _FAILOVER_CODES:
                         self._observe(model, worker, "error", start)
                         await context.abort(code, details)
+                    if code == grpc.StatusCode.UNAVAILABLE and _DEADLINE_TEXT in details.lower():
+                        # The client's deadline ran out (Triton 2.51 has no DEADLINE_EXCEEDED
+                        # for backends, so metas answer UNAVAILABLE): another replica cannot
+                        # meet it either; re-running would only repeat the work.
+                        self._observe(model, worker, "error", start)
+                        await context.abort(code, details)
                     if code == grpc.StatusCode.UNAVAILABLE:
                         all_not_found = False
                         if not await self._upstreams.alive(worker, self._probe_timeout):
@@ -465,7 +475,7 @@ class GatewayProxy:
                     worker = self._router.fail_over(lease)
             status = grpc.StatusCode.NOT_FOUND if all_not_found else grpc.StatusCode.UNAVAILABLE
             await context.abort(
-                status, f"model {model!r} has no ready replica: {'; '.join(failures)}"
+                status, f"model {model!r}: no replica could serve it: {'; '.join(failures)}"
             )
             raise AssertionError("unreachable")
         finally:
