@@ -160,13 +160,43 @@ def load_settings(
     try:
         return model.model_validate(merge(data, overrides))
     except ValidationError as exc:
-        raise error(f"{what} {source}: " + "; ".join(_problems(exc))) from None
+        variables = _override_variables(environ, prefix, overrides)
+        raise error(f"{what} {source}: " + "; ".join(_problems(exc, variables))) from None
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def _override_variables(
+    environ: Mapping[str, str], prefix: str, overrides: Mapping[str, Any]
+) -> dict[tuple[str, ...], str]:
+    """Key path -> the variable that set it, for every leaf in ``overrides``."""
+    variables = {}
+    for name in environ:
+        if name.startswith(prefix):
+            path = tuple(part.lower() for part in name[len(prefix) :].split("__"))
+            if _holds(overrides, path):
+                variables[path] = name
+    return variables
+
+
+def _holds(tree: Mapping[str, Any], path: tuple[str, ...]) -> bool:
+    """Whether ``tree`` has a leaf at ``path`` (its value may be None)."""
+    for part in path[:-1]:
+        tree = tree.get(part, {})
+        if not isinstance(tree, Mapping):
+            return False
+    return bool(path) and path[-1] in tree
+
+
+def _problems(exc: ValidationError, variables: Mapping[tuple[str, ...], str]) -> list[str]:
+    """One line per error; an error in a value a variable set names the variable."""
     found = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top)"
+        loc = tuple(str(p) for p in err["loc"])
+        variable = next(
+            (variables[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in variables), None
+        )
+        if variable is not None:
+            where = f"{variable} (environment, {where})"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "required key is missing"

@@ -333,3 +333,15 @@ def test_cli_node_reports_errors_and_an_empty_down(
     path.write_text("repository: r\ncpu_workers: 1\nruntime: podman\n")
     assert main(["node", "up", "--config", str(path)]) == 1
     assert "runtime" in capsys.readouterr().err
+
+
+def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("repository: repo\ncpu_workers: 1\nrestart: {policy: sometimes}\n")
+    environ = {"HLOSERVE_NODE_RESTART__MAX_RETRIES": "abc"}
+    with pytest.raises(NodeConfigError) as info:
+        load_node_config(path, environ=environ)
+    message = str(info.value)
+    assert "HLOSERVE_NODE_RESTART__MAX_RETRIES (environment, restart.max_retries): " in message
+    assert "restart.policy: " in message  # from the file: named by its key path alone
+    assert "HLOSERVE_NODE_RESTART__POLICY" not in message
