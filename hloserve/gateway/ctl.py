@@ -26,6 +26,7 @@ import yaml
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.gateway.packing import KNOBS
+from hloserve.node.status import format_bytes
 
 _FLOAT_KNOBS = (
     "hysteresis",
@@ -127,7 +128,7 @@ def render_status(status: Any) -> list[Any]:
     out.append(models)
     workers = Table(title="workers")
     workers.add_column("worker", no_wrap=True)
-    for column in ("models", "in flight", "compute", "weights MiB", "budget MiB", "pressure"):
+    for column in ("models", "in flight", "compute", "weights", "budget", "pressure"):
         workers.add_column(column, justify="right", no_wrap=True)
     for w in status.workers:
         workers.add_row(
@@ -135,8 +136,8 @@ def render_status(status: Any) -> list[Any]:
             str(w.models_placed),
             str(w.outstanding_items),
             f"{w.compute_share:.3f}",
-            f"{w.weight_bytes / 2**20:.1f}",
-            f"{w.weight_budget_bytes / 2**20:.1f}" if w.weight_budget_bytes else "-",
+            format_bytes(w.weight_bytes),
+            format_bytes(w.weight_budget_bytes) if w.weight_budget_bytes else "-",
             f"{w.pressure:.3f}",
         )
     out.append(workers)

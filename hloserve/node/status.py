@@ -142,8 +142,8 @@ def print_quietly(text: str) -> None:
 
 def render_status(status: CacheStatus) -> str:
     """The cache state as a text table, models by name."""
-    budget = _size(status.budget_bytes) if status.budget_bytes else "none (all resident)"
-    lines = [f"weight cache: budget {budget}, resident {_size(status.resident_bytes)}"]
+    budget = format_bytes(status.budget_bytes) if status.budget_bytes else "none (all resident)"
+    lines = [f"weight cache: budget {budget}, resident {format_bytes(status.resident_bytes)}"]
     header = ("model", "residency", "weights", "resident", "loads", "evictions", "mean load")
     rows = [header]
     for name in sorted(status.models):
@@ -153,8 +153,8 @@ def render_status(status: CacheStatus) -> str:
             (
                 name,
                 m.residency or "-",
-                _size(m.nbytes) if m.nbytes is not None else "-",
-                _size(m.resident_bytes) if m.resident_bytes else "-",
+                format_bytes(m.nbytes) if m.nbytes is not None else "-",
+                format_bytes(m.resident_bytes) if m.resident_bytes else "-",
                 f"{m.loads:.0f}",
                 f"{m.evictions:.0f}",
                 mean,
@@ -168,7 +168,8 @@ def render_status(status: CacheStatus) -> str:
     return "\n".join(lines)
 
 
-def _size(nbytes: float) -> str:
+def format_bytes(nbytes: float) -> str:
+    """``nbytes`` in binary units for people: "64 B", "1.5 KiB", "2.0 GiB"."""
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
@@ -182,6 +183,7 @@ __all__ = [
     "ModelCacheRow",
     "cache_status",
     "fetch_metrics",
+    "format_bytes",
     "print_quietly",
     "render_status",
 ]
