@@ -130,7 +130,8 @@ def load_settings(
 
     Raises:
         error: unreadable file, not a mapping, unknown key or variable, or a value out of range;
-            the message names every offending key path.
+            the message names every offending key path, and the variable for a value set by
+            one.
     """
     data: dict[str, Any] = {}
     source = "environment"
