@@ -201,7 +201,10 @@ async def discover_table(
             reply = await upstreams.raw(worker, "RepositoryIndex")(request, timeout=timeout_s)
             return worker, reply
         except grpc.aio.AioRpcError as exc:
-            log.warning("worker %s: RepositoryIndex failed: %s", worker, exc.code().name)
+            # Logged when a worker stops answering; while it stays down, only at debug level.
+            known_down = previous is not None and worker in previous.unreachable
+            level = logging.DEBUG if known_down else logging.WARNING
+            log.log(level, "worker %s: RepositoryIndex failed: %s", worker, exc.code().name)
             return worker, exc
 
     replicas: dict[str, list[str]] = {}
