@@ -6,10 +6,14 @@ The directory name is the model name. Loading a bundle reads and checks only the
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -168,4 +172,41 @@ def discover_bundles(root: Path | str) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
 
 
-__all__ = ["Bundle", "ManifestError", "WeightInfo", "discover_bundles", "load_bundle"]
+class ModelPyImportError(Exception):
+    """A bundle's ``model.py`` could not be imported; ``str()`` is the exception, one line per
+    ``traceback.format_exception_only`` line (file and line included for a syntax error)."""
+
+
+def import_model_py(path: Path, module_name: str) -> ModuleType:
+    """Import a bundle's ``model.py`` (hooks or a meta's ``run``) as ``module_name``.
+
+    The module is registered in ``sys.modules`` (so its own dataclasses and pickling work) and
+    removed again when its import fails.
+
+    Raises:
+        ModelPyImportError: the file cannot be loaded or running it raised.
+    """
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ModelPyImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ModelPyImportError(
+            "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        ) from None
+    return module
+
+
+__all__ = [
+    "Bundle",
+    "ManifestError",
+    "ModelPyImportError",
+    "WeightInfo",
+    "discover_bundles",
+    "import_model_py",
+    "load_bundle",
+]

@@ -10,9 +10,7 @@ Nothing here imports Triton.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve.bundle import MODEL_PY, Bundle, Manifest, load_bundle
+from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.meta.deadline import Deadline, DeadlineExceededError
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
@@ -237,17 +236,10 @@ def load_run(path: Path, model: str) -> Run:
     if not path.is_file():
         raise NotFoundError(f"model {model!r}: {path} does not exist; a meta bundle needs it")
     module_name = f"hloserve_meta_model_{model}".replace("-", "_").replace(".", "_")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise InvalidArgumentError(f"model {model!r}: cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        raise InvalidArgumentError(f"model {model!r}: importing {path} failed: {where}") from None
+        module = import_model_py(path, module_name)
+    except ModelPyImportError as exc:
+        raise InvalidArgumentError(f"model {model!r}: importing {path} failed: {exc}") from None
     run = getattr(module, "run", None)
     if not callable(run):
         raise InvalidArgumentError(f"model {model!r}: {path} defines no function run(inputs, call)")

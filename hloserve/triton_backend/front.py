@@ -19,10 +19,8 @@ The front never imports JAX (DESIGN.md: the runtime is the only JAX process).
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import logging
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from hloserve.bundle import Bundle, TensorSpec, load_bundle
+from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.bundle.manifest import MODEL_PY
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.model_repository_tools import names
@@ -139,18 +138,10 @@ def load_hooks(name: str, bundle: Bundle) -> Hooks:
         has_pre = has_post = False
     else:
         module_name = f"hloserve_hooks_{name.replace('.', '_').replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise InvalidArgumentError(f"model {name!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(module_name, None)
-            raise InvalidArgumentError(
-                f"model {name!r}: {path} failed to import: {type(exc).__name__}: {exc}"
-            ) from None
+            module = import_model_py(path, module_name)
+        except ModelPyImportError as exc:
+            raise InvalidArgumentError(f"model {name!r}: {path} failed to import: {exc}") from None
         module_hooks = ModuleHooks(module)
         has_pre, has_post = module_hooks.has_preprocess, module_hooks.has_postprocess
         hooks = module_hooks
