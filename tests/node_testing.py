@@ -154,6 +154,16 @@ class LoadLoop:
         while len(self.results) < count and time.monotonic() < deadline:
             time.sleep(0.05)
 
+    def wait_for_traffic_to(self, worker_grpc: str) -> None:
+        """Wait (bounded, 60 s) until a restarted worker serves again and 20 more answers came;
+        fail when it got no traffic."""
+        served = len(self.results)
+        for _ in range(300):  # the restarted worker is rediscovered and gets traffic again
+            if successes(worker_grpc) > 0 and len(self.results) > served + 20:
+                break
+            time.sleep(0.2)
+        assert successes(worker_grpc) > 0, "the restarted worker got no traffic"
+
     def stop(self) -> list[bool]:
         self._stop.set()
         self._thread.join(timeout=60)

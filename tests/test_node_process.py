@@ -109,12 +109,7 @@ def test_killed_worker_is_restarted_and_traffic_recovers(
         while not ready(node.worker_http[0]) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert ready(node.worker_http[0]), node.log_text()[-3000:]
-        served = len(load.results)
-        for _ in range(300):  # the restarted worker is rediscovered and gets traffic again
-            if successes(node.worker_grpc[0]) > 0 and len(load.results) > served + 20:
-                break
-            time.sleep(0.2)
-        assert successes(node.worker_grpc[0]) > 0, "the restarted worker got no traffic"
+        load.wait_for_traffic_to(node.worker_grpc[0])
     finally:
         results = load.stop()
     assert len(results[-20:]) == 20 and all(results[-20:]), f"last answers {results[-20:]}"

@@ -18,25 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GOLDEN, ROOT
-from test_serve_cli import stub_pids
+from test_serve_cli import run_cli, stub_pids, wait_for_line
 
 from hloserve.node.fleet import worker_ports
 from hloserve.node.tritonserver import _session_pids, free_ports
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 grpcclient = pytest.importorskip("tritonclient.grpc")
-
-
-def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        match = re.search(pattern, text)
-        if match:
-            return match.group(0)
-        assert proc.poll() is None, f"hloserve serve exited early:\n{text[-3000:]}"
-        time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
 def _affine(address: str, x: np.ndarray) -> np.ndarray:
@@ -54,25 +42,17 @@ def test_worker_ports_are_consecutive_from_the_base() -> None:
     assert len({p for w in free for p in (w.http, w.grpc, w.metrics)}) == 6
 
 
-def _run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hloserve.cli", *map(str, args)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )  # fmt: skip
-
-
 def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('name: "m"')
-    result = _run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "8000")
+    result = run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "8000")
     assert result.returncode == 1
     assert "include the gateway's port(s) [8001, 8002]" in result.stderr
-    result = _run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "65534")
+    result = run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "65534")
     assert result.returncode == 1 and "are not all in 1..65535" in result.stderr
-    result = _run_cli("serve", tmp_path, "--workers", "0")
+    result = run_cli("serve", tmp_path, "--workers", "0")
     assert result.returncode == 1 and "--workers must be at least 1" in result.stderr
-    result = _run_cli("serve", tmp_path, "--gateway-config", tmp_path / "g.yaml")
+    result = run_cli("serve", tmp_path, "--gateway-config", tmp_path / "g.yaml")
     assert result.returncode == 1 and "--gateway-config needs --workers 2" in result.stderr
 
 
@@ -95,7 +75,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         )  # fmt: skip
     pids: list[int] = []
     try:
-        _wait_for(log, r"hloserve: ready after", proc, 300)
+        wait_for_line(log, r"hloserve: ready after", proc, 300)
         text = log.read_text()
         pids = [int(p) for p in re.findall(r"worker \d \(pid (\d+)\)", text)]
         assert len(pids) == 2, text
@@ -110,13 +90,15 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
 
         stub = stub_pids(pids[0], "affine")[0]
         os.kill(stub, signal.SIGKILL)  # a model process of worker 0 dies: it is reloaded there
-        _wait_for(log, rf"model 'affine': Python backend stub pid {stub} .*; reloading", proc, 30)
-        _wait_for(log, r"model 'affine': reloaded", proc, 120)
+        wait_for_line(
+            log, rf"model 'affine': Python backend stub pid {stub} .*; reloading", proc, 30
+        )
+        wait_for_line(log, r"model 'affine': reloaded", proc, 120)
         for _ in range(6):
             np.testing.assert_array_equal(_affine(gateway, x), expected)
 
         os.kill(pids[1], signal.SIGKILL)  # a worker dies
-        _wait_for(log, r"worker 1 \(gRPC [^)]*\) was killed by SIGKILL", proc, 60)
+        wait_for_line(log, r"worker 1 \(gRPC [^)]*\) was killed by SIGKILL", proc, 60)
         for _ in range(6):  # every request still succeeds, through worker 0
             np.testing.assert_array_equal(_affine(gateway, x), expected)
         assert proc.poll() is None
