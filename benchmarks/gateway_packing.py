@@ -21,7 +21,6 @@ The machine is noisy: read the ratio, not absolute numbers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import shutil
 import tempfile
@@ -36,9 +35,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
-from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
+from hloserve.node.fleet import GatewayThread
 from hloserve.node.serve import ServeOptions, server_options
 from hloserve.node.tritonserver import TritonServer, free_ports
 from hloserve.protos import gateway_control_pb2 as pb
@@ -69,36 +68,6 @@ def _export(bundles: Path) -> None:
     )
     for name in MODELS[1:]:
         shutil.copytree(first, bundles / name)
-
-
-class Gateway:
-    """run_gateway on its own event loop in a thread."""
-
-    def __init__(self, config: GatewayConfig) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._ready = threading.Event()
-        self.port = 0
-        self._thread = threading.Thread(target=self._run, args=(config,), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError("gateway did not start")
-
-    def _started(self, port: int, admin_port: int) -> None:
-        self.port = port
-        self._ready.set()
-
-    def _run(self, config: GatewayConfig) -> None:
-        self._loop.run_until_complete(
-            run_gateway(
-                config, self._stop, listen="127.0.0.1:0", admin_port=0, on_ready=self._started
-            )
-        )
-        self._loop.close()
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
 
 
 def _stats(servers: list[TritonServer]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -168,6 +137,8 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
         {
             "workers": [s.urls.grpc for s in servers],
             "mode": mode,
+            "listen": "127.0.0.1:0",
+            "admin_port": 0,
             "discovery": {"poll_interval_seconds": 1.0},
             "scheduling": {
                 "first_rebalance_compute_seconds": 1e6,  # only the operator repack below
@@ -177,7 +148,7 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
             },
         }
     )
-    gateway = Gateway(config)
+    gateway = GatewayThread(config)
     address = f"127.0.0.1:{gateway.port}"
     try:
         _traffic(address, args.requests // 4, args.threads, seed=1000)  # warm-up

@@ -7,9 +7,7 @@ over to the other.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -19,44 +17,14 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, serving_options
 
-from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
+from hloserve.node.fleet import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
-
-
-class Gateway:
-    """run_gateway on its own event loop in a thread."""
-
-    def __init__(self, config: GatewayConfig) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._ready = threading.Event()
-        self.port = self.admin_port = 0
-        self._thread = threading.Thread(target=self._run, args=(config,), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(60), "gateway did not start"
-
-    def _started(self, port: int, admin_port: int) -> None:
-        self.port = port
-        self.admin_port = admin_port
-        self._ready.set()
-
-    def _run(self, config: GatewayConfig) -> None:
-        self._loop.run_until_complete(
-            run_gateway(
-                config, self._stop, listen="127.0.0.1:0", admin_port=0, on_ready=self._started
-            )
-        )
-        self._loop.close()
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +37,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Trito
     with ExitStack() as stack:
         servers = [stack.enter_context(TritonServer(serving_options(repo))) for _ in range(2)]
         config = GatewayConfig(workers=tuple(s.urls.grpc for s in servers))
-        gateway = Gateway(config)
+        gateway = GatewayThread(
+            config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0})
+        )
         stack.callback(gateway.close)
         yield servers, grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
 
