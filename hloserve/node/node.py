@@ -21,13 +21,12 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -35,7 +34,7 @@ from typing import IO, Any, Protocol
 
 from hloserve.errors import HloserveError, Status
 from hloserve.node.node_config import NodeConfig, NodeConfigError
-from hloserve.node.tritonserver import PortInUseError, TritonServer
+from hloserve.node.tritonserver import TritonServer, check_ports_free
 
 log = logging.getLogger("hloserve.node")
 
@@ -193,25 +192,6 @@ def tritonserver_flags(config: NodeConfig, worker: WorkerPlan) -> list[str]:
         "--strict-readiness=false",
         *t.args,
     ]
-
-
-def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
-    """Raise :class:`PortInUseError` naming the first endpoint whose port cannot be bound.
-
-    Args:
-        host: the address the endpoints will bind.
-        ports: endpoint description (e.g. "worker 1 grpc") -> port.
-    """
-    for endpoint, port in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError as exc:
-                raise PortInUseError(
-                    f"node: {endpoint} port {host}:{port} is already in use ({exc.strerror}); "
-                    "stop what holds it or change ports in the node file"
-                ) from None
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
@@ -503,7 +483,12 @@ def run_node_up(
     plan = plan_workers(config, available_gpus)
     ports = planned_ports(config, plan)
     for endpoint, (host, port) in ports.items():
-        check_ports_free(host, {endpoint: port})
+        check_ports_free(
+            host,
+            {endpoint: port},
+            "node: ",
+            "; stop what holds it or change ports in the node file",
+        )
     use_gateway = gateway_enabled(config, len(plan))
     gw_config = gateway_config(config, plan) if use_gateway else None
     stop = stop or threading.Event()

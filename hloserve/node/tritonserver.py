@@ -720,13 +720,14 @@ def _check_ports_free(host: str, ports: Mapping[str, int]) -> None:
     check_ports_free(host, ports, "tritonserver: ")
 
 
-def check_ports_free(host: str, ports: Mapping[str, int], what: str = "") -> None:
+def check_ports_free(host: str, ports: Mapping[str, int], what: str = "", hint: str = "") -> None:
     """Raise PortInUseError if a port cannot be bound on ``host`` (TIME_WAIT is not "in use").
 
     Args:
         host: the address the ports will be bound on.
         ports: port by endpoint name ("gRPC", "metrics", ...).
         what: prefix of the message's endpoint name, e.g. "gateway ".
+        hint: appended to the message, e.g. what to change.
 
     Raises:
         PortInUseError: (UNAVAILABLE) "<what><endpoint> port <host>:<port> is already in use".
@@ -738,7 +739,7 @@ def check_ports_free(host: str, ports: Mapping[str, int], what: str = "") -> Non
                 sock.bind((host, port))
             except OSError as e:
                 raise PortInUseError(
-                    f"{what}{endpoint} port {host}:{port} is already in use ({e})"
+                    f"{what}{endpoint} port {host}:{port} is already in use ({e}){hint}"
                 ) from e
 
 
