@@ -137,8 +137,6 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
         {
             "workers": [s.urls.grpc for s in servers],
             "mode": mode,
-            "listen": "127.0.0.1:0",
-            "admin_port": 0,
             "discovery": {"poll_interval_seconds": 1.0},
             "scheduling": {
                 "first_rebalance_compute_seconds": 1e6,  # only the operator repack below
@@ -148,7 +146,7 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
             },
         }
     )
-    gateway = GatewayThread(config)
+    gateway = GatewayThread(config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0}))
     address = f"127.0.0.1:{gateway.port}"
     try:
         _traffic(address, args.requests // 4, args.threads, seed=1000)  # warm-up
