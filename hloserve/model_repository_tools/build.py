@@ -20,9 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_repository_tools import names
+from hloserve.model_repository_tools.batch_sizes import (
+    BatchSizeError,
+    BatchSizeOptions,
+    choose_batch_sizes,
+)
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
@@ -70,12 +76,16 @@ class FrontModel:
         config_text: its ``config.pbtxt``.
         text_executables: executables (paths relative to the bundle) that are MLIR text and get
             converted to portable artifacts in the copy.
+        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (a
+            symbolic-batch bundle gets the compiled batch sizes chosen by the build); None =
+            copied as it is.
     """
 
     name: str
     source: Path
     config_text: str
     text_executables: tuple[str, ...]
+    manifest_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,7 @@ def plan_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    batch_sizes: BatchSizeOptions | None = None,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -113,6 +124,8 @@ def plan_repository(
         max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
         weight_cache: the runtime's weight cache settings (default: no budget).
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
+        batch_sizes: compiled batch sizes of the symbolic-batch bundles
+            (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
         progress: called with one line per bundle.
 
     Raises:
@@ -146,6 +159,7 @@ def plan_repository(
     if errors:
         raise errors[0]
     check_names(bundles)
+    bundles, rewritten = _with_batch_sizes(bundles, batch_sizes or BatchSizeOptions(), progress)
     models = tuple(
         FrontModel(
             name=b.name,
@@ -161,6 +175,7 @@ def plan_repository(
                 )
             ),
             text_executables=_text_executables(b),
+            manifest_text=rewritten.get(b.name),
         )
         for b in bundles
     )
@@ -187,6 +202,37 @@ def plan_repository(
     if cache.weight_cache_bytes > 0:
         _check_weight_budget(bundles, cache)
     return RepositoryPlan(models, config_text(runtime))
+
+
+def _with_batch_sizes(
+    bundles: list[Bundle], options: BatchSizeOptions, progress: Progress | None
+) -> tuple[list[Bundle], dict[str, str]]:
+    """Symbolic-batch bundles with their chosen compiled sizes, and their copies' manifests."""
+    try:
+        chosen = choose_batch_sizes(
+            {b.name: b.manifest for b in bundles if not b.manifest.is_meta}, options
+        )
+    except BatchSizeError as exc:
+        raise RepositoryError(exc.message) from None
+    out, rewritten = [], {}
+    for bundle in bundles:
+        sizes = chosen.get(bundle.name)
+        if sizes is None:
+            out.append(bundle)
+            continue
+        manifest = _manifest_with_sizes(bundle.manifest, sizes)
+        rewritten[bundle.name] = manifest.to_yaml()
+        out.append(Bundle(bundle.path, manifest, bundle.model_name))
+        _say(progress, f"{bundle.name}: symbolic batch, compiles batch sizes {list(sizes)}")
+    return out, rewritten
+
+
+def _manifest_with_sizes(manifest: Manifest, sizes: tuple[int, ...]) -> Manifest:
+    import yaml
+
+    data = yaml.safe_load(manifest.to_yaml())
+    data["batching"]["compiled_batch_sizes"] = list(sizes)
+    return parse_manifest(data)
 
 
 def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -> None:
@@ -303,6 +349,7 @@ def build_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    batch_sizes: BatchSizeOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -325,6 +372,7 @@ def build_repository(
         max_queue_delay_us=max_queue_delay_us,
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
+        batch_sizes=batch_sizes,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
@@ -346,6 +394,8 @@ def _describe(bundle: Bundle) -> str:
         )
     sizes = manifest.batching.compiled_batch_sizes
     batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
+    if manifest.is_symbolic:
+        batching = "symbolic batch"
     if sizes and not manifest.batch_leading:
         batching += ", batch axis not leading: max_batch_size 0"
     if manifest.variants:
@@ -400,6 +450,10 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
         bundle_copy.parent.mkdir(parents=True)
         shutil.copytree(model.source, bundle_copy, ignore=_ignore)
         line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
+        if model.manifest_text is not None:
+            (bundle_copy / MANIFEST_FILE).write_text(model.manifest_text)
+            # every chosen size must specialize (the artifact's own shape assertions)
+            check_bundle(bundle_copy, name=model.name)
         if model.text_executables:
             converted = convert_bundle(bundle_copy)
             check_bundle(
