@@ -35,6 +35,13 @@ from hloserve.model_repository_tools.config import (
     meta_config,
     runtime_config,
 )
+from hloserve.model_repository_tools.foreign import (
+    ForeignModel,
+    ForeignModelError,
+    is_candidate,
+    plan_foreign,
+    write_foreign,
+)
 
 #: Name of every model's configuration file (Triton's fixed name).
 CONFIG_FILE = "config.pbtxt"
@@ -95,15 +102,22 @@ class RepositoryPlan:
     Attributes:
         models: the front models, sorted by name.
         runtime_config_text: the runtime model's ``config.pbtxt``.
+        foreign: the Triton models of other backends carried over beside the bundles
+            (:mod:`hloserve.model_repository_tools.foreign`), sorted by name.
     """
 
     models: tuple[FrontModel, ...]
     runtime_config_text: str
+    foreign: tuple[ForeignModel, ...] = ()
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Front model names, then the runtime model's."""
-        return (*(m.name for m in self.models), names.RUNTIME_MODEL)
+        """Front model names, the foreign models' names, then the runtime model's."""
+        return (
+            *(m.name for m in self.models),
+            *(f.name for f in self.foreign),
+            names.RUNTIME_MODEL,
+        )
 
 
 def plan_repository(
@@ -142,9 +156,16 @@ def plan_repository(
     if meta_concurrency < 1:
         raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
     paths = discover_bundles(bundles_dir)
-    if not paths:
-        raise RepositoryError(f"{bundles_dir}: no bundles (no subdirectory holds a manifest.yaml)")
-    kinds = _kinds(paths)
+    foreign_paths = sorted(
+        p for p in Path(bundles_dir).iterdir() if is_candidate(p) and p not in paths
+    )
+    if not paths and not foreign_paths:
+        raise RepositoryError(
+            f"{bundles_dir}: no bundles and no Triton models (no subdirectory holds a "
+            "manifest.yaml or a Triton model)"
+        )
+    foreign = _plan_foreign(foreign_paths, progress)
+    kinds = {**_kinds(paths), **{f.name: "foreign" for f in foreign}}
     bundles: list[Bundle] = []
     errors: list[BundleError] = []
     for path in paths:
@@ -201,7 +222,28 @@ def plan_repository(
         raise RepositoryError(exc.message) from None
     if cache.weight_cache_bytes > 0:
         _check_weight_budget(bundles, cache)
-    return RepositoryPlan(models, config_text(runtime))
+    return RepositoryPlan(models, config_text(runtime), foreign)
+
+
+def _plan_foreign(paths: Sequence[Path], progress: Progress | None) -> tuple[ForeignModel, ...]:
+    """Plan every foreign folder; report each, then raise the first refusal."""
+    planned, errors = [], []
+    for path in paths:
+        try:
+            model = plan_foreign(path)
+        except ForeignModelError as exc:
+            errors.append(exc)
+            _say(progress, f"{path.name}: REFUSED ({exc.message})")
+            continue
+        if model.name == names.RUNTIME_MODEL:
+            errors.append(ForeignModelError(f"{path}: a model may not be named {model.name!r}"))
+            continue
+        planned.append(model)
+        layout = "flat, copied into version 1" if model.flat else "version layout"
+        _say(progress, f"{model.name}: Triton model, backend {model.backend} ({layout})")
+    if errors:
+        raise RepositoryError(errors[0].message)
+    return tuple(planned)
 
 
 def _with_batch_sizes(
@@ -328,7 +370,8 @@ def write_repository(
         ArtifactError: an MLIR text executable does not convert (nothing is left behind).
     """
     out = Path(out_dir).absolute()
-    _check_target(out, [m.source for m in plan.models], overwrite)
+    sources = [m.source for m in plan.models] + [f.source for f in plan.foreign]
+    _check_target(out, sources, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
     try:
@@ -462,6 +505,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
             line += f"; converted {', '.join(converted)} to portable artifacts"
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         _say(progress, line)
+    for foreign in plan.foreign:
+        write_foreign(foreign, root / foreign.name)
+        _say(progress, f"{foreign.name}: copied ({foreign.backend})")
     runtime_dir = root / names.RUNTIME_MODEL
     (runtime_dir / names.MODEL_VERSION).mkdir(parents=True)
     (runtime_dir / CONFIG_FILE).write_text(plan.runtime_config_text)
