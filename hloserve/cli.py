@@ -76,6 +76,7 @@ def _repo_build(args: argparse.Namespace) -> int:
         max_queue_delay_us=args.max_queue_delay_us,
         weight_cache=_weight_cache_options(args),
         meta_concurrency=args.meta_concurrency,
+        batch_sizes=_batch_size_options(args),
         overwrite=args.overwrite,
         progress=print,
     )
@@ -120,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_queue_delay_us=args.max_queue_delay_us,
             weight_cache=_weight_cache_options(args),
             meta_concurrency=args.meta_concurrency,
+            batch_sizes=_batch_size_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
@@ -191,6 +193,27 @@ def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
     )
+
+
+def _add_batch_size_option(parser: argparse.ArgumentParser) -> None:
+    """--batch-sizes (docs/bundles.md, "Symbolic batch")."""
+    parser.add_argument(
+        "--batch-sizes",
+        action="append",
+        default=[],
+        metavar="[MODEL=]SIZES",
+        help="compiled batch sizes of symbolic-batch bundles, e.g. 1,4,16,64 for all of them "
+        "or MODEL=1,8 for one (repeatable); default: 1,4,16,64 within each bundle's "
+        "constraints and 64 MiB of inputs+outputs per execution. A bundle exported with "
+        "fixed batch sizes keeps them and refuses this flag",
+    )
+
+
+def _batch_size_options(args: argparse.Namespace) -> Any:
+    """The ``BatchSizeOptions`` of :func:`_add_batch_size_option`'s argument."""
+    from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
+
+    return parse_batch_sizes(args.batch_sizes)
 
 
 def _weight_cache_options(args: argparse.Namespace) -> Any:
@@ -277,6 +300,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="dynamic batcher queue delay when building, microseconds (500)",
     )
     _add_weight_cache_options(serve)
+    _add_batch_size_option(serve)
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
     serve.add_argument(
         "--startup-timeout",
@@ -384,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dynamic batcher max_queue_delay_microseconds (default: 500)",
     )
     _add_weight_cache_options(build)
+    _add_batch_size_option(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )

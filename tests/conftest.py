@@ -186,3 +186,23 @@ def digits_bundle(
         out,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def symbolic_digits(
+    digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """digits exported with batch_sizes='symbolic' (same params as the fixed digits bundle)."""
+    digits_export = import_example("digits", "export")
+    from hloserve.export import export_bundle
+
+    out = tmp_path_factory.mktemp("symbolic") / "digits"
+    export_bundle(
+        digits_model.apply,
+        digits_params,
+        [digits_export.IMAGE],
+        [digits_export.LOGITS],
+        "symbolic",
+        out,
+    )
+    return out

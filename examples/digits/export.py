@@ -1,9 +1,11 @@
 """Train the digits CNN (fixed seed) and export it as a bundle: ``BUNDLES_DIR/digits/``.
 
-    python examples/digits/export.py --out bundles
+    python examples/digits/export.py --out bundles [--symbolic]
 
 Input ``image`` f32 ``nhwc`` (8, 8, 1); output ``logits`` f32 ``nk`` (k=10); compiled batch
-sizes 1, 8, 32. Prints the held-out accuracy of the trained JAX model.
+sizes 1, 8, 32 (``--symbolic``: one artifact for every batch size, the sizes chosen by
+``hloserve repo build --batch-sizes``; docs/bundles.md, "Symbolic batch"). Prints the held-out
+accuracy of the trained JAX model.
 """
 
 from __future__ import annotations
@@ -26,16 +28,15 @@ IMAGE = TensorSpec(name="image", dtype="f32", shape="nhwc", dims={"h": 8, "w": 8
 LOGITS = OutputSpec(name="logits", shape="nk")
 
 
-def export_digits(bundles_dir: Path, *, overwrite: bool = True) -> Path:
+def export_digits(bundles_dir: Path, *, overwrite: bool = True, symbolic: bool = False) -> Path:
     """Train, check accuracy, and write ``bundles_dir/digits``; returns the bundle path."""
     params = digits_model.train()
     _, _, test_x, test_y = digits_model.load_split()
     acc = digits_model.accuracy(np.asarray(digits_model.apply(params, test_x)), test_y)
     print(f"digits: JAX model accuracy on the held-out split: {acc:.4f}")
     out = bundles_dir / "digits"
-    export_bundle(
-        digits_model.apply, params, [IMAGE], [LOGITS], BATCH_SIZES, out, overwrite=overwrite
-    )
+    sizes = "symbolic" if symbolic else BATCH_SIZES
+    export_bundle(digits_model.apply, params, [IMAGE], [LOGITS], sizes, out, overwrite=overwrite)
     print(f"digits: bundle written to {out}")
     return out
 
@@ -49,10 +50,15 @@ def main() -> int:
         metavar="BUNDLES_DIR",
         help="directory that receives the digits/ bundle",
     )
+    parser.add_argument(
+        "--symbolic",
+        action="store_true",
+        help="one artifact with a symbolic batch axis instead of one per batch size",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)  # its platform probing is INFO noise
-    export_digits(args.out)
+    export_digits(args.out, symbolic=args.symbolic)
     return 0
 
 

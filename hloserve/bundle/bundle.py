@@ -19,7 +19,7 @@ import numpy as np
 
 from hloserve.bundle import dtypes
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
-from hloserve.bundle.stablehlo import to_portable_artifact
+from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
 from hloserve.errors import InvalidArgumentError, NotFoundError
 
 #: Model names Triton accepts as repository directory names (and hloserve as bundle names).
@@ -79,8 +79,20 @@ class Bundle:
             ) from None
 
     def read_artifact(self, batch_size: int, variant: int = 0) -> bytes:
-        """The portable artifact for ``batch_size`` (MLIR text is converted in memory)."""
-        return to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
+        """The portable artifact for ``batch_size`` (MLIR text is converted in memory).
+
+        A symbolic-batch bundle's artifact is specialized to ``batch_size`` here
+        (:func:`hloserve.bundle.stablehlo.specialize_batch`), so every caller compiles a module
+        with static shapes, exactly as for a bundle with one artifact per batch size.
+
+        Raises:
+            NotFoundError: ``batch_size`` is not a compiled batch size (of that variant).
+            ArtifactError: the artifact cannot be read or specialized.
+        """
+        data = to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
+        if self.manifest.is_symbolic:
+            return specialize_batch(data, batch_size)
+        return data
 
     @property
     def weights_path(self) -> Path | None:

@@ -69,6 +69,7 @@ TOKENS: tuple[str, ...] = tuple(row.token for row in _ROWS)
 
 _BY_TOKEN = {row.token: row for row in _ROWS}
 _BY_KSERVE = {row.kserve: row for row in _ROWS}
+_BY_TRITON = {row.triton: row for row in _ROWS}
 _BY_STABLEHLO = {row.stablehlo: row for row in _ROWS if row.stablehlo}
 _BY_SAFETENSORS = {row.safetensors: row for row in _ROWS if row.safetensors}
 _BY_NUMPY = {row.numpy: row for row in _ROWS if row.token != "bytes"}
@@ -90,6 +91,11 @@ def from_token(token: str) -> DType:
 def from_kserve(datatype: str) -> DType:
     """Row for a KServe V2 datatype string such as ``"FP32"``."""
     return _lookup(_BY_KSERVE, datatype, "KServe datatype")
+
+
+def from_triton(data_type: str) -> DType:
+    """Row for a Triton ``config.pbtxt`` data type such as ``"TYPE_FP32"``."""
+    return _lookup(_BY_TRITON, data_type, "Triton data type")
 
 
 def from_stablehlo(element_type: str) -> DType:

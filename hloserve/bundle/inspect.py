@@ -17,13 +17,24 @@ def _size(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _batching(bundle: Bundle) -> str:
+    m = bundle.manifest
+    symbolic = m.batching.symbolic
+    if symbolic is None:
+        return f"batch sizes {m.batching.compiled_batch_sizes or 'none (unbatched)'}"
+    bounds = f"b >= {symbolic.min}" + (f", b <= {symbolic.max}" if symbolic.max else "")
+    sizes = m.batching.compiled_batch_sizes
+    chosen = f", compiled at {sizes}" if sizes else " (sizes chosen at repo build)"
+    return f"symbolic batch ({bounds}){chosen}"
+
+
 def render_bundle(bundle: Bundle) -> Group:
     """Rich renderables describing ``bundle`` (print them with a rich Console)."""
     m = bundle.manifest
     title = Text.assemble(
         (bundle.name, "bold"),
         f"  format v{m.format_version}, kind {m.kind}, ",
-        f"batch sizes {m.batching.compiled_batch_sizes or 'none (unbatched)'}",
+        _batching(bundle),
     )
     tensors = Table(title="tensors", title_justify="left")
     for col in ("role", "name", "dtype", "axes", "shape", "KServe", "bytes/item"):
@@ -52,10 +63,13 @@ def render_bundle(bundle: Bundle) -> Group:
     )
     for col in columns:
         exes.add_column(col)
-    for (variant, size), file in sorted(m.all_executables.items()):
+    files = m.all_executables
+    if m.is_symbolic:  # one row per artifact, not per size it is specialized to
+        files = {(v, -1): f for v, f in m.symbolic_executables.items()}
+    for (variant, size), file in sorted(files.items()):
         path = bundle.path / file
         row = [
-            str(size) if size else "unbatched",
+            "symbolic" if size < 0 else str(size) if size else "unbatched",
             file,
             _size(path.stat().st_size) if path.exists() else "MISSING",
         ]

@@ -1,7 +1,12 @@
-"""The bundle manifest (``manifest.yaml``), format v1: typed model, parsing, and rules.
+"""The bundle manifest (``manifest.yaml``): typed model, parsing, and rules.
 
 Format versions (the newest first; bump MAX and add a line when the format changes):
 
+* 3 (2026-12-01): ``batching.symbolic`` (``min``, optional ``max``): ONE portable artifact per
+  variant whose batch axes are symbolic, under the ``executables`` key ``symbolic``; the
+  compiled batch sizes become a serving decision (``hloserve repo build --batch-sizes``) and
+  each is specialized from that artifact when the repository loads. A manifest that uses none
+  of this may keep an older ``format_version``.
 * 2 (2026-11-30): ``kind: meta`` (Python glue calling other models: ``meta.calls``, a
   ``model.py`` defining ``run``, no executable); ``client_inputs``/``client_outputs`` (the wire
   tensors, same notation; required for a meta, optional for a model, where hooks use them).
@@ -29,13 +34,18 @@ from hloserve.errors import InvalidArgumentError, Status
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
 #: Newest manifest ``format_version`` this release reads.
-MAX_FORMAT_VERSION = 2
+MAX_FORMAT_VERSION = 3
 #: Version written by :mod:`hloserve.export` for a plain model (the oldest that expresses it,
 #: so that older hloserve releases still read it).
 FORMAT_VERSION = 1
 #: Oldest ``format_version`` that may use ``kind: meta``, ``meta``, ``client_inputs`` and
 #: ``client_outputs``.
 META_FORMAT_VERSION = 2
+#: Oldest ``format_version`` that may declare ``batching.symbolic``.
+SYMBOLIC_FORMAT_VERSION = 3
+#: ``executables`` key of a symbolic-batch artifact (written ``symbolic`` in YAML).
+SYMBOLIC = -1
+_SYMBOLIC_TEXT = "symbolic"
 #: The Python file of a meta bundle (and of a model's hooks), relative to the bundle directory.
 MODEL_PY = "model.py"
 
@@ -225,12 +235,57 @@ class MetaSection(BaseModel):
         return calls
 
 
+class SymbolicBatch(BaseModel):
+    """``batching.symbolic``: the batch sizes a symbolic-batch artifact accepts.
+
+    The same constraints are inside the artifact as ``jax.export`` shape assertions; these are
+    the ones the validator and ``hloserve repo build`` check chosen sizes against.
+
+    Attributes:
+        min: smallest batch size (``>= 1``).
+        max: largest batch size, or None for no bound.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: int = 1
+    max: int | None = None
+
+    @model_validator(mode="after")
+    def _bounds_ok(self) -> SymbolicBatch:
+        if self.min < 1:
+            raise ValueError(f"symbolic.min must be at least 1, got {self.min}")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"symbolic.max {self.max} is below symbolic.min {self.min}")
+        return self
+
+    def violation(self, size: int) -> str | None:
+        """The constraint ``size`` breaks (e.g. ``"b >= 2"``), or None when it meets them all."""
+        if size < self.min:
+            return f"b >= {self.min}"
+        if self.max is not None and size > self.max:
+            return f"b <= {self.max}"
+        return None
+
+
+def _executable_keys(value: Any) -> Any:
+    """``executables`` as read from YAML: the key ``symbolic`` is :data:`SYMBOLIC`."""
+    if isinstance(value, Mapping):
+        return {SYMBOLIC if k == _SYMBOLIC_TEXT else k: v for k, v in value.items()}
+    return value
+
+
 class Batching(BaseModel):
-    """``batching`` section: the batch sizes that have a compiled executable."""
+    """``batching`` section: the compiled batch sizes, and whether the artifacts are symbolic.
+
+    With ``symbolic`` the sizes may be empty in a bundle (they are chosen when a repository is
+    built, which writes them into its copy of the bundle).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     compiled_batch_sizes: list[int] = Field(default_factory=list)
+    symbolic: SymbolicBatch | None = None
 
     @field_validator("compiled_batch_sizes")
     @classmethod
@@ -250,6 +305,8 @@ class Variant(BaseModel):
 
     dims: dict[str, int]
     executables: dict[int, str]
+
+    _keys = field_validator("executables", mode="before")(_executable_keys)
 
     @field_validator("dims")
     @classmethod
@@ -317,6 +374,8 @@ class Manifest(BaseModel):
     variants: Variants | None = None
     producer: dict[str, Any] = Field(default_factory=dict)
 
+    _keys = field_validator("executables", mode="before")(_executable_keys)
+
     @model_validator(mode="after")
     def _rules(self) -> Manifest:
         problems = self._version_rules()
@@ -337,13 +396,19 @@ class Manifest(BaseModel):
         return self
 
     def _version_rules(self) -> list[str]:
+        problems = []
+        if self.batching.symbolic is not None and self.format_version < SYMBOLIC_FORMAT_VERSION:
+            problems.append(
+                f"batching.symbolic needs format_version {SYMBOLIC_FORMAT_VERSION} or later, "
+                f"got {self.format_version}"
+            )
         if self.format_version >= META_FORMAT_VERSION:
-            return []
+            return problems
         keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta", "variants")
         used = [k for k in keys if k in self.model_fields_set]
         if self.kind == "meta":
             used.insert(0, "kind 'meta'")
-        return [
+        return problems + [
             f"{key} needs format_version {META_FORMAT_VERSION} or later, got {self.format_version}"
             for key in used
         ]
@@ -382,12 +447,15 @@ class Manifest(BaseModel):
         batched = [s.name for s in self.inputs + self.outputs if s.batch_axis is not None]
         unbatched = [s.name for s in self.inputs + self.outputs if s.batch_axis is None]
         sizes = self.batching.compiled_batch_sizes
+        symbolic = self.batching.symbolic
+        if symbolic is not None:
+            problems += self._symbolic_rules(bool(unbatched))
         if batched and unbatched:
             problems.append(
                 f"tensors {batched} have a batch axis but {unbatched} do not; "
                 "either every input and output has one or none does"
             )
-        elif batched and not sizes:
+        elif batched and not sizes and symbolic is None:
             problems.append("tensors have a batch axis but batching.compiled_batch_sizes is empty")
         elif not batched and sizes:
             problems.append(
@@ -395,20 +463,35 @@ class Manifest(BaseModel):
                 f"('n' or 'b'); an unbatched model has one executable under key {UNBATCHED}"
             )
         expected = set(sizes) if batched else {UNBATCHED}
+        if symbolic is not None:
+            expected = {SYMBOLIC}
         if self.variants is not None or any(s.variable_axes for s in self.inputs + self.outputs):
             problems += self._variant_rules(expected)
             return problems
         for size in sorted(expected - set(self.executables)):
-            what = f"compiled batch size {size}" if size else "the unbatched executable (key 0)"
-            problems.append(f"executables: {what} has no artifact")
+            problems.append(f"executables: {_key_text(size)} has no artifact")
         for size, file in sorted(self.executables.items()):
             why = _inside_bundle(file)
             if why:
-                problems.append(f"executables: {size}: {why}")
+                problems.append(f"executables: {_key_name(size)}: {why}")
         for size in sorted(set(self.executables) - expected):
+            problems.append(f"executables: {_unexpected_key(size, expected)}")
+        return problems
+
+    def _symbolic_rules(self, has_unbatched: bool) -> list[str]:
+        assert self.batching.symbolic is not None
+        problems = []
+        if has_unbatched:
             problems.append(
-                f"executables: key {size} is not a compiled batch size {sorted(expected)}"
+                "batching.symbolic needs a batch axis ('n' or 'b') on every input and output"
             )
+        for size in self.batching.compiled_batch_sizes:
+            broken = self.batching.symbolic.violation(size)
+            if broken:
+                problems.append(
+                    f"batching.compiled_batch_sizes: {size} breaks the symbolic batch "
+                    f"constraint {broken}"
+                )
         return problems
 
     def _variant_rules(self, expected: set[int]) -> list[str]:
@@ -436,13 +519,13 @@ class Manifest(BaseModel):
                 problems.append(f"{where}: repeats sizes {variant.dims}")
             seen.append(variant.dims)
             for size in sorted(expected - set(variant.executables)):
-                problems.append(f"{where}: compiled batch size {size} has no artifact")
+                problems.append(f"{where}: {_key_text(size)} has no artifact")
             for size in sorted(set(variant.executables) - expected):
-                problems.append(f"{where}: key {size} is not a compiled batch size")
+                problems.append(f"{where}: {_unexpected_key(size, expected)}")
             for size, file in sorted(variant.executables.items()):
                 why = _inside_bundle(file)
                 if why:
-                    problems.append(f"{where}.executables: {size}: {why}")
+                    problems.append(f"{where}.executables: {_key_name(size)}: {why}")
         if not self.variants.shapes:
             problems.append("variants.shapes is empty")
         return problems
@@ -456,7 +539,17 @@ class Manifest(BaseModel):
 
     @property
     def all_executables(self) -> dict[tuple[int, int], str]:
-        """Every executable file by ``(variant index, batch size)``; variant 0 without variants."""
+        """Every executable file by ``(variant index, batch size)``; variant 0 without variants.
+
+        For a symbolic-batch manifest every compiled batch size maps to its variant's one
+        symbolic artifact (:attr:`symbolic_executables`); none when no size is chosen yet.
+        """
+        if self.batching.symbolic is not None:
+            return {
+                (v, size): file
+                for v, file in self.symbolic_executables.items()
+                for size in self.batching.compiled_batch_sizes
+            }
         if self.variants is None:
             return {(0, size): file for size, file in self.executables.items()}
         return {
@@ -464,6 +557,23 @@ class Manifest(BaseModel):
             for i, v in enumerate(self.variants.shapes)
             for size, file in v.executables.items()
         }
+
+    @property
+    def symbolic_executables(self) -> dict[int, str]:
+        """Each variant's symbolic-batch artifact by variant index; empty unless symbolic."""
+        if self.batching.symbolic is None:
+            return {}
+        tables = (
+            [self.executables]
+            if self.variants is None
+            else [v.executables for v in self.variants.shapes]
+        )
+        return {i: t[SYMBOLIC] for i, t in enumerate(tables) if SYMBOLIC in t}
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether the batch axis is symbolic (one artifact specialized to each batch size)."""
+        return self.batching.symbolic is not None
 
     @property
     def is_meta(self) -> bool:
@@ -490,7 +600,7 @@ class Manifest(BaseModel):
     @property
     def batched(self) -> bool:
         """Whether the model has a batch axis (then every tensor has one)."""
-        return bool(self.batching.compiled_batch_sizes)
+        return bool(self.batching.compiled_batch_sizes) or self.is_symbolic
 
     @property
     def batch_leading(self) -> bool:
@@ -509,9 +619,37 @@ class Manifest(BaseModel):
         if self.is_meta:
             for key in ("inputs", "outputs", "batching", "executables", "weights"):
                 del data[key]
-        elif not data["weights"].get("file"):
-            data["weights"].pop("file", None)
+        else:
+            if not data["weights"].get("file"):
+                data["weights"].pop("file", None)
+            tables = [data["executables"], *(v["executables"] for v in _shapes(data))]
+            for table in tables:
+                if SYMBOLIC in table:
+                    table[_SYMBOLIC_TEXT] = table.pop(SYMBOLIC)
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def _shapes(data: Mapping[str, Any]) -> list[Any]:
+    variants = data.get("variants")
+    return list(variants["shapes"]) if variants else []
+
+
+def _key_name(key: int) -> str:
+    return _SYMBOLIC_TEXT if key == SYMBOLIC else str(key)
+
+
+def _key_text(key: int) -> str:
+    if key == SYMBOLIC:
+        return "the symbolic-batch artifact (key 'symbolic')"
+    return f"compiled batch size {key}" if key else "the unbatched executable (key 0)"
+
+
+def _unexpected_key(key: int, expected: set[int]) -> str:
+    if key == SYMBOLIC:
+        return "key 'symbolic' needs batching.symbolic"
+    if expected == {SYMBOLIC}:
+        return f"key {key}: a symbolic-batch model has only the key 'symbolic'"
+    return f"key {key} is not a compiled batch size {sorted(expected)}"
 
 
 def _where(data: Any, loc: tuple[int | str, ...]) -> str:

@@ -1,4 +1,5 @@
-"""StableHLO artifacts: recognize, convert text to a portable artifact, read ``main``'s signature.
+"""StableHLO artifacts: recognize, convert text to a portable artifact, read ``main``'s signature,
+specialize a symbolic batch size.
 
 This is the one place that touches MLIR. It uses the MLIR Python bindings and the StableHLO
 serialization entry points that jaxlib ships under ``jax.extend.mlir`` (public since JAX 0.4.x;
@@ -197,3 +198,122 @@ def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:
     if element.startswith("si"):  # signless vs signed spelling: si32 means i32 here
         element = element[1:]
     return TensorType(shape, element)
+
+
+#: Name the symbolic ``main`` gets inside a specialized module (private, called by the new main).
+_SYMBOLIC_MAIN = "_hloserve_symbolic_main"
+
+
+def specialize_batch(data: bytes, batch_size: int, target_version: str | None = None) -> bytes:
+    """Specialize a module whose batch axes are symbolic (``?``) to one concrete batch size.
+
+    The module's ``main`` becomes a private function called by a new ``main`` whose dynamic
+    sizes are all ``batch_size`` (a symbolic-batch bundle's only dynamic sizes are batch axes;
+    docs/bundles.md, "Symbolic batch"); StableHLO's shape refinement then propagates the static
+    shapes through the whole module and checks the module's shape assertions (the constraints
+    ``jax.export`` writes, e.g. ``b >= 1``). This is how ``jax.export`` calls an exported
+    function at concrete shapes (``stablehlo.convert`` to the dynamic type, a call, then
+    ``jax.extend.mlir.refine_polymorphic_shapes``); substituting sizes into the module text
+    would not update the shape computations inside.
+
+    Args:
+        data: a portable artifact (or MLIR text as bytes) with a public ``main``.
+        batch_size: the concrete size of every dynamic axis of ``main``'s arguments and results.
+        target_version: StableHLO version of the returned artifact (default
+            :func:`default_target_version`).
+
+    Returns:
+        A portable artifact whose ``main`` has only static shapes.
+
+    Raises:
+        ArtifactError: the module does not parse or has no ``main``; or refinement fails, e.g.
+            ``batch_size`` breaks one of the module's shape assertions (the message says which).
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir.dialects import func as func_dialect
+    from jax._src.lib.mlir.dialects import hlo
+
+    _, ir, _ = _mlir()
+    with jax_mlir.make_ir_context() as ctx, ir.Location.unknown():
+        text = _module_text(data)
+        try:
+            module = ir.Module.parse(text, context=ctx)
+        except Exception as exc:
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
+        main = next(
+            (
+                op
+                for op in module.body.operations
+                if "sym_name" in op.attributes
+                and ir.StringAttr(op.attributes["sym_name"]).value == "main"
+            ),
+            None,
+        )
+        if main is None:
+            raise ArtifactError("module has no function named 'main'")
+        fn_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+
+        def static(mlir_type: Any) -> Any:
+            ranked = ir.RankedTensorType(mlir_type)
+            shape = [
+                batch_size if ranked.is_dynamic_dim(i) else ranked.get_dim_size(i)
+                for i in range(ranked.rank)
+            ]
+            return ir.RankedTensorType.get(shape, ranked.element_type)
+
+        arg_types = [static(t) for t in fn_type.inputs]
+        result_types = [static(t) for t in fn_type.results]
+        main.attributes["sym_name"] = ir.StringAttr.get(_SYMBOLIC_MAIN)
+        main.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        with ir.InsertionPoint(module.body):
+            wrapper = func_dialect.FuncOp("main", ir.FunctionType.get(arg_types, result_types))
+            wrapper.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            entry = wrapper.add_entry_block()
+            with ir.InsertionPoint(entry):
+                args = [
+                    a if a.type == t else hlo.ConvertOp(t, a).result
+                    for a, t in zip(entry.arguments, fn_type.inputs, strict=True)
+                ]
+                call = func_dialect.CallOp(
+                    list(fn_type.results), ir.FlatSymbolRefAttr.get(_SYMBOLIC_MAIN), args
+                )
+                func_dialect.ReturnOp(
+                    [
+                        r if r.type == t else hlo.ConvertOp(t, r).result
+                        for r, t in zip(call.results, result_types, strict=True)
+                    ]
+                )
+        mlir_ext, _, _ = _mlir()
+        try:
+            refined = mlir_ext.refine_polymorphic_shapes(
+                str(module).encode(), enable_shape_assertions=True, validate_static_shapes=True
+            )
+        except Exception as exc:  # the bindings raise a bare Exception with XLA's text
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ArtifactError(
+                f"cannot specialize the symbolic batch to {batch_size}: {detail[:600]}"
+            ) from None
+    return to_portable_artifact(bytes(refined), target_version)
+
+
+def strip_locations(module: str) -> str:
+    """MLIR text of ``module`` without debug locations (MLIR's ``strip-debuginfo`` pass).
+
+    Locations name the Python source lines that produced each op; XLA needs none of them.
+
+    Raises:
+        ArtifactError: the module does not parse.
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax.extend.mlir import passmanager
+
+    _, ir, _ = _mlir()
+    with jax_mlir.make_ir_context() as ctx:
+        try:
+            parsed = ir.Module.parse(module, context=ctx)
+        except Exception as exc:
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(parsed.operation)
+        return str(parsed)

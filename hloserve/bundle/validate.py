@@ -2,6 +2,9 @@
 
 ``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
 every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
+A symbolic-batch bundle's one artifact per variant must have a dynamic size (``?``) at every
+batch axis and nowhere else, and must specialize to each declared compiled batch size (its shape
+assertions, e.g. ``b >= 2``, hold there).
 A meta bundle (``kind: meta``) has no executable: its ``model.py`` must define a top-level
 ``run(inputs, call)`` (read with :mod:`ast` and compiled; nothing is imported or run), and each
 model in ``meta.calls`` must be among the bundles being built, not a meta, and not the meta
@@ -23,6 +26,8 @@ from hloserve.bundle.stablehlo import (
     TensorType,
     is_portable_artifact,
     read_signature,
+    specialize_batch,
+    to_portable_artifact,
 )
 from hloserve.errors import HloserveError, InvalidArgumentError
 
@@ -87,6 +92,10 @@ def validate_bundle(
     if bundle.manifest.is_meta:
         return _check_meta(bundle, models)
     problems = _check_weights(bundle) + _check_hooks(bundle)
+    if bundle.manifest.is_symbolic:
+        for variant in sorted(bundle.manifest.symbolic_executables):
+            problems += _check_symbolic(bundle, variant)
+        return problems
     for variant, size in sorted(bundle.manifest.all_executables):
         problems += _check_executable(bundle, size, variant)
     return problems
@@ -248,12 +257,47 @@ def _check_weights(bundle: Bundle) -> list[Problem]:
     return problems
 
 
-def _check_executable(bundle: Bundle, size: int, variant: int = 0) -> list[Problem]:
-    file = bundle.manifest.all_executables[(variant, size)]
+def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
+    """The symbolic artifact's signature, then its specialization to each compiled size."""
+    manifest = bundle.manifest
+    file = manifest.symbolic_executables[variant]
+    problems = _check_executable(bundle, None, variant)
+    if any(not p.warning for p in problems) or not manifest.batching.compiled_batch_sizes:
+        return problems
+    data = to_portable_artifact((bundle.path / file).read_bytes())
+    spec = next(s for s in manifest.inputs if s.batch_axis is not None)
+    letter = spec.shape[spec.batch_axis or 0]
+    for size in manifest.batching.compiled_batch_sizes:
+        try:
+            specialize_batch(data, size)
+        except ArtifactError as exc:
+            problems.append(
+                Problem(
+                    file,
+                    f"compiled batch size {size} is refused by the artifact's constraints "
+                    f"(input {spec.name!r}, batch axis {letter!r}): "
+                    f"{exc.message}",
+                )
+            )
+    return problems
+
+
+def _check_executable(bundle: Bundle, size: int | None, variant: int = 0) -> list[Problem]:
+    """Check one artifact's ``main`` against the manifest; ``size`` None: a symbolic batch."""
+    if size is None:
+        file = bundle.manifest.symbolic_executables[variant]
+    else:
+        file = bundle.manifest.all_executables[(variant, size)]
     sizes = bundle.manifest.variant_dims[variant]
     exe_path = bundle.path / file
     if not exe_path.is_file():
-        what = f"batch size {size}" if size else "the unbatched executable"
+        what = (
+            "the symbolic batch"
+            if size is None
+            else f"batch size {size}"
+            if size
+            else "the unbatched executable"
+        )
         return [Problem(file, f"artifact for {what} is missing")]
     data = exe_path.read_bytes()
     problems = []
@@ -319,17 +363,23 @@ def _compare_spec(
     file: str,
     role: str,
     spec: TensorSpec,
-    size: int,
+    size: int | None,
     actual: TensorType,
     sizes: dict[str, int] | None = None,
 ) -> list[Problem]:
-    return _compare(
-        file, f"{role} {spec.name!r}", spec.shape_at(size, sizes), spec.dtype, actual, "manifest"
-    )
+    shape: tuple[int | None, ...] = spec.shape_at(size or 0, sizes)
+    if size is None:  # a symbolic batch: dynamic at the batch axis
+        shape = tuple(None if i == spec.batch_axis else d for i, d in enumerate(shape))
+    return _compare(file, f"{role} {spec.name!r}", shape, spec.dtype, actual, "manifest")
 
 
 def _compare(
-    file: str, subject: str, shape: tuple[int, ...], dtype: str, actual: TensorType, source: str
+    file: str,
+    subject: str,
+    shape: tuple[int | None, ...],
+    dtype: str,
+    actual: TensorType,
+    source: str,
 ) -> list[Problem]:
     problems = []
     if actual.dtype_token != dtype:
@@ -342,7 +392,13 @@ def _compare(
         problems.append(
             Problem(
                 file,
-                f"{subject}: shape {list(shape)} in {source}, {list(actual.shape)} in the artifact",
+                f"{subject}: shape {_dims(shape)} in {source}, {_dims(actual.shape)} in the "
+                "artifact",
             )
         )
     return problems
+
+
+def _dims(shape: tuple[int | None, ...]) -> str:
+    """``[?, 8, 8, 1]``: a shape with ``?`` for a dynamic (symbolic) size."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

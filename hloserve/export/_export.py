@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -22,17 +22,24 @@ from hloserve.bundle.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     META_FORMAT_VERSION,
+    SYMBOLIC,
+    SYMBOLIC_FORMAT_VERSION,
     UNBATCHED,
     VARIABLE,
     Batching,
     ClientTensorSpec,
     Manifest,
+    SymbolicBatch,
     TensorSpec,
     Variant,
     Variants,
     Weights,
 )
-from hloserve.bundle.stablehlo import default_target_version, to_portable_artifact
+from hloserve.bundle.stablehlo import (
+    default_target_version,
+    strip_locations,
+    to_portable_artifact,
+)
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import InvalidArgumentError
 
@@ -102,10 +109,13 @@ def export_bundle(
     params: Any,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[OutputSpec],
-    batch_sizes: Sequence[int],
+    batch_sizes: Sequence[int] | Literal["symbolic"],
     out_dir: Path | str,
     *,
     overwrite: bool = False,
+    batch_min: int = 1,
+    batch_max: int | None = None,
+    debug_locations: bool | None = None,
     stablehlo_target: str | None = None,
     variants: Sequence[Mapping[str, int]] = (),
     client_inputs: Sequence[ClientTensorSpec] | None = None,
@@ -123,9 +133,17 @@ def export_bundle(
             ``fn`` takes them after ``params``.
         outputs: output names and shape letters, in ``fn``'s return order.
         batch_sizes: batch sizes to compile, e.g. ``[1, 8, 32]``; empty for a model without a
-            batch axis (then no spec may use ``n``/``b``).
+            batch axis (then no spec may use ``n``/``b``). ``"symbolic"``: ONE artifact per
+            variant whose batch axes are a symbolic dimension (``jax.export`` shape
+            polymorphism, docs/bundles.md "Symbolic batch"); the batch sizes are then chosen
+            when a repository is built (``hloserve repo build --batch-sizes``).
         out_dir: the bundle directory to write; its name is the model name.
         overwrite: replace an existing bundle at ``out_dir``.
+        batch_min: with ``"symbolic"``: the smallest batch size the artifact accepts (>= 1).
+        batch_max: with ``"symbolic"``: the largest, or None for no bound.
+        debug_locations: keep the Python source locations in the artifacts (MLIR ``loc``).
+            Default: kept for fixed batch sizes, left out for ``"symbolic"`` (its artifact is
+            re-serialized by every specialization, and locations are ~20% of its bytes).
         stablehlo_target: StableHLO version the artifacts target (default: the oldest the
             installed StableHLO can write, for the widest compatibility).
         variants: shape variants, each the sizes of the input axes whose ``dims`` are ``-1``
@@ -166,7 +184,25 @@ def export_bundle(
             raise ExportError(f"weight {name!r} has unsupported dtype {array.dtype}") from None
     input_dtypes = [spec.dtype_info.numpy for spec in inputs]
     wide = any(d.itemsize == 8 for d in [*input_dtypes, *(w.dtype for w in host_weights)])
-    sizes = sorted(set(batch_sizes)) or [UNBATCHED]
+    symbolic = None
+    if isinstance(batch_sizes, str):
+        if batch_sizes != "symbolic":
+            raise ExportError(
+                f"batch_sizes must be a list of sizes or 'symbolic', got {batch_sizes!r}"
+            )
+        try:
+            symbolic = SymbolicBatch(min=batch_min, max=batch_max)
+        except ValueError as exc:
+            raise ExportError(f"symbolic batch: {exc}") from None
+        if not all(spec.batch_axis is not None for spec in inputs):
+            raise ExportError(
+                "batch_sizes='symbolic' needs a batch axis ('n' or 'b') on every input"
+            )
+    elif batch_min != 1 or batch_max is not None:
+        raise ExportError("batch_min/batch_max apply only with batch_sizes='symbolic'")
+    sizes: list[int | None] = [None]
+    if not isinstance(batch_sizes, str):
+        sizes = [*sorted(set(batch_sizes))] or [UNBATCHED]
     n_weights = len(host_weights)
     shapes = [dict(v) for v in variants] or [{}]
     variable = sorted({a for spec in inputs for a in spec.variable_axes})
@@ -191,17 +227,18 @@ def export_bundle(
             executables: list[dict[int, str]] = [{} for _ in shapes]
             out_specs: list[TensorSpec] | None = None
             jobs = [(v, size) for v in range(len(shapes)) for size in sizes]
+            batch_dim = _symbolic_batch(symbolic) if symbolic else None
             for i, (v, size) in enumerate(jobs, 1):
                 log.info(
-                    "exporting %s: batch size %d%s (%d/%d)",
+                    "exporting %s: %s%s (%d/%d)",
                     out_dir.name,
-                    size,
+                    "symbolic batch" if size is None else f"batch size {size}",
                     f", variant {shapes[v]}" if variants else "",
                     i,
                     len(jobs),
                 )
                 in_structs = [
-                    jax.ShapeDtypeStruct(spec.shape_at(size, shapes[v]), dt)
+                    jax.ShapeDtypeStruct(_input_shape(spec, size, shapes[v], batch_dim), dt)
                     for spec, dt in zip(inputs, input_dtypes, strict=True)
                 ]
                 exported = jax_export.export(jax.jit(main, keep_unused=True))(
@@ -215,10 +252,15 @@ def export_bundle(
                     )
                 out_specs = specs
                 tag = "".join(f"{a}{n}." for a, n in sorted(shapes[v].items()))
-                file = f"model.{tag}b{size}.mlirbc" if size else f"model.{tag}mlirbc"
-                artifact = to_portable_artifact(exported.mlir_module(), target)
+                if size is None:
+                    file = f"model.{tag}symbolic.mlirbc"
+                else:
+                    file = f"model.{tag}b{size}.mlirbc" if size else f"model.{tag}mlirbc"
+                text = exported.mlir_module()
+                keep = debug_locations if debug_locations is not None else symbolic is None
+                artifact = to_portable_artifact(text if keep else strip_locations(text), target)
                 (staging / file).write_bytes(artifact)
-                executables[v][size] = file
+                executables[v][SYMBOLIC if size is None else size] = file
         assert out_specs is not None  # sizes is never empty
         for name, source in (files or {}).items():
             shutil.copyfile(source, staging / name)
@@ -234,12 +276,13 @@ def export_bundle(
             extra["client_inputs"] = list(client_inputs)
         if client_outputs is not None:
             extra["client_outputs"] = list(client_outputs)
+        version = META_FORMAT_VERSION if extra else FORMAT_VERSION
         manifest = Manifest(
-            format_version=META_FORMAT_VERSION if extra else FORMAT_VERSION,
+            format_version=SYMBOLIC_FORMAT_VERSION if symbolic else version,
             kind="model",
             inputs=list(inputs),
             outputs=out_specs,
-            batching=Batching(compiled_batch_sizes=[s for s in sizes if s != UNBATCHED]),
+            batching=Batching(compiled_batch_sizes=[s for s in sizes if s], symbolic=symbolic),
             executables={} if variants else executables[0],
             weights=weights,
             **extra,
@@ -265,6 +308,27 @@ def export_bundle(
     return load_bundle(out_dir)
 
 
+def _symbolic_batch(symbolic: SymbolicBatch) -> Any:
+    """The ``jax.export`` symbolic dimension ``b`` with the bundle's constraints."""
+    from jax import export as jax_export
+
+    constraints = [f"b >= {symbolic.min}"] if symbolic.min > 1 else []
+    if symbolic.max is not None:
+        constraints.append(f"b <= {symbolic.max}")
+    (dim,) = jax_export.symbolic_shape("b", constraints=constraints)
+    return dim
+
+
+def _input_shape(
+    spec: TensorSpec, size: int | None, variant: Mapping[str, int], batch_dim: Any
+) -> tuple[Any, ...]:
+    """An input's export shape: ``batch_dim`` (symbolic) at the batch axis when size is None."""
+    shape: tuple[Any, ...] = spec.shape_at(size or 0, variant)
+    if size is None:
+        shape = tuple(batch_dim if i == spec.batch_axis else d for i, d in enumerate(shape))
+    return shape
+
+
 def _jaxlib_version() -> str:
     import jaxlib
 
@@ -288,14 +352,17 @@ def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
 def _output_specs(
     outputs: Sequence[OutputSpec],
     avals: Sequence[Any],
-    size: int,
+    size: int | None,
     variant: Mapping[str, int] | None = None,
 ) -> list[TensorSpec]:
-    """Output specs from the traced shapes; axes lettered like a variable input axis get -1."""
+    """Output specs from the traced shapes; axes lettered like a variable input axis get -1.
+
+    ``size`` None: a symbolic batch; the batch axis must then be the symbolic dimension ``b``.
+    """
     variant = variant or {}
     specs = []
     for out, aval in zip(outputs, avals, strict=True):
-        shape = tuple(int(d) for d in aval.shape)
+        shape = tuple(d if isinstance(d, int) else str(d) for d in aval.shape)
         if len(shape) != len(out.shape):
             raise ExportError(
                 f"output {out.name!r}: shape letters {out.shape!r} have rank {len(out.shape)}, "
@@ -304,7 +371,7 @@ def _output_specs(
         dims = {}
         for letter, dim in zip(out.shape, shape, strict=True):
             if letter in BATCH_LETTERS:
-                if dim != size:
+                if dim != (size if size is not None else "b"):
                     raise ExportError(
                         f"output {out.name!r}: batch axis {letter!r} has size {dim} "
                         f"at batch size {size}"
@@ -316,6 +383,11 @@ def _output_specs(
                         f"variant {dict(variant)} makes it {variant[letter]}"
                     )
                 dims[letter] = VARIABLE
+            elif isinstance(dim, str):
+                raise ExportError(
+                    f"output {out.name!r}: axis {letter!r} has the symbolic size {dim}; only "
+                    "the batch axis may follow the symbolic batch"
+                )
             else:
                 dims[letter] = dim
         try:
@@ -332,7 +404,8 @@ def _write_weights(staging: Path, names: list[str], arrays: list[np.ndarray]) ->
     from safetensors.numpy import save_file
 
     save_file(
-        {n: np.ascontiguousarray(a) for n, a in zip(names, arrays, strict=True)},
+        # ascontiguousarray makes a 0-d weight 1-d: keep each weight's own shape
+        {n: np.ascontiguousarray(a).reshape(a.shape) for n, a in zip(names, arrays, strict=True)},
         str(staging / WEIGHTS_FILE),
         metadata={"producer": "hloserve.export"},
     )

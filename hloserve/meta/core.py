@@ -14,12 +14,13 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve.bundle import MODEL_PY, Bundle, Manifest, load_bundle
+from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, TensorSpec, load_bundle
 from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.meta.deadline import Deadline, DeadlineExceededError
@@ -32,10 +33,68 @@ log = logging.getLogger("hloserve.meta")
 
 Tensors = dict[str, np.ndarray]
 
-#: ``describe(model) -> manifest``: a callee's manifest, to check a sub-call's inputs before
+
+class Callee(Protocol):
+    """What a meta needs to know of a callee: a bundle's :class:`Manifest` has all of it."""
+
+    @property
+    def wire_inputs(self) -> list[TensorSpec]: ...
+
+    @property
+    def client_inputs(self) -> list[ClientTensorSpec] | None: ...
+
+    @property
+    def batch_leading(self) -> bool: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ForeignCallee:
+    """A Triton model of another backend as a callee, described by its ``config.pbtxt``.
+
+    Attributes:
+        wire_inputs: the config's inputs as specs (batch axis ``n`` first when
+            ``max_batch_size > 0``; ``-1`` dims variable).
+        max_batch_size: the config's ``max_batch_size``.
+    """
+
+    wire_inputs: list[TensorSpec]
+    max_batch_size: int
+    client_inputs: None = None
+
+    @property
+    def batch_leading(self) -> bool:
+        """Whether Triton batches it (the batch axis is every input's first)."""
+        return self.max_batch_size > 0
+
+    @classmethod
+    def from_config(cls, config: Any) -> ForeignCallee:
+        """From a parsed ``ModelConfig`` (tritonclient's ``model_config_pb2``)."""
+        from tritonclient.grpc import model_config_pb2 as m
+
+        from hloserve.bundle import dtypes
+
+        specs: list[TensorSpec] = []
+        for t in config.input:
+            letters = [c for c in "acdefghijklmopqrstuvwxyz"][: len(t.dims)]
+            shape = ("n" if config.max_batch_size > 0 else "") + "".join(letters)
+            specs.append(
+                ClientTensorSpec(
+                    name=t.name,
+                    dtype=dtypes.from_triton(m.DataType.Name(t.data_type)).token,
+                    shape=shape,
+                    dims=dict(zip(letters, (int(d) for d in t.dims), strict=True)),
+                )
+            )
+        return cls(specs, int(config.max_batch_size))
+
+
+#: ``describe(model) -> callee``: what a callee takes, to check a sub-call's inputs before
 #: sending it; None when unknown (then the callee checks alone). Raises NotFoundError when the
 #: callee is not served here.
-Describe = Callable[[str], Manifest | None]
+Describe = Callable[[str], Callee | None]
 
 #: ``send(model, inputs, output_names, timeout_us) -> outputs``: one request to ``model``
 #: (``output_names`` empty = all outputs; ``timeout_us`` 0 = no timeout). Raises HloserveError
@@ -203,23 +262,37 @@ def repository_describer(repository: Path) -> Describe:
     A model whose bundle copy is unreadable is described as None (not cached: the repository
     may change); one without a directory in the repository raises NotFoundError.
     """
-    cache: dict[str, Manifest] = {}
+    cache: dict[str, Callee] = {}
 
-    def describe(model: str) -> Manifest | None:
+    def describe(model: str) -> Callee | None:
         if model not in cache:
             if not (repository / model).is_dir():
                 raise NotFoundError(
                     f"model {model!r} is not served by this worker (not in its repository "
                     f"{repository})"
                 )
+            copy = repository / model / names.BUNDLE_SUBDIR
             try:
-                copy = repository / model / names.BUNDLE_SUBDIR
-                cache[model] = load_bundle(copy, name=model).manifest
+                if copy.is_dir():
+                    cache[model] = load_bundle(copy, name=model).manifest
+                else:  # a Triton model of another backend (docs/serving.md, "Foreign models")
+                    foreign = _foreign_callee(repository / model)
+                    if foreign is None:
+                        return None
+                    cache[model] = foreign
             except HloserveError:
                 return None
         return cache[model]
 
     return describe
+
+
+def _foreign_callee(model_dir: Path) -> Callee | None:
+    """A foreign model's inputs from its config; None when Triton auto-completes them."""
+    from hloserve.model_repository_tools.config import parse_config
+
+    config = parse_config(model_dir / "config.pbtxt")
+    return ForeignCallee.from_config(config) if config.input else None
 
 
 def load_run(path: Path, model: str) -> Run:

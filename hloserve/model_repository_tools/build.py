@@ -20,14 +20,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_repository_tools import names
+from hloserve.model_repository_tools.batch_sizes import (
+    BatchSizeError,
+    BatchSizeOptions,
+    choose_batch_sizes,
+)
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
     meta_config,
     runtime_config,
+)
+from hloserve.model_repository_tools.foreign import (
+    ForeignModel,
+    ForeignModelError,
+    is_candidate,
+    plan_foreign,
+    write_foreign,
 )
 
 #: Name of every model's configuration file (Triton's fixed name).
@@ -70,12 +83,16 @@ class FrontModel:
         config_text: its ``config.pbtxt``.
         text_executables: executables (paths relative to the bundle) that are MLIR text and get
             converted to portable artifacts in the copy.
+        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (a
+            symbolic-batch bundle gets the compiled batch sizes chosen by the build); None =
+            copied as it is.
     """
 
     name: str
     source: Path
     config_text: str
     text_executables: tuple[str, ...]
+    manifest_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,15 +102,22 @@ class RepositoryPlan:
     Attributes:
         models: the front models, sorted by name.
         runtime_config_text: the runtime model's ``config.pbtxt``.
+        foreign: the Triton models of other backends carried over beside the bundles
+            (:mod:`hloserve.model_repository_tools.foreign`), sorted by name.
     """
 
     models: tuple[FrontModel, ...]
     runtime_config_text: str
+    foreign: tuple[ForeignModel, ...] = ()
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Front model names, then the runtime model's."""
-        return (*(m.name for m in self.models), names.RUNTIME_MODEL)
+        """Front model names, the foreign models' names, then the runtime model's."""
+        return (
+            *(m.name for m in self.models),
+            *(f.name for f in self.foreign),
+            names.RUNTIME_MODEL,
+        )
 
 
 def plan_repository(
@@ -103,6 +127,7 @@ def plan_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    batch_sizes: BatchSizeOptions | None = None,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -113,6 +138,8 @@ def plan_repository(
         max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
         weight_cache: the runtime's weight cache settings (default: no budget).
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
+        batch_sizes: compiled batch sizes of the symbolic-batch bundles
+            (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
         progress: called with one line per bundle.
 
     Raises:
@@ -129,9 +156,16 @@ def plan_repository(
     if meta_concurrency < 1:
         raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
     paths = discover_bundles(bundles_dir)
-    if not paths:
-        raise RepositoryError(f"{bundles_dir}: no bundles (no subdirectory holds a manifest.yaml)")
-    kinds = _kinds(paths)
+    foreign_paths = sorted(
+        p for p in Path(bundles_dir).iterdir() if is_candidate(p) and p not in paths
+    )
+    if not paths and not foreign_paths:
+        raise RepositoryError(
+            f"{bundles_dir}: no bundles and no Triton models (no subdirectory holds a "
+            "manifest.yaml or a Triton model)"
+        )
+    foreign = _plan_foreign(foreign_paths, progress)
+    kinds = {**_kinds(paths), **{f.name: "foreign" for f in foreign}}
     bundles: list[Bundle] = []
     errors: list[BundleError] = []
     for path in paths:
@@ -146,6 +180,7 @@ def plan_repository(
     if errors:
         raise errors[0]
     check_names(bundles)
+    bundles, rewritten = _with_batch_sizes(bundles, batch_sizes or BatchSizeOptions(), progress)
     models = tuple(
         FrontModel(
             name=b.name,
@@ -161,6 +196,7 @@ def plan_repository(
                 )
             ),
             text_executables=_text_executables(b),
+            manifest_text=rewritten.get(b.name),
         )
         for b in bundles
     )
@@ -186,7 +222,59 @@ def plan_repository(
         raise RepositoryError(exc.message) from None
     if cache.weight_cache_bytes > 0:
         _check_weight_budget(bundles, cache)
-    return RepositoryPlan(models, config_text(runtime))
+    return RepositoryPlan(models, config_text(runtime), foreign)
+
+
+def _plan_foreign(paths: Sequence[Path], progress: Progress | None) -> tuple[ForeignModel, ...]:
+    """Plan every foreign folder; report each, then raise the first refusal."""
+    planned, errors = [], []
+    for path in paths:
+        try:
+            model = plan_foreign(path)
+        except ForeignModelError as exc:
+            errors.append(exc)
+            _say(progress, f"{path.name}: REFUSED ({exc.message})")
+            continue
+        if model.name == names.RUNTIME_MODEL:
+            errors.append(ForeignModelError(f"{path}: a model may not be named {model.name!r}"))
+            continue
+        planned.append(model)
+        layout = "flat, copied into version 1" if model.flat else "version layout"
+        _say(progress, f"{model.name}: Triton model, backend {model.backend} ({layout})")
+    if errors:
+        raise RepositoryError(errors[0].message)
+    return tuple(planned)
+
+
+def _with_batch_sizes(
+    bundles: list[Bundle], options: BatchSizeOptions, progress: Progress | None
+) -> tuple[list[Bundle], dict[str, str]]:
+    """Symbolic-batch bundles with their chosen compiled sizes, and their copies' manifests."""
+    try:
+        chosen = choose_batch_sizes(
+            {b.name: b.manifest for b in bundles if not b.manifest.is_meta}, options
+        )
+    except BatchSizeError as exc:
+        raise RepositoryError(exc.message) from None
+    out, rewritten = [], {}
+    for bundle in bundles:
+        sizes = chosen.get(bundle.name)
+        if sizes is None:
+            out.append(bundle)
+            continue
+        manifest = _manifest_with_sizes(bundle.manifest, sizes)
+        rewritten[bundle.name] = manifest.to_yaml()
+        out.append(Bundle(bundle.path, manifest, bundle.model_name))
+        _say(progress, f"{bundle.name}: symbolic batch, compiles batch sizes {list(sizes)}")
+    return out, rewritten
+
+
+def _manifest_with_sizes(manifest: Manifest, sizes: tuple[int, ...]) -> Manifest:
+    import yaml
+
+    data = yaml.safe_load(manifest.to_yaml())
+    data["batching"]["compiled_batch_sizes"] = list(sizes)
+    return parse_manifest(data)
 
 
 def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -> None:
@@ -282,7 +370,8 @@ def write_repository(
         ArtifactError: an MLIR text executable does not convert (nothing is left behind).
     """
     out = Path(out_dir).absolute()
-    _check_target(out, [m.source for m in plan.models], overwrite)
+    sources = [m.source for m in plan.models] + [f.source for f in plan.foreign]
+    _check_target(out, sources, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
     try:
@@ -303,6 +392,7 @@ def build_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    batch_sizes: BatchSizeOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -325,6 +415,7 @@ def build_repository(
         max_queue_delay_us=max_queue_delay_us,
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
+        batch_sizes=batch_sizes,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
@@ -346,6 +437,8 @@ def _describe(bundle: Bundle) -> str:
         )
     sizes = manifest.batching.compiled_batch_sizes
     batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
+    if manifest.is_symbolic:
+        batching = "symbolic batch"
     if sizes and not manifest.batch_leading:
         batching += ", batch axis not leading: max_batch_size 0"
     if manifest.variants:
@@ -400,6 +493,10 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
         bundle_copy.parent.mkdir(parents=True)
         shutil.copytree(model.source, bundle_copy, ignore=_ignore)
         line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
+        if model.manifest_text is not None:
+            (bundle_copy / MANIFEST_FILE).write_text(model.manifest_text)
+            # every chosen size must specialize (the artifact's own shape assertions)
+            check_bundle(bundle_copy, name=model.name)
         if model.text_executables:
             converted = convert_bundle(bundle_copy)
             check_bundle(
@@ -408,6 +505,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
             line += f"; converted {', '.join(converted)} to portable artifacts"
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         _say(progress, line)
+    for foreign in plan.foreign:
+        write_foreign(foreign, root / foreign.name)
+        _say(progress, f"{foreign.name}: copied ({foreign.backend})")
     runtime_dir = root / names.RUNTIME_MODEL
     (runtime_dir / names.MODEL_VERSION).mkdir(parents=True)
     (runtime_dir / CONFIG_FILE).write_text(plan.runtime_config_text)

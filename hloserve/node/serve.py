@@ -36,6 +36,7 @@ from hloserve.node.tritonserver import (
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
+    from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
     from hloserve.model_repository_tools.build import WeightCacheOptions
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
@@ -81,6 +82,8 @@ class ServeOptions:
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
         meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
+        batch_sizes: compiled batch sizes of symbolic-batch bundles when building
+            (``--batch-sizes``; docs/bundles.md, "Symbolic batch").
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -104,6 +107,7 @@ class ServeOptions:
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
     meta_concurrency: int = 2
+    batch_sizes: BatchSizeOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -157,6 +161,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             max_queue_delay_us=options.max_queue_delay_us,
             weight_cache=options.weight_cache,
             meta_concurrency=options.meta_concurrency,
+            batch_sizes=options.batch_sizes,
             overwrite=True,
         )
         yield out
@@ -256,6 +261,8 @@ def build_flags_set(options: ServeOptions) -> list[str]:
         flags.append("--meta-concurrency")
     if options.max_queue_delay_us != defaults.max_queue_delay_us:
         flags.append("--max-queue-delay-us")
+    if options.batch_sizes is not None and options.batch_sizes.given:
+        flags.append("--batch-sizes")
     cache = options.weight_cache
     if cache is not None:
         if cache.weight_cache_bytes:

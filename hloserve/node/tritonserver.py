@@ -432,6 +432,7 @@ class TritonServer:
             raise TritonServerError(f"tritonserver: already started (pid {self._process.pid})")
         o = self.options
         install = o.install or TritonInstall.from_pytriton_wheel()
+        _check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
         _check_ports_free(o.host, o.ports())
         if o.run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix="hloserve-tritonserver-"))
@@ -658,6 +659,33 @@ def _die_with_parent() -> None:
 
     pr_set_pdeathsig = 1  # <linux/prctl.h>
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
+def _check_backends(repository: Path, available: set[str]) -> None:
+    """Refuse a repository with a model whose backend this tritonserver lacks, before start.
+
+    The nvidia-pytriton wheel's tritonserver has only the Python backend (and the
+    Python-based backends composed beside it); ONNX Runtime, PyTorch, TensorRT and TensorFlow
+    models need the NGC image (docs/deployment.md). hloserve's own backends are not checked
+    here (the launcher composes them).
+
+    Raises:
+        InvalidArgumentError: naming each model, the backend it needs and the ones there are.
+    """
+    from hloserve.model_repository_tools.foreign import repository_backends
+
+    missing = {
+        backend: models
+        for backend, models in repository_backends(repository).items()
+        if backend not in available and not backend.startswith("hloserve_")
+    }
+    if missing:
+        needs = "; ".join(f"{', '.join(ms)} need(s) backend {b!r}" for b, ms in missing.items())
+        raise InvalidArgumentError(
+            f"tritonserver: {needs}, which this tritonserver does not have (it has "
+            f"{', '.join(sorted(available))}): serve these models with the NGC Triton image "
+            "(containers/worker.Dockerfile, docs/deployment.md) or leave them out"
+        )
 
 
 def _compose_backend_dir(

@@ -1,0 +1,166 @@
+"""Compiled batch sizes of symbolic-batch bundles: chosen when a repository is built.
+
+A symbolic-batch bundle (docs/bundles.md, "Symbolic batch") carries one artifact per variant
+for every batch size, so the sizes to compile are a serving decision: ``hloserve repo build
+--batch-sizes 1,4,16,64`` for every symbolic bundle, ``--batch-sizes MODEL=1,8`` for one. The
+build writes the chosen sizes into the repository's copy of the bundle, so the front, the
+runtime and Triton's ``max_batch_size`` see an ordinary list of compiled sizes; the runtime
+specializes the artifact to each size when it loads the model.
+
+A bundle with one artifact per batch size keeps its own sizes: naming it in ``--batch-sizes``
+is an error, and so is ``--batch-sizes`` for a repository without any symbolic bundle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hloserve.bundle.manifest import Manifest
+from hloserve.errors import InvalidArgumentError
+
+#: Sizes compiled for a symbolic bundle when ``--batch-sizes`` does not say: each 4x the
+#: previous, so an execution pads at most to 4x its rows, with four executables per variant
+#: (compile time at load grows with the count).
+DEFAULT_LADDER = (1, 4, 16, 64)
+#: The default ladder stops below the size whose inputs and outputs together, per execution,
+#: would exceed this many bytes (64 MiB); an explicit ``--batch-sizes`` is not bounded.
+DEFAULT_LADDER_MAX_BYTES = 64 * 1024 * 1024
+
+
+class BatchSizeError(InvalidArgumentError):
+    """``--batch-sizes`` cannot be applied as given."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSizeOptions:
+    """``--batch-sizes``: compiled batch sizes for the symbolic-batch bundles of a repository.
+
+    Attributes:
+        default: sizes for every symbolic bundle not in ``per_model``; empty = the default
+            ladder (:func:`default_batch_sizes`).
+        per_model: model name -> its sizes.
+    """
+
+    default: tuple[int, ...] = ()
+    per_model: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def given(self) -> bool:
+        """Whether any size was given (else every symbolic bundle gets the default ladder)."""
+        return bool(self.default or self.per_model)
+
+
+def parse_batch_sizes(values: Sequence[str]) -> BatchSizeOptions:
+    """Parse repeated ``--batch-sizes`` values: ``1,4,16`` (every symbolic bundle) or ``M=1,8``.
+
+    Raises:
+        BatchSizeError: a size that is not a positive integer, a repeated size, a model named
+            twice, or two default lists.
+    """
+    default: tuple[int, ...] = ()
+    per_model: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        model, sep, sizes_text = value.rpartition("=")
+        sizes = _sizes(sizes_text, value)
+        if not sep:
+            if default:
+                raise BatchSizeError(f"--batch-sizes {value}: the default sizes are given twice")
+            default = sizes
+        elif model in per_model:
+            raise BatchSizeError(f"--batch-sizes {value}: model {model!r} is given twice")
+        elif not model:
+            raise BatchSizeError(f"--batch-sizes {value}: expected MODEL=SIZES or SIZES")
+        else:
+            per_model[model] = sizes
+    return BatchSizeOptions(default=default, per_model=per_model)
+
+
+def _sizes(text: str, value: str) -> tuple[int, ...]:
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise BatchSizeError(
+            f"--batch-sizes {value}: expected comma-separated positive integers, e.g. 1,4,16"
+        ) from None
+    if any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+        raise BatchSizeError(
+            f"--batch-sizes {value}: sizes must be positive and distinct, got {sizes}"
+        )
+    return tuple(sorted(sizes))
+
+
+def default_batch_sizes(manifest: Manifest) -> tuple[int, ...]:
+    """The default ladder for a symbolic bundle, within its constraints and the memory bound.
+
+    :data:`DEFAULT_LADDER` keeps the sizes within ``batching.symbolic`` (``min``/``max``) whose
+    inputs plus outputs per execution, at the largest variant, stay within
+    :data:`DEFAULT_LADDER_MAX_BYTES`; ``min`` itself is always kept, so the result is never
+    empty.
+    """
+    symbolic = manifest.batching.symbolic
+    assert symbolic is not None, "only symbolic-batch manifests have a default ladder"
+    per_item = max(
+        sum(
+            math.prod(spec.shape_at(1, dims)) * spec.dtype_info.itemsize
+            for spec in manifest.inputs + manifest.outputs
+        )
+        for dims in manifest.variant_dims
+    )
+    sizes = [
+        s
+        for s in DEFAULT_LADDER
+        if symbolic.violation(s) is None and s * per_item <= DEFAULT_LADDER_MAX_BYTES
+    ]
+    return tuple(sorted({symbolic.min, *sizes}))
+
+
+def choose_batch_sizes(
+    manifests: Mapping[str, Manifest], options: BatchSizeOptions
+) -> dict[str, tuple[int, ...]]:
+    """The compiled sizes of every symbolic-batch model; other models keep their own.
+
+    Args:
+        manifests: model name -> manifest, for every model of the repository.
+        options: the ``--batch-sizes`` values.
+
+    Returns:
+        Symbolic model name -> its sizes (sorted), the sizes checked against its constraints.
+
+    Raises:
+        BatchSizeError: a named model is not in the repository or has fixed batch sizes; sizes
+            given for a repository without a symbolic bundle; a size that breaks a model's
+            ``batching.symbolic`` constraint (naming the model and the constraint).
+    """
+    symbolic = {n: m for n, m in manifests.items() if m.is_symbolic}
+    for name in options.per_model:
+        if name not in manifests:
+            raise BatchSizeError(
+                f"--batch-sizes names model {name!r}, which is not among the bundles "
+                f"{sorted(manifests)}"
+            )
+        if name not in symbolic:
+            raise BatchSizeError(
+                f"--batch-sizes {name}=...: model {name!r} has fixed compiled batch sizes "
+                f"{manifests[name].batching.compiled_batch_sizes} (one artifact each); only a "
+                "symbolic-batch bundle takes its sizes from the build"
+            )
+    if options.default and not symbolic:
+        raise BatchSizeError(
+            "--batch-sizes applies to symbolic-batch bundles, and none of "
+            f"{sorted(manifests)} is one (each keeps the sizes it was exported with)"
+        )
+    chosen = {}
+    for name, manifest in sorted(symbolic.items()):
+        sizes = options.per_model.get(name) or options.default or default_batch_sizes(manifest)
+        assert manifest.batching.symbolic is not None
+        for size in sizes:
+            broken = manifest.batching.symbolic.violation(size)
+            if broken:
+                raise BatchSizeError(
+                    f"--batch-sizes: model {name!r} cannot compile batch size {size}: it breaks "
+                    f"the bundle's symbolic batch constraint {broken}"
+                )
+        chosen[name] = tuple(sorted(sizes))
+    return chosen
