@@ -43,5 +43,5 @@ setup_serving_env() {
 
 setup_numpy2_env() {
   # tritonclient 2.51 pins numpy<2, so this environment gets the core's test tools only.
-  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest scikit-learn
+  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest pytest-timeout scikit-learn
 }
