@@ -1,5 +1,6 @@
 # Sourced by the other scripts: create or update the project's virtual environments.
-#   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (DESIGN.md)
+#   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (why
+#              numpy<2: docs/notes_tritonserver.md, "Tensors in the stub")
 #   .venv-np2  numpy 2 with the newest JAX, for the checks that the bundle core runs there too
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

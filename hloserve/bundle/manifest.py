@@ -1,4 +1,4 @@
-"""The bundle manifest (``manifest.yaml``), format v1: typed model, parsing, and rules.
+"""The bundle manifest (``manifest.yaml``), formats 1 and 2: typed model, parsing, and rules.
 
 Format versions (the newest first; bump MAX and add a line when the format changes):
 
@@ -297,7 +297,7 @@ class Weights(BaseModel):
 
 
 class Manifest(BaseModel):
-    """A parsed, rule-checked ``manifest.yaml`` (format v1).
+    """A parsed, rule-checked ``manifest.yaml`` (any format version this release reads).
 
     The model name is not here: it is the bundle directory's name.
     """
