@@ -8,7 +8,8 @@
 #    hloserve needs >= 3.11). Triton's Python backend stub is built for the image's own
 #    python3, so hloserve and JAX are installed into that interpreter, not a venv;
 #  - numpy < 2 and jax == jaxlib == 0.7.1 (the last JAX for numpy 1): the combination this
-#    project serves with and tests (DESIGN.md: with numpy >= 2 the 2.5x Python backend stub's
+#    project serves with and tests (docs/notes_tritonserver.md, "Tensors in the stub": with
+#    numpy >= 2 the 2.5x Python backend stub's
 #    as_numpy()/Tensor(ndarray) silently return wrong data; numeric tensors go by DLPack, but
 #    the stub's helpers still touch numpy). Moving to numpy 2 needs that re-checked first;
 #  - jax[cuda12] brings its CUDA 12 libraries (cuBLAS, cuDNN, NCCL) from pip, so they do not

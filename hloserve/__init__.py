@@ -3,7 +3,17 @@
 Subpackages:
     bundle: the bundle format (manifest, portable artifacts, weights), validation, dtype table.
     export: JAX function + params -> bundle.
+    model_repository_tools: bundles -> Triton model repository (``config.pbtxt``), validation.
     triton_backend: the typed core behind the Triton Python-based backends.
+    meta: meta models' core (``run(inputs, call)``, the per-worker gate, the deadline).
+    node: running tritonservers: ``hloserve serve``, ``hloserve node up|down``, ``status``.
+    gateway: the KServe V2 gRPC gateway over several tritonservers.
+    protos: generated protobuf code of the gateway's own services (scripts/gen_protos.sh).
+
+Modules:
+    cli: the ``hloserve`` command line.
+    errors: the one error root and its gRPC / HTTP status table.
+    settings: typed settings from YAML plus environment overrides (gateway and node files).
 """
 
 __version__ = "0.1.0"

@@ -1,5 +1,6 @@
 # Sourced by the other scripts: create or update the project's virtual environments.
-#   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (DESIGN.md)
+#   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (why
+#              numpy<2: docs/notes_tritonserver.md, "Tensors in the stub")
 #   .venv-np2  numpy 2 with the newest JAX, for the checks that the bundle core runs there too
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,5 +44,5 @@ setup_serving_env() {
 
 setup_numpy2_env() {
   # tritonclient 2.51 pins numpy<2, so this environment gets the core's test tools only.
-  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest scikit-learn
+  _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest pytest-timeout scikit-learn
 }

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,15 @@ import numpy as np
 import pytest
 import yaml
 
+#: Set to 1 by scripts/test.sh for the serving leg, where every test dependency is installed
+#: (the ``serve`` and ``test`` extras, tritonserver included): there a test or module that skips
+#: fails instead, so that a broken install cannot pass as a run of skips. The numpy-2 leg may skip.
+FAIL_ON_SKIP = os.environ.get("HLOSERVE_FAIL_ON_SKIP") == "1"
+
 # The numpy-2 CI leg has no tritonclient (2.51 pins numpy<2); these modules import its generated
-# KServe protos at the top, so they are not collected there (the serving leg runs them).
-if importlib.util.find_spec("tritonclient") is None:
+# KServe protos at the top, so they are not collected there (the serving leg runs them; with
+# FAIL_ON_SKIP a missing tritonclient is a collection error instead).
+if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
     collect_ignore_glob = [
         "test_gateway_admission.py",
         "test_gateway_aggregate.py",
@@ -28,6 +35,39 @@ if importlib.util.find_spec("tritonclient") is None:
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def _skip_reason(longrepr: Any) -> str:
+    """The reason of a skip report (``longrepr`` is ``(path, line, "Skipped: reason")``)."""
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def _fail_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    report.outcome = "failed"
+    report.longrepr = (
+        f"skipped where nothing may skip (HLOSERVE_FAIL_ON_SKIP=1, the serving leg of "
+        f"scripts/test.sh: every dependency is installed there): {_skip_reason(report.longrepr)}"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if FAIL_ON_SKIP and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_skip(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    if FAIL_ON_SKIP and report.skipped:  # a module-level importorskip or skip
+        _fail_skip(report)
+    return report
 
 
 def tiny_fn(params: dict[str, Any], x: Any) -> Any:

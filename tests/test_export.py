@@ -39,27 +39,37 @@ def test_weight_names_are_readable_and_stable() -> None:
 
 @pytest.mark.parametrize("token", ["f16", "bf16", "f32", "i8", "u8", "i32", "bool"])
 def test_narrow_dtypes_round_trip_bit_exact(token: str, tmp_path: Path) -> None:
+    """Two weights of one shape, each element different: a swap of the two weights or a
+    reordering of their elements changes the answers (all-ones weights would hide both)."""
     from hloserve.bundle import dtypes
 
     dt = dtypes.from_token(token).numpy
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((2, 3)) * 10).astype(dt)
-    params = {"k": np.ones(3, dt)}
+    if token == "bool":
+        params = {"k": np.array([True, True, False]), "m": np.array([False, True, False])}
+    else:
+        params = {"k": np.array([2, 3, 5]).astype(dt), "m": np.array([7, 1, 4]).astype(dt)}
+
+    def fn(p: dict[str, Any], x: Any) -> tuple[Any, Any]:
+        if token == "bool":
+            return x & p["k"], x ^ p["m"]
+        return x * p["k"], x + p["m"]
+
     out = tmp_path / f"m_{token}"
-    fn = (lambda p, x: x & p["k"]) if token == "bool" else (lambda p, x: x * p["k"])
     export_bundle(
         fn,
         params,
         [TensorSpec(name="x", dtype=token, shape="nk", dims={"k": 3})],
-        [OutputSpec("y", "nk")],
+        [OutputSpec("y", "nk"), OutputSpec("z", "nk")],
         [2],
         out,
     )
-    (y,) = run(out, 2, x)
-    assert (
-        y.dtype == dt
-        and y.tobytes() == (x & params["k"] if token == "bool" else x * params["k"]).tobytes()
-    )
+    y, z = run(out, 2, x)
+    want_y, want_z = fn(params, x)
+    assert y.dtype == dt and y.tobytes() == want_y.tobytes()
+    assert z.dtype == dt and z.tobytes() == want_z.tobytes()
+    assert y.tobytes() != fn({"k": params["k"][::-1], "m": params["m"]}, x)[0].tobytes()
 
 
 def test_bf16_weights_are_stored_as_bf16(tmp_path: Path) -> None:

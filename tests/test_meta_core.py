@@ -252,6 +252,7 @@ def test_gate_serializes_threads(tmp_path: Path) -> None:
     gate = MetaGate(tmp_path / "gate", 1)
     inside: list[int] = []
     most = [0]
+    entered = [0]
     lock = threading.Lock()
 
     def worker() -> None:
@@ -260,14 +261,17 @@ def test_gate_serializes_threads(tmp_path: Path) -> None:
                 with lock:
                     inside.append(1)
                     most[0] = max(most[0], len(inside))
+                    entered[0] += 1
                 with lock:
                     inside.pop()
 
-    threads = [threading.Thread(target=worker) for _ in range(3)]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread never got through the gate"
+    assert entered[0] == 3 * 20  # every permit was granted, none skipped
     assert most[0] == 1
 
 

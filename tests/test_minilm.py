@@ -206,7 +206,7 @@ def test_bytes_round_trip_byte_exact(server: TritonServer, protocol: str) -> Non
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize(("model", "tensor_name"), [("minilm", "text"), ("echo", "blob")])
 def test_zero_rows_are_refused_and_the_server_keeps_serving(
-    server: TritonServer, protocol: str, model: str, tensor_name: str
+    server: TritonServer, reference: np.ndarray, protocol: str, model: str, tensor_name: str
 ) -> None:
     """A 0-row BYTES request used to crash tritonserver 2.51 (SIGSEGV in its Python backend,
     for any input declared with a ``reshape``); the inputs carry none now, and Triton refuses."""
@@ -221,11 +221,16 @@ def test_zero_rows_are_refused_and_the_server_keeps_serving(
     assert "INVALID_ARGUMENT" in str(err.value.status()) or err.value.status() == "400"
     assert f"input '{tensor_name}' for model '{model}'" in err.value.message()
     assert server.is_running()
-    data = np.array([[b"still serving"]], dtype=object)
+    data = np.array([[SENTENCES[0].encode()]], dtype=object)  # still serving, right answers
     tensor = module.InferInput(tensor_name, [1, 1], "BYTES")
     tensor.set_data_from_numpy(data)
     answer = client.infer(model, [tensor]).as_numpy(tensor_name if model == "echo" else "embedding")
     assert answer is not None and answer.shape[0] == 1
+    if model == "echo":
+        assert [bytes(b) for b in answer.reshape(-1)] == [SENTENCES[0].encode()]
+    else:
+        assert answer.shape == (1, 384)
+        assert float(answer[0] @ reference[0]) >= 0.9999
     assert server.is_running()
 
 

@@ -614,13 +614,26 @@ def test_build_refuses_a_weight_budget_a_model_can_never_fit(
     assert not repo.exists()
 
 
-def test_build_accepts_a_weight_budget_every_model_fits(bundles: Path) -> None:
-    # the budget is the rule's edge: both pinned (120 bytes), or one pinned + the other on demand
-    for residency in ({"affine": "device", "tiny": "device"}, {"affine": "device"}):
-        plan_repository(
-            bundles, weight_cache=WeightCacheOptions(weight_cache_bytes=120, residency=residency)
-        )
-    plan_repository(bundles, weight_cache=WeightCacheOptions(weight_cache_bytes=60))
+def test_build_accepts_a_weight_budget_every_model_fits(bundles: Path, tmp_path: Path) -> None:
+    # the budget is the rule's edge: both pinned (120 bytes), or one pinned + the other on demand;
+    # each is built, and the runtime's config.pbtxt carries the budget and residency as given
+    cases = [
+        (120, {"affine": "device", "tiny": "device"}, "affine=device,tiny=device"),
+        (120, {"affine": "device"}, "affine=device"),
+        (60, {}, ""),
+    ]
+    for i, (budget, residency, text) in enumerate(cases):
+        cache = WeightCacheOptions(weight_cache_bytes=budget, residency=residency)
+        plan = plan_repository(bundles, weight_cache=cache)
+        repo = tmp_path / f"repo{i}"
+        build_repository(bundles, repo, weight_cache=cache)
+        written = (repo / names.RUNTIME_MODEL / "config.pbtxt").read_text()
+        assert written == plan.runtime_config_text
+        config = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        assert params[names.PARAM_WEIGHT_CACHE_BYTES] == str(budget), params
+        assert params.get(names.PARAM_RESIDENCY, "") == text, params
+        assert names.PARAM_WEIGHT_CACHE_FRACTION not in params, params
 
 
 def test_residency_text_round_trips() -> None:

@@ -140,6 +140,41 @@ def test_hloserve_launcher_runs_hloserve_serve_on_the_mount(tmp_path: Path) -> N
     ]
 
 
+@pytest.mark.parametrize("launcher", ["tritonserver", "hloserve"])
+def test_explicit_load_of_a_meta_loads_what_it_calls_in_a_container(
+    tmp_path: Path, launcher: str
+) -> None:
+    """The tritonserver launcher loads a meta's callees (transitively) and the runtime model,
+    as ``hloserve serve`` does; the hloserve launcher hands the names to ``hloserve serve``,
+    which adds them inside the container from the same mounted repository."""
+    if launcher == "tritonserver":
+        pytest.importorskip("tritonclient.grpc.model_config_pb2")  # reads config.pbtxt
+    calls = {"cascade": "fast,outer", "outer": "slow,fast"}  # a meta calling a meta
+    for name in ("cascade", "outer", "fast", "slow", "unrelated", "hloserve_runtime"):
+        (tmp_path / name).mkdir()
+        text = f'name: "{name}"\n'
+        if name in calls:
+            value = f'value {{ string_value: "{calls[name]}" }}'
+            text += f'parameters {{ key: "hloserve.meta_calls" {value} }}\n'
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    config = NodeConfig.model_validate(
+        {
+            "repository": tmp_path,
+            "runtime": "docker",
+            "cpu_workers": 1,
+            "docker": {"launcher": launcher},
+            "tritonserver": {"model_control_mode": "explicit", "load_models": ["cascade"]},
+        }
+    )
+    command = container_spec(config, plan_workers(config)[0])["command"]
+    loads = [a.removeprefix("--load-model=") for a in command if a.startswith("--load-model=")]
+    if launcher == "tritonserver":
+        assert loads == ["cascade", "fast", "outer", "slow", "hloserve_runtime"]
+    else:
+        assert loads == ["cascade"]
+        assert command[:3] == ["hloserve", "serve", "/models"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
 def test_to_sdk_builds_the_sdk_types(gpu_node: NodeConfig) -> None:
     from docker.types import DeviceRequest, Ulimit

@@ -40,7 +40,13 @@ from hloserve.model_repository_tools import build_repository
 from hloserve.node.node import NodeError
 from hloserve.node.tritonserver import free_ports
 
-pytestmark = [pytest.mark.docker, pytest.mark.tritonserver, pytest.mark.slow]
+# the node's own bounds: image build, then up to STARTUP_S + 30 s for `node up` (first test)
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.tritonserver,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 docker = pytest.importorskip("docker")
 grpcclient = pytest.importorskip("tritonclient.grpc")

@@ -32,7 +32,8 @@ from node_testing import (
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import free_ports
 
-pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+# the node's own bound: up to STARTUP_S + 30 s for `node up` in the first test's setup
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 

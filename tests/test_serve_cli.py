@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, ROOT
 
+from hloserve.bundle import load_bundle
 from hloserve.node.tritonserver import _session_pids, free_ports
 
 pytestmark = pytest.mark.tritonserver
@@ -194,8 +195,11 @@ def test_serve_reloads_a_model_whose_stub_was_killed(tmp_path: Path) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
         tensor = grpcclient.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        b, w = load_bundle(GOLDEN / "affine").load_weights()
+        expected = np.tanh(np.ones((1, 4), np.float32) @ w + b)
         for _ in range(20):  # both front instances serve again (round robin); every one succeeds
-            assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
+            y = client.infer("affine", [tensor]).as_numpy("y")
+            np.testing.assert_allclose(y, expected, rtol=1e-6)
         assert front[0] not in stub_pids(server_pid, "affine")
     finally:
         proc.send_signal(signal.SIGTERM)

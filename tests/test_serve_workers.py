@@ -23,7 +23,8 @@ from test_serve_cli import run_cli, stub_pids, wait_for_line
 from hloserve.node.fleet import worker_ports
 from hloserve.node.tritonserver import _session_pids, free_ports
 
-pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+# its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
 

@@ -96,11 +96,14 @@ def test_tiny_pads_three_single_requests_to_four(
 
 
 def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) -> None:
+    from conftest import TINY_PARAMS
+
     front, recorder = _front("tiny", paths, runtime)
-    good = {"x": np.ones((2, 4), np.float32)}
+    first = {"x": np.ones((2, 4), np.float32)}
+    last = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}  # unlike the first: order shows
     results = front.execute(
         [
-            good,
+            first,
             {"x": np.ones((1, 4), np.float64)},
             {"x": np.ones((1, 3), np.float32)},
             {},
@@ -108,7 +111,7 @@ def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) 
             {"x": np.ones((5, 4), np.float32)},
             {"x": np.ones((0, 4), np.float32)},
             InvalidArgumentError("unreadable tensor"),
-            good,
+            last,
         ]
     )
     assert recorder.calls == [{"tiny__x": (4, 4)}]  # the two good requests, together
@@ -121,7 +124,12 @@ def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) 
     assert "batch size 5 is outside 1 to 4" in messages[4]
     assert "batch size 0 is outside 1 to 4" in messages[5]
     assert messages[6] == "unreadable tensor"
-    np.testing.assert_array_equal(_ok(results[0])["s"], _ok(results[8])["s"])
+    for good, result in ((first, results[0]), (last, results[8])):  # the expected answers
+        x = good["x"]
+        np.testing.assert_allclose(
+            _ok(result)["y"], x @ TINY_PARAMS["w"] + TINY_PARAMS["b"], rtol=1e-6
+        )
+        np.testing.assert_array_equal(_ok(result)["s"], x.sum(axis=-1))
 
 
 def test_non_leading_batch_axis(paths: dict[str, Path], runtime: RuntimeModel) -> None:

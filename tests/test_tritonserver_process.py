@@ -1,7 +1,7 @@
 """A real tritonserver from the nvidia-pytriton wheel, run by hloserve.node.tritonserver.
 
-Models are tiny Python models that move tensors by DLPack (DESIGN.md: ``as_numpy()`` is not
-reliable under numpy>=2 with the 2.51 stub):
+Models are tiny Python models that move tensors by DLPack (``as_numpy()`` is not reliable
+under numpy>=2 with the 2.51 stub: docs/notes_tritonserver.md, "Tensors in the stub"):
     add_one:      a Python-based backend ``addone`` (``<backend-dir>/addone/model.py``), FP32 + 1.
     add_two_bls:  the plain ``python`` backend, calls ``add_one`` twice by BLS.
 

@@ -470,20 +470,45 @@ def test_remove_while_in_use_does_not_delete_the_arrays_under_the_execution() ->
     cache.release("a")  # unknown now: a no-op
 
 
-def test_acquire_waiting_for_room_sees_a_removal() -> None:
+class WaitSpy:
+    """Stands in for the cache's release condition; ``waiting`` is set when a wait begins."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self.condition = condition
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return self.condition.wait(timeout)
+
+    def notify_all(self) -> None:
+        self.condition.notify_all()
+
+
+def test_acquire_waiting_for_room_sees_a_removal(monkeypatch: pytest.MonkeyPatch) -> None:
     cache, transfer, _ = make(KIB, {"a": KIB, "b": KIB}, wait_s=10)
+    spy = WaitSpy(cache._released)
+    monkeypatch.setattr(cache, "_released", spy)
     cache.acquire("a")
+    outcome: list[BaseException] = []
 
-    def remove_b_then_release_a() -> None:
-        cache.remove("b")
-        cache.release("a")
+    def acquire_b() -> None:
+        try:
+            cache.acquire("b")
+        except BaseException as exc:
+            outcome.append(exc)
 
-    timer = threading.Timer(0.05, remove_b_then_release_a)
-    timer.start()
-    with pytest.raises(HloserveError) as info:
-        cache.acquire("b")
-    timer.join()
-    assert info.value.status is Status.NOT_FOUND
+    acquiring = threading.Thread(target=acquire_b, daemon=True)
+    acquiring.start()
+    assert spy.waiting.wait(timeout=10), "acquire('b') never waited for room"
+    assert acquiring.is_alive() and not outcome  # b cannot fit while a is in use
+    cache.remove("b")
+    cache.release("a")
+    acquiring.join(timeout=10)
+    assert not acquiring.is_alive(), "acquire('b') did not wake up for the removal"
+    (error,) = outcome
+    assert isinstance(error, HloserveError) and error.status is Status.NOT_FOUND
+    assert "weights of model 'b' were removed" in str(error)  # seen after the wait
     assert transfer.to_device_calls == 1  # b was never loaded
 
 

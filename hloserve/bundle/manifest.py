@@ -1,4 +1,4 @@
-"""The bundle manifest (``manifest.yaml``): typed model, parsing, and rules.
+"""The bundle manifest (``manifest.yaml``), formats 1 to 3: typed model, parsing, and rules.
 
 Format versions (the newest first; bump MAX and add a line when the format changes):
 
@@ -354,7 +354,7 @@ class Weights(BaseModel):
 
 
 class Manifest(BaseModel):
-    """A parsed, rule-checked ``manifest.yaml`` (format v1).
+    """A parsed, rule-checked ``manifest.yaml`` (any format version this release reads).
 
     The model name is not here: it is the bundle directory's name.
     """

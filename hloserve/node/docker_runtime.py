@@ -69,8 +69,14 @@ def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
     """The container's command line for ``docker.launcher``.
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
-    ``docker.backend_directory``. ``hloserve``: ``hloserve serve`` on the mounted repository (it
-    runs the nvidia-pytriton wheel's tritonserver and composes the backend directory itself).
+    ``docker.backend_directory``; an explicit load list gets what its models need, as with
+    ``hloserve serve`` (the runtime model, and the models each meta's ``meta.calls`` names,
+    transitively, read from the meta's ``config.pbtxt`` in ``config.repository``).
+    ``hloserve``: ``hloserve serve`` on the mounted repository (it runs the nvidia-pytriton
+    wheel's tritonserver, composes the backend directory and completes the load list itself).
+
+    Raises:
+        InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse.
     """
     repo = config.docker.repository_mount
     t = config.tritonserver
@@ -89,6 +95,13 @@ def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
             f"--startup-timeout={t.startup_timeout_s:g}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
+    if t.load_models and "*" not in t.load_models:
+        from hloserve.node.serve import with_dependencies
+
+        loads = with_dependencies(config.repository, t.load_models)
+        config = config.model_copy(
+            update={"tritonserver": t.model_copy(update={"load_models": loads})}
+        )
     return [
         "tritonserver",
         f"--model-repository={repo}",

@@ -2,7 +2,8 @@
 
 The wheel's binary needs Debian's ``libb64-0d`` and ``libcudart.so.12`` (PyPI
 ``nvidia-cuda-runtime-cu12``) on ``LD_LIBRARY_PATH`` even on a machine without a GPU
-(DESIGN.md). :func:`run_perf_analyzer` sets that up and returns one row per concurrency.
+(``scripts/env.sh`` installs ``libb64-0d``; the serve extra carries the CUDA runtime).
+:func:`run_perf_analyzer` sets that up and returns one row per concurrency.
 """
 
 from __future__ import annotations

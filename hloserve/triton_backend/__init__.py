@@ -16,5 +16,6 @@ Modules:
     pb:       pb_utils adapters: the Status -> TritonError code table, DLPack tensor moves
               (bf16 included), the runtime's status tags, ``initialize`` args.
     compile:  the one compile path (StableHLO portable artifact -> loaded executable).
-    backends: ``hloserve_front/model.py`` and ``hloserve_runtime/model.py``.
+    backends: the ``model.py`` shims ``hloserve_front``, ``hloserve_runtime`` and
+              ``hloserve_meta`` (docs/meta_models.md).
 """

@@ -1,6 +1,7 @@
 """Checking request tensors against a manifest's tensor specs (front and runtime share it).
 
-Error text names the model, the tensor, expected vs actual (STYLE.md, after ``jax.export``).
+Error text names the model, the tensor, expected vs actual, the way ``jax.export`` reports a
+shape mismatch.
 Shapes are shown row-major with ``-1`` at the batch axis, as Triton shows variable dims.
 """
 

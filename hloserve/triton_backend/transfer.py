@@ -2,7 +2,7 @@
 
 :class:`JaxTransfer` moves each weight array in its own ``jax.device_put`` (batched in one
 call); :class:`PackedJaxTransfer` packs a model's weights into a few contiguous host chunks,
-moves each chunk in one transfer and splits it on the device. DESIGN.md ("GPU reference
+moves each chunk in one transfer and splits it on the device. docs/on_demand_weights.md ("GPU
 figures", H200): ``pinned_host`` -> device runs at 45-48 GB/s against 7-8 GB/s from pageable
 NumPy, and each transfer costs ~70-80 us, so 1 GiB as 1024 arrays of 1 MiB moves at 11-12 GB/s
 against 49 GB/s as one array. Both implement
@@ -22,8 +22,9 @@ import numpy as np
 class JaxTransfer:
     """:class:`Transfer` with JAX: pinned host memory on accelerators, NumPy on CPU.
 
-    Each array moves in its own ``jax.device_put`` (batched in one call). DESIGN.md measured
-    ``pinned_host`` -> device at 45-48 GB/s against 7-8 GB/s from pageable NumPy (H200).
+    Each array moves in its own ``jax.device_put`` (batched in one call). ``pinned_host`` ->
+    device runs at 45-48 GB/s against 7-8 GB/s from pageable NumPy on an H200
+    (docs/on_demand_weights.md, "GPU figures").
     """
 
     def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:

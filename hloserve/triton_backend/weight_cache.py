@@ -1,7 +1,7 @@
 """On-demand weights: an LRU device weight cache under a byte budget, with residency tiers.
 
-docs/on_demand_weights.md; semantics after ReactantServer's on-demand weights
-(reference/reactantserver_features.md, A4 #24-#29). :class:`WeightCache` implements the
+docs/on_demand_weights.md; semantics after ReactantServer's on-demand weights (the
+differences are listed there). :class:`WeightCache` implements the
 :class:`~hloserve.triton_backend.weights.WeightStore` protocol, so the runtime uses it like the
 all-resident store.
 

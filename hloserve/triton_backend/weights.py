@@ -1,6 +1,6 @@
 """Where the runtime keeps each bundle's weights: the :class:`WeightStore` interface.
 
-Weights are ``main``'s leading arguments (bundle format v1), never constants, so they can live
+Weights are ``main``'s leading arguments (docs/bundles.md), never constants, so they can live
 anywhere. The runtime asks the store for a bundle's device arrays around each execution
 (:meth:`WeightStore.acquire` / :meth:`WeightStore.release`): a store may move weights in and
 out between executions but never while they are acquired. :class:`ResidentWeightStore` keeps
