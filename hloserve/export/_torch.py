@@ -212,6 +212,17 @@ def _explained(calls: _CallStack, torchax: Any) -> Iterator[None]:
             "lowering in torchax; rewrite that code with supported torch operations, or give "
             "torchax a lowering for it (torchax.default_env().override_op_definition)"
         ) from e
+    except AssertionError as e:
+        # an operator outside ATen (torch.library.custom_op) reaches torchax's tensor type
+        # without passing its lowering table, and torchax asserts; name that operator
+        custom = _dispatched_op(e)
+        if custom is None:
+            raise
+        raise ExportError(
+            f"operator {custom} (called in {calls.describe()}{_user_frame(e)}) has no StableHLO "
+            "lowering in torchax; give torchax a lowering for it "
+            "(torchax.default_env().override_op_definition) or express it with torch operations"
+        ) from e
     except data_dependent as e:
         raise ExportError(
             f"data-dependent control flow in {calls.describe()}{_user_frame(e)}: the code "
@@ -219,6 +230,17 @@ def _explained(calls: _CallStack, torchax: Any) -> Iterator[None]:
             "boolean-mask indexing), which an exported executable cannot do; compute both "
             "branches and select with torch.where, or use static shapes"
         ) from e
+
+
+def _dispatched_op(error: BaseException) -> str | None:
+    """The operator in torchax's ``Tensor.__torch_dispatch__`` frame of a traceback, if any."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__torch_dispatch__" and "func" in frame.f_locals:
+            return str(frame.f_locals["func"]).removesuffix(".default")
+        tb = tb.tb_next
+    return None
 
 
 def _first_line(error: BaseException) -> str:
