@@ -8,6 +8,7 @@ the ``export-torch`` extra), :class:`OutputSpec`, and :class:`TensorSpec` /
 from hloserve.bundle.manifest import ClientTensorSpec, TensorSpec
 from hloserve.export._export import ExportError, OutputSpec, export_bundle, weight_names
 from hloserve.export._torch import export_torch
+from hloserve.export._torchax_compat import import_torchax
 
 __all__ = [
     "ClientTensorSpec",
@@ -16,5 +17,6 @@ __all__ = [
     "TensorSpec",
     "export_bundle",
     "export_torch",
+    "import_torchax",
     "weight_names",
 ]

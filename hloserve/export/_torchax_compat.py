@@ -1,7 +1,7 @@
 """Import ``torchax`` 0.0.13 on torch 2.13, which removed the named-tensor operator overloads.
 
 torch 2.13 dropped the ``Dimname`` overloads of ATen operators (``aten.prod.dim_Dimname``,
-``aten.all.dimname``, ``aten.std.names_dim``, ... : 22 names that torchax 0.0.13 mentions).
+``aten.all.dimname``, ``aten.std.names_dim``, ... : 21 names that torchax 0.0.13 mentions).
 torchax looks them up by attribute while it imports (its autocast table in ``torchax/amp.py``)
 and while it builds its first environment (``torchax/decompositions.py``, the lowerings in
 ``torchax/ops/jaten.py``), so ``import torchax`` fails with ``AttributeError: The underlying op
