@@ -248,3 +248,34 @@ def test_torchax_adapter_skips_only_removed_named_tensor_overloads() -> None:
         packet, overload = name.removeprefix("aten.").split(".")
         with pytest.raises(AttributeError, match="has no overload name"):
             getattr(getattr(torch.ops.aten, packet), overload)
+
+
+class Bag(nn.Module):
+    """Token ids (i64, torch's default index dtype) -> mean embedding -> logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.out = nn.Linear(8, 3)
+        self.register_buffer("scale", torch.tensor(0.5, dtype=torch.float64))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(ids).mean(1)) * self.scale.float()
+
+
+def test_i64_inputs_and_f64_buffers(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    torch.manual_seed(0)
+    model = Bag().eval()
+    ids = TensorSpec(name="ids", dtype="i64", shape="ns", dims={"s": 5})
+    bundle = export_torch(model, [ids], [OutputSpec("y", "nk")], [2], tmp_path / "bag")
+    weights = dict(zip(bundle.manifest.weights.order, bundle.load_weights(), strict=True))
+    assert weights["scale"].dtype == np.float32 and weights["scale"].shape == ()
+    x = np.random.default_rng(0).integers(0, 50, (2, 5), dtype=np.int64)
+    previous = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)  # as the runtime process runs
+    try:
+        (got,) = run(bundle.path, 2, bundle.load_weights(), x)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+    np.testing.assert_allclose(got, torch_out(model, x), atol=1e-5, rtol=0)

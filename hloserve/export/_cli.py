@@ -13,6 +13,7 @@ Each spec is checked by :class:`~hloserve.bundle.TensorSpec`, the manifest's own
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -122,6 +123,11 @@ def export_torch_command(
     """What ``hloserve export torch`` does: parse, build the module, export, report progress."""
     from hloserve.export._torch import export_torch
 
+    for package in ("torch", "torchax"):
+        if importlib.util.find_spec(package) is None:
+            raise ExportError(
+                f"hloserve export torch needs {package}: pip install 'hloserve[export-torch]'"
+            )
     in_specs = [parse_input(t) for t in inputs]
     out_specs = [parse_output(t) for t in outputs]
     sizes = parse_batch_sizes(batch_sizes)

@@ -49,8 +49,9 @@ def export_torch(
     weights, named by their ``state_dict`` keys (``layer1.0.bn1.running_mean``) and passed to
     every executable as arguments, never baked in as constants. A parameter shared by two
     submodules (tied weights) is stored once, under its first name; a tensor kept as a plain
-    attribute is a weight too (torchax collects every tensor attribute). 64-bit integer buffers are
-    stored as i32 and 64-bit floats as f32 (JAX's default precision, as torchax converts them).
+    attribute is a weight too (torchax collects every tensor attribute). 64-bit integer buffers
+    are stored as i32 and 64-bit floats as f32 (JAX's default precision, as torchax converts
+    them).
 
     Args:
         module: the ``torch.nn.Module``, in eval mode (``module.eval()``). ``forward`` takes the
@@ -65,9 +66,9 @@ def export_torch(
 
     Raises:
         ExportError: the module is in training mode (call ``.eval()``), does not accept the
-            declared input shapes or dtypes, uses
-            an operator torchax cannot lower (named, with the submodule that called it), or
-            branches on tensor values (data-dependent control flow); and every error of
+            declared input shapes or dtypes, uses an operator torchax cannot lower (named, with
+            the submodule and source line that called it), or branches on tensor values
+            (data-dependent control flow); and every error of
             :func:`~hloserve.export.export_bundle`.
         ImportError: torch or torchax is missing (``pip install 'hloserve[export-torch]'``).
     """
@@ -161,7 +162,6 @@ class _CallStack:
     def __init__(self, module: Any) -> None:
         self.module = module
         self.stack: list[str] = []
-        self.failed_in: str | None = None
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -222,6 +222,11 @@ def _explained(calls: _CallStack, torchax: Any) -> Iterator[None]:
             f"operator {custom} (called in {calls.describe()}{_user_frame(e)}) has no StableHLO "
             "lowering in torchax; give torchax a lowering for it "
             "(torchax.default_env().override_op_definition) or express it with torch operations"
+        ) from e
+    except NotImplementedError as e:  # a lowering that lacks this case (dtype, argument)
+        raise ExportError(
+            f"torchax cannot lower a call in {calls.describe()}{_user_frame(e)}: "
+            f"{_first_line(e)}; rewrite that code with other torch operations"
         ) from e
     except data_dependent as e:
         raise ExportError(
