@@ -69,9 +69,10 @@ def _add_export(commands: Any) -> None:
     torch = export_cmds.add_parser(
         "torch",
         help="export a torch.nn.Module (through torchax; pip install 'hloserve[export-torch]')",
-        description="Import PACKAGE.MODULE (the current directory is on the path), call FACTORY() "
-        "for the module, put it in eval mode yourself, and write one StableHLO portable artifact "
-        "per batch size (and variant) with the module's parameters and buffers as weights. "
+        description="Import PACKAGE.MODULE (the current directory is on the path), call "
+        "FACTORY(), which returns the module in eval mode, and write one StableHLO portable "
+        "artifact per batch size (and variant) with the module's parameters and buffers as "
+        "weights, printing a line per executable. "
         "Tensors use the manifest's notation (docs/bundles.md): --input NAME:DTYPE:SHAPE[:DIMS], "
         "--output NAME:SHAPE.",
     )
