@@ -1,6 +1,7 @@
 """The ``hloserve`` command line.
 
 Subcommands:
+    export torch PKG.MOD:FACTORY    export a PyTorch module as a bundle (docs/bundles.md, PyTorch)
     bundle validate BUNDLE_DIR...   check bundles; one line per problem on stderr; exit 1 if any
     bundle inspect BUNDLE_DIR       table of tensors, batch sizes, executables, weight bytes
     bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
@@ -43,6 +44,71 @@ def _bundle_validate(args: argparse.Namespace) -> int:
         else:
             print(f"{path}: valid")
     return 1 if failed else 0
+
+
+def _export_torch(args: argparse.Namespace) -> int:
+    from hloserve.export._cli import export_torch_command
+
+    if not args.verbose:  # the progress lines say it; the exporter's log would repeat them
+        logging.getLogger("hloserve.export").setLevel(logging.WARNING)
+    export_torch_command(
+        args.factory,
+        args.input,
+        args.output,
+        args.batch_sizes,
+        args.out,
+        variants=args.variant,
+        overwrite=args.overwrite,
+    )
+    return 0
+
+
+def _add_export(commands: Any) -> None:
+    export = commands.add_parser("export", help="export a model as a bundle")
+    export_cmds = export.add_subparsers(dest="export_command", required=True, metavar="FRAMEWORK")
+    torch = export_cmds.add_parser(
+        "torch",
+        help="export a torch.nn.Module (through torchax; pip install 'hloserve[export-torch]')",
+        description="Import PACKAGE.MODULE (the current directory is on the path), call "
+        "FACTORY(), which returns the module in eval mode, and write one StableHLO portable "
+        "artifact per batch size (and variant) with the module's parameters and buffers as "
+        "weights, printing a line per executable. "
+        "Tensors use the manifest's notation (docs/bundles.md): --input NAME:DTYPE:SHAPE[:DIMS], "
+        "--output NAME:SHAPE.",
+    )
+    torch.add_argument("factory", metavar="PACKAGE.MODULE:FACTORY")
+    torch.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="NAME:DTYPE:SHAPE[:DIMS]",
+        help="an input, in forward's argument order, e.g. x:f32:nchw:c=3,h=224,w=224 (repeat)",
+    )
+    torch.add_argument(
+        "--output",
+        action="append",
+        required=True,
+        metavar="NAME:SHAPE",
+        help="an output, in forward's return order, e.g. logits:nk (repeat)",
+    )
+    torch.add_argument(
+        "--batch-sizes",
+        required=True,
+        metavar="N,N,...",
+        help="batch sizes to compile, e.g. 1,8,32 ('' for an unbatched model)",
+    )
+    torch.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="A=SIZE[,...]",
+        help="sizes of the variable (-1) input axes for one shape variant, e.g. s=32 (repeat)",
+    )
+    torch.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="bundle directory (model name)"
+    )
+    torch.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    torch.set_defaults(func=_export_torch)
 
 
 def _bundle_inspect(args: argparse.Namespace) -> int:
@@ -346,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_export(commands)
     bundle = commands.add_parser("bundle", help="check, inspect and convert model bundles")
     bundle_cmds = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
     validate = bundle_cmds.add_parser(

@@ -1,6 +1,7 @@
 # Sourced by the other scripts: create or update the project's virtual environments.
 #   .venv      the serving environment: numpy<2, jax==jaxlib==0.7.1, tritonserver wheel (why
-#              numpy<2: docs/notes_tritonserver.md, "Tensors in the stub")
+#              numpy<2: docs/notes_tritonserver.md, "Tensors in the stub"), and the PyTorch
+#              exporter (torch 2.13.0 CPU + torchax, the export-torch extra)
 #   .venv-np2  numpy 2 with the newest JAX, for the checks that the bundle core runs there too
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +31,7 @@ _make_venv() {  # _make_venv DIR STAMP_TEXT PIP_ARGS...
 _stamp="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 
 setup_serving_env() {
-  _make_venv "$ROOT/.venv" "$_stamp" -e "$ROOT[serve,test]"
+  _make_venv "$ROOT/.venv" "$_stamp" -e "$ROOT[serve,test,export-torch]"
   # perf_analyzer (from tritonclient[all]) links Debian's libb64.
   if ! ldconfig -p | grep -q "libb64.so.0d"; then
     echo "==> installing libb64-0d (perf_analyzer needs it)"

@@ -1,11 +1,14 @@
-"""JAX function + params + named input specs + batch sizes -> a bundle directory.
+"""JAX function + params (or a torch.nn.Module) + named input specs + batch sizes -> a bundle.
 
-Public API: :func:`export_bundle`, :class:`OutputSpec`, and :class:`TensorSpec` /
+Public API: :func:`export_bundle` (JAX), :func:`export_torch` (PyTorch, through torchax; needs
+the ``export-torch`` extra), :class:`OutputSpec`, and :class:`TensorSpec` /
 :class:`ClientTensorSpec` (re-exported from :mod:`hloserve.bundle`).
 """
 
 from hloserve.bundle.manifest import ClientTensorSpec, TensorSpec
 from hloserve.export._export import ExportError, OutputSpec, export_bundle, weight_names
+from hloserve.export._torch import export_torch
+from hloserve.export._torchax_compat import import_torchax
 
 __all__ = [
     "ClientTensorSpec",
@@ -13,5 +16,7 @@ __all__ = [
     "OutputSpec",
     "TensorSpec",
     "export_bundle",
+    "export_torch",
+    "import_torchax",
     "weight_names",
 ]
