@@ -36,7 +36,7 @@ from hloserve.node.tritonserver import (
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
-    from hloserve.model_repository_tools.build import WeightCacheOptions
+    from hloserve.model_repository_tools.build import SchedulingOptions, WeightCacheOptions
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
 
@@ -81,6 +81,8 @@ class ServeOptions:
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
         meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
+        scheduling: the runtime scheduler's settings when building (docs/scheduling.md);
+            None = fair, every weight 1.0.
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -104,6 +106,7 @@ class ServeOptions:
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
     meta_concurrency: int = 2
+    scheduling: SchedulingOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -157,6 +160,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             max_queue_delay_us=options.max_queue_delay_us,
             weight_cache=options.weight_cache,
             meta_concurrency=options.meta_concurrency,
+            scheduling=options.scheduling,
             overwrite=True,
         )
         yield out
@@ -266,6 +270,12 @@ def build_flags_set(options: ServeOptions) -> list[str]:
             flags.append("--residency")
         if cache.compaction_interval:
             flags.append("--compaction-interval")
+    sched = options.scheduling
+    if sched is not None:
+        if sched.scheduling != "fair":
+            flags.append("--scheduling")
+        if sched.model_weights:
+            flags.append("--model-weight")
     return flags
 
 
