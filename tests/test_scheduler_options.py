@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_serve_options import _cli_serve_options, write_config
 
 from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError, Status
@@ -17,7 +18,6 @@ from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve import check_options
 from hloserve.node.tritonserver import free_ports
 from hloserve.triton_backend.scheduler import SchedulerConfig
-from tests.test_serve_options import _cli_serve_options, write_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

@@ -151,6 +151,10 @@ async def run_gateway(
         ) from None
     admin.start()  # /readyz answers 503 until discovery has found a model
     try:
+        if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
+            from hloserve.gateway.preconditions import check_lpt_workers
+
+            await check_lpt_workers(upstreams, timeout)
         await refresh()
     except BaseException:
         admin.close()
