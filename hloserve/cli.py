@@ -274,9 +274,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
         default=None,
-        help="tritonserver --model-control-mode; by default, on a loopback --host, explicit "
-        "with --load-model=* (everything loads at start, and a model whose process dies is "
-        "reloaded), else none (explicit mode lets clients load model files)",
+        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
+        "(everything loads at start, and a model whose process dies is reloaded), the "
+        "repository API (load/unload) restricted to clients sending the header "
+        "hloserve-model-control with the key of HLOSERVE_MODEL_CONTROL_KEY (default: random)",
     )
     serve.add_argument(
         "--load-model",

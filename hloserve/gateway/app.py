@@ -47,6 +47,7 @@ from hloserve.gateway.proxy import (
     probe_ready,
 )
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
+from hloserve.node.model_control import grpc_metadata
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -83,7 +84,12 @@ async def run_gateway(
     Raises:
         UnavailableError: the listen address or the admin port cannot be bound.
     """
-    upstreams = Upstreams(config.workers, config.grpc)
+    key = config.upstream.model_control_key
+    upstreams = Upstreams(
+        config.workers,
+        config.grpc,
+        grpc_metadata(None if key is None else key.get_secret_value()),
+    )
     router = Router(make_scheduler(config))
     timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
