@@ -49,7 +49,10 @@ def test_flags_use_tritonserver_2_51_syntax_and_keys_are_checked() -> None:
         with pytest.raises(InvalidArgumentError, match=ENV_KEY):
             check_key(bad)
     assert launcher_key({ENV_KEY: KEY}) == KEY
-    assert launcher_key({}) != launcher_key({})
+    made = launcher_key({})  # one random key per process, which an in-process gateway sends
+    assert made != KEY and launcher_key({}) == made and check_key(made) == made
+    assert model_control.local_key({}) == made
+    assert model_control.local_key({ENV_KEY: KEY}) == KEY
     with pytest.raises(InvalidArgumentError, match="starting with a letter"):
         launcher_key({ENV_KEY: "0" * 20})
 

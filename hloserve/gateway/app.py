@@ -47,7 +47,7 @@ from hloserve.gateway.proxy import (
     probe_ready,
 )
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
-from hloserve.node.model_control import grpc_metadata
+from hloserve.node.model_control import grpc_metadata, local_key
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -84,12 +84,9 @@ async def run_gateway(
     Raises:
         UnavailableError: the listen address or the admin port cannot be bound.
     """
-    key = config.upstream.model_control_key
-    upstreams = Upstreams(
-        config.workers,
-        config.grpc,
-        grpc_metadata(None if key is None else key.get_secret_value()),
-    )
+    secret = config.upstream.model_control_key
+    key = local_key() if secret is None else secret.get_secret_value()
+    upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
     router = Router(make_scheduler(config))
     timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)

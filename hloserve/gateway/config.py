@@ -88,9 +88,9 @@ class UpstreamConfig(_Section):
         request_timeout_seconds: deadline of one forwarded inference call, seconds (60).
         probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, row 63).
         model_control_key: the key ``hloserve serve`` workers require on Triton's repository
-            API (``RepositoryIndex``, which discovery polls; docs/serving.md): their
-            ``HLOSERVE_MODEL_CONTROL_KEY``. None (default) sends none. ``serve --workers`` and
-            ``node up`` set it for their own gateway.
+            API (``RepositoryIndex``, which discovery polls; docs/serving.md). None (default):
+            ``HLOSERVE_MODEL_CONTROL_KEY`` when set, else the key of the servers this process
+            started (``serve --workers``, ``node up``), else none.
     """
 
     request_timeout_seconds: float = Field(default=60.0, gt=0)

@@ -5,8 +5,8 @@ reload a model whose process died (docs/serving.md). Explicit mode opens Triton'
 API (index, load, unload; a load may carry model files, and a Python model is code) to every
 client reaching the port, so the launcher restricts that API with tritonserver 2.51's
 ``--http-restricted-api`` and ``--grpc-restricted-protocol``: a repository call must carry the
-header :data:`HEADER` with a key the launcher generates per start (:func:`new_key`) or takes
-from :data:`ENV_KEY`, and only the launcher's own clients (the watchdog, the gateway's
+header :data:`HEADER` with a key the launcher generates (:func:`new_key`, one per process) or
+takes from :data:`ENV_KEY`, and only the launcher's own clients (the watchdog, the gateway's
 discovery) send it. Without it Triton refuses the call: HTTP 403 and gRPC UNAVAILABLE "This
 API is restricted, expecting header '<header>'" (measured on 2.51). Every other API
 (inference, health, metadata, model config, statistics) stays open.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import threading
 from collections.abc import Mapping
 
 from hloserve.errors import InvalidArgumentError
@@ -61,14 +62,37 @@ def check_key(key: str) -> str:
     return key
 
 
+_process_key: str | None = None
+_process_key_lock = threading.Lock()
+
+
 def launcher_key(environ: Mapping[str, str] | None = None) -> str:
-    """The key a launcher uses: :data:`ENV_KEY` when set (checked), else :func:`new_key`.
+    """The key this process's launchers use: :data:`ENV_KEY` when set (checked), else one
+    :func:`new_key` made on the first call and kept for the life of the process, so that
+    every server one process starts (``serve --workers``, ``node up``, tests) shares it and
+    an in-process gateway can send it (:func:`local_key`).
 
     Raises:
         InvalidArgumentError: :data:`ENV_KEY` is set to an unusable key (:func:`check_key`).
     """
+    global _process_key
     value = (os.environ if environ is None else environ).get(ENV_KEY, "")
-    return check_key(value) if value else new_key()
+    if value:
+        return check_key(value)
+    with _process_key_lock:
+        if _process_key is None:
+            _process_key = new_key()
+        return _process_key
+
+
+def local_key(environ: Mapping[str, str] | None = None) -> str | None:
+    """The key a gateway sends when its config names none: :data:`ENV_KEY` when set, else the
+    key this process's launchers made (None when they made none)."""
+    value = (os.environ if environ is None else environ).get(ENV_KEY, "")
+    if value:
+        return check_key(value)
+    with _process_key_lock:
+        return _process_key
 
 
 def restricted_flags(key: str) -> list[str]:
