@@ -254,6 +254,12 @@ def test_unknown_model_or_variant_is_refused() -> None:
         put(s, clock, "m", variant=3)
     with pytest.raises(ValueError, match="no compiled batch sizes"):
         s.register("m", 1, [])
+    put(s, clock, "m", 1)
+    s.register("m", 0, [1, 2])  # a second registration replaces the sizes
+    put(s, clock, "m", 2)
+    with pytest.raises(ValueError, match="2 rows exceed the new largest compiled size 1"):
+        s.register("m", 0, [1])
+    assert [take(s).items for _ in range(2)] == [1, 2]
 
 
 # --- cost and recent compute -------------------------------------------------------------

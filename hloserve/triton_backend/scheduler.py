@@ -195,7 +195,8 @@ class Scheduler:
             coalesce: False = one work per batch (the model has no batch axis to join on).
 
         Raises:
-            ValueError: no sizes, or a size below 1.
+            ValueError: no sizes, a size below 1, or (replacing) a queued request of the
+                variant above the new largest size.
         """
         sizes = tuple(sorted(set(int(s) for s in compiled_sizes)))
         if not sizes or sizes[0] < 1:
@@ -207,6 +208,12 @@ class Scheduler:
             entry = self._models.get(model)
             if entry is None:
                 entry = self._models[model] = _Model({}, {}, recent_at=self._clock())
+            big = [w.rows for w in entry.queue if w.variant == variant and w.rows > sizes[-1]]
+            if big:
+                raise ValueError(
+                    f"model {model!r} variant {variant}: queued requests of {max(big)} rows "
+                    f"exceed the new largest compiled size {sizes[-1]}"
+                )
             entry.sizes[variant] = sizes
             entry.coalesce[variant] = coalesce
 
