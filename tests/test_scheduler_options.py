@@ -9,11 +9,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2")  # absent from the numpy-2 leg
+
 from test_serve_options import _cli_serve_options, write_config
 
 from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.model_repository_tools import SchedulingOptions, names, plan_repository
+from hloserve.model_repository_tools import (
+    SchedulingOptions,
+    names,
+    plan_repository,
+)
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve import check_options
 from hloserve.node.tritonserver import free_ports
