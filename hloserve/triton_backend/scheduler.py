@@ -149,6 +149,13 @@ class _Model:
     queue: collections.deque[Work] = field(default_factory=collections.deque)
     recent: float = 0.0  # recent-compute EMA, seconds, as of `recent_at`
     recent_at: float = 0.0
+    plan: Batch | None = None  # the batch the queue would run now; None = to compute
+
+    def planned(self, name: str) -> Batch:
+        """The batch the queue would run now (kept until the queue or the sizes change)."""
+        if self.plan is None:
+            self.plan = _plan(name, self)
+        return self.plan
 
 
 class Scheduler:
@@ -216,6 +223,7 @@ class Scheduler:
                 )
             entry.sizes[variant] = sizes
             entry.coalesce[variant] = coalesce
+            entry.plan = None
 
     def unregister(self, model: str) -> list[Work]:
         """Forget ``model`` (all variants, its costs and EMA); returns its queued works.
@@ -256,6 +264,7 @@ class Scheduler:
             if math.isnan(work.arrival):
                 work.arrival = self._clock()
             entry.queue.append(work)
+            entry.plan = None
             self._ready.notify()
 
     def next(self, timeout: float | None = None) -> Batch | None:
@@ -341,6 +350,7 @@ class Scheduler:
             left = [w for entry in self._models.values() for w in entry.queue]
             for entry in self._models.values():
                 entry.queue.clear()
+                entry.plan = None
             self._shed += len(left)
             self._ready.notify_all()
         self._report([(work, "the runtime is stopping") for work in left])
@@ -386,7 +396,8 @@ class Scheduler:
                     keep.append(work)
                 else:
                     shed.append((work, reason))
-            entry.queue = keep
+            if len(keep) != len(entry.queue):
+                entry.queue, entry.plan = keep, None
         self._shed += len(shed)
         return shed
 
@@ -394,7 +405,6 @@ class Scheduler:
         contenders = [(n, e) for n, e in self._models.items() if e.queue]
         if not contenders:
             return None
-        plans = {name: _plan(name, entry) for name, entry in contenders}
         discipline = self._config.discipline
         if discipline == "fifo":
             name = min(contenders, key=lambda c: (c[1].queue[0].arrival, c[0]))[0]
@@ -409,16 +419,15 @@ class Scheduler:
                 ),
             )[0]
         else:
-            name = self._select_fair(contenders, plans, now)
-        batch = plans[name]
+            name = self._select_fair(contenders, now)
         entry = self._models[name]
+        batch = entry.planned(name)
         for _ in batch.works:
             entry.queue.popleft()
+        entry.plan = None
         return batch
 
-    def _select_fair(
-        self, contenders: list[tuple[str, _Model]], plans: Mapping[str, Batch], now: float
-    ) -> str:
+    def _select_fair(self, contenders: list[tuple[str, _Model]], now: float) -> str:
         config = self._config
         total_weight = sum(config.weight(n) for n, _ in contenders)
         recent = {n: self._decayed(e, now) for n, e in contenders}
@@ -429,7 +438,7 @@ class Scheduler:
             share = config.weight(name) / total_weight
             normalized = recent[name] / total_recent if total_recent > 0 else 0.0
             lead = max(-config.priority_cap, min(config.priority_cap, share - normalized))
-            plan = plans[name]
+            plan = entry.planned(name)
             cost = self._cost(name, plan.variant, plan.batch_size)
             if len(plan.works) > 1:
                 cost *= 1 - config.coalescing_discount
