@@ -73,6 +73,19 @@ class WeightCacheOptions:
     compaction_interval: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SchedulingOptions:
+    """The runtime scheduler's settings, written to its config (docs/scheduling.md).
+
+    Attributes:
+        scheduling: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
+        model_weights: model name -> ``fair`` weight (> 0); unlisted models weigh 1.0.
+    """
+
+    scheduling: str = names.SCHEDULING_DISCIPLINES[0]
+    model_weights: Mapping[str, float] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class FrontModel:
     """One front model (or meta model) of a planned repository.
@@ -128,6 +141,7 @@ def plan_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     batch_sizes: BatchSizeOptions | None = None,
+    scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -140,6 +154,7 @@ def plan_repository(
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
         batch_sizes: compiled batch sizes of the symbolic-batch bundles
             (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
+        scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
         progress: called with one line per bundle.
 
     Raises:
@@ -201,6 +216,7 @@ def plan_repository(
         for b in bundles
     )
     cache = weight_cache or WeightCacheOptions()
+    sched = scheduling or SchedulingOptions()
     metas = sorted(set(cache.residency) & {b.name for b in bundles if b.manifest.is_meta})
     if metas:
         raise RepositoryError(
@@ -217,6 +233,8 @@ def plan_repository(
             weight_cache_fraction=cache.weight_cache_fraction,
             residency=cache.residency,
             compaction_interval=cache.compaction_interval,
+            scheduling=sched.scheduling,
+            model_weights=sched.model_weights,
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
@@ -393,6 +411,7 @@ def build_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     batch_sizes: BatchSizeOptions | None = None,
+    scheduling: SchedulingOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -416,6 +435,7 @@ def build_repository(
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
         batch_sizes=batch_sizes,
+        scheduling=scheduling,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
