@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hloserve.model_repository_tools.build import (
         CONFIG_FILE,
+        ExecutableCacheOptions,
         FrontModel,
         RepositoryError,
         RepositoryPlan,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "CONFIG_FILE": "build",
+    "ExecutableCacheOptions": "build",
     "FrontModel": "build",
     "RepositoryError": "build",
     "RepositoryPlan": "build",
@@ -57,6 +59,7 @@ _WHERE = {
 __all__ = [
     "CONFIG_FILE",
     "REPOSITORY_FORMAT",
+    "ExecutableCacheOptions",
     "FrontModel",
     "RepositoryError",
     "RepositoryPlan",

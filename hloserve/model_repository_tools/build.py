@@ -60,6 +60,21 @@ class WeightCacheOptions:
     compaction_interval: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExecutableCacheOptions:
+    """The runtime's executable cache settings, written to its config (docs/serving.md,
+    "Executable cache").
+
+    Attributes:
+        directory: the cache directory (absolute) or ``"off"``; "" (default) = the runtime's
+            default (``HLOSERVE_EXECUTABLE_CACHE``, else ``$XDG_CACHE_HOME/hloserve/executables``).
+        max_bytes: the size bound in bytes; 0 (default) = the runtime's default (4 GiB).
+    """
+
+    directory: str = ""
+    max_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class FrontModel:
     """One front model (or meta model) of a planned repository.
@@ -104,6 +119,7 @@ def plan_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     progress: Progress | None = None,
+    executable_cache: ExecutableCacheOptions | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
 
@@ -114,6 +130,7 @@ def plan_repository(
         weight_cache: the runtime's weight cache settings (default: no budget).
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
         progress: called with one line per bundle.
+        executable_cache: the runtime's executable cache settings (default: its defaults).
 
     Raises:
         BundleError: the first invalid bundle (every bundle is checked and reported to
@@ -181,6 +198,8 @@ def plan_repository(
             weight_cache_fraction=cache.weight_cache_fraction,
             residency=cache.residency,
             compaction_interval=cache.compaction_interval,
+            executable_cache=(executable_cache or ExecutableCacheOptions()).directory,
+            executable_cache_bytes=(executable_cache or ExecutableCacheOptions()).max_bytes,
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
@@ -305,6 +324,7 @@ def build_repository(
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     overwrite: bool = False,
     progress: Progress | None = None,
+    executable_cache: ExecutableCacheOptions | None = None,
 ) -> RepositoryPlan:
     """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
 
@@ -326,6 +346,7 @@ def build_repository(
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
         progress=progress,
+        executable_cache=executable_cache,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan

@@ -36,7 +36,7 @@ from hloserve.node.tritonserver import (
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
-    from hloserve.model_repository_tools.build import WeightCacheOptions
+    from hloserve.model_repository_tools.build import ExecutableCacheOptions, WeightCacheOptions
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
 
@@ -80,6 +80,8 @@ class ServeOptions:
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
+        executable_cache: the runtime's executable cache settings when building from bundles
+            (docs/serving.md, "Executable cache"); None = the runtime's defaults.
         meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
@@ -103,6 +105,7 @@ class ServeOptions:
     front_instances: int = 2
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
+    executable_cache: ExecutableCacheOptions | None = None
     meta_concurrency: int = 2
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
@@ -158,6 +161,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             weight_cache=options.weight_cache,
             meta_concurrency=options.meta_concurrency,
             overwrite=True,
+            executable_cache=options.executable_cache,
         )
         yield out
     finally:
@@ -266,6 +270,12 @@ def build_flags_set(options: ServeOptions) -> list[str]:
             flags.append("--residency")
         if cache.compaction_interval:
             flags.append("--compaction-interval")
+    executables = options.executable_cache
+    if executables is not None:
+        if executables.directory:
+            flags.append("--executable-cache")
+        if executables.max_bytes:
+            flags.append("--executable-cache-bytes")
     return flags
 
 
