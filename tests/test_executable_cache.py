@@ -331,7 +331,9 @@ def test_settings_parameters_over_environment_over_defaults() -> None:
         ({}, {"HLOSERVE_EXECUTABLE_CACHE_DIR": "/x"}, "names no setting"),
     ],
 )
-def test_bad_settings_are_refused(params: dict[str, str], env: dict[str, str], message: str) -> None:
+def test_bad_settings_are_refused(
+    params: dict[str, str], env: dict[str, str], message: str
+) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         cache_settings(params, env)
 
@@ -432,9 +434,7 @@ def test_runtime_from_args_logs_compiled_then_cached(
     for _ in range(2):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="hloserve.triton_backend.runtime"):
-            runtime = RuntimeModel.from_args(
-                args, executables=lambda m, s: counted.append((m, s))
-            )
+            runtime = RuntimeModel.from_args(args, executables=lambda m, s: counted.append((m, s)))
         answers.append(runtime.execute({"affine__x": x}))
         runtime.close()
         summaries = [r.getMessage() for r in caplog.records if "executables:" in r.getMessage()]

@@ -228,9 +228,7 @@ def deserialize_executable(payload: bytes, device: Any, compile_options: Any = N
     from jax._src.lib import xla_client
 
     options = compile_options if compile_options is not None else xla_client.CompileOptions()
-    return device.client.deserialize_executable(
-        payload, xla_client.DeviceList((device,)), options
-    )
+    return device.client.deserialize_executable(payload, xla_client.DeviceList((device,)), options)
 
 
 def executable_key(

@@ -272,10 +272,8 @@ class ExecutableCache:
             )
             self.discard(key)
             return None
-        try:
+        with contextlib.suppress(OSError):  # read-only directory: the LRU time just stays
             os.utime(path)
-        except OSError:
-            pass  # read-only directory: the entry is still good, its LRU time just stays
         return payload
 
     def put(self, key: CacheKey, payload: bytes, label: ExecutableLabel | None = None) -> bool:
@@ -435,8 +433,7 @@ def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, bytes]:
         return "not an hloserve executable cache entry (bad magic)", b""
     if not MIN_ENTRY_FORMAT <= version <= MAX_ENTRY_FORMAT:
         return (
-            f"entry format {version}, this hloserve reads "
-            f"{MIN_ENTRY_FORMAT}..{MAX_ENTRY_FORMAT}"
+            f"entry format {version}, this hloserve reads {MIN_ENTRY_FORMAT}..{MAX_ENTRY_FORMAT}"
         ), b""
     expected = _HEADER.size + meta_len + payload_len
     if len(data) != expected:
@@ -461,9 +458,8 @@ def _fsync_directory(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
