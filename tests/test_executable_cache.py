@@ -28,6 +28,7 @@ from hloserve.triton_backend.compile import (
     serialize_executable,
 )
 from hloserve.triton_backend.executable_cache import (
+    CachedEntry,
     CacheKey,
     ExecutableCache,
     ExecutableCacheSettings,
@@ -122,8 +123,8 @@ def test_executable_key_reads_flags_x64_options_and_label(monkeypatch: pytest.Mo
 def test_miss_then_hit(tmp_path: Path) -> None:
     cache = ExecutableCache(tmp_path / "cache")
     assert cache.get(KEY) is None
-    assert cache.put(KEY, b"payload" * 100)
-    assert cache.get(KEY) == b"payload" * 100
+    assert cache.put(KEY, b"payload" * 100, info={"signature": [1, "f32"]})
+    assert cache.get(KEY) == CachedEntry(b"payload" * 100, {"signature": [1, "f32"]})
     assert cache.get(dataclasses.replace(KEY, batch_size=4)) is None
     (entry,) = (tmp_path / "cache").iterdir()
     assert entry.name == KEY.digest + ".xexe"
@@ -163,7 +164,7 @@ def test_a_bad_entry_is_logged_ignored_and_deleted(
     (warning,) = warnings_of(caplog)
     assert message in warning and "model 'affine' batch size 2" in warning, warning
     assert not path.exists()
-    assert cache.put(KEY, b"again") and cache.get(KEY) == b"again"  # rewritten
+    assert cache.put(KEY, b"again") and cache.get(KEY) == CachedEntry(b"again", {})  # rewritten
 
 
 def test_an_entry_of_another_key_is_not_served(
@@ -215,7 +216,7 @@ def test_stale_temporary_files_are_removed_fresh_ones_kept(tmp_path: Path) -> No
     os.utime(stale, (old, old))
     cache.put(KEY, b"ok")
     assert not stale.exists() and fresh.exists()
-    assert cache.get(KEY) == b"ok"
+    assert cache.get(KEY) == CachedEntry(b"ok", {})
 
 
 def test_disabled_cache_reads_and_writes_nothing(tmp_path: Path) -> None:
@@ -270,9 +271,10 @@ def _race(tmp_path: Path, mode: str, count: int) -> tuple[dict[bytes, int], int]
     deadline = time.monotonic() + 120
     try:
         while any(w.poll() is None for w in writers) and time.monotonic() < deadline:
-            payload = cache.get(KEY)
+            entry = cache.get(KEY)
             reads += 1
-            if payload is not None:
+            if entry is not None:
+                payload = entry.payload
                 assert payload in (b"\x01" * 400_000, b"\x02" * 400_000)
                 seen[payload[:1]] = seen.get(payload[:1], 0) + 1
     finally:
@@ -401,12 +403,17 @@ def test_an_entry_that_does_not_deserialize_is_recompiled_and_rewritten(
     cache = ExecutableCache(tmp_path)
     artifact = AFFINE_B2.read_bytes()
     key = executable_key(artifact, jax.devices()[0], xla_client.CompileOptions(), LABEL)
-    cache.put(key, b"a well-formed entry whose payload is no executable")
-    with caplog.at_level(logging.WARNING):
-        first = compile_artifact(artifact, cache=cache, label=LABEL)
-    assert not first.from_cache
-    assert "does not load" in warnings_of(caplog)[0]
-    assert compile_artifact(artifact, cache=cache, label=LABEL).from_cache  # rewritten
+    assert not compile_artifact(artifact, cache=cache, label=LABEL).from_cache
+    good = cache.get(key)
+    assert good is not None and set(good.info) == {"signature"}
+    for info in (good.info, {}):  # a well-formed entry: its payload or its info is wrong
+        cache.put(key, b"no executable", info=info)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            again = compile_artifact(artifact, cache=cache, label=LABEL)
+        assert not again.from_cache
+        assert "does not load" in warnings_of(caplog)[0]
+        assert compile_artifact(artifact, cache=cache, label=LABEL).from_cache  # rewritten
 
 
 def test_runtime_from_args_logs_compiled_then_cached(

@@ -9,9 +9,10 @@ stores bytes and imports no JAX.
 
 Entry layout (format :data:`ENTRY_FORMAT`): the header ``struct`` :data:`_HEADER` (magic
 :data:`MAGIC`, format version, metadata length, payload length, SHA-256 of metadata + payload),
-then the metadata (the key's fields as JSON) and the payload. A reader checks the magic, the
-version (:data:`MIN_ENTRY_FORMAT`..:data:`MAX_ENTRY_FORMAT`), the length, the checksum and that
-the metadata equals the key it asked for; any failure is logged, the entry deleted and the
+then the metadata (JSON: the key's fields, and the writer's ``info``, e.g. the executable's
+signature) and the payload. A reader checks the magic, the version
+(:data:`MIN_ENTRY_FORMAT`..:data:`MAX_ENTRY_FORMAT`), the length, the checksum and that the
+metadata's key equals the key it asked for; any failure is logged, the entry deleted and the
 caller recompiles and rewrites it. Writers write a temporary file in the directory, ``fsync``
 it and ``os.replace`` it into place (atomic on POSIX), so a server sharing the directory sees
 the old entry, the new one or none, never half of one.
@@ -51,7 +52,7 @@ log = logging.getLogger("hloserve.triton_backend.executable_cache")
 
 #: First bytes of every entry.
 MAGIC = b"HLOSXEXE"
-#: Entry format this module writes. History: 1 = header + JSON key + PJRT payload (2026-12).
+#: Entry format this module writes. History: 1 = header + JSON key/info + payload (2026-12).
 ENTRY_FORMAT = 1
 #: Oldest and newest entry format this module reads (others are ignored and rewritten).
 MIN_ENTRY_FORMAT = 1
@@ -93,6 +94,19 @@ class ExecutableLabel:
     def __str__(self) -> str:
         variant = f" variant {self.variant}" if self.variant else ""
         return f"model {self.model!r}{variant} batch size {self.batch_size}"
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """What :meth:`ExecutableCache.get` returns.
+
+    Attributes:
+        payload: the stored bytes (a serialized executable).
+        info: the JSON-compatible mapping stored beside it (:meth:`ExecutableCache.put`).
+    """
+
+    payload: bytes
+    info: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -246,8 +260,8 @@ class ExecutableCache:
             raise InvalidArgumentError("the executable cache is off")
         return self.directory / f"{key.digest}{SUFFIX}"
 
-    def get(self, key: CacheKey, label: ExecutableLabel | None = None) -> bytes | None:
-        """The payload stored under ``key``, or None (disabled, missing or bad entry).
+    def get(self, key: CacheKey, label: ExecutableLabel | None = None) -> CachedEntry | None:
+        """The entry stored under ``key``, or None (disabled, missing or bad entry).
 
         A hit marks the entry used now (its modification time). A truncated, corrupt,
         foreign-version or mismatching entry is logged at WARNING and deleted.
@@ -262,7 +276,7 @@ class ExecutableCache:
         except OSError as exc:
             log.warning("executable cache: cannot read %s (%s): recompiling", path, exc)
             return None
-        problem, payload = _parse_entry(data, key)
+        problem, entry = _parse_entry(data, key)
         if problem is not None:
             log.warning(
                 "executable cache: ignoring entry %s for %s: %s; recompiling and rewriting it",
@@ -274,10 +288,17 @@ class ExecutableCache:
             return None
         with contextlib.suppress(OSError):  # read-only directory: the LRU time just stays
             os.utime(path)
-        return payload
+        return entry
 
-    def put(self, key: CacheKey, payload: bytes, label: ExecutableLabel | None = None) -> bool:
-        """Store ``payload`` under ``key`` atomically, then enforce the size bound.
+    def put(
+        self,
+        key: CacheKey,
+        payload: bytes,
+        label: ExecutableLabel | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Store ``payload`` (and ``info``, JSON-compatible) under ``key`` atomically, then
+        enforce the size bound.
 
         Failures (disk full, read-only directory) are logged, not raised: the server runs on.
 
@@ -286,7 +307,8 @@ class ExecutableCache:
         """
         if self.directory is None:
             return False
-        metadata = json.dumps(key.as_dict(), sort_keys=True).encode()
+        document = {"key": key.as_dict(), "info": dict(info or {})}
+        metadata = json.dumps(document, sort_keys=True).encode()
         digest = hashlib.sha256(metadata + payload).digest()
         header = _HEADER.pack(MAGIC, ENTRY_FORMAT, len(metadata), len(payload), digest)
         size = len(header) + len(metadata) + len(payload)
@@ -424,31 +446,33 @@ def executable_cache_from_args(
     return executable_cache(settings, observer=observer)
 
 
-def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, bytes]:
-    """(problem or None, payload) of an entry's bytes read for ``key``."""
+def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | None]:
+    """(problem or None, the entry) of an entry's bytes read for ``key``."""
     if len(data) < _HEADER.size:
-        return f"truncated ({len(data)} bytes, shorter than the header)", b""
+        return f"truncated ({len(data)} bytes, shorter than the header)", None
     magic, version, meta_len, payload_len, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        return "not an hloserve executable cache entry (bad magic)", b""
+        return "not an hloserve executable cache entry (bad magic)", None
     if not MIN_ENTRY_FORMAT <= version <= MAX_ENTRY_FORMAT:
         return (
             f"entry format {version}, this hloserve reads {MIN_ENTRY_FORMAT}..{MAX_ENTRY_FORMAT}"
-        ), b""
+        ), None
     expected = _HEADER.size + meta_len + payload_len
     if len(data) != expected:
-        return f"truncated or padded ({len(data)} bytes, the header says {expected})", b""
+        return f"truncated or padded ({len(data)} bytes, the header says {expected})", None
     body = memoryview(data)[_HEADER.size :]
     if hashlib.sha256(body).digest() != digest:
-        return "checksum mismatch (corrupt)", b""
+        return "checksum mismatch (corrupt)", None
     try:
         metadata = json.loads(bytes(body[:meta_len]))
-    except ValueError:
-        return "unreadable metadata", b""
-    if metadata != key.as_dict():
-        changed = sorted(k for k in key.as_dict() if metadata.get(k) != key.as_dict()[k])
-        return f"written for another key (differs in {changed})", b""
-    return None, bytes(body[meta_len:])
+        stored, info = dict(metadata["key"]), dict(metadata["info"])
+    except (ValueError, KeyError, TypeError):
+        return "unreadable metadata", None
+    wanted = key.as_dict()
+    if stored != wanted:
+        changed = sorted(k for k in wanted if stored.get(k) != wanted[k])
+        return f"written for another key (differs in {changed})", None
+    return None, CachedEntry(bytes(body[meta_len:]), info)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -504,6 +528,7 @@ __all__ = [
     "ENTRY_FORMAT",
     "FROM_CACHE",
     "CacheKey",
+    "CachedEntry",
     "ExecutableCache",
     "ExecutableCacheSettings",
     "ExecutableLabel",
