@@ -9,7 +9,8 @@ Exports the digits CNN (examples/digits: batch sizes 1, 8, 32) and all-MiniLM-L6
    five loads; the fastest of each, as ``timeit`` advises, since other work on the machine
    only ever adds time): compiling (``compile_artifact`` without a cache) vs loading it from a
    warm cache (``compile_artifact`` with the cache: key, read, checksum,
-   ``deserialize_executable``), the ratio, and the entry's size. The loaded executable is checked to answer like the compiled one.
+   ``deserialize_executable``), the ratio, and the entry's size. The loaded executable is
+   checked to answer like the compiled one.
 2. ``hloserve serve`` of the MiniLM bundle (a real tritonserver, free ports), started three
    times: ``--executable-cache off`` (every start compiles: today's start), then a fresh cache
    directory (cold: compiles and writes), then the same directory again (warm). For each start:

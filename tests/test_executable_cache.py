@@ -469,3 +469,8 @@ def test_runtime_refuses_a_bad_bound_naming_the_model(tmp_path: Path) -> None:
     )
     with pytest.raises(InvalidArgumentError, match="model 'hloserve_runtime': parameter"):
         RuntimeModel.from_args(args, preload=False)
+
+
+def test_a_relative_directory_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="'cache' must be an absolute path"):
+        executable_cache(ExecutableCacheSettings(cache="cache"))

@@ -414,19 +414,37 @@ class ExecutableCache:
 
 
 def executable_cache(
-    settings: ExecutableCacheSettings, *, observer: Callable[[str, str], None] | None = None
+    settings: ExecutableCacheSettings,
+    *,
+    observer: Callable[[str, str], None] | None = None,
+    source: str = "",
 ) -> ExecutableCache:
-    """The cache ``settings`` describe (disabled for ``off``), with its directory logged."""
+    """The cache ``settings`` describe (disabled for ``off``), with its directory logged.
+
+    Args:
+        settings: the settings.
+        observer: see :class:`ExecutableCache`.
+        source: where the directory setting came from, for the log line.
+
+    Raises:
+        InvalidArgumentError: a relative directory (the runtime's working directory is
+            Triton's, not the user's).
+    """
+    said = f" (from {source})" if source else ""
     if settings.cache.strip().lower() == names.EXECUTABLE_CACHE_OFF:
-        log.info("executable cache: off (every executable is compiled)")
+        log.info("executable cache: off%s; every executable is compiled", said)
         return ExecutableCache(None, settings.cache_bytes, observer=observer)
     directory = Path(settings.cache).expanduser() if settings.cache else default_directory()
+    if not directory.is_absolute():
+        raise InvalidArgumentError(
+            f"executable cache directory {settings.cache!r}{said} must be an absolute path "
+            f"or {names.EXECUTABLE_CACHE_OFF!r}"
+        )
     log.info(
-        "executable cache: %s (bound %d bytes; %s, %s or the default)",
+        "executable cache: %s%s, bound %d bytes",
         directory,
+        said or " (default)",
         settings.cache_bytes,
-        names.PARAM_EXECUTABLE_CACHE,
-        f"{ENV_PREFIX}CACHE",
     )
     return ExecutableCache(directory, settings.cache_bytes, observer=observer)
 
@@ -439,11 +457,17 @@ def executable_cache_from_args(
     Raises:
         InvalidArgumentError: a malformed setting, naming the runtime model.
     """
+    parameters = args.parameters
+    if parameters.get(names.PARAM_EXECUTABLE_CACHE, "").strip():
+        source = f"parameter {names.PARAM_EXECUTABLE_CACHE}"
+    elif os.environ.get(f"{ENV_PREFIX}CACHE", "").strip():
+        source = f"{ENV_PREFIX}CACHE"
+    else:
+        source = ""
     try:
-        settings = cache_settings(args.parameters)
+        return executable_cache(cache_settings(parameters), observer=observer, source=source)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"model {args.name!r}: {exc.message}") from None
-    return executable_cache(settings, observer=observer)
 
 
 def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | None]:
