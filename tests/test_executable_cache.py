@@ -31,8 +31,10 @@ from hloserve.triton_backend.executable_cache import (
     CachedEntry,
     CacheKey,
     ExecutableCache,
-    ExecutableCacheSettings,
     ExecutableLabel,
+)
+from hloserve.triton_backend.executable_cache_settings import (
+    ExecutableCacheSettings,
     cache_settings,
     default_directory,
     executable_cache,

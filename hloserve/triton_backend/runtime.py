@@ -29,7 +29,8 @@ from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
-from hloserve.triton_backend.executable_cache import ExecutableLabel, executable_cache_from_args
+from hloserve.triton_backend.executable_cache import ExecutableLabel
+from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
