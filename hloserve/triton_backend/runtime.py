@@ -161,7 +161,7 @@ class RuntimeModel:
         ``observer(budget_bytes, model_names)`` (e.g. Triton metrics). Unless ``compile`` is
         given, executables go through the executable cache of the runtime's parameters
         (docs/serving.md, "Executable cache"), each counted by ``executables(model, source)``;
-        the log then says how many were compiled and how many loaded from the cache.
+        after preloading, the log says how many were compiled and how many loaded from the cache.
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed.
@@ -193,7 +193,7 @@ class RuntimeModel:
         if cache is not None:
             kwargs["compile"] = functools.partial(compile_artifact, cache=cache)
         runtime = cls(registry, **kwargs)
-        if cache is not None:
+        if cache is not None and kwargs["preload"]:
             log.info("%s", cache.summary())
         return runtime
 
