@@ -15,4 +15,9 @@ COPY hloserve ./hloserve
 RUN pip install ".[serve]"
 
 VOLUME ["/models"]
+# Compiled executables (docs/serving.md, "Executable cache"): mount a volume here so restarts
+# load them instead of compiling. Not a VOLUME: an anonymous volume per container would
+# outlive it.
+ENV HLOSERVE_EXECUTABLE_CACHE=/var/cache/hloserve/executables
+RUN mkdir -p -m 0700 /var/cache/hloserve/executables
 CMD ["hloserve", "serve", "/models", "--host=0.0.0.0"]

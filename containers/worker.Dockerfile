@@ -37,6 +37,11 @@ RUN python3 -m pip install --break-system-packages . "numpy<2" "jax==0.7.1" \
 
 # The node mounts the model repository read-only here.
 VOLUME ["/models"]
+# Compiled executables (docs/serving.md, "Executable cache"): mount a volume here so restarts
+# load them instead of compiling (containers/compose.yaml does). Not a VOLUME: an anonymous
+# volume per container would outlive it.
+ENV HLOSERVE_EXECUTABLE_CACHE=/var/cache/hloserve/executables
+RUN mkdir -p -m 0700 /var/cache/hloserve/executables
 # Triton's defaults; `hloserve node up` passes the planned ports on its command line.
 CMD ["tritonserver", "--model-repository=/models", "--exit-on-error=false", \
      "--strict-readiness=false"]

@@ -146,6 +146,7 @@ def _repo_build(args: argparse.Namespace) -> int:
         scheduling=_scheduling_options(args),
         overwrite=args.overwrite,
         progress=print,
+        executable_cache=_executable_cache_options(args),
     )
     print(f"{args.output}: wrote {len(plan.models)} front model(s) and the runtime model")
     return 0
@@ -187,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
             front_instances=args.front_instances,
             max_queue_delay_us=args.max_queue_delay_us,
             weight_cache=_weight_cache_options(args),
+            executable_cache=_executable_cache_options(args),
             meta_concurrency=args.meta_concurrency,
             batch_sizes=_batch_size_options(args),
             scheduling=_scheduling_options(args),
@@ -340,6 +342,48 @@ def _scheduling_options(args: argparse.Namespace) -> Any:
     return SchedulingOptions(scheduling=args.scheduling, model_weights=weights)
 
 
+def _add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
+    """--executable-cache, --executable-cache-bytes (docs/serving.md, "Executable cache")."""
+    parser.add_argument(
+        "--executable-cache",
+        default="",
+        metavar="DIR",
+        help="where the runtime keeps compiled executables, so restarts load them instead of "
+        "compiling; 'off' disables it (default: $HLOSERVE_EXECUTABLE_CACHE, else "
+        "$XDG_CACHE_HOME/hloserve/executables, i.e. ~/.cache/hloserve/executables)",
+    )
+    parser.add_argument(
+        "--executable-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="size bound of the executable cache in bytes; least recently used entries are "
+        "deleted beyond it (default: $HLOSERVE_EXECUTABLE_CACHE_BYTES, else 4 GiB)",
+    )
+
+
+def _executable_cache_options(args: argparse.Namespace) -> Any:
+    """The ``ExecutableCacheOptions`` of :func:`_add_executable_cache_options`'s arguments
+    (a directory made absolute: the runtime runs elsewhere).
+
+    Raises:
+        InvalidArgumentError: --executable-cache-bytes below 0.
+    """
+    from hloserve.model_repository_tools import ExecutableCacheOptions
+    from hloserve.model_repository_tools.names import EXECUTABLE_CACHE_OFF
+
+    if args.executable_cache_bytes < 0:
+        raise InvalidArgumentError(
+            f"--executable-cache-bytes must be >= 0, got {args.executable_cache_bytes}"
+        )
+    directory = args.executable_cache.strip()
+    if directory.lower() == EXECUTABLE_CACHE_OFF:
+        directory = EXECUTABLE_CACHE_OFF
+    elif directory:
+        directory = str(Path(directory).expanduser().absolute())
+    return ExecutableCacheOptions(directory=directory, max_bytes=args.executable_cache_bytes)
+
+
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve",
@@ -406,6 +450,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     _add_weight_cache_options(serve)
     _add_batch_size_option(serve)
     _add_scheduling_options(serve)
+    _add_executable_cache_options(serve)
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
     serve.add_argument(
         "--startup-timeout",
@@ -516,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_weight_cache_options(build)
     _add_batch_size_option(build)
     _add_scheduling_options(build)
+    _add_executable_cache_options(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )

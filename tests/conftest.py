@@ -95,6 +95,16 @@ def serving_options(repo: Path, log_file: Path | None = None) -> Any:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def executable_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One executable cache directory for the session, in every runtime and tritonserver it
+    starts (``HLOSERVE_EXECUTABLE_CACHE``): tests never read or fill the user's cache."""
+    directory = tmp_path_factory.mktemp("executable_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HLOSERVE_EXECUTABLE_CACHE", str(directory))
+        yield directory
+
+
 @pytest.fixture(scope="module")
 def restore_x64() -> Iterator[None]:
     """Give JAX's x64 mode back after a module whose runtime code turns it on for the process."""

@@ -190,6 +190,8 @@ def _cli_serve_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Serv
         (["--front-instances", "3", "--meta-concurrency", "1"], "--front-instances, --meta-"),
         (["--max-queue-delay-us", "0"], "--max-queue-delay-us applies"),
         (["--compaction-interval", "4"], "--compaction-interval applies"),
+        (["--executable-cache", "off"], "--executable-cache applies"),
+        (["--executable-cache-bytes", "9"], "--executable-cache-bytes applies"),
     ],
 )
 def test_build_options_on_a_built_repository_are_refused(

@@ -47,10 +47,10 @@ class CountingCompile:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def __call__(self, artifact: bytes, device: Any) -> Any:
+    def __call__(self, artifact: bytes, device: Any, **kwargs: Any) -> Any:
         with self._lock:
             self.calls += 1
-        return compile_artifact(artifact, device)
+        return compile_artifact(artifact, device, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hloserve.model_repository_tools.build import (
         CONFIG_FILE,
+        ExecutableCacheOptions,
         FrontModel,
         RepositoryError,
         RepositoryPlan,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "CONFIG_FILE": "build",
+    "ExecutableCacheOptions": "build",
     "FrontModel": "build",
     "RepositoryError": "build",
     "RepositoryPlan": "build",
@@ -59,6 +61,7 @@ _WHERE = {
 __all__ = [
     "CONFIG_FILE",
     "REPOSITORY_FORMAT",
+    "ExecutableCacheOptions",
     "FrontModel",
     "RepositoryError",
     "RepositoryPlan",

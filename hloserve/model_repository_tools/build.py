@@ -86,6 +86,21 @@ class SchedulingOptions:
     model_weights: Mapping[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExecutableCacheOptions:
+    """The runtime's executable cache settings, written to its config (docs/serving.md,
+    "Executable cache").
+
+    Attributes:
+        directory: the cache directory (absolute) or ``"off"``; "" (default) = the runtime's
+            default (``HLOSERVE_EXECUTABLE_CACHE``, else ``$XDG_CACHE_HOME/hloserve/executables``).
+        max_bytes: the size bound in bytes; 0 (default) = the runtime's default (4 GiB).
+    """
+
+    directory: str = ""
+    max_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class FrontModel:
     """One front model (or meta model) of a planned repository.
@@ -143,6 +158,7 @@ def plan_repository(
     batch_sizes: BatchSizeOptions | None = None,
     scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
+    executable_cache: ExecutableCacheOptions | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
 
@@ -156,6 +172,7 @@ def plan_repository(
             (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
         scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
         progress: called with one line per bundle.
+        executable_cache: the runtime's executable cache settings (default: its defaults).
 
     Raises:
         BundleError: the first invalid bundle (every bundle is checked and reported to
@@ -235,6 +252,8 @@ def plan_repository(
             compaction_interval=cache.compaction_interval,
             scheduling=sched.scheduling,
             model_weights=sched.model_weights,
+            executable_cache=(executable_cache or ExecutableCacheOptions()).directory,
+            executable_cache_bytes=(executable_cache or ExecutableCacheOptions()).max_bytes,
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
@@ -414,6 +433,7 @@ def build_repository(
     scheduling: SchedulingOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    executable_cache: ExecutableCacheOptions | None = None,
 ) -> RepositoryPlan:
     """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
 
@@ -437,6 +457,7 @@ def build_repository(
         batch_sizes=batch_sizes,
         scheduling=scheduling,
         progress=progress,
+        executable_cache=executable_cache,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan

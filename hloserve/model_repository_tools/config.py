@@ -149,6 +149,8 @@ def runtime_config(
     compaction_interval: int = 0,
     scheduling: str = names.SCHEDULING_DISCIPLINES[0],
     model_weights: Mapping[str, float] | None = None,
+    executable_cache: str = "",
+    executable_cache_bytes: int = 0,
 ) -> Any:
     """The runtime model's ``ModelConfig`` serving ``models`` (name, manifest), in that order.
 
@@ -173,10 +175,17 @@ def runtime_config(
         model_weights: model -> ``fair`` weight (> 0); weights other than 1.0 are written as
             ``hloserve.model_weights``.
 
+        executable_cache: the executable cache directory (absolute) or ``"off"``; "" = the
+            runtime's default (docs/serving.md, "Executable cache"). Written as
+            ``hloserve.executable_cache`` when set.
+        executable_cache_bytes: the executable cache's size bound in bytes; 0 = the default.
+            Written as ``hloserve.executable_cache_bytes`` when > 0.
+
     Raises:
         InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
             an unknown residency, or a residency for a model not in ``models``; an unknown
-            discipline, a weight <= 0 or a weight for a model not in ``models``.
+            discipline, a weight <= 0 or a weight for a model not in ``models``; a relative
+            executable cache directory.
     """
     residency = dict(residency or {})
     model_weights = dict(model_weights or {})
@@ -184,6 +193,7 @@ def runtime_config(
         models, weight_cache_bytes, weight_cache_fraction, residency, compaction_interval
     )
     check_scheduling_options([n for n, _ in models], scheduling, model_weights)
+    _check_executable_cache(executable_cache, executable_cache_bytes)
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -221,6 +231,10 @@ def runtime_config(
         names.PARAM_COMPACTION_INTERVAL: str(compaction_interval) if compaction_interval else "",
         names.PARAM_SCHEDULING: scheduling if scheduling != names.SCHEDULING_DISCIPLINES[0] else "",
         names.PARAM_MODEL_WEIGHTS: names.format_model_weights(model_weights),
+        names.PARAM_EXECUTABLE_CACHE: executable_cache,
+        names.PARAM_EXECUTABLE_CACHE_BYTES: str(executable_cache_bytes)
+        if executable_cache_bytes
+        else "",
     }
     _set_parameters(config, {k: v for k, v in cache.items() if v})
     return config
@@ -286,6 +300,19 @@ def _check_cache_options(
             problems.append(
                 f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
             )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
+
+
+def _check_executable_cache(directory: str, max_bytes: int) -> None:
+    problems = []
+    if directory and directory != names.EXECUTABLE_CACHE_OFF and not Path(directory).is_absolute():
+        problems.append(
+            f"executable cache directory {directory!r} must be absolute (the runtime runs in "
+            f"another directory) or {names.EXECUTABLE_CACHE_OFF!r}"
+        )
+    if max_bytes < 0:
+        problems.append(f"executable cache bytes must be >= 0 (0 = default), got {max_bytes}")
     if problems:
         raise InvalidArgumentError("; ".join(problems))
 

@@ -66,6 +66,15 @@ PARAM_WEIGHT_CACHE_FRACTION = "hloserve.weight_cache_fraction"
 PARAM_RESIDENCY = "hloserve.residency"
 #: Runtime parameter: free every on-demand device buffer each N on-demand loads; absent/"0" = off.
 PARAM_COMPACTION_INTERVAL = "hloserve.compaction_interval"
+#: Runtime parameter: the executable cache directory (absolute path), or
+#: :data:`EXECUTABLE_CACHE_OFF`; absent = ``HLOSERVE_EXECUTABLE_CACHE`` or the default
+#: ``$XDG_CACHE_HOME/hloserve/executables`` (docs/serving.md, "Executable cache").
+PARAM_EXECUTABLE_CACHE = "hloserve.executable_cache"
+#: Runtime parameter: the executable cache's size bound in bytes, as a decimal integer >= 1;
+#: absent = ``HLOSERVE_EXECUTABLE_CACHE_BYTES`` or the default (4 GiB).
+PARAM_EXECUTABLE_CACHE_BYTES = "hloserve.executable_cache_bytes"
+#: :data:`PARAM_EXECUTABLE_CACHE` value (and ``--executable-cache`` argument) disabling it.
+EXECUTABLE_CACHE_OFF = "off"
 #: Residency values (ReactantServer ``residency``): host tier, pinned on the device, re-read from
 #: the memory-mapped file per load. The first is the default.
 RESIDENCIES = ("system", "device", "unpinned")

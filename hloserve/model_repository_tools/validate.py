@@ -185,7 +185,7 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
 
 
 def _cache_settings(runtime: Any) -> dict[str, Any]:
-    """The weight cache keyword arguments of ``runtime_config`` read back from a config.
+    """The weight and executable cache keyword arguments of ``runtime_config`` read back.
 
     Raises:
         ValueError: a malformed value (the message names the parameter).
@@ -217,6 +217,16 @@ def _cache_settings(runtime: Any) -> dict[str, Any]:
     weights = parameter(runtime, names.PARAM_MODEL_WEIGHTS)
     if weights is not None:
         settings["model_weights"] = names.parse_model_weights(weights)
+    directory = parameter(runtime, names.PARAM_EXECUTABLE_CACHE)
+    if directory is not None:
+        settings["executable_cache"] = directory
+    max_bytes = parameter(runtime, names.PARAM_EXECUTABLE_CACHE_BYTES)
+    if max_bytes is not None:
+        if not max_bytes.strip().isdigit():
+            raise ValueError(
+                f"{names.PARAM_EXECUTABLE_CACHE_BYTES} is {max_bytes!r}, not a positive integer"
+            )
+        settings["executable_cache_bytes"] = int(max_bytes)
     return settings
 
 

@@ -36,7 +36,11 @@ from hloserve.node.tritonserver import (
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
-    from hloserve.model_repository_tools.build import SchedulingOptions, WeightCacheOptions
+    from hloserve.model_repository_tools.build import (
+        ExecutableCacheOptions,
+        SchedulingOptions,
+        WeightCacheOptions,
+    )
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
 
@@ -85,6 +89,8 @@ class ServeOptions:
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
+        executable_cache: the runtime's executable cache settings when building from bundles
+            (docs/serving.md, "Executable cache"); None = the runtime's defaults.
         meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
         batch_sizes: compiled batch sizes of symbolic-batch bundles when building
             (``--batch-sizes``; docs/bundles.md, "Symbolic batch").
@@ -113,6 +119,7 @@ class ServeOptions:
     front_instances: int = 2
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
+    executable_cache: ExecutableCacheOptions | None = None
     meta_concurrency: int = 2
     batch_sizes: BatchSizeOptions | None = None
     scheduling: SchedulingOptions | None = None
@@ -172,6 +179,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             batch_sizes=options.batch_sizes,
             scheduling=options.scheduling,
             overwrite=True,
+            executable_cache=options.executable_cache,
         )
         yield out
     finally:
@@ -296,6 +304,12 @@ def build_flags_set(options: ServeOptions) -> list[str]:
             flags.append("--scheduling")
         if sched.model_weights:
             flags.append("--model-weight")
+    executables = options.executable_cache
+    if executables is not None:
+        if executables.directory:
+            flags.append("--executable-cache")
+        if executables.max_bytes:
+            flags.append("--executable-cache-bytes")
     return flags
 
 

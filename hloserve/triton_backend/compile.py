@@ -4,10 +4,20 @@ Everything that runs a bundle's executables (the runtime model, the validator's 
 benchmarks) goes through :func:`compile_artifact`, so a JAX API change is fixed in one place.
 It uses ``jax.extend.backend.get_backend().compile_and_load`` (the PJRT client), which accepts
 StableHLO text, bytecode or a portable artifact; checked on JAX 0.7.1 and 0.10.2.
+
+With an :class:`~hloserve.triton_backend.executable_cache.ExecutableCache`, a compiled
+executable is serialized to disk and later starts deserialize it instead of compiling
+(docs/serving.md, "Executable cache"): :func:`serialize_executable` and
+:func:`deserialize_executable` wrap PJRT's executable serialization (the client's
+``serialize_executable``/``deserialize_executable`` on jaxlib 0.7.1 and 0.10.2; 0.10.2's
+``LoadedExecutable.serialize`` where the client lacks the first).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,8 +25,22 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle.stablehlo import Signature, read_signature, to_portable_artifact
+from hloserve.bundle.stablehlo import (
+    Signature,
+    TensorType,
+    read_signature,
+    to_portable_artifact,
+)
 from hloserve.errors import InvalidArgumentError
+from hloserve.triton_backend.executable_cache import (
+    COMPILED,
+    FROM_CACHE,
+    CacheKey,
+    ExecutableCache,
+    ExecutableLabel,
+)
+
+log = logging.getLogger("hloserve.triton_backend.compile")
 
 
 def _device(device: Any | None) -> Any:
@@ -32,13 +56,16 @@ class CompiledExecutable:
     Attributes:
         signature: ``main``'s argument and result types (weights first, then inputs).
         device: the JAX device it runs on.
-        compile_seconds: wall time of compilation, in seconds.
+        compile_seconds: wall time of compilation (or of loading it from the executable
+            cache), in seconds.
+        from_cache: whether it was loaded from the executable cache instead of compiled.
     """
 
     loaded: Any
     signature: Signature
     device: Any
     compile_seconds: float
+    from_cache: bool = False
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         """Execute on device arrays (or host arrays, which are copied to the device first).
@@ -101,15 +128,25 @@ def enable_x64() -> None:
     jax.config.update("jax_enable_x64", True)
 
 
-def compile_artifact(artifact: bytes, device: Any | None = None) -> CompiledExecutable:
-    """Compile a StableHLO module for one device.
+def compile_artifact(
+    artifact: bytes,
+    device: Any | None = None,
+    *,
+    cache: ExecutableCache | None = None,
+    label: ExecutableLabel | None = None,
+) -> CompiledExecutable:
+    """Compile a StableHLO module for one device, or load it from the executable cache.
 
     Args:
         artifact: a portable artifact (or MLIR text as bytes, converted first).
         device: a ``jax.Device``; default the first device of the default backend.
+        cache: where compiled executables are kept (:func:`executable_key`); None compiles.
+            An entry that does not deserialize is logged, deleted, and recompiled and
+            rewritten; a failed write is logged. Each call is counted in ``cache``.
+        label: the model, variant and batch size, for the key and messages.
 
     Returns:
-        The loaded executable with its signature and compile time.
+        The loaded executable with its signature and compile (or load) time.
 
     Raises:
         ArtifactError: the module cannot be read.
@@ -119,14 +156,132 @@ def compile_artifact(artifact: bytes, device: Any | None = None) -> CompiledExec
     from jax._src.lib import xla_client
 
     artifact = to_portable_artifact(artifact)
-    signature = read_signature(artifact)
     dev = _device(device)
+    options = xla_client.CompileOptions()
+    key = None
+    if cache is not None and cache.enabled:
+        start = time.perf_counter()
+        key = executable_key(artifact, dev, options, label)
+        entry = cache.get(key, label)
+        if entry is not None:
+            try:
+                # the signature stored with it: parsing the module again costs more than
+                # deserializing (5 ms vs 1.4 ms for digits on CPU, benchmarks/executable_cache.py)
+                signature = _signature_from_json(entry.info["signature"])
+                loaded = deserialize_executable(entry.payload, dev, options)
+            except Exception as exc:  # XlaRuntimeError: another XLA build, a foreign binary
+                log.warning(
+                    "executable cache: entry for %s does not load (%s: %s); recompiling",
+                    label or "an executable",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+                cache.discard(key)
+            else:
+                seconds = time.perf_counter() - start
+                cache.counted(label, FROM_CACHE, seconds)
+                return CompiledExecutable(loaded, signature, dev, seconds, from_cache=True)
+    signature = read_signature(artifact)
     backend = jex.backend.get_backend(dev.platform)
     start = time.perf_counter()
     try:
-        loaded = backend.compile_and_load(
-            artifact, xla_client.DeviceList((dev,)), xla_client.CompileOptions()
-        )
+        loaded = backend.compile_and_load(artifact, xla_client.DeviceList((dev,)), options)
     except Exception as exc:  # XlaRuntimeError and friends
         raise InvalidArgumentError(f"XLA cannot compile the module: {exc}") from None
-    return CompiledExecutable(loaded, signature, dev, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if cache is not None:
+        if key is not None:
+            try:
+                info = {"signature": _signature_to_json(signature)}
+                cache.put(key, serialize_executable(loaded), label, info)
+            except Exception as exc:  # serialization unsupported on this platform
+                log.warning(
+                    "executable cache: cannot serialize %s (%s: %s); not cached",
+                    label or "an executable",
+                    type(exc).__name__,
+                    exc,
+                )
+        cache.counted(label, COMPILED, seconds)
+    return CompiledExecutable(loaded, signature, dev, seconds)
+
+
+def _signature_to_json(signature: Signature) -> dict[str, Any]:
+    def types(tensors: Sequence[TensorType]) -> list[Any]:
+        return [[list(t.shape), t.element_type] for t in tensors]
+
+    return {"inputs": types(signature.inputs), "outputs": types(signature.outputs)}
+
+
+def _signature_from_json(data: Any) -> Signature:
+    """Inverse of :func:`_signature_to_json`.
+
+    Raises:
+        KeyError, TypeError, ValueError: not what :func:`_signature_to_json` writes.
+    """
+
+    def types(items: Any) -> tuple[TensorType, ...]:
+        return tuple(TensorType(tuple(shape), str(element)) for shape, element in items)
+
+    return Signature(types(data["inputs"]), types(data["outputs"]))
+
+
+def serialize_executable(loaded: Any) -> bytes:
+    """PJRT's serialized form of a loaded executable (``compile_and_load``'s result).
+
+    Uses the client's ``serialize_executable`` (jaxlib 0.7.1 and 0.10.2), else the
+    executable's own ``serialize`` (jaxlib 0.10.2).
+
+    Raises:
+        XlaRuntimeError: the platform cannot serialize executables.
+    """
+    client = loaded.client
+    if hasattr(client, "serialize_executable"):
+        return bytes(client.serialize_executable(loaded))
+    return bytes(loaded.serialize())
+
+
+def deserialize_executable(payload: bytes, device: Any, compile_options: Any = None) -> Any:
+    """A loaded executable on ``device`` from :func:`serialize_executable`'s bytes.
+
+    Only for trusted bytes: loading a serialized executable may run code (XLA's warning on
+    ``deserialize_executable``).
+
+    Args:
+        payload: the serialized executable, made on the same platform, device kind and jaxlib.
+        device: the ``jax.Device`` to load it on.
+        compile_options: the ``CompileOptions`` it was compiled with (default: default ones).
+
+    Raises:
+        XlaRuntimeError: the bytes are not an executable this jaxlib and device can load.
+    """
+    from jax._src.lib import xla_client
+
+    options = compile_options if compile_options is not None else xla_client.CompileOptions()
+    return device.client.deserialize_executable(payload, xla_client.DeviceList((device,)), options)
+
+
+def executable_key(
+    artifact: bytes, device: Any, compile_options: Any, label: ExecutableLabel | None = None
+) -> CacheKey:
+    """The executable cache key of compiling ``artifact`` for ``device`` now.
+
+    Reads the jaxlib version, the ``XLA_FLAGS`` environment variable and JAX's 64-bit mode of
+    this process; the model name in ``label`` is left out (a renamed bundle still hits).
+    """
+    import jax
+    from jax._src import lib
+
+    client = device.client
+    return CacheKey(
+        artifact_sha256=hashlib.sha256(artifact).hexdigest(),
+        platform=str(device.platform),
+        platform_version=str(getattr(client, "platform_version", "")),
+        device_kind=str(device.device_kind),
+        device_id=int(device.id),
+        jaxlib_version=f"{lib.version_str}/{getattr(lib, 'jaxlib_extension_version', '')}",
+        compile_options_sha256=hashlib.sha256(compile_options.SerializeAsString()).hexdigest(),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        x64=bool(jax.config.read("jax_enable_x64")),
+        variant=label.variant if label is not None else "",
+        batch_size=label.batch_size if label is not None else 0,
+    )

@@ -20,6 +20,9 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 and, from :class:`TritonExecutionMetrics` (docs/serving.md, "Shape variants"):
 ``hloserve_executions_total{model,variant,batch_size}`` (counter): runtime executions per
 compiled executable (``variant`` is e.g. ``s32``, empty for a model without variants).
+
+Executable cache: ``hloserve_executables_total{model,source}`` (counter, ``source`` =
+``compiled`` or ``cache``) is made by ``executable_cache.TritonExecutableMetrics``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Executions run one at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,6 +29,8 @@ from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
+from hloserve.triton_backend.executable_cache import ExecutableLabel
+from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
@@ -35,7 +38,8 @@ from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, ac
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
-Compile = Callable[[bytes, Any], CompiledExecutable]
+#: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`.
+Compile = Callable[..., CompiledExecutable]
 #: Makes the weight cache's observer from (budget bytes or None, model names).
 ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
 
@@ -140,7 +144,12 @@ class RuntimeModel:
 
     @classmethod
     def from_args(
-        cls, args: ModelArgs, *, observer: ObserverFactory | None = None, **kwargs: Any
+        cls,
+        args: ModelArgs,
+        *,
+        observer: ObserverFactory | None = None,
+        executables: Callable[[str, str], None] | None = None,
+        **kwargs: Any,
     ) -> RuntimeModel:
         """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
 
@@ -149,7 +158,10 @@ class RuntimeModel:
         ``hloserve.preload`` (:data:`PARAM_PRELOAD`, default "true") loads them all now.
         Unless ``store`` is given, weights live in a :class:`WeightCache` set from the weight
         cache parameters (:func:`weight_cache_from_args`), reporting to
-        ``observer(budget_bytes, model_names)`` (e.g. Triton metrics).
+        ``observer(budget_bytes, model_names)`` (e.g. Triton metrics). Unless ``compile`` is
+        given, executables go through the executable cache of the runtime's parameters
+        (docs/serving.md, "Executable cache"), each counted by ``executables(model, source)``;
+        after preloading, the log says how many were compiled and how many loaded from the cache.
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed.
@@ -176,7 +188,14 @@ class RuntimeModel:
             kwargs["store"] = weight_cache_from_args(
                 args, set(registry), device=kwargs["device"], observer=observer
             )
-        return cls(registry, **kwargs)
+        # executable cache (executable_cache.py): the compile path, then one summary log line
+        cache = None if "compile" in kwargs else executable_cache_from_args(args, executables)
+        if cache is not None:
+            kwargs["compile"] = functools.partial(compile_artifact, cache=cache)
+        runtime = cls(registry, **kwargs)
+        if cache is not None and kwargs["preload"]:
+            log.info("%s", cache.summary())
+        return runtime
 
     @property
     def bundle_names(self) -> list[str]:
@@ -241,7 +260,11 @@ class RuntimeModel:
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
         variants = range(len(bundle.manifest.variant_dims))
         executables = {
-            (v, size): self._compile(bundle.read_artifact(size, v), self.device)
+            (v, size): self._compile(
+                bundle.read_artifact(size, v),
+                self.device,
+                label=ExecutableLabel(name, variant_label(bundle.manifest.variant_dims[v]), size),
+            )
             for v in variants
             for size in sizes
         }

@@ -2,7 +2,8 @@
 
 Adapts ``pb_utils`` objects only; the behaviour lives in the typed core. One instance per
 device: the only process of the server that imports JAX. Weight cache events become metrics on
-Triton's :8002 endpoint (hloserve.triton_backend.metrics).
+Triton's :8002 endpoint (hloserve.triton_backend.metrics), and so do executables compiled or
+loaded from the executable cache (hloserve.triton_backend.executable_cache).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from hloserve.triton_backend import pb
+from hloserve.triton_backend.executable_cache import TritonExecutableMetrics
 from hloserve.triton_backend.metrics import TritonCacheMetrics, TritonExecutionMetrics
 from hloserve.triton_backend.runtime import RuntimeModel
 
@@ -29,8 +31,12 @@ class TritonPythonModel:
             return self.metrics
 
         self.executions = TritonExecutionMetrics(pb_utils)
+        self.executables = TritonExecutableMetrics(pb_utils)
         self.core = RuntimeModel.from_args(
-            pb.ModelArgs.from_triton(args), observer=metrics, on_execute=self.executions.executed
+            pb.ModelArgs.from_triton(args),
+            observer=metrics,
+            on_execute=self.executions.executed,
+            executables=self.executables.counted,
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:
@@ -49,5 +55,6 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.core.close()
         self.executions.close()
+        self.executables.close()
         if self.metrics is not None:
             self.metrics.close()

@@ -1,0 +1,429 @@
+"""The compiled-executable disk cache: restarts load serialized XLA executables, not compile.
+
+docs/serving.md, "Executable cache". One entry per executable, a file ``<key>.xexe`` in the
+cache directory, where ``<key>`` is the SHA-256 of :class:`CacheKey` (everything that changes
+the binary: the artifact's bytes, platform, device, jaxlib/XLA version, compile options,
+``XLA_FLAGS``, 64-bit mode, variant and batch size). The payload is PJRT's serialized
+executable (:func:`hloserve.triton_backend.compile.serialize_executable`); this module only
+stores bytes and imports no JAX.
+
+Entry layout (format :data:`ENTRY_FORMAT`): the header ``struct`` :data:`_HEADER` (magic
+:data:`MAGIC`, format version, metadata length, payload length, SHA-256 of metadata + payload),
+then the metadata (JSON: the key's fields, and the writer's ``info``, e.g. the executable's
+signature) and the payload. A reader checks the magic, the version
+(:data:`MIN_ENTRY_FORMAT`..:data:`MAX_ENTRY_FORMAT`), the length, the checksum and that the
+metadata's key equals the key it asked for; any failure is logged, the entry deleted and the
+caller recompiles and rewrites it. Writers write a temporary file in the directory, ``fsync``
+it and ``os.replace`` it into place (atomic on POSIX), so a server sharing the directory sees
+the old entry, the new one or none, never half of one.
+
+Size bound: after each write, the least recently used entries are deleted until the directory
+holds at most ``max_bytes``. "Used" is the entry's modification time, which the cache sets on
+every hit (``os.utime``); access times are not used (``noatime``/``relatime`` mounts).
+
+Loading a serialized executable runs code (XLA's own warning on ``deserialize_executable``):
+the directory must be writable only by users trusted to run code in the server; the cache
+creates it with mode 0700.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hloserve.errors import InvalidArgumentError
+
+log = logging.getLogger("hloserve.triton_backend.executable_cache")
+
+#: First bytes of every entry.
+MAGIC = b"HLOSXEXE"
+#: Entry format this module writes. History: 1 = header + JSON key/info + payload (2026-12).
+ENTRY_FORMAT = 1
+#: Oldest and newest entry format this module reads (others are ignored and rewritten).
+MIN_ENTRY_FORMAT = 1
+MAX_ENTRY_FORMAT = 1
+#: Header: magic, format version, metadata bytes, payload bytes, SHA-256(metadata + payload).
+_HEADER = struct.Struct(">8sIIQ32s")
+#: File name suffix of an entry; temporary files start with :data:`_TMP_PREFIX`.
+SUFFIX = ".xexe"
+_TMP_PREFIX = ".tmp-"
+#: A temporary file older than this (seconds) was left by a writer that died; cleanup removes it.
+STALE_TMP_S = 3600.0
+
+#: Default size bound: 4 GiB. Serialized CPU executables measured 0.1-4 MiB each (digits,
+#: all-MiniLM-L6-v2; benchmarks/executable_cache.py), so the bound holds hundreds of them.
+DEFAULT_MAX_BYTES = 4 << 30
+
+#: Where an executable came from, as counted (log and the ``source`` metric label).
+COMPILED = "compiled"
+FROM_CACHE = "cache"
+
+
+@dataclass(frozen=True)
+class ExecutableLabel:
+    """Which executable of which model: for the key (variant, batch size) and for messages.
+
+    Attributes:
+        model: the model (bundle) name; not part of the key, so a renamed bundle still hits.
+        variant: the shape variant's label, e.g. ``"s32"`` (``""`` for a model without).
+        batch_size: the compiled batch size (0 for an unbatched model).
+    """
+
+    model: str
+    variant: str = ""
+    batch_size: int = 0
+
+    def __str__(self) -> str:
+        variant = f" variant {self.variant}" if self.variant else ""
+        return f"model {self.model!r}{variant} batch size {self.batch_size}"
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """What :meth:`ExecutableCache.get` returns.
+
+    Attributes:
+        payload: the stored bytes (a serialized executable).
+        info: the JSON-compatible mapping stored beside it (:meth:`ExecutableCache.put`).
+    """
+
+    payload: bytes
+    info: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Everything that changes a compiled executable's binary; equal keys share an entry.
+
+    Attributes:
+        artifact_sha256: SHA-256 (hex) of the StableHLO portable artifact compiled.
+        platform: the PJRT platform, e.g. ``"cpu"``, ``"cuda"``.
+        platform_version: the PJRT client's platform version (CUDA/driver for GPUs).
+        device_kind: ``jax.Device.device_kind``, e.g. ``"NVIDIA H200"``.
+        device_id: ``jax.Device.id`` (the serialized device assignment).
+        jaxlib_version: ``jaxlib`` version and extension version, e.g. ``"0.7.1/368"``.
+        compile_options_sha256: SHA-256 (hex) of the serialized ``CompileOptions``.
+        xla_flags: the ``XLA_FLAGS`` environment variable ("" when unset).
+        x64: JAX's 64-bit mode.
+        variant: the shape variant's label (:class:`ExecutableLabel`).
+        batch_size: the compiled batch size.
+    """
+
+    artifact_sha256: str
+    platform: str
+    platform_version: str
+    device_kind: str
+    device_id: int
+    jaxlib_version: str
+    compile_options_sha256: str
+    xla_flags: str
+    x64: bool
+    variant: str
+    batch_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name (the entry's metadata)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the fields with :data:`ENTRY_FORMAT`: the entry's file name."""
+        text = json.dumps({"format": ENTRY_FORMAT, **self.as_dict()}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ExecutableCache:
+    """Serialized executables on disk, with a size bound and counts of where each came from.
+
+    Args:
+        directory: the cache directory (created, mode 0700); None = disabled (nothing is read
+            or written; :meth:`counted` still counts).
+        max_bytes: the size bound of the directory's entries, in bytes (>= 1).
+        observer: called with (model, source) by :meth:`counted`, e.g. a Triton metric.
+
+    Thread-safe; several processes may share one directory.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str | None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        *,
+        observer: Callable[[str, str], None] | None = None,
+    ) -> None:
+        if max_bytes < 1:
+            raise InvalidArgumentError(f"executable cache bound must be >= 1 byte, got {max_bytes}")
+        self.directory = Path(directory) if directory is not None else None
+        self.max_bytes = max_bytes
+        self._observer = observer
+        self._lock = threading.Lock()
+        self.counts = {COMPILED: 0, FROM_CACHE: 0}
+        self.seconds = {COMPILED: 0.0, FROM_CACHE: 0.0}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether entries are read and written."""
+        return self.directory is not None
+
+    def path(self, key: CacheKey) -> Path:
+        """The entry file of ``key``.
+
+        Raises:
+            InvalidArgumentError: the cache is disabled.
+        """
+        if self.directory is None:
+            raise InvalidArgumentError("the executable cache is off")
+        return self.directory / f"{key.digest}{SUFFIX}"
+
+    def get(self, key: CacheKey, label: ExecutableLabel | None = None) -> CachedEntry | None:
+        """The entry stored under ``key``, or None (disabled, missing or bad entry).
+
+        A hit marks the entry used now (its modification time). A truncated, corrupt,
+        foreign-version or mismatching entry is logged at WARNING and deleted.
+        """
+        if self.directory is None:
+            return None
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("executable cache: cannot read %s (%s): recompiling", path, exc)
+            return None
+        problem, entry = _parse_entry(data, key)
+        if problem is not None:
+            log.warning(
+                "executable cache: ignoring entry %s for %s: %s; recompiling and rewriting it",
+                path.name,
+                label or "an executable",
+                problem,
+            )
+            self.discard(key)
+            return None
+        with contextlib.suppress(OSError):  # read-only directory: the LRU time just stays
+            os.utime(path)
+        return entry
+
+    def put(
+        self,
+        key: CacheKey,
+        payload: bytes,
+        label: ExecutableLabel | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Store ``payload`` (and ``info``, JSON-compatible) under ``key`` atomically, then
+        enforce the size bound.
+
+        Failures (disk full, read-only directory) are logged, not raised: the server runs on.
+
+        Returns:
+            Whether the entry was written.
+        """
+        if self.directory is None:
+            return False
+        document = {"key": key.as_dict(), "info": dict(info or {})}
+        metadata = json.dumps(document, sort_keys=True).encode()
+        digest = hashlib.sha256(metadata + payload).digest()
+        header = _HEADER.pack(MAGIC, ENTRY_FORMAT, len(metadata), len(payload), digest)
+        size = len(header) + len(metadata) + len(payload)
+        if size > self.max_bytes:
+            log.warning(
+                "executable cache: %s is %d bytes, over the bound of %d bytes: not cached",
+                label or "an executable",
+                size,
+                self.max_bytes,
+            )
+            return False
+        path = self.path(key)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=SUFFIX, dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(header)
+                    out.write(metadata)
+                    out.write(payload)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            _fsync_directory(self.directory)
+        except OSError as exc:
+            log.warning("executable cache: cannot write %s (%s): not cached", path, exc)
+            return False
+        self.cleanup(keep=path)
+        return True
+
+    def discard(self, key: CacheKey) -> None:
+        """Delete the entry of ``key`` if there is one."""
+        if self.directory is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path(key).unlink()
+
+    def cleanup(self, keep: Path | None = None) -> int:
+        """Delete least recently used entries until at most ``max_bytes`` remain.
+
+        Also deletes temporary files older than :data:`STALE_TMP_S` (a writer died). An entry
+        another process deletes meanwhile is skipped.
+
+        Args:
+            keep: an entry never deleted (the one just written).
+
+        Returns:
+            The bytes deleted.
+        """
+        if self.directory is None:
+            return 0
+        entries, total, now = [], 0, time.time()
+        try:
+            listing = list(os.scandir(self.directory))
+        except OSError:
+            return 0
+        for item in listing:
+            try:
+                stat = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if item.name.startswith(_TMP_PREFIX):
+                if now - stat.st_mtime > STALE_TMP_S:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(item.path)
+                continue
+            if item.name.endswith(SUFFIX) and item.is_file(follow_symlinks=False):
+                entries.append((stat.st_mtime, item.path, stat.st_size))
+                total += stat.st_size
+        freed = 0
+        for _, path, size in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if keep is not None and Path(path) == keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                log.info("executable cache: evicted %s (%d bytes, least recently used)", path, size)
+            total -= size
+            freed += size
+        return freed
+
+    def counted(self, label: ExecutableLabel | None, source: str, seconds: float) -> None:
+        """Count one executable made ready: ``source`` is :data:`COMPILED` or :data:`FROM_CACHE`."""
+        with self._lock:
+            self.counts[source] += 1
+            self.seconds[source] += seconds
+        if self._observer is not None:
+            self._observer(label.model if label is not None else "", source)
+
+    def summary(self) -> str:
+        """One line for the start log: how many executables were compiled and how many loaded."""
+        with self._lock:
+            counts, seconds = dict(self.counts), dict(self.seconds)
+        where = f"cache {self.directory}" if self.directory is not None else "cache off"
+        return (
+            f"executables: {counts[COMPILED]} compiled ({seconds[COMPILED]:.2f} s), "
+            f"{counts[FROM_CACHE]} loaded from the cache ({seconds[FROM_CACHE]:.2f} s); {where}"
+        )
+
+
+def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | None]:
+    """(problem or None, the entry) of an entry's bytes read for ``key``."""
+    if len(data) < _HEADER.size:
+        return f"truncated ({len(data)} bytes, shorter than the header)", None
+    magic, version, meta_len, payload_len, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        return "not an hloserve executable cache entry (bad magic)", None
+    if not MIN_ENTRY_FORMAT <= version <= MAX_ENTRY_FORMAT:
+        return (
+            f"entry format {version}, this hloserve reads {MIN_ENTRY_FORMAT}..{MAX_ENTRY_FORMAT}"
+        ), None
+    expected = _HEADER.size + meta_len + payload_len
+    if len(data) != expected:
+        return f"truncated or padded ({len(data)} bytes, the header says {expected})", None
+    body = memoryview(data)[_HEADER.size :]
+    if hashlib.sha256(body).digest() != digest:
+        return "checksum mismatch (corrupt)", None
+    try:
+        metadata = json.loads(bytes(body[:meta_len]))
+        stored, info = dict(metadata["key"]), dict(metadata["info"])
+    except (ValueError, KeyError, TypeError):
+        return "unreadable metadata", None
+    wanted = key.as_dict()
+    if stored != wanted:
+        changed = sorted(k for k in wanted if stored.get(k) != wanted[k])
+        return f"written for another key (differs in {changed})", None
+    return None, CachedEntry(bytes(body[meta_len:]), info)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX: fsync the directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class TritonExecutableMetrics:
+    """``hloserve_executables_total{model,source}``: executables made ready, ``source`` being
+    ``compiled`` or ``cache`` (docs/serving.md, "Executable cache").
+
+    Args:
+        pb_utils: the ``triton_python_backend_utils`` module (or a stand-in); see
+            :mod:`hloserve.triton_backend.metrics`.
+    """
+
+    def __init__(self, pb_utils: Any) -> None:
+        family = pb_utils.MetricFamily
+        self._family = family(
+            name="hloserve_executables_total",
+            description="Executables made ready by the runtime, by source (compiled or cache)",
+            kind=family.COUNTER,
+        )
+        self._series: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def counted(self, model: str, source: str) -> None:
+        with self._lock:
+            metric = self._series.get((model, source))
+            if metric is None:
+                labels = {"model": model, "source": source}
+                metric = self._series[(model, source)] = self._family.Metric(labels=labels)
+            metric.increment(1.0)
+
+    def close(self) -> None:
+        """Drop every series, then the family."""
+        with self._lock:
+            self._series.clear()
+            self._family = None
+
+
+__all__ = [
+    "COMPILED",
+    "DEFAULT_MAX_BYTES",
+    "ENTRY_FORMAT",
+    "FROM_CACHE",
+    "CacheKey",
+    "CachedEntry",
+    "ExecutableCache",
+    "ExecutableLabel",
+    "TritonExecutableMetrics",
+]
