@@ -10,12 +10,16 @@ setup_serving_env
 setup_numpy2_env
 source "$ROOT/scripts/docker.sh"
 ensure_docker || true  # the docker tests skip (or fail with HLOSERVE_REQUIRE_DOCKER=1) without it
+source "$ROOT/scripts/prometheus.sh"
+ensure_prometheus  # tests/test_observability_prometheus.py runs a real Prometheus
 
 echo "==> ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 echo "==> generated protos (scripts/gen_protos.sh --check)"
 bash scripts/gen_protos.sh --check
+echo "==> Grafana dashboards (python -m hloserve.observability dashboards --check)"
+.venv/bin/python -m hloserve.observability dashboards --check
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest (serving env: numpy<2, jax 0.7.1)"
