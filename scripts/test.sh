@@ -17,12 +17,16 @@ if ! ensure_docker && [ "${HLOSERVE_REQUIRE_DOCKER:-}" != "1" ]; then
   echo "==> no Docker daemon: the docker tests are deselected (-m 'not docker')"
   serving_marks=(-m "not docker")
 fi
+source "$ROOT/scripts/prometheus.sh"
+ensure_prometheus  # tests/test_observability_prometheus.py runs a real Prometheus
 
 echo "==> ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 echo "==> generated protos (scripts/gen_protos.sh --check)"
 bash scripts/gen_protos.sh --check
+echo "==> Grafana dashboards (python -m hloserve.observability dashboards --check)"
+.venv/bin/python -m hloserve.observability dashboards --check
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest (serving env: numpy<2, jax 0.7.1; a skip fails)"
