@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("prometheus_client")  # the numpy-2 leg has no serving dependencies
 
-from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics  # noqa: E402
-from hloserve.observability.targets import (  # noqa: E402
+from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
+from hloserve.observability.targets import (
     GATEWAY_JOB,
     NODE_JOB,
     WORKER_JOB,
