@@ -49,6 +49,7 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 FillMode = Literal["run", "spread"]
+DataPlane = Literal["haproxy", "python"]
 RoutingPolicy = Literal["fill_least", "fill_rr"]
 Replicas = int | Literal["all"]
 
@@ -136,6 +137,21 @@ class AdmissionConfig(_Section):
 
     max_inflight_requests_per_worker: int = Field(default=64, ge=0)
     max_inflight_items_per_model: int = Field(default=0, ge=0)
+
+
+class TlsConfig(_Section):
+    """TLS on the gateway's public gRPC port (HAProxy terminates it; plaintext is refused).
+
+    Attributes:
+        cert: PEM file of the server certificate (and its chain).
+        key: PEM file of the certificate's private key.
+        client_ca: PEM file of the CAs client certificates must chain to; None (default) =
+            no client certificate asked for.
+    """
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
 
 
 class ModelScheduling(_Section):
@@ -238,6 +254,11 @@ class GatewayConfig(_Section):
         grpc: message-size limits.
         health: worker health probes.
         admission: bounds on requests in flight.
+        data_plane: ``haproxy`` (default): HAProxy carries ModelInfer, the Python process
+            answers every other RPC behind it (docs/gateway.md); ``python``: the Python
+            ``grpc.aio`` proxy carries everything (the earlier data path, kept for
+            comparison).
+        tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
     """
 
     listen: str = "127.0.0.1:8001"
@@ -251,6 +272,8 @@ class GatewayConfig(_Section):
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
     health: HealthConfig = Field(default_factory=HealthConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    data_plane: DataPlane = "haproxy"
+    tls: TlsConfig | None = None
 
     @field_validator("listen")
     @classmethod
@@ -276,6 +299,8 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _same_length(self) -> GatewayConfig:
+        if self.tls is not None and self.data_plane != "haproxy":
+            raise ValueError("tls needs data_plane: haproxy (HAProxy terminates TLS)")
         if self.worker_metrics and len(self.worker_metrics) != len(self.workers):
             raise ValueError(
                 f"worker_metrics names {len(self.worker_metrics)} endpoints for"

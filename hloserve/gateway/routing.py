@@ -415,6 +415,12 @@ class Router:
         self._table = table or RoutingTable()
         self._load = Load()
         self._routed: dict[tuple[str, str], int] = {}
+        self._scheduling: SchedulingConfig | None = None
+
+    @property
+    def scheduling(self) -> SchedulingConfig | None:
+        """The knobs last handed to :meth:`update_scheduling` (None: the config's)."""
+        return self._scheduling
 
     @property
     def table(self) -> RoutingTable:
@@ -430,6 +436,7 @@ class Router:
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
         """Hand new knobs to the scheduler (the control plane's knob and per-model changes)."""
         with self._lock:
+            self._scheduling = scheduling
             self._scheduler.update_scheduling(scheduling)
 
     def acquire(self, model: str, items: int = 1) -> Lease:

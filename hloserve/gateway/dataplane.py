@@ -1,0 +1,314 @@
+"""The gateway's data plane layout: which HAProxy backends exist and where each model goes.
+
+Pure logic (no process, no socket): :func:`plan_layout` turns a
+:class:`~hloserve.gateway.routing.RoutingTable` (discovery, health and, under ``lpt_packing``,
+the placement already applied) into a :class:`Layout`; :func:`render_config` writes the
+HAProxy 2.6 configuration for it. :mod:`hloserve.gateway.haproxy` runs the process and applies
+a new layout through the runtime API (map changes) or a hitless reload (a new set of backends;
+HAProxy 2.6 cannot add a backend at runtime).
+
+Layout (docs/gateway.md, "Data plane"):
+
+- one backend per distinct set of workers a model is routed to, with the balance algorithm of
+  the mode: ``round_robin`` -> ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
+  ``lpt_packing`` with fill mode ``run`` -> ``first`` (fill one replica up to its per-server
+  limit, the fill quantum in requests, then the next: the item quantum approximated by
+  concurrency), ``spread`` -> ``leastconn``;
+- a map from model name to backend; a ModelInfer request's model is the first field of the
+  ``ModelInferRequest`` message (``req.body,bytes(5),protobuf(1)`` after the 5-byte gRPC
+  prefix); a name missing from the map (unknown, not ready anywhere, no healthy replica) goes
+  to the Python control plane, which runs discovery and answers NOT_FOUND or UNAVAILABLE
+  with every worker's reason (or serves the request itself once it is routable);
+- every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
+  streams, ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
+- failover only when the connection to a worker could not be made (``retry-on
+  conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
+- admission: each server takes at most ``admission.max_inflight_requests_per_worker``
+  requests at once (``maxconn``); a request arriving when its backend holds that many per
+  server is answered UNAVAILABLE at once with a ``grpc-message`` naming the model and the
+  bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from hloserve.gateway.config import GatewayConfig, SchedulingConfig
+from hloserve.gateway.routing import RoutingTable
+
+#: The Python control plane's backend: unknown models and every method but ModelInfer.
+CONTROL_BACKEND = "hloserve_control"
+
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+
+#: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
+#: enough of the message to hold ``model_name`` (field 1, first on the wire as protobuf
+#: serializers write fields in number order). A whole small request arrives at once; a large
+#: one is routed after its first bytes, never buffered whole (20 MiB and 256 MiB requests were
+#: routed this way with HAProxy 2.6.12).
+ROUTE_AFTER_BYTES = 256
+
+#: gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html).
+GRPC_UNAVAILABLE = 14
+GRPC_DEADLINE_EXCEEDED = 4
+
+Balance = str  # "roundrobin" | "leastconn" | "first"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One HAProxy backend: a set of workers and how requests are spread over them.
+
+    Attributes:
+        name: the backend's name in the config and the map (derived from its content, so
+            equal layouts render equal configs).
+        servers: indices into the gateway's ``workers``, ascending.
+        balance: HAProxy ``balance`` algorithm.
+        maxconn: requests one server takes at once; 0 = unbounded.
+        admit: requests the backend holds before refusing (0 = unbounded).
+    """
+
+    name: str
+    servers: tuple[int, ...]
+    balance: Balance
+    maxconn: int
+    admit: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Backends and the model -> backend map (a model absent from the map goes to the
+    control plane)."""
+
+    backends: tuple[Backend, ...] = ()
+    models: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def same_backends(self, other: Layout) -> bool:
+        """Whether ``other`` needs no reload (the same backends; maps may differ)."""
+        return self.backends == other.backends
+
+
+def _balance(mode: str, scheduling: SchedulingConfig, model: str) -> Balance:
+    if mode == "round_robin":
+        return "roundrobin"
+    if mode == "least_outstanding":
+        return "leastconn"
+    return "first" if scheduling.fill_mode_of(model) == "run" else "leastconn"
+
+
+def plan_layout(
+    table: RoutingTable,
+    config: GatewayConfig,
+    scheduling: SchedulingConfig | None = None,
+) -> Layout:
+    """The layout serving ``table``: a backend per (worker set, balance, limits), a map entry
+    per model with at least one replica.
+
+    Args:
+        table: routes after health and placement; replicas are worker endpoints of
+            ``config.workers``.
+        config: the gateway's settings (workers, mode, admission).
+        scheduling: the live scheduling knobs (control plane changes); default the config's.
+
+    Returns:
+        The layout; models whose replicas are all unknown endpoints are left out. With
+        ``admission.max_inflight_items_per_model`` set, no model is mapped: HAProxy counts
+        requests, not items, so the Python data path carries ModelInfer and enforces it.
+    """
+    if config.admission.max_inflight_items_per_model:
+        return Layout()
+    scheduling = scheduling or config.scheduling
+    index = {w: i for i, w in enumerate(config.workers)}
+    per_worker = config.admission.max_inflight_requests_per_worker
+    backends: dict[str, Backend] = {}
+    models: dict[str, str] = {}
+    for model, route in sorted(table.routes.items()):
+        servers = tuple(sorted(index[w] for w in route.replicas if w in index))
+        if not servers:
+            continue
+        balance = _balance(config.mode, scheduling, model)
+        maxconn = per_worker
+        if balance == "first":
+            quantum = (route.max_batch or 1) * scheduling.fill_factor_of(model)
+            quantum_requests = max(1, math.ceil(quantum))
+            maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests
+        admit = per_worker * len(servers)
+        name = f"w{'_'.join(map(str, servers))}_{balance}_{maxconn}"
+        backends[name] = Backend(name, servers, balance, maxconn, admit)
+        models[model] = name
+    ordered = tuple(backends[n] for n in sorted(backends))
+    return Layout(ordered, MappingProxyType(models))
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where and how HAProxy accepts clients and reaches the control plane.
+
+    Attributes:
+        grpc: host:port of the public gRPC endpoint.
+        control: host:port of the Python control plane's gRPC server (loopback).
+        runtime_socket: path of the runtime API's Unix socket.
+        map_file: path of the model -> backend map.
+        error_dir: directory holding the gRPC error answers (``errorfile``).
+        pem: certificate chain and key in one PEM (TLS on), or None.
+        client_ca: CA bundle clients' certificates must chain to, or None.
+    """
+
+    grpc: str
+    control: str
+    runtime_socket: str
+    map_file: str
+    error_dir: str
+    pem: str | None = None
+    client_ca: str | None = None
+
+
+#: HAProxy's own error answers as gRPC trailers-only responses: (HTTP status the error
+#: replaces, gRPC status, message). HTTP/2 lets a gRPC status ride in the headers of an
+#: answer without a body (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md).
+ERROR_ANSWERS: tuple[tuple[int, int, str], ...] = (
+    (
+        502,
+        GRPC_UNAVAILABLE,
+        "gateway: the worker's connection was lost while it held the request; not re-sent to "
+        "another replica because the worker may have run it",
+    ),
+    (
+        503,
+        GRPC_UNAVAILABLE,
+        "gateway: no replica could take the request (every connection attempt was refused, "
+        "or it waited in the queue past upstream.request_timeout_seconds)",
+    ),
+    (
+        504,
+        GRPC_DEADLINE_EXCEEDED,
+        "gateway: the worker did not answer within upstream.request_timeout_seconds",
+    ),
+)
+
+
+def error_answer(grpc_status: int, message: str) -> str:
+    """An ``errorfile`` body: an HTTP/1.1 response HAProxy turns into HTTP/2 headers."""
+    return (
+        "HTTP/1.1 200 OK\r\n"
+        "content-type: application/grpc\r\n"
+        f"grpc-status: {grpc_status}\r\n"
+        f"grpc-message: {message}\r\n"
+        "content-length: 0\r\n"
+        "\r\n"
+    )
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_config(
+    layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str
+) -> str:
+    """The HAProxy 2.6 configuration of ``layout``.
+
+    Args:
+        layout: backends (the map file holds the models).
+        config: the gateway's settings (workers, timeouts, admission).
+        listen: addresses, paths and TLS files.
+        master_socket: unused in the file (passed with ``-S``); kept for the comment.
+
+    Returns:
+        The configuration text (``haproxy -c`` accepts it).
+    """
+    timeout = config.upstream
+    ssl = ""
+    if listen.pem is not None:
+        ssl = f" ssl crt {listen.pem} alpn h2"
+        if listen.client_ca is not None:
+            ssl += f" ca-file {listen.client_ca} verify required"
+    lines = [
+        "# Written by hloserve's gateway control plane (hloserve/gateway/dataplane.py);",
+        f"# master socket {master_socket}. Changes are made live or by a reload.",
+        "global",
+        "  master-worker",
+        f"  stats socket {listen.runtime_socket} mode 600 level admin expose-fd listeners",
+        "  nbthread 1",
+        "  noreuseport",
+        "  tune.h2.initial-window-size 1048576",
+        f"  hard-stop-after {int(timeout.request_timeout_seconds) + 5}s",
+        "defaults",
+        "  mode http",
+        f"  timeout connect {int(timeout.probe_timeout_seconds * 1000)}ms",
+        "  timeout client 3600s",
+        f"  timeout server {int(timeout.request_timeout_seconds * 1000)}ms",
+        f"  timeout queue {int(timeout.request_timeout_seconds * 1000)}ms",
+        "  timeout http-request 3600s",
+        f"  retries {max(1, len(config.workers) - 1)}",
+        "  retry-on conn-failure",
+        "  option redispatch 1",
+    ]
+    for status, _, _ in ERROR_ANSWERS:
+        lines.append(f"  errorfile {status} {listen.error_dir}/{status}.http")
+    infer = f"{{ path {MODEL_INFER_PATH} }}"
+    lines += [
+        "frontend grpc",
+        f"  bind {listen.grpc} proto h2{ssl}",
+        f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
+        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {infer}",
+        f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
+        f" if {infer}",
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
+    ]
+    per_worker = config.admission.max_inflight_requests_per_worker
+    for backend in layout.backends:
+        if not backend.admit:
+            continue
+        workers = ", ".join(config.workers[i] for i in backend.servers)
+        message = (
+            "model '%[var(txn.model)]': the gateway holds "
+            f"{backend.admit} requests in flight for worker(s) {workers} "
+            f"(admission.max_inflight_requests_per_worker = {per_worker}); retry later"
+        )
+        lines.append(
+            f"  http-request return status 200 hdr content-type application/grpc"
+            f" hdr grpc-status {GRPC_UNAVAILABLE} hdr grpc-message {_quote(message)}"
+            f" if {{ var(txn.be) -m str {backend.name} }}"
+            f" {{ be_conn({backend.name}) ge {backend.admit} }}"
+        )
+    lines += [
+        "  use_backend %[var(txn.be)]",
+        f"backend {CONTROL_BACKEND}",
+        f"  server control {listen.control} proto h2",
+    ]
+    for backend in layout.backends:
+        lines += [f"backend {backend.name}", f"  balance {backend.balance}"]
+        for i in backend.servers:
+            limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
+            lines.append(f"  server w{i} {config.workers[i]} proto h2{limit}")
+    return "\n".join(lines) + "\n"
+
+
+def render_map(layout: Layout) -> str:
+    """The map file: ``model backend`` per line."""
+    return "".join(f"{m} {b}\n" for m, b in sorted(layout.models.items()))
+
+
+def map_changes(
+    before: Mapping[str, str], after: Mapping[str, str]
+) -> list[tuple[str, str, str | None]]:
+    """Runtime API edits turning map ``before`` into ``after``: (verb, key, value) with verb
+    ``set`` (key present in both), ``add`` (new key) or ``del`` (value None)."""
+    edits: list[tuple[str, str, str | None]] = []
+    for key, value in sorted(after.items()):
+        if key not in before:
+            edits.append(("add", key, value))
+        elif before[key] != value:
+            edits.append(("set", key, value))
+    edits += [("del", key, None) for key in sorted(before) if key not in after]
+    return edits
+
+
+def workers_of(layout: Layout, config: GatewayConfig) -> Sequence[str]:
+    """Every worker endpoint some backend of ``layout`` routes to."""
+    used = sorted({i for b in layout.backends for i in b.servers})
+    return [config.workers[i] for i in used]
