@@ -215,13 +215,15 @@ def test_layout_maps_models_to_backends_per_worker_set() -> None:
         }
     )
     layout = plan_layout(table, config)
-    assert layout.models == {"a": "w0_first_8", "b": "w0_2_first_4", "c": "w0_first_8"}
-    assert [(b.servers, b.balance, b.maxconn) for b in layout.backends] == [
-        ((0, 2), "first", 4),
-        ((0,), "first", 8),
+    assert layout.models == {"a": "m_a", "b": "m_b", "c": "m_c"}
+    assert [(b.name, b.servers, b.balance, b.maxconn, b.admit) for b in layout.backends] == [
+        ("m_a", (0,), "first", 8, 64),
+        ("m_b", (0, 2), "first", 4, 128),
+        ("m_c", (0,), "first", 8, 64),
     ]
     spread = config.scheduling.model_copy(update={"routing_fill_mode": "spread"})
-    assert plan_layout(table, config, spread).models["b"] == "w0_2_leastconn_64"
+    assert plan_layout(table, config, spread).backends[1].balance == "leastconn"
+    assert not layout.same_backends(plan_layout(table, config, spread))
     items = GatewayConfig.model_validate(
         {"workers": config.workers, "admission": {"max_inflight_items_per_model": 4}}
     )

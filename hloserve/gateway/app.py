@@ -191,6 +191,7 @@ async def run_gateway(
         if dataplane is not None:
             layout = plan_layout(router.table, config, router.scheduling)
             await asyncio.to_thread(dataplane.apply, layout)
+            router.record_external(*await asyncio.to_thread(dataplane.counts))
 
     try:
         await refresh()

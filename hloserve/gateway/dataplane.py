@@ -9,8 +9,9 @@ HAProxy 2.6 cannot add a backend at runtime).
 
 Layout (docs/gateway.md, "Data plane"):
 
-- one backend per distinct set of workers a model is routed to, with the balance algorithm of
-  the mode: ``round_robin`` -> ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
+- one backend per model (``m_<model>``) holding the workers it is routed to, so HAProxy's
+  per-server counters are the model's routed and in-flight requests per replica and a fill
+  quantum is per model; the balance algorithm comes from the mode: ``round_robin`` -> ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
   ``lpt_packing`` with fill mode ``run`` -> ``first`` (fill one replica up to its per-server
   limit, the fill quantum in requests, then the next: the item quantum approximated by
   concurrency), ``spread`` -> ``leastconn``;
@@ -23,15 +24,16 @@ Layout (docs/gateway.md, "Data plane"):
   streams, ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
-- admission: each server takes at most ``admission.max_inflight_requests_per_worker``
-  requests at once (``maxconn``); a request arriving when its backend holds that many per
-  server is answered UNAVAILABLE at once with a ``grpc-message`` naming the model and the
-  bound.
+- admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
+  requests per replica at once; a request over it is answered UNAVAILABLE at once with a
+  ``grpc-message`` naming the model and the bound (HAProxy counts requests per backend, so
+  the bound is per model and replica, not per worker over every model).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -57,14 +59,17 @@ GRPC_DEADLINE_EXCEEDED = 4
 
 Balance = str  # "roundrobin" | "leastconn" | "first"
 
+#: Model names HAProxy can name a backend and a map key after (Triton's model names are
+#: directory names; one with other characters is served by the Python data path).
+BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
 
 @dataclass(frozen=True)
 class Backend:
     """One HAProxy backend: a set of workers and how requests are spread over them.
 
     Attributes:
-        name: the backend's name in the config and the map (derived from its content, so
-            equal layouts render equal configs).
+        name: the backend's name in the config and the map (``m_<model>``).
         servers: indices into the gateway's ``workers``, ascending.
         balance: HAProxy ``balance`` algorithm.
         maxconn: requests one server takes at once; 0 = unbounded.
@@ -104,8 +109,7 @@ def plan_layout(
     config: GatewayConfig,
     scheduling: SchedulingConfig | None = None,
 ) -> Layout:
-    """The layout serving ``table``: a backend per (worker set, balance, limits), a map entry
-    per model with at least one replica.
+    """The layout serving ``table``: a backend and a map entry per model with a replica.
 
     Args:
         table: routes after health and placement; replicas are worker endpoints of
@@ -127,7 +131,7 @@ def plan_layout(
     models: dict[str, str] = {}
     for model, route in sorted(table.routes.items()):
         servers = tuple(sorted(index[w] for w in route.replicas if w in index))
-        if not servers:
+        if not servers or not BACKEND_NAME.fullmatch(model):
             continue
         balance = _balance(config.mode, scheduling, model)
         maxconn = per_worker
@@ -135,9 +139,8 @@ def plan_layout(
             quantum = (route.max_batch or 1) * scheduling.fill_factor_of(model)
             quantum_requests = max(1, math.ceil(quantum))
             maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests
-        admit = per_worker * len(servers)
-        name = f"w{'_'.join(map(str, servers))}_{balance}_{maxconn}"
-        backends[name] = Backend(name, servers, balance, maxconn, admit)
+        name = f"m_{model}"
+        backends[name] = Backend(name, servers, balance, maxconn, per_worker * len(servers))
         models[model] = name
     ordered = tuple(backends[n] for n in sorted(backends))
     return Layout(ordered, MappingProxyType(models))
@@ -266,8 +269,9 @@ def render_config(
         workers = ", ".join(config.workers[i] for i in backend.servers)
         message = (
             "model '%[var(txn.model)]': the gateway holds "
-            f"{backend.admit} requests in flight for worker(s) {workers} "
-            f"(admission.max_inflight_requests_per_worker = {per_worker}); retry later"
+            f"{backend.admit} requests of the model in flight on worker(s) {workers} "
+            f"(admission.max_inflight_requests_per_worker = {per_worker} per replica); "
+            "retry later"
         )
         lines.append(
             f"  http-request return status 200 hdr content-type application/grpc"

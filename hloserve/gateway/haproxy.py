@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import csv
+import io
 import logging
 import os
 import shutil
@@ -158,6 +160,7 @@ class HAProxy:
         self.config_file = self._dir / "haproxy.cfg"
         self.layout = Layout()
         self.reloads = 0
+        self._carried: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         for status, code, message in ERROR_ANSWERS:
@@ -226,6 +229,24 @@ class HAProxy:
         """One runtime API command on the current worker's socket."""
         return runtime_command(self.listen.runtime_socket, command)
 
+    def counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """(requests routed so far, requests in flight) per (model, worker) from ``show
+        stat`` (CSV, management guide 9.1: ``pxname``, ``svname``, ``stot``, ``scur``);
+        totals are carried over reloads (a new worker process starts from zero)."""
+        routed = dict(self._carried)
+        inflight: dict[tuple[str, str], int] = {}
+        text = self.runtime("show stat").lstrip("# ")
+        names = {b.name: b for b in self.layout.backends}
+        model_of = {backend: model for model, backend in self.layout.models.items()}
+        for row in csv.DictReader(io.StringIO(text)):
+            backend, server = row.get("pxname", ""), row.get("svname", "")
+            if backend not in names or not server.startswith("w") or not server[1:].isdigit():
+                continue
+            key = (model_of.get(backend, backend[2:]), self.config.workers[int(server[1:])])
+            routed[key] = routed.get(key, 0) + int(row.get("stot") or 0)
+            inflight[key] = int(row.get("scur") or 0)
+        return routed, inflight
+
     def apply(self, layout: Layout) -> None:
         """Serve ``layout``: map edits at runtime, or a hitless reload for new backends.
 
@@ -244,6 +265,8 @@ class HAProxy:
                         log.warning("gateway: HAProxy %s map %s: %s", verb, key, answer.strip())
                 self.layout = layout
                 return
+            with contextlib.suppress(OSError, ValueError):
+                self._carried = self.counts()[0]
             self._write(layout)
             self._reload()
             self.layout = layout
