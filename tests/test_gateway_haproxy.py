@@ -28,8 +28,8 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
 from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
 from hloserve.gateway.routing import ModelRoute, RoutingTable
-from tests.test_gateway_admission import SlowWorker
-from tests.test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
+from test_gateway_admission import SlowWorker
+from test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
@@ -266,5 +266,26 @@ def test_tls_serves_ssl_clients_and_refuses_plaintext(tmp_path: Path) -> None:
             with pytest.raises(InferenceServerException) as plain:
                 await g.client.is_server_live(client_timeout=5)
             assert plain.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+
+    run(body)
+
+
+def test_bytes_requests_take_the_python_path_which_refuses_zero_rows() -> None:
+    """0-row BYTES requests crashed tritonserver's Python backend: HAProxy hands requests
+    whose first input is BYTES to the Python data path, which checks shapes."""
+
+    async def body() -> None:
+        worker = FakeWorker("w0")  # max_batch_size 4
+        async with gateway(worker) as g:
+            tensor = triton_aio.InferInput("IN", [0, 1], "BYTES")
+            tensor.set_data_from_numpy(np.zeros((0, 1), np.object_))
+            with pytest.raises(InferenceServerException, match="batch size 0") as info:
+                await g.client.infer("echo", [tensor])
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert "model 'echo', input 'IN'" in str(info.value)
+            assert worker.served == []
+            ok = triton_aio.InferInput("IN", [1, 1], "BYTES")
+            ok.set_data_from_numpy(np.array([[b"x"]], np.object_))
+            assert (await g.client.infer("echo", [ok])).as_numpy("OUT").shape == (1, 1)
 
     run(body)

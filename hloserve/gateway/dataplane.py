@@ -57,6 +57,10 @@ ROUTE_AFTER_BYTES = 256
 GRPC_UNAVAILABLE = 14
 GRPC_DEADLINE_EXCEEDED = 4
 
+#: The datatype field of an ``InferInputTensor`` naming BYTES, hex: tag 0x12 (field 2,
+#: length-delimited), length 5, "BYTES".
+BYTES_DATATYPE_HEX = "1205" + b"BYTES".hex().upper()
+
 Balance = str  # "roundrobin" | "leastconn" | "first"
 
 #: Model names HAProxy can name a backend and a map key after (Triton's model names are
@@ -209,6 +213,14 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _refuse(grpc_status: int, message: str, condition: str) -> str:
+    """An ``http-request return`` answering a gRPC status at once (trailers-only)."""
+    return (
+        "  http-request return status 200"
+        f" hdr grpc-status {grpc_status} hdr grpc-message {_quote(message)} if {condition}"
+    )
+
+
 def render_config(
     layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str
 ) -> str:
@@ -261,6 +273,14 @@ def render_config(
         f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
         f" if {infer}",
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
+        # A BYTES first input goes to the Python data path, which refuses shapes no model
+        # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
+        # protobuf converter finds only the first field of a nested message (5.1 works,
+        # 5.2 and 5.3 do not), so the first input (field 5) is searched for its datatype
+        # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
+        # check (Triton answers INVALID_ARGUMENT).
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
+        f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}",
     ]
     per_worker = config.admission.max_inflight_requests_per_worker
     for backend in layout.backends:
@@ -274,10 +294,12 @@ def render_config(
             "retry later"
         )
         lines.append(
-            f"  http-request return status 200 hdr content-type application/grpc"
-            f" hdr grpc-status {GRPC_UNAVAILABLE} hdr grpc-message {_quote(message)}"
-            f" if {{ var(txn.be) -m str {backend.name} }}"
-            f" {{ be_conn({backend.name}) ge {backend.admit} }}"
+            _refuse(
+                GRPC_UNAVAILABLE,
+                message,
+                f"{{ var(txn.be) -m str {backend.name} }}"
+                f" {{ be_conn({backend.name}) ge {backend.admit} }}",
+            )
         )
     lines += [
         "  use_backend %[var(txn.be)]",
@@ -292,9 +314,9 @@ def render_config(
     return "\n".join(lines) + "\n"
 
 
-def render_map(layout: Layout) -> str:
-    """The map file: ``model backend`` per line."""
-    return "".join(f"{m} {b}\n" for m, b in sorted(layout.models.items()))
+def render_map(entries: Mapping[str, str]) -> str:
+    """A map file: ``key value`` per line."""
+    return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
 
 
 def map_changes(

@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
@@ -171,7 +172,7 @@ class HAProxy:
 
     def _write(self, layout: Layout) -> None:
         text = render_config(layout, self.config, self.listen, self.master_socket)
-        Path(self.listen.map_file).write_text(render_map(layout))
+        Path(self.listen.map_file).write_text(render_map(layout.models))
         self.config_file.write_text(text)
 
     def _start(self) -> None:
@@ -257,12 +258,7 @@ class HAProxy:
             if layout == self.layout:
                 return
             if layout.same_backends(self.layout):
-                Path(self.listen.map_file).write_text(render_map(layout))
-                for verb, key, value in map_changes(self.layout.models, layout.models):
-                    target = "" if value is None else f" {value}"
-                    answer = self.runtime(f"{verb} map {self.listen.map_file} {key}{target}")
-                    if answer.strip():
-                        log.warning("gateway: HAProxy %s map %s: %s", verb, key, answer.strip())
+                self._edit_map(self.listen.map_file, self.layout.models, layout.models)
                 self.layout = layout
                 return
             with contextlib.suppress(OSError, ValueError):
@@ -270,6 +266,14 @@ class HAProxy:
             self._write(layout)
             self._reload()
             self.layout = layout
+
+    def _edit_map(self, path: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+        Path(path).write_text(render_map(after))
+        for verb, key, value in map_changes(before, after):
+            target = "" if value is None else f" {value}"
+            answer = self.runtime(f"{verb} map {path} {key}{target}").strip()
+            if answer:
+                log.warning("gateway: HAProxy %s map %s %s: %s", verb, path, key, answer)
 
     def _reload(self) -> None:
         assert self._process is not None
