@@ -20,6 +20,8 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
+from test_gateway_admission import SlowWorker
+from test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -28,8 +30,6 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
 from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
 from hloserve.gateway.routing import ModelRoute, RoutingTable
-from test_gateway_admission import SlowWorker
-from test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
@@ -240,9 +240,11 @@ def test_missing_haproxy_is_an_error_naming_the_package(monkeypatch: pytest.Monk
 def _self_signed(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
-        + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+        ],
         check=True,
         capture_output=True,
     )
@@ -265,7 +267,8 @@ def test_tls_serves_ssl_clients_and_refuses_plaintext(tmp_path: Path) -> None:
                 await secure.close()
             with pytest.raises(InferenceServerException) as plain:
                 await g.client.is_server_live(client_timeout=5)
-            assert plain.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+            refused = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+            assert plain.value.status() in refused
 
     run(body)
 

@@ -11,7 +11,8 @@ Layout (docs/gateway.md, "Data plane"):
 
 - one backend per model (``m_<model>``) holding the workers it is routed to, so HAProxy's
   per-server counters are the model's routed and in-flight requests per replica and a fill
-  quantum is per model; the balance algorithm comes from the mode: ``round_robin`` -> ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
+  quantum is per model; the balance algorithm comes from the mode: ``round_robin`` ->
+  ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
   ``lpt_packing`` with fill mode ``run`` -> ``first`` (fill one replica up to its per-server
   limit, the fill quantum in requests, then the next: the item quantum approximated by
   concurrency), ``spread`` -> ``leastconn``;
@@ -221,9 +222,7 @@ def _refuse(grpc_status: int, message: str, condition: str) -> str:
     )
 
 
-def render_config(
-    layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str
-) -> str:
+def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str) -> str:
     """The HAProxy 2.6 configuration of ``layout``.
 
     Args:

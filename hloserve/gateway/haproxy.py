@@ -144,7 +144,9 @@ class HAProxy:
                     client_ca = str(config.tls.client_ca.resolve(strict=True))
             except OSError as exc:
                 shutil.rmtree(self._dir, ignore_errors=True)
-                raise InvalidArgumentError(f"gateway: tls: cannot read {exc.filename}: {exc}") from None
+                raise InvalidArgumentError(
+                    f"gateway: tls: cannot read {exc.filename}: {exc.strerror}"
+                ) from None
             fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(text)
