@@ -8,6 +8,8 @@ cd "$ROOT"
 
 setup_serving_env
 setup_numpy2_env
+source "$ROOT/scripts/haproxy.sh"
+ensure_haproxy
 source "$ROOT/scripts/docker.sh"
 ensure_docker || true  # the docker tests skip (or fail with HLOSERVE_REQUIRE_DOCKER=1) without it
 
