@@ -309,6 +309,27 @@ class GatewayConfig(_Section):
         return self
 
 
+def with_tls(
+    config: GatewayConfig, cert: Path | None, key: Path | None, client_ca: Path | None = None
+) -> GatewayConfig:
+    """``config`` with TLS from command-line flags (``--tls-cert``, ``--tls-key``,
+    ``--tls-client-ca``); unchanged when no flag is given.
+
+    Raises:
+        GatewayConfigError: only one of cert and key, or a client CA without them.
+    """
+    if cert is None and key is None and client_ca is None:
+        return config
+    if cert is None or key is None:
+        raise GatewayConfigError("gateway config: --tls-cert and --tls-key go together")
+    data = config.model_dump()
+    data["tls"] = {"cert": cert, "key": key, "client_ca": client_ca}
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValueError as exc:
+        raise GatewayConfigError(f"gateway config: {exc}") from None
+
+
 def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:

@@ -90,6 +90,8 @@ class ServeOptions:
             0 = free ports. Used only with ``workers`` > 1.
         gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
             its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
+        tls_cert, tls_key, tls_client_ca: TLS on the gateway's gRPC port (PEM files; with
+            ``workers`` > 1; docs/gateway.md "TLS").
     """
 
     path: Path
@@ -110,6 +112,9 @@ class ServeOptions:
     workers: int = 1
     worker_port_base: int = 8100
     gateway_config: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
 
 @contextlib.contextmanager
@@ -290,6 +295,8 @@ def check_options(options: ServeOptions) -> None:
         )
     if options.gateway_config is not None and options.workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
+        raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     build_flags = build_flags_set(options)
     if build_flags and is_repository(options.path):
         raise InvalidArgumentError(
@@ -412,6 +419,7 @@ def run_serve(options: ServeOptions) -> int:
 
 def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -> int:
     """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
+    from hloserve.gateway.config import with_tls
     from hloserve.node.fleet import LocalFleet, fleet_gateway_config, supervise, worker_ports
 
     if options.grpc_port == 0:
@@ -427,11 +435,16 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         )
         for p in ports
     ]
-    gateway = fleet_gateway_config(
-        workers,
-        f"{options.host}:{options.grpc_port}",
-        options.metrics_port,
-        options.gateway_config,
+    gateway = with_tls(
+        fleet_gateway_config(
+            workers,
+            f"{options.host}:{options.grpc_port}",
+            options.metrics_port,
+            options.gateway_config,
+        ),
+        options.tls_cert,
+        options.tls_key,
+        options.tls_client_ca,
     )
     fleet = LocalFleet(workers, gateway)
     try:
