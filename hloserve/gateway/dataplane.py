@@ -160,7 +160,6 @@ class Listen:
         control: host:port of the Python control plane's gRPC server (loopback).
         runtime_socket: path of the runtime API's Unix socket.
         map_file: path of the model -> backend map.
-        error_dir: directory holding the gRPC error answers (``errorfile``).
         pem: certificate chain and key in one PEM (TLS on), or None.
         client_ca: CA bundle clients' certificates must chain to, or None.
     """
@@ -169,45 +168,35 @@ class Listen:
     control: str
     runtime_socket: str
     map_file: str
-    error_dir: str
     pem: str | None = None
     client_ca: str | None = None
 
 
-#: HAProxy's own error answers as gRPC trailers-only responses: (HTTP status the error
-#: replaces, gRPC status, message). HTTP/2 lets a gRPC status ride in the headers of an
-#: answer without a body (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md).
+#: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
+#: status, message). ``http-error`` adds ``grpc-status`` and ``grpc-message`` headers, which
+#: gRPC clients read before the HTTP status
+#: (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md, "Responses").
 ERROR_ANSWERS: tuple[tuple[int, int, str], ...] = (
     (
         502,
         GRPC_UNAVAILABLE,
-        "gateway: the worker's connection was lost while it held the request; not re-sent to "
-        "another replica because the worker may have run it",
+        "model '%[var(txn.model)]': the worker failed while it held the request (its "
+        "connection was lost); the gateway does not send a request that may have crashed a "
+        "worker to another replica",
     ),
     (
         503,
         GRPC_UNAVAILABLE,
-        "gateway: no replica could take the request (every connection attempt was refused, "
-        "or it waited in the queue past upstream.request_timeout_seconds)",
+        "model '%[var(txn.model)]': no replica could take the request (every connection "
+        "attempt was refused, or it waited in the queue past upstream.request_timeout_seconds)",
     ),
     (
         504,
         GRPC_DEADLINE_EXCEEDED,
-        "gateway: the worker did not answer within upstream.request_timeout_seconds",
+        "model '%[var(txn.model)]': the worker did not answer within "
+        "upstream.request_timeout_seconds",
     ),
 )
-
-
-def error_answer(grpc_status: int, message: str) -> str:
-    """An ``errorfile`` body: an HTTP/1.1 response HAProxy turns into HTTP/2 headers."""
-    return (
-        "HTTP/1.1 200 OK\r\n"
-        "content-type: application/grpc\r\n"
-        f"grpc-status: {grpc_status}\r\n"
-        f"grpc-message: {message}\r\n"
-        "content-length: 0\r\n"
-        "\r\n"
-    )
 
 
 def _quote(text: str) -> str:
@@ -261,8 +250,9 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         "  retry-on conn-failure",
         "  option redispatch 1",
     ]
-    for status, _, _ in ERROR_ANSWERS:
-        lines.append(f"  errorfile {status} {listen.error_dir}/{status}.http")
+    for status, code, message in ERROR_ANSWERS:
+        grpc_headers = f"hdr grpc-status {code} hdr grpc-message {_quote(message)}"
+        lines.append(f"  http-error status {status} {grpc_headers}")
     infer = f"{{ path {MODEL_INFER_PATH} }}"
     lines += [
         "frontend grpc",

@@ -36,10 +36,8 @@ from pathlib import Path
 from hloserve.errors import InvalidArgumentError, UnavailableError
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import (
-    ERROR_ANSWERS,
     Layout,
     Listen,
-    error_answer,
     map_changes,
     render_config,
     render_map,
@@ -155,7 +153,6 @@ class HAProxy:
             control=control,
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),
-            error_dir=str(self._dir),
             pem=pem,
             client_ca=client_ca,
         )
@@ -166,8 +163,6 @@ class HAProxy:
         self._carried: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
-        for status, code, message in ERROR_ANSWERS:
-            (self._dir / f"{status}.http").write_text(error_answer(code, message))
         self._write(self.layout)
         atexit.register(self.close)  # no HAProxy left behind by an interpreter that exits
         self._start()
