@@ -128,8 +128,10 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(30)
         if self.unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
-        if self.deadline_exceeded:
+        if self.deadline_exceeded:  # like a meta: waits out the request's budget, then says so
             self.served.append(request.id)
+            budget_us = request.parameters["timeout"].int64_param
+            await asyncio.sleep(budget_us / 1e6 + 0.02)
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"model {request.model_name!r}: deadline exceeded"
             )
@@ -354,14 +356,23 @@ def test_unavailable_answers_are_resent_at_most_once() -> None:
 
 
 def test_an_expired_deadline_is_not_rerun_on_another_replica() -> None:
+    """The no-re-send decision is keyed on the request's budget (KServe ``timeout``), not on
+    the answer's text: the same UNAVAILABLE text without a spent budget is re-sent."""
+
     async def body() -> None:
         workers = [FakeWorker("w0", deadline_exceeded=True), FakeWorker("w1")]
         async with fleet(*workers) as f:
+            tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
             with pytest.raises(InferenceServerException, match="deadline exceeded") as info:
-                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+                await f.client.infer("echo", [tensor], request_id="r", timeout=50_000)
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             assert "no replica" not in str(info.value)
             assert (workers[0].served, workers[1].served) == (["r"], [])
+            # no budget: the worker's answer alone is no reason to give up on the request
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(f.client, data, f"s{i}") for i in range(2)] == ["w1", "w1"]
+            assert len(workers[0].served) == 2 and workers[1].served == ["s0", "s1"]
 
     run(body)
 

@@ -59,7 +59,11 @@ from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.gateway.wire import check_shapes, peek_infer_request
-from hloserve.model_repository_tools.names import META_BACKEND, PARAM_META_CALLS
+from hloserve.model_repository_tools.names import (
+    BUNDLES_SEPARATOR,
+    META_BACKEND,
+    PARAM_META_CALLS,
+)
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -88,8 +92,24 @@ def _method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
-# hloserve's meta models say this when the client's timeout ran out (hloserve/meta/deadline.py).
-_DEADLINE_TEXT = "deadline exceeded"
+#: KServe request parameter carrying the client's time budget, microseconds (tritonclient's
+#: ``infer(timeout=)``; 0 or absent = none). hloserve's metas answer UNAVAILABLE when it runs
+#: out (Triton 2.51 gives backends no DEADLINE_EXCEEDED; hloserve/meta/deadline.py).
+TIMEOUT_PARAMETER = "timeout"
+
+
+def budget_spent(request: bytes, received_at: float, context: Any) -> bool:
+    """Whether the client's time budget for ``request`` has run out: the gRPC deadline has
+    passed or the KServe ``timeout`` parameter (microseconds) has elapsed since
+    ``received_at`` (``time.perf_counter()``). Keyed on time, never on an error's text."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return True
+    message = service_pb2.ModelInferRequest.FromString(request)
+    if TIMEOUT_PARAMETER not in message.parameters:
+        return False
+    budget_us = message.parameters[TIMEOUT_PARAMETER].int64_param
+    return budget_us > 0 and (time.perf_counter() - received_at) * 1e6 >= budget_us
 
 
 def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
@@ -241,7 +261,7 @@ async def discover_table(
         calls = None
         if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
             text = config.parameters[PARAM_META_CALLS].string_value
-            calls = [c for c in text.split(",") if c]
+            calls = [c.strip() for c in text.split(BUNDLES_SEPARATOR) if c.strip()]
         return config.max_batch_size or None, calls
 
     names = sorted(replicas)
@@ -391,6 +411,7 @@ class GatewayProxy:
         without a re-send. When no replica is left the answer is NOT_FOUND if every replica
         said so, else UNAVAILABLE naming each replica's failure.
         """
+        received_at = time.perf_counter()
         try:
             head = peek_infer_request(request)
             if head.model_name in self._batch_inputs:
@@ -442,10 +463,12 @@ class GatewayProxy:
                     if code not in _FAILOVER_CODES:
                         self._observe(model, worker, "error", start)
                         await context.abort(code, details)
-                    if code == grpc.StatusCode.UNAVAILABLE and _DEADLINE_TEXT in details.lower():
-                        # The client's deadline ran out (Triton 2.51 has no DEADLINE_EXCEEDED
-                        # for backends, so metas answer UNAVAILABLE): another replica cannot
-                        # meet it either; re-running would only repeat the work.
+                    if code == grpc.StatusCode.UNAVAILABLE and budget_spent(
+                        request, received_at, context
+                    ):
+                        # The client's time budget ran out (Triton 2.51 has no
+                        # DEADLINE_EXCEEDED for backends, so metas answer UNAVAILABLE): another
+                        # replica cannot meet it either; re-running would only repeat the work.
                         self._observe(model, worker, "error", start)
                         await context.abort(code, details)
                     if code == grpc.StatusCode.UNAVAILABLE:
