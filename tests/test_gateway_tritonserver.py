@@ -28,7 +28,9 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[TritonServer], Any]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[TritonServer], Any, str]]:
     bundles = tmp_path_factory.mktemp("gateway") / "bundles"
     bundles.mkdir()
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
@@ -36,12 +38,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Trito
     build_repository(bundles, repo)
     with ExitStack() as stack:
         servers = [stack.enter_context(TritonServer(serving_options(repo))) for _ in range(2)]
-        config = GatewayConfig(workers=tuple(s.urls.grpc for s in servers))
-        gateway = GatewayThread(
-            config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0})
+        config = GatewayConfig(
+            workers=tuple(s.urls.grpc for s in servers),
+            worker_http=tuple(s.urls.http for s in servers),
         )
+        update = {"listen": "127.0.0.1:0", "admin_port": 0, "http_listen": "127.0.0.1:0"}
+        gateway = GatewayThread(config.model_copy(update=update))
         stack.callback(gateway.close)
-        yield servers, grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        assert gateway.http_address is not None
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        yield servers, client, gateway.http_address
 
 
 def _successes(server: TritonServer, model: str) -> int:
@@ -58,9 +64,9 @@ def _affine(client: Any, x: np.ndarray) -> np.ndarray:
 
 
 def test_answers_equal_direct_and_spread_over_workers(
-    fleet: tuple[list[TritonServer], Any],
+    fleet: tuple[list[TritonServer], Any, str],
 ) -> None:
-    servers, gateway = fleet
+    servers, gateway, _ = fleet
     assert gateway.is_server_live() and gateway.is_server_ready()
     assert gateway.is_model_ready("affine")
     assert gateway.get_model_config("affine").config.max_batch_size > 0
@@ -81,14 +87,14 @@ def test_answers_equal_direct_and_spread_over_workers(
 
 
 def test_impossible_batch_sizes_are_refused_by_the_gateway(
-    fleet: tuple[list[TritonServer], Any],
+    fleet: tuple[list[TritonServer], Any, str],
 ) -> None:
     """0 rows or more than the worker-reported max_batch_size: INVALID_ARGUMENT and no worker
     counts a success. HAProxy forwards non-BYTES requests whatever their shape (its protobuf
     converter does not read the packed ``shape``), so Triton's own checks answer there."""
     from tritonclient.utils import InferenceServerException
 
-    servers, gateway = fleet
+    servers, gateway, _ = fleet
     limit = gateway.get_model_config("affine").config.max_batch_size
 
     def counts() -> list[tuple[int, int]]:  # (successes, failures) per worker
@@ -114,9 +120,36 @@ def test_impossible_batch_sizes_are_refused_by_the_gateway(
     assert [success for success, _ in counts()] == before
 
 
-def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any]) -> None:
+def test_kserve_http_is_routed_by_the_model_in_the_path(
+    fleet: tuple[list[TritonServer], Any, str],
+) -> None:
+    """``/v2/models/{name}[/versions/{v}]/infer`` through HAProxy answers as the worker does;
+    metadata and config are the worker's own JSON; health and unknown models answered."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    servers, _, http = fleet
+    gateway = httpclient.InferenceServerClient(http)
+    direct = httpclient.InferenceServerClient(servers[0].urls.http)
+    assert gateway.is_server_live() and gateway.is_server_ready()
+    assert gateway.is_model_ready("affine")
+    assert gateway.get_model_metadata("affine") == direct.get_model_metadata("affine")
+    assert gateway.get_model_config("affine") == direct.get_model_config("affine")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for version in ("", "1"):
+        answers = []
+        for client in (gateway, direct):
+            tensor = httpclient.InferInput("x", [2, 4], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=True)
+            answers.append(client.infer("affine", [tensor], model_version=version).as_numpy("y"))
+        np.testing.assert_array_equal(answers[0], answers[1])
+    with pytest.raises(InferenceServerException, match="nope"):
+        gateway.get_model_metadata("nope")
+
+
+def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any, str]) -> None:
     """Row 64: with one worker stopped every request still succeeds (runs last: it stops one)."""
-    servers, gateway = fleet
+    servers, gateway, _ = fleet
     x = np.ones((1, 4), np.float32)
     expected = _affine(grpcclient.InferenceServerClient(servers[0].urls.grpc), x)
     servers[1].stop()

@@ -156,6 +156,9 @@ async def run_gateway(
     try:
         if config.data_plane == "haproxy":
             address = _public_address(address)
+            if config.http_listen is not None:
+                http = _public_address(config.http_listen)
+                config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
             dataplane = await asyncio.to_thread(_start_haproxy, config, address, control_port)
             port = int(address.rpartition(":")[2])

@@ -39,7 +39,7 @@ from hloserve.errors import InvalidArgumentError
 from hloserve.settings import load_settings
 
 #: Top-level keys whose environment form is a comma list that replaces the list.
-_LIST_KEYS = ("workers", "worker_metrics")
+_LIST_KEYS = ("workers", "worker_metrics", "worker_http")
 
 #: Prefix of every environment override.
 ENV_PREFIX = "HLOSERVE_GATEWAY_"
@@ -254,6 +254,9 @@ class GatewayConfig(_Section):
         grpc: message-size limits.
         health: worker health probes.
         admission: bounds on requests in flight.
+        http_listen: host:port of the KServe V2 HTTP endpoint (Triton's 8000; ``haproxy`` data
+            plane and ``worker_http`` needed); None (default) = gRPC only.
+        worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
         data_plane: ``haproxy`` (default): HAProxy carries ModelInfer, the Python process
             answers every other RPC behind it (docs/gateway.md); ``python``: the Python
             ``grpc.aio`` proxy carries everything (the earlier data path, kept for
@@ -272,6 +275,8 @@ class GatewayConfig(_Section):
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
     health: HealthConfig = Field(default_factory=HealthConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    http_listen: str | None = None
+    worker_http: tuple[str, ...] = ()
     data_plane: DataPlane = "haproxy"
     tls: TlsConfig | None = None
 
@@ -290,7 +295,12 @@ class GatewayConfig(_Section):
             raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
         return value
 
-    @field_validator("worker_metrics")
+    @field_validator("http_listen")
+    @classmethod
+    def _http_listen(cls, value: str | None) -> str | None:
+        return value if value is None else _check_host_port(value)
+
+    @field_validator("worker_metrics", "worker_http")
     @classmethod
     def _worker_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for endpoint in value:
@@ -301,6 +311,13 @@ class GatewayConfig(_Section):
     def _same_length(self) -> GatewayConfig:
         if self.tls is not None and self.data_plane != "haproxy":
             raise ValueError("tls needs data_plane: haproxy (HAProxy terminates TLS)")
+        if self.http_listen is not None and len(self.worker_http) != len(self.workers):
+            raise ValueError(
+                f"http_listen needs worker_http: one HTTP endpoint per worker, in the order of"
+                f" workers ({len(self.workers)}), got {len(self.worker_http)}"
+            )
+        if self.http_listen is not None and self.data_plane != "haproxy":
+            raise ValueError("http_listen needs data_plane: haproxy")
         if self.worker_metrics and len(self.worker_metrics) != len(self.workers):
             raise ValueError(
                 f"worker_metrics names {len(self.worker_metrics)} endpoints for"

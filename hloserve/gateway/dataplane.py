@@ -45,6 +45,10 @@ from hloserve.gateway.routing import RoutingTable
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
 CONTROL_BACKEND = "hloserve_control"
 
+#: KServe HTTP requests that name no routable model (health, server metadata, repository
+#: index, unknown models): any worker answers, in Triton's own JSON.
+HTTP_ANY_BACKEND = "hloserve_http_any"
+
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 #: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
@@ -157,6 +161,7 @@ class Listen:
 
     Attributes:
         grpc: host:port of the public gRPC endpoint.
+        http: host:port of the public KServe HTTP endpoint, or None.
         control: host:port of the Python control plane's gRPC server (loopback).
         runtime_socket: path of the runtime API's Unix socket.
         map_file: path of the model -> backend map.
@@ -168,6 +173,7 @@ class Listen:
     control: str
     runtime_socket: str
     map_file: str
+    http: str | None = None
     pem: str | None = None
     client_ca: str | None = None
 
@@ -300,7 +306,34 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         for i in backend.servers:
             limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
             lines.append(f"  server w{i} {config.workers[i]} proto h2{limit}")
+    if listen.http is not None:
+        lines += _render_http(layout, config, listen, ssl)
     return "\n".join(lines) + "\n"
+
+
+def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
+    """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
+    ready) to the model's workers by the name in the path (``h_<model>``, the same map as
+    gRPC); everything else to any worker."""
+    by_model = "{ path_beg /v2/models/ }"
+    lines = [
+        "frontend http",
+        f"  bind {listen.http}{ssl.replace(' alpn h2', '')}",
+        f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
+        f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
+        "regsub(^m_,h_) if { var(txn.model) -m found }",
+        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
+        f"  default_backend {HTTP_ANY_BACKEND}",
+        f"backend {HTTP_ANY_BACKEND}",
+        "  balance roundrobin",
+    ]
+    lines += [f"  server w{i} {w}" for i, w in enumerate(config.worker_http)]
+    for backend in layout.backends:
+        lines += [f"backend h_{backend.name[2:]}", f"  balance {backend.balance}"]
+        for i in backend.servers:
+            limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
+            lines.append(f"  server w{i} {config.worker_http[i]}{limit}")
+    return lines
 
 
 def render_map(entries: Mapping[str, str]) -> str:

@@ -151,6 +151,7 @@ class HAProxy:
         self.listen = Listen(
             grpc=grpc,
             control=control,
+            http=config.http_listen,
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),
             pem=pem,
@@ -234,15 +235,15 @@ class HAProxy:
         routed = dict(self._carried)
         inflight: dict[tuple[str, str], int] = {}
         text = self.runtime("show stat").lstrip("# ")
-        names = {b.name: b for b in self.layout.backends}
         model_of = {backend: model for model, backend in self.layout.models.items()}
+        model_of |= {"h_" + b[2:]: m for b, m in model_of.items()}  # KServe HTTP backends
         for row in csv.DictReader(io.StringIO(text)):
             backend, server = row.get("pxname", ""), row.get("svname", "")
-            if backend not in names or not server.startswith("w") or not server[1:].isdigit():
+            if backend not in model_of or not server.startswith("w") or not server[1:].isdigit():
                 continue
-            key = (model_of.get(backend, backend[2:]), self.config.workers[int(server[1:])])
+            key = (model_of[backend], self.config.workers[int(server[1:])])
             routed[key] = routed.get(key, 0) + int(row.get("stot") or 0)
-            inflight[key] = int(row.get("scur") or 0)
+            inflight[key] = inflight.get(key, 0) + int(row.get("scur") or 0)
         return routed, inflight
 
     def apply(self, layout: Layout) -> None:
