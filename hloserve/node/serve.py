@@ -322,13 +322,18 @@ def check_options(options: ServeOptions) -> None:
             )
         check_ports_free(options.host, ports)
         return
-    gateway = {"gRPC": options.grpc_port, "admin (--metrics-port)": options.metrics_port}
+    gateway = {
+        "HTTP": options.http_port,
+        "gRPC": options.grpc_port,
+        "admin (--metrics-port)": options.metrics_port,
+    }
     for endpoint, port in gateway.items():
         if not 0 <= port <= 65535:
             raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
-    if options.grpc_port != 0 and options.grpc_port == options.metrics_port:
+    chosen = [p for p in gateway.values() if p]
+    if len(set(chosen)) != len(chosen):
         raise InvalidArgumentError(
-            f"the gateway's gRPC and admin ports must differ, both are {options.grpc_port}"
+            f"the gateway's HTTP, gRPC and admin ports must differ: {gateway}"
         )
     check_ports_free(options.host, {k: v for k, v in gateway.items() if v}, "gateway ")
     if options.worker_port_base:
@@ -342,7 +347,7 @@ def check_options(options: ServeOptions) -> None:
 
 
 def _check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
-    taken = {options.grpc_port, options.metrics_port} - {0}
+    taken = {options.http_port, options.grpc_port, options.metrics_port} - {0}
     clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
     if clash:
         raise InvalidArgumentError(
@@ -424,6 +429,8 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
 
     if options.grpc_port == 0:
         options = dataclasses.replace(options, grpc_port=free_port(options.host))
+    if options.http_port == 0:
+        options = dataclasses.replace(options, http_port=free_port(options.host))
     ports = worker_ports(options.workers, options.worker_port_base, options.host)
     _check_worker_ports(options, ports)
     workers = [
@@ -441,6 +448,7 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
             f"{options.host}:{options.grpc_port}",
             options.metrics_port,
             options.gateway_config,
+            http_listen=f"{options.host}:{options.http_port}",
         ),
         options.tls_cert,
         options.tls_key,
@@ -463,6 +471,7 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         admin = f"{options.host}:{fleet.gateway.admin_port}"
         lines += [
             f"  gateway gRPC    {fleet.gateway.address} (KServe V2, mode {gateway.mode})",
+            f"  gateway HTTP    http://{fleet.gateway.http_address} (KServe V2)",
             f"  gateway admin   http://{admin}/metrics, /healthz, /readyz",
         ]
         print("\n".join(lines), flush=True)
