@@ -201,7 +201,18 @@ def test_docs_example_config_matches_the_code() -> None:
     assert config.worker_metrics == tuple(f"127.0.0.1:{p.metrics}" for p in ports)
     defaults = GatewayConfig(workers=config.workers).model_dump()
     shown = config.model_dump()
-    for key in ("listen", "admin_port", "mode", "discovery", "upstream", "grpc", "health"):
+    assert config.worker_http == tuple(f"127.0.0.1:{p.http}" for p in ports)
+    for key in (
+        "listen",
+        "admin_port",
+        "mode",
+        "discovery",
+        "upstream",
+        "grpc",
+        "health",
+        "data_plane",
+        "tls",
+    ):
         assert shown[key] == defaults[key], key
     assert shown["admission"] == defaults["admission"]
     scheduling = {k: v for k, v in shown["scheduling"].items() if k != "models"}
