@@ -629,6 +629,34 @@ def test_shm_register_fans_out_and_rolls_back() -> None:
     run(body)
 
 
+def test_stream_messages_are_shape_checked_and_admitted_by_items() -> None:
+    """A stream's first request is charged its batch extent; a message no model can run ends
+    the stream with INVALID_ARGUMENT and never reaches the worker."""
+
+    async def body() -> None:
+        w0 = FakeWorker("w0")  # max_batch_size 4
+        async with fleet(w0) as f:
+
+            async def requests(rows: list[int]) -> AsyncIterator[dict[str, Any]]:
+                for i, n in enumerate(rows):
+                    tensor = triton_aio.InferInput("IN", [n, 2], "FP32")
+                    tensor.set_data_from_numpy(np.ones((n, 2), np.float32))
+                    yield {"model_name": "echo", "inputs": [tensor], "request_id": f"s{i}"}
+
+            seen = []
+            with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
+                async for result, error in f.client.stream_infer(requests([2, 0, 1])):
+                    assert error is None
+                    seen.append(result.get_response().id)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "batch size 0" in (info.value.details() or "")
+            assert w0.served == ["s0"] and seen in ([], ["s0"])  # s1 never forwarded
+            replicas = f.router.table.routes["echo"].replicas
+            assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
+
+    run(body)
+
+
 def test_stream_infer_passes_through_to_one_replica() -> None:
     async def body() -> None:
         w0, w1 = FakeWorker("w0"), FakeWorker("w1")

@@ -58,7 +58,7 @@ from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
-from hloserve.gateway.wire import check_shapes, peek_infer_request
+from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
 from hloserve.model_repository_tools.names import (
     BUNDLES_SEPARATOR,
     META_BACKEND,
@@ -546,24 +546,41 @@ class GatewayProxy:
         """Pass a ``ModelStreamInfer`` stream through to one replica, bytes both ways.
 
         The replica is chosen with the stream's first request (its model and batch extent, one
-        lease for the whole stream); every later message goes to the same worker. No failover
-        once the stream is open: an upstream error ends the stream with its code.
+        lease and one admission ticket, both charged the first request's items, held for the
+        whole stream); every later message goes to the same worker. Every message's shapes
+        are checked first (:func:`hloserve.gateway.wire.check_shapes` against its model's
+        route): a message no model can run ends the stream with INVALID_ARGUMENT and is not
+        forwarded. No failover once the stream is open: an upstream error ends the stream
+        with its code.
         """
         iterator = aiter(requests)
         try:
             first = await anext(iterator)
         except StopAsyncIteration:
             return
+        ticket: Ticket | None = None
         try:
-            head = peek_infer_request(first)
-            lease = self._router.acquire(head.model_name, 1)
+            head = await self._checked_head(first)
+            route = self._router.table.get(head.model_name)
+            items = (head.batch or 1) if route is not None and route.max_batch else 1
+            ticket = self._admit(head.model_name, items)
+            lease = self._router.acquire(head.model_name, items)
         except HloserveError as exc:
+            if ticket is not None:
+                self._release_ticket(ticket)
             await context.abort(grpc.StatusCode[exc.status.name], exc.message)
             raise AssertionError("unreachable") from None
+        refused: list[HloserveError] = []
 
         async def upstream_requests() -> AsyncIterator[bytes]:
             yield first
             async for request in iterator:
+                try:
+                    await self._checked_head(request)
+                except HloserveError as exc:
+                    refused.append(exc)
+                    call.cancel()
+                    return
                 yield request
 
         try:
@@ -572,8 +589,34 @@ class GatewayProxy:
                 yield reply
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
+        except asyncio.CancelledError:
+            if not refused:
+                raise
         finally:
             self._router.release(lease)
+            if ticket is not None:
+                self._release_ticket(ticket)
+        if refused:
+            await context.abort(grpc.StatusCode[refused[0].status.name], refused[0].message)
+
+    async def _checked_head(self, request: bytes) -> InferHead:
+        """The request's head with its batch extent, after its shapes were checked against
+        its model's route (a discovery pass first when the model is unknown).
+
+        Raises:
+            InvalidArgumentError: malformed, or shapes no model can run.
+        """
+        head = peek_infer_request(request)
+        if head.model_name in self._batch_inputs:
+            batch_input = self._batch_inputs[head.model_name]
+            head = dataclasses.replace(head, batch=head.batch_of(batch_input))
+        route = self._router.table.get(head.model_name)
+        if route is None and self._refresh is not None:
+            await self._refresh()
+            route = self._router.table.get(head.model_name)
+        if route is not None:
+            check_shapes(head, route.max_batch)
+        return head
 
     async def _forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
