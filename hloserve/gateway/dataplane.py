@@ -254,6 +254,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         "  timeout http-request 3600s",
         f"  retries {max(1, len(config.workers) - 1)}",
         "  retry-on conn-failure",
+        "  http-reuse never",
         "  option redispatch 1",
     ]
     for status, code, message in ERROR_ANSWERS:
