@@ -7,6 +7,7 @@ over to the other.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -145,6 +146,44 @@ def test_kserve_http_is_routed_by_the_model_in_the_path(
         np.testing.assert_array_equal(answers[0], answers[1])
     with pytest.raises(InferenceServerException, match="nope"):
         gateway.get_model_metadata("nope")
+
+
+def test_system_shared_memory_end_to_end_through_the_gateway(
+    fleet: tuple[list[TritonServer], Any, str],
+) -> None:
+    """Regions registered through the gateway reach every worker; requests whose input and
+    output live in them (HAProxy routes them to either worker) answer as direct calls do."""
+    import tritonclient.utils.shared_memory as shm
+
+    servers, gateway, _ = fleet
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    expected = _affine(grpcclient.InferenceServerClient(servers[0].urls.grpc), x)
+    key = f"/hloserve-gw-{os.getpid()}"
+    sizes = {"in": x.nbytes, "out": expected.nbytes}
+    handles = [shm.create_shared_memory_region(f"{key}-{n}", f"{key}-{n}", sizes[n]) for n in sizes]
+    try:
+        shm.set_shared_memory_region(handles[0], [x])
+        for n in ("in", "out"):
+            gateway.register_system_shared_memory(f"gw_{n}", f"{key}-{n}", sizes[n])
+        for server in servers:  # fanned out: every worker lists both regions
+            status = grpcclient.InferenceServerClient(server.urls.grpc)
+            regions = status.get_system_shared_memory_status().regions
+            assert {"gw_in", "gw_out"} <= set(regions)
+        for _ in range(4):  # round robin over both workers
+            tensor = grpcclient.InferInput("x", [2, 4], "FP32")
+            tensor.set_shared_memory("gw_in", x.nbytes)
+            output = grpcclient.InferRequestedOutput("y")
+            output.set_shared_memory("gw_out", expected.nbytes)
+            gateway.infer("affine", [tensor], outputs=[output])
+            y = shm.get_contents_as_numpy(handles[1], np.float32, list(expected.shape))
+            np.testing.assert_array_equal(y, expected)
+        gateway.unregister_system_shared_memory()
+        for server in servers:
+            status = grpcclient.InferenceServerClient(server.urls.grpc)
+            assert not status.get_system_shared_memory_status().regions
+    finally:
+        for handle in handles:
+            shm.destroy_shared_memory_region(handle)
 
 
 def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any, str]) -> None:
