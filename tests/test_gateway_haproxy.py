@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from test_gateway_admission import SlowWorker
+from test_gateway_admission import SlowWorker, _scrape
 from test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -44,6 +44,7 @@ class Gateway:
     endpoints: list[str]
     client: triton_aio.InferenceServerClient
     port: int
+    admin: int
 
 
 @asynccontextmanager
@@ -61,10 +62,10 @@ async def gateway(*workers: FakeWorker, **settings: Any) -> AsyncIterator[Gatewa
     data = {"workers": endpoints, "health": {"interval_seconds": 60.0}, **settings}
     config = GatewayConfig.model_validate(data)
     stop = asyncio.Event()
-    task, port, _ = await _start_gateway(config, stop)
+    task, port, admin = await _start_gateway(config, stop)
     client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
     try:
-        yield Gateway(list(workers), servers, endpoints, client, port)
+        yield Gateway(list(workers), servers, endpoints, client, port, admin)
     finally:
         await client.close()
         stop.set()
@@ -84,6 +85,9 @@ def test_model_infer_goes_through_haproxy_round_robin() -> None:
             workers = [await _infer(g.client, data, f"r{i}") for i in range(4)]
             assert sorted(workers) == ["w0", "w0", "w1", "w1"]
             assert len(g.workers[0].served) == 2
+            text = await asyncio.to_thread(_scrape, g.admin)  # HAProxy's exporter appended
+            assert 'haproxy_server_sessions_total{proxy="m_echo",server="w0"} 2' in text
+            assert "hloserve_gateway_table_swaps_total" in text
 
     run(body)
 

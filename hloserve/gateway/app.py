@@ -161,6 +161,7 @@ async def run_gateway(
                 config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
             dataplane = await asyncio.to_thread(_start_haproxy, config, address, control_port)
+            metrics.extra = dataplane.prometheus_text
             port = int(address.rpartition(":")[2])
         else:
             server, port = make_server(proxy, address, config.grpc)

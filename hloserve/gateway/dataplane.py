@@ -162,6 +162,7 @@ class Listen:
     Attributes:
         grpc: host:port of the public gRPC endpoint.
         http: host:port of the public KServe HTTP endpoint, or None.
+        prometheus: loopback host:port of HAProxy's Prometheus exporter, or None.
         control: host:port of the Python control plane's gRPC server (loopback).
         runtime_socket: path of the runtime API's Unix socket.
         map_file: path of the model -> backend map.
@@ -174,6 +175,7 @@ class Listen:
     runtime_socket: str
     map_file: str
     http: str | None = None
+    prometheus: str | None = None
     pem: str | None = None
     client_ca: str | None = None
 
@@ -309,6 +311,12 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
             lines.append(f"  server w{i} {config.workers[i]} proto h2{limit}")
     if listen.http is not None:
         lines += _render_http(layout, config, listen, ssl)
+    if listen.prometheus is not None:  # read by the admin port's /metrics
+        lines += [
+            "frontend prometheus",
+            f"  bind {listen.prometheus}",
+            "  http-request use-service prometheus-exporter if { path /metrics }",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from hloserve.gateway.dataplane import (
     render_config,
     render_map,
 )
+from hloserve.node.tritonserver import free_ports
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -152,6 +154,7 @@ class HAProxy:
             grpc=grpc,
             control=control,
             http=config.http_listen,
+            prometheus=f"127.0.0.1:{free_ports(1)[0]}",
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),
             pem=pem,
@@ -223,6 +226,16 @@ class HAProxy:
         if self.pid is None:
             return 0.0
         return _cpu_seconds(self.pid) + sum(_cpu_seconds(p) for p in self.worker_pids())
+
+    def prometheus_text(self, timeout_s: float = 2.0) -> bytes:
+        """HAProxy's own metrics (its Prometheus exporter: per backend and server requests,
+        queue, retries, connection errors, response times); empty when unreachable."""
+        try:
+            url = f"http://{self.listen.prometheus}/metrics"
+            with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+                return bytes(reply.read())
+        except OSError:
+            return b""
 
     def runtime(self, command: str) -> str:
         """One runtime API command on the current worker's socket."""
