@@ -160,7 +160,8 @@ async def run_gateway(
                 http = _public_address(config.http_listen)
                 config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
-            dataplane = await asyncio.to_thread(_start_haproxy, config, address, control_port)
+            # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
+            dataplane = _start_haproxy(config, address, control_port)
             metrics.extra = dataplane.prometheus_text
             port = int(address.rpartition(":")[2])
         else:

@@ -126,6 +126,10 @@ class HAProxy:
     With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
     reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
 
+    The master is asked (``setpriv --pdeathsig TERM``, when util-linux is there) to stop when
+    the thread that started it dies, so a SIGKILLed gateway leaves no HAProxy holding its
+    ports: start it from a thread that lives as long as the gateway.
+
     Raises:
         UnavailableError: HAProxy is missing, refuses the configuration or cannot bind.
         InvalidArgumentError: a TLS file cannot be read.
@@ -179,8 +183,12 @@ class HAProxy:
     def _start(self) -> None:
         log_file = self._dir / "haproxy.log"
         with open(log_file, "wb") as out:
+            argv = [self.binary, "-W", "-S", self.master_socket, "-f", str(self.config_file)]
+            setpriv = shutil.which("setpriv")  # util-linux: Linux PR_SET_PDEATHSIG, then exec
+            if setpriv is not None:  # the master gets SIGTERM when the starting thread dies
+                argv = [setpriv, "--pdeathsig", "TERM", *argv]
             self._process = subprocess.Popen(
-                [self.binary, "-W", "-S", self.master_socket, "-f", str(self.config_file)],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
