@@ -153,37 +153,39 @@ def test_system_shared_memory_end_to_end_through_the_gateway(
 ) -> None:
     """Regions registered through the gateway reach every worker; requests whose input and
     output live in them (HAProxy routes them to either worker) answer as direct calls do."""
-    import tritonclient.utils.shared_memory as shm
+    from multiprocessing import shared_memory
 
     servers, gateway, _ = fleet
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     expected = _affine(grpcclient.InferenceServerClient(servers[0].urls.grpc), x)
-    key = f"/hloserve-gw-{os.getpid()}"
     sizes = {"in": x.nbytes, "out": expected.nbytes}
-    handles = [shm.create_shared_memory_region(f"{key}-{n}", f"{key}-{n}", sizes[n]) for n in sizes]
+    regions = {
+        n: shared_memory.SharedMemory(f"hloserve-gw-{os.getpid()}-{n}", create=True, size=size)
+        for n, size in sizes.items()
+    }
     try:
-        shm.set_shared_memory_region(handles[0], [x])
-        for n in ("in", "out"):
-            gateway.register_system_shared_memory(f"gw_{n}", f"{key}-{n}", sizes[n])
+        np.ndarray(x.shape, np.float32, buffer=regions["in"].buf)[:] = x
+        for n, region in regions.items():  # POSIX key: "/" + the name in /dev/shm
+            gateway.register_system_shared_memory(f"gw_{n}", f"/{region.name}", sizes[n])
         for server in servers:  # fanned out: every worker lists both regions
             status = grpcclient.InferenceServerClient(server.urls.grpc)
-            regions = status.get_system_shared_memory_status().regions
-            assert {"gw_in", "gw_out"} <= set(regions)
+            assert {"gw_in", "gw_out"} <= set(status.get_system_shared_memory_status().regions)
         for _ in range(4):  # round robin over both workers
             tensor = grpcclient.InferInput("x", [2, 4], "FP32")
-            tensor.set_shared_memory("gw_in", x.nbytes)
+            tensor.set_shared_memory("gw_in", sizes["in"])
             output = grpcclient.InferRequestedOutput("y")
-            output.set_shared_memory("gw_out", expected.nbytes)
+            output.set_shared_memory("gw_out", sizes["out"])
             gateway.infer("affine", [tensor], outputs=[output])
-            y = shm.get_contents_as_numpy(handles[1], np.float32, list(expected.shape))
+            y = np.ndarray(expected.shape, np.float32, buffer=regions["out"].buf).copy()
             np.testing.assert_array_equal(y, expected)
         gateway.unregister_system_shared_memory()
         for server in servers:
             status = grpcclient.InferenceServerClient(server.urls.grpc)
             assert not status.get_system_shared_memory_status().regions
     finally:
-        for handle in handles:
-            shm.destroy_shared_memory_region(handle)
+        for region in regions.values():
+            region.close()
+            region.unlink()
 
 
 def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any, str]) -> None:

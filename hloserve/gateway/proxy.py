@@ -549,9 +549,9 @@ class GatewayProxy:
         lease and one admission ticket, both charged the first request's items, held for the
         whole stream); every later message goes to the same worker. Every message's shapes
         are checked first (:func:`hloserve.gateway.wire.check_shapes` against its model's
-        route): a message no model can run ends the stream with INVALID_ARGUMENT and is not
-        forwarded. No failover once the stream is open: an upstream error ends the stream
-        with its code.
+        route): a message no model can run is not forwarded; the worker answers the messages
+        before it, then the stream ends with INVALID_ARGUMENT. No failover once the stream is
+        open: an upstream error ends the stream with its code.
         """
         iterator = aiter(requests)
         try:
@@ -577,9 +577,8 @@ class GatewayProxy:
             async for request in iterator:
                 try:
                     await self._checked_head(request)
-                except HloserveError as exc:
+                except HloserveError as exc:  # half-close: earlier messages still answer
                     refused.append(exc)
-                    call.cancel()
                     return
                 yield request
 
@@ -589,9 +588,6 @@ class GatewayProxy:
                 yield reply
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
-        except asyncio.CancelledError:
-            if not refused:
-                raise
         finally:
             self._router.release(lease)
             if ticket is not None:
