@@ -54,6 +54,8 @@ def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> N
     assert result.returncode == 1 and "--workers must be at least 1" in result.stderr
     result = run_cli("serve", tmp_path, "--gateway-config", tmp_path / "g.yaml")
     assert result.returncode == 1 and "--gateway-config needs --workers 2" in result.stderr
+    result = run_cli("serve", tmp_path, "--tls-cert", tmp_path / "c", "--tls-key", tmp_path / "k")
+    assert result.returncode == 1 and "--tls-cert/--tls-key need --workers 2" in result.stderr
 
 
 def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
