@@ -257,6 +257,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  retries {max(1, len(config.workers) - 1)}",
         "  retry-on conn-failure",
         "  http-reuse never",
+        "  option http-no-delay",
         "  option redispatch 1",
     ]
     for status, code, message in ERROR_ANSWERS:
