@@ -1,91 +1,174 @@
-"""What the gateway costs: one tritonserver measured directly and through the gateway, one run.
+"""What the gateway costs: one tritonserver measured directly and through both data planes.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--seconds 3] [--concurrency 8] [--rounds 3]
+    .venv/bin/python benchmarks/gateway_overhead.py [--seconds 2] [--concurrency 1 8] [--rounds 3]
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
-request is as large as it gets: the worst case) and the gateway
-(:class:`hloserve.node.fleet.LocalFleet`, mode ``round_robin``, default admission bounds)
-runs in front of it in this process, as ``hloserve serve --workers`` runs it. perf_analyzer
-(gRPC, random batch-1 data, ``--concurrency`` outstanding requests: saturation on this
-machine) measures the worker's own port and the gateway's port alternately, ``--rounds``
-times, each a ``--seconds`` window. Prints the median throughput (inferences/s) and latency
-p50/p99 (microseconds) of each path, then the ratios gateway/direct. The machine is noisy
-(2 shared cores): read the ratios, not absolute numbers.
+request is as large as it gets: the worst case). Two gateways run in front of it, as
+``hloserve serve --workers`` runs one (:class:`hloserve.node.fleet.GatewayThread`, mode
+``round_robin``, default admission bounds): ``haproxy`` (the default data plane: HAProxy
+carries ModelInfer) and ``python`` (``data_plane: python``: the ``grpc.aio`` proxy, the data
+path before HAProxy). perf_analyzer (gRPC, random batch-1 data) measures the worker's own
+port and each gateway's port in turn, ``--rounds`` times per concurrency level, each a
+``--seconds`` window. Prints the median throughput (inferences/s), latency p50/p99
+(microseconds) and the data plane's CPU per request (microseconds): HAProxy's processes
+(``/proc/<pid>/stat`` of the master and its workers) for ``haproxy``, this Python process for
+``python``, divided by the requests the worker counted (``ModelStatistics``) during the run,
+warm-up and stabilisation windows included. Then the ratios gateway/direct and the p50 the
+gateway adds. The machine is noisy (2 shared cores): read the ratios, not absolute numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 
 
+def _cpu_seconds(pid: int | str) -> float:
+    """User + system CPU seconds of a process (``/proc/<pid>/stat`` fields 14, 15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    pids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids += [int(p) for p in task.read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def haproxy_cpu_seconds(master: int) -> float:
+    """CPU seconds of an HAProxy master and its live workers."""
+    return _cpu_seconds(master) + sum(_cpu_seconds(p) for p in _children(master))
+
+
+def haproxy_masters() -> list[int]:
+    """This process's HAProxy children (each gateway's master), oldest first."""
+    pids = _children(os.getpid())
+    return sorted(p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "haproxy")
+
+
+@dataclass
+class Row:
+    throughput: float
+    p50_us: float
+    p99_us: float
+    cpu_us: float | None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="measurement window (3)")
-    parser.add_argument("--concurrency", type=int, default=8, help="outstanding requests (8)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per path (3)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measurement window (2)")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 8], help="levels (1 8: saturation)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per path and level (3)")
     args = parser.parse_args()
+
+    import tritonclient.grpc as grpcclient
 
     from hloserve.gateway.config import GatewayConfig
     from hloserve.model_repository_tools import build_repository
-    from hloserve.node.fleet import LocalFleet
-    from hloserve.node.perf_analyzer import PerfResult, run_perf_analyzer
+    from hloserve.node.fleet import GatewayThread
+    from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.node.tritonserver import TritonServer, free_ports
 
+    rows: dict[tuple[str, int], list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="hloserve-gateway-overhead-") as tmp:
         bundles = Path(tmp) / "bundles"
         bundles.mkdir()
         shutil.copytree(GOLDEN / "affine", bundles / "affine")
         repo = Path(tmp) / "repository"
         build_repository(bundles, repo)
-        http, grpc, metrics, listen = free_ports(4)
+        http, grpc, metrics, haproxy_port, python_port = free_ports(5)
         worker = server_options(
             ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics), repo
         )
-        config = GatewayConfig(
-            listen=f"127.0.0.1:{listen}", admin_port=0, workers=(f"127.0.0.1:{grpc}",)
-        )
-        with LocalFleet([worker], config) as fleet:
-            assert fleet.gateway is not None
-            paths = {"direct": fleet.servers[0].urls.grpc, "gateway": fleet.gateway.address}
-            results: dict[str, list[PerfResult]] = {name: [] for name in paths}
-            for _ in range(args.rounds):
-                for name, url in paths.items():
-                    (result,), _ = run_perf_analyzer(
-                        "affine",
-                        url,
-                        concurrency=(args.concurrency,),
-                        measurement_interval_ms=int(args.seconds * 1000),
-                    )
-                    results[name].append(result)
+        with TritonServer(worker) as server:
+            endpoint = f"127.0.0.1:{grpc}"
+            direct = grpcclient.InferenceServerClient(endpoint)
 
-    def median(name: str, field: str) -> float:
-        return statistics.median(getattr(r, field) for r in results[name])
+            def served() -> int:
+                stats = direct.get_inference_statistics("affine").model_stats[0]
+                return int(stats.inference_stats.success.count)
 
-    print(
-        f"affine, batch 1, concurrency {args.concurrency}, {args.rounds} rounds of "
-        f"{args.seconds:g} s per path (medians)"
-    )
-    print(f"{'path':<8} {'infer/s':>10} {'p50 us':>10} {'p99 us':>10}")
-    for name in results:
-        print(
-            f"{name:<8} {median(name, 'throughput'):>10.0f} {median(name, 'p50_us'):>10.0f}"
-            f" {median(name, 'p99_us'):>10.0f}"
-        )
-    print(
-        "gateway/direct: throughput "
-        f"{median('gateway', 'throughput') / median('direct', 'throughput'):.2f}x, p50 "
-        f"{median('gateway', 'p50_us') / median('direct', 'p50_us'):.2f}x, p99 "
-        f"{median('gateway', 'p99_us') / median('direct', 'p99_us'):.2f}x"
-    )
+            gateways = {}
+            for name, port in (("haproxy", haproxy_port), ("python", python_port)):
+                config = GatewayConfig(
+                    listen=f"127.0.0.1:{port}", admin_port=0, workers=(endpoint,), data_plane=name
+                )
+                gateways[name] = GatewayThread(config)
+            (master,) = haproxy_masters()
+            cpu: dict[str, Callable[[], float] | None] = {
+                "direct": None,
+                "haproxy": lambda: haproxy_cpu_seconds(master),
+                "python": lambda: _cpu_seconds("self"),
+            }
+            paths = {
+                "direct": server.urls.grpc,
+                **{name: g.address for name, g in gateways.items()},
+            }
+            try:
+                for level in args.concurrency:
+                    for _ in range(args.rounds):
+                        for name, url in paths.items():
+                            meter = cpu[name]
+                            cpu_before, count_before = (meter() if meter else 0.0), served()
+                            (result,), _ = run_perf_analyzer(
+                                "affine",
+                                url,
+                                concurrency=(level,),
+                                measurement_interval_ms=int(args.seconds * 1000),
+                            )
+                            requests = max(1, served() - count_before)
+                            used = (meter() - cpu_before) / requests * 1e6 if meter else None
+                            rows.setdefault((name, level), []).append(
+                                Row(result.throughput, result.p50_us, result.p99_us, used)
+                            )
+            finally:
+                for gateway in gateways.values():
+                    gateway.close()
+
+    def median(name: str, level: int, field: str) -> float:
+        values = [getattr(r, field) for r in rows[(name, level)]]
+        return float(statistics.median(v for v in values if v is not None))
+
+    print(f"affine, batch 1, {args.rounds} rounds of {args.seconds:g} s per path (medians)")
+    header = ("path", "clients", "infer/s", "p50 us", "p99 us", "CPU us/req")
+    print(f"{header[0]:<8} " + " ".join(f"{h:>9}" for h in header[1:]))
+    for level in args.concurrency:
+        for name in paths:
+            cpu_cell = "-" if name == "direct" else f"{median(name, level, 'cpu_us'):.0f}"
+            print(
+                f"{name:<8} {level:>9} {median(name, level, 'throughput'):>9.0f}"
+                f" {median(name, level, 'p50_us'):>9.0f} {median(name, level, 'p99_us'):>9.0f}"
+                f" {cpu_cell:>9}"
+            )
+    for level in args.concurrency:
+        for name in ("haproxy", "python"):
+            ratio = median(name, level, "throughput") / median("direct", level, "throughput")
+            added = median(name, level, "p50_us") - median("direct", level, "p50_us")
+            print(
+                f"{name}/direct at {level} client(s): throughput {ratio:.2f}x, "
+                f"p50 +{added:.0f} us, p99 "
+                f"{median(name, level, 'p99_us') / median('direct', level, 'p99_us'):.2f}x"
+            )
     return 0
 
 

@@ -198,6 +198,9 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             worker_port_base=args.worker_port_base,
             gateway_config=args.gateway_config,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
         )
     )
 
@@ -207,9 +210,9 @@ def _gateway(args: argparse.Namespace) -> int:
     import signal
 
     from hloserve.gateway.app import run_gateway
-    from hloserve.gateway.config import load_config
+    from hloserve.gateway.config import load_config, with_tls
 
-    config = load_config(args.config)
+    config = with_tls(load_config(args.config), args.tls_cert, args.tls_key, args.tls_client_ca)
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -483,7 +486,30 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
         "workers, listen and admin ports",
     )
+    _add_tls_flags(serve, "with --workers: ")
     serve.set_defaults(func=_serve, tritonserver_args=[])
+
+
+def _add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-client-ca``: TLS on the gateway's public port."""
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"{prefix}TLS on the gateway's gRPC port: certificate chain, PEM (plaintext is "
+        "then refused; overrides tls: in the gateway file)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, default=None, metavar="FILE", help="the certificate's key, PEM"
+    )
+    parser.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="require client certificates signed by these CAs, PEM (default: none asked)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -600,6 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="gateway YAML file (default: environment variables only)",
     )
+    _add_tls_flags(gateway, "")
     gateway.set_defaults(func=_gateway)
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 

@@ -8,6 +8,8 @@ cd "$ROOT"
 
 setup_serving_env
 setup_numpy2_env
+source "$ROOT/scripts/haproxy.sh"
+ensure_haproxy
 source "$ROOT/scripts/docker.sh"
 # Without a daemon the docker tests are deselected (CI sets HLOSERVE_REQUIRE_DOCKER=1: they run
 # and fail). Nothing else in the serving leg may skip: HLOSERVE_FAIL_ON_SKIP=1 (tests/conftest.py)

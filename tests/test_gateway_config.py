@@ -201,8 +201,35 @@ def test_docs_example_config_matches_the_code() -> None:
     assert config.worker_metrics == tuple(f"127.0.0.1:{p.metrics}" for p in ports)
     defaults = GatewayConfig(workers=config.workers).model_dump()
     shown = config.model_dump()
-    for key in ("listen", "admin_port", "mode", "discovery", "upstream", "grpc", "health"):
+    assert config.worker_http == tuple(f"127.0.0.1:{p.http}" for p in ports)
+    for key in (
+        "listen",
+        "admin_port",
+        "mode",
+        "discovery",
+        "upstream",
+        "grpc",
+        "health",
+        "data_plane",
+        "tls",
+    ):
         assert shown[key] == defaults[key], key
     assert shown["admission"] == defaults["admission"]
     scheduling = {k: v for k, v in shown["scheduling"].items() if k != "models"}
     assert scheduling == {k: v for k, v in defaults["scheduling"].items() if k != "models"}
+
+
+def test_tls_and_http_settings_are_checked(tmp_path: Path) -> None:
+    from hloserve.gateway.config import GatewayConfig, GatewayConfigError, with_tls
+
+    config = GatewayConfig(workers=("h:1",))
+    assert with_tls(config, None, None) is config
+    with pytest.raises(GatewayConfigError, match="--tls-cert and --tls-key go together"):
+        with_tls(config, tmp_path / "c.pem", None)
+    tls = with_tls(config, tmp_path / "c.pem", tmp_path / "k.pem").tls
+    assert tls is not None and tls.cert == tmp_path / "c.pem" and tls.client_ca is None
+    python = GatewayConfig(workers=("h:1",), data_plane="python")
+    with pytest.raises(GatewayConfigError, match="tls needs data_plane: haproxy"):
+        with_tls(python, tmp_path / "c.pem", tmp_path / "k.pem")
+    with pytest.raises(ValueError, match="http_listen needs worker_http"):
+        GatewayConfig(workers=("h:1",), http_listen="127.0.0.1:8000")

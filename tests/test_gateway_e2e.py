@@ -50,10 +50,13 @@ def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             load_models=load,
         )
         workers.append(dataclasses.replace(server_options(options, repo), startup_timeout_s=240))
+    listen, http_listen = free_ports(2)
     config = GatewayConfig(
-        listen=f"127.0.0.1:{free_ports(1)[0]}",
+        listen=f"127.0.0.1:{listen}",
+        http_listen=f"127.0.0.1:{http_listen}",
         admin_port=0,
         workers=tuple(f"127.0.0.1:{w.grpc_port}" for w in workers),
+        worker_http=tuple(f"127.0.0.1:{w.http_port}" for w in workers),
         health={"interval_seconds": 0.5, "failure_threshold": 1},
         discovery={"poll_interval_seconds": 2.0},
     )
@@ -99,6 +102,20 @@ def test_digits_answers_through_the_gateway_equal_direct(
     assert gateway.get_model_config("digits").config.max_batch_size == 32
 
 
+def test_digits_over_kserve_http_equal_direct(fleet: LocalFleet, digits_model: Any) -> None:
+    import tritonclient.http as httpclient
+
+    assert fleet.gateway is not None and fleet.gateway.http_address is not None
+    images = digits_model.load_split()[2][:16].astype(np.float32)
+    answers = []
+    for url in (fleet.gateway.http_address, fleet.servers[0].urls.http):
+        client = httpclient.InferenceServerClient(url)
+        tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images, binary_data=True)
+        answers.append(client.infer("digits", [tensor]).as_numpy("logits"))
+    np.testing.assert_array_equal(answers[0], answers[1])
+
+
 def test_a_20_mib_tensor_round_trips_through_the_gateway(gateway: Any) -> None:
     x = np.random.default_rng(0).standard_normal((1, BIG_ITEMS)).astype(np.float32)
     for _ in range(2):  # round robin: both workers, every hop raised to 2 GiB
@@ -109,13 +126,14 @@ def test_a_20_mib_tensor_round_trips_through_the_gateway(gateway: Any) -> None:
 def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: LocalFleet) -> None:
     from hloserve.node.perf_analyzer import run_perf_analyzer
 
-    assert fleet.gateway is not None
-    results, output = run_perf_analyzer(
-        "affine", fleet.gateway.address, concurrency=(2,), measurement_interval_ms=1000
-    )
-    assert [r.concurrency for r in results] == [2], output
-    assert results[0].throughput > 0, output
-    assert "error" not in output.lower(), output
+    assert fleet.gateway is not None and fleet.gateway.http_address is not None
+    for protocol, url in (("grpc", fleet.gateway.address), ("http", fleet.gateway.http_address)):
+        results, output = run_perf_analyzer(
+            "affine", url, protocol=protocol, concurrency=(2,), measurement_interval_ms=2000
+        )
+        assert [r.concurrency for r in results] == [2], output
+        assert results[0].throughput > 0, output
+        assert "error" not in output.lower(), output
 
 
 def test_killing_a_worker_under_load(fleet: LocalFleet, gateway: Any, digits_model: Any) -> None:

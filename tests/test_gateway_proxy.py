@@ -128,8 +128,10 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             await asyncio.sleep(30)
         if self.unavailable:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name} is down")
-        if self.deadline_exceeded:
+        if self.deadline_exceeded:  # like a meta: waits out the request's budget, then says so
             self.served.append(request.id)
+            budget_us = request.parameters["timeout"].int64_param
+            await asyncio.sleep(budget_us / 1e6 + 0.02)
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"model {request.model_name!r}: deadline exceeded"
             )
@@ -354,14 +356,23 @@ def test_unavailable_answers_are_resent_at_most_once() -> None:
 
 
 def test_an_expired_deadline_is_not_rerun_on_another_replica() -> None:
+    """The no-re-send decision is keyed on the request's budget (KServe ``timeout``), not on
+    the answer's text: the same UNAVAILABLE text without a spent budget is re-sent."""
+
     async def body() -> None:
         workers = [FakeWorker("w0", deadline_exceeded=True), FakeWorker("w1")]
         async with fleet(*workers) as f:
+            tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
             with pytest.raises(InferenceServerException, match="deadline exceeded") as info:
-                await _infer(f.client, np.ones((1, 2), np.float32), "r")
+                await f.client.infer("echo", [tensor], request_id="r", timeout=50_000)
             assert info.value.status() == "StatusCode.UNAVAILABLE"
             assert "no replica" not in str(info.value)
             assert (workers[0].served, workers[1].served) == (["r"], [])
+            # no budget: the worker's answer alone is no reason to give up on the request
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(f.client, data, f"s{i}") for i in range(2)] == ["w1", "w1"]
+            assert len(workers[0].served) == 2 and workers[1].served == ["s0", "s1"]
 
     run(body)
 
@@ -614,6 +625,34 @@ def test_shm_register_fans_out_and_rolls_back() -> None:
                 await f.client.register_system_shared_memory("other", "/key2", 64)
             assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert w0.regions == set()  # rolled back
+
+    run(body)
+
+
+def test_stream_messages_are_shape_checked_and_admitted_by_items() -> None:
+    """A stream's first request is charged its batch extent; a message no model can run ends
+    the stream with INVALID_ARGUMENT and never reaches the worker."""
+
+    async def body() -> None:
+        w0 = FakeWorker("w0")  # max_batch_size 4
+        async with fleet(w0) as f:
+
+            async def requests(rows: list[int]) -> AsyncIterator[dict[str, Any]]:
+                for i, n in enumerate(rows):
+                    tensor = triton_aio.InferInput("IN", [n, 2], "FP32")
+                    tensor.set_data_from_numpy(np.ones((n, 2), np.float32))
+                    yield {"model_name": "echo", "inputs": [tensor], "request_id": f"s{i}"}
+
+            seen = []
+            with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
+                async for result, error in f.client.stream_infer(requests([2, 0, 1])):
+                    assert error is None
+                    seen.append(result.get_response().id)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "batch size 0" in (info.value.details() or "")
+            assert w0.served == ["s0"] and seen == ["s0"]  # s1 and s2 never forwarded
+            replicas = f.router.table.routes["echo"].replicas
+            assert f.router.worker_items(replicas) == dict.fromkeys(replicas, 0)
 
     run(body)
 

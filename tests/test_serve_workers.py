@@ -48,13 +48,15 @@ def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> N
     (tmp_path / "m" / "config.pbtxt").write_text('name: "m"')
     result = run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "8000")
     assert result.returncode == 1
-    assert "include the gateway's port(s) [8001, 8002]" in result.stderr
+    assert "include the gateway's port(s) [8000, 8001, 8002]" in result.stderr
     result = run_cli("serve", tmp_path, "--workers", "2", "--worker-port-base", "65534")
     assert result.returncode == 1 and "are not all in 1..65535" in result.stderr
     result = run_cli("serve", tmp_path, "--workers", "0")
     assert result.returncode == 1 and "--workers must be at least 1" in result.stderr
     result = run_cli("serve", tmp_path, "--gateway-config", tmp_path / "g.yaml")
     assert result.returncode == 1 and "--gateway-config needs --workers 2" in result.stderr
+    result = run_cli("serve", tmp_path, "--tls-cert", tmp_path / "c", "--tls-key", tmp_path / "k")
+    assert result.returncode == 1 and "--tls-cert/--tls-key need --workers 2" in result.stderr
 
 
 def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
@@ -63,7 +65,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
-    grpc_port, admin_port = free_ports(2)
+    http_port, grpc_port, admin_port = free_ports(3)
     config = tmp_path / "gateway.yaml"
     config.write_text("health: {interval_seconds: 0.5, failure_threshold: 1}\n")
     log = tmp_path / "serve.log"
@@ -71,7 +73,8 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         proc = subprocess.Popen(
             [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
              "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--metrics-port", str(admin_port), "--gateway-config", str(config)],
+             "--http-port", str(http_port), "--metrics-port", str(admin_port),
+             "--gateway-config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     pids: list[int] = []

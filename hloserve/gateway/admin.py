@@ -59,6 +59,9 @@ class GatewayMetrics:
         router: read at scrape time for in-flight items and the table.
     """
 
+    #: More Prometheus text appended to :meth:`exposition` (None: nothing).
+    extra: Callable[[], bytes] | None = None
+
     def __init__(self, router: Router) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -99,8 +102,10 @@ class GatewayMetrics:
         self.upstream_seconds.labels(model, worker).observe(seconds)
 
     def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
-        return bytes(generate_latest(self.registry))
+        """The registry in Prometheus text format, then :attr:`extra`'s text (HAProxy's
+        exporter under the HAProxy data plane)."""
+        text = bytes(generate_latest(self.registry))
+        return text + self.extra() if self.extra is not None else text
 
 
 class AdminServer:

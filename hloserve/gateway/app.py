@@ -15,6 +15,13 @@ pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.Lp
 restrict the table to the placement (repacked at startup, on fleet changes and per the
 rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
 gRPC port.
+
+With ``data_plane: haproxy`` (the default) HAProxy (:mod:`hloserve.gateway.haproxy`) listens on
+``listen`` and carries ModelInfer straight to the workers; the servicer above listens on a
+loopback port behind it and answers every other RPC and the models HAProxy's map does not
+route. After every table change (discovery, health, repacks, control-plane changes: checked
+every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
+applied to HAProxy.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
+from hloserve.gateway.dataplane import plan_layout
+from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.packing import (
     LptController,
@@ -51,6 +60,23 @@ from hloserve.node.model_control import grpc_metadata, local_key
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
+
+#: Seconds between checks that HAProxy serves the router's current table and knobs.
+SYNC_INTERVAL_S = 0.5
+
+
+def _public_address(address: str) -> str:
+    """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
+    from hloserve.node.tritonserver import free_ports
+
+    host, _, port = address.rpartition(":")
+    if port == "0":
+        port = str(free_ports(1, host.strip("[]"))[0])
+    return f"{host}:{port}"
+
+
+def _start_haproxy(config: GatewayConfig, public: str, control_port: int) -> HAProxy:
+    return HAProxy(config, public, f"127.0.0.1:{control_port}")
 
 
 def _poll_weights(config: GatewayConfig, timeout_s: float) -> WeightInfo:
@@ -129,8 +155,20 @@ async def run_gateway(
     )
     # Both ports are bound before the first discovery pass, so a taken port fails at once.
     address = listen or config.listen
+    dataplane: HAProxy | None = None
     try:
-        server, port = make_server(proxy, address, config.grpc)
+        if config.data_plane == "haproxy":
+            address = _public_address(address)
+            if config.http_listen is not None:
+                http = _public_address(config.http_listen)
+                config = config.model_copy(update={"http_listen": http})
+            server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
+            # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
+            dataplane = _start_haproxy(config, address, control_port)
+            metrics.extra = dataplane.prometheus_text
+            port = int(address.rpartition(":")[2])
+        else:
+            server, port = make_server(proxy, address, config.grpc)
     except HloserveError:
         await upstreams.close()
         raise
@@ -149,22 +187,35 @@ async def run_gateway(
         )
     except OSError as exc:
         await upstreams.close()
+        if dataplane is not None:
+            dataplane.close()
         raise UnavailableError(
             f"gateway: cannot serve the admin port {host}:{admin_at}: {exc}"
         ) from None
     admin.start()  # /readyz answers 503 until discovery has found a model
+
+    async def sync() -> None:
+        """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
+        if dataplane is not None:
+            layout = plan_layout(router.table, config, router.scheduling)
+            await asyncio.to_thread(dataplane.apply, layout)
+            router.record_external(*await asyncio.to_thread(dataplane.counts))
+
     try:
         if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
             from hloserve.gateway.preconditions import check_lpt_workers
 
             await check_lpt_workers(upstreams, timeout)
         await refresh()
+        await server.start()
+        await sync()
     except BaseException:
         admin.close()
         await upstreams.close()
+        if dataplane is not None:
+            dataplane.close()
         raise
     log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
-    await server.start()
     log.info(
         "gateway: listening on %s (mode %s)", address.rpartition(":")[0] + f":{port}", config.mode
     )
@@ -197,7 +248,17 @@ async def run_gateway(
             except Exception:  # a bad pass must not stop the probes
                 log.exception("gateway: health probe pass failed")
 
+    async def keep_in_sync() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SYNC_INTERVAL_S)
+            try:
+                await sync()
+            except Exception:  # the old layout keeps serving; the next check retries
+                log.exception("gateway: HAProxy did not take the new layout")
+
     prober = asyncio.ensure_future(probe_workers())
+    syncer = asyncio.ensure_future(keep_in_sync())
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -208,9 +269,12 @@ async def run_gateway(
                 except Exception:  # a bad pass must not stop the gateway; the next may work
                     log.exception("gateway: discovery pass failed; keeping the current table")
     finally:
-        prober.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await prober
+        for task in (prober, syncer):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if dataplane is not None:
+            await asyncio.to_thread(dataplane.close)
         await server.stop(grace=2.0)
         admin.close()
         await upstreams.close()

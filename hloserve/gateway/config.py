@@ -40,7 +40,7 @@ from hloserve.errors import InvalidArgumentError
 from hloserve.settings import load_settings
 
 #: Top-level keys whose environment form is a comma list that replaces the list.
-_LIST_KEYS = ("workers", "worker_metrics")
+_LIST_KEYS = ("workers", "worker_metrics", "worker_http")
 
 #: Prefix of every environment override.
 ENV_PREFIX = "HLOSERVE_GATEWAY_"
@@ -50,6 +50,7 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 FillMode = Literal["run", "spread"]
+DataPlane = Literal["haproxy", "python"]
 RoutingPolicy = Literal["fill_least", "fill_rr"]
 Replicas = int | Literal["all"]
 
@@ -142,6 +143,21 @@ class AdmissionConfig(_Section):
 
     max_inflight_requests_per_worker: int = Field(default=64, ge=0)
     max_inflight_items_per_model: int = Field(default=0, ge=0)
+
+
+class TlsConfig(_Section):
+    """TLS on the gateway's public gRPC port (HAProxy terminates it; plaintext is refused).
+
+    Attributes:
+        cert: PEM file of the server certificate (and its chain).
+        key: PEM file of the certificate's private key.
+        client_ca: PEM file of the CAs client certificates must chain to; None (default) =
+            no client certificate asked for.
+    """
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
 
 
 class ModelScheduling(_Section):
@@ -244,6 +260,14 @@ class GatewayConfig(_Section):
         grpc: message-size limits.
         health: worker health probes.
         admission: bounds on requests in flight.
+        http_listen: host:port of the KServe V2 HTTP endpoint (Triton's 8000; ``haproxy`` data
+            plane and ``worker_http`` needed); None (default) = gRPC only.
+        worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
+        data_plane: ``haproxy`` (default): HAProxy carries ModelInfer, the Python process
+            answers every other RPC behind it (docs/gateway.md); ``python``: the Python
+            ``grpc.aio`` proxy carries everything (the earlier data path, kept for
+            comparison).
+        tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
     """
 
     listen: str = "127.0.0.1:8001"
@@ -257,6 +281,10 @@ class GatewayConfig(_Section):
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
     health: HealthConfig = Field(default_factory=HealthConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    http_listen: str | None = None
+    worker_http: tuple[str, ...] = ()
+    data_plane: DataPlane = "haproxy"
+    tls: TlsConfig | None = None
 
     @field_validator("listen")
     @classmethod
@@ -273,7 +301,12 @@ class GatewayConfig(_Section):
             raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
         return value
 
-    @field_validator("worker_metrics")
+    @field_validator("http_listen")
+    @classmethod
+    def _http_listen(cls, value: str | None) -> str | None:
+        return value if value is None else _check_host_port(value)
+
+    @field_validator("worker_metrics", "worker_http")
     @classmethod
     def _worker_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for endpoint in value:
@@ -282,12 +315,42 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _same_length(self) -> GatewayConfig:
+        if self.tls is not None and self.data_plane != "haproxy":
+            raise ValueError("tls needs data_plane: haproxy (HAProxy terminates TLS)")
+        if self.http_listen is not None and len(self.worker_http) != len(self.workers):
+            raise ValueError(
+                f"http_listen needs worker_http: one HTTP endpoint per worker, in the order of"
+                f" workers ({len(self.workers)}), got {len(self.worker_http)}"
+            )
+        if self.http_listen is not None and self.data_plane != "haproxy":
+            raise ValueError("http_listen needs data_plane: haproxy")
         if self.worker_metrics and len(self.worker_metrics) != len(self.workers):
             raise ValueError(
                 f"worker_metrics names {len(self.worker_metrics)} endpoints for"
                 f" {len(self.workers)} workers; give one per worker, in the same order"
             )
         return self
+
+
+def with_tls(
+    config: GatewayConfig, cert: Path | None, key: Path | None, client_ca: Path | None = None
+) -> GatewayConfig:
+    """``config`` with TLS from command-line flags (``--tls-cert``, ``--tls-key``,
+    ``--tls-client-ca``); unchanged when no flag is given.
+
+    Raises:
+        GatewayConfigError: only one of cert and key, or a client CA without them.
+    """
+    if cert is None and key is None and client_ca is None:
+        return config
+    if cert is None or key is None:
+        raise GatewayConfigError("gateway config: --tls-cert and --tls-key go together")
+    data = config.model_dump()
+    data["tls"] = {"cert": cert, "key": key, "client_ca": client_ca}
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValueError as exc:
+        raise GatewayConfigError(f"gateway config: {exc}") from None
 
 
 def load_config(

@@ -58,8 +58,12 @@ from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
-from hloserve.gateway.wire import check_shapes, peek_infer_request
-from hloserve.model_repository_tools.names import META_BACKEND, PARAM_META_CALLS
+from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
+from hloserve.model_repository_tools.names import (
+    BUNDLES_SEPARATOR,
+    META_BACKEND,
+    PARAM_META_CALLS,
+)
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -88,8 +92,24 @@ def _method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
-# hloserve's meta models say this when the client's timeout ran out (hloserve/meta/deadline.py).
-_DEADLINE_TEXT = "deadline exceeded"
+#: KServe request parameter carrying the client's time budget, microseconds (tritonclient's
+#: ``infer(timeout=)``; 0 or absent = none). hloserve's metas answer UNAVAILABLE when it runs
+#: out (Triton 2.51 gives backends no DEADLINE_EXCEEDED; hloserve/meta/deadline.py).
+TIMEOUT_PARAMETER = "timeout"
+
+
+def budget_spent(request: bytes, received_at: float, context: Any) -> bool:
+    """Whether the client's time budget for ``request`` has run out: the gRPC deadline has
+    passed or the KServe ``timeout`` parameter (microseconds) has elapsed since
+    ``received_at`` (``time.perf_counter()``). Keyed on time, never on an error's text."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return True
+    message = service_pb2.ModelInferRequest.FromString(request)
+    if TIMEOUT_PARAMETER not in message.parameters:
+        return False
+    budget_us = message.parameters[TIMEOUT_PARAMETER].int64_param
+    return budget_us > 0 and (time.perf_counter() - received_at) * 1e6 >= budget_us
 
 
 def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
@@ -258,7 +278,7 @@ async def discover_table(
         calls = None
         if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
             text = config.parameters[PARAM_META_CALLS].string_value
-            calls = [c for c in text.split(",") if c]
+            calls = [c.strip() for c in text.split(BUNDLES_SEPARATOR) if c.strip()]
         return config.max_batch_size or None, calls
 
     names = sorted(replicas)
@@ -408,6 +428,7 @@ class GatewayProxy:
         without a re-send. When no replica is left the answer is NOT_FOUND if every replica
         said so, else UNAVAILABLE naming each replica's failure.
         """
+        received_at = time.perf_counter()
         try:
             head = peek_infer_request(request)
             if head.model_name in self._batch_inputs:
@@ -459,10 +480,12 @@ class GatewayProxy:
                     if code not in _FAILOVER_CODES:
                         self._observe(model, worker, "error", start)
                         await context.abort(code, details)
-                    if code == grpc.StatusCode.UNAVAILABLE and _DEADLINE_TEXT in details.lower():
-                        # The client's deadline ran out (Triton 2.51 has no DEADLINE_EXCEEDED
-                        # for backends, so metas answer UNAVAILABLE): another replica cannot
-                        # meet it either; re-running would only repeat the work.
+                    if code == grpc.StatusCode.UNAVAILABLE and budget_spent(
+                        request, received_at, context
+                    ):
+                        # The client's time budget ran out (Triton 2.51 has no
+                        # DEADLINE_EXCEEDED for backends, so metas answer UNAVAILABLE): another
+                        # replica cannot meet it either; re-running would only repeat the work.
                         self._observe(model, worker, "error", start)
                         await context.abort(code, details)
                     if code == grpc.StatusCode.UNAVAILABLE:
@@ -540,24 +563,40 @@ class GatewayProxy:
         """Pass a ``ModelStreamInfer`` stream through to one replica, bytes both ways.
 
         The replica is chosen with the stream's first request (its model and batch extent, one
-        lease for the whole stream); every later message goes to the same worker. No failover
-        once the stream is open: an upstream error ends the stream with its code.
+        lease and one admission ticket, both charged the first request's items, held for the
+        whole stream); every later message goes to the same worker. Every message's shapes
+        are checked first (:func:`hloserve.gateway.wire.check_shapes` against its model's
+        route): a message no model can run is not forwarded; the worker answers the messages
+        before it, then the stream ends with INVALID_ARGUMENT. No failover once the stream is
+        open: an upstream error ends the stream with its code.
         """
         iterator = aiter(requests)
         try:
             first = await anext(iterator)
         except StopAsyncIteration:
             return
+        ticket: Ticket | None = None
         try:
-            head = peek_infer_request(first)
-            lease = self._router.acquire(head.model_name, 1)
+            head = await self._checked_head(first)
+            route = self._router.table.get(head.model_name)
+            items = (head.batch or 1) if route is not None and route.max_batch else 1
+            ticket = self._admit(head.model_name, items)
+            lease = self._router.acquire(head.model_name, items)
         except HloserveError as exc:
+            if ticket is not None:
+                self._release_ticket(ticket)
             await context.abort(grpc.StatusCode[exc.status.name], exc.message)
             raise AssertionError("unreachable") from None
+        refused: list[HloserveError] = []
 
         async def upstream_requests() -> AsyncIterator[bytes]:
             yield first
             async for request in iterator:
+                try:
+                    await self._checked_head(request)
+                except HloserveError as exc:  # half-close: earlier messages still answer
+                    refused.append(exc)
+                    return
                 yield request
 
         try:
@@ -568,6 +607,29 @@ class GatewayProxy:
             await context.abort(exc.code(), exc.details() or "")
         finally:
             self._router.release(lease)
+            if ticket is not None:
+                self._release_ticket(ticket)
+        if refused:
+            await context.abort(grpc.StatusCode[refused[0].status.name], refused[0].message)
+
+    async def _checked_head(self, request: bytes) -> InferHead:
+        """The request's head with its batch extent, after its shapes were checked against
+        its model's route (a discovery pass first when the model is unknown).
+
+        Raises:
+            InvalidArgumentError: malformed, or shapes no model can run.
+        """
+        head = peek_infer_request(request)
+        if head.model_name in self._batch_inputs:
+            batch_input = self._batch_inputs[head.model_name]
+            head = dataclasses.replace(head, batch=head.batch_of(batch_input))
+        route = self._router.table.get(head.model_name)
+        if route is None and self._refresh is not None:
+            await self._refresh()
+            route = self._router.table.get(head.model_name)
+        if route is not None:
+            check_shapes(head, route.max_batch)
+        return head
 
     async def _forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext

@@ -415,6 +415,14 @@ class Router:
         self._table = table or RoutingTable()
         self._load = Load()
         self._routed: dict[tuple[str, str], int] = {}
+        self._scheduling: SchedulingConfig | None = None
+        self._external_routed: Mapping[tuple[str, str], int] = {}
+        self._external_outstanding: Mapping[tuple[str, str], int] = {}
+
+    @property
+    def scheduling(self) -> SchedulingConfig | None:
+        """The knobs last handed to :meth:`update_scheduling` (None: the config's)."""
+        return self._scheduling
 
     @property
     def table(self) -> RoutingTable:
@@ -430,6 +438,7 @@ class Router:
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
         """Hand new knobs to the scheduler (the control plane's knob and per-model changes)."""
         with self._lock:
+            self._scheduling = scheduling
             self._scheduler.update_scheduling(scheduling)
 
     def acquire(self, model: str, items: int = 1) -> Lease:
@@ -490,9 +499,26 @@ class Router:
             return self._load.outstanding(model, worker)
 
     def outstanding_all(self) -> dict[tuple[str, str], int]:
-        """Items in flight per (model, worker), only the non-zero ones."""
+        """Items in flight per (model, worker), only the non-zero ones (the data plane's
+        requests in flight included, one item each)."""
         with self._lock:
-            return self._load.snapshot()
+            merged = self._load.snapshot()
+            for key, count in self._external_outstanding.items():
+                if count:
+                    merged[key] = merged.get(key, 0) + count
+            return merged
+
+    def record_external(
+        self,
+        routed: Mapping[tuple[str, str], int],
+        outstanding: Mapping[tuple[str, str], int],
+    ) -> None:
+        """Counts of requests another data plane (HAProxy) routed and holds, per (model,
+        worker); they replace the previous ones and are added to :meth:`routed` and
+        :meth:`outstanding_all`."""
+        with self._lock:
+            self._external_routed = dict(routed)
+            self._external_outstanding = dict(outstanding)
 
     def worker_items(self, workers: Iterable[str]) -> dict[str, int]:
         """In-flight items per worker, every model together."""
@@ -500,6 +526,10 @@ class Router:
             return {w: self._load.worker_items(w) for w in workers}
 
     def routed(self) -> dict[tuple[str, str], int]:
-        """Requests routed so far per (model, worker), failovers included."""
+        """Requests routed so far per (model, worker), failovers included (the data
+        plane's included)."""
         with self._lock:
-            return dict(self._routed)
+            merged = dict(self._routed)
+            for key, count in self._external_routed.items():
+                merged[key] = merged.get(key, 0) + count
+            return merged

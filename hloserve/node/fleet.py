@@ -85,10 +85,12 @@ def fleet_gateway_config(
     admin_port: int,
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    http_listen: str | None = None,
 ) -> GatewayConfig:
     """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
-    ``workers``, ``worker_metrics``, ``listen``, ``admin_port`` and (when the workers restrict
-    their repository API) ``upstream.model_control_key`` set from the fleet.
+    ``workers``, ``worker_metrics``, ``worker_http``, ``listen``, ``admin_port``, (when given)
+    ``http_listen`` and (when the workers restrict their repository API)
+    ``upstream.model_control_key`` set from the fleet.
 
     Raises:
         GatewayConfigError: the file or an environment override is invalid.
@@ -99,6 +101,9 @@ def fleet_gateway_config(
         f"{w.host}:{w.metrics_port}" for w in workers if w.metrics_port is not None
     )
     env[ENV_PREFIX + "LISTEN"] = listen
+    env[ENV_PREFIX + "WORKER_HTTP"] = ",".join(f"{w.host}:{w.http_port}" for w in workers)
+    if http_listen is not None:
+        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
     env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
     keys = sorted({w.model_control_key for w in workers if w.model_control_key})
     if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
@@ -118,6 +123,10 @@ class GatewayThread:
     """
 
     def __init__(self, config: GatewayConfig, start_timeout_s: float = 60.0) -> None:
+        if config.http_listen is not None and config.http_listen.endswith(":0"):
+            host = config.http_listen.rpartition(":")[0]
+            port = free_ports(1, host.strip("[]"))[0]
+            config = config.model_copy(update={"http_listen": f"{host}:{port}"})
         self.config = config
         self.port = 0
         self.admin_port = 0
@@ -135,6 +144,11 @@ class GatewayThread:
     def address(self) -> str:
         """host:port of the gateway's gRPC endpoint."""
         return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """host:port of the gateway's KServe HTTP endpoint (None: gRPC only)."""
+        return self.config.http_listen
 
     def is_running(self) -> bool:
         """Whether the gateway's thread is still serving."""

@@ -105,6 +105,8 @@ class ServeOptions:
             0 = free ports. Used only with ``workers`` > 1.
         gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
             its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
+        tls_cert, tls_key, tls_client_ca: TLS on the gateway's gRPC port (PEM files; with
+            ``workers`` > 1; docs/gateway.md "TLS").
     """
 
     path: Path
@@ -129,6 +131,9 @@ class ServeOptions:
     workers: int = 1
     worker_port_base: int = 8100
     gateway_config: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
 
 @contextlib.contextmanager
@@ -334,6 +339,8 @@ def check_options(options: ServeOptions) -> None:
         )
     if options.gateway_config is not None and options.workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
+        raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     build_flags = build_flags_set(options)
     if build_flags and is_repository(options.path):
         raise InvalidArgumentError(
@@ -359,13 +366,18 @@ def check_options(options: ServeOptions) -> None:
             )
         check_ports_free(options.host, ports)
         return
-    gateway = {"gRPC": options.grpc_port, "admin (--metrics-port)": options.metrics_port}
+    gateway = {
+        "HTTP": options.http_port,
+        "gRPC": options.grpc_port,
+        "admin (--metrics-port)": options.metrics_port,
+    }
     for endpoint, port in gateway.items():
         if not 0 <= port <= 65535:
             raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
-    if options.grpc_port != 0 and options.grpc_port == options.metrics_port:
+    chosen = [p for p in gateway.values() if p]
+    if len(set(chosen)) != len(chosen):
         raise InvalidArgumentError(
-            f"the gateway's gRPC and admin ports must differ, both are {options.grpc_port}"
+            f"the gateway's HTTP, gRPC and admin ports must differ: {gateway}"
         )
     check_ports_free(options.host, {k: v for k, v in gateway.items() if v}, "gateway ")
     if options.worker_port_base:
@@ -379,7 +391,7 @@ def check_options(options: ServeOptions) -> None:
 
 
 def _check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
-    taken = {options.grpc_port, options.metrics_port} - {0}
+    taken = {options.http_port, options.grpc_port, options.metrics_port} - {0}
     clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
     if clash:
         raise InvalidArgumentError(
@@ -460,10 +472,13 @@ def run_serve(options: ServeOptions) -> int:
 
 def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -> int:
     """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
+    from hloserve.gateway.config import with_tls
     from hloserve.node.fleet import LocalFleet, fleet_gateway_config, supervise, worker_ports
 
     if options.grpc_port == 0:
         options = dataclasses.replace(options, grpc_port=free_port(options.host))
+    if options.http_port == 0:
+        options = dataclasses.replace(options, http_port=free_port(options.host))
     ports = worker_ports(options.workers, options.worker_port_base, options.host)
     _check_worker_ports(options, ports)
     workers = [
@@ -475,11 +490,17 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         )
         for p in ports
     ]
-    gateway = fleet_gateway_config(
-        workers,
-        f"{options.host}:{options.grpc_port}",
-        options.metrics_port,
-        options.gateway_config,
+    gateway = with_tls(
+        fleet_gateway_config(
+            workers,
+            f"{options.host}:{options.grpc_port}",
+            options.metrics_port,
+            options.gateway_config,
+            http_listen=f"{options.host}:{options.http_port}",
+        ),
+        options.tls_cert,
+        options.tls_key,
+        options.tls_client_ca,
     )
     fleet = LocalFleet(workers, gateway)
     try:
@@ -498,6 +519,7 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         admin = f"{options.host}:{fleet.gateway.admin_port}"
         lines += [
             f"  gateway gRPC    {fleet.gateway.address} (KServe V2, mode {gateway.mode})",
+            f"  gateway HTTP    http://{fleet.gateway.http_address} (KServe V2)",
             f"  gateway admin   http://{admin}/metrics, /healthz, /readyz",
         ]
         print("\n".join(lines), flush=True)

@@ -1,0 +1,372 @@
+"""The gateway's data plane layout: which HAProxy backends exist and where each model goes.
+
+Pure logic (no process, no socket): :func:`plan_layout` turns a
+:class:`~hloserve.gateway.routing.RoutingTable` (discovery, health and, under ``lpt_packing``,
+the placement already applied) into a :class:`Layout`; :func:`render_config` writes the
+HAProxy 2.6 configuration for it. :mod:`hloserve.gateway.haproxy` runs the process and applies
+a new layout through the runtime API (map changes) or a hitless reload (a new set of backends;
+HAProxy 2.6 cannot add a backend at runtime).
+
+Layout (docs/gateway.md, "Data plane"):
+
+- one backend per model (``m_<model>``) holding the workers it is routed to, so HAProxy's
+  per-server counters are the model's routed and in-flight requests per replica and a fill
+  quantum is per model; the balance algorithm comes from the mode: ``round_robin`` ->
+  ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
+  ``lpt_packing`` with fill mode ``run`` -> ``first`` (fill one replica up to its per-server
+  limit, the fill quantum in requests, then the next: the item quantum approximated by
+  concurrency), ``spread`` -> ``leastconn``;
+- a map from model name to backend; a ModelInfer request's model is the first field of the
+  ``ModelInferRequest`` message (``req.body,bytes(5),protobuf(1)`` after the 5-byte gRPC
+  prefix); a name missing from the map (unknown, not ready anywhere, no healthy replica) goes
+  to the Python control plane, which runs discovery and answers NOT_FOUND or UNAVAILABLE
+  with every worker's reason (or serves the request itself once it is routable);
+- every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
+  streams, ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
+- failover only when the connection to a worker could not be made (``retry-on
+  conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
+- admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
+  requests per replica at once; a request over it is answered UNAVAILABLE at once with a
+  ``grpc-message`` naming the model and the bound (HAProxy counts requests per backend, so
+  the bound is per model and replica, not per worker over every model).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from hloserve.gateway.config import GatewayConfig, SchedulingConfig
+from hloserve.gateway.routing import RoutingTable
+
+#: The Python control plane's backend: unknown models and every method but ModelInfer.
+CONTROL_BACKEND = "hloserve_control"
+
+#: KServe HTTP requests that name no routable model (health, server metadata, repository
+#: index, unknown models): any worker answers, in Triton's own JSON.
+HTTP_ANY_BACKEND = "hloserve_http_any"
+
+MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+
+#: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
+#: enough of the message to hold ``model_name`` (field 1, first on the wire as protobuf
+#: serializers write fields in number order). A whole small request arrives at once; a large
+#: one is routed after its first bytes, never buffered whole (20 MiB and 256 MiB requests were
+#: routed this way with HAProxy 2.6.12).
+ROUTE_AFTER_BYTES = 256
+
+#: gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html).
+GRPC_UNAVAILABLE = 14
+GRPC_DEADLINE_EXCEEDED = 4
+
+#: The datatype field of an ``InferInputTensor`` naming BYTES, hex: tag 0x12 (field 2,
+#: length-delimited), length 5, "BYTES".
+BYTES_DATATYPE_HEX = "1205" + b"BYTES".hex().upper()
+
+Balance = str  # "roundrobin" | "leastconn" | "first"
+
+#: Model names HAProxy can name a backend and a map key after (Triton's model names are
+#: directory names; one with other characters is served by the Python data path).
+BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One HAProxy backend: a set of workers and how requests are spread over them.
+
+    Attributes:
+        name: the backend's name in the config and the map (``m_<model>``).
+        servers: indices into the gateway's ``workers``, ascending.
+        balance: HAProxy ``balance`` algorithm.
+        maxconn: requests one server takes at once; 0 = unbounded.
+        admit: requests the backend holds before refusing (0 = unbounded).
+    """
+
+    name: str
+    servers: tuple[int, ...]
+    balance: Balance
+    maxconn: int
+    admit: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Backends and the model -> backend map (a model absent from the map goes to the
+    control plane)."""
+
+    backends: tuple[Backend, ...] = ()
+    models: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def same_backends(self, other: Layout) -> bool:
+        """Whether ``other`` needs no reload (the same backends; maps may differ)."""
+        return self.backends == other.backends
+
+
+def _balance(mode: str, scheduling: SchedulingConfig, model: str) -> Balance:
+    if mode == "round_robin":
+        return "roundrobin"
+    if mode == "least_outstanding":
+        return "leastconn"
+    return "first" if scheduling.fill_mode_of(model) == "run" else "leastconn"
+
+
+def plan_layout(
+    table: RoutingTable,
+    config: GatewayConfig,
+    scheduling: SchedulingConfig | None = None,
+) -> Layout:
+    """The layout serving ``table``: a backend and a map entry per model with a replica.
+
+    Args:
+        table: routes after health and placement; replicas are worker endpoints of
+            ``config.workers``.
+        config: the gateway's settings (workers, mode, admission).
+        scheduling: the live scheduling knobs (control plane changes); default the config's.
+
+    Returns:
+        The layout; models whose replicas are all unknown endpoints are left out. With
+        ``admission.max_inflight_items_per_model`` set, no model is mapped: HAProxy counts
+        requests, not items, so the Python data path carries ModelInfer and enforces it.
+    """
+    if config.admission.max_inflight_items_per_model:
+        return Layout()
+    scheduling = scheduling or config.scheduling
+    index = {w: i for i, w in enumerate(config.workers)}
+    per_worker = config.admission.max_inflight_requests_per_worker
+    backends: dict[str, Backend] = {}
+    models: dict[str, str] = {}
+    for model, route in sorted(table.routes.items()):
+        servers = tuple(sorted(index[w] for w in route.replicas if w in index))
+        if not servers or not BACKEND_NAME.fullmatch(model):
+            continue
+        balance = _balance(config.mode, scheduling, model)
+        maxconn = per_worker
+        if balance == "first":
+            quantum = (route.max_batch or 1) * scheduling.fill_factor_of(model)
+            quantum_requests = max(1, math.ceil(quantum))
+            maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests
+        name = f"m_{model}"
+        backends[name] = Backend(name, servers, balance, maxconn, per_worker * len(servers))
+        models[model] = name
+    ordered = tuple(backends[n] for n in sorted(backends))
+    return Layout(ordered, MappingProxyType(models))
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where and how HAProxy accepts clients and reaches the control plane.
+
+    Attributes:
+        grpc: host:port of the public gRPC endpoint.
+        http: host:port of the public KServe HTTP endpoint, or None.
+        prometheus: loopback host:port of HAProxy's Prometheus exporter, or None.
+        control: host:port of the Python control plane's gRPC server (loopback).
+        runtime_socket: path of the runtime API's Unix socket.
+        map_file: path of the model -> backend map.
+        pem: certificate chain and key in one PEM (TLS on), or None.
+        client_ca: CA bundle clients' certificates must chain to, or None.
+    """
+
+    grpc: str
+    control: str
+    runtime_socket: str
+    map_file: str
+    http: str | None = None
+    prometheus: str | None = None
+    pem: str | None = None
+    client_ca: str | None = None
+
+
+#: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
+#: status, message). ``http-error`` adds ``grpc-status`` and ``grpc-message`` headers, which
+#: gRPC clients read before the HTTP status
+#: (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md, "Responses").
+ERROR_ANSWERS: tuple[tuple[int, int, str], ...] = (
+    (
+        502,
+        GRPC_UNAVAILABLE,
+        "model '%[var(txn.model)]': the worker failed while it held the request (its "
+        "connection was lost); the gateway does not send a request that may have crashed a "
+        "worker to another replica",
+    ),
+    (
+        503,
+        GRPC_UNAVAILABLE,
+        "model '%[var(txn.model)]': no replica could take the request (every connection "
+        "attempt was refused, or it waited in the queue past upstream.request_timeout_seconds)",
+    ),
+    (
+        504,
+        GRPC_DEADLINE_EXCEEDED,
+        "model '%[var(txn.model)]': the worker did not answer within "
+        "upstream.request_timeout_seconds",
+    ),
+)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _refuse(grpc_status: int, message: str, condition: str) -> str:
+    """An ``http-request return`` answering a gRPC status at once (trailers-only)."""
+    return (
+        "  http-request return status 200"
+        f" hdr grpc-status {grpc_status} hdr grpc-message {_quote(message)} if {condition}"
+    )
+
+
+def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str) -> str:
+    """The HAProxy 2.6 configuration of ``layout``.
+
+    Args:
+        layout: backends (the map file holds the models).
+        config: the gateway's settings (workers, timeouts, admission).
+        listen: addresses, paths and TLS files.
+        master_socket: unused in the file (passed with ``-S``); kept for the comment.
+
+    Returns:
+        The configuration text (``haproxy -c`` accepts it).
+    """
+    timeout = config.upstream
+    ssl = ""
+    if listen.pem is not None:
+        ssl = f" ssl crt {listen.pem} alpn h2"
+        if listen.client_ca is not None:
+            ssl += f" ca-file {listen.client_ca} verify required"
+    lines = [
+        "# Written by hloserve's gateway control plane (hloserve/gateway/dataplane.py);",
+        f"# master socket {master_socket}. Changes are made live or by a reload.",
+        "global",
+        "  master-worker",
+        f"  stats socket {listen.runtime_socket} mode 600 level admin expose-fd listeners",
+        "  nbthread 1",
+        "  noreuseport",
+        "  tune.h2.initial-window-size 1048576",
+        f"  hard-stop-after {int(timeout.request_timeout_seconds) + 5}s",
+        "defaults",
+        "  mode http",
+        f"  timeout connect {int(timeout.probe_timeout_seconds * 1000)}ms",
+        "  timeout client 3600s",
+        f"  timeout server {int(timeout.request_timeout_seconds * 1000)}ms",
+        f"  timeout queue {int(timeout.request_timeout_seconds * 1000)}ms",
+        "  timeout http-request 3600s",
+        f"  retries {max(1, len(config.workers) - 1)}",
+        "  retry-on conn-failure",
+        "  http-reuse never",
+        "  option http-no-delay",
+        "  option redispatch 1",
+    ]
+    for status, code, message in ERROR_ANSWERS:
+        grpc_headers = f"hdr grpc-status {code} hdr grpc-message {_quote(message)}"
+        lines.append(f"  http-error status {status} {grpc_headers}")
+    infer = f"{{ path {MODEL_INFER_PATH} }}"
+    lines += [
+        "frontend grpc",
+        f"  bind {listen.grpc} proto h2{ssl}",
+        f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
+        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {infer}",
+        f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
+        f" if {infer}",
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
+        # A BYTES first input goes to the Python data path, which refuses shapes no model
+        # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
+        # protobuf converter finds only the first field of a nested message (5.1 works,
+        # 5.2 and 5.3 do not), so the first input (field 5) is searched for its datatype
+        # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
+        # check (Triton answers INVALID_ARGUMENT).
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
+        f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}",
+    ]
+    per_worker = config.admission.max_inflight_requests_per_worker
+    for backend in layout.backends:
+        if not backend.admit:
+            continue
+        workers = ", ".join(config.workers[i] for i in backend.servers)
+        message = (
+            "model '%[var(txn.model)]': the gateway holds "
+            f"{backend.admit} requests of the model in flight on worker(s) {workers} "
+            f"(admission.max_inflight_requests_per_worker = {per_worker} per replica); "
+            "retry later"
+        )
+        lines.append(
+            _refuse(
+                GRPC_UNAVAILABLE,
+                message,
+                f"{{ var(txn.be) -m str {backend.name} }}"
+                f" {{ be_conn({backend.name}) ge {backend.admit} }}",
+            )
+        )
+    lines += [
+        "  use_backend %[var(txn.be)]",
+        f"backend {CONTROL_BACKEND}",
+        f"  server control {listen.control} proto h2",
+    ]
+    for backend in layout.backends:
+        lines += [f"backend {backend.name}", f"  balance {backend.balance}"]
+        for i in backend.servers:
+            limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
+            lines.append(f"  server w{i} {config.workers[i]} proto h2{limit}")
+    if listen.http is not None:
+        lines += _render_http(layout, config, listen, ssl)
+    if listen.prometheus is not None:  # read by the admin port's /metrics
+        lines += [
+            "frontend prometheus",
+            f"  bind {listen.prometheus}",
+            "  http-request use-service prometheus-exporter if { path /metrics }",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
+    """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
+    ready) to the model's workers by the name in the path (``h_<model>``, the same map as
+    gRPC); everything else to any worker."""
+    by_model = "{ path_beg /v2/models/ }"
+    lines = [
+        "frontend http",
+        f"  bind {listen.http}{ssl.replace(' alpn h2', '')}",
+        f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
+        f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
+        "regsub(^m_,h_) if { var(txn.model) -m found }",
+        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
+        f"  default_backend {HTTP_ANY_BACKEND}",
+        f"backend {HTTP_ANY_BACKEND}",
+        "  balance roundrobin",
+    ]
+    lines += [f"  server w{i} {w}" for i, w in enumerate(config.worker_http)]
+    for backend in layout.backends:
+        lines += [f"backend h_{backend.name[2:]}", f"  balance {backend.balance}"]
+        for i in backend.servers:
+            limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
+            lines.append(f"  server w{i} {config.worker_http[i]}{limit}")
+    return lines
+
+
+def render_map(entries: Mapping[str, str]) -> str:
+    """A map file: ``key value`` per line."""
+    return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
+
+
+def map_changes(
+    before: Mapping[str, str], after: Mapping[str, str]
+) -> list[tuple[str, str, str | None]]:
+    """Runtime API edits turning map ``before`` into ``after``: (verb, key, value) with verb
+    ``set`` (key present in both), ``add`` (new key) or ``del`` (value None)."""
+    edits: list[tuple[str, str, str | None]] = []
+    for key, value in sorted(after.items()):
+        if key not in before:
+            edits.append(("add", key, value))
+        elif before[key] != value:
+            edits.append(("set", key, value))
+    edits += [("del", key, None) for key in sorted(before) if key not in after]
+    return edits
+
+
+def workers_of(layout: Layout, config: GatewayConfig) -> Sequence[str]:
+    """Every worker endpoint some backend of ``layout`` routes to."""
+    used = sorted({i for b in layout.backends for i in b.servers})
+    return [config.workers[i] for i in used]

@@ -1,0 +1,332 @@
+"""Run HAProxy as the gateway's data plane and change it live.
+
+:class:`HAProxy` starts ``haproxy -W`` (master-worker mode) on a configuration written by
+:func:`hloserve.gateway.dataplane.render_config`, applies new layouts and stops it:
+
+- a layout with the same backends changes only the model map, through the runtime API on a
+  Unix socket (``add map``, ``set map``, ``del map``: HAProxy 2.6 management guide, section
+  9.3), and the map file, so a later reload keeps it;
+- a layout with other backends (HAProxy 2.6 adds no backend at runtime) rewrites the
+  configuration and the map and reloads hitlessly: SIGUSR2 to the master, which starts a new
+  worker on the same listening sockets (handed over through ``expose-fd listeners``) while
+  the old worker finishes the requests it holds (management guide, "master-worker").
+
+The binary is Debian's ``haproxy`` package (2.6.12 in bookworm); a missing binary is an
+UNAVAILABLE error naming the package.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import csv
+import io
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from hloserve.errors import InvalidArgumentError, UnavailableError
+from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.dataplane import (
+    Layout,
+    Listen,
+    map_changes,
+    render_config,
+    render_map,
+)
+from hloserve.node.tritonserver import free_ports
+
+log = logging.getLogger("hloserve.gateway")
+
+#: Environment variable naming another HAProxy binary (default: ``haproxy`` on PATH).
+HAPROXY_ENV = "HLOSERVE_HAPROXY"
+
+#: Seconds HAProxy may take to accept its runtime socket after a start or a reload.
+START_TIMEOUT_S = 10.0
+
+
+def find_haproxy() -> str:
+    """Path of the HAProxy binary (``$HLOSERVE_HAPROXY``, else ``haproxy`` on PATH).
+
+    Raises:
+        UnavailableError: no such binary; the message names the package to install.
+    """
+    name = os.environ.get(HAPROXY_ENV, "haproxy")
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
+    if path is None:
+        raise UnavailableError(
+            f"gateway: HAProxy ({name!r}) is not installed; it is the gateway's data plane. "
+            "Install the 'haproxy' package (Debian/Ubuntu: apt-get install -y haproxy, 2.6 or "
+            f"newer) or set {HAPROXY_ENV} to its path"
+        )
+    return path
+
+
+def runtime_command(path: str, command: str, timeout_s: float = 5.0) -> str:
+    """Send one command to an HAProxy CLI socket and return its answer (text).
+
+    Raises:
+        OSError: the socket cannot be reached.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def master_ready(path: str, timeout_s: float) -> bool:
+    """Whether the master answers ``show proc`` on its CLI socket within ``timeout_s`` (it
+    then handles SIGUSR2; a reload signal sent while it still starts is lost). The master CLI
+    keeps the connection open after answering, so the answer is read up to its last section."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        data = b""
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(1.0)
+            sock.connect(path)
+            sock.sendall(b"show proc\n")
+            while b"# programs" not in data and (chunk := sock.recv(65536)):
+                data += chunk
+        if b"# programs" in data:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat``, fields 14-15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class HAProxy:
+    """One HAProxy master-worker process serving a :class:`Layout`.
+
+    Args:
+        config: the gateway's settings.
+        grpc: host:port clients connect to (a concrete port).
+        control: host:port of the Python control plane (the fallback backend).
+
+    With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
+    reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
+
+    The master is asked (``setpriv --pdeathsig TERM``, when util-linux is there) to stop when
+    the thread that started it dies, so a SIGKILLed gateway leaves no HAProxy holding its
+    ports: start it from a thread that lives as long as the gateway.
+
+    Raises:
+        UnavailableError: HAProxy is missing, refuses the configuration or cannot bind.
+        InvalidArgumentError: a TLS file cannot be read.
+    """
+
+    def __init__(self, config: GatewayConfig, grpc: str, control: str) -> None:
+        self.binary = find_haproxy()
+        self.config = config
+        self._dir = Path(tempfile.mkdtemp(prefix="hloserve-haproxy-"))
+        pem = client_ca = None
+        if config.tls is not None:
+            pem = str(self._dir / "tls.pem")
+            try:
+                text = config.tls.cert.read_text().rstrip() + "\n" + config.tls.key.read_text()
+                if config.tls.client_ca is not None:
+                    client_ca = str(config.tls.client_ca.resolve(strict=True))
+            except OSError as exc:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise InvalidArgumentError(
+                    f"gateway: tls: cannot read {exc.filename}: {exc.strerror}"
+                ) from None
+            fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+        self.listen = Listen(
+            grpc=grpc,
+            control=control,
+            http=config.http_listen,
+            prometheus=f"127.0.0.1:{free_ports(1)[0]}",
+            runtime_socket=str(self._dir / "runtime.sock"),
+            map_file=str(self._dir / "models.map"),
+            pem=pem,
+            client_ca=client_ca,
+        )
+        self.master_socket = str(self._dir / "master.sock")
+        self.config_file = self._dir / "haproxy.cfg"
+        self.layout = Layout()
+        self.reloads = 0
+        self._carried: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._write(self.layout)
+        atexit.register(self.close)  # no HAProxy left behind by an interpreter that exits
+        self._start()
+
+    def _write(self, layout: Layout) -> None:
+        text = render_config(layout, self.config, self.listen, self.master_socket)
+        Path(self.listen.map_file).write_text(render_map(layout.models))
+        self.config_file.write_text(text)
+
+    def _start(self) -> None:
+        log_file = self._dir / "haproxy.log"
+        with open(log_file, "wb") as out:
+            argv = [self.binary, "-W", "-S", self.master_socket, "-f", str(self.config_file)]
+            setpriv = shutil.which("setpriv")  # util-linux: Linux PR_SET_PDEATHSIG, then exec
+            if setpriv is not None:  # the master gets SIGTERM when the starting thread dies
+                argv = [setpriv, "--pdeathsig", "TERM", *argv]
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ok = self._wait_runtime(lambda answer: "Name: HAProxy" in answer)
+        if not ok or not master_ready(self.master_socket, START_TIMEOUT_S):
+            text = log_file.read_text(errors="replace").strip()
+            self.close()
+            raise UnavailableError(
+                f"gateway: cannot listen on {self.listen.grpc}: HAProxy did not start: "
+                f"{text or 'no output'}"
+            )
+
+    def _wait_runtime(self, ok: object) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                return False
+            with contextlib.suppress(OSError):
+                if ok(runtime_command(self.listen.runtime_socket, "show info")):  # type: ignore[operator]
+                    return True
+            time.sleep(0.05)
+        return False
+
+    @property
+    def pid(self) -> int | None:
+        """The master's process id (None once stopped)."""
+        return self._process.pid if self._process is not None else None
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the master's children (the current and any old workers)."""
+        if self.pid is None:
+            return []
+        pids = []
+        for task in Path(f"/proc/{self.pid}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                pids += [int(p) for p in task.read_text().split()]
+        return pids
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by the master and its live workers (``/proc``)."""
+        if self.pid is None:
+            return 0.0
+        return _cpu_seconds(self.pid) + sum(_cpu_seconds(p) for p in self.worker_pids())
+
+    def prometheus_text(self, timeout_s: float = 2.0) -> bytes:
+        """HAProxy's own metrics (its Prometheus exporter: per backend and server requests,
+        queue, retries, connection errors, response times); empty when unreachable."""
+        try:
+            url = f"http://{self.listen.prometheus}/metrics"
+            with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+                return bytes(reply.read())
+        except OSError:
+            return b""
+
+    def runtime(self, command: str) -> str:
+        """One runtime API command on the current worker's socket."""
+        return runtime_command(self.listen.runtime_socket, command)
+
+    def counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """(requests routed so far, requests in flight) per (model, worker) from ``show
+        stat`` (CSV, management guide 9.1: ``pxname``, ``svname``, ``stot``, ``scur``);
+        totals are carried over reloads (a new worker process starts from zero)."""
+        routed = dict(self._carried)
+        inflight: dict[tuple[str, str], int] = {}
+        text = self.runtime("show stat").lstrip("# ")
+        model_of = {backend: model for model, backend in self.layout.models.items()}
+        model_of |= {"h_" + b[2:]: m for b, m in model_of.items()}  # KServe HTTP backends
+        for row in csv.DictReader(io.StringIO(text)):
+            backend, server = row.get("pxname", ""), row.get("svname", "")
+            if backend not in model_of or not server.startswith("w") or not server[1:].isdigit():
+                continue
+            key = (model_of[backend], self.config.workers[int(server[1:])])
+            routed[key] = routed.get(key, 0) + int(row.get("stot") or 0)
+            inflight[key] = inflight.get(key, 0) + int(row.get("scur") or 0)
+        return routed, inflight
+
+    def apply(self, layout: Layout) -> None:
+        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends.
+
+        Raises:
+            UnavailableError: the reload did not come up (the old worker keeps serving).
+        """
+        with self._lock:
+            if layout == self.layout:
+                return
+            if layout.same_backends(self.layout):
+                self._edit_map(self.listen.map_file, self.layout.models, layout.models)
+                self.layout = layout
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._carried = self.counts()[0]
+            self._write(layout)
+            self._reload()
+            self.layout = layout
+
+    def _edit_map(self, path: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+        Path(path).write_text(render_map(after))
+        for verb, key, value in map_changes(before, after):
+            target = "" if value is None else f" {value}"
+            answer = self.runtime(f"{verb} map {path} {key}{target}").strip()
+            if answer:
+                log.warning("gateway: HAProxy %s map %s %s: %s", verb, path, key, answer)
+
+    def _reload(self) -> None:
+        assert self._process is not None
+        before = self.runtime("show info")
+        pid_before = _field(before, "Pid")
+        os.kill(self._process.pid, signal.SIGUSR2)
+        self.reloads += 1
+        if not self._wait_runtime(lambda answer: _field(answer, "Pid") not in ("", pid_before)):
+            raise UnavailableError(
+                f"gateway: HAProxy did not reload {self.config_file}; see "
+                f"{self._dir / 'haproxy.log'}"
+            )
+
+    def close(self) -> None:
+        """Stop HAProxy (SIGTERM to the master, then SIGKILL) and remove its files
+        (idempotent)."""
+        process, self._process = self._process, None
+        atexit.unregister(self.close)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _field(info: str, name: str) -> str:
+    """The value of ``name: value`` in ``show info`` output, '' when absent."""
+    for line in info.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return ""
