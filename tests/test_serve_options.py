@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.node.serve import ServeOptions, check_options, server_options, with_dependencies
-from hloserve.node.tritonserver import PortInUseError, StubProcess, free_ports
+from hloserve.node.serve import (
+    ServeOptions,
+    _wait_ready_or_stop,
+    check_options,
+    server_options,
+    with_dependencies,
+)
+from hloserve.node.tritonserver import PortInUseError, StubProcess, TritonServerError, free_ports
 from hloserve.node.watchdog import StubWatchdog, describe_wait_status
 
 
@@ -210,3 +218,39 @@ def test_build_options_on_a_built_repository_are_refused(
     bundles = tmp_path / "bundles"
     (bundles / "m").mkdir(parents=True)  # not a repository: the flags apply
     check_options(_cli_serve_options(monkeypatch, [str(bundles), *argv[1:], *flags]))
+
+
+class _SlowReadiness:
+    """A server whose readiness check takes its slice plus ``extra_s``; ready at ``ready_on``."""
+
+    def __init__(self, ready_on: int, extra_s: float) -> None:
+        self.calls, self.ready_on, self.extra_s = 0, ready_on, extra_s
+
+    def wait_ready(self, timeout_s: float) -> float:
+        self.calls += 1
+        if self.calls >= self.ready_on:
+            time.sleep(0.05)
+            return 0.05
+        time.sleep(min(timeout_s, 0.3) + self.extra_s)
+        raise TritonServerError("not ready yet")
+
+    def is_running(self) -> bool:
+        return True
+
+
+def test_startup_wait_reports_the_time_it_really_took() -> None:
+    """Each failed poll counts what it took, not a fixed 2 s."""
+    server = _SlowReadiness(ready_on=4, extra_s=0.2)
+    start = time.monotonic()
+    waited = _wait_ready_or_stop(server, 60.0, threading.Event())  # type: ignore[arg-type]
+    real = time.monotonic() - start
+    assert waited is not None and abs(waited - real) < 0.3, (waited, real)
+    assert server.calls == 4
+
+
+def test_startup_wait_gives_up_at_its_timeout() -> None:
+    server = _SlowReadiness(ready_on=10**6, extra_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(TritonServerError):
+        _wait_ready_or_stop(server, 2.0, threading.Event())  # type: ignore[arg-type]
+    assert time.monotonic() - start < 2.0 + 1.0  # at most one slice past the timeout

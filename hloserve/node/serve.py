@@ -18,6 +18,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -603,13 +604,18 @@ def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, 
 def _wait_ready_or_stop(
     server: TritonServer, timeout_s: float, stop: threading.Event
 ) -> float | None:
-    """Wait for readiness in short slices so a signal during start-up is honoured."""
-    waited = 0.0
+    """Wait for readiness in short slices so a signal during start-up is honoured.
+
+    Returns:
+        Seconds actually waited (wall clock), or None when ``stop`` was set first.
+    """
+    start = time.monotonic()
     while not stop.is_set():
+        left = timeout_s - (time.monotonic() - start)
         try:
-            return waited + server.wait_ready(timeout_s=min(2.0, max(timeout_s - waited, 0.1)))
+            server.wait_ready(timeout_s=min(2.0, max(left, 0.1)))
+            return time.monotonic() - start
         except TritonServerError:
-            waited += 2.0
-            if not server.is_running() or waited >= timeout_s:
+            if not server.is_running() or time.monotonic() - start >= timeout_s:
                 raise
     return None
