@@ -198,6 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             worker_port_base=args.worker_port_base,
             gateway_config=args.gateway_config,
+            admin_port=args.admin_port,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
@@ -401,6 +402,14 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--http-port", type=int, default=8000, help="KServe V2 HTTP (8000)")
     serve.add_argument("--grpc-port", type=int, default=8001, help="KServe V2 gRPC (8001)")
     serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus (8002)")
+    serve.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the supervisor's own /metrics (workers up, restarts, stub reloads; "
+        "docs/observability.md); default 8003, off with a warning when taken; 0 = a free port",
+    )
     serve.add_argument(
         "--host",
         default="127.0.0.1",

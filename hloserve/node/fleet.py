@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
@@ -34,6 +35,10 @@ from hloserve.node.tritonserver import (
     TritonServerOptions,
     free_ports,
 )
+
+if TYPE_CHECKING:
+    from hloserve.node.watchdog import StubWatchdog
+    from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
 
@@ -299,7 +304,11 @@ def describe_exit(code: int) -> str:
 
 
 def supervise(
-    fleet: LocalFleet, stop: threading.Event, report: Callable[[str], None], poll_s: float = 0.5
+    fleet: LocalFleet,
+    stop: threading.Event,
+    report: Callable[[str], None],
+    poll_s: float = 0.5,
+    observe: NodeObservability | None = None,
 ) -> int:
     """Watch a started fleet until ``stop`` is set (0) or nothing is left to serve (1).
 
@@ -310,14 +319,22 @@ def supervise(
     """
     from hloserve.node.serve import stub_watchdog
 
+    def watchdog(i: int, server: TritonServer) -> StubWatchdog:
+        counted = None if observe is None else (lambda m: observe.stub_reloaded(i, m))
+        return stub_watchdog(server, counted)
+
     reported: set[int] = set()
-    watchdogs = {id(server): stub_watchdog(server) for server in fleet.servers}
+    watchdogs = {id(server): watchdog(i, server) for i, server in enumerate(fleet.servers)}
     while not stop.wait(poll_s):
-        for server in fleet.servers:
+        for i, server in enumerate(fleet.servers):
             if id(server) not in watchdogs:  # restarted by restart_worker
-                watchdogs[id(server)] = stub_watchdog(server)
+                watchdogs[id(server)] = watchdog(i, server)
+                if observe is not None:
+                    observe.worker_restarted(i)
             if server.is_running():
                 watchdogs[id(server)].check()
+        if observe is not None:
+            observe.workers_up(sum(s.is_running() for s in fleet.servers))
         for i, code in enumerate(fleet.exit_codes()):
             if code is not None and i not in reported:
                 reported.add(i)

@@ -19,7 +19,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
     )
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
+    from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
 
@@ -108,6 +109,9 @@ class ServeOptions:
             its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
         tls_cert, tls_key, tls_client_ca: TLS on the gateway's gRPC port (PEM files; with
             ``workers`` > 1; docs/gateway.md "TLS").
+        admin_port: the supervisor's admin port (``/metrics``: workers up, restarts, stub
+            reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
+            0 = a free port.
     """
 
     path: Path
@@ -135,6 +139,7 @@ class ServeOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    admin_port: int | None = None
 
 
 @contextlib.contextmanager
@@ -355,6 +360,16 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError(
             f"cannot resolve host '{options.host}' ({getattr(exc, 'strerror', None) or exc})"
         ) from None
+    if options.admin_port is not None and not 0 <= options.admin_port <= 65535:
+        raise InvalidArgumentError(f"--admin-port {options.admin_port} is not in 0..65535")
+    if options.admin_port and options.admin_port in (
+        options.http_port,
+        options.grpc_port,
+        options.metrics_port,
+    ):
+        raise InvalidArgumentError(
+            f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
+        )
     if options.workers == 1:
         ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
         ports["metrics"] = options.metrics_port
@@ -430,6 +445,7 @@ def run_serve(options: ServeOptions) -> int:
                 dataclasses.replace(server_options(options, repository), die_with_parent=True)
             )
             server.start()
+            stack = contextlib.ExitStack()
             try:
                 urls = server.urls
                 print(
@@ -439,7 +455,9 @@ def run_serve(options: ServeOptions) -> int:
                     flush=True,
                 )
                 waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
-                watchdog = stub_watchdog(server)
+                observe = _observability(options, [urls.metrics] if urls.metrics else [], None)
+                stack.enter_context(observe)
+                watchdog = stub_watchdog(server, lambda m: observe.stub_reloaded(0, m))
                 if waited is not None:
                     states = model_states(urls.http, server.options.model_control_key)
                     for name, (state, reason) in states.items():
@@ -451,7 +469,10 @@ def run_serve(options: ServeOptions) -> int:
                         + " (Ctrl-C to stop)",
                         flush=True,
                     )
+                    if observe.admin:
+                        print(f"  admin   http://{observe.admin}/metrics (supervisor)")
                 while not stop.wait(0.5):
+                    observe.workers_up(int(server.is_running()))
                     watchdog.check()
                     code = server.exit_code()
                     if code is not None:
@@ -463,6 +484,7 @@ def run_serve(options: ServeOptions) -> int:
                         print(f"hloserve: tritonserver {how} (its log is above)", flush=True)
                         return 1
             finally:
+                stack.close()
                 server.stop()
                 print("hloserve: stopped", flush=True)
     finally:
@@ -504,6 +526,7 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         options.tls_client_ca,
     )
     fleet = LocalFleet(workers, gateway)
+    stack = contextlib.ExitStack()
     try:
         waited = fleet.start(options.startup_timeout_s, stop)
         lines = [f"hloserve: {options.workers} tritonservers serving {repository}"]
@@ -518,11 +541,15 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
             return 0
         assert fleet.gateway is not None
         admin = f"{options.host}:{fleet.gateway.admin_port}"
+        metrics = [s.urls.metrics for s in fleet.servers if s.urls.metrics]
+        observe = stack.enter_context(_observability(options, metrics, admin))
         lines += [
             f"  gateway gRPC    {fleet.gateway.address} (KServe V2, mode {gateway.mode})",
             f"  gateway HTTP    http://{fleet.gateway.http_address} (KServe V2)",
             f"  gateway admin   http://{admin}/metrics, /healthz, /readyz",
         ]
+        if observe.admin:
+            lines.append(f"  admin           http://{observe.admin}/metrics (supervisor)")
         print("\n".join(lines), flush=True)
         failed = 0
         for i, server in enumerate(fleet.servers):
@@ -542,8 +569,9 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
             + " (Ctrl-C to stop)",
             flush=True,
         )
-        return supervise(fleet, stop, lambda line: print(line, flush=True))
+        return supervise(fleet, stop, lambda line: print(line, flush=True), observe=observe)
     finally:
+        stack.close()
         fleet.close()
         print("hloserve: stopped", flush=True)
 
@@ -567,18 +595,42 @@ def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
     return "explicit", ("*",)
 
 
-def stub_watchdog(server: TritonServer) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode, else only reports."""
+def stub_watchdog(
+    server: TritonServer, on_reload: Callable[[str], None] | None = None
+) -> StubWatchdog:
+    """The watchdog of a server: it reloads models in explicit mode, else only reports.
+
+    Args:
+        server: the running server.
+        on_reload: called with the model's name after each reload it starts (for metrics).
+    """
     from hloserve.node.model_control import http_headers
     from hloserve.node.watchdog import StubWatchdog, reload_model
 
     http = server.urls.http
     explicit = server.options.model_control_mode == "explicit"
     headers = http_headers(server.options.model_control_key)
-    return StubWatchdog(
-        server,
-        (lambda model: reload_model(http, model, headers=headers)) if explicit else None,
-        lambda line: print(line, flush=True),
+
+    def reload(model: str) -> None:
+        reload_model(http, model, headers=headers)
+        if on_reload is not None:
+            on_reload(model)
+
+    return StubWatchdog(server, reload if explicit else None, lambda line: print(line, flush=True))
+
+
+def _observability(
+    options: ServeOptions, worker_metrics: Sequence[str], gateway_admin: str | None
+) -> NodeObservability:
+    """The supervisor's admin port and scrape targets (docs/observability.md)."""
+    from hloserve.observability.supervisor import NodeObservability
+
+    return NodeObservability(
+        f"serve-{options.grpc_port}",
+        options.host,
+        options.admin_port,
+        worker_metrics,
+        gateway_admin,
     )
 
 

@@ -1,0 +1,119 @@
+"""What a supervising process (``hloserve serve``) publishes while it runs a node.
+
+:class:`NodeObservability` starts the supervisor's admin port (:mod:`.node_metrics`) and writes
+the node's scrape targets (:mod:`.targets`) when the node is up, and removes the file and
+closes the port when it stops. The supervisor reports to it: workers running, restarts, stub
+reloads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from hloserve.errors import HloserveError, Status
+from hloserve.observability.node_metrics import DEFAULT_ADMIN_PORT, NodeAdminServer, NodeMetrics
+from hloserve.observability.targets import NodeTargets, remove_targets, write_targets
+
+log = logging.getLogger("hloserve.observability")
+
+
+class AdminPortError(HloserveError):
+    """The supervisor's admin port, given explicitly, cannot be bound."""
+
+    status = Status.UNAVAILABLE
+
+
+class NodeObservability:
+    """The supervisor's admin port and scrape-target file for one node.
+
+    Args:
+        node: the node's name (``node`` label, file name), e.g. ``serve-8001``.
+        host: the address the admin port binds and the targets name.
+        admin_port: the admin port; None = :data:`DEFAULT_ADMIN_PORT`, and then a taken port
+            only turns the admin port off with a warning (an explicit port that is taken is an
+            error); 0 = a free port.
+        worker_metrics: each worker's metrics ``host:port``.
+        gateway_admin: the gateway's admin ``host:port`` with several workers, else None.
+        targets_dir: where the target file goes (default
+            :func:`~hloserve.observability.targets.targets_dir`).
+
+    Raises:
+        AdminPortError: (UNAVAILABLE) an explicit ``admin_port`` is taken.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        host: str,
+        admin_port: int | None,
+        worker_metrics: Sequence[str],
+        gateway_admin: str | None = None,
+        targets_dir: Path | None = None,
+    ) -> None:
+        self.metrics = NodeMetrics([f"worker{i}" for i in range(len(worker_metrics))])
+        self._server: NodeAdminServer | None = None
+        try:
+            port = DEFAULT_ADMIN_PORT if admin_port is None else admin_port
+            self._server = NodeAdminServer(self.metrics, host, port)
+        except OSError as exc:
+            if admin_port is not None:
+                raise AdminPortError(
+                    f"the admin port {host}:{admin_port} cannot be bound ({exc.strerror}); "
+                    "choose another with --admin-port"
+                ) from None
+            log.warning(
+                "admin port %s:%d is taken (%s): the supervisor's metrics are off "
+                "(--admin-port to choose another)",
+                host,
+                DEFAULT_ADMIN_PORT,
+                exc.strerror,
+            )
+        self.admin = f"{host}:{self._server.port}" if self._server else None
+        self._targets = NodeTargets(node, list(worker_metrics), gateway_admin, self.admin)
+        self._targets_dir = targets_dir
+        self._file: Path | None = None
+
+    def start(self) -> None:
+        """Serve the admin port and write the target file."""
+        if self._server is not None:
+            self._server.start()
+        try:
+            self._file = write_targets(self._targets, self._targets_dir)
+        except OSError as exc:  # a read-only home must not stop the node
+            log.warning("cannot write the Prometheus target file: %s", exc)
+
+    def workers_up(self, count: int) -> None:
+        """Record how many workers are running now."""
+        self.metrics.workers_up.set(count)
+
+    def stub_reloaded(self, worker: int, model: str) -> None:
+        """Count a model reloaded after its stub died on worker ``worker``."""
+        self.metrics.stub_reloads.labels(worker=f"worker{worker}", model=model).inc()
+
+    def worker_restarted(self, worker: int) -> None:
+        """Count a restart of worker ``worker``."""
+        self.metrics.restarts.labels(worker=f"worker{worker}").inc()
+
+    def close(self) -> None:
+        """Remove the target file and close the admin port."""
+        if self._file is not None:
+            remove_targets(self._file)
+            self._file = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> NodeObservability:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
