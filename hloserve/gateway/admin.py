@@ -50,6 +50,15 @@ class _RouterCollector(Collector):
         for model, route in sorted(self._router.table.routes.items()):
             replicas.add_metric([model], len(route.replicas))
         yield replicas
+        placement = GaugeMetricFamily(
+            PREFIX + "placement",
+            "1 for each worker the routing table places a model on.",
+            labels=["model", "worker"],
+        )
+        for model, route in sorted(self._router.table.routes.items()):
+            for worker in route.replicas:
+                placement.add_metric([model, worker], 1)
+        yield placement
 
 
 class GatewayMetrics:

@@ -298,9 +298,10 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         (
             PanelSpec(
                 "Placement: workers per model",
-                ('sum by (model, worker) (hloserve_gateway_placement{node=~"$node"})',),
+                ('max by (model, worker) (hloserve_gateway_placement{node=~"$node"})',),
                 kind="table",
                 legends=("{{model}} -> {{worker}}",),
+                description="The routing table: 1 where a model has a replica.",
             ),
             PanelSpec(
                 "Replicas",
@@ -308,22 +309,39 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 legends=("{{model}}",),
             ),
             PanelSpec(
-                "Routed requests per second",
-                (_rate("hloserve_gateway_requests_total", '{node=~"$node"}', by="model, worker"),),
+                "Routed requests per second (HAProxy)",
+                (
+                    "sum by (proxy, server) (rate(haproxy_server_http_responses_total"
+                    '{node=~"$node", proxy=~"m_.+"}[1m]))',
+                ),
                 unit="reqps",
-                legends=("{{model}} -> {{worker}}",),
+                legends=("{{proxy}} -> {{server}}",),
+                description="HAProxy's data plane: backend m_<model>, server w<i> = worker i.",
+            ),
+            PanelSpec(
+                "Upstream response time (HAProxy)",
+                (
+                    "max by (proxy, server) (haproxy_server_response_time_average_seconds"
+                    '{node=~"$node", proxy=~"m_.+"})',
+                ),
+                unit="s",
+                legends=("{{proxy}} -> {{server}}",),
+                description="HAProxy's average over its last 1024 requests per server.",
             ),
             PanelSpec(
                 "Failovers and refusals per second",
                 (
-                    _rate(
-                        "hloserve_gateway_requests_total",
-                        '{node=~"$node", outcome!="ok"}',
-                        by="outcome",
-                    ),
+                    "sum(rate(haproxy_backend_redispatch_warnings_total"
+                    '{node=~"$node", proxy=~"m_.+"}[1m]))',
+                    "sum(rate(haproxy_backend_retry_warnings_total"
+                    '{node=~"$node", proxy=~"m_.+"}[1m]))',
+                    "sum(rate(haproxy_backend_http_responses_total"
+                    '{node=~"$node", proxy=~"m_.+", code="5xx"}[1m]))',
                 ),
                 unit="reqps",
-                legends=("{{outcome}}",),
+                legends=("failovers (redispatched)", "retries", "refused or failed (5xx)"),
+                description="A refused connection is redispatched to another replica; a "
+                "request a worker may have run is never re-sent (docs/gateway.md).",
             ),
         ),
         variables=("node",),
