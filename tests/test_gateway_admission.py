@@ -1,4 +1,5 @@
-"""Admission bounds and worker health probes of the gateway (ReactantServer rows 63, 65).
+"""Admission bounds and worker health probes of the gateway (docs/gateway.md, "Admission",
+"Health probes").
 
 Pure logic first (Admission, HealthTracker, restrict_to_healthy), then the whole gateway
 (run_gateway) over fake gRPC workers on loopback: a request over a bound is refused with

@@ -1,4 +1,4 @@
-"""Gateway settings: defaults (ReactantServer rows 62, 65, 69-74, 77), YAML, env overrides."""
+"""Gateway settings: defaults (ReactantServer's, docs/gateway.md), YAML, env overrides."""
 
 from __future__ import annotations
 
@@ -25,18 +25,18 @@ def test_defaults_follow_reactantserver(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, "workers: ['127.0.0.1:8101']\n"), environ={})
     assert config.listen == "127.0.0.1:8001"
     assert config.admin_port == 8002
-    assert config.mode == "round_robin"  # row 66
+    assert config.mode == "round_robin"  # ReactantServer's default mode
     s = config.scheduling
-    assert s.default_replicas == 1  # row 72
-    assert s.forbid_memory_oversubscription is True  # row 69
-    assert s.hysteresis == 0.0  # row 69
-    assert s.rebalance_compute_seconds == 300.0  # row 71
-    assert s.first_rebalance_compute_seconds == 60.0  # row 71
-    assert s.routing_fill_factor == 1.0  # row 73
-    assert s.routing_fill_mode == "run"  # row 73
-    assert s.routing_policy == "fill_least"  # row 74
-    assert config.discovery.poll_interval_seconds == 10.0  # row 63
-    assert config.upstream.request_timeout_seconds == 60.0  # row 65
+    assert s.default_replicas == 1  # replica counts
+    assert s.forbid_memory_oversubscription is True  # placement
+    assert s.hysteresis == 0.0  # placement
+    assert s.rebalance_compute_seconds == 300.0  # repack cadence
+    assert s.first_rebalance_compute_seconds == 60.0  # repack cadence
+    assert s.routing_fill_factor == 1.0  # fill quantum
+    assert s.routing_fill_mode == "run"  # fill mode
+    assert s.routing_policy == "fill_least"  # routing policy
+    assert config.discovery.poll_interval_seconds == 10.0  # discovery interval
+    assert config.upstream.request_timeout_seconds == 60.0  # per-call timeout
     assert config.grpc.max_recv_msg_bytes == MAX_GRPC_MESSAGE_BYTES == 2**31 - 1
     assert config.grpc.max_send_msg_bytes == MAX_GRPC_MESSAGE_BYTES
 

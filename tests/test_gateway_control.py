@@ -1,4 +1,5 @@
-"""The gateway's control plane over real gRPC on loopback (rows 58-61, issue 5).
+"""The gateway's control plane over real gRPC on loopback (docs/gateway.md, "Control plane";
+issue 5).
 
 A real ``run_gateway`` (lpt_packing and round_robin) over three in-process fake workers
 (tests/test_gateway_proxy.py's ``FakeWorker``), driven through ``hloserve gateway-ctl`` and the

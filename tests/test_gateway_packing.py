@@ -1,4 +1,4 @@
-"""The lpt_packing control loop: statistics -> EWMAs -> repack -> table (rows 68, 69, 71, 72)."""
+"""The lpt_packing control loop: statistics -> EWMAs -> repack -> table (docs/gateway.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _counters(**per_model: tuple[int, float]) -> dict[tuple[str, str], Counters]
 
 
 def test_first_tick_places_every_model_with_its_replica_count() -> None:
-    """Row 72: replicas per model from the config; row 69: placed at startup."""
+    """Replicas per model come from the config; every model is placed at startup."""
     controller = LptController(SchedulingConfig(models={"a": {"replicas": 2}}))
     table = controller.tick(_discovered("a", "b", "c"), {}, 1.0)
     assert sorted(table.routes["a"].replicas) == ["w0", "w1"]
@@ -41,7 +41,7 @@ def test_cold_models_spread_over_workers() -> None:
 
 
 def test_observe_measures_rate_and_cost_per_item() -> None:
-    """Row 68: cost per item = delta compute seconds / delta items."""
+    """Cost per item = delta compute seconds / delta items."""
     controller = LptController(SchedulingConfig())
     assert controller.observe(_counters(a=(50, 0.5)), 10.0) == 0.0  # baseline only
     assert controller.observe(_counters(a=(150, 1.5)), 10.0) == pytest.approx(1.0)
@@ -57,7 +57,7 @@ def test_a_counter_reset_counts_as_a_fresh_start() -> None:
 
 
 def test_ewma_weighs_new_samples_by_fleet_compute() -> None:
-    """Row 71: the EWMA decays against fleet compute seconds (half-life = rebalance budget)."""
+    """The EWMA decays against fleet compute seconds (half-life = rebalance budget)."""
     controller = LptController(SchedulingConfig(rebalance_compute_seconds=1.0))
     controller.observe(_counters(a=(0, 0.0)), 1.0)
     controller.observe(_counters(a=(100, 1.0)), 1.0)  # first sample: rate 100
@@ -129,7 +129,7 @@ def test_weights_from_metrics() -> None:
 
 
 def test_weights_keep_models_within_budget() -> None:
-    """Row 69: b and c (60 bytes each) would share w1 on compute alone; budgets forbid it."""
+    """Models b and c (60 bytes each) would share w1 on compute alone; budgets forbid it."""
     knobs = SchedulingConfig(rebalance_compute_seconds=0.1, first_rebalance_compute_seconds=0)
     start = _counters(a=(0, 0.0), b=(0, 0.0), c=(0, 0.0))
     busy = _counters(a=(100, 1.0), b=(10, 0.1), c=(10, 0.1))

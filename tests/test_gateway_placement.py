@@ -1,4 +1,4 @@
-"""lpt_packing placement and repack cadence (ReactantServer rows 69, 71, 72)."""
+"""lpt_packing placement and repack cadence (docs/gateway.md, "Placement (lpt_packing)")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ W3 = [WorkerCapacity("w0"), WorkerCapacity("w1"), WorkerCapacity("w2")]
 
 
 def test_replica_counts_on_distinct_workers() -> None:
-    """Row 72: k = clamp(replicas, 1, N) distinct workers; 'all' = every worker."""
+    """k = clamp(replicas, 1, N) distinct workers; 'all' = every worker."""
     placement = compute_placement(
         [
             ModelLoad("two", arrival_rate=10, cost_per_item_seconds=0.01, replicas=2),
@@ -39,7 +39,7 @@ def _max_over_mean(shares: dict[str, float]) -> float:
 
 
 def test_heaviest_first_beats_round_robin_placement() -> None:
-    """Row 69: heaviest first onto the least-pressured worker (Graham's LPT)."""
+    """Heaviest first onto the least-pressured worker (Graham's LPT)."""
     rates = {"a": 6, "b": 3, "c": 3, "d": 5, "e": 3, "f": 4}
     models = [ModelLoad(n, arrival_rate=r, cost_per_item_seconds=0.1) for n, r in rates.items()]
     placement = compute_placement(models, W3)
@@ -54,7 +54,7 @@ def test_heaviest_first_beats_round_robin_placement() -> None:
 
 
 def test_replica_is_charged_a_share_of_compute_and_all_of_its_weight() -> None:
-    """Row 69: compute u/k per replica, the full weight footprint on each."""
+    """Compute u/k per replica, the full weight footprint on each."""
     workers = [WorkerCapacity("w0", weight_budget_bytes=100), WorkerCapacity("w1", 100)]
     placement = compute_placement(
         [ModelLoad("m", arrival_rate=10, cost_per_item_seconds=0.08, weight_bytes=30, replicas=2)],
@@ -73,7 +73,7 @@ def _memory_fleet(c_weight: int) -> list[ModelLoad]:
 
 
 def test_memory_dimension_and_forbid_oversubscription() -> None:
-    """Row 69: pressure = max(compute, memory / budget); forbid_memory_oversubscription.
+    """Pressure = max(compute, memory / budget); forbid_memory_oversubscription.
 
     w0 is busy with compute (a: 2.0), w1 holds 9 of its 10 bytes (b). c (2 bytes) is less
     pressured on w1 (max(0.2, 1.1)) than on w0 (2.1), but only w0 has room for it.
@@ -88,7 +88,7 @@ def test_memory_dimension_and_forbid_oversubscription() -> None:
 
 
 def test_infeasible_memory_is_placed_with_a_warning() -> None:
-    """Row 69: when no worker has room the model is placed anyway and a warning says so."""
+    """When no worker has room the model is placed anyway and a warning says so."""
     workers = [WorkerCapacity("w0", 10), WorkerCapacity("w1", 10)]
     placement = compute_placement(_memory_fleet(11), workers)
     assert len(placement.assignment["c"]) == 1
@@ -105,7 +105,7 @@ def test_zero_budget_is_unconstrained() -> None:
 
 
 def test_cold_models_are_packed_by_memory() -> None:
-    """Row 69: models with u = 0 go where the memory share stays lowest."""
+    """Models with u = 0 go where the memory share stays lowest."""
     workers = [WorkerCapacity("w0", 100), WorkerCapacity("w1", 100)]
     placement = compute_placement(
         [
@@ -119,7 +119,7 @@ def test_cold_models_are_packed_by_memory() -> None:
 
 
 def test_hysteresis_keeps_placements_stable() -> None:
-    """Row 69: a model keeps its worker unless another improves pressure by > hysteresis."""
+    """A model keeps its worker unless another improves pressure by > hysteresis."""
     workers = [WorkerCapacity("w0"), WorkerCapacity("w1")]
     models = [
         ModelLoad("a", arrival_rate=5, cost_per_item_seconds=0.1),
@@ -162,7 +162,7 @@ def test_bad_arguments(kwargs: dict[str, float], workers: list[WorkerCapacity], 
 
 
 def test_repack_clock_counts_fleet_compute_seconds() -> None:
-    """Row 71: first traffic-driven repack after 60 s, then every 300 s; idle never repacks."""
+    """First traffic-driven repack after 60 s, then every 300 s; idle never repacks."""
     clock = RepackClock(300.0, first_rebalance_compute_seconds=60.0)
     assert clock.budget_seconds == 60.0
     assert not clock.advance(0.0)

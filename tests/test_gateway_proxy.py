@@ -1,4 +1,4 @@
-"""The gateway proxy over two real in-process gRPC workers on loopback (rows 62-64).
+"""The gateway proxy over two real in-process gRPC workers on loopback (docs/gateway.md, "Proxy").
 
 The workers are fake tritonservers (tritonclient's generated servicer, echoing their input and
 saying who answered); the client is tritonclient's stock ``grpc.aio`` client.
@@ -235,7 +235,7 @@ def test_twenty_mib_tensor_round_trips() -> None:
 
 
 def test_failover_on_unavailable() -> None:
-    """Row 64: UNAVAILABLE from a replica -> the request goes to another replica."""
+    """UNAVAILABLE from a replica -> the request goes to another replica."""
 
     async def body() -> None:
         async with fleet(FakeWorker("w0", unavailable=True), FakeWorker("w1")) as f:
@@ -485,7 +485,7 @@ def test_other_upstream_errors_pass_through() -> None:
 
 
 def test_lpt_packing_reads_the_batch_extent() -> None:
-    """Row 73: the quantum (max batch 4 from ModelConfig) is counted in items."""
+    """The quantum (max batch 4 from ModelConfig) is counted in items."""
 
     async def body() -> None:
         scheduler = LptPackingScheduler(SchedulingConfig(routing_policy="fill_rr"))
@@ -538,7 +538,7 @@ async def _http(port: int, path: str) -> tuple[int, str]:
 
 
 def test_run_gateway_discovers_models_loaded_later() -> None:
-    """Row 63: discovery polls the workers and swaps the table; the admin port tells."""
+    """Discovery polls the workers and swaps the table; the admin port tells."""
 
     async def body() -> None:
         worker = FakeWorker("w0", models=())
@@ -608,7 +608,7 @@ def test_model_statistics_are_summed_over_workers() -> None:
 
 
 def test_shm_register_fans_out_and_rolls_back() -> None:
-    """Row 75: register on every worker or on none; unregister succeeds if any worker does."""
+    """Register on every worker or on none; unregister succeeds if any worker does."""
 
     async def body() -> None:
         w0, w1 = FakeWorker("w0"), FakeWorker("w1")
@@ -684,7 +684,7 @@ def test_stream_infer_passes_through_to_one_replica() -> None:
 
 
 def test_unknown_model_triggers_a_refresh() -> None:
-    """Row 63: a model loaded after the last poll is served on its first request."""
+    """A model loaded after the last poll is served on its first request."""
 
     async def body() -> None:
         worker = FakeWorker("w0", models=())
@@ -815,8 +815,8 @@ def test_cli_gateway_serves_until_sigterm() -> None:
 
 
 def test_worker_not_found_fails_over_and_refreshes() -> None:
-    """Row 64: a replica that lost the model answers NOT_FOUND; the request moves on and the
-    table is refreshed in the background (row 63)."""
+    """A replica that lost the model answers NOT_FOUND; the request moves on and the table is
+    refreshed in the background."""
 
     async def body() -> None:
         w0, w1 = FakeWorker("w0"), FakeWorker("w1")

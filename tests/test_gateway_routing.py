@@ -1,4 +1,4 @@
-"""Router and schedulers (ReactantServer rows 63, 64, 66, 67, 68, 73, 74)."""
+"""Router and schedulers (docs/gateway.md, "Routing")."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _lpt(**knobs: object) -> LptPackingScheduler:
 
 
 def test_round_robin_rotates_and_fails_over_in_rotation() -> None:
-    """Row 66: uniform rotation over a model's replicas."""
+    """Uniform rotation over a model's replicas."""
     router = Router(RoundRobinScheduler(), RoutingTable({"m": ModelRoute(("a", "b", "c"))}))
     leases = [router.acquire("m") for _ in range(4)]
     assert [lease.worker for lease in leases] == ["a", "b", "c", "a"]
@@ -32,7 +32,7 @@ def test_round_robin_rotates_and_fails_over_in_rotation() -> None:
 
 
 def test_unknown_model_is_not_found_and_empty_route_unavailable() -> None:
-    """Row 64: no replica -> an error whose status maps to the gRPC code."""
+    """No replica -> an error whose status maps to the gRPC code."""
     router = Router(RoundRobinScheduler(), RoutingTable({"m": ModelRoute(())}))
     with pytest.raises(Exception, match="not served by any worker") as info:
         router.acquire("nope")
@@ -63,7 +63,7 @@ def test_no_route_error_names_each_workers_reason() -> None:
 
 
 def test_failover_moves_the_charge_and_release_is_idempotent() -> None:
-    """Row 64: replicas tried in order; row 74: the rest least backed up first."""
+    """Replicas are tried in order: the chosen one, then the rest least backed up first."""
     router = Router(LeastOutstandingScheduler(), RoutingTable({"m": ModelRoute(("a", "b", "c"))}))
     busy = router.acquire("m", items=5)  # a
     assert busy.worker == "a"
@@ -99,7 +99,7 @@ def test_least_outstanding_compares_compute_not_items() -> None:
 
 
 def test_unmeasured_model_costs_the_fleet_mean() -> None:
-    """Row 68: an unpolled model is charged the fleet-mean cost per item."""
+    """An unpolled model is charged the fleet-mean cost per item."""
     table = RoutingTable(
         {
             "x": ModelRoute(("a",), cost_per_item_seconds=0.2),
@@ -115,14 +115,14 @@ def test_unmeasured_model_costs_the_fleet_mean() -> None:
 
 
 def test_run_fills_one_replica_before_the_next() -> None:
-    """Row 73: run mode spends Q = max batch x fill factor items on one replica."""
+    """Run mode spends Q = max batch x fill factor items on one replica."""
     router = Router(_lpt(), RoutingTable({"m": ModelRoute(("a", "b"), max_batch=4)}))
     workers = [router.acquire("m").worker for _ in range(8)]  # all held in flight
     assert workers == ["a"] * 4 + ["b"] * 4
 
 
 def test_fill_quantum_counts_items_and_the_fill_factor() -> None:
-    """Row 73: the quantum is in items, not requests; per-model factor overrides."""
+    """The quantum is in items, not requests; per-model factor overrides."""
     scheduler = _lpt(routing_fill_factor=2.0, models={"m": {"fill_factor": 0.5}})
     table = RoutingTable({"m": ModelRoute(("a", "b"), max_batch=8), "n": ModelRoute(("a",), 8)})
     assert scheduler.fill_quantum("m", table.routes["m"]) == 4
@@ -132,7 +132,7 @@ def test_fill_quantum_counts_items_and_the_fill_factor() -> None:
 
 
 def test_run_ends_when_nothing_is_in_flight() -> None:
-    """Row 73: a run also ends when its replica has drained; a drained fleet rotates (row 74)."""
+    """A run also ends when its replica has drained; a drained fleet rotates."""
     router = Router(_lpt(), RoutingTable({"m": ModelRoute(("a", "b"), max_batch=4)}))
     seen = []
     for _ in range(4):
@@ -143,7 +143,7 @@ def test_run_ends_when_nothing_is_in_flight() -> None:
 
 
 def test_run_ends_when_its_replica_is_a_whole_quantum_behind() -> None:
-    """Row 73: a run ends when its replica holds Q more items than the least loaded sibling."""
+    """A run ends when its replica holds Q more items than the least loaded sibling."""
     router = Router(
         _lpt(routing_policy="fill_rr"), RoutingTable({"m": ModelRoute(("a", "b"), max_batch=4)})
     )
@@ -156,7 +156,7 @@ def test_run_ends_when_its_replica_is_a_whole_quantum_behind() -> None:
 
 
 def test_fill_least_opens_on_the_least_loaded_worker() -> None:
-    """Row 74: fill_least looks at in-flight work of every model; fill_rr is load-blind."""
+    """``fill_least`` looks at in-flight work of every model; fill_rr is load-blind."""
     routes = {
         "other": ModelRoute(("a",), max_batch=8, cost_per_item_seconds=0.1),
         "m": ModelRoute(("a", "b"), max_batch=4, cost_per_item_seconds=0.1),
@@ -170,7 +170,7 @@ def test_fill_least_opens_on_the_least_loaded_worker() -> None:
 
 
 def test_drained_fleet_compares_equal_despite_float_residue() -> None:
-    """Row 74: after charges and releases of 0.1 s amounts, idle workers tie and rotate."""
+    """After charges and releases of 0.1 s amounts, idle workers tie and rotate."""
     routes = {"m": ModelRoute(("a", "b"), max_batch=64, cost_per_item_seconds=0.1)}
     router = Router(_lpt(), RoutingTable(routes))
     leases = [router.acquire("m", items=n) for n in (1, 2, 3)]
@@ -185,7 +185,7 @@ def test_drained_fleet_compares_equal_despite_float_residue() -> None:
 
 
 def test_spread_equalizes_in_flight_items() -> None:
-    """Row 73: spread sends each request to the replica with the fewest in-flight items."""
+    """Spread sends each request to the replica with the fewest in-flight items."""
     router = Router(
         _lpt(routing_fill_mode="spread"), RoutingTable({"m": ModelRoute(("a", "b"), max_batch=4)})
     )
@@ -195,13 +195,13 @@ def test_spread_equalizes_in_flight_items() -> None:
 
 
 def test_unknown_max_batch_degrades_to_rotation() -> None:
-    """Row 73: no max batch, no quantum: rotate."""
+    """No max batch, no quantum: rotate."""
     router = Router(_lpt(), RoutingTable({"m": ModelRoute(("a", "b"))}))
     assert [router.acquire("m").worker for _ in range(4)] == ["a", "b", "a", "b"]
 
 
 def test_table_swap_is_atomic_and_drops_stale_runs() -> None:
-    """Row 63: the table is replaced whole; leases from the old table still release."""
+    """The table is replaced whole; leases from the old table still release."""
     router = Router(_lpt(), RoutingTable({"m": ModelRoute(("a", "b"), max_batch=4)}))
     old = router.acquire("m")
     assert old.worker == "a"

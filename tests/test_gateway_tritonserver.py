@@ -189,7 +189,7 @@ def test_system_shared_memory_end_to_end_through_the_gateway(
 
 
 def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any, str]) -> None:
-    """Row 64: with one worker stopped every request still succeeds (runs last: it stops one)."""
+    """With one worker stopped every request still succeeds (runs last: it stops one)."""
     servers, gateway, _ = fleet
     x = np.ones((1, 4), np.float32)
     expected = _affine(grpcclient.InferenceServerClient(servers[0].urls.grpc), x)

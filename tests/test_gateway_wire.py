@@ -1,4 +1,4 @@
-"""Reading the head of ModelInferRequest bytes (ReactantServer row 62)."""
+"""Reading the head of ModelInferRequest bytes (docs/gateway.md, "Proxy")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,25 @@
-"""KServe V2 gRPC gateway over several tritonservers (one per GPU).
+"""KServe V2 gateway over several tritonservers (one per GPU).
 
-Transport-neutral core (no gRPC):
+Transport-neutral core (no gRPC, no process):
     config: typed settings (:class:`~hloserve.gateway.config.GatewayConfig`), YAML + env.
     routing: routing table, :class:`~hloserve.gateway.routing.Router`, schedulers.
     placement: ``lpt_packing`` bin packing and the repack clock.
-    packing: the ``lpt_packing`` control loop (statistics -> placement -> table).
+    packing: the ``lpt_packing`` control loop (statistics -> placement -> table) and the
+        scheduling state the control plane reads and changes.
+    preconditions: ``lpt_packing``'s check that every worker schedules ``fifo`` or ``edf``.
+    health: consecutive probe failures and the table restricted to healthy workers.
+    admission: bounds on the requests and items the gateway holds in flight.
     aggregate: fleet ``ModelStatistics`` from the workers'.
     wire: partial decoding of raw ``ModelInferRequest`` bytes.
+    dataplane: the HAProxy layout (backends per model, model map) and its configuration.
 
-Transport:
-    proxy: ``grpc.aio`` handlers of ``inference.GRPCInferenceService``, discovery calls.
+Data plane and transport:
+    haproxy: the HAProxy process that carries ModelInfer (the default ``data_plane``): map
+        edits over its runtime API, hitless reloads, counters.
+    proxy: the ``grpc.aio`` servicer of ``inference.GRPCInferenceService`` behind HAProxy
+        (every other RPC, unrouted models; with ``data_plane: python`` every RPC), discovery.
+    control: the ``hloserve.gateway.v1.GatewayControl`` servicer (control plane).
+    ctl: ``hloserve gateway-ctl``, the control plane's command-line client.
     admin: ``/healthz``, ``/readyz``, ``/metrics``.
     app: :func:`~hloserve.gateway.app.run_gateway`, used by ``hloserve gateway``.
 

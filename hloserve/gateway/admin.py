@@ -1,14 +1,18 @@
 """The gateway's admin HTTP port: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text).
 
-Metrics (own registry, prefix ``hloserve_gateway_``), as issue 5 lists them:
+Metrics (own registry, prefix ``hloserve_gateway_``; docs/gateway.md, "Admin port"):
 
 - ``requests_total{model, worker, outcome}``: upstream calls by outcome (``ok``, ``failover``
   for UNAVAILABLE answers that moved the request on, ``error`` for other upstream codes).
 - ``upstream_seconds{model, worker}``: histogram of upstream call latency, seconds.
 - ``outstanding_items{model, worker}``: items in flight now (read from the router on scrape).
 - ``replicas{model}``: replicas of each model in the current routing table.
+- ``placement{model, worker}``: 1 for each worker the current routing table routes a model to.
 - ``table_swaps_total``: routing tables installed (discovery passes).
 - ``repacks_total``: ``lpt_packing`` placements computed (startup, fleet changes, budget).
+- ``admission_refused_total{model}``: ModelInfer calls refused over an admission bound.
+- ``worker_healthy{worker}``: 1 while a worker is in the routing table, 0 while its health
+  probes keep it out.
 
 The HTTP server is the standard library's, on a daemon thread: scrapes never touch the
 gateway's event loop.

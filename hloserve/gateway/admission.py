@@ -1,4 +1,4 @@
-"""Admission: bounds on what the gateway holds in flight (ReactantServer row 65).
+"""Admission: bounds on what the gateway holds in flight (docs/gateway.md, "Admission").
 
 Two bounds, both optional: ModelInfer calls in flight over the whole gateway, and items (the
 batch extent) of one model in flight over all its replicas. A request over a bound is refused

@@ -1,9 +1,9 @@
-"""Run a gateway: proxy server plus a discovery loop, until asked to stop.
+"""Run a gateway: HAProxy (by default), the Python servicer and a discovery loop, until stopped.
 
 :func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
-``discovery.poll_interval_seconds``, each swapping the router's table whole (ReactantServer
-row 63); a request naming a model missing from the table triggers a single-flight discovery
+``discovery.poll_interval_seconds``, each swapping the router's table whole (docs/gateway.md,
+"Proxy"); a request naming a model missing from the table triggers a single-flight discovery
 pass (at most one per second) before it is answered NOT_FOUND (no worker lists it) or
 UNAVAILABLE (some worker lists it but not READY, or a worker did not answer). Health probes
 (``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a

@@ -1,8 +1,8 @@
 """Typed settings of ``hloserve gateway``: a YAML file plus ``HLOSERVE_GATEWAY_*`` overrides.
 
-The keys, their meaning and their defaults follow ReactantServer's gateway
-(reference/reactantserver_features.md, rows 62, 65, 69-74 and 77); units are in each field's
-name or description. Nothing is read at import time: call :func:`load_config`.
+The keys, their meaning and their defaults follow ReactantServer's gateway (docs/gateway.md,
+"ReactantServer's gateway"; the differences are listed under "Configuration" there); units are
+in each field's name or description. Nothing is read at import time: call :func:`load_config`.
 
 Environment overrides use ONE scheme. A variable named ``HLOSERVE_GATEWAY_<PATH>`` sets the
 field at ``<PATH>``, where ``<PATH>`` is the dotted key path upper-cased with ``__`` between
@@ -83,11 +83,12 @@ class GrpcLimits(_Section):
 
 
 class UpstreamConfig(_Section):
-    """How the gateway talks to workers (ReactantServer row 65, ``worker_client``).
+    """How the gateway talks to workers (ReactantServer's ``worker_client`` section).
 
     Attributes:
         request_timeout_seconds: deadline of one forwarded inference call, seconds (60).
-        probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, row 63).
+        probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, as in
+            ReactantServer).
         model_control_key: the key ``hloserve serve`` workers require on Triton's repository
             API (``RepositoryIndex``, which discovery polls; docs/serving.md). None (default):
             ``HLOSERVE_MODEL_CONTROL_KEY`` when set, else the key of the servers this process
@@ -100,7 +101,7 @@ class UpstreamConfig(_Section):
 
 
 class DiscoveryConfig(_Section):
-    """Route discovery (ReactantServer row 63).
+    """Route discovery (docs/gateway.md, "Proxy": ``discover_table``).
 
     Attributes:
         poll_interval_seconds: seconds between polls of every worker's RepositoryIndex,
@@ -111,7 +112,7 @@ class DiscoveryConfig(_Section):
 
 
 class HealthConfig(_Section):
-    """Worker health probes (ReactantServer row 63: the prober's ``ServerReady`` poll).
+    """Worker health probes (docs/gateway.md, "Health probes").
 
     Every ``interval_seconds`` the gateway calls each worker's ``ServerReady`` (deadline
     ``upstream.probe_timeout_seconds``). A worker failing ``failure_threshold`` probes in a row
@@ -128,7 +129,7 @@ class HealthConfig(_Section):
 
 
 class AdmissionConfig(_Section):
-    """Bounds on the requests the gateway holds at once (ReactantServer row 65).
+    """Bounds on the requests the gateway holds at once (docs/gateway.md, "Admission").
 
     A request over a bound is refused at once with UNAVAILABLE (Triton's answer when a
     model's queue is full; ReactantServer sheds with RESOURCE_EXHAUSTED) and a message naming
@@ -161,7 +162,7 @@ class TlsConfig(_Section):
 
 
 class ModelScheduling(_Section):
-    """Per-model overrides of the ``lpt_packing`` knobs (ReactantServer rows 72-73).
+    """Per-model overrides of the ``lpt_packing`` knobs (replica count, fill mode and factor).
 
     Attributes:
         replicas: distinct workers holding the model: a positive integer or ``"all"``
@@ -184,24 +185,24 @@ class ModelScheduling(_Section):
 
 
 class SchedulingConfig(_Section):
-    """Knobs of ``lpt_packing`` with ReactantServer's defaults (rows 69-74).
+    """Knobs of ``lpt_packing`` with ReactantServer's defaults (docs/gateway.md, "Configuration").
 
     Attributes:
         default_replicas: distinct workers per model, a positive integer or ``"all"`` (1).
         forbid_memory_oversubscription: never place a model on a worker whose weight budget it
-            would overflow while a worker with room exists (true, row 69).
+            would overflow while a worker with room exists (true).
         hysteresis: fraction in [0, 1); a model keeps its current worker unless another one
-            lowers its pressure by more than this fraction (0.0, row 69).
+            lowers its pressure by more than this fraction (0.0).
         rebalance_compute_seconds: fleet compute-seconds (summed over workers) between two
-            traffic-driven repacks, seconds > 0 (300, row 71).
+            traffic-driven repacks, seconds > 0 (300).
         first_rebalance_compute_seconds: budget of the first traffic-driven repack, seconds
-            (60; 0 means use ``rebalance_compute_seconds``, row 71).
+            (60; 0 means use ``rebalance_compute_seconds``).
         routing_fill_factor: fill quantum = worker-reported max batch x this factor, in
-            items (1.0, > 0, row 73).
+            items (1.0, > 0).
         routing_fill_mode: ``run`` spends one quantum on a replica before opening another;
-            ``spread`` equalizes in-flight items (``run``, row 73).
+            ``spread`` equalizes in-flight items (``run``).
         routing_policy: which replica opens a run: ``fill_least`` (least in-flight work) or
-            ``fill_rr`` (rotation) (``fill_least``, row 74).
+            ``fill_rr`` (rotation) (``fill_least``).
         models: per-model overrides, keyed by model name (no environment form).
     """
 
@@ -253,7 +254,8 @@ class GatewayConfig(_Section):
         worker_metrics: host:port of every worker's metrics endpoint (Triton's 8002), in the
             order of ``workers``; empty (default) = weight footprints and budgets unknown.
             ``lpt_packing`` reads the runtime's ``hloserve_weight_*`` series there.
-        mode: ``round_robin`` (default), ``least_outstanding`` or ``lpt_packing`` (rows 66-69).
+        mode: ``round_robin`` (default), ``least_outstanding`` or ``lpt_packing`` (docs/gateway.md,
+            "Routing").
         scheduling: ``lpt_packing`` knobs (ignored by the other modes).
         discovery: route discovery settings.
         upstream: timeouts of calls to workers.
@@ -264,8 +266,8 @@ class GatewayConfig(_Section):
             plane and ``worker_http`` needed); None (default) = gRPC only.
         worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
         data_plane: ``haproxy`` (default): HAProxy carries ModelInfer, the Python process
-            answers every other RPC behind it (docs/gateway.md); ``python``: the Python
-            ``grpc.aio`` proxy carries everything (the earlier data path, kept for
+            answers every other RPC behind it (docs/gateway.md, "Data plane"); ``python``:
+            the Python ``grpc.aio`` proxy carries everything (the earlier data path, kept for
             comparison).
         tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
     """

@@ -1,4 +1,4 @@
-"""The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC (rows 58-61).
+"""The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC.
 
 A thin ``grpc.aio`` servicer: it converts between the messages of
 ``hloserve/protos/gateway_control.proto`` and :class:`hloserve.gateway.packing.SchedulingControl`,

@@ -2,9 +2,10 @@
 
 Transport-neutral (the probes themselves are in :func:`hloserve.gateway.proxy.probe_ready`,
 the loop in :func:`hloserve.gateway.app.run_gateway`). A worker leaves the table after
-``failure_threshold`` failed probes in a row and returns after one passing probe (ReactantServer
-row 63). A model whose every replica is unhealthy stays in the table with no replica, so its
-requests are answered UNAVAILABLE (not NOT_FOUND) until a replica returns.
+``failure_threshold`` failed probes in a row and returns after one passing probe
+(docs/gateway.md, "Health probes"). A model whose every replica is unhealthy stays in the table
+with no replica, so its requests are answered UNAVAILABLE (not NOT_FOUND) until a replica
+returns.
 """
 
 from __future__ import annotations

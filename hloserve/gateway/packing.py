@@ -6,7 +6,8 @@ items served and execution seconds). The controller keeps per-model EWMAs of arr
 (items/s) and cost per item (seconds), advances a :class:`~hloserve.gateway.placement.RepackClock`
 with the fleet's compute seconds, repacks with
 :func:`~hloserve.gateway.placement.compute_placement` at startup and when the clock says so
-(ReactantServer rows 68, 69, 71), and returns the discovered table restricted to the placement.
+(docs/gateway.md, "The lpt_packing control loop"), and returns the discovered table restricted
+to the placement.
 
 Weight footprints and budgets come from the runtime's ``hloserve_weight_*`` metrics
 (:func:`weights_from_metrics`) when the workers' metrics endpoints are configured; otherwise
@@ -160,7 +161,7 @@ class LptController:
     def repack_now(self) -> RoutingTable:
         """Repack with the current estimates and the last discovered table (an operator repack).
 
-        Does not touch the repack clock (row 71). Returns the table to route with; empty
+        Does not touch the repack clock. Returns the table to route with; empty
         before the first :meth:`tick`.
         """
         workers = sorted({w for r in self._discovered.routes.values() for w in r.replicas})
@@ -180,8 +181,8 @@ class LptController:
         Deltas against the previous tick give items and compute per model; a counter that
         went down (worker restart) counts as a fresh start. The EWMA weight of the new sample
         is ``1 - 0.5 ** (fleet compute seconds / half-life)`` with the half-life equal to
-        ``rebalance_compute_seconds`` (row 71: EWMAs decay against fleet compute seconds), or
-        1 for a model's first sample.
+        ``rebalance_compute_seconds`` (EWMAs decay against fleet compute seconds, as
+        ReactantServer's), or 1 for a model's first sample.
         """
         items: dict[str, int] = {}
         compute: dict[str, float] = {}
@@ -317,7 +318,7 @@ class ReplicaRow:
 
 @dataclass(frozen=True)
 class ModelRow:
-    """One model in :class:`SchedulingSnapshot` (ReactantServer row 58).
+    """One model in :class:`SchedulingSnapshot` (docs/gateway.md, "Control plane").
 
     Attributes:
         name: model name.
@@ -373,7 +374,7 @@ class WorkerRow:
 
     @property
     def pressure(self) -> float:
-        """max(compute share, weight bytes / budget) -- what placement balances (row 69)."""
+        """max(compute share, weight bytes / budget) -- what placement balances."""
         memory = self.weight_bytes / self.weight_budget_bytes if self.weight_budget_bytes else 0.0
         return max(self.compute_share, memory)
 
@@ -541,7 +542,7 @@ class SchedulingControl:
         return self._scheduling
 
     def repack(self) -> RepackRow:
-        """Repack now with the current estimates, bypassing the compute budget (row 61).
+        """Repack now with the current estimates, bypassing the compute budget.
 
         Raises:
             HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.

@@ -3,9 +3,10 @@
 Pure functions and small value classes, no gRPC and no clock: the discovery loop feeds them
 measurements and turns a :class:`Placement` into a :class:`hloserve.gateway.routing.RoutingTable`.
 
-Source of every rule: ReactantServer's gateway (reference/reactantserver_features.md, row 69
-"lpt_packing placement", row 71 "Repack cadence", row 72 "Replica counts";
-ReactantServer ``GW/src/lpt_packing.jl`` ``compute_assignment``). The greedy rule is Graham's
+Source of every rule: ReactantServer's gateway (its placement, repack cadence and replica
+counts, docs/gateway.md "ReactantServer's gateway"; the code is ``compute_assignment`` in
+ReactantServer.jl's ``packages/ReactantServerGateway/src/lpt_packing.jl``); hloserve's rules are
+under "Placement (lpt_packing)" there. The greedy rule is Graham's
 LPT ("longest processing time first") list scheduling extended to two dimensions (compute share
 and weight memory).
 """
@@ -28,10 +29,10 @@ class ModelLoad:
         name: model name.
         arrival_rate: items per second arriving for the model (an EWMA), >= 0.
         cost_per_item_seconds: measured compute seconds per item on one worker, >= 0
-            (delta ``total_compute_seconds`` / delta items served, row 68).
+            (delta ``total_compute_seconds`` / delta items served).
         weight_bytes: device weight footprint, bytes, charged in full to every replica.
         replicas: distinct workers to place it on: a positive integer (clamped to the fleet
-            size) or ``"all"`` (row 72).
+            size) or ``"all"``.
     """
 
     name: str
@@ -53,7 +54,7 @@ class WorkerCapacity:
     Attributes:
         name: worker endpoint (host:port), the key used in assignments.
         weight_budget_bytes: device bytes available to model weights; 0 = unconstrained
-            (the runtime's ``weight_cache_max_bytes``, row 69).
+            (the runtime's ``weight_cache_max_bytes``).
         compute_capacity: compute seconds per second the worker delivers (1.0 = one GPU).
     """
 
@@ -93,7 +94,7 @@ def _slot_key(
     """Sort key of placing one replica of ``model`` on ``worker`` (lower is better).
 
     Hot models: (pressure after, memory share after); cold models (``u == 0``): the reverse,
-    so they are packed by memory (row 69). The first element is rounded to ``_EPS``.
+    so they are packed by memory. The first element is rounded to ``_EPS``.
     """
     mem = _memory_share(memory + model.weight_bytes, worker.weight_budget_bytes)
     pressure = max((compute + share) / worker.compute_capacity, mem)
@@ -111,11 +112,12 @@ def compute_placement(
 ) -> Placement:
     """Place every model on its replica count of distinct workers, heaviest first.
 
-    Rule (ReactantServer row 69): models are sorted by descending utilization ``u`` (ties:
-    larger weight footprint first, then name); each is placed on ``k = clamp(replicas, 1, N)``
-    distinct workers, one replica at a time, on the worker whose pressure after adding it is
-    lowest, where ``pressure = max(compute share, weight bytes / budget)``; each replica is
-    charged ``u / k`` of compute and the full weight footprint. Cold models (``u == 0``) are
+    Rule (ReactantServer's ``compute_assignment``): models are sorted by descending utilization
+    ``u`` (ties: larger weight footprint first, then name); each is placed on
+    ``k = clamp(replicas, 1, N)`` distinct workers, one replica at a time, on the worker whose
+    pressure after adding it is lowest, where
+    ``pressure = max(compute share, weight bytes / budget)``; each replica is charged ``u / k``
+    of compute and the full weight footprint. Cold models (``u == 0``) are
     packed by memory (lowest memory share first). With ``forbid_memory_oversubscription`` a
     worker whose budget the model would overflow is skipped while another has room; when none
     has room the model is placed anyway and a warning names it. Hysteresis: a worker that held
@@ -234,7 +236,7 @@ def compute_placement(
 
 
 class RepackClock:
-    """Decides when traffic calls for a repack, counting fleet compute-seconds (row 71).
+    """Decides when traffic calls for a repack, counting fleet compute-seconds.
 
     Each discovery tick reports how many compute seconds the whole fleet spent since the last
     tick (the sum over workers of delta ``total_compute_seconds``). A repack is due once the

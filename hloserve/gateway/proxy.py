@@ -1,14 +1,19 @@
-"""The gateway's ``grpc.aio`` front: ``inference.GRPCInferenceService`` over several workers.
+"""The gateway's Python servicer: ``inference.GRPCInferenceService`` over several workers.
 
-Thin by design (STYLE.md, MLServer): replica choice, in-flight accounting and failover order
-come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes.
+With ``data_plane: haproxy`` (the default) HAProxy carries ModelInfer straight to the workers
+(:mod:`hloserve.gateway.dataplane`, :mod:`hloserve.gateway.haproxy`) and this ``grpc.aio``
+servicer, on a loopback port behind it, answers every other RPC and the ModelInfer calls
+HAProxy's map does not route (unknown models, models with no ready replica, BYTES first
+inputs); with ``data_plane: python`` it carries every RPC (docs/gateway.md, "Data plane" and
+"Proxy"). Replica choice, in-flight accounting and failover order come from
+:class:`hloserve.gateway.routing.Router`; this module only moves bytes.
 
 - ``ModelInfer`` is forwarded as the bytes the client sent and answered with the bytes the
   worker sent: :func:`hloserve.gateway.wire.peek_infer_request` reads the model name and the
-  input shapes, nothing is re-marshalled (ReactantServer row 62). Shapes no model can run
+  input shapes, nothing is re-marshalled (as ReactantServer's gateway). Shapes no model can run
   (negative extents; for a batching model 0 rows or more than ``max_batch_size``) are
   answered INVALID_ARGUMENT and never forwarded (:func:`hloserve.gateway.wire.check_shapes`).
-  Failover (row 64) follows the rule of gRPC's and Envoy's retry policies for requests that
+  Failover follows the rule of gRPC's and Envoy's retry policies for requests that
   are not idempotent (retry on ``connect-failure`` / ``refused-stream``, never on ``reset``):
   the request goes to the next replica of the lease's order only when it provably did not
   run there -- the gateway could not connect to the worker (it connects before sending), or
@@ -29,12 +34,15 @@ come from :class:`hloserve.gateway.routing.Router`; this module only moves bytes
 - ``ModelStatistics``: every worker's statistics summed (:mod:`hloserve.gateway.aggregate`).
 - ``SystemSharedMemoryRegister`` fans out to every worker and is rolled back on partial
   failure; ``...Unregister`` succeeds if any worker succeeds; ``...Status`` comes from the
-  first worker (ReactantServer row 75).
+  first worker (register and unregister as ReactantServer's gateway).
 - ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
 Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
-on every upstream channel (DESIGN.md: gRPC defaults to 4 MiB, Triton uses 2 GiB).
+on every upstream channel: gRPC's default receive limit is 4 MiB
+(``grpc.max_receive_message_length``, gRPC core's ``GRPC_DEFAULT_MAX_RECV_MESSAGE_LENGTH``) and
+Triton's limit is 2 GiB - 1 byte (``INT32_MAX``; tritonclient's
+``tritonclient.grpc.MAX_GRPC_MESSAGE_SIZE``), which the defaults match.
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ log = logging.getLogger("hloserve.gateway")
 
 SERVICE = "inference.GRPCInferenceService"
 
-#: Upstream codes after which ModelInfer may try the next replica (ReactantServer row 64),
+#: Upstream codes after which ModelInfer may try the next replica (as ReactantServer's gateway),
 #: under the conditions of :meth:`GatewayProxy.model_infer`.
 _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
@@ -209,7 +217,7 @@ class Upstreams:
 async def discover_table(
     upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
 ) -> RoutingTable:
-    """Build a routing table from every worker's ready models (ReactantServer row 63).
+    """Build a routing table from every worker's ready models (docs/gateway.md, "Proxy").
 
     Polls ``RepositoryIndex`` on each worker (every model with its state: READY ones are
     routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
@@ -348,8 +356,8 @@ class SingleFlight:
     """Runs an async refresh for many waiting callers at once, at most once per interval.
 
     Callers arriving while a refresh runs wait for it and do not start another; a call within
-    ``min_interval_s`` of the last completed refresh returns at once (ReactantServer row 63:
-    "synchronous single-flight refresh", "refreshes at least 1 s apart").
+    ``min_interval_s`` of the last completed refresh returns at once (as
+    ReactantServer's gateway: a synchronous single-flight refresh, refreshes at least 1 s apart).
 
     Args:
         refresh: the coroutine function to run.
@@ -441,7 +449,7 @@ class GatewayProxy:
             batching = route is not None and route.max_batch is not None
             if route is not None:
                 check_shapes(head, route.max_batch)
-            # A model that does not batch (max_batch_size 0) counts 1 item per request (row 68).
+            # A model that does not batch (max_batch_size 0) counts 1 item per request.
             items = (head.batch or 1) if batching else 1
             ticket = self._admit(head.model_name, items)
             try:
@@ -546,7 +554,7 @@ class GatewayProxy:
             self._admission.release(ticket)
 
     def _refresh_soon(self) -> None:
-        """Start a refresh in the background (a worker no longer has a model, row 63)."""
+        """Start a refresh in the background (a worker no longer has a model)."""
         if self._refresh is None:
             return
         task = asyncio.ensure_future(self._refresh())
@@ -740,7 +748,7 @@ class GatewayProxy:
         return bytes(merged.SerializeToString())
 
     async def shm_register(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Register a system shared-memory region on every worker, or on none (row 75).
+        """Register a system shared-memory region on every worker, or on none.
 
         When a worker refuses, the region is unregistered from the workers that accepted it
         and the refusal is returned.
@@ -760,7 +768,7 @@ class GatewayProxy:
         return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
 
     async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Unregister on every worker; succeeds when any worker succeeds (row 75)."""
+        """Unregister on every worker; succeeds when any worker succeeds."""
         answers = await self._fan_out("SystemSharedMemoryUnregister", request)
         if not any(isinstance(r, bytes) for _, r in answers):
             errors = [r for _, r in answers if not isinstance(r, bytes)]

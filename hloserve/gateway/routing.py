@@ -10,11 +10,11 @@ answer is back (on every path, idempotent). The table is replaced whole by
 Every method takes the router's lock for a short, non-blocking section, so a router can be
 shared by threads and by coroutines of one event loop alike.
 
-Rules come from ReactantServer's gateway (reference/reactantserver_features.md): row 63 (table
-swapped atomically), row 64 (failover), row 66 (``round_robin``), row 67
-(``least_outstanding``), row 68 (work units: items x cost per item; unknown cost = fleet mean;
-no batch axis = 1 item), rows 73-74 (fill quantum, ``run``/``spread``, ``fill_least``/``fill_rr``,
-failover order "chosen, then least backed up").
+Rules come from ReactantServer's gateway (docs/gateway.md, "ReactantServer's gateway"; hloserve's
+rules under "Routing"): the table swapped whole, failover in the scheduler's order,
+``round_robin``, ``least_outstanding``, work units (items x cost per item; unknown cost = fleet
+mean; no batch axis = 1 item), the fill quantum, ``run``/``spread``, ``fill_least``/``fill_rr``
+and the failover order "chosen, then least backed up".
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import ClassVar
 from hloserve.errors import NotFoundError, UnavailableError
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
 
-#: Work amounts are compared after rounding to this many seconds (row 74: "quantized so exact
-#: ties rotate"; "a drained fleet compares equal, despite float residue").
+#: Work amounts are compared after rounding to this many seconds, as ReactantServer's
+#: ``fill_least`` quantizes them: exact ties rotate, and a drained fleet compares equal despite
+#: float residue.
 WORK_QUANTUM_SECONDS = 1e-9
 
 
@@ -87,7 +88,7 @@ class RoutingTable:
         )
         self.unreachable: Mapping[str, str] = MappingProxyType(dict(unreachable or {}))
         costs = [r.cost_per_item_seconds for r in self._routes.values() if r.cost_per_item_seconds]
-        #: Fleet-mean cost per item, the cost of an unmeasured model (row 68); 1.0 if none.
+        #: Fleet-mean cost per item, the cost of an unmeasured model; 1.0 if none.
         self.mean_cost_per_item_seconds = sum(costs) / len(costs) if costs else 1.0
 
     @property
@@ -129,7 +130,7 @@ class RoutingTable:
         return NotFoundError(f"model {model!r} is not served by any worker")
 
     def cost_per_item(self, model: str) -> float:
-        """Measured cost per item of ``model``, else the fleet mean (row 68)."""
+        """Measured cost per item of ``model``, else the fleet mean."""
         route = self._routes.get(model)
         if route is not None and route.cost_per_item_seconds:
             return route.cost_per_item_seconds
@@ -143,7 +144,7 @@ class Lease:
     Attributes:
         model: model name.
         items: items charged (the batch extent; 1 when the model has no batch axis).
-        order: replicas to try, first = chosen (row 64, row 74).
+        order: replicas to try, first = chosen (docs/gateway.md, "Routing").
         worker: the replica currently charged and to call.
         work: in-flight work charged to ``worker``, compute seconds (items x cost per item).
         released: whether the charge was freed.
@@ -209,7 +210,7 @@ class Scheduler(abc.ABC):
         """The replica that serves this request; may update the scheduler's own state."""
 
     def order(self, model: str, route: ModelRoute, chosen: str, load: Load) -> tuple[str, ...]:
-        """Failover order: ``chosen``, then the others least backed up first (row 74).
+        """Failover order: ``chosen``, then the others least backed up first.
 
         "Backed up" is the model's in-flight items on the replica, then the worker's in-flight
         work, then table order.
@@ -243,7 +244,7 @@ class _Rotation:
 
 
 def fill_quantum(max_batch: int | None, fill_factor: float) -> int | None:
-    """Fill quantum in items: ``max_batch x fill_factor`` rounded, at least 1 (row 73).
+    """Fill quantum in items: ``max_batch x fill_factor`` rounded, at least 1.
 
     Returns None when the max batch is unknown or the model does not batch.
     """
@@ -258,7 +259,7 @@ def _rotated(replicas: tuple[str, ...], start: int) -> tuple[str, ...]:
 
 
 class RoundRobinScheduler(Scheduler):
-    """Uniform rotation over a model's replicas; no measurements (row 66)."""
+    """Uniform rotation over a model's replicas; no measurements."""
 
     mode = "round_robin"
 
@@ -274,9 +275,9 @@ class RoundRobinScheduler(Scheduler):
 
 
 class LeastOutstandingScheduler(Scheduler):
-    """Each request to the replica whose worker has the least in-flight work (row 67).
+    """Each request to the replica whose worker has the least in-flight work.
 
-    Work is compute seconds (items x cost per item, fleet-mean cost when unmeasured, row 68),
+    Work is compute seconds (items x cost per item, fleet-mean cost when unmeasured),
     summed over every model on the worker; ties go to the replica with fewer in-flight items of
     this model, then rotate.
     """
@@ -298,7 +299,7 @@ class _Run:
 
 
 class LptPackingScheduler(Scheduler):
-    """Routing among the replicas ``lpt_packing`` placed a model on (rows 73-74).
+    """Routing among the replicas ``lpt_packing`` placed a model on (docs/gateway.md, "Routing").
 
     Fill quantum ``Q = max_batch x fill factor`` items (rounded, at least 1). Mode ``run``: a
     run sends requests to one replica until it has spent Q items, then the next request opens
@@ -446,7 +447,7 @@ class Router:
 
         Args:
             model: model name from the request.
-            items: batch extent of the request; values below 1 count as 1 (row 68).
+            items: batch extent of the request; values below 1 count as 1.
 
         Raises:
             NotFoundError: every worker answered discovery and none lists the model.

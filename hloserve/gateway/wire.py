@@ -1,11 +1,12 @@
 """Reading the head of a serialized KServe V2 ``ModelInferRequest``: only what routing needs.
 
 The gateway forwards inference requests as the bytes the client sent and never re-marshals
-tensor payloads (ReactantServer row 62: the model name and id, plus one input's shape for
-lpt_packing). The bytes are parsed by protobuf against ``InferRequestHead``
-(hloserve/protos/infer_head.proto): the field numbers of Triton's ``inference.ModelInferRequest``
-with tensor payloads, parameters and requested outputs declared as opaque bytes, so those are
-kept as byte strings and never decoded. Measured on 2 CPU cores (protobuf 4.25, upb): 0.8 µs for
+tensor payloads (as ReactantServer's gateway: it decodes the model name and id, plus one
+input's shape for lpt_packing; docs/gateway.md, "ReactantServer's gateway"). The bytes are
+parsed by protobuf against ``InferRequestHead`` (hloserve/protos/infer_head.proto): the field
+numbers of Triton's ``inference.ModelInferRequest`` with tensor payloads, parameters and
+requested outputs declared as opaque bytes, so those are kept as byte strings and never
+decoded. Measured on 2 CPU cores (protobuf 4.25, upb): 0.8 µs for
 a small request, 2.7 ms for a 20 MiB one (one copy of the payload bytes).
 """
 
