@@ -103,6 +103,7 @@ def plan_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -113,6 +114,7 @@ def plan_repository(
         max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
         weight_cache: the runtime's weight cache settings (default: no budget).
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
+        max_request_bytes: the largest request a front accepts, bytes of inputs, >= 1.
         progress: called with one line per bundle.
 
     Raises:
@@ -128,6 +130,8 @@ def plan_repository(
         )
     if meta_concurrency < 1:
         raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
+    if max_request_bytes < 1:
+        raise RepositoryError(f"max request bytes must be >= 1, got {max_request_bytes}")
     paths = discover_bundles(bundles_dir)
     if not paths:
         raise RepositoryError(f"{bundles_dir}: no bundles (no subdirectory holds a manifest.yaml)")
@@ -158,6 +162,7 @@ def plan_repository(
                     b.manifest,
                     front_instances=front_instances,
                     max_queue_delay_us=max_queue_delay_us,
+                    max_request_bytes=max_request_bytes,
                 )
             ),
             text_executables=_text_executables(b),
@@ -303,6 +308,7 @@ def build_repository(
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -325,6 +331,7 @@ def build_repository(
         max_queue_delay_us=max_queue_delay_us,
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
+        max_request_bytes=max_request_bytes,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)

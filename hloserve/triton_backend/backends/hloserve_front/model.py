@@ -1,20 +1,25 @@
-"""Triton backend ``hloserve_front``: a shim over the typed core ``FrontModel``.
+"""Triton backend ``hloserve_front``: a shim over the typed cores ``FrontModel`` and
+``ChannelFront``.
 
-Adapts ``pb_utils`` objects only; the behaviour lives in the typed core.
+Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. ``execute`` hands the
+requests to the runtime over the channel and returns ``None``: each request is answered later,
+through its response sender, from the channel's reader thread (allowed for a non-decoupled
+model in Triton 2.51), so one instance keeps many requests in flight.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import names
-from hloserve.triton_backend import pb
+from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.front import FrontModel
+from hloserve.triton_backend.front_channel import ChannelFront, Request
 
 
 def _tags_errors(request: Any) -> bool:
@@ -26,39 +31,60 @@ def _tags_errors(request: Any) -> bool:
     return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
 
 
+def _no_bls(*_: Any) -> Any:
+    raise AssertionError("the channel front never calls the runtime through FrontModel.execute")
+
+
 class TritonPythonModel:
-    """One front instance: coalesces requests and calls the runtime model over BLS."""
+    """One front instance: its requests go to the runtime over the channel."""
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        self.core = FrontModel.from_args(pb.ModelArgs.from_triton(args), self._call_runtime)
+        model_args = pb.ModelArgs.from_triton(args)
+        core = FrontModel.from_args(model_args, _no_bls)
+        limit = model_args.parameter(
+            names.PARAM_MAX_REQUEST_BYTES, str(names.DEFAULT_MAX_REQUEST_BYTES)
+        )
+        if not limit.isdigit() or int(limit) < 1:
+            raise InvalidArgumentError(
+                f"model {core.name!r}: parameter {names.PARAM_MAX_REQUEST_BYTES!r} must be a "
+                f"positive integer, got {limit!r}"
+            )
+        self.channel = ChannelFront(
+            core,
+            model_args.model_dir / model_args.parameter(names.PARAM_BUNDLE),
+            self._respond,
+            address=channel.address(core.runtime_model),
+            wait_s=core.retry.total_s,
+            max_request_bytes=int(limit),
+        )
+        self.channel.start(wait_s=core.retry.total_s)
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        inputs: list[Mapping[str, np.ndarray] | Exception] = []
+    def execute(self, requests: list[Any]) -> None:
+        now = time.monotonic()
+        items = []
         for request in requests:
             try:
-                inputs.append(pb.request_inputs(request))
+                inputs: Any = pb.request_inputs(request)
             except Exception as exc:  # an unreadable tensor fails this request only
-                inputs.append(exc)
-        results = self.core.execute(inputs)
-        return [
-            pb.inference_response(pb_utils, r, tagged=_tags_errors(q))
-            for r, q in zip(results, requests, strict=True)
-        ]
+                inputs = exc
+            timeout_us = int(request.timeout())
+            items.append(
+                Request(
+                    (request.get_response_sender(), _tags_errors(request)),
+                    inputs,
+                    now + timeout_us / 1e6 if timeout_us > 0 else None,
+                )
+            )
+        self.channel.submit(items)
+        return None
 
-    def _call_runtime(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        request = pb_utils.InferenceRequest(
-            model_name=self.core.runtime_model,
-            requested_output_names=list(outputs),
-            inputs=[pb.to_triton_tensor(pb_utils, n, a) for n, a in inputs.items()],
+    def _respond(self, handle: Any, result: Any) -> None:
+        sender, tagged = handle
+        sender.send(
+            pb.inference_response(pb_utils, result, tagged=tagged),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
         )
-        response = request.exec()
-        if response.has_error():
-            raise pb.error_from_triton(pb_utils, response.error())
-        # The response owns the memory: copy what the request's answer keeps.
-        return {t.name(): pb.to_numpy(t).copy() for t in response.output_tensors()}
 
     def finalize(self) -> None:
-        pass
+        self.channel.close()
