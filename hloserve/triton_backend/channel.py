@@ -40,7 +40,7 @@ from typing import Any
 #: Where shared-memory files live (tmpfs).
 SHM_DIR = Path("/dev/shm")
 #: Prefix of every shared-memory file and socket address of hloserve's channel.
-PREFIX = "hloserve"
+PREFIX = "hloserve.channel"
 #: Largest control message, bytes (one datagram); a message lists a few hundred requests at most.
 MAX_MESSAGE_BYTES = 1 << 20
 #: Default size of a front instance's arena, bytes (sparse: pages cost memory once written).
@@ -93,6 +93,32 @@ def receive(sock: socket.socket) -> dict[str, Any]:
         raise ChannelClosed("the peer closed the channel")
     message: dict[str, Any] = json.loads(data)
     return message
+
+
+def receive_ready(sock: socket.socket) -> list[dict[str, Any]]:
+    """Every message waiting on ``sock`` now (at least one: call when it is readable).
+
+    Raises:
+        ChannelClosed: the peer closed the connection and nothing is left to read.
+    """
+    messages = []
+    while True:
+        try:
+            data = sock.recv(MAX_MESSAGE_BYTES, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            break
+        except OSError as exc:
+            if messages:
+                break
+            raise ChannelClosed(str(exc)) from None
+        if not data:
+            if messages:
+                break  # the close is seen on the next call
+            raise ChannelClosed("the peer closed the channel")
+        messages.append(json.loads(data))
+        if len(messages) >= 64:  # bounded: other connections get their turn
+            break
+    return messages
 
 
 def listen(addr: str) -> socket.socket:
@@ -257,7 +283,7 @@ def remove_stale_segments(key: str | None = None) -> list[str]:
         parsed = SegmentName.parse(path.name)
         if parsed is None or parsed.namespace != namespace:
             continue
-        if _alive(parsed.server_pid) and _alive(parsed.owner_pid):
+        if process_alive(parsed.server_pid) and process_alive(parsed.owner_pid):
             continue
         try:
             path.unlink()
@@ -280,7 +306,7 @@ def remove_segments_of(owner_pid: int, key: str | None = None) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -301,7 +327,9 @@ __all__ = [
     "connect",
     "listen",
     "peer_uid",
+    "process_alive",
     "receive",
+    "receive_ready",
     "remove_segments_of",
     "remove_stale_segments",
     "segment_name",

@@ -133,7 +133,9 @@ class ChannelFront:
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
         self._thread.start()
         if wait_s > 0 and not self._wait_ready(wait_s) and self._load_error is not None:
-            raise self._load_error
+            error = self._load_error
+            self.close()
+            raise error
 
     def _wait_ready(self, seconds: float) -> bool:
         """Wait until loaded; False after ``seconds`` or once the runtime refused the bundle."""
@@ -169,6 +171,9 @@ class ChannelFront:
                 self._lost(link)
 
     def _hello(self, link: _Link) -> None:
+        if not self.arena.segment.path.exists():  # removed under us: nothing is in flight now
+            self.arena.segment.close()
+            self.arena = channel.Arena(self._new_segment(self.arena.segment.size))
         channel.send(
             link.sock,
             {
@@ -181,13 +186,14 @@ class ChannelFront:
         )
         answer = channel.receive(link.sock)
         if answer.get("op") != "ready":
+            # requests get this error; the connection stays (idle) so a new runtime is asked
+            # again, but this one does not compile the bundle again and again
             self._load_error = HloserveError(
                 str(answer.get("message", answer)),
                 status=Status[answer.get("status", "INTERNAL")],
             )
             log.error("%s", self._load_error.message)
-            self._closed.wait(1.0)  # the bundle may be fixed by a reload; ask again later
-            raise channel.ChannelClosed("the runtime refused the bundle")
+            return
         self._load_error = None
         with self._lock:
             self._link = link

@@ -1,4 +1,4 @@
-"""The runtime's side of the channel: one thread per front connection, one executor thread.
+"""The runtime's side of the channel: one thread reads every front connection and executes.
 
 docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
 :mod:`hloserve.triton_backend.channel`):
@@ -15,7 +15,8 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
   "failed", "ids", "status", "message"}``: a failed execution fails only its own works.
 
-The executor thread loops ``next()`` -> execute -> ``record()`` -> reply. Execution counts are
+One thread reads the connections and loops ``next()`` -> execute -> ``record()`` -> reply.
+Execution counts are
 kept here and handed to ``publish`` every ``flush_interval_s`` by a background thread, never
 per execution (a Triton metric call is a synchronous stub -> server message, ~48 us).
 When a front's connection ends (finalize, or its process died), its hold is released and its
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import socket
 import threading
 import time
@@ -137,21 +139,15 @@ class RuntimeServer:
     def start(self) -> None:
         """Remove stale segments of dead servers, listen, start the threads.
 
-        Raises:
-            OSError: the address is taken (another runtime of this server is listening).
+        A reload starts the new runtime instance before Triton finalizes the old one, so when
+        the address is still taken the loop takes it over as soon as it is free.
         """
         removed = channel.remove_stale_segments(self.key)
         if removed:
             log.info("removed %d shared-memory files left by dead processes", len(removed))
-        try:
-            self._listener = channel.listen(self.address)
-        except OSError as exc:
-            # a reload starts this instance before the old one finalizes: take the address
-            # over once the old instance lets it go
-            log.info("channel address in use (%s); listening once it is free", exc)
+        self._wake_r, self._wake_w = socket.socketpair()
         for target, name in (
-            (self._accept_loop, "hloserve-accept"),
-            (self._execute_loop, "hloserve-execute"),
+            (self._loop, "hloserve-runtime"),
             (self._flush_loop, "hloserve-metrics"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -161,61 +157,90 @@ class RuntimeServer:
     def close(self) -> None:
         """Stop: close every connection (fronts see the runtime gone), release every hold."""
         self._stop.set()
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)
-            self._listener.close()
-        for conn in list(self._connections):
-            conn.open = False
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
         self.scheduler.close()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
         for thread in self._threads:
             thread.join(timeout=5)
+        for conn in list(self._connections):
+            self._drop(conn)
+        if self._listener is not None:
+            self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
         self._flush()
 
-    # -- connections --------------------------------------------------------------------------
+    # -- the loop -------------------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        while self._listener is None and not self._stop.wait(0.05):
-            try:
-                self._listener = channel.listen(self.address)
-            except OSError:
-                continue
-        if self._listener is None:
-            return
+    def _loop(self) -> None:
+        """Accept, read every ready connection, then run one batch; again.
+
+        One thread does all of it, so a request goes from the socket to the executable without
+        a thread hop (a hop between Python threads costs ~64 us on 2 cores, docs/serving.md);
+        loading a bundle (``hello``) runs on a thread of its own so executions go on.
+        """
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        busy = False
         while not self._stop.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            if channel.peer_uid(sock) != os.getuid():
-                log.warning("refused a channel connection from another user")
-                sock.close()
-                continue
-            conn = _Connection(sock)
-            self._connections.add(conn)
-            threading.Thread(
-                target=self._serve, args=(conn,), name="hloserve-conn", daemon=True
-            ).start()
+            if self._listener is None:
+                self._try_listen(sel)
+            timeout = 0.0 if busy else (0.5 if self._listener is not None else 0.05)
+            for key, _ in sel.select(timeout):
+                if key.data == "wake":
+                    continue
+                if key.data == "listen":
+                    self._accept(sel)
+                    continue
+                conn = key.data
+                try:
+                    messages = channel.receive_ready(conn.sock)
+                except channel.ChannelClosed:
+                    sel.unregister(conn.sock)
+                    self._drop(conn)
+                    continue
+                for message in messages:
+                    try:
+                        self._dispatch(conn, message)
+                    except Exception:
+                        log.exception("channel message failed")
+            batch = self.scheduler.next(timeout=0)
+            busy = batch is not None
+            if batch is not None:
+                self._run_batch(batch)
+        sel.close()
 
-    def _serve(self, conn: _Connection) -> None:
+    def _try_listen(self, sel: selectors.BaseSelector) -> None:
         try:
-            while not self._stop.is_set():
-                message = channel.receive(conn.sock)
-                op = message.get("op")
-                if op == "run":
-                    self._submit(conn, message["works"])
-                elif op == "hello":
-                    self._hello(conn, message)
-                else:
-                    log.warning("unknown channel message %r", op)
-        except channel.ChannelClosed:
-            pass
-        except Exception:
-            log.exception("channel connection failed")
-        finally:
-            self._drop(conn)
+            self._listener = channel.listen(self.address)
+        except OSError:
+            return
+        sel.register(self._listener, selectors.EVENT_READ, "listen")
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:
+            return
+        if channel.peer_uid(sock) != os.getuid():
+            log.warning("refused a channel connection from another user")
+            sock.close()
+            return
+        conn = _Connection(sock)
+        self._connections.add(conn)
+        sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _dispatch(self, conn: _Connection, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "run":
+            self._submit(conn, message["works"])
+        elif op == "hello":
+            threading.Thread(
+                target=self._hello, args=(conn, message), name="hloserve-load", daemon=True
+            ).start()
+        else:
+            log.warning("unknown channel message %r", op)
 
     def _hello(self, conn: _Connection, message: dict[str, Any]) -> None:
         try:
@@ -240,8 +265,12 @@ class RuntimeServer:
                     self.scheduler.register(loaded.key, variant, sizes, coalesce=manifest.batched)
 
     def _drop(self, conn: _Connection) -> None:
+        if conn not in self._connections:
+            return
         conn.open = False
         self._connections.discard(conn)
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
         conn.sock.close()
         loaded, conn.loaded = conn.loaded, None
         if loaded is not None:
@@ -255,7 +284,7 @@ class RuntimeServer:
             self.core.release(loaded.key)
         if conn.arena is not None:
             conn.arena.close()
-        if conn.pid:
+        if conn.pid and not channel.process_alive(conn.pid):  # the front died: clean up
             channel.remove_segments_of(conn.pid, self.key)
 
     # -- works ----------------------------------------------------------------------------------
@@ -331,24 +360,20 @@ class RuntimeServer:
 
     # -- execution ------------------------------------------------------------------------------
 
-    def _execute_loop(self) -> None:
-        while not self._stop.is_set():
-            batch = self.scheduler.next(timeout=0.5)
-            if batch is None:
-                continue
-            jobs = [w.payload for w in batch.works]
-            assert all(isinstance(j, _Job) for j in jobs)
-            try:
-                self._execute(batch, jobs)  # type: ignore[arg-type]
-            except Exception as exc:
-                fields = error_message(exc)
-                for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
-                    conn.send({"op": "failed", "ids": ids, **fields})
-            else:
-                for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
-                    conn.send({"op": "done", "ids": ids})
-            finally:
-                _close_segments(jobs)  # type: ignore[arg-type]
+    def _run_batch(self, batch: Batch) -> None:
+        jobs = [w.payload for w in batch.works]
+        assert all(isinstance(j, _Job) for j in jobs)
+        try:
+            self._execute(batch, jobs)  # type: ignore[arg-type]
+        except Exception as exc:
+            fields = error_message(exc)
+            for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
+                conn.send({"op": "failed", "ids": ids, **fields})
+        else:
+            for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
+                conn.send({"op": "done", "ids": ids})
+        finally:
+            _close_segments(jobs)  # type: ignore[arg-type]
 
     def _execute(self, batch: Batch, jobs: list[_Job]) -> None:
         with self._holds_lock:
