@@ -37,6 +37,12 @@ PARAM_RUNTIME_MODEL = "hloserve.runtime_model"
 #: Front parameter: the largest request the front accepts, bytes of input tensors (decimal);
 #: larger requests get INVALID_ARGUMENT naming the limit (docs/serving.md).
 PARAM_MAX_REQUEST_BYTES = "hloserve.max_request_bytes"
+#: Front parameter (decimal): 0 = ``execute`` waits for its batch's answers and returns the
+#: responses; N > 0 = ``execute`` returns None, answers go through the response senders, at
+#: most N batches in flight per instance (docs/serving.md, "Front -> runtime (the channel)").
+PARAM_FRONT_INFLIGHT = "hloserve.front_inflight"
+#: Default of :data:`PARAM_FRONT_INFLIGHT`.
+DEFAULT_FRONT_INFLIGHT = 1
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB (256 MiB requests are tested).
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.

@@ -2,14 +2,17 @@
 ``ChannelFront``.
 
 Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. ``execute`` hands the
-requests to the runtime over the channel and returns ``None``: each request is answered later,
-through its response sender, from the channel's reader thread (allowed for a non-decoupled
-model in Triton 2.51), so one instance keeps many requests in flight.
+requests to the runtime over the channel. With ``hloserve.front_inflight`` = 0 it waits for
+their answers and returns the responses (one stub -> server message per batch); with N > 0 it
+returns ``None`` and each request is answered through its response sender from the channel's
+reader thread (allowed for a non-decoupled model in Triton 2.51; one message per request), with
+at most N batches in flight per instance.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -33,6 +36,28 @@ def _tags_errors(request: Any) -> bool:
 
 def _no_bls(*_: Any) -> Any:
     raise AssertionError("the channel front never calls the runtime through FrontModel.execute")
+
+
+class _Batch:
+    """One ``execute`` call's requests: their responses, and a slot freed once all are in."""
+
+    def __init__(self, count: int, slots: threading.Semaphore | None) -> None:
+        self.responses: list[Any] = [None] * count
+        self.done = threading.Event()
+        self._left = count
+        self._slots = slots
+        self._lock = threading.Lock()
+        if count == 0:
+            self.done.set()
+
+    def answered(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.done.set()
+            if self._slots is not None:
+                self._slots.release()
 
 
 class TritonPythonModel:
@@ -59,32 +84,56 @@ class TritonPythonModel:
             max_request_bytes=int(limit),
         )
         self.channel.start(wait_s=core.retry.total_s)
+        inflight = model_args.parameter(
+            names.PARAM_FRONT_INFLIGHT, str(names.DEFAULT_FRONT_INFLIGHT)
+        )
+        if not inflight.isdigit():
+            raise InvalidArgumentError(
+                f"model {core.name!r}: parameter {names.PARAM_FRONT_INFLIGHT!r} must be a "
+                f"non-negative integer, got {inflight!r}"
+            )
+        #: None: ``execute`` waits and returns the responses; else at most N batches in flight
+        self._slots = threading.Semaphore(int(inflight)) if int(inflight) > 0 else None
 
-    def execute(self, requests: list[Any]) -> None:
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        # In flight mode, wait while this instance has its most batches unanswered: Triton's
+        # dynamic batcher gathers the next batch meanwhile (an instance that is always free
+        # gets batches of one request).
+        if self._slots is not None:
+            self._slots.acquire()
+        batch = _Batch(len(requests), self._slots)
         now = time.monotonic()
         items = []
-        for request in requests:
+        for i, request in enumerate(requests):
             try:
                 inputs: Any = pb.request_inputs(request)
             except Exception as exc:  # an unreadable tensor fails this request only
                 inputs = exc
             timeout_us = int(request.timeout())
+            sender = request.get_response_sender() if self._slots is not None else None
             items.append(
                 Request(
-                    (request.get_response_sender(), _tags_errors(request)),
+                    (batch, i, sender, _tags_errors(request)),
                     inputs,
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
                 )
             )
         self.channel.submit(items)
-        return None
+        if self._slots is not None:
+            return None
+        batch.done.wait()  # every request is answered: by the runtime, or failed by the channel
+        return batch.responses
 
     def _respond(self, handle: Any, result: Any) -> None:
-        sender, tagged = handle
-        sender.send(
-            pb.inference_response(pb_utils, result, tagged=tagged),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-        )
+        batch, index, sender, tagged = handle
+        try:
+            response = pb.inference_response(pb_utils, result, tagged=tagged)
+            if sender is None:
+                batch.responses[index] = response
+            else:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        finally:
+            batch.answered()
 
     def finalize(self) -> None:
         self.channel.close()
