@@ -165,11 +165,11 @@ def test_a_killed_stub_fails_in_flight_requests_fast_and_recovers(
         t.join(60)
     errors = [e for r in results for e in r["errors"]]
     print(f"killed {victim} (pid {pid}): {sum(r['ok'] for r in results)} ok, errors {errors}")
-    for status, message, seconds in errors:
-        assert status in ("StatusCode.UNAVAILABLE", "StatusCode.INTERNAL"), message
-        assert seconds < 1.0 or status == "StatusCode.UNAVAILABLE", (status, message, seconds)
-    if victim == names.RUNTIME_MODEL:  # every in-flight request is ours to fail: UNAVAILABLE
+    if victim == names.RUNTIME_MODEL:  # the fronts fail what was in flight: UNAVAILABLE, fast
         assert all(s == "StatusCode.UNAVAILABLE" and t < 1.0 for s, _, t in errors), errors
+    else:  # a dead front stub cannot answer: Triton does, until the watchdog's reload
+        odd = [e for e in errors if "not healthy" not in e[1] and e[0] != "StatusCode.UNAVAILABLE"]
+        assert odd == [], odd
     client = grpcclient.InferenceServerClient(server.urls.grpc)
     for _ in range(10):
         assert client.infer("affine", [_x()]).as_numpy("y").shape == (1, 3)
@@ -204,13 +204,17 @@ def test_no_segment_is_left_after_a_stop_and_a_killed_servers_are_cleaned(
     repo = _repo(tmp_path, huge=False)
     with TritonServer(serving_options(repo)) as server:
         pid = server.pid
-        assert len(_segments(pid)) == 2  # one arena per front instance (affine, small_limit)
+        found = sorted(p.name for p in channel.SHM_DIR.glob("hloserve.channel-*"))
+        assert len(_segments(pid)) == 2, (pid, found)  # one arena per front instance
     assert _segments(pid) == []  # a normal stop removes them
     killed = TritonServer(serving_options(repo))
     killed.start()
     try:
         pid = killed.pid
-        assert len(_segments(pid)) == 2
+        end = time.monotonic() + 120
+        while len(_segments(pid)) < 2:  # the fronts are up
+            assert time.monotonic() < end
+            time.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
         time.sleep(3.0)  # the stubs see their parent gone and exit
         left = _segments(pid)

@@ -42,7 +42,7 @@ PARAM_MAX_REQUEST_BYTES = "hloserve.max_request_bytes"
 #: most N batches in flight per instance (docs/serving.md, "Front -> runtime (the channel)").
 PARAM_FRONT_INFLIGHT = "hloserve.front_inflight"
 #: Default of :data:`PARAM_FRONT_INFLIGHT`.
-DEFAULT_FRONT_INFLIGHT = 1
+DEFAULT_FRONT_INFLIGHT = 0
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB (256 MiB requests are tested).
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
