@@ -101,7 +101,7 @@ def receive_ready(sock: socket.socket) -> list[dict[str, Any]]:
     Raises:
         ChannelClosed: the peer closed the connection and nothing is left to read.
     """
-    messages = []
+    messages: list[dict[str, Any]] = []
     while True:
         try:
             data = sock.recv(MAX_MESSAGE_BYTES, socket.MSG_DONTWAIT)
