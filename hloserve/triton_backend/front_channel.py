@@ -124,15 +124,23 @@ class ChannelFront:
     # -- connection -----------------------------------------------------------------------------
 
     def start(self, wait_s: float = 0.0) -> None:
-        """Connect and load the bundle now if the runtime listens; else keep trying in the
-        background. With ``wait_s`` > 0, wait that long for the load to finish.
+        """Connect and load the bundle in the background. With ``wait_s`` > 0 and the runtime
+        listening now, wait up to that long for the load to finish (without a runtime yet,
+        return at once: Triton loads models in parallel, the runtime may come later).
 
         Raises:
             HloserveError: the runtime answered that the bundle failed to load.
         """
+        listening = False
+        if wait_s > 0:  # is the runtime there? (an empty connection; it just closes it)
+            try:
+                channel.connect(self.address, timeout=5).close()
+                listening = True
+            except OSError:
+                listening = False
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
         self._thread.start()
-        if wait_s > 0 and not self._wait_ready(wait_s) and self._load_error is not None:
+        if listening and not self._wait_ready(wait_s) and self._load_error is not None:
             error = self._load_error
             self.close()
             raise error
