@@ -113,6 +113,12 @@ class TritonCacheMetrics:
             self._budget = self._total = self._sizes = None
             self._families.clear()
 
+    def announce(self, name: str) -> None:
+        """Create ``name``'s series at 0 (a front asked the runtime to load it)."""
+        with self._lock:
+            if self._families:
+                self._series(name)
+
     def registered(self, name: str, nbytes: int, residency: str) -> None:
         with self._lock:
             if not self._families:

@@ -129,6 +129,8 @@ class RuntimeModel:
         preload: load every registry bundle now (see :meth:`preload`) instead of on first use.
         on_execute: called after each execution with (model, variant label as given by
             :func:`variant_label`, compiled batch size), e.g. to count executions.
+        on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
+            model whose load fails still shows).
 
     Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width).
     """
@@ -142,8 +144,10 @@ class RuntimeModel:
         compile: Compile = compile_artifact,
         preload: bool = False,
         on_execute: Callable[[str, str, int], None] | None = None,
+        on_load: Callable[[str], None] | None = None,
     ) -> None:
         enable_x64()
+        self._on_load = on_load
         import jax
 
         self.device = device if device is not None else jax.devices()[0]
@@ -313,6 +317,8 @@ class RuntimeModel:
             return entry.loaded
 
     def _load(self, name: str, key: str, path: Path) -> LoadedBundle:
+        if self._on_load is not None:
+            self._on_load(key)
         start = time.perf_counter()
         bundle = check_bundle(path, name=name)
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]

@@ -35,7 +35,11 @@ class TritonPythonModel:
 
         model_args = pb.ModelArgs.from_triton(args)
         self.executions = TritonExecutionMetrics(pb_utils)
-        self.core = RuntimeModel.from_args(model_args, observer=metrics)
+        self.core = RuntimeModel.from_args(
+            model_args,
+            observer=metrics,
+            on_load=lambda key: self.metrics.announce(key) if self.metrics else None,
+        )
         self.server = RuntimeServer(
             self.core,
             address=channel.address(model_args.name),
