@@ -54,8 +54,9 @@ def memory(server: object, prefix: str) -> tuple[int, int]:
     return rss, pss
 
 
-def load(url: str, models: list[str], clients: int, seconds: float) -> float:
-    """Closed-loop clients over random models for ``seconds``: requests/s (errors raise)."""
+def load(url: str, models: list[str], clients: int, seconds: float) -> tuple[float, int]:
+    """Closed-loop clients over random models for ``seconds``: (requests/s, requests); errors
+    raise."""
     import tritonclient.grpc as grpcclient
 
     image = np.random.default_rng(0).standard_normal((1, 8, 8, 1)).astype(np.float32)
@@ -85,7 +86,7 @@ def load(url: str, models: list[str], clients: int, seconds: float) -> float:
         t.join()
     if errors:
         raise errors[0]
-    return sum(counts) / (time.monotonic() - start)
+    return sum(counts) / (time.monotonic() - start), sum(counts)
 
 
 def warm(url: str, models: list[str]) -> None:
@@ -100,19 +101,17 @@ def warm(url: str, models: list[str]) -> None:
     c.close()
 
 
-def executions(metrics_url: str) -> tuple[float, float]:
-    """(executions, items) summed over ``hloserve_executions_total`` and Triton's counts."""
+def executions(metrics_url: str) -> float:
+    """Sum of ``hloserve_executions_total`` (the runtime's executions, all models)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    runs = items = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "hloserve_executions_total":
-                runs += sample.value
-            if sample.name == "nv_inference_count" and sample.labels["model"].startswith("digits_"):
-                items += sample.value
-    return runs, items
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "hloserve_executions_total"
+    )
 
 
 def main() -> int:
@@ -120,6 +119,7 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=20, help="models per group (20)")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop clients (8)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per group and round (10)")
+    parser.add_argument("--front-instances", type=int, default=2, help="per hloserve model (2)")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT / "examples" / "digits"))
@@ -135,7 +135,7 @@ def main() -> int:
         shutil.move(bundles / "digits", bundles / "digits_0")
         for i in range(1, args.models):
             shutil.copytree(bundles / "digits_0", bundles / f"digits_{i}")
-        build_repository(bundles, repo)
+        build_repository(bundles, repo, front_instances=args.front_instances)
         weights = repo / "digits_0" / "1" / "bundle" / "weights.safetensors"
         for i in range(args.models):
             plain = repo / f"plain_{i}"
@@ -157,12 +157,14 @@ def main() -> int:
         with TritonServer(server_options(options, repo)) as server:
             warm(server.urls.grpc, [m for models in groups.values() for m in models])
             metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-            runs0, items0 = executions(metrics_url)
+            time.sleep(1.5)  # execution counts are published once a second
+            runs0, items = executions(metrics_url), 0
             for _ in range(2):
                 for name, models in groups.items():
-                    rates[name] = load(server.urls.grpc, models, args.clients, args.seconds)
-            time.sleep(1.5)  # execution counts are published once a second
-            runs1, items1 = executions(metrics_url)
+                    rates[name], count = load(server.urls.grpc, models, args.clients, args.seconds)
+                    items += count if name == "hloserve" else 0
+            time.sleep(1.5)
+            runs1 = executions(metrics_url)
             mem = {
                 name: memory(server, prefix)
                 for name, prefix in (("plain", "plain_"), ("hloserve", "digits_"))
@@ -188,7 +190,7 @@ def main() -> int:
     print(
         f"hloserve RSS per model (fronts) {per_model:.0f} MiB, runtime {runtime[0] / mib:.0f} MiB"
     )
-    print(f"mean executed batch size: {(items1 - items0) / max(runs1 - runs0, 1):.2f}")
+    print(f"mean executed batch size (hloserve): {items / max(runs1 - runs0, 1):.2f}")
     return 0
 
 
