@@ -36,7 +36,7 @@ import tritonclient.grpc as grpcclient
 
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools import SchedulingOptions, build_repository
 from hloserve.node.fleet import GatewayThread
 from hloserve.node.serve import ServeOptions, server_options
 from hloserve.node.tritonserver import TritonServer, free_ports
@@ -199,7 +199,13 @@ def main() -> None:
         bundles.mkdir()
         _export(bundles)
         repo = Path(tmp) / "repository"
-        build_repository(bundles, repo, front_instances=1, max_queue_delay_us=args.queue_delay_us)
+        build_repository(  # lpt_packing needs fifo/edf workers (docs/scheduling.md)
+            bundles,
+            repo,
+            front_instances=1,
+            max_queue_delay_us=args.queue_delay_us,
+            scheduling=SchedulingOptions(scheduling="fifo"),
+        )
         servers = []
         for i in range(3):
             http, grpc_port, metrics = free_ports(3)

@@ -76,6 +76,7 @@ def _repo_build(args: argparse.Namespace) -> int:
         max_queue_delay_us=args.max_queue_delay_us,
         weight_cache=_weight_cache_options(args),
         meta_concurrency=args.meta_concurrency,
+        scheduling=_scheduling_options(args),
         overwrite=args.overwrite,
         progress=print,
     )
@@ -120,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_queue_delay_us=args.max_queue_delay_us,
             weight_cache=_weight_cache_options(args),
             meta_concurrency=args.meta_concurrency,
+            scheduling=_scheduling_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
@@ -214,6 +216,41 @@ def _weight_cache_options(args: argparse.Namespace) -> Any:
     )
 
 
+def _add_scheduling_options(parser: argparse.ArgumentParser) -> None:
+    """--scheduling, --model-weight (docs/scheduling.md)."""
+    parser.add_argument(
+        "--scheduling",
+        choices=("fair", "fifo", "edf"),
+        default="fair",
+        help="the runtime's scheduling discipline across models: fair (default: compute "
+        "shared by weight), fifo (globally oldest request first) or edf (soonest deadline "
+        "first, hopeless requests shed); docs/scheduling.md",
+    )
+    parser.add_argument(
+        "--model-weight",
+        action="append",
+        default=[],
+        metavar="MODEL=W",
+        help="MODEL's weight under fair scheduling (W > 0; default 1.0); repeatable",
+    )
+
+
+def _scheduling_options(args: argparse.Namespace) -> Any:
+    """The ``SchedulingOptions`` of :func:`_add_scheduling_options`'s arguments.
+
+    Raises:
+        InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
+    """
+    from hloserve.model_repository_tools import SchedulingOptions
+    from hloserve.model_repository_tools.names import parse_model_weights
+
+    try:
+        weights = parse_model_weights(",".join(args.model_weight))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--model-weight: {exc}") from None
+    return SchedulingOptions(scheduling=args.scheduling, model_weights=weights)
+
+
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve",
@@ -237,9 +274,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
         default=None,
-        help="tritonserver --model-control-mode; by default, on a loopback --host, explicit "
-        "with --load-model=* (everything loads at start, and a model whose process dies is "
-        "reloaded), else none (explicit mode lets clients load model files)",
+        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
+        "(everything loads at start, and a model whose process dies is reloaded), the "
+        "repository API (load/unload) restricted to clients sending the header "
+        "hloserve-model-control with the key of HLOSERVE_MODEL_CONTROL_KEY (default: random)",
     )
     serve.add_argument(
         "--load-model",
@@ -277,6 +315,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="dynamic batcher queue delay when building, microseconds (500)",
     )
     _add_weight_cache_options(serve)
+    _add_scheduling_options(serve)
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
     serve.add_argument(
         "--startup-timeout",
@@ -384,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dynamic batcher max_queue_delay_microseconds (default: 500)",
     )
     _add_weight_cache_options(build)
+    _add_scheduling_options(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )

@@ -40,15 +40,15 @@ def test_explicit_load_of_a_meta_loads_what_it_calls_transitively(tmp_path: Path
     )
 
 
-def test_default_mode_is_explicit_loading_everything_on_loopback_only(tmp_path: Path) -> None:
-    for host in ("127.0.0.1", "localhost", "::1"):
+def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Path) -> None:
+    # Explicit on every host (issue 11): the repository API is restricted to a key instead.
+    for host in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
         options = server_options(ServeOptions(path=tmp_path, host=host), tmp_path)
         assert (options.model_control_mode, tuple(options.load_models)) == ("explicit", ("*",))
-    # Elsewhere explicit mode would let any client load model files: none.
-    exposed = server_options(ServeOptions(path=tmp_path, host="0.0.0.0"), tmp_path)
-    assert (exposed.model_control_mode, tuple(exposed.load_models)) == ("none", ())
+        assert options.model_control_key is not None
     kept = server_options(ServeOptions(path=tmp_path, model_control_mode="none"), tmp_path)
     assert (kept.model_control_mode, tuple(kept.load_models)) == ("none", ())
+    assert kept.model_control_key is None
 
 
 @pytest.mark.parametrize(

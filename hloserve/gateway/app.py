@@ -47,6 +47,7 @@ from hloserve.gateway.proxy import (
     probe_ready,
 )
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
+from hloserve.node.model_control import grpc_metadata, local_key
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -83,7 +84,9 @@ async def run_gateway(
     Raises:
         UnavailableError: the listen address or the admin port cannot be bound.
     """
-    upstreams = Upstreams(config.workers, config.grpc)
+    secret = config.upstream.model_control_key
+    key = local_key() if secret is None else secret.get_secret_value()
+    upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
     router = Router(make_scheduler(config))
     timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
@@ -151,6 +154,10 @@ async def run_gateway(
         ) from None
     admin.start()  # /readyz answers 503 until discovery has found a model
     try:
+        if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
+            from hloserve.gateway.preconditions import check_lpt_workers
+
+            await check_lpt_workers(upstreams, timeout)
         await refresh()
     except BaseException:
         admin.close()

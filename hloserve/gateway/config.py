@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     field_validator,
     model_validator,
 )
@@ -86,10 +87,15 @@ class UpstreamConfig(_Section):
     Attributes:
         request_timeout_seconds: deadline of one forwarded inference call, seconds (60).
         probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, row 63).
+        model_control_key: the key ``hloserve serve`` workers require on Triton's repository
+            API (``RepositoryIndex``, which discovery polls; docs/serving.md). None (default):
+            ``HLOSERVE_MODEL_CONTROL_KEY`` when set, else the key of the servers this process
+            started (``serve --workers``, ``node up``), else none.
     """
 
     request_timeout_seconds: float = Field(default=60.0, gt=0)
     probe_timeout_seconds: float = Field(default=8.0, gt=0)
+    model_control_key: SecretStr | None = None
 
 
 class DiscoveryConfig(_Section):

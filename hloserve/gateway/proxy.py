@@ -106,10 +106,19 @@ class Upstreams:
     Args:
         workers: worker endpoints (host:port).
         limits: message-size limits of every channel.
+        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call: the workers'
+            model-control key when their repository API is restricted
+            (:func:`hloserve.node.model_control.grpc_metadata`).
     """
 
-    def __init__(self, workers: Sequence[str], limits: GrpcLimits) -> None:
+    def __init__(
+        self,
+        workers: Sequence[str],
+        limits: GrpcLimits,
+        repository_metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.workers = tuple(workers)
+        self.repository_metadata = tuple(repository_metadata)
         options = channel_options(limits) + RECONNECT_OPTIONS
         self._channels = {w: grpc.aio.insecure_channel(w, options=options) for w in self.workers}
         self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
@@ -198,13 +207,21 @@ async def discover_table(
 
     async def index(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
         try:
-            reply = await upstreams.raw(worker, "RepositoryIndex")(request, timeout=timeout_s)
+            reply = await upstreams.raw(worker, "RepositoryIndex")(
+                request, timeout=timeout_s, metadata=upstreams.repository_metadata
+            )
             return worker, reply
         except grpc.aio.AioRpcError as exc:
             # Logged when a worker stops answering; while it stays down, only at debug level.
             known_down = previous is not None and worker in previous.unreachable
             level = logging.DEBUG if known_down else logging.WARNING
-            log.log(level, "worker %s: RepositoryIndex failed: %s", worker, exc.code().name)
+            hint = ""
+            if "restricted" in (exc.details() or ""):
+                hint = (
+                    f" ({exc.details()}: set upstream.model_control_key to the worker's "
+                    "HLOSERVE_MODEL_CONTROL_KEY)"
+                )
+            log.log(level, "worker %s: RepositoryIndex failed: %s%s", worker, exc.code().name, hint)
             return worker, exc
 
     replicas: dict[str, list[str]] = {}
@@ -603,7 +620,7 @@ class GatewayProxy:
         async def index(worker: str) -> bytes | None:
             try:
                 return await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._probe_timeout
+                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
                 )
             except grpc.aio.AioRpcError:
                 return None

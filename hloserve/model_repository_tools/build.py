@@ -60,6 +60,19 @@ class WeightCacheOptions:
     compaction_interval: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SchedulingOptions:
+    """The runtime scheduler's settings, written to its config (docs/scheduling.md).
+
+    Attributes:
+        scheduling: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
+        model_weights: model name -> ``fair`` weight (> 0); unlisted models weigh 1.0.
+    """
+
+    scheduling: str = names.SCHEDULING_DISCIPLINES[0]
+    model_weights: Mapping[str, float] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class FrontModel:
     """One front model (or meta model) of a planned repository.
@@ -104,6 +117,7 @@ def plan_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
+    scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
@@ -115,6 +129,7 @@ def plan_repository(
         weight_cache: the runtime's weight cache settings (default: no budget).
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
         max_request_bytes: the largest request a front accepts, bytes of inputs, >= 1.
+        scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
         progress: called with one line per bundle.
 
     Raises:
@@ -170,6 +185,7 @@ def plan_repository(
         for b in bundles
     )
     cache = weight_cache or WeightCacheOptions()
+    sched = scheduling or SchedulingOptions()
     metas = sorted(set(cache.residency) & {b.name for b in bundles if b.manifest.is_meta})
     if metas:
         raise RepositoryError(
@@ -186,6 +202,8 @@ def plan_repository(
             weight_cache_fraction=cache.weight_cache_fraction,
             residency=cache.residency,
             compaction_interval=cache.compaction_interval,
+            scheduling=sched.scheduling,
+            model_weights=sched.model_weights,
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
@@ -309,6 +327,7 @@ def build_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
+    scheduling: SchedulingOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> RepositoryPlan:
@@ -332,6 +351,7 @@ def build_repository(
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
         max_request_bytes=max_request_bytes,
+        scheduling=scheduling,
         progress=progress,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)

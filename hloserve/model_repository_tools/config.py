@@ -20,6 +20,7 @@ Triton rules this module follows (triton-inference-server/core, ``model_config_u
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -151,6 +152,8 @@ def runtime_config(
     weight_cache_fraction: float = 0.0,
     residency: Mapping[str, str] | None = None,
     compaction_interval: int = 0,
+    scheduling: str = names.SCHEDULING_DISCIPLINES[0],
+    model_weights: Mapping[str, float] | None = None,
 ) -> Any:
     """The runtime model's ``ModelConfig`` (docs/serving.md, "Runtime model config").
 
@@ -168,15 +171,23 @@ def runtime_config(
             ``hloserve.residency``.
         compaction_interval: on-demand loads between compactions; 0 = off. Written as
             ``hloserve.compaction_interval`` when > 0.
+        scheduling: the scheduler's discipline (docs/scheduling.md), one of
+            ``names.SCHEDULING_DISCIPLINES``; written as ``hloserve.scheduling`` unless the
+            default (absent = the default).
+        model_weights: model -> ``fair`` weight (> 0); weights other than 1.0 are written as
+            ``hloserve.model_weights``.
 
     Raises:
         InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
-            an unknown residency, or a residency for a model not in ``models``.
+            an unknown residency, or a residency for a model not in ``models``; an unknown
+            discipline, a weight <= 0 or a weight for a model not in ``models``.
     """
     residency = dict(residency or {})
+    model_weights = dict(model_weights or {})
     _check_cache_options(
         models, weight_cache_bytes, weight_cache_fraction, residency, compaction_interval
     )
+    check_scheduling_options([n for n, _ in models], scheduling, model_weights)
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -195,9 +206,44 @@ def runtime_config(
         else "",
         names.PARAM_RESIDENCY: names.format_residency(residency),
         names.PARAM_COMPACTION_INTERVAL: str(compaction_interval) if compaction_interval else "",
+        names.PARAM_SCHEDULING: scheduling if scheduling != names.SCHEDULING_DISCIPLINES[0] else "",
+        names.PARAM_MODEL_WEIGHTS: names.format_model_weights(model_weights),
     }
     _set_parameters(config, {k: v for k, v in cache.items() if v})
     return config
+
+
+def check_scheduling_options(
+    models: Sequence[str], scheduling: str, model_weights: Mapping[str, float]
+) -> None:
+    """Refuse scheduler options the runtime could not honour (docs/scheduling.md, "Settings").
+
+    Args:
+        models: the models the runtime serves (meta models excluded: the runtime schedules
+            only what it executes).
+        scheduling: the discipline.
+        model_weights: model -> weight.
+
+    Raises:
+        InvalidArgumentError: every problem: an unknown discipline, a weight that is not a
+            finite number > 0, a weight for a model not in ``models``.
+    """
+    problems = []
+    if scheduling not in names.SCHEDULING_DISCIPLINES:
+        problems.append(
+            f"scheduling discipline {scheduling!r} is not one of "
+            f"{list(names.SCHEDULING_DISCIPLINES)}"
+        )
+    for model, weight in sorted(model_weights.items()):
+        if model not in models:
+            problems.append(
+                f"model weight for {model!r}, which is not a model the runtime serves; those "
+                f"are {sorted(models)}"
+            )
+        if not (math.isfinite(weight) and weight > 0):
+            problems.append(f"weight of model {model!r} must be a number > 0, got {weight!r}")
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
 
 
 def _check_cache_options(

@@ -7,6 +7,8 @@ spells them out.
 
 from __future__ import annotations
 
+import math
+
 #: Version of the generated repository layout; written to every front model's
 #: ``hloserve.repository_format`` parameter (as text). History: 1 = front/runtime split over
 #: BLS, the runtime's config listing every bundle (2025); 2 = the channel: the runtime's config
@@ -84,6 +86,15 @@ RESIDENCIES = ("system", "device", "unpinned")
 #: Residency of a model :data:`PARAM_RESIDENCY` does not list.
 DEFAULT_RESIDENCY = RESIDENCIES[0]
 
+#: Runtime parameter: the scheduling discipline, one of :data:`SCHEDULING_DISCIPLINES`; absent
+#: = the first (docs/scheduling.md).
+PARAM_SCHEDULING = "hloserve.scheduling"
+#: Scheduling disciplines (ReactantServer ``scheduler.discipline``); the first is the default.
+SCHEDULING_DISCIPLINES = ("fair", "fifo", "edf")
+#: Runtime parameter: the ``fair`` weights of the models not weighing 1.0, as
+#: ``"<model>=<weight>,..."`` sorted by model (:func:`format_model_weights`); absent = all 1.0.
+PARAM_MODEL_WEIGHTS = "hloserve.model_weights"
+
 #: Separator between bundle and tensor in the runtime's namespaced tensor names.
 NAMESPACE_SEPARATOR = "__"
 
@@ -124,6 +135,39 @@ def parse_residency(text: str) -> dict[str, str]:
         if model in out:
             raise ValueError(f"residency of model {model!r} is given twice")
         out[model] = value
+    return out
+
+
+def format_model_weights(weights: dict[str, float]) -> str:
+    """:data:`PARAM_MODEL_WEIGHTS` text: ``"a=3.0,b=0.5"``, by model name, 1.0 left out."""
+    return BUNDLES_SEPARATOR.join(
+        f"{model}={weight!r}" for model, weight in sorted(weights.items()) if weight != 1.0
+    )
+
+
+def parse_model_weights(text: str) -> dict[str, float]:
+    """Inverse of :func:`format_model_weights` (also accepts spaces and weights of 1).
+
+    Raises:
+        ValueError: an item is not ``<model>=<weight>``, names a model twice, or its weight is
+            not a finite number > 0 (the message says which).
+    """
+    out: dict[str, float] = {}
+    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
+        if not item:
+            continue
+        model, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not model:
+            raise ValueError(f"model weight {item!r} is not '<model>=<weight>'")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight of model {model!r} is {value!r}, not a number > 0")
+        if model in out:
+            raise ValueError(f"weight of model {model!r} is given twice")
+        out[model] = weight
     return out
 
 

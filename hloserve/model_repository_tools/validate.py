@@ -177,11 +177,11 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
     listed = sorted(fronts)
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
-        try:  # keep the weight cache settings it was built with; check them
+        try:  # keep the weight cache and scheduler settings it was built with; check them
             expected = runtime_config(models, **_cache_settings(runtime))
         except (ValueError, HloserveError) as exc:
             message = exc.message if isinstance(exc, HloserveError) else str(exc)
-            return [*problems, Problem(file, f"weight cache parameters: {message}")]
+            return [*problems, Problem(file, f"runtime parameters: {message}")]
         problems += _compare(file, runtime, expected)
     return problems
 
@@ -213,6 +213,12 @@ def _cache_settings(runtime: Any) -> dict[str, Any]:
     residency = parameter(runtime, names.PARAM_RESIDENCY)
     if residency is not None:
         settings["residency"] = names.parse_residency(residency)
+    scheduling = parameter(runtime, names.PARAM_SCHEDULING)  # docs/scheduling.md
+    if scheduling is not None:
+        settings["scheduling"] = scheduling
+    weights = parameter(runtime, names.PARAM_MODEL_WEIGHTS)
+    if weights is not None:
+        settings["model_weights"] = names.parse_model_weights(weights)
     return settings
 
 

@@ -65,8 +65,14 @@ def image_build_command(config: NodeConfig) -> str:
     return f"docker build -f containers/{dockerfile}.Dockerfile -t {config.docker.image} ."
 
 
-def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
+def worker_command(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> list[str]:
     """The container's command line for ``docker.launcher``.
+
+    In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
+    ``model_control_key`` (:func:`~hloserve.node.node.tritonserver_flags`); ``hloserve serve``
+    takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
     ``docker.backend_directory``. ``hloserve``: ``hloserve serve`` on the mounted repository (it
@@ -93,11 +99,13 @@ def worker_command(config: NodeConfig, worker: WorkerPlan) -> list[str]:
         "tritonserver",
         f"--model-repository={repo}",
         f"--backend-directory={config.docker.backend_directory}",
-        *tritonserver_flags(config, worker),
+        *tritonserver_flags(config, worker, model_control_key),
     ]
 
 
-def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
+def container_spec(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments of ``containers.run`` for one worker, as plain JSON values.
 
     Host networking (the worker binds its planned ports on ``config.host``), the repository
@@ -109,6 +117,9 @@ def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
     Args:
         config: the node settings.
         worker: the worker's plan (index, GPU, ports).
+        model_control_key: in explicit mode, the key of the worker's repository API (in the
+            command for the ``tritonserver`` launcher, ``HLOSERVE_MODEL_CONTROL_KEY`` for
+            ``hloserve``).
 
     Returns:
         A dict for :func:`to_sdk`; ``device_requests`` and ``ulimits`` hold dicts of the
@@ -121,19 +132,25 @@ def container_spec(config: NodeConfig, worker: WorkerPlan) -> dict[str, Any]:
     for mount in d.mounts:
         host, bind, *mode = mount.split(":")
         volumes[host] = {"bind": bind, "mode": mode[0] if mode else "ro"}
+    env = {**worker_env(worker, docker=True), **d.env}
+    explicit = config.tritonserver.model_control_mode == "explicit"
+    if model_control_key and explicit and d.launcher == "hloserve":
+        from hloserve.node.model_control import ENV_KEY
+
+        env[ENV_KEY] = model_control_key
     policy: dict[str, Any] = {"Name": config.restart.policy}
     if config.restart.policy == "on-failure":
         policy["MaximumRetryCount"] = config.restart.max_retries
     return {
         "image": d.image,
         "name": container_name(config, worker),
-        "command": worker_command(config, worker),
+        "command": worker_command(config, worker, model_control_key),
         "labels": {
             LABEL_NODE: config.name,
             LABEL_WORKER: str(worker.index),
             LABEL_GPU: "cpu" if worker.gpu is None else str(worker.gpu),
         },
-        "environment": {**worker_env(worker, docker=True), **d.env},
+        "environment": env,
         "network_mode": "host",
         "volumes": volumes,
         "shm_size": d.shm_size,
@@ -310,9 +327,15 @@ class _LogStream(threading.Thread):
 class DockerWorkers:
     """The node's worker containers: start, wait ready, watch, stop. Not thread-safe."""
 
-    def __init__(self, config: NodeConfig, plan: Sequence[WorkerPlan]) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        plan: Sequence[WorkerPlan],
+        model_control_key: str | None = None,
+    ) -> None:
         self.config = config
         self.plan = tuple(plan)
+        self._model_control_key = model_control_key
         self._client: Any = None
         self._containers: list[Any] = []
         self._restarts: list[int] = []
@@ -349,7 +372,7 @@ class DockerWorkers:
                 status=Status.FAILED_PRECONDITION,
             )
         for worker in self.plan:
-            spec = container_spec(self.config, worker)
+            spec = container_spec(self.config, worker, self._model_control_key)
             try:
                 container = client.containers.run(**to_sdk(spec))
             except docker.errors.APIError as exc:

@@ -87,7 +87,8 @@ def fleet_gateway_config(
     environ: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
     """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
-    ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` set from the fleet.
+    ``workers``, ``worker_metrics``, ``listen``, ``admin_port`` and (when the workers restrict
+    their repository API) ``upstream.model_control_key`` set from the fleet.
 
     Raises:
         GatewayConfigError: the file or an environment override is invalid.
@@ -99,6 +100,9 @@ def fleet_gateway_config(
     )
     env[ENV_PREFIX + "LISTEN"] = listen
     env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
+    keys = sorted({w.model_control_key for w in workers if w.model_control_key})
+    if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
+        env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
     return load_config(path, env)
 
 

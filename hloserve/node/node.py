@@ -165,13 +165,18 @@ def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
     return {} if docker else {"CUDA_VISIBLE_DEVICES": str(worker.gpu)}
 
 
-def tritonserver_flags(config: NodeConfig, worker: WorkerPlan) -> list[str]:
+def tritonserver_flags(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> list[str]:
     """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
 
     ``--exit-on-error=false`` and ``--strict-readiness=false`` keep a worker serving when one
-    model fails to load; in explicit mode the runtime model is loaded with the named models.
+    model fails to load; in explicit mode the runtime model is loaded with the named models
+    and, given ``model_control_key``, the repository API is restricted to it
+    (:mod:`hloserve.node.model_control`).
     """
     from hloserve.model_repository_tools import names
+    from hloserve.node.model_control import restricted_flags
 
     t = config.tritonserver
     load = tuple(t.load_models)
@@ -190,6 +195,11 @@ def tritonserver_flags(config: NodeConfig, worker: WorkerPlan) -> list[str]:
         f"--log-verbose={t.log_verbose}",
         "--exit-on-error=false",
         "--strict-readiness=false",
+        *(
+            restricted_flags(model_control_key)
+            if model_control_key and t.model_control_mode == "explicit"
+            else ()
+        ),
         *t.args,
     ]
 
@@ -219,8 +229,11 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     return ports
 
 
-def gateway_config(config: NodeConfig, plan: Sequence[WorkerPlan]) -> Any:
-    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers.
+def gateway_config(
+    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
+) -> Any:
+    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers; given the
+    workers' ``model_control_key``, discovery sends it (``upstream.model_control_key``).
 
     Raises:
         NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
@@ -237,6 +250,9 @@ def gateway_config(config: NodeConfig, plan: Sequence[WorkerPlan]) -> Any:
         "workers": [f"{host}:{w.grpc_port}" for w in plan],
         "worker_metrics": [f"{host}:{w.metrics_port}" for w in plan],
     }
+    if model_control_key:
+        upstream = dict(data.get("upstream") or {})
+        data["upstream"] = {**upstream, "model_control_key": model_control_key}
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
@@ -338,9 +354,15 @@ class ProcessWorkers:
     (``on-failure``: a non-zero exit or a signal, at most ``max_retries`` times).
     """
 
-    def __init__(self, config: NodeConfig, plan: Sequence[WorkerPlan]) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        plan: Sequence[WorkerPlan],
+        model_control_key: str | None = None,
+    ) -> None:
         self.config = config
         self.plan = tuple(plan)
+        self._model_control_key = model_control_key
         self._servers: list[TritonServer] = []
         self._restarts = [0] * len(self.plan)
         self._down: set[int] = set()
@@ -360,6 +382,7 @@ class ProcessWorkers:
             host=self.config.host,
             model_control_mode=t.model_control_mode,
             load_models=t.load_models,
+            model_control_key=self._model_control_key,
             tritonserver_args=t.args,
             log_verbose=t.log_verbose,
             startup_timeout_s=t.startup_timeout_s,
@@ -490,7 +513,12 @@ def run_node_up(
             "; stop what holds it or change ports in the node file",
         )
     use_gateway = gateway_enabled(config, len(plan))
-    gw_config = gateway_config(config, plan) if use_gateway else None
+    key = None
+    if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
+        from hloserve.node.model_control import launcher_key
+
+        key = launcher_key()
+    gw_config = gateway_config(config, plan, key) if use_gateway else None
     stop = stop or threading.Event()
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -504,9 +532,9 @@ def run_node_up(
     if config.runtime == "docker":
         from hloserve.node.docker_runtime import DockerWorkers
 
-        workers = DockerWorkers(config, plan)
+        workers = DockerWorkers(config, plan, key)
     else:
-        workers = ProcessWorkers(config, plan)
+        workers = ProcessWorkers(config, plan, key)
         _pid_file(config.name).write_text(str(os.getpid()))
     gateway: GatewayThread | None = None
     try:

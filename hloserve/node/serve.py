@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import logging
 import shutil
 import signal
@@ -20,7 +19,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -36,7 +35,7 @@ from hloserve.node.tritonserver import (
 )
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
-    from hloserve.model_repository_tools.build import WeightCacheOptions
+    from hloserve.model_repository_tools.build import SchedulingOptions, WeightCacheOptions
     from hloserve.node.fleet import WorkerPorts
     from hloserve.node.watchdog import StubWatchdog
 
@@ -69,11 +68,16 @@ class ServeOptions:
         metrics_port: Prometheus metrics port (Triton's default 8002).
         host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
         model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
-            None = :func:`default_control_mode`: on loopback explicit with ``--load-model=*``
-            (everything loads at start, as with none, and a model whose Python backend stub
-            dies is reloaded, :mod:`.watchdog`), on other addresses none.
+            None = :func:`default_control_mode`: explicit with ``--load-model=*`` on every
+            host (everything loads at start, as with none, and a model whose Python backend
+            stub dies is reloaded, :mod:`.watchdog`), the repository API restricted to
+            ``model_control_key``.
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
             the models a meta calls are added (:func:`with_dependencies`).
+        model_control_key: in explicit mode, the key Triton's repository API (index, load,
+            unload) requires (:mod:`hloserve.node.model_control`); None = one from
+            :func:`~hloserve.node.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
+            or random).
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
         front_instances: CPU instances of each front model (``instance_group.count``).
@@ -81,6 +85,8 @@ class ServeOptions:
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
         meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
+        scheduling: the runtime scheduler's settings when building (docs/scheduling.md);
+            None = fair, every weight 1.0.
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -99,11 +105,13 @@ class ServeOptions:
     host: str = "127.0.0.1"
     model_control_mode: ModelControlMode | None = None
     load_models: Sequence[str] = ()
+    model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
     repository_out: Path | None = None
     front_instances: int = 2
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
     meta_concurrency: int = 2
+    scheduling: SchedulingOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -157,6 +165,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             max_queue_delay_us=options.max_queue_delay_us,
             weight_cache=options.weight_cache,
             meta_concurrency=options.meta_concurrency,
+            scheduling=options.scheduling,
             overwrite=True,
         )
         yield out
@@ -170,7 +179,9 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
 
     ``--exit-on-error=false`` and ``--strict-readiness=false`` keep the server up and ready
     when one model fails to load, so the others keep serving (the failure is reported by
-    :func:`model_states`). In explicit mode the runtime model is loaded with the named models.
+    :func:`model_states`). In explicit mode the runtime model is loaded with the named models
+    and the repository API is restricted to ``options.model_control_key`` (a new
+    :func:`~hloserve.node.model_control.launcher_key` when None).
 
     Raises:
         InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
@@ -189,6 +200,11 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         mode, load_models = default_control_mode(options.host)
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
+    key = None
+    if mode == "explicit":
+        from hloserve.node.model_control import launcher_key
+
+        key = options.model_control_key or launcher_key()
     return TritonServerOptions(
         model_repository=repository,
         http_port=options.http_port,
@@ -197,6 +213,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         host=options.host,
         model_control_mode=mode,
         load_models=load_models,
+        model_control_key=key,
         extra_backend_dirs=backend_dirs(),
         extra_args=(
             "--exit-on-error=false",
@@ -266,6 +283,12 @@ def build_flags_set(options: ServeOptions) -> list[str]:
             flags.append("--residency")
         if cache.compaction_interval:
             flags.append("--compaction-interval")
+    sched = options.scheduling
+    if sched is not None:
+        if sched.scheduling != "fair":
+            flags.append("--scheduling")
+        if sched.model_weights:
+            flags.append("--model-weight")
     return flags
 
 
@@ -351,6 +374,10 @@ def run_serve(options: ServeOptions) -> int:
         HloserveError: the repository cannot be prepared, or the server cannot start.
     """
     check_options(options)
+    if options.model_control_key is None:  # one key for this serve (every worker of a fleet)
+        from hloserve.node.model_control import launcher_key
+
+        options = dataclasses.replace(options, model_control_key=launcher_key())
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -380,7 +407,7 @@ def run_serve(options: ServeOptions) -> int:
                 waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
                 watchdog = stub_watchdog(server)
                 if waited is not None:
-                    states = model_states(urls.http)
+                    states = model_states(urls.http, server.options.model_control_key)
                     for name, (state, reason) in states.items():
                         print(f"  model {name}: {state}{' - ' + reason if reason else ''}")
                     failed = sum(state != "READY" for state, _ in states.values())
@@ -455,13 +482,15 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
         print("\n".join(lines), flush=True)
         failed = 0
         for i, server in enumerate(fleet.servers):
-            for name, (state, reason) in model_states(server.urls.http).items():
+            key = server.options.model_control_key
+            for name, (state, reason) in model_states(server.urls.http, key).items():
                 if state != "READY":
                     failed += 1
                     print(f"  worker {i} model {name}: {state} - {reason}")
         for server in fleet.servers:
             server.stub_processes()  # the stub watchdog knows each live stub from now on
-        names = sorted(model_states(fleet.servers[0].urls.http))
+        first = fleet.servers[0]
+        names = sorted(model_states(first.urls.http, first.options.model_control_key))
         print(f"  models: {', '.join(names)}")
         print(
             f"hloserve: ready after {waited:.1f} s"
@@ -478,45 +507,51 @@ def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -
 def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
     """The model control mode (and ``--load-model`` names) when the user named none.
 
-    On a loopback address: ``explicit`` with ``--load-model=*``, so everything loads at start
-    (as in ``none``) and the stub watchdog can reload a model whose process died. On any other
-    address: ``none``, because explicit mode opens Triton's repository API to every client that
-    reaches the port, and its load call accepts model files (a Python model is code); the
-    watchdog then only reports a dead stub.
+    ``explicit`` with ``--load-model=*`` on every host: everything loads at start (as in
+    ``none``) and the stub watchdog can reload a model whose process died. Explicit mode opens
+    Triton's repository API, whose load call accepts model files (a Python model is code), so
+    :func:`server_options` restricts that API to the launcher's key
+    (:mod:`hloserve.node.model_control`) on loopback and non-loopback hosts alike.
 
     Args:
-        host: the address the server binds.
+        host: the address the server binds (the answer no longer depends on it).
 
     Returns:
         ``(mode, load_models)``.
     """
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    return ("explicit", ("*",)) if loopback else ("none", ())
+    del host
+    return "explicit", ("*",)
 
 
 def stub_watchdog(server: TritonServer) -> StubWatchdog:
     """The watchdog of a server: it reloads models in explicit mode, else only reports."""
+    from hloserve.node.model_control import http_headers
     from hloserve.node.watchdog import StubWatchdog, reload_model
 
     http = server.urls.http
     explicit = server.options.model_control_mode == "explicit"
+    headers = http_headers(server.options.model_control_key)
     return StubWatchdog(
         server,
-        (lambda model: reload_model(http, model)) if explicit else None,
+        (lambda model: reload_model(http, model, headers=headers)) if explicit else None,
         lambda line: print(line, flush=True),
     )
 
 
-def model_states(http_url: str) -> dict[str, tuple[str, str]]:
-    """Every model in the repository index: name -> (state, reason), e.g. ("READY", "")."""
+def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, str]]:
+    """Every model in the repository index: name -> (state, reason), e.g. ("READY", "").
+
+    Args:
+        http_url: the server's HTTP endpoint, ``host:port``.
+        key: the model-control key when the repository API is restricted.
+    """
     import tritonclient.http as httpclient
+
+    from hloserve.node.model_control import http_headers
 
     client = httpclient.InferenceServerClient(http_url)
     try:
-        index = client.get_model_repository_index()
+        index = client.get_model_repository_index(headers=http_headers(key))
     finally:
         client.close()
     return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}

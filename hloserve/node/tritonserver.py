@@ -216,6 +216,8 @@ class TritonServerOptions:
             start, "explicit" loads ``load_models`` and then what clients ask for, "poll" follows
             the repository. Default "none".
         load_models: ``--load-model`` names at start ("*" for all); only with "explicit".
+        model_control_key: with "explicit", the key a client must send to reach Triton's
+            repository API (:mod:`hloserve.node.model_control`); None leaves that API open.
         extra_backend_dirs: Python-based backends by backend name: each directory holds a
             ``model.py`` and is selected in ``config.pbtxt`` by ``backend: "<name>"``. Linked
             beside ``python/`` in the composed ``--backend-directory``.
@@ -245,6 +247,7 @@ class TritonServerOptions:
     host: str = "127.0.0.1"
     model_control_mode: ModelControlMode = "none"
     load_models: Sequence[str] = ()
+    model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
     extra_backend_dirs: Mapping[str, Path] = field(default_factory=dict)
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -573,6 +576,10 @@ class TritonServer:
             argv.append("--allow-metrics=false")
         else:
             argv += [f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}"]
+        if o.model_control_key is not None and o.model_control_mode == "explicit":
+            from hloserve.node.model_control import restricted_flags
+
+            argv += restricted_flags(o.model_control_key)
         if not any("shm-region-prefix-name" in arg for arg in o.extra_args):
             # Unique per server: two servers on one host must not share stub shm regions.
             argv.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")

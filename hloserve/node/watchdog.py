@@ -10,7 +10,9 @@ died (signal 9, SIGKILL); reloading") and reloads the model through Triton's rep
 (``POST /v2/repository/models/<model>/load`` with the model's own configuration, which makes
 Triton load fresh instances even though no file changed, then swap them in). This needs
 ``--model-control-mode=explicit``; ``hloserve serve`` uses it (with ``--load-model=*``) unless
-another mode is asked for, in which case the death is only reported.
+another mode is asked for, in which case the death is only reported. The repository API is
+restricted to callers holding the launcher's key (:mod:`hloserve.node.model_control`); the
+reload sends it.
 
 A reload of the runtime model (``hloserve_runtime``) is retried by the fronts as UNAVAILABLE
 for up to ``hloserve.runtime_wait_s``.
@@ -22,7 +24,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hloserve.node.tritonserver import StubProcess, TritonServer
 
@@ -40,13 +42,20 @@ def describe_wait_status(status: int) -> str:
     return f"exit code {(status >> 8) & 0xFF}"
 
 
-def reload_model(http_url: str, model: str, timeout_s: float = 600.0) -> None:
+def reload_model(
+    http_url: str,
+    model: str,
+    timeout_s: float = 600.0,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Load ``model`` again with its current configuration, even though no file changed.
 
     Args:
         http_url: the server's HTTP endpoint, ``host:port``.
         model: the model name.
         timeout_s: seconds the load may take.
+        headers: sent with the load: the model-control header when the repository API is
+            restricted (:func:`hloserve.node.model_control.http_headers`).
 
     Raises:
         tritonclient.utils.InferenceServerException: Triton refused or failed the load (for
@@ -59,7 +68,7 @@ def reload_model(http_url: str, model: str, timeout_s: float = 600.0) -> None:
     )
     try:
         config = client.get_model_config(model)
-        client.load_model(model, config=json.dumps(config))
+        client.load_model(model, headers=dict(headers or {}), config=json.dumps(config))
     finally:
         client.close()
 

@@ -1,62 +1,71 @@
-"""The runtime's scheduler: per-model queues, one execution at a time, coalescing.
+"""The runtime's scheduler: per-model queues, one execution at a time, coalescing, cost learning.
 
-STAND-IN with the final module's API (FIFO only): every discipline is served as ``fifo``
-(globally oldest request first). The coalescing rule is the final one (docs/serving.md,
-"Coalescing rule"): the chosen model's leading run of same-variant works, in arrival order,
-up to the largest compiled size the queued rows fill, else the smallest that holds them
-(padded); a work is never split. Works whose deadline has passed are shed before selection.
+Every front instance's requests (:class:`Work`) go into one queue per model; the runtime's
+single execution loop calls :meth:`Scheduler.next` for the next :class:`Batch`, executes it
+outside the scheduler's lock and reports the measured time with :meth:`Scheduler.record`.
+The semantics are docs/scheduling.md (ReactantServer's scheduler): decision order, the
+``fair`` / ``fifo`` / ``edf`` disciplines, deadline and laxity shedding, the coalescing rule
+and the cost EMA. Configuration comes from the runtime model's parameters
+(:meth:`SchedulerConfig.from_parameters`).
 
-Pure Python, thread-safe: any thread may :meth:`Scheduler.submit`; one thread loops
-:meth:`Scheduler.next` -> execute -> :meth:`Scheduler.record`.
+Pure Python and thread-safe: one lock and one condition guard all state; ``on_shed`` runs
+outside the lock. Nothing here imports JAX, Triton or NumPy.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import logging
+import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from types import MappingProxyType
 
-Discipline = Literal["fair", "fifo", "edf"]
+from hloserve.errors import UnavailableError
+from hloserve.triton_backend.scheduler_config import (
+    DEFAULT_WEIGHT,
+    DISCIPLINES,
+    Discipline,
+    SchedulerConfig,
+    deadline_from_parameters,
+)
+
+__all__ = [
+    "DEFAULT_WEIGHT",
+    "DISCIPLINES",
+    "REASON_EXPIRED",
+    "Batch",
+    "Discipline",
+    "ModelSnapshot",
+    "Scheduler",
+    "SchedulerClosedError",
+    "SchedulerConfig",
+    "SchedulerSnapshot",
+    "Work",
+    "deadline_from_parameters",
+]
+
+#: Shed reason of a work whose deadline passed before its execution started.
+REASON_EXPIRED = "the request's deadline passed before it could be executed"
+
+_log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How the scheduler picks the next model (the stand-in serves every discipline as fifo).
-
-    Attributes:
-        discipline: ``fair``, ``fifo`` or ``edf``.
-        weights: model -> weight (> 0); missing models weigh 1.0.
-        ema_half_life_s: fair: recent-compute EMA half-life, seconds.
-        priority_cap: fair: clamp of share - normalized EMA.
-        coalescing_discount: fair: effective cost = cost * (1 - discount).
-        unseeded_cost_s: cost estimate before any measurement, seconds.
-        cost_ema_alpha: per (model, variant, batch size) cost EMA weight of a new measurement.
-    """
-
-    discipline: Discipline = "fair"
-    weights: Mapping[str, float] = field(default_factory=dict)
-    ema_half_life_s: float = 30.0
-    priority_cap: float = 0.25
-    coalescing_discount: float = 0.10
-    unseeded_cost_s: float = 0.01
-    cost_ema_alpha: float = 0.2
-
-
-@dataclass
+@dataclass(eq=False)
 class Work:
-    """One client request (never split).
+    """One client request; the scheduler never splits it.
 
     Attributes:
-        model: the registered model.
+        model: the model it is for.
         variant: index of the bundle's shape variant (0 without variants).
-        rows: items on the batch axis (>= 1; 1 for an unbatched model).
+        rows: items on the batch axis (>= 1; 1 for unbatched models).
         payload: opaque to the scheduler (the runtime's reply handle).
-        deadline: monotonic seconds (the scheduler's clock), None = none.
-        arrival: set by :meth:`Scheduler.submit` from the clock when not given.
+        deadline: monotonic seconds on the scheduler's clock; None = no deadline.
+        arrival: monotonic seconds on the scheduler's clock; NaN = set by
+            :meth:`Scheduler.submit`.
     """
 
     model: str
@@ -64,7 +73,7 @@ class Work:
     rows: int
     payload: object
     deadline: float | None = None
-    arrival: float = -1.0
+    arrival: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,11 @@ class Batch:
     """One execution: whole works of one model and variant, in arrival order.
 
     Attributes:
-        batch_size: the compiled size it runs at (>= items; the rest is padding).
-        items: sum of the works' rows.
+        model: the model.
+        variant: the shape variant every work has.
+        batch_size: the compiled batch size it runs at (``>= items``; the rest is zero padding).
+        works: the works, in arrival order.
+        items: the sum of the works' rows.
     """
 
     model: str
@@ -82,30 +94,78 @@ class Batch:
     works: tuple[Work, ...]
     items: int
 
+    @property
+    def padding(self) -> int:
+        """Padded items: ``batch_size - items``."""
+        return self.batch_size - self.items
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """One model's scheduling state at :meth:`Scheduler.snapshot` time.
+
+    Attributes:
+        queued: queued works.
+        queued_rows: their rows.
+        weight: the configured weight.
+        share: ``weight / sum of weights`` over the registered models.
+        recent_compute_s: the recent-compute EMA (seconds, decayed to now).
+        costs: (variant, batch size) -> cost estimate in seconds, measured ones only.
+    """
+
+    queued: int
+    queued_rows: int
+    weight: float
+    share: float
+    recent_compute_s: float
+    costs: Mapping[tuple[int, int], float]
+
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    """Queue depth per model and cost estimates per (model, variant, batch size), seconds."""
+    """The scheduler's state, for metrics and ``hloserve status``.
 
-    queued: Mapping[str, int]
-    costs: Mapping[tuple[str, int, int], float]
+    Attributes:
+        discipline: the configured discipline.
+        models: model -> :class:`ModelSnapshot`, registered models only.
+        shed: works shed since start (deadline passed or, under ``edf``, cannot be met).
+        batches: batches handed out by :meth:`Scheduler.next` since start.
+    """
+
+    discipline: Discipline
+    models: Mapping[str, ModelSnapshot]
+    shed: int
+    batches: int
+
+
+class SchedulerClosedError(UnavailableError):
+    """:meth:`Scheduler.submit` after :meth:`Scheduler.close` (the runtime is stopping)."""
 
 
 @dataclass
 class _Model:
-    sizes: list[int]
-    coalesce: bool
-    variants: set[int]
-    queue: deque[Work] = field(default_factory=deque)
+    sizes: dict[int, tuple[int, ...]]  # variant -> compiled sizes, ascending
+    coalesce: dict[int, bool]
+    queue: collections.deque[Work] = field(default_factory=collections.deque)
+    recent: float = 0.0  # recent-compute EMA, seconds, as of `recent_at`
+    recent_at: float = 0.0
+    plan: Batch | None = None  # the batch the queue would run now; None = to compute
+
+    def planned(self, name: str) -> Batch:
+        """The batch the queue would run now (kept until the queue or the sizes change)."""
+        if self.plan is None:
+            self.plan = _plan(name, self)
+        return self.plan
 
 
 class Scheduler:
-    """Per-model queues feeding one executor (see the module docstring).
+    """Per-model queues and the choice of the next execution (docs/scheduling.md).
 
     Args:
-        config: the discipline and its constants.
-        on_shed: called outside the lock with each shed work and the reason.
-        clock: monotonic seconds.
+        config: the settings.
+        on_shed: called, outside the lock, with each work shed and the reason (text for the
+            client's UNAVAILABLE error); it must not call back into the scheduler's ``next``.
+        clock: monotonic seconds; arrivals, deadlines and the EMA decay use it.
     """
 
     def __init__(
@@ -114,140 +174,309 @@ class Scheduler:
         on_shed: Callable[[Work, str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
+        self._config = config
         self._on_shed = on_shed
         self._clock = clock
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}
         self._costs: dict[tuple[str, int, int], float] = {}
-        self._cond = threading.Condition()
         self._closed = False
+        self._shed = 0
+        self._batches = 0
+
+    @property
+    def config(self) -> SchedulerConfig:
+        """The settings it was built with."""
+        return self._config
 
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
     ) -> None:
-        """Accept works of ``model`` at ``variant`` run at ``compiled_sizes`` (ascending)."""
-        with self._cond:
+        """Make ``model``'s ``variant`` schedulable (again: a second call replaces its sizes).
+
+        Args:
+            model: the model name.
+            variant: the shape variant index (0 without variants).
+            compiled_sizes: the batch sizes it is compiled at (positive; any order).
+            coalesce: False = one work per batch (the model has no batch axis to join on).
+
+        Raises:
+            ValueError: no sizes, a size below 1, or (replacing) a queued request of the
+                variant above the new largest size.
+        """
+        sizes = tuple(sorted(set(int(s) for s in compiled_sizes)))
+        if not sizes or sizes[0] < 1:
+            raise ValueError(
+                f"model {model!r} variant {variant}: no compiled batch sizes or one below 1 "
+                f"(got {list(compiled_sizes)})"
+            )
+        with self._lock:
             entry = self._models.get(model)
             if entry is None:
-                entry = self._models[model] = _Model(sorted(compiled_sizes), coalesce, set())
-            entry.sizes = sorted(compiled_sizes)
-            entry.coalesce = coalesce
-            entry.variants.add(variant)
+                entry = self._models[model] = _Model({}, {}, recent_at=self._clock())
+            big = [w.rows for w in entry.queue if w.variant == variant and w.rows > sizes[-1]]
+            if big:
+                raise ValueError(
+                    f"model {model!r} variant {variant}: queued requests of {max(big)} rows "
+                    f"exceed the new largest compiled size {sizes[-1]}"
+                )
+            entry.sizes[variant] = sizes
+            entry.coalesce[variant] = coalesce
+            entry.plan = None
 
     def unregister(self, model: str) -> list[Work]:
-        """Forget ``model``; returns its works still queued."""
-        with self._cond:
+        """Forget ``model`` (all variants, its costs and EMA); returns its queued works.
+
+        An unknown model returns ``[]``. The caller answers the returned works.
+        """
+        with self._lock:
             entry = self._models.pop(model, None)
+            for key in [k for k in self._costs if k[0] == model]:
+                del self._costs[key]
             return list(entry.queue) if entry is not None else []
 
     def submit(self, work: Work) -> None:
-        """Queue one work.
+        """Queue ``work``; its ``arrival`` is set from the clock when NaN.
 
         Raises:
-            ValueError: unknown model or variant, rows above the largest compiled size, or the
-                scheduler is closed.
+            ValueError: unknown model or variant, ``rows < 1``, or ``rows`` above the variant's
+                largest compiled size (a request is never split).
+            SchedulerClosedError: after :meth:`close`.
         """
-        with self._cond:
+        with self._lock:
             if self._closed:
-                raise ValueError("the scheduler is closed")
+                raise SchedulerClosedError("the runtime's scheduler is closed (stopping)")
             entry = self._models.get(work.model)
-            if entry is None or work.variant not in entry.variants:
-                raise ValueError(f"model {work.model!r} variant {work.variant} is not registered")
-            if entry.sizes and work.rows > entry.sizes[-1]:
+            if entry is None:
+                raise ValueError(f"model {work.model!r} is not registered with the scheduler")
+            sizes = entry.sizes.get(work.variant)
+            if sizes is None:
                 raise ValueError(
-                    f"model {work.model!r}: {work.rows} rows exceed the largest compiled "
-                    f"batch size {entry.sizes[-1]}"
+                    f"model {work.model!r} has no variant {work.variant} "
+                    f"(registered: {sorted(entry.sizes)})"
                 )
-            if work.arrival < 0:
+            if not 1 <= work.rows <= sizes[-1]:
+                raise ValueError(
+                    f"model {work.model!r} variant {work.variant}: a request of {work.rows} "
+                    f"rows is outside 1..{sizes[-1]} (the largest compiled batch size)"
+                )
+            if math.isnan(work.arrival):
                 work.arrival = self._clock()
             entry.queue.append(work)
-            self._cond.notify()
+            entry.plan = None
+            self._ready.notify()
 
     def next(self, timeout: float | None = None) -> Batch | None:
-        """The next execution; blocks up to ``timeout`` seconds; None on timeout or close."""
-        end = None if timeout is None else self._clock() + timeout
+        """The next batch to execute; blocks until there is one.
+
+        First sheds works whose deadline passed (any discipline) and, under ``edf``, works
+        whose deadline ``now + cost estimate`` cannot meet; then picks the model by the
+        discipline and coalesces its leading run of same-variant works (docs/scheduling.md).
+
+        Args:
+            timeout: most seconds (wall clock) to wait for a work; None = forever.
+
+        Returns:
+            The batch, or None on timeout or after :meth:`close`.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
         while True:
-            shed: list[Work] = []
-            with self._cond:
-                batch = None
-                while not self._closed:
-                    shed = self._shed_expired()
-                    if shed:
-                        break
-                    batch = self._select()
-                    if batch is not None:
-                        break
-                    remaining = None if end is None else end - self._clock()
-                    if remaining is not None and remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-            for work in shed:
-                self._on_shed(work, "the request's deadline passed before it could run")
-            if not shed:
+            with self._lock:
+                while not self._closed and not any(m.queue for m in self._models.values()):
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        return None
+                    self._ready.wait(left)
+                if self._closed:
+                    return None
+                now = self._clock()
+                shed = self._shed_hopeless(now)
+                batch = self._select(now)
+                if batch is not None:
+                    self._batches += 1
+            self._report(shed)
+            if batch is not None:
                 return batch
 
-    def _shed_expired(self) -> list[Work]:
-        now = self._clock()
-        shed = []
-        for entry in self._models.values():
-            if any(w.deadline is not None and w.deadline <= now for w in entry.queue):
-                keep = deque(w for w in entry.queue if w.deadline is None or w.deadline > now)
-                shed += [w for w in entry.queue if w.deadline is not None and w.deadline <= now]
-                entry.queue = keep
-        return shed
-
-    def _select(self) -> Batch | None:
-        oldest: tuple[float, str] | None = None
-        for name, entry in self._models.items():
-            if entry.queue and (oldest is None or entry.queue[0].arrival < oldest[0]):
-                oldest = (entry.queue[0].arrival, name)
-        if oldest is None:
-            return None
-        name = oldest[1]
-        entry = self._models[name]
-        first = entry.queue[0]
-        if not entry.sizes:  # unbatched: one work per execution
-            entry.queue.popleft()
-            return Batch(name, first.variant, 0, (first,), first.rows)
-        largest = entry.sizes[-1]
-        works = [entry.queue.popleft()]
-        items = first.rows
-        while entry.coalesce and entry.queue:
-            nxt = entry.queue[0]
-            if nxt.variant != first.variant or items + nxt.rows > largest:
-                break
-            works.append(entry.queue.popleft())
-            items += nxt.rows
-        # the largest compiled size the rows fill, else the smallest holding them: with whole
-        # works taken greedily up to the largest size, that is the smallest holding them
-        size = entry.sizes[bisect.bisect_left(entry.sizes, items)]
-        return Batch(name, first.variant, size, tuple(works), items)
-
     def record(self, batch: Batch, seconds: float) -> None:
-        """Learn the measured execution time of ``batch`` (per-size EMA)."""
-        key = (batch.model, batch.variant, batch.batch_size)
-        alpha = self.config.cost_ema_alpha
-        with self._cond:
+        """Learn from an execution: ``seconds`` of measured execution time for ``batch``.
+
+        Updates the (model, variant, batch size) cost EMA (the first measurement seeds it)
+        and the model's recent-compute EMA. A batch of a model unregistered since is ignored.
+        """
+        with self._lock:
+            entry = self._models.get(batch.model)
+            if entry is None:
+                return
+            key = (batch.model, batch.variant, batch.batch_size)
             old = self._costs.get(key)
-            self._costs[key] = seconds if old is None else (1 - alpha) * old + alpha * seconds
+            alpha = self._config.cost_ema_alpha
+            self._costs[key] = seconds if old is None else old + alpha * (seconds - old)
+            now = self._clock()
+            entry.recent = self._decayed(entry, now) + seconds
+            entry.recent_at = now
 
     def cost(self, model: str, variant: int, batch_size: int) -> float:
-        """The cost estimate of one execution, seconds (unseeded until measured)."""
-        with self._cond:
-            return self._costs.get((model, variant, batch_size), self.config.unseeded_cost_s)
+        """Cost estimate of one execution, seconds (``unseeded_cost_s`` before any measurement)."""
+        with self._lock:
+            return self._cost(model, variant, batch_size)
 
     def snapshot(self) -> SchedulerSnapshot:
-        """Queue depth per model and the cost estimates."""
-        with self._cond:
-            return SchedulerSnapshot(
-                {n: len(e.queue) for n, e in self._models.items()}, dict(self._costs)
-            )
+        """Queue depths, shares, recent compute and cost estimates of every registered model."""
+        with self._lock:
+            now = self._clock()
+            total = sum(self._config.weight(m) for m in self._models) or 1.0
+            models = {
+                name: ModelSnapshot(
+                    queued=len(entry.queue),
+                    queued_rows=sum(w.rows for w in entry.queue),
+                    weight=self._config.weight(name),
+                    share=self._config.weight(name) / total,
+                    recent_compute_s=self._decayed(entry, now),
+                    costs=MappingProxyType(
+                        {(k[1], k[2]): v for k, v in self._costs.items() if k[0] == name}
+                    ),
+                )
+                for name, entry in sorted(self._models.items())
+            }
+            return SchedulerSnapshot(self._config.discipline, models, self._shed, self._batches)
 
     def close(self) -> None:
-        """Wake :meth:`next` (it returns None from now on); later submits raise."""
-        with self._cond:
+        """Stop: wake :meth:`next` (it returns None), refuse later submits, and shed every
+        queued work with the reason "the runtime is stopping"."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            left = [w for entry in self._models.values() for w in entry.queue]
+            for entry in self._models.values():
+                entry.queue.clear()
+                entry.plan = None
+            self._shed += len(left)
+            self._ready.notify_all()
+        self._report([(work, "the runtime is stopping") for work in left])
+
+    def _report(self, shed: list[tuple[Work, str]]) -> None:
+        for work, reason in shed:
+            try:
+                self._on_shed(work, reason)
+            except Exception:  # one failed reply must not lose the others or the batch
+                _log.exception("on_shed failed for a request of model %r", work.model)
+
+    # Everything below runs with the lock held.
+
+    def _cost(self, model: str, variant: int, batch_size: int) -> float:
+        return self._costs.get((model, variant, batch_size), self._config.unseeded_cost_s)
+
+    def _decayed(self, entry: _Model, now: float) -> float:
+        elapsed = max(0.0, now - entry.recent_at)
+        return entry.recent * 0.5 ** (elapsed / self._config.ema_half_life_s)
+
+    def _shed_hopeless(self, now: float) -> list[tuple[Work, str]]:
+        edf = self._config.discipline == "edf"
+        shed: list[tuple[Work, str]] = []
+        for name, entry in self._models.items():
+            if not any(w.deadline is not None for w in entry.queue):
+                continue
+            keep: collections.deque[Work] = collections.deque()
+            for work in entry.queue:
+                reason = None
+                if work.deadline is not None:
+                    if now >= work.deadline:
+                        reason = REASON_EXPIRED
+                    elif edf:
+                        size = _smallest_holding(work.rows, entry.sizes[work.variant])
+                        estimate = self._cost(name, work.variant, size)
+                        if now + estimate >= work.deadline:
+                            reason = (
+                                "the request's deadline cannot be met: "
+                                f"{work.deadline - now:.4f} s left, execution estimated at "
+                                f"{estimate:.4f} s"
+                            )
+                if reason is None:
+                    keep.append(work)
+                else:
+                    shed.append((work, reason))
+            if len(keep) != len(entry.queue):
+                entry.queue, entry.plan = keep, None
+        self._shed += len(shed)
+        return shed
+
+    def _select(self, now: float) -> Batch | None:
+        contenders = [(n, e) for n, e in self._models.items() if e.queue]
+        if not contenders:
+            return None
+        discipline = self._config.discipline
+        if discipline == "fifo":
+            name = min(contenders, key=lambda c: (c[1].queue[0].arrival, c[0]))[0]
+        elif discipline == "edf":
+            inf = math.inf
+            name = min(
+                contenders,
+                key=lambda c: (
+                    min((w.deadline for w in c[1].queue if w.deadline is not None), default=inf),
+                    c[1].queue[0].arrival,
+                    c[0],
+                ),
+            )[0]
+        else:
+            name = self._select_fair(contenders, now)
+        entry = self._models[name]
+        batch = entry.planned(name)
+        for _ in batch.works:
+            entry.queue.popleft()
+        entry.plan = None
+        return batch
+
+    def _select_fair(self, contenders: list[tuple[str, _Model]], now: float) -> str:
+        config = self._config
+        total_weight = sum(config.weight(n) for n, _ in contenders)
+        recent = {n: self._decayed(e, now) for n, e in contenders}
+        total_recent = sum(recent.values())
+
+        def rank(c: tuple[str, _Model]) -> tuple[float, float, str]:
+            name, entry = c
+            share = config.weight(name) / total_weight
+            normalized = recent[name] / total_recent if total_recent > 0 else 0.0
+            lead = max(-config.priority_cap, min(config.priority_cap, share - normalized))
+            plan = entry.planned(name)
+            cost = self._cost(name, plan.variant, plan.batch_size)
+            if len(plan.works) > 1:
+                cost *= 1 - config.coalescing_discount
+            return (-lead / cost, entry.queue[0].arrival, name)
+
+        return min(contenders, key=rank)[0]
 
 
-__all__ = ["Batch", "Discipline", "Scheduler", "SchedulerConfig", "SchedulerSnapshot", "Work"]
+def _smallest_holding(rows: int, sizes: tuple[int, ...]) -> int:
+    return sizes[bisect.bisect_left(sizes, rows)]
+
+
+def _plan(name: str, entry: _Model) -> Batch:
+    """The batch ``entry``'s queue would run now (docs/scheduling.md, "Coalescing").
+
+    The leading run of works of the head's variant, in arrival order; the target is the largest
+    compiled size the run's rows fill (the smallest size when they fill none); whole works are
+    taken while they fit the target (the head always: it is never above the largest size), and
+    the batch runs at the smallest compiled size holding them.
+    """
+    head = entry.queue[0]
+    sizes = entry.sizes[head.variant]
+    if not entry.coalesce[head.variant]:
+        return Batch(name, head.variant, _smallest_holding(head.rows, sizes), (head,), head.rows)
+    run_rows = 0
+    for work in entry.queue:
+        if work.variant != head.variant or run_rows >= sizes[-1]:
+            break
+        run_rows += work.rows
+    i = bisect.bisect_right(sizes, run_rows)
+    target = sizes[i - 1] if i else sizes[0]
+    if head.rows > target:  # an oversized head grows the target; it is never split
+        target = _smallest_holding(head.rows, sizes)
+    taken: list[Work] = []
+    items = 0
+    for work in entry.queue:
+        if work.variant != head.variant or items + work.rows > target:
+            break
+        taken.append(work)
+        items += work.rows
+    return Batch(name, head.variant, _smallest_holding(items, sizes), tuple(taken), items)
