@@ -49,10 +49,6 @@ from hloserve.triton_backend.scheduler import Batch, Scheduler, SchedulerConfig,
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
 
-#: Runtime parameters of the scheduler (written by ``hloserve repo build --scheduling`` and
-#: ``--model-weight``; docs/serving.md).
-PARAM_SCHEDULING = "hloserve.scheduling"
-PARAM_MODEL_WEIGHTS = "hloserve.model_weights"
 
 #: ``publish((model, variant label, batch size), executions since the last call)``.
 Publish = Callable[[tuple[str, str, int], int], None]
@@ -425,30 +421,15 @@ class RuntimeServer:
 
 
 def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
-    """The scheduler settings of the runtime's config: ``hloserve.scheduling`` (fair, fifo or
-    edf; default fair) and ``hloserve.model_weights`` (``model=weight,...``; default 1.0 each).
+    """The scheduler settings of the runtime's config (docs/scheduling.md, "Settings").
 
     Raises:
         InvalidArgumentError: an unknown discipline or a malformed weight.
     """
-    discipline = args.parameter(PARAM_SCHEDULING, "fair").strip().lower() or "fair"
-    if discipline not in ("fair", "fifo", "edf"):
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {PARAM_SCHEDULING!r} is {discipline!r}, not one of "
-            "['fair', 'fifo', 'edf']"
-        )
-    weights: dict[str, float] = {}
-    for item in filter(
-        None, (i.strip() for i in args.parameter(PARAM_MODEL_WEIGHTS, "").split(","))
-    ):
-        model, _, value = item.partition("=")
-        try:
-            weights[model.strip()] = float(value)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"model {args.name!r}: parameter {PARAM_MODEL_WEIGHTS!r}: bad item {item!r}"
-            ) from None
-    return SchedulerConfig(discipline=discipline, weights=weights)  # type: ignore[arg-type]
+    try:
+        return SchedulerConfig.from_parameters(args.parameters)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"model {args.name!r}: {exc}") from None
 
 
 def _invalid(exc: ValueError) -> HloserveError:
