@@ -24,6 +24,7 @@ import pytest
 from conftest import GOLDEN, serving_options
 
 from hloserve.model_repository_tools import build_repository, names
+from hloserve.node.model_control import grpc_metadata, http_headers
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, reload_model
 from hloserve.triton_backend import channel
@@ -80,8 +81,11 @@ class Watched:
     def __init__(self, server: TritonServer) -> None:
         self.server = server
         self.lines: list[str] = []
+        headers = http_headers(server.options.model_control_key)
         self.watchdog = StubWatchdog(
-            server, functools.partial(reload_model, server.urls.http), self.lines.append
+            server,
+            functools.partial(reload_model, server.urls.http, headers=headers),
+            self.lines.append,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -251,10 +255,11 @@ def test_loading_a_model_under_load_leaves_the_runtime_and_the_others_alone(
     loop.start()
     time.sleep(0.5)
     before = count()
-    client.load_model("late")
+    control = dict(grpc_metadata(server.options.model_control_key))
+    client.load_model("late", headers=control)
     during = count()
     assert client.infer("late", [_x()]).as_numpy("y").shape == (1, 3)
-    client.unload_model("late")
+    client.unload_model("late", headers=control)
     time.sleep(0.5)
     stop.set()
     loop.join(60)
