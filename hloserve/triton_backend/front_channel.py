@@ -269,7 +269,11 @@ class ChannelFront:
             works.append(work)
             ids.append(work_id)
         if works:
-            self._send_works(works, ids)
+            # one execute call's requests grouped by variant (groups in order of their first
+            # request): the scheduler coalesces a model's leading run of one variant
+            order = {v: i for i, v in reversed(list(enumerate(w["variant"] for w in works)))}
+            pairs = sorted(zip(works, ids, strict=True), key=lambda p: order[p[0]["variant"]])
+            self._send_works([w for w, _ in pairs], [i for _, i in pairs])
 
     def _check_size(self, inputs: Mapping[str, np.ndarray]) -> None:
         nbytes = sum(int(a.nbytes) for a in inputs.values())
