@@ -21,6 +21,7 @@ runtime (BLS)".
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+FRONT_INFLIGHT = "hloserve.front_inflight"
 sys.path.insert(0, str(ROOT / "examples" / "digits"))
 
 PLAIN_MODEL = """
@@ -128,7 +130,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="measurement window (2)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients under load (8)")
-    parser.add_argument("--front-instances", type=int, default=2, help="hloserve front (2)")
+    parser.add_argument(
+        "--front-instances", type=int, default=None, help="hloserve front (build default)"
+    )
+    parser.add_argument(
+        "--inflight",
+        default="",
+        help="also measure hloserve with these hloserve.front_inflight values, e.g. 0,2 "
+        "(each as model digits_inflight<N>, (d), (e), ...)",
+    )
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
@@ -142,7 +152,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
         digits_export.export_digits(bundles)
-        build_repository(bundles, repo, front_instances=args.front_instances)
+        extra = [int(v) for v in args.inflight.split(",") if v.strip()]
+        for n in extra:
+            shutil.copytree(bundles / "digits", bundles / f"digits_inflight{n}")
+        build_kwargs = (
+            {} if args.front_instances is None else {"front_instances": args.front_instances}
+        )
+        build_repository(bundles, repo, **build_kwargs)
+        for n in extra:
+            with (repo / f"digits_inflight{n}" / "config.pbtxt").open("a") as f:
+                f.write(
+                    f'parameters {{ key: "{FRONT_INFLIGHT}" value {{ string_value: "{n}" }} }}\n'
+                )
         plain = repo / "digits_plain"
         (plain / "1").mkdir(parents=True)
         (plain / "config.pbtxt").write_text(textwrap.dedent(PLAIN_CONFIG))
@@ -158,7 +179,9 @@ def main() -> int:
         with TritonServer(server_options(options, repo)) as server:
             interval = int(args.seconds * 1000)
             for _ in range(2):  # alternate, keep the second round (warm)
-                for label, model in (("b", "digits_plain"), ("c", "digits")):
+                models = [("b", "digits_plain"), ("c", "digits")]
+                models += [(chr(ord("d") + i), f"digits_inflight{n}") for i, n in enumerate(extra)]
+                for label, model in models:
                     (one,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
@@ -183,15 +206,17 @@ def main() -> int:
         )
 
     names = {"a": "JAX direct", "b": "plain Triton Python model", "c": "hloserve"}
+    for i, n in enumerate(extra):
+        names[chr(ord("d") + i)] = f"hloserve, inflight {n}"
     print(f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients")
     print(f"{'':28} {'p50 us':>9} {'p99 us':>9} {'infer/s (1)':>12} {'infer/s (load)':>15}")
-    for key in "abc":
+    for key in sorted(rows):
         r = rows[key]
         print(
             f"({key}) {names[key]:24} {r['p50_us']:9.0f} {r['p99_us']:9.0f} "
             f"{r['throughput_1']:12.0f} {r['throughput_n']:15.0f}"
         )
-    for num, den in (("c", "b"), ("c", "a")):
+    for num, den in [("c", "b"), ("c", "a")] + [(k, "b") for k in sorted(rows) if k > "c"]:
         n, d = rows[num], rows[den]
         print(
             f"ratio {num}/{den}: p50 {n['p50_us'] / d['p50_us']:.2f}x, "

@@ -11,8 +11,8 @@ One server for the module: a repository built by ``build_repository`` from
     mismatched  a copy of affine whose batch-2 artifact is replaced by another model's: the
                 front cannot tell (no JAX there), the runtime refuses to load it and each
                 request gets the runtime's error
-Front models have no ``model_warmup`` (see hloserve.model_repository_tools.config): the runtime
-compiles every bundle in ``initialize`` instead (hloserve.triton_backend.runtime.PARAM_PRELOAD).
+Front models have no ``model_warmup`` (see hloserve.model_repository_tools.config): each front
+has the runtime compile its bundle over the channel instead (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -137,21 +137,15 @@ def test_affine_batch_1_and_2_over_grpc_and_http(server: ts.TritonServer, client
         http.close()
 
 
-def test_affine_through_the_front_and_the_runtime_alone(client: Any) -> None:
-    """Batch 1 and 2 through front + runtime and through the runtime model called directly give
-    the golden answers (benchmarks/front_latency.py times the two paths side by side)."""
-    import tritonclient.grpc as grpcclient
-
+def test_affine_through_the_front(client: Any) -> None:
+    """Batch 1 and 2 through front + runtime (the channel) give the golden answers
+    (benchmarks/serve_overhead.py and channel_roundtrip.py time the path)."""
     expected = np.load(GOLDEN / "affine.expected.npz")
     x, y, label = expected["x"], expected["y"], expected["label"]
-    outputs = [grpcclient.InferRequestedOutput(n) for n in ("affine__y", "affine__label")]
     for rows in (slice(0, 1), slice(0, 2), slice(1, 2)):
         front = client.infer("affine", [_input("x", x[rows])])
         np.testing.assert_allclose(front.as_numpy("y"), y[rows], rtol=1e-6)
         assert front.as_numpy("label").reshape(-1).tolist() == label[rows].tolist()
-        alone = client.infer("hloserve_runtime", [_input("affine__x", x[rows])], outputs=outputs)
-        np.testing.assert_allclose(alone.as_numpy("affine__y"), y[rows], rtol=1e-6)
-        assert alone.as_numpy("affine__label").tolist() == label[rows].tolist()
 
 
 def _batch_counts(client: Any, model: str) -> dict[int, int]:
@@ -249,12 +243,9 @@ def test_errors_reach_the_client_with_their_status(client: Any) -> None:
     assert status == "StatusCode.INVALID_ARGUMENT", message
     status, message = _error(client, "no_such_model", [_input("x", x)])
     assert status == "StatusCode.NOT_FOUND" and "no_such_model" in message, message
-    # raised by the runtime when called directly: the status tag shows, the code is right
-    status, message = _error(
-        client, "hloserve_runtime", [_input("affine__x", np.zeros((3, 4), np.float32))]
-    )
-    assert status == "StatusCode.INVALID_ARGUMENT", message
-    assert "no executable for batch size 3" in message
+    # the runtime takes no inference requests: the fronts reach it over the channel
+    status, message = _error(client, "hloserve_runtime", [_input("x", x)])
+    assert status in ("StatusCode.UNIMPLEMENTED", "StatusCode.INVALID_ARGUMENT"), message
     still = client.infer("affine", [_input("x", x)]).as_numpy("y")  # still serving
     np.testing.assert_allclose(still, _affine_reference(x)[0], rtol=1e-6)
 
@@ -268,6 +259,7 @@ def test_a_damaged_bundle_fails_its_front_and_the_others_serve(
     assert "broken" in message
     for model in ("affine", "dtypes", "transposed", "unbatched", "big", "hloserve_runtime"):
         assert client.is_model_ready(model), model
+    assert client.infer("affine", [_input("x", np.zeros((1, 4), np.float32))]) is not None
     assert server.options.log_file is not None
     log = server.options.log_file.read_text()
     assert "model.b2.mlirbc is not a StableHLO portable artifact" in log
@@ -277,17 +269,19 @@ def test_a_bundle_the_runtime_cannot_load_answers_its_error(
     server: ts.TritonServer, client: Any
 ) -> None:
     x = np.zeros((1, 4), np.float32)
-    assert client.is_model_ready("mismatched")  # the front cannot know without JAX
-    for _ in range(2):  # the runtime keeps the failure; it does not retry the load
-        status, message = _error(client, "mismatched", [_input("x", x)])
-        assert status == "StatusCode.INVALID_ARGUMENT", message  # the bundle's own error
-        assert message.startswith("model 'mismatched' failed to load"), message
-        assert "model.b2.mlirbc" in message and "[hloserve" not in message
+    # A front whose initialize finds the runtime listening fails to load with the runtime's
+    # error; one that came up first (models load in parallel) answers it to every request.
+    if client.is_model_ready("mismatched"):
+        for _ in range(2):  # the runtime keeps the failure; it does not retry the load
+            status, message = _error(client, "mismatched", [_input("x", x)])
+            assert status == "StatusCode.INVALID_ARGUMENT", message  # the bundle's own error
+            assert message.startswith("model 'mismatched' failed to load"), message
+            assert "model.b2.mlirbc" in message and "[hloserve" not in message
     still = client.infer("affine", [_input("x", x)]).as_numpy("y")  # still serving
     np.testing.assert_allclose(still, _affine_reference(x)[0], rtol=1e-6)
     assert server.options.log_file is not None
     log = server.options.log_file.read_text()
-    assert "model 'mismatched' failed to load" in log  # logged once by the runtime's preload
+    assert log.count("model 'mismatched' failed to load") >= 1
     assert "model 'affine' loaded in" in log
 
 

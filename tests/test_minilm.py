@@ -122,9 +122,11 @@ def tokenize(texts: list[str]) -> list[list[int]]:
 
 
 def executions(server: TritonServer) -> dict[tuple[str, str], float]:
-    """hloserve_executions_total of model minilm by (variant, batch_size)."""
+    """hloserve_executions_total of model minilm by (variant, batch_size), once the runtime
+    has published its counts (once a second, docs/serving.md)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    time.sleep(1.5)
     assert server.urls.metrics is not None
     with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
         text = r.read().decode()

@@ -203,39 +203,57 @@ def test_a_bundle_failing_to_load_leaves_others_serving(
 
 
 def test_load_error_names_the_model_not_the_copys_directory(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    copy = repo / "digits_fast" / "1" / "bundle"  # the repository's layout
+    copy = tmp_path / "repo" / "digits_fast" / "1" / "bundle"  # the repository's layout
     shutil.copytree(GOLDEN / "affine", copy)
     (copy / "model.b2.mlirbc").unlink()
-    args = ModelArgs(
-        name="hloserve_runtime",
-        model_dir=repo / "hloserve_runtime",
-        version="1",
-        config={"parameters": {"hloserve.bundles": {"string_value": "digits_fast"}}},
-    )
+    runtime = RuntimeModel.from_args(_runtime_args(tmp_path, "2"))
     with pytest.raises(HloserveError) as info:
-        RuntimeModel.from_args(args).execute({"digits_fast__x": np.zeros((1, 4), np.float32)})
+        runtime.acquire("digits_fast", copy)
     message = info.value.message
     assert message.startswith("model 'digits_fast' failed to load: bundle 'digits_fast' ("), message
     assert "'bundle'" not in message and "model.b2.mlirbc" in message
+    assert runtime.bundle_names == []  # a failed load holds nothing
 
 
-def test_from_args_finds_bundles_in_the_repository(tmp_path: Path) -> None:
-    args = ModelArgs(
+def _runtime_args(tmp_path: Path, fmt: str, **params: str) -> ModelArgs:
+    parameters = {"hloserve.repository_format": {"string_value": fmt}}
+    parameters.update({k: {"string_value": v} for k, v in params.items()})
+    return ModelArgs(
         name="hloserve_runtime",
         model_dir=tmp_path / "repo" / "hloserve_runtime",
         version="1",
-        config={"parameters": {"hloserve.bundles": {"string_value": "a, b,"}}},
+        config={"parameters": parameters},
     )
-    runtime = RuntimeModel.from_args(args)
-    assert runtime.bundle_names == ["a", "b"]
-    with pytest.raises(HloserveError, match=r"no model 'c'; this runtime serves \['a', 'b'\]"):
+
+
+def test_from_args_lists_no_bundles_and_refuses_old_repositories(tmp_path: Path) -> None:
+    runtime = RuntimeModel.from_args(_runtime_args(tmp_path, "2"))
+    assert runtime.bundle_names == []
+    with pytest.raises(HloserveError, match=r"no model 'c'; this runtime serves \[\]"):
         runtime.load("c")
-    with pytest.raises(HloserveError, match="model 'a' failed to load") as info:
-        runtime.execute({"a__x": np.zeros(1)})
-    assert str(tmp_path / "repo" / "a" / "1" / "bundle") in info.value.message
-    with pytest.raises(HloserveError, match=r"lacks parameter 'hloserve\.bundles'"):
-        RuntimeModel.from_args(ModelArgs("r", tmp_path, "1"))
+    old = _runtime_args(tmp_path, "1", **{"hloserve.bundles": "a,b"})
+    with pytest.raises(
+        HloserveError, match=r"older hloserve.*rebuild it with `hloserve repo build`"
+    ):
+        RuntimeModel.from_args(old)
+    with pytest.raises(HloserveError, match=r"repository format '1' is not supported.*rebuild"):
+        RuntimeModel.from_args(_runtime_args(tmp_path, "1"))
+
+
+def test_acquire_and_release_hold_by_reference_and_generation(tmp_path: Path) -> None:
+    runtime = RuntimeModel()
+    one = runtime.acquire("affine", GOLDEN / "affine")
+    two = runtime.acquire("affine", GOLDEN / "affine")
+    assert one is two and runtime.bundle_names == ["affine"]
+    copy = tmp_path / "affine"
+    shutil.copytree(GOLDEN / "affine", copy)
+    newer = runtime.acquire("affine", copy)  # a reload's new instances: a new generation
+    assert newer.key == "affine#2" and newer is not one
+    assert not runtime.release(one.key)  # one holder left
+    assert runtime.release(two.key)  # the last: unloaded, weights freed
+    assert runtime.load("affine") is newer
+    assert runtime.release(newer.key)
+    assert runtime.bundle_names == []
 
 
 def test_checker_names_the_tensors_that_disagree_on_batch_size() -> None:

@@ -156,6 +156,7 @@ def plan_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     batch_sizes: BatchSizeOptions | None = None,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
     scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
     executable_cache: ExecutableCacheOptions | None = None,
@@ -170,6 +171,7 @@ def plan_repository(
         meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
         batch_sizes: compiled batch sizes of the symbolic-batch bundles
             (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
+        max_request_bytes: the largest request a front accepts, bytes of inputs, >= 1.
         scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
         progress: called with one line per bundle.
         executable_cache: the runtime's executable cache settings (default: its defaults).
@@ -187,6 +189,8 @@ def plan_repository(
         )
     if meta_concurrency < 1:
         raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
+    if max_request_bytes < 1:
+        raise RepositoryError(f"max request bytes must be >= 1, got {max_request_bytes}")
     paths = discover_bundles(bundles_dir)
     foreign_paths = sorted(
         p for p in Path(bundles_dir).iterdir() if is_candidate(p) and p not in paths
@@ -225,6 +229,7 @@ def plan_repository(
                     b.manifest,
                     front_instances=front_instances,
                     max_queue_delay_us=max_queue_delay_us,
+                    max_request_bytes=max_request_bytes,
                 )
             ),
             text_executables=_text_executables(b),
@@ -430,6 +435,7 @@ def build_repository(
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
     batch_sizes: BatchSizeOptions | None = None,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
     scheduling: SchedulingOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
@@ -455,6 +461,7 @@ def build_repository(
         weight_cache=weight_cache,
         meta_concurrency=meta_concurrency,
         batch_sizes=batch_sizes,
+        max_request_bytes=max_request_bytes,
         scheduling=scheduling,
         progress=progress,
         executable_cache=executable_cache,

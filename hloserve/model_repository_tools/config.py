@@ -13,11 +13,9 @@ Triton rules this module follows (triton-inference-server/core, ``model_config_u
   ``[batch]``), an input none (the front receives ``[batch, 1]`` and drops the 1: with a
   ``reshape`` Triton 2.51 skips its input size check and its Python backend crashes with
   SIGSEGV on a 0-row request); a scalar of an unbatched model cannot be declared at all;
-* front models get no ``model_warmup``: until every model has loaded, Triton 2.51 refuses all
-  inference, BLS included ("Server not ready"), so a front's warmup can never reach the runtime,
-  and a failed warmup sometimes crashed tritonserver (exit -11, 3 runs in 5). The runtime model
-  compiles every executable of every bundle in ``initialize`` instead (``hloserve.preload``), so
-  the server still only reports ready once everything is compiled.
+* front models get no ``model_warmup`` (a failed warmup sometimes crashed tritonserver 2.51,
+  exit -11, 3 runs in 5): a front's ``initialize`` has the runtime compile its bundle instead
+  (docs/serving.md, "Front -> runtime (the channel)").
 """
 
 from __future__ import annotations
@@ -53,7 +51,12 @@ def pb2() -> Any:
 
 
 def front_config(
-    name: str, manifest: Manifest, *, front_instances: int, max_queue_delay_us: int
+    name: str,
+    manifest: Manifest,
+    *,
+    front_instances: int,
+    max_queue_delay_us: int,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle.
 
@@ -63,6 +66,7 @@ def front_config(
         front_instances: CPU instances of the front model (``instance_group`` count), >= 1.
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``, >= 0 (unused
             when the model is served with ``max_batch_size: 0``).
+        max_request_bytes: the largest request's input bytes (``hloserve.max_request_bytes``).
 
     Returns:
         An ``inference.ModelConfig`` message.
@@ -96,6 +100,7 @@ def front_config(
             names.PARAM_BUNDLE: names.BUNDLE_SUBDIR,
             names.PARAM_RUNTIME_MODEL: names.RUNTIME_MODEL,
             names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
+            names.PARAM_MAX_REQUEST_BYTES: str(max_request_bytes),
         },
     )
     return config
@@ -152,14 +157,13 @@ def runtime_config(
     executable_cache: str = "",
     executable_cache_bytes: int = 0,
 ) -> Any:
-    """The runtime model's ``ModelConfig`` serving ``models`` (name, manifest), in that order.
+    """The runtime model's ``ModelConfig`` (docs/serving.md, "Runtime model config").
 
-    Inputs and outputs are namespaced ``<bundle>__<tensor>`` (inputs optional), full rank with
-    ``-1`` at the batch axis. The caller checks that the names do not collide
-    (:func:`hloserve.model_repository_tools.build.check_names`).
+    It declares no tensors and lists no bundles: fronts reach the runtime over the channel and
+    load their own bundles (repository format 2).
 
     Args:
-        models: (name, manifest) of every bundle.
+        models: (name, manifest) of every bundle, to check ``residency`` against.
         weight_cache_bytes: weight cache budget in bytes (docs/on_demand_weights.md); 0 = none.
             Written as ``hloserve.weight_cache_bytes`` when > 0.
         weight_cache_fraction: instead of bytes, the budget as a fraction of the device memory
@@ -198,27 +202,10 @@ def runtime_config(
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
     )
-    for model, manifest in models:
-        for spec in manifest.inputs:
-            _check_declarable(model, spec)
-            config.input.add(
-                name=names.runtime_tensor_name(model, spec.name),
-                data_type=_data_type(spec),
-                dims=_full_dims(spec),
-                optional=True,
-            )
-        for spec in manifest.outputs:
-            _check_declarable(model, spec)
-            config.output.add(
-                name=names.runtime_tensor_name(model, spec.name),
-                data_type=_data_type(spec),
-                dims=_full_dims(spec),
-            )
     config.instance_group.add(count=1, kind=m.ModelInstanceGroup.KIND_CPU)
     _set_parameters(
         config,
         {
-            names.PARAM_BUNDLES: names.BUNDLES_SEPARATOR.join(n for n, _ in models),
             names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
         },
     )

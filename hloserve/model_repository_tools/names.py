@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 
 #: Version of the generated repository layout; written to every front model's
-#: ``hloserve.repository_format`` parameter (as text). History: 1 = front/runtime split (2025).
-REPOSITORY_FORMAT = 1
-#: Oldest and newest repository format the backends accept.
-MIN_REPOSITORY_FORMAT = 1
-MAX_REPOSITORY_FORMAT = 1
+#: ``hloserve.repository_format`` parameter (as text). History: 1 = front/runtime split over
+#: BLS, the runtime's config listing every bundle (2025); 2 = the channel: the runtime's config
+#: lists no bundles, each front loads its own bundle into the runtime (2026-12).
+REPOSITORY_FORMAT = 2
+#: Oldest and newest repository format the backends accept (format 1 is refused: rebuild).
+MIN_REPOSITORY_FORMAT = 2
+MAX_REPOSITORY_FORMAT = 2
 
 #: Triton ``backend:`` of every front model (one per bundle).
 FRONT_BACKEND = "hloserve_front"
@@ -32,8 +34,19 @@ BUNDLE_SUBDIR = "1/bundle"
 
 #: Front parameter: the bundle directory, relative to the model directory.
 PARAM_BUNDLE = "hloserve.bundle"
-#: Front parameter: the name of the runtime model the front calls over BLS.
+#: Front parameter: the name of the runtime model the front reaches over the channel.
 PARAM_RUNTIME_MODEL = "hloserve.runtime_model"
+#: Front parameter: the largest request the front accepts, bytes of input tensors (decimal);
+#: larger requests get INVALID_ARGUMENT naming the limit (docs/serving.md).
+PARAM_MAX_REQUEST_BYTES = "hloserve.max_request_bytes"
+#: Front parameter (decimal): 0 = ``execute`` waits for its batch's answers and returns the
+#: responses; N > 0 = ``execute`` returns None, answers go through the response senders, at
+#: most N batches in flight per instance (docs/serving.md, "Front -> runtime (the channel)").
+PARAM_FRONT_INFLIGHT = "hloserve.front_inflight"
+#: Default of :data:`PARAM_FRONT_INFLIGHT`.
+DEFAULT_FRONT_INFLIGHT = 0
+#: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB (256 MiB requests are tested).
+DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
 PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
 #: Request parameter (bool) a meta model sets on its BLS sub-requests: the front answers errors
@@ -48,7 +61,8 @@ PARAM_META_CONCURRENCY = "hloserve.meta_concurrency"
 PARAM_META_CALLS = "hloserve.meta_calls"
 #: Default of :data:`PARAM_META_CONCURRENCY` (ReactantServer's ``REACTANT_META_CONCURRENCY``).
 DEFAULT_META_CONCURRENCY = 2
-#: Runtime parameter: comma-separated bundle names, each at ``<repo>/<name>/1/bundle``.
+#: Runtime parameter of repository format 1 only (comma-separated bundle names); a runtime
+#: config carrying it was built by an older hloserve and is refused with a hint to rebuild.
 PARAM_BUNDLES = "hloserve.bundles"
 #: Separator of the runtime's bundle list.
 BUNDLES_SEPARATOR = ","

@@ -98,9 +98,16 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
         bundle.manifest,
         front_instances=max(instances, 1),
         max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
+        max_request_bytes=_int_or(
+            parameter(config, names.PARAM_MAX_REQUEST_BYTES), names.DEFAULT_MAX_REQUEST_BYTES
+        ),
     )
     problems += _compare(file, config, expected)
     return bundle, problems
+
+
+def _int_or(text: str | None, default: int) -> int:
+    return int(text) if text is not None and text.strip().isdigit() else default
 
 
 def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
@@ -162,17 +169,12 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
     if runtime is None:
         return [Problem(file, "the runtime model is missing")]
     problems = _check_format(file, runtime)
-    listed = (parameter(runtime, names.PARAM_BUNDLES) or "").split(names.BUNDLES_SEPARATOR)
-    listed = [n for n in listed if n]
-    if sorted(listed) != sorted(fronts):
+    if parameter(runtime, names.PARAM_BUNDLES) is not None:
         problems.append(
-            Problem(
-                file,
-                f"parameter {names.PARAM_BUNDLES} lists {listed}, "
-                f"the repository's front models are {sorted(fronts)}",
-            )
+            Problem(file, f"parameter {names.PARAM_BUNDLES} is of repository format 1: rebuild")
         )
         return problems
+    listed = sorted(fronts)
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
         try:  # keep the weight cache and scheduler settings it was built with; check them

@@ -174,7 +174,17 @@ class RetryPolicy:
 
 
 @dataclass
-class _Prepared:
+class Prepared:
+    """A request checked and preprocessed, with its variant.
+
+    Attributes:
+        index: its position in the list it came in.
+        inputs: the executable's inputs (after ``preprocess``), by name.
+        batch_size: its rows (None for an unbatched model).
+        variant: the index of its shape variant.
+        sizes: its own sizes of the variable axes (before padding to the variant).
+    """
+
     index: int
     inputs: Tensors
     batch_size: int | None
@@ -305,19 +315,13 @@ class FrontModel:
             :class:`~hloserve.errors.HloserveError` carries the status to answer with).
         """
         results: list[Result | None] = [None] * len(requests)
-        prepared: list[_Prepared] = []
+        prepared: list[Prepared] = []
         for i, request in enumerate(requests):
             if isinstance(request, Exception):
                 results[i] = request
                 continue
             try:
-                request = self._drop_unit_axis(request)
-                if self._check_client:
-                    self._check_client_inputs(request)
-                inputs = self._preprocess(dict(request))
-                batch = self._check_request(inputs)
-                variant, sizes = self._pick_variant(inputs)
-                prepared.append(_Prepared(i, inputs, batch, variant, sizes))
+                prepared.append(self.prepare(request, i))
             except Exception as exc:
                 results[i] = exc
         for execution, members in self._plan(prepared):
@@ -333,6 +337,46 @@ class FrontModel:
                 except Exception as exc:
                     results[m.index] = exc
         return [r if r is not None else HloserveError("request was not served") for r in results]
+
+    def prepare(self, request: Mapping[str, np.ndarray], index: int = 0) -> Prepared:
+        """Check and preprocess one request; pick its variant (its own problem raises).
+
+        Raises:
+            HloserveError: the request's error (INVALID_ARGUMENT for a bad tensor or a hook
+                refusing it).
+        """
+        request = self._drop_unit_axis(request)
+        if self._check_client:
+            self._check_client_inputs(request)
+        inputs = self._preprocess(dict(request))
+        batch = self._check_request(inputs)
+        variant, sizes = self._pick_variant(inputs)
+        return Prepared(index, inputs, batch, variant, sizes)
+
+    def runtime_inputs(self, prepared: Prepared) -> list[np.ndarray]:
+        """The executable's inputs for one prepared request, in the manifest's order, each
+        zero-padded on its variable axes up to the request's variant (its rows unpadded)."""
+        variant = self._variants[prepared.variant]
+        return [
+            np.ascontiguousarray(_pad_variable(spec, prepared.inputs[spec.name], variant))
+            for spec in self.manifest.inputs
+        ]
+
+    def output_shapes(self, prepared: Prepared) -> list[tuple[int, ...]]:
+        """Shapes of the executable's outputs for one request (its rows, its variant)."""
+        variant = self._variants[prepared.variant]
+        rows = prepared.batch_size or 0
+        return [spec.shape_at(rows, variant) for spec in self.manifest.outputs]
+
+    def finish(self, prepared: Prepared, outputs: Sequence[np.ndarray]) -> Tensors:
+        """One request's client outputs from its executable outputs (manifest order).
+
+        Raises:
+            HloserveError: postprocess failed or broke the contract (INTERNAL).
+        """
+        named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
+        cut = _unpad_outputs(self.manifest.outputs, named, prepared.sizes)
+        return self._postprocess(cut, prepared.inputs)
 
     def _drop_unit_axis(self, request: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """Per-item scalar inputs as the bundle declares them: ``[batch, 1]`` -> ``[batch]``.
@@ -427,7 +471,7 @@ class FrontModel:
             )
         return batch
 
-    def _plan(self, prepared: list[_Prepared]) -> list[tuple[batching.Execution, list[_Prepared]]]:
+    def _plan(self, prepared: list[Prepared]) -> list[tuple[batching.Execution, list[Prepared]]]:
         if not self.manifest.batched:
             return [(batching.Execution((i,), (0,), (0,), 0), [p]) for i, p in enumerate(prepared)]
         planned = []
@@ -438,7 +482,7 @@ class FrontModel:
             planned += [(e, [group[j] for j in e.requests]) for e in plan]
         return planned
 
-    def _run(self, execution: batching.Execution, members: list[_Prepared]) -> list[Tensors]:
+    def _run(self, execution: batching.Execution, members: list[Prepared]) -> list[Tensors]:
         """One runtime call for ``members``; their outputs, sliced per request."""
         variant = self._variants[members[0].variant]
         inputs: dict[str, np.ndarray] = {}
@@ -622,6 +666,7 @@ __all__ = [
     "Hooks",
     "IdentityHooks",
     "ModuleHooks",
+    "Prepared",
     "Result",
     "RetryPolicy",
     "check_bundle_files",

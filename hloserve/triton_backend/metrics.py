@@ -70,7 +70,8 @@ class TritonCacheMetrics:
     Args:
         pb_utils: the ``triton_python_backend_utils`` module (or a stand-in).
         budget_bytes: the cache's budget (None or 0 = none).
-        models: the model names to create series for up front (all at 0).
+        models: the model names to create series for up front (all at 0); others get theirs
+            when the cache registers them (a front loads its bundle).
     """
 
     def __init__(self, pb_utils: Any, budget_bytes: int | None, models: Iterable[str]) -> None:
@@ -80,7 +81,7 @@ class TritonCacheMetrics:
             family(name=name, description=description, kind=getattr(family, kind))
             for name, description, kind in _FAMILIES
         ]
-        budget, total, self._sizes, resident, loads, evictions, seconds = self._families
+        budget, total, self._sizes, _resident, _loads, _evictions, _seconds = self._families
         self._budget = budget.Metric(labels={})
         self._budget.set(float(budget_bytes or 0))
         self._total = total.Metric(labels={})
@@ -91,12 +92,20 @@ class TritonCacheMetrics:
         self._seconds: dict[str, Any] = {}
         self._size: dict[str, Any] = {}
         for name in sorted(models):
-            labels = {"model": name}
-            self._resident[name] = resident.Metric(labels=labels)
-            self._resident[name].set(0.0)
-            self._loads[name] = loads.Metric(labels=labels)
-            self._evictions[name] = evictions.Metric(labels=labels)
-            self._seconds[name] = seconds.Metric(labels=labels, buckets=list(LOAD_SECONDS_BUCKETS))
+            self._series(name)
+
+    def _series(self, name: str) -> None:
+        """Create ``name``'s series (at 0) unless they exist; call with the lock held or from
+        ``__init__``."""
+        if name in self._resident:
+            return
+        _, _, _, resident, loads, evictions, seconds = self._families
+        labels = {"model": name}
+        self._resident[name] = resident.Metric(labels=labels)
+        self._resident[name].set(0.0)
+        self._loads[name] = loads.Metric(labels=labels)
+        self._evictions[name] = evictions.Metric(labels=labels)
+        self._seconds[name] = seconds.Metric(labels=labels, buckets=list(LOAD_SECONDS_BUCKETS))
 
     def close(self) -> None:
         """Drop every series, then the families (Triton wants the metrics deleted first)."""
@@ -107,8 +116,17 @@ class TritonCacheMetrics:
             self._budget = self._total = self._sizes = None
             self._families.clear()
 
+    def announce(self, name: str) -> None:
+        """Create ``name``'s series at 0 (a front asked the runtime to load it)."""
+        with self._lock:
+            if self._families:
+                self._series(name)
+
     def registered(self, name: str, nbytes: int, residency: str) -> None:
         with self._lock:
+            if not self._families:
+                return
+            self._series(name)
             if name not in self._size:
                 self._size[name] = self._sizes.Metric(
                     labels={"model": name, "residency": residency}
@@ -134,7 +152,8 @@ class TritonCacheMetrics:
 class TritonExecutionMetrics:
     """``hloserve_executions_total{model,variant,batch_size}``: the runtime's executions.
 
-    :meth:`executed` is the runtime core's ``on_execute`` callback; series appear on first use.
+        The runtime server counts executions itself and hands the counts to :meth:`publish` once a
+    second (a metric call is a synchronous stub -> server message); series appear on first use.
     """
 
     def __init__(self, pb_utils: Any) -> None:
@@ -147,14 +166,21 @@ class TritonExecutionMetrics:
         self._series: dict[tuple[str, str, int], Any] = {}
         self._lock = threading.Lock()
 
-    def executed(self, model: str, variant: str, batch_size: int) -> None:
+    def executed(self, model: str, variant: str, batch_size: int, count: int = 1) -> None:
+        """Add ``count`` executions of (model, variant label, compiled batch size)."""
         key = (model, variant, batch_size)
         with self._lock:
+            if self._family is None:
+                return
             metric = self._series.get(key)
             if metric is None:
                 labels = {"model": model, "variant": variant, "batch_size": str(batch_size)}
                 metric = self._series[key] = self._family.Metric(labels=labels)
-            metric.increment(1.0)
+            metric.increment(float(count))
+
+    def publish(self, key: tuple[str, str, int], count: int) -> None:
+        """:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish``."""
+        self.executed(*key, count=count)
 
     def close(self) -> None:
         """Drop every series, then the family."""

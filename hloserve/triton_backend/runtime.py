@@ -1,13 +1,18 @@
 """The runtime model's core: the one JAX process that compiles and runs every bundle.
 
-docs/serving.md, "Front -> runtime (BLS)": the runtime model has one instance per GPU. Its
-inputs and outputs are namespaced ``<bundle>__<tensor>``; a request names one bundle. A bundle
-is loaded on the first request that names it (checked, every compiled batch size compiled
-through :func:`~hloserve.triton_backend.compile.compile_artifact` (one executable per
-shape variant and batch size), weights handed to the
-:class:`~hloserve.triton_backend.weights.WeightStore`), once, under a per-bundle lock. A bundle
-that fails to load keeps failing with its own error; the other bundles keep serving.
-Executions run one at a time.
+docs/serving.md, "Front -> runtime (the channel)": the runtime model has one instance per
+device. A front instance asks it to load its bundle (:meth:`RuntimeModel.acquire`) and lets go
+of it when it finalizes (:meth:`RuntimeModel.release`); a bundle is held by reference count per
+generation (its directory and the identity of its manifest file), so a reloaded model's new
+instances load the new bundle next to the old one before the old instances let go. Loading
+checks the bundle, compiles every (shape variant, batch size) through
+:func:`~hloserve.triton_backend.compile.compile_artifact` and hands the weights to the
+:class:`~hloserve.triton_backend.weights.WeightStore`, once, under a per-bundle lock; only that
+bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
+bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`).
+
+A runtime built with a ``registry`` (tests, benchmarks) also serves requests whose tensors are
+namespaced ``<bundle>__<tensor>`` (:meth:`RuntimeModel.execute`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
-from hloserve.triton_backend.executable_cache import ExecutableLabel
+from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
 from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
@@ -43,13 +48,6 @@ Compile = Callable[..., CompiledExecutable]
 #: Makes the weight cache's observer from (budget bytes or None, model names).
 ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
 
-#: Optional runtime parameter: "true" (default) loads every bundle in ``initialize``, "false"
-#: loads each on the first request naming it. Triton refuses inference (BLS included) until the
-#: server is ready, and in ``--model-control-mode=none`` it is ready only once every model has
-#: loaded, so front warmups cannot trigger the loading; preloading makes "server ready" mean
-#: "every executable compiled".
-PARAM_PRELOAD = "hloserve.preload"
-
 
 @dataclass(frozen=True)
 class LoadedBundle:
@@ -57,6 +55,8 @@ class LoadedBundle:
 
     Attributes:
         name: the model name (its runtime tensor prefix).
+        key: the name its weights and scheduler queue go by: ``name``, or ``name#<n>`` for a
+            generation loaded while an older one of the same name is still held.
         bundle: the checked bundle.
         executables: by ``(variant index, compiled batch size)``; variant 0 for a model
             without shape variants, batch size ``0`` for an unbatched model.
@@ -65,6 +65,7 @@ class LoadedBundle:
     """
 
     name: str
+    key: str
     bundle: Bundle
     executables: Mapping[tuple[int, int], CompiledExecutable]
     load_seconds: float
@@ -97,46 +98,72 @@ class LoadedBundle:
 
 @dataclass
 class _Entry:
+    name: str
+    key: str
     path: Path
+    generation: tuple[Any, ...] = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: LoadedBundle | None = None
     error: HloserveError | None = None
+    #: holders (front instances); a registry entry is held for the runtime's life
+    refs: int = 0
+    static: bool = False
+
+
+def generation(path: Path) -> tuple[Any, ...]:
+    """What tells two bundles at ``path`` apart: the directory and its manifest file's identity
+    (device, inode, size, modification time in ns); a rebuilt repository changes it."""
+    path = Path(path)
+    try:
+        st = (path / "manifest.yaml").stat()
+    except OSError:
+        return (str(path),)
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class RuntimeModel:
-    """Runs the executables of every bundle of a repository on one device.
+    """Runs the executables of the bundles its fronts load, on one device.
 
     Args:
-        registry: bundle (model) name -> bundle directory.
+        registry: bundle (model) name -> bundle directory, served for the runtime's life
+            (namespaced requests, :meth:`execute`); fronts add theirs with :meth:`acquire`.
         store: where weights live; default :class:`ResidentWeightStore`.
         device: the ``jax.Device`` to run on; default JAX's first device.
         compile: the compile function (``compile_artifact``; injectable for tests).
-        preload: load every bundle now (see :meth:`preload`) instead of on first use.
+        preload: load every registry bundle now (see :meth:`preload`) instead of on first use.
         on_execute: called after each execution with (model, variant label as given by
             :func:`variant_label`, compiled batch size), e.g. to count executions.
+        on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
+            model whose load fails still shows).
 
     Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width).
     """
 
     def __init__(
         self,
-        registry: Mapping[str, Path],
+        registry: Mapping[str, Path] | None = None,
         *,
         store: WeightStore | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
         preload: bool = False,
         on_execute: Callable[[str, str, int], None] | None = None,
+        on_load: Callable[[str], None] | None = None,
     ) -> None:
         enable_x64()
+        self._on_load = on_load
+        #: the executable cache behind ``compile`` (set by :meth:`from_args`), for the log
+        self.executable_cache: ExecutableCache | None = None
         import jax
 
         self.device = device if device is not None else jax.devices()[0]
         self.store: WeightStore = store if store is not None else ResidentWeightStore()
         self._compile = compile
         self._on_execute = on_execute
-        self._entries = {name: _Entry(Path(path)) for name, path in registry.items()}
-        self._bundle_names = frozenset(self._entries)
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        for name, path in (registry or {}).items():
+            self._entries[name] = _Entry(name, name, Path(path), static=True)
         self._execute_lock = threading.Lock()
         self._place = _placer(self.device)
         if preload:
@@ -153,59 +180,51 @@ class RuntimeModel:
     ) -> RuntimeModel:
         """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
 
-        ``hloserve.bundles`` lists the bundle names; each bundle is at
-        ``<repository>/<name>/1/bundle``, the repository being the model directory's parent.
-        ``hloserve.preload`` (:data:`PARAM_PRELOAD`, default "true") loads them all now.
-        Unless ``store`` is given, weights live in a :class:`WeightCache` set from the weight
-        cache parameters (:func:`weight_cache_from_args`), reporting to
-        ``observer(budget_bytes, model_names)`` (e.g. Triton metrics). Unless ``compile`` is
-        given, executables go through the executable cache of the runtime's parameters
-        (docs/serving.md, "Executable cache"), each counted by ``executables(model, source)``;
-        after preloading, the log says how many were compiled and how many loaded from the cache.
+        The config lists no bundles: fronts load theirs (:meth:`acquire`). Unless ``store`` is
+        given, weights live in a :class:`WeightCache` set from the weight cache parameters
+        (:func:`weight_cache_from_args`), reporting to ``observer(budget_bytes, models)``
+        (e.g. Triton metrics). Unless ``compile`` is given, executables go through the
+        executable cache of the runtime's parameters (docs/serving.md, "Executable cache"),
+        each counted by ``executables(model, source)``; after each bundle loads, the log says
+        how many executables were compiled and how many loaded from the cache so far.
 
         Raises:
-            InvalidArgumentError: a parameter is missing or malformed.
+            InvalidArgumentError: a parameter is malformed, or the config lists bundles (a
+                repository built by an older hloserve: rebuild it).
         """
-        listed = args.parameter(names.PARAM_BUNDLES)
-        repository = args.model_dir.parent
-        registry = {
-            name: repository / name / names.BUNDLE_SUBDIR
-            for name in (n.strip() for n in listed.split(names.BUNDLES_SEPARATOR))
-            if name
-        }
-        preload = args.parameter(PARAM_PRELOAD, "true").strip().lower()
-        if preload not in ("true", "false"):
+        if names.PARAM_BUNDLES in args.parameters:
             raise InvalidArgumentError(
-                f"model {args.name!r}: parameter {PARAM_PRELOAD!r} must be 'true' or 'false', "
-                f"got {preload!r}"
+                f"model {args.name!r}: this repository was built by an older hloserve "
+                f"(its runtime lists bundles in {names.PARAM_BUNDLES!r}); rebuild it with "
+                "`hloserve repo build`"
             )
-        kwargs.setdefault("preload", preload == "true")
+        check_repository_format(args)
         if "store" not in kwargs:
             if kwargs.get("device") is None:
                 import jax
 
                 kwargs["device"] = jax.devices()[0]
             kwargs["store"] = weight_cache_from_args(
-                args, set(registry), device=kwargs["device"], observer=observer
+                args, device=kwargs["device"], observer=observer
             )
-        # executable cache (executable_cache.py): the compile path, then one summary log line
+        # executable cache (executable_cache.py): the compile path, one summary line per load
         cache = None if "compile" in kwargs else executable_cache_from_args(args, executables)
         if cache is not None:
             kwargs["compile"] = functools.partial(compile_artifact, cache=cache)
-        runtime = cls(registry, **kwargs)
-        if cache is not None and kwargs["preload"]:
-            log.info("%s", cache.summary())
+        runtime = cls(None, **kwargs)
+        runtime.executable_cache = cache
         return runtime
 
     @property
     def bundle_names(self) -> list[str]:
-        """The registered bundle names, sorted."""
-        return sorted(self._entries)
+        """The names of the bundles registered or held, sorted."""
+        with self._lock:
+            return sorted({e.name for e in self._entries.values()})
 
     # -- loading ------------------------------------------------------------------------------
 
     def preload(self) -> dict[str, HloserveError]:
-        """Load every registered bundle now: those the store pins first, each group by name.
+        """Load every registry bundle now: those the store pins first, each group by name.
 
         A bundle that fails keeps its error (requests naming it get it); the others load.
 
@@ -213,7 +232,8 @@ class RuntimeModel:
             The errors of the bundles that failed, by name.
         """
         failed = {}
-        for name in sorted(self.bundle_names, key=lambda n: (not self.store.pinned(n), n)):
+        static = sorted(k for k, e in self._entries.items() if e.static)
+        for name in sorted(static, key=lambda n: (not self.store.pinned(n), n)):
             try:
                 self.load(name)
             except HloserveError as exc:
@@ -221,24 +241,86 @@ class RuntimeModel:
                 failed[name] = exc
         return failed
 
-    def load(self, name: str) -> LoadedBundle:
-        """The loaded bundle ``name``, loading it on first use (once; thread-safe).
+    def acquire(self, name: str, path: Path) -> LoadedBundle:
+        """Hold bundle ``name`` at ``path`` (loading it if no one holds this generation).
+
+        Each call must be paired with one :meth:`release` of the returned bundle's ``key``.
 
         Raises:
-            NotFoundError: ``name`` is not registered.
+            HloserveError: the bundle failed to load (its status); nothing is held then.
+        """
+        path = Path(path)
+        gen = generation(path)
+        with self._lock:
+            entry = next(
+                (
+                    e
+                    for e in self._entries.values()
+                    if e.name == name and e.generation == gen and e.error is None
+                ),
+                None,
+            )
+            if entry is None:
+                key, n = name, 1
+                while key in self._entries:
+                    n += 1
+                    key = f"{name}#{n}"
+                entry = self._entries[key] = _Entry(name, key, path, gen)
+            entry.refs += 1
+        try:
+            return self._load_entry(entry)
+        except HloserveError:
+            self.release(entry.key)
+            raise
+
+    def release(self, key: str) -> bool:
+        """Let go of one hold on ``key``; the last one unloads it (weights freed).
+
+        Returns:
+            Whether the bundle was unloaded.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.static:
+                return False
+            entry.refs -= 1
+            if entry.refs > 0:
+                return False
+            del self._entries[key]
+        with entry.lock:
+            if entry.loaded is not None:
+                self.store.remove(key)
+                log.info("model %r (%s) unloaded", entry.name, key)
+            entry.loaded = None
+        return True
+
+    def load(self, name: str) -> LoadedBundle:
+        """The loaded bundle ``name`` (a registry bundle, or the newest held generation),
+        loading it on first use (once; thread-safe).
+
+        Raises:
+            NotFoundError: ``name`` is neither registered nor held.
             HloserveError: the bundle failed to load (now or before): its error, naming it.
         """
-        entry = self._entries.get(name)
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                held = [e for e in self._entries.values() if e.name == name]
+                entry = held[-1] if held else None
         if entry is None:
             raise NotFoundError(
                 f"runtime: no model {name!r}; this runtime serves {self.bundle_names}"
             )
+        return self._load_entry(entry)
+
+    def _load_entry(self, entry: _Entry) -> LoadedBundle:
         if entry.loaded is not None:
             return entry.loaded
+        name = entry.name
         with entry.lock:
             if entry.loaded is None and entry.error is None:
                 try:
-                    entry.loaded = self._load(name, entry.path)
+                    entry.loaded = self._load(name, entry.key, entry.path)
                 except HloserveError as exc:
                     entry.error = HloserveError(
                         f"model {name!r} failed to load: {exc.message}", status=exc.status
@@ -254,7 +336,9 @@ class RuntimeModel:
             assert entry.loaded is not None
             return entry.loaded
 
-    def _load(self, name: str, path: Path) -> LoadedBundle:
+    def _load(self, name: str, key: str, path: Path) -> LoadedBundle:
+        if self._on_load is not None:
+            self._on_load(key)
         start = time.perf_counter()
         bundle = check_bundle(path, name=name)
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
@@ -268,7 +352,7 @@ class RuntimeModel:
             for v in variants
             for size in sizes
         }
-        self.store.add(name, bundle, self.device)
+        self.store.add(key, bundle, self.device)
         seconds = time.perf_counter() - start
         log.info(
             "model %r loaded in %.2f s (batch sizes %s%s, %d weight bytes)",
@@ -278,8 +362,10 @@ class RuntimeModel:
             f", variants {bundle.manifest.variant_dims}" if bundle.manifest.variants else "",
             bundle.weight_nbytes,
         )
+        if self.executable_cache is not None:
+            log.info("%s", self.executable_cache.summary())
         checker = TensorChecker(name, "input", bundle.manifest.inputs)
-        return LoadedBundle(name, bundle, executables, seconds, checker)
+        return LoadedBundle(name, key, bundle, executables, seconds, checker)
 
     # -- serving ------------------------------------------------------------------------------
 
@@ -310,32 +396,52 @@ class RuntimeModel:
         batch = loaded.check_inputs(tensors)
         variant = loaded.variant_of(tensors)
         key = UNBATCHED if batch is None else batch
-        executable = loaded.executables.get((variant, key))
-        if executable is None:
-            raise InvalidArgumentError(
-                f"model {name!r}: no executable for batch size {batch}; "
-                f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
-            )
         wanted = self._wanted(name, manifest.outputs, requested_outputs)
-        args = [self._place(tensors[spec.name]) for spec in manifest.inputs]
-        with self._execute_lock, acquired(self.store, name) as weights:
-            results = executable([*weights, *args])
-            for result in results:  # one execution at a time: finish before the next
-                result.block_until_ready()
-        if self._on_execute is not None:
-            self._on_execute(name, variant_label(manifest.variant_dims[variant]), key)
+        results = self.run(loaded, variant, key, [tensors[spec.name] for spec in manifest.inputs])
         out = {}
         for spec, result in zip(manifest.outputs, results, strict=True):
             if spec.name in wanted:
                 out[names.runtime_tensor_name(name, spec.name)] = _to_host(result)
         return out
 
+    def run(
+        self, loaded: LoadedBundle, variant: int, batch_size: int, inputs: Sequence[np.ndarray]
+    ) -> list[Any]:
+        """One execution of ``loaded`` at (``variant``, ``batch_size``) on checked inputs.
+
+        Args:
+            inputs: host arrays in the manifest's input order, at the executable's shapes.
+            batch_size: a compiled batch size, or ``UNBATCHED`` (0).
+
+        Returns:
+            The outputs in the manifest's order (JAX arrays; ``np.asarray`` gives host NumPy).
+
+        Raises:
+            InvalidArgumentError: no executable for (variant, batch size).
+        """
+        executable = loaded.executables.get((variant, batch_size))
+        if executable is None:
+            raise InvalidArgumentError(
+                f"model {loaded.name!r}: no executable for batch size {batch_size}; "
+                f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
+            )
+        args = [self._place(a) for a in inputs]
+        with self._execute_lock, acquired(self.store, loaded.key) as weights:
+            results = executable([*weights, *args])
+            for result in results:  # one execution at a time: finish before the next
+                result.block_until_ready()
+        if self._on_execute is not None:
+            manifest = loaded.bundle.manifest
+            self._on_execute(loaded.name, variant_label(manifest.variant_dims[variant]), batch_size)
+        return list(results)
+
     def _split(self, inputs: Mapping[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
         bundle: str | None = None
         tensors: dict[str, np.ndarray] = {}
+        known = frozenset(self.bundle_names)
         for full in inputs:
             try:
-                owner, tensor = names.split_runtime_tensor_name(full, self._bundle_names)
+                owner, tensor = names.split_runtime_tensor_name(full, known)
             except KeyError:
                 raise NotFoundError(
                     f"runtime: input {full!r} names no model this runtime serves "
@@ -363,7 +469,7 @@ class RuntimeModel:
                 wanted.add(available[full])
                 continue
             try:
-                owner, _ = names.split_runtime_tensor_name(full, self._bundle_names)
+                owner, _ = names.split_runtime_tensor_name(full, frozenset(self.bundle_names))
             except KeyError:
                 owner = name
             if owner == name:
@@ -374,12 +480,31 @@ class RuntimeModel:
 
     def close(self) -> None:
         """Drop every loaded bundle and its weights."""
-        for name, entry in self._entries.items():
+        with self._lock:
+            entries = list(self._entries.values())
+        for entry in entries:
             with entry.lock:
                 if entry.loaded is not None:
-                    self.store.remove(name)
+                    self.store.remove(entry.key)
                 entry.loaded = None
                 entry.error = None
+
+
+def check_repository_format(args: ModelArgs) -> None:
+    """Refuse a model whose ``hloserve.repository_format`` is outside the supported range.
+
+    Raises:
+        InvalidArgumentError: naming the format, the range, and saying to rebuild.
+    """
+    fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, "")
+    if not fmt.isdigit() or not (
+        names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
+    ):
+        raise InvalidArgumentError(
+            f"model {args.name!r}: repository format {fmt!r} is not supported; this "
+            f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
+            f"{names.MAX_REPOSITORY_FORMAT} (rebuild the repository with `hloserve repo build`)"
+        )
 
 
 def variant_label(dims: Mapping[str, int]) -> str:
@@ -389,7 +514,7 @@ def variant_label(dims: Mapping[str, int]) -> str:
 
 def weight_cache_from_args(
     args: ModelArgs,
-    models: set[str],
+    models: set[str] | None = None,
     *,
     device: Any = None,
     observer: ObserverFactory | None = None,
@@ -402,7 +527,8 @@ def weight_cache_from_args(
 
     Raises:
         InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for
-            a model not in ``models``.
+            a model not in ``models`` (when given; the runtime's fronts load bundles later, so
+            the runtime passes none).
     """
     budget = _budget(args, device)
     interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
@@ -412,11 +538,11 @@ def weight_cache_from_args(
         raise InvalidArgumentError(
             f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r}: {exc}"
         ) from None
-    unknown = sorted(set(listed) - models)
+    unknown = sorted(set(listed) - models) if models is not None else []
     if unknown:
         raise InvalidArgumentError(
             f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r} names models {unknown} "
-            f"that this runtime does not serve ({sorted(models)})"
+            f"that this runtime does not serve ({sorted(models or ())})"
         )
     residency = {model: Residency(value) for model, value in listed.items()}
     if budget:
@@ -433,7 +559,9 @@ def weight_cache_from_args(
         budget or None,
         residency=residency,
         compaction_interval=interval,
-        observer=observer(budget or None, sorted(models)) if observer else None,
+        observer=observer(budget or None, sorted(models if models is not None else listed))
+        if observer
+        else None,
     )
 
 
@@ -516,4 +644,11 @@ def _to_host(array: Any) -> Any:
     return np.asarray(array)
 
 
-__all__ = ["LoadedBundle", "RuntimeModel", "variant_label", "weight_cache_from_args"]
+__all__ = [
+    "LoadedBundle",
+    "RuntimeModel",
+    "check_repository_format",
+    "generation",
+    "variant_label",
+    "weight_cache_from_args",
+]

@@ -1,20 +1,28 @@
-"""Triton backend ``hloserve_front``: a shim over the typed core ``FrontModel``.
+"""Triton backend ``hloserve_front``: a shim over the typed cores ``FrontModel`` and
+``ChannelFront``.
 
-Adapts ``pb_utils`` objects only; the behaviour lives in the typed core.
+Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. ``execute`` hands the
+requests to the runtime over the channel. With ``hloserve.front_inflight`` = 0 it waits for
+their answers and returns the responses (one stub -> server message per batch); with N > 0 it
+returns ``None`` and each request is answered through its response sender from the channel's
+reader thread (allowed for a non-decoupled model in Triton 2.51; one message per request), with
+at most N batches in flight per instance.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import names
-from hloserve.triton_backend import pb
+from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.front import FrontModel
+from hloserve.triton_backend.front_channel import ChannelFront, Request
 
 
 def _tags_errors(request: Any) -> bool:
@@ -26,39 +34,106 @@ def _tags_errors(request: Any) -> bool:
     return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
 
 
+def _no_bls(*_: Any) -> Any:
+    raise AssertionError("the channel front never calls the runtime through FrontModel.execute")
+
+
+class _Batch:
+    """One ``execute`` call's requests: their responses, and a slot freed once all are in."""
+
+    def __init__(self, count: int, slots: threading.Semaphore | None) -> None:
+        self.responses: list[Any] = [None] * count
+        self.done = threading.Event()
+        self._left = count
+        self._slots = slots
+        self._lock = threading.Lock()
+        if count == 0:
+            self.done.set()
+
+    def answered(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.done.set()
+            if self._slots is not None:
+                self._slots.release()
+
+
 class TritonPythonModel:
-    """One front instance: coalesces requests and calls the runtime model over BLS."""
+    """One front instance: its requests go to the runtime over the channel."""
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        self.core = FrontModel.from_args(pb.ModelArgs.from_triton(args), self._call_runtime)
-
-    def execute(self, requests: list[Any]) -> list[Any]:
-        inputs: list[Mapping[str, np.ndarray] | Exception] = []
-        for request in requests:
-            try:
-                inputs.append(pb.request_inputs(request))
-            except Exception as exc:  # an unreadable tensor fails this request only
-                inputs.append(exc)
-        results = self.core.execute(inputs)
-        return [
-            pb.inference_response(pb_utils, r, tagged=_tags_errors(q))
-            for r, q in zip(results, requests, strict=True)
-        ]
-
-    def _call_runtime(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        request = pb_utils.InferenceRequest(
-            model_name=self.core.runtime_model,
-            requested_output_names=list(outputs),
-            inputs=[pb.to_triton_tensor(pb_utils, n, a) for n, a in inputs.items()],
+        model_args = pb.ModelArgs.from_triton(args)
+        core = FrontModel.from_args(model_args, _no_bls)
+        limit = model_args.parameter(
+            names.PARAM_MAX_REQUEST_BYTES, str(names.DEFAULT_MAX_REQUEST_BYTES)
         )
-        response = request.exec()
-        if response.has_error():
-            raise pb.error_from_triton(pb_utils, response.error())
-        # The response owns the memory: copy what the request's answer keeps.
-        return {t.name(): pb.to_numpy(t).copy() for t in response.output_tensors()}
+        if not limit.isdigit() or int(limit) < 1:
+            raise InvalidArgumentError(
+                f"model {core.name!r}: parameter {names.PARAM_MAX_REQUEST_BYTES!r} must be a "
+                f"positive integer, got {limit!r}"
+            )
+        self.channel = ChannelFront(
+            core,
+            model_args.model_dir / model_args.parameter(names.PARAM_BUNDLE),
+            self._respond,
+            address=channel.address(core.runtime_model),
+            wait_s=core.retry.total_s,
+            max_request_bytes=int(limit),
+        )
+        self.channel.start(wait_s=core.retry.total_s)
+        inflight = model_args.parameter(
+            names.PARAM_FRONT_INFLIGHT, str(names.DEFAULT_FRONT_INFLIGHT)
+        )
+        if not inflight.isdigit():
+            raise InvalidArgumentError(
+                f"model {core.name!r}: parameter {names.PARAM_FRONT_INFLIGHT!r} must be a "
+                f"non-negative integer, got {inflight!r}"
+            )
+        #: None: ``execute`` waits and returns the responses; else at most N batches in flight
+        self._slots = threading.Semaphore(int(inflight)) if int(inflight) > 0 else None
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        # In flight mode, wait while this instance has its most batches unanswered: Triton's
+        # dynamic batcher gathers the next batch meanwhile (an instance that is always free
+        # gets batches of one request).
+        if self._slots is not None:
+            self._slots.acquire()
+        batch = _Batch(len(requests), self._slots)
+        now = time.monotonic()
+        items = []
+        for i, request in enumerate(requests):
+            try:
+                inputs: Any = pb.request_inputs(request)
+            except Exception as exc:  # an unreadable tensor fails this request only
+                inputs = exc
+            timeout_us = int(request.timeout())
+            sender = request.get_response_sender() if self._slots is not None else None
+            items.append(
+                Request(
+                    (batch, i, sender, _tags_errors(request)),
+                    inputs,
+                    now + timeout_us / 1e6 if timeout_us > 0 else None,
+                )
+            )
+        self.channel.submit(items)
+        if self._slots is not None:
+            return None
+        batch.done.wait()  # every request is answered: by the runtime, or failed by the channel
+        return batch.responses
+
+    def _respond(self, handle: Any, result: Any) -> None:
+        batch, index, sender, tagged = handle
+        try:
+            response = pb.inference_response(pb_utils, result, tagged=tagged)
+            if sender is None:
+                batch.responses[index] = response
+            else:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        finally:
+            batch.answered()
 
     def finalize(self) -> None:
-        pass
+        self.channel.close()

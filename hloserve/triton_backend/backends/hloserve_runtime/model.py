@@ -1,9 +1,12 @@
-"""Triton backend ``hloserve_runtime``: a shim over the typed core ``RuntimeModel``.
+"""Triton backend ``hloserve_runtime``: a shim over the typed cores ``RuntimeModel`` and
+``RuntimeServer``.
 
-Adapts ``pb_utils`` objects only; the behaviour lives in the typed core. One instance per
-device: the only process of the server that imports JAX. Weight cache events become metrics on
-Triton's :8002 endpoint (hloserve.triton_backend.metrics), and so do executables compiled or
-loaded from the executable cache (hloserve.triton_backend.executable_cache).
+Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. One instance per
+device: the only process of the server that imports JAX. It serves the fronts over the channel
+(docs/serving.md, "Front -> runtime (the channel)"), not through inference requests. Weight
+cache events and execution counts become metrics on Triton's :8002 endpoint
+(hloserve.triton_backend.metrics), and so do executables compiled or loaded from the
+executable cache (hloserve.triton_backend.executable_cache).
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from hloserve.triton_backend import pb
+from hloserve.errors import UnimplementedError
+from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.executable_cache import TritonExecutableMetrics
 from hloserve.triton_backend.metrics import TritonCacheMetrics, TritonExecutionMetrics
 from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.runtime_server import RuntimeServer, scheduler_config_from_args
 
 
 class TritonPythonModel:
-    """The runtime: loads bundles on first use and runs one execution at a time."""
+    """The runtime: loads the bundles its fronts ask for and runs one execution at a time."""
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
@@ -30,29 +35,32 @@ class TritonPythonModel:
             self.metrics = TritonCacheMetrics(pb_utils, budget, models)
             return self.metrics
 
+        model_args = pb.ModelArgs.from_triton(args)
         self.executions = TritonExecutionMetrics(pb_utils)
         self.executables = TritonExecutableMetrics(pb_utils)
         self.core = RuntimeModel.from_args(
-            pb.ModelArgs.from_triton(args),
+            model_args,
             observer=metrics,
-            on_execute=self.executions.executed,
+            on_load=lambda key: self.metrics.announce(key) if self.metrics else None,
             executables=self.executables.counted,
         )
+        self.server = RuntimeServer(
+            self.core,
+            address=channel.address(model_args.name),
+            scheduler_config=scheduler_config_from_args(model_args),
+            publish=self.executions.publish,
+        )
+        self.server.start()
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        responses = []
-        for request in requests:
-            try:
-                outputs = self.core.execute(
-                    pb.request_inputs(request), request.requested_output_names()
-                )
-            except Exception as exc:
-                responses.append(pb.inference_response(pb_utils, exc, tagged=True))
-                continue
-            responses.append(pb.inference_response(pb_utils, outputs, tagged=True))
-        return responses
+        error = UnimplementedError(
+            "hloserve_runtime serves front models over its channel; send inference requests "
+            "to the models themselves"
+        )
+        return [pb.inference_response(pb_utils, error) for _ in requests]
 
     def finalize(self) -> None:
+        self.server.close()
         self.core.close()
         self.executions.close()
         self.executables.close()

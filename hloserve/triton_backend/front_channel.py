@@ -1,0 +1,424 @@
+"""A front instance's side of the channel: its requests to the runtime, answers by callback.
+
+docs/serving.md, "Front -> runtime (the channel)". :class:`ChannelFront` connects to the
+runtime of this tritonserver, has it load the front's bundle (``hello``), and then sends every
+request as one work: its executable inputs written into the instance's shared-memory arena,
+room reserved there for its outputs. The runtime's scheduler coalesces works across instances;
+its answer names the finished works, whose outputs are read back, cut, postprocessed and handed
+to ``respond(handle, result)`` on the channel's reader thread. ``submit`` never waits for an
+answer, so one front instance keeps many requests in flight (the Triton shim returns ``None``
+from ``execute`` and answers through each request's response sender).
+
+When the runtime goes away (killed, reloaded) every request in flight fails UNAVAILABLE at once
+and the front reconnects in the background (and loads its bundle again); new requests wait up
+to ``wait_s`` for it. The front never imports JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.front import FrontModel, IdentityHooks, Prepared
+
+log = logging.getLogger("hloserve.triton_backend.front_channel")
+
+#: ``respond(handle, result)``: answer one request (outputs by name, or its error).
+Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
+
+
+def _aligned(nbytes: int) -> int:
+    return max(channel.ALIGN, -(-nbytes // channel.ALIGN) * channel.ALIGN)
+
+
+@dataclass
+class _Pending:
+    handle: Any
+    prepared: Prepared
+    outputs: list[np.ndarray]
+    offset: int = -1
+    nbytes: int = 0
+    overflow: channel.Segment | None = None
+
+
+@dataclass
+class Request:
+    """One request handed to :meth:`ChannelFront.submit`.
+
+    Attributes:
+        handle: passed back to ``respond`` (the shim's response sender).
+        inputs: client tensors by name, or the exception it already failed with.
+        deadline: ``time.monotonic()`` seconds by which it must have run, or None.
+    """
+
+    handle: Any
+    inputs: Mapping[str, np.ndarray] | Exception
+    deadline: float | None = None
+
+
+@dataclass
+class _Link:
+    sock: socket.socket
+    closed: threading.Event = field(default_factory=threading.Event)
+
+
+class ChannelFront:
+    """Serves one front instance's requests through the runtime's channel.
+
+    Args:
+        core: the front core (checks, hooks, variants).
+        bundle: the bundle directory the runtime loads.
+        respond: answers one request (called on the reader thread).
+        address: the runtime's channel address (:func:`channel.address`).
+        wait_s: how long a request waits for a runtime that is not (yet) there, seconds.
+        arena_bytes: size of this instance's shared-memory arena (sparse).
+        max_request_bytes: largest request accepted, bytes of client input tensors.
+        key: the server key segment names carry (default :func:`channel.server_key`).
+    """
+
+    def __init__(
+        self,
+        core: FrontModel,
+        bundle: Path,
+        respond: Respond,
+        *,
+        address: str,
+        wait_s: float = 120.0,
+        arena_bytes: int = channel.DEFAULT_ARENA_BYTES,
+        max_request_bytes: int = 1 << 30,
+        key: str | None = None,
+    ) -> None:
+        self.core = core
+        self.bundle = Path(bundle)
+        self.address = address
+        self.wait_s = wait_s
+        self.max_request_bytes = max_request_bytes
+        self._respond = respond
+        self._key = key or channel.server_key()
+        self._pid = os.getpid()
+        self._segments = 0
+        self.arena = channel.Arena(self._new_segment(arena_bytes))
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._link: _Link | None = None
+        self._ready = threading.Event()
+        self._load_error: HloserveError | None = None
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._keep_inputs = not isinstance(core.hooks, IdentityHooks)
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def start(self, wait_s: float = 0.0) -> None:
+        """Connect and load the bundle in the background. With ``wait_s`` > 0 and the runtime
+        listening now, wait up to that long for the load to finish (without a runtime yet,
+        return at once: Triton loads models in parallel, the runtime may come later).
+
+        Raises:
+            HloserveError: the runtime answered that the bundle failed to load.
+        """
+        listening = False
+        if wait_s > 0:  # is the runtime there? (an empty connection; it just closes it)
+            try:
+                channel.connect(self.address, timeout=5).close()
+                listening = True
+            except OSError:
+                listening = False
+        self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
+        self._thread.start()
+        if listening and not self._wait_ready(wait_s) and self._load_error is not None:
+            error = self._load_error
+            self.close()
+            raise error
+
+    def _wait_ready(self, seconds: float) -> bool:
+        """Wait until loaded; False after ``seconds`` or once the runtime refused the bundle."""
+        deadline = time.monotonic() + seconds
+        while not self._ready.is_set():
+            if self._load_error is not None or self._closed.is_set():
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._ready.wait(min(remaining, 0.05))
+        return True
+
+    def _run(self) -> None:
+        delay = 0.02
+        while not self._closed.is_set():
+            try:
+                sock = channel.connect(self.address, timeout=5)
+            except OSError:
+                self._closed.wait(delay)
+                delay = min(delay * 2, 0.25)
+                continue
+            delay = 0.02
+            link = _Link(sock)
+            try:
+                self._hello(link)
+                self._read(link)
+            except channel.ChannelClosed:
+                pass
+            except Exception:
+                log.exception("model %r: channel to the runtime failed", self.core.name)
+            finally:
+                self._lost(link)
+
+    def _hello(self, link: _Link) -> None:
+        if not self.arena.segment.path.exists():  # removed under us: nothing is in flight now
+            self.arena.segment.close()
+            self.arena = channel.Arena(self._new_segment(self.arena.segment.size))
+        channel.send(
+            link.sock,
+            {
+                "op": "hello",
+                "pid": self._pid,
+                "arena": self.arena.segment.name,
+                "model": self.core.name,
+                "bundle": str(self.bundle),
+            },
+        )
+        answer = channel.receive(link.sock)
+        if answer.get("op") != "ready":
+            # requests get this error; the connection stays (idle) so a new runtime is asked
+            # again, but this one does not compile the bundle again and again
+            self._load_error = HloserveError(
+                str(answer.get("message", answer)),
+                status=Status[answer.get("status", "INTERNAL")],
+            )
+            log.error("%s", self._load_error.message)
+            return
+        self._load_error = None
+        with self._lock:
+            self._link = link
+        self._ready.set()
+
+    def _lost(self, link: _Link) -> None:
+        self._ready.clear()
+        with self._lock:
+            if self._link is link:
+                self._link = None
+            pending, self._pending = self._pending, {}
+        with contextlib.suppress(OSError):
+            link.sock.close()
+        if pending:
+            log.warning(
+                "model %r: the runtime went away; %d requests in flight fail UNAVAILABLE",
+                self.core.name,
+                len(pending),
+            )
+        error = UnavailableError(
+            f"model {self.core.name!r}: the runtime went away while the request was in flight; "
+            "retry"
+        )
+        for p in pending.values():
+            self._release(p)
+            self._answer(p.handle, error)
+
+    def close(self) -> None:
+        """Disconnect (the runtime releases the bundle), fail what is in flight, remove the
+        arena."""
+        self._closed.set()
+        with self._lock:
+            link = self._link
+        if link is not None:
+            with contextlib.suppress(OSError):
+                link.sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.arena.segment.unlink()
+        self.arena.segment.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Send each request to the runtime as one work; answers come through ``respond``.
+
+        A request's own problem (bad tensor, too large, hook error) is answered at once.
+        """
+        works: list[dict[str, Any]] = []
+        ids: list[int] = []
+        for request in requests:
+            try:
+                if isinstance(request.inputs, Exception):
+                    raise request.inputs
+                self._check_size(request.inputs)
+                prepared = self.core.prepare(request.inputs)
+                if self._keep_inputs:  # postprocess sees them after the request's memory
+                    prepared.inputs = {
+                        k: np.array(v, copy=True) for k, v in prepared.inputs.items()
+                    }
+                work, work_id = self._place(request, prepared)
+            except Exception as exc:
+                self._answer(request.handle, exc)
+                continue
+            works.append(work)
+            ids.append(work_id)
+        if works:
+            # one execute call's requests grouped by variant (groups in order of their first
+            # request): the scheduler coalesces a model's leading run of one variant
+            order = {v: i for i, v in reversed(list(enumerate(w["variant"] for w in works)))}
+            pairs = sorted(zip(works, ids, strict=True), key=lambda p: order[p[0]["variant"]])
+            self._send_works([w for w, _ in pairs], [i for _, i in pairs])
+
+    def _check_size(self, inputs: Mapping[str, np.ndarray]) -> None:
+        nbytes = sum(int(a.nbytes) for a in inputs.values())
+        if nbytes > self.max_request_bytes:
+            raise InvalidArgumentError(
+                f"model {self.core.name!r}: the request's inputs take {nbytes} bytes, more than "
+                f"the limit of {self.max_request_bytes} bytes (--max-request-bytes)"
+            )
+
+    def _place(self, request: Request, prepared: Prepared) -> tuple[dict[str, Any], int]:
+        arrays = self.core.runtime_inputs(prepared)
+        out_specs = self.core.manifest.outputs
+        out_shapes = self.core.output_shapes(prepared)
+        out_sizes = [
+            int(np.prod(shape, dtype=np.int64)) * spec.dtype_info.numpy.itemsize
+            for spec, shape in zip(out_specs, out_shapes, strict=True)
+        ]
+        sizes = [_aligned(a.nbytes) for a in arrays] + [_aligned(n) for n in out_sizes]
+        total = sum(sizes)
+        pending = _Pending(request.handle, prepared, [], nbytes=total)
+        base = self.arena.allocate(total)
+        if base is None:
+            self._segments += 1
+            name = channel.segment_name(self._pid, self._segments, self._key)
+            pending.overflow = channel.Segment(name, total, create=True)
+            segment, segment_name, base = pending.overflow, name, 0
+        else:
+            segment, segment_name = self.arena.segment, ""
+            pending.offset = base
+        places: list[list[Any]] = []
+        offset = base
+        for array, size in zip(arrays, sizes, strict=False):
+            view: np.ndarray = np.ndarray(
+                array.shape, array.dtype, buffer=segment.buffer, offset=offset
+            )
+            view[...] = array
+            places.append([segment_name, offset])
+            offset += size
+        out_places: list[list[Any]] = []
+        for spec, shape, size in zip(out_specs, out_shapes, sizes[len(arrays) :], strict=True):
+            pending.outputs.append(
+                np.ndarray(shape, spec.dtype_info.numpy, buffer=segment.buffer, offset=offset)
+            )
+            out_places.append([segment_name, offset])
+            offset += size
+        with self._lock:
+            work_id = self._next_id
+            self._next_id += 1
+            self._pending[work_id] = pending
+        work = {
+            "id": work_id,
+            "variant": prepared.variant,
+            "rows": prepared.batch_size or 1,
+            "deadline": request.deadline,
+            "in": places,
+            "out": out_places,
+        }
+        return work, work_id
+
+    def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> None:
+        error: HloserveError | None = None
+        if not self._wait_ready(self.wait_s):
+            error = self._load_error or UnavailableError(
+                f"model {self.core.name!r}: runtime not reachable after {self.wait_s:g} s"
+            )
+        else:
+            with self._lock:
+                link = self._link
+            try:
+                if link is None:
+                    raise OSError("not connected")
+                with self._send_lock:
+                    channel.send(link.sock, {"op": "run", "works": works})
+                return
+            except OSError as exc:
+                error = UnavailableError(f"model {self.core.name!r}: runtime went away ({exc})")
+        for work_id in ids:
+            with self._lock:
+                p = self._pending.pop(work_id, None)
+            if p is not None:
+                self._release(p)
+                self._answer(p.handle, error)
+
+    # -- answers --------------------------------------------------------------------------------
+
+    def _read(self, link: _Link) -> None:
+        while True:
+            message = channel.receive(link.sock)
+            op = message.get("op")
+            if op == "done":
+                for work_id in message["ids"]:
+                    self._finish(work_id, None)
+            elif op == "failed":
+                error = HloserveError(
+                    str(message.get("message", "")),
+                    status=Status[message.get("status", "INTERNAL")],
+                )
+                for work_id in message["ids"]:
+                    self._finish(work_id, error)
+
+    def _finish(self, work_id: int, error: HloserveError | None) -> None:
+        with self._lock:
+            p = self._pending.pop(work_id, None)
+        if p is None:
+            return
+        if error is not None:
+            self._release(p)
+            self._answer(p.handle, error)
+            return
+        outputs = [o.copy() for o in p.outputs]
+        self._release(p)
+        try:
+            result: Mapping[str, np.ndarray] | Exception = self.core.finish(p.prepared, outputs)
+        except Exception as exc:
+            result = exc
+        self._answer(p.handle, result)
+
+    def _release(self, p: _Pending) -> None:
+        p.outputs.clear()
+        if p.overflow is not None:
+            p.overflow.unlink()
+            p.overflow.close()
+        elif p.offset >= 0:
+            self.arena.free(p.offset, p.nbytes)
+
+    def _answer(self, handle: Any, result: Mapping[str, np.ndarray] | Exception) -> None:
+        try:
+            self._respond(handle, result)
+        except Exception:
+            log.exception("model %r: answering a request failed", self.core.name)
+
+    def _new_segment(self, size: int) -> channel.Segment:
+        self._segments += 1
+        name = channel.segment_name(self._pid, self._segments, self._key)
+        try:
+            return channel.Segment(name, size, create=True)
+        except FileExistsError:  # left by an earlier process with this pid
+            (channel.SHM_DIR / name).unlink(missing_ok=True)
+            return channel.Segment(name, size, create=True)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not answered yet."""
+        with self._lock:
+            return len(self._pending)
+
+
+__all__ = ["ChannelFront", "Request", "Respond"]

@@ -1,0 +1,455 @@
+"""The runtime's side of the channel: one thread reads every front connection and executes.
+
+docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
+:mod:`hloserve.triton_backend.channel`):
+
+* front -> runtime ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the front's arena,
+  hold its bundle (:meth:`RuntimeModel.acquire`: compiled now unless this generation is held
+  already), register its queues with the scheduler. Answer ``{"op": "ready", "key"}`` or
+  ``{"op": "error", "status", "message"}``.
+* front -> runtime ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in",
+  "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
+  the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
+  and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
+  the :class:`~hloserve.triton_backend.scheduler.Scheduler`.
+* runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
+  "failed", "ids", "status", "message"}``: a failed execution fails only its own works.
+
+One thread reads the connections and loops ``next()`` -> execute -> ``record()`` -> reply.
+Execution counts are
+kept here and handed to ``publish`` every ``flush_interval_s`` by a background thread, never
+per execution (a Triton metric call is a synchronous stub -> server message, ~48 us).
+When a front's connection ends (finalize, or its process died), its hold is released and its
+shared-memory files are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve.bundle.manifest import UNBATCHED
+from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.triton_backend import batching, channel
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.runtime import LoadedBundle, RuntimeModel, variant_label
+from hloserve.triton_backend.scheduler import Batch, Scheduler, SchedulerConfig, Work
+
+log = logging.getLogger("hloserve.triton_backend.runtime_server")
+
+
+#: ``publish((model, variant label, batch size), executions since the last call)``.
+Publish = Callable[[tuple[str, str, int], int], None]
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pid: int = 0
+    arena: channel.Segment | None = None
+    loaded: LoadedBundle | None = None
+    open: bool = True
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.open:
+            return
+        try:
+            with self.lock:
+                channel.send(self.sock, message)
+        except OSError:
+            self.open = False
+
+
+@dataclass
+class _Job:
+    conn: _Connection
+    id: int
+    rows: int
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+    segments: list[channel.Segment]
+
+
+def error_message(exc: BaseException) -> dict[str, Any]:
+    """The ``status``/``message`` fields of a failure message for ``exc``."""
+    if isinstance(exc, HloserveError):
+        return {"status": exc.status.name, "message": exc.message}
+    log.exception("runtime execution failed", exc_info=exc)
+    return {"status": Status.INTERNAL.name, "message": f"{type(exc).__name__}: {exc}"}
+
+
+class RuntimeServer:
+    """Serves ``core`` to the front instances of this tritonserver over the channel.
+
+    Args:
+        core: the runtime core (the one JAX process).
+        address: the channel address (:func:`channel.address`).
+        scheduler_config: the scheduler's discipline and constants.
+        publish: receives execution counts off the hot path (e.g. Triton metrics).
+        flush_interval_s: seconds between ``publish`` rounds.
+        key: the server key segment names carry (default :func:`channel.server_key`).
+    """
+
+    def __init__(
+        self,
+        core: RuntimeModel,
+        *,
+        address: str,
+        scheduler_config: SchedulerConfig | None = None,
+        publish: Publish | None = None,
+        flush_interval_s: float = 1.0,
+        key: str | None = None,
+    ) -> None:
+        self.core = core
+        self.address = address
+        self.key = key or channel.server_key()
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self._shed)
+        self._publish = publish
+        self._flush_interval_s = flush_interval_s
+        self._counts: dict[tuple[str, str, int], int] = defaultdict(int)
+        self._counts_lock = threading.Lock()
+        self._holds: dict[str, int] = {}
+        self._loaded: dict[str, LoadedBundle] = {}
+        self._holds_lock = threading.Lock()
+        self._connections: set[_Connection] = set()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+        #: executions run, all models (tests and benchmarks read it)
+        self.executions = 0
+        self.items = 0
+
+    def start(self) -> None:
+        """Remove stale segments of dead servers, listen, start the threads.
+
+        A reload starts the new runtime instance before Triton finalizes the old one, so when
+        the address is still taken the loop takes it over as soon as it is free.
+        """
+        removed = channel.remove_stale_segments(self.key)
+        if removed:
+            log.info("removed %d shared-memory files left by dead processes", len(removed))
+        self._wake_r, self._wake_w = socket.socketpair()
+        for target, name in (
+            (self._loop, "hloserve-runtime"),
+            (self._flush_loop, "hloserve-metrics"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        """Stop: close every connection (fronts see the runtime gone), release every hold."""
+        self._stop.set()
+        self.scheduler.close()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for conn in list(self._connections):
+            self._drop(conn)
+        if self._listener is not None:
+            self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self._flush()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        """Accept, read every ready connection, then run one batch; again.
+
+        One thread does all of it, so a request goes from the socket to the executable without
+        a thread hop (a hop between Python threads costs ~64 us on 2 cores, docs/serving.md);
+        loading a bundle (``hello``) runs on a thread of its own so executions go on.
+        """
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        busy = False
+        while not self._stop.is_set():
+            if self._listener is None:
+                self._try_listen(sel)
+            timeout = 0.0 if busy else (0.5 if self._listener is not None else 0.05)
+            for key, _ in sel.select(timeout):
+                if key.data == "wake":
+                    continue
+                if key.data == "listen":
+                    self._accept(sel)
+                    continue
+                conn = key.data
+                try:
+                    messages = channel.receive_ready(conn.sock)
+                except channel.ChannelClosed:
+                    sel.unregister(conn.sock)
+                    self._drop(conn)
+                    continue
+                for message in messages:
+                    try:
+                        self._dispatch(conn, message)
+                    except Exception:
+                        log.exception("channel message failed")
+            batch = self.scheduler.next(timeout=0)
+            busy = batch is not None
+            if batch is not None:
+                self._run_batch(batch)
+        sel.close()
+
+    def _try_listen(self, sel: selectors.BaseSelector) -> None:
+        try:
+            self._listener = channel.listen(self.address)
+        except OSError:
+            return
+        sel.register(self._listener, selectors.EVENT_READ, "listen")
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:
+            return
+        if channel.peer_uid(sock) != os.getuid():
+            log.warning("refused a channel connection from another user")
+            sock.close()
+            return
+        conn = _Connection(sock)
+        self._connections.add(conn)
+        sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _dispatch(self, conn: _Connection, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "run":
+            self._submit(conn, message["works"])
+        elif op == "hello":
+            threading.Thread(
+                target=self._hello, args=(conn, message), name="hloserve-load", daemon=True
+            ).start()
+        else:
+            log.warning("unknown channel message %r", op)
+
+    def _hello(self, conn: _Connection, message: dict[str, Any]) -> None:
+        try:
+            conn.pid = int(message["pid"])
+            conn.arena = channel.Segment(str(message["arena"]))
+            loaded = self.core.acquire(str(message["model"]), Path(message["bundle"]))
+        except Exception as exc:
+            conn.send({"op": "error", **error_message(exc)})
+            return
+        self._hold(loaded)
+        conn.loaded = loaded
+        conn.send({"op": "ready", "key": loaded.key})
+
+    def _hold(self, loaded: LoadedBundle) -> None:
+        manifest = loaded.bundle.manifest
+        with self._holds_lock:
+            self._holds[loaded.key] = self._holds.get(loaded.key, 0) + 1
+            self._loaded[loaded.key] = loaded
+            if self._holds[loaded.key] == 1:
+                sizes = manifest.batching.compiled_batch_sizes or [1]
+                for variant in range(len(manifest.variant_dims)):
+                    self.scheduler.register(loaded.key, variant, sizes, coalesce=manifest.batched)
+
+    def _drop(self, conn: _Connection) -> None:
+        if conn not in self._connections:
+            return
+        conn.open = False
+        self._connections.discard(conn)
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.sock.close()
+        loaded, conn.loaded = conn.loaded, None
+        if loaded is not None:
+            with self._holds_lock:
+                self._holds[loaded.key] -= 1
+                last = self._holds[loaded.key] == 0
+                if last:
+                    del self._holds[loaded.key]
+                    del self._loaded[loaded.key]
+                    self.scheduler.unregister(loaded.key)
+            self.core.release(loaded.key)
+        if conn.arena is not None:
+            conn.arena.close()
+        if conn.pid and not channel.process_alive(conn.pid):  # the front died: clean up
+            channel.remove_segments_of(conn.pid, self.key)
+
+    # -- works ----------------------------------------------------------------------------------
+
+    def _submit(self, conn: _Connection, works: Sequence[dict[str, Any]]) -> None:
+        loaded = conn.loaded
+        for w in works:
+            try:
+                if loaded is None:
+                    raise UnavailableError("runtime: this front has not loaded its bundle")
+                job = self._job(conn, loaded, w)
+                deadline = w.get("deadline")
+                self.scheduler.submit(
+                    Work(
+                        model=loaded.key,
+                        variant=int(w["variant"]),
+                        rows=job.rows,
+                        payload=job,
+                        deadline=float(deadline) if deadline is not None else None,
+                    )
+                )
+            except ValueError as exc:
+                conn.send({"op": "failed", "ids": [w["id"]], **error_message(_invalid(exc))})
+            except Exception as exc:
+                conn.send({"op": "failed", "ids": [w["id"]], **error_message(exc)})
+
+    def _job(self, conn: _Connection, loaded: LoadedBundle, w: dict[str, Any]) -> _Job:
+        manifest = loaded.bundle.manifest
+        variant = int(w["variant"])
+        if not 0 <= variant < len(manifest.variant_dims):
+            raise InvalidArgumentError(f"model {loaded.name!r}: no variant {variant}")
+        dims = manifest.variant_dims[variant]
+        rows = int(w["rows"]) if manifest.batched else 1
+        segments: list[channel.Segment] = []
+
+        def views(specs: Sequence[Any], places: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+            if len(places) != len(specs):
+                raise InvalidArgumentError(f"model {loaded.name!r}: wrong tensor count")
+            out: list[np.ndarray] = []
+            for spec, (segment_name, offset) in zip(specs, places, strict=True):
+                if segment_name:
+                    seg = channel.Segment(str(segment_name))
+                    segments.append(seg)
+                else:
+                    assert conn.arena is not None
+                    seg = conn.arena
+                shape = spec.shape_at(rows, dims)
+                dtype = spec.dtype_info.numpy
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                if offset < 0 or offset + nbytes > seg.size:
+                    raise InvalidArgumentError(
+                        f"model {loaded.name!r}: tensor {spec.name!r} lies outside its segment"
+                    )
+                out.append(np.ndarray(shape, dtype, buffer=seg.buffer, offset=int(offset)))
+            return out
+
+        return _Job(
+            conn,
+            int(w["id"]),
+            rows,
+            views(manifest.inputs, w["in"]),
+            views(manifest.outputs, w["out"]),
+            segments,
+        )
+
+    def _shed(self, work: Work, reason: str) -> None:
+        job = work.payload
+        assert isinstance(job, _Job)
+        job.conn.send(
+            {"op": "failed", "ids": [job.id], "status": Status.UNAVAILABLE.name, "message": reason}
+        )
+        _close_segments([job])
+
+    # -- execution ------------------------------------------------------------------------------
+
+    def _run_batch(self, batch: Batch) -> None:
+        jobs = [w.payload for w in batch.works]
+        assert all(isinstance(j, _Job) for j in jobs)
+        try:
+            self._execute(batch, jobs)  # type: ignore[arg-type]
+        except Exception as exc:
+            fields = error_message(exc)
+            for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
+                conn.send({"op": "failed", "ids": ids, **fields})
+        else:
+            for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
+                conn.send({"op": "done", "ids": ids})
+        finally:
+            _close_segments(jobs)  # type: ignore[arg-type]
+
+    def _execute(self, batch: Batch, jobs: list[_Job]) -> None:
+        with self._holds_lock:
+            loaded = self._loaded.get(batch.model)
+        if loaded is None:
+            raise UnavailableError(f"runtime: model {batch.model!r} was unloaded")
+        manifest = loaded.bundle.manifest
+        size = batch.batch_size if manifest.batched else UNBATCHED
+        if manifest.batched:
+            arrays = [
+                batching.concatenate([j.inputs[i] for j in jobs], spec.batch_axis or 0, size)
+                for i, spec in enumerate(manifest.inputs)
+            ]
+        else:
+            arrays = jobs[0].inputs
+        start = time.perf_counter()
+        results = self.core.run(loaded, batch.variant, size, arrays)
+        host = [np.asarray(r) for r in results]
+        self.scheduler.record(batch, time.perf_counter() - start)
+        rows = [j.rows for j in jobs]
+        for i, spec in enumerate(manifest.outputs):
+            parts = (
+                batching.split(host[i], spec.batch_axis or 0, rows) if manifest.batched else host
+            )
+            for job, part in zip(jobs, parts, strict=True):
+                job.outputs[i][...] = part
+        label = variant_label(manifest.variant_dims[batch.variant])
+        with self._counts_lock:
+            self._counts[(loaded.name, label, size)] += 1
+            self.executions += 1
+            self.items += batch.items
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self._flush_interval_s):
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._counts_lock:
+            counts, self._counts = self._counts, defaultdict(int)
+        if self._publish is None:
+            return
+        for key, n in counts.items():
+            try:
+                self._publish(key, n)
+            except Exception:
+                log.exception("publishing execution counts failed")
+
+
+def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
+    """The scheduler settings of the runtime's config (docs/scheduling.md, "Settings").
+
+    Raises:
+        InvalidArgumentError: an unknown discipline or a malformed weight.
+    """
+    try:
+        return SchedulerConfig.from_parameters(args.parameters)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"model {args.name!r}: {exc}") from None
+
+
+def _invalid(exc: ValueError) -> HloserveError:
+    return InvalidArgumentError(f"runtime: {exc}")
+
+
+def _by_connection(jobs: Sequence[_Job]) -> list[tuple[_Connection, list[int]]]:
+    grouped: dict[int, tuple[_Connection, list[int]]] = {}
+    for job in jobs:
+        grouped.setdefault(id(job.conn), (job.conn, []))[1].append(job.id)
+    return list(grouped.values())
+
+
+def _close_segments(jobs: Sequence[_Job]) -> None:
+    for job in jobs:
+        job.inputs.clear()
+        job.outputs.clear()
+        for seg in job.segments:
+            seg.close()
+        job.segments.clear()
+
+
+__all__ = ["Publish", "RuntimeServer", "error_message", "scheduler_config_from_args"]
