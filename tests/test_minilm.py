@@ -78,6 +78,11 @@ def server(minilm_export: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     export_echo(bundles / "echo")
     repo = bundles.parent / "repository"
     build_repository(bundles, repo, max_queue_delay_us=50_000)
+    # Fronts answer through response senders with batches in flight, so concurrent requests
+    # queue at the runtime, which coalesces them per variant (docs/serving.md); with the
+    # default (each front waits for its batch) two fronts hold at most two batches there.
+    with (repo / "minilm" / "config.pbtxt").open("a") as config:
+        config.write('parameters { key: "hloserve.front_inflight" value { string_value: "8" } }\n')
     log = bundles.parent / "tritonserver.log"
     built = time.perf_counter()
     with TritonServer(serving_options(repo, log)) as srv:

@@ -228,17 +228,20 @@ def test_coalescing_never_splits_a_request() -> None:
         put(s, clock, "m", 0)
 
 
-def test_coalescing_does_not_mix_variants() -> None:
+def test_coalescing_groups_by_variant_and_never_mixes_them() -> None:
+    """Works of the head's variant coalesce past works of another variant, which wait their
+    turn in place (interleaved variants are what mixed traffic looks like)."""
     s, clock, _ = make("fifo")
     s.register("m", 0, [1, 2, 4])
     s.register("m", 1, [1, 2, 4])
-    works = [put(s, clock, "m", 1, variant=v) for v in (0, 0, 1, 0)]
+    works = [put(s, clock, "m", 1, variant=v) for v in (0, 1, 0, 1, 0)]
     batches = [take(s) for _ in range(3)]
-    assert [(b.variant, b.works) for b in batches] == [
-        (0, (works[0], works[1])),
-        (1, (works[2],)),
-        (0, (works[3],)),
+    assert [(b.variant, b.works, b.batch_size) for b in batches] == [
+        (0, (works[0], works[2]), 2),  # 3 rows of variant 0 fill size 2
+        (1, (works[1], works[3]), 2),
+        (0, (works[4],), 1),
     ]
+    assert s.next(timeout=0) is None
 
 
 def test_coalesce_false_runs_one_request_per_batch() -> None:

@@ -422,8 +422,8 @@ class Scheduler:
             name = self._select_fair(contenders, now)
         entry = self._models[name]
         batch = entry.planned(name)
-        for _ in batch.works:
-            entry.queue.popleft()
+        taken = {id(w) for w in batch.works}
+        entry.queue = collections.deque(w for w in entry.queue if id(w) not in taken)
         entry.plan = None
         return batch
 
@@ -454,18 +454,20 @@ def _smallest_holding(rows: int, sizes: tuple[int, ...]) -> int:
 def _plan(name: str, entry: _Model) -> Batch:
     """The batch ``entry``'s queue would run now (docs/scheduling.md, "Coalescing").
 
-    The leading run of works of the head's variant, in arrival order; the target is the largest
-    compiled size the run's rows fill (the smallest size when they fill none); whole works are
-    taken while they fit the target (the head always: it is never above the largest size), and
-    the batch runs at the smallest compiled size holding them.
+    The queued works of the head's variant, in arrival order (works of other variants stay
+    queued where they are); the target is the largest compiled size their rows fill (the
+    smallest size when they fill none); whole works are taken while they fit the target (the
+    head always: it is never above the largest size), and the batch runs at the smallest
+    compiled size holding them.
     """
     head = entry.queue[0]
     sizes = entry.sizes[head.variant]
     if not entry.coalesce[head.variant]:
         return Batch(name, head.variant, _smallest_holding(head.rows, sizes), (head,), head.rows)
+    same = [work for work in entry.queue if work.variant == head.variant]
     run_rows = 0
-    for work in entry.queue:
-        if work.variant != head.variant or run_rows >= sizes[-1]:
+    for work in same:
+        if run_rows >= sizes[-1]:
             break
         run_rows += work.rows
     i = bisect.bisect_right(sizes, run_rows)
@@ -474,8 +476,8 @@ def _plan(name: str, entry: _Model) -> Batch:
         target = _smallest_holding(head.rows, sizes)
     taken: list[Work] = []
     items = 0
-    for work in entry.queue:
-        if work.variant != head.variant or items + work.rows > target:
+    for work in same:
+        if items + work.rows > target:
             break
         taken.append(work)
         items += work.rows
