@@ -15,17 +15,17 @@ import pytest
 
 from hloserve.errors import Status
 from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
-from hloserve.node.node import (
+from hloserve.node.node import run_node_up
+from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
+from hloserve.node.plan import (
     GpuNotFoundError,
     WorkerPlan,
     gateway_config,
     gateway_enabled,
     plan_workers,
     planned_ports,
-    run_node_up,
     worker_env,
 )
-from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
 from hloserve.node.tritonserver import PortInUseError
 
 GPU_NODE = """
@@ -345,7 +345,7 @@ def test_missing_image_hint_builds_from_the_images_own_dockerfile(
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
 def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hloserve.node.docker_runtime import connect
-    from hloserve.node.node import NodeError
+    from hloserve.node.plan import NodeError
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     with pytest.raises(NodeError, match="no Docker daemon answers") as info:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from hloserve.errors import InvalidArgumentError, Status
+from hloserve.node.plan import with_dependencies
 from hloserve.node.serve import (
     ServeOptions,
     _wait_ready_or_stop,
     check_options,
     server_options,
-    with_dependencies,
 )
 from hloserve.node.tritonserver import PortInUseError, StubProcess, TritonServerError, free_ports
 from hloserve.node.watchdog import StubWatchdog, describe_wait_status

@@ -28,14 +28,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from hloserve.errors import Status
-from hloserve.node.node import (
+from hloserve.node.node_config import NodeConfig
+from hloserve.node.plan import (
     NodeError,
     WorkerPlan,
     connect_host,
+    restart_allowed,
     tritonserver_flags,
+    with_dependencies,
     worker_env,
 )
-from hloserve.node.node_config import NodeConfig
 
 #: Label holding the node name on every container of a node.
 LABEL_NODE = "hloserve.node"
@@ -71,7 +73,7 @@ def worker_command(
     """The container's command line for ``docker.launcher``.
 
     In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.node.tritonserver_flags`); ``hloserve serve``
+    ``model_control_key`` (:func:`~hloserve.node.plan.tritonserver_flags`); ``hloserve serve``
     takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
@@ -102,8 +104,6 @@ def worker_command(
         ]
         return [*argv, "--", *t.args] if t.args else argv
     if t.load_models and "*" not in t.load_models:
-        from hloserve.node.serve import with_dependencies
-
         loads = with_dependencies(config.repository, t.load_models)
         config = config.model_copy(
             update={"tritonserver": t.model_copy(update={"load_models": loads})}
@@ -464,14 +464,10 @@ class DockerWorkers:
         return not waiting
 
     def _will_restart(self, container: Any) -> bool:
-        policy = self.config.restart
-        if policy.policy == "no":
-            return False
-        if policy.policy in ("always", "unless-stopped"):
-            return True
         exit_code = container.attrs["State"].get("ExitCode", 0)
-        count = container.attrs.get("RestartCount", 0)
-        return exit_code != 0 and (policy.max_retries == 0 or count < policy.max_retries)
+        return restart_allowed(
+            self.config.restart, exit_code, container.attrs.get("RestartCount", 0)
+        )
 
     def poll(self) -> str | None:
         """Report restarts and workers down for good; a reason to stop, or None.

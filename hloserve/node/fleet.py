@@ -22,98 +22,24 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hloserve.errors import InvalidArgumentError
-from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
+from hloserve.gateway.config import GatewayConfig
+from hloserve.node.plan import describe_exit
 from hloserve.node.tritonserver import (
     TritonServer,
     TritonServerError,
     TritonServerOptions,
     free_ports,
 )
+from hloserve.node.watchdog import stub_watchdog
 
 if TYPE_CHECKING:
     from hloserve.node.watchdog import StubWatchdog
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
-
-#: Ports each worker takes from the base: HTTP, gRPC, metrics.
-PORTS_PER_WORKER = 3
-
-
-@dataclass(frozen=True)
-class WorkerPorts:
-    """The three ports of one worker."""
-
-    http: int
-    grpc: int
-    metrics: int
-
-
-def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
-    """Ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``.
-
-    Args:
-        count: number of workers, >= 1.
-        base: first port; 0 picks free ports instead (tests).
-        host: the address the ports are probed on when ``base`` is 0.
-
-    Raises:
-        InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
-    """
-    if count < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
-    if base == 0:
-        free = free_ports(PORTS_PER_WORKER * count, host)
-        chunks = [free[i : i + PORTS_PER_WORKER] for i in range(0, len(free), PORTS_PER_WORKER)]
-        return [WorkerPorts(*chunk) for chunk in chunks]
-    last = base + PORTS_PER_WORKER * count - 1
-    if base < 1 or last > 65535:
-        raise InvalidArgumentError(
-            f"worker ports {base}..{last} ({count} workers x {PORTS_PER_WORKER}) "
-            "are not all in 1..65535"
-        )
-    return [
-        WorkerPorts(*(base + PORTS_PER_WORKER * i + k for k in range(PORTS_PER_WORKER)))
-        for i in range(count)
-    ]
-
-
-def fleet_gateway_config(
-    workers: Sequence[TritonServerOptions],
-    listen: str,
-    admin_port: int,
-    path: Path | None = None,
-    environ: Mapping[str, str] | None = None,
-    http_listen: str | None = None,
-) -> GatewayConfig:
-    """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
-    ``workers``, ``worker_metrics``, ``worker_http``, ``listen``, ``admin_port``, (when given)
-    ``http_listen`` and (when the workers restrict their repository API)
-    ``upstream.model_control_key`` set from the fleet.
-
-    Raises:
-        GatewayConfigError: the file or an environment override is invalid.
-    """
-    env = dict(os.environ if environ is None else environ)
-    env[ENV_PREFIX + "WORKERS"] = ",".join(f"{w.host}:{w.grpc_port}" for w in workers)
-    env[ENV_PREFIX + "WORKER_METRICS"] = ",".join(
-        f"{w.host}:{w.metrics_port}" for w in workers if w.metrics_port is not None
-    )
-    env[ENV_PREFIX + "LISTEN"] = listen
-    env[ENV_PREFIX + "WORKER_HTTP"] = ",".join(f"{w.host}:{w.http_port}" for w in workers)
-    if http_listen is not None:
-        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
-    env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
-    keys = sorted({w.model_control_key for w in workers if w.model_control_key})
-    if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
-        env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
-    return load_config(path, env)
 
 
 class GatewayThread:
@@ -296,13 +222,6 @@ class LocalFleet:
         self.close()
 
 
-def describe_exit(code: int) -> str:
-    """'was killed by SIGKILL' or 'exited with code 3'."""
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
 def supervise(
     fleet: LocalFleet,
     stop: threading.Event,
@@ -317,7 +236,6 @@ def supervise(
     reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Returns 1 when the gateway
     stops by itself or every worker has exited.
     """
-    from hloserve.node.serve import stub_watchdog
 
     def watchdog(i: int, server: TritonServer) -> StubWatchdog:
         counted = None if observe is None else (lambda m: observe.stub_reloaded(i, m))

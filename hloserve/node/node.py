@@ -21,245 +21,32 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Protocol
 
-from hloserve.errors import HloserveError, Status
-from hloserve.node.node_config import NodeConfig, NodeConfigError
+from hloserve.errors import HloserveError
+from hloserve.node.node_config import NodeConfig
+from hloserve.node.plan import (
+    NodeError,
+    WorkerPlan,
+    connect_host,
+    describe_exit,
+    gateway_config,
+    gateway_enabled,
+    plan_workers,
+    planned_ports,
+    restart_allowed,
+    worker_env,
+)
 from hloserve.node.tritonserver import TritonServer, check_ports_free
 
 log = logging.getLogger("hloserve.node")
-
-
-class NodeError(HloserveError):
-    """The node cannot start, run or stop; the message says what to do."""
-
-    status = Status.FAILED_PRECONDITION
-
-
-class GpuNotFoundError(NodeError):
-    """The node file asks for GPUs that this machine does not have."""
-
-    status = Status.FAILED_PRECONDITION
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """One worker of the node.
-
-    Attributes:
-        index: 0-based worker number (labels, log prefix, port offset).
-        gpu: the host GPU index it owns, or None for a CPU worker.
-        http_port: KServe V2 HTTP port (readiness is polled here).
-        grpc_port: KServe V2 gRPC port (the gateway forwards here).
-        metrics_port: Prometheus port.
-    """
-
-    index: int
-    gpu: int | None
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-
-
-def detect_gpus() -> tuple[int, ...]:
-    """Indices of the NVIDIA GPUs of this machine: NVML (``nvidia-ml-py``), else ``nvidia-smi``.
-
-    Returns:
-        ``(0, 1, ...)``, or ``()`` when neither NVML nor ``nvidia-smi`` finds a GPU.
-    """
-    with contextlib.suppress(Exception):
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return tuple(range(int(pynvml.nvmlDeviceGetCount())))
-        finally:
-            pynvml.nvmlShutdown()
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return ()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(int(line) for line in out.split() if line.strip().isdigit())
-
-
-def plan_workers(
-    config: NodeConfig, available_gpus: Sequence[int] | None = None
-) -> list[WorkerPlan]:
-    """One :class:`WorkerPlan` per GPU (or per CPU worker), with ports from ``config.ports``.
-
-    Args:
-        config: the node settings.
-        available_gpus: the GPUs of the machine; None runs :func:`detect_gpus` when GPUs are
-            asked for.
-
-    Raises:
-        GpuNotFoundError: GPUs asked for but none present, or an index the machine lacks.
-    """
-    if config.cpu_workers:
-        gpus: list[int | None] = [None] * config.cpu_workers
-    else:
-        found = tuple(detect_gpus() if available_gpus is None else available_gpus)
-        asked = found if config.gpus == "all" else tuple(config.gpus)
-        if not found:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU asked for (gpus: {_show(config.gpus)}) but none present"
-                " (NVML and nvidia-smi found no NVIDIA GPU); use cpu_workers for a CPU node"
-            )
-        missing = sorted(set(asked) - set(found))
-        if missing:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU {', '.join(map(str, missing))} asked for but this "
-                f"machine has GPUs {', '.join(map(str, found))}"
-            )
-        gpus = list(asked)
-    plans = []
-    for i, gpu in enumerate(gpus):
-        http, grpc, metrics = config.ports.of_worker(i)
-        if max(http, grpc, metrics) > 65535:
-            raise NodeConfigError(f"node {config.name}: worker {i}'s ports pass 65535")
-        plans.append(WorkerPlan(i, gpu, http, grpc, metrics))
-    return plans
-
-
-def _show(gpus: Any) -> str:
-    return gpus if isinstance(gpus, str) else "[" + ", ".join(map(str, gpus)) + "]"
-
-
-def connect_host(host: str) -> str:
-    """Address to reach a server bound to ``host`` from this machine (wildcards -> loopback)."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
-def gateway_enabled(config: NodeConfig, workers: int) -> bool:
-    """Whether the gateway runs: ``gateway.enabled`` or, for ``auto``, two or more workers."""
-    enabled = config.gateway.enabled
-    return workers >= 2 if enabled == "auto" else bool(enabled)
-
-
-def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
-    """Environment of a worker beyond its image's or the parent's.
-
-    A GPU worker process sees only its GPU (``CUDA_VISIBLE_DEVICES``); a GPU container gets its
-    GPU from the device request instead. A CPU worker hides every GPU and runs JAX on the CPU.
-    """
-    if worker.gpu is None:
-        return {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
-    return {} if docker else {"CUDA_VISIBLE_DEVICES": str(worker.gpu)}
-
-
-def tritonserver_flags(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> list[str]:
-    """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
-
-    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep a worker serving when one
-    model fails to load; in explicit mode the runtime model is loaded with the named models
-    and, given ``model_control_key``, the repository API is restricted to it
-    (:mod:`hloserve.node.model_control`).
-    """
-    from hloserve.model_repository_tools import names
-    from hloserve.node.model_control import restricted_flags
-
-    t = config.tritonserver
-    load = tuple(t.load_models)
-    if load and "*" not in load and names.RUNTIME_MODEL not in load:
-        load += (names.RUNTIME_MODEL,)
-    h = config.host
-    return [
-        f"--model-control-mode={t.model_control_mode}",
-        *(f"--load-model={m}" for m in load),
-        f"--http-address={h}",
-        f"--http-port={worker.http_port}",
-        f"--grpc-address={h}",
-        f"--grpc-port={worker.grpc_port}",
-        f"--metrics-address={h}",
-        f"--metrics-port={worker.metrics_port}",
-        f"--log-verbose={t.log_verbose}",
-        "--exit-on-error=false",
-        "--strict-readiness=false",
-        *(
-            restricted_flags(model_control_key)
-            if model_control_key and t.model_control_mode == "explicit"
-            else ()
-        ),
-        *t.args,
-    ]
-
-
-def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
-    """Every port the node will bind: description -> (host, port)."""
-    ports: dict[str, tuple[str, int]] = {}
-    for w in plan:
-        for kind, port in (
-            ("http", w.http_port),
-            ("grpc", w.grpc_port),
-            ("metrics", w.metrics_port),
-        ):
-            ports[f"worker {w.index} {kind}"] = (config.host, port)
-    if gateway_enabled(config, len(plan)):
-        gw_host, _, gw_port = config.gateway.listen.rpartition(":")
-        ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
-        if config.gateway.admin_port:
-            ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
-    seen: dict[int, str] = {}
-    for name, (_, port) in ports.items():
-        if port in seen:
-            raise NodeConfigError(
-                f"node {config.name}: {name} and {seen[port]} both use port {port}"
-            )
-        seen[port] = name
-    return ports
-
-
-def gateway_config(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> Any:
-    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers; given the
-    workers' ``model_control_key``, discovery sends it (``upstream.model_control_key``).
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
-    from pydantic import ValidationError
-
-    from hloserve.gateway.config import GatewayConfig
-
-    host = connect_host(config.host)
-    data = {
-        **config.gateway.settings,
-        "listen": config.gateway.listen,
-        "admin_port": config.gateway.admin_port,
-        "workers": [f"{host}:{w.grpc_port}" for w in plan],
-        "worker_metrics": [f"{host}:{w.metrics_port}" for w in plan],
-    }
-    if model_control_key:
-        upstream = dict(data.get("upstream") or {})
-        data["upstream"] = {**upstream, "model_control_key": model_control_key}
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise NodeConfigError(f"node {config.name}: gateway.settings: {problems}") from None
 
 
 class GatewayThread:
@@ -437,13 +224,8 @@ class ProcessWorkers:
             code = server.exit_code()
             if code is None or i in self._down:
                 continue
-            allowed = policy.policy in ("always", "unless-stopped") or (
-                policy.policy == "on-failure"
-                and code != 0
-                and (policy.max_retries == 0 or self._restarts[i] < policy.max_retries)
-            )
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            if not allowed:
+            how = describe_exit(code)
+            if not restart_allowed(policy, code, self._restarts[i]):
                 self._down.add(i)
                 print(
                     f"hloserve node: worker {i} {how}; the restart policy says stay down",
