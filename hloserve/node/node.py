@@ -1,20 +1,18 @@
 """``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front.
 
-:func:`plan_workers` turns a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
-(:func:`detect_gpus`: NVML, else ``nvidia-smi``) into one :class:`WorkerPlan` per worker (index,
-GPU, ports). :func:`run_node_up` starts the workers with the configured runtime (``process``:
-:class:`ProcessWorkers`, local tritonservers from the nvidia-pytriton wheel;
-``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per GPU), waits
-until each answers ``/v2/health/ready``, starts the gateway in this process when there are two or
-more workers (:class:`GatewayThread`), watches the workers (restarts under the restart policy)
-and stops everything on Ctrl-C/SIGTERM. :func:`run_node_down` stops a node from another shell.
+:func:`run_node_up` plans the node (:mod:`hloserve.node.plan`), starts the workers with the
+configured runtime (``process``: :class:`ProcessWorkers`, local tritonservers from the
+nvidia-pytriton wheel; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one
+container per GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this
+process when there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`),
+watches the workers (restarts under the restart policy) and stops everything on Ctrl-C/SIGTERM.
+:func:`run_node_down` stops a node from another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -31,6 +29,7 @@ from types import FrameType
 from typing import IO, Any, Protocol
 
 from hloserve.errors import HloserveError
+from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodeError,
@@ -47,56 +46,6 @@ from hloserve.node.plan import (
 from hloserve.node.tritonserver import TritonServer, check_ports_free
 
 log = logging.getLogger("hloserve.node")
-
-
-class GatewayThread:
-    """:func:`hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread."""
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="gateway", daemon=True)
-        self.ports: tuple[int, int] | None = None
-
-    def _main(self) -> None:
-        from hloserve.gateway.app import run_gateway
-
-        async def serve() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def on_ready(grpc_port: int, admin_port: int) -> None:
-                self.ports = (grpc_port, admin_port)
-                self._ready.set()
-
-            await run_gateway(self.config, self._stop, on_ready=on_ready)
-
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start the gateway and wait until it accepts calls.
-
-        Raises:
-            NodeError: it failed to start (e.g. its port is taken) or did not get ready.
-        """
-        self._thread.start()
-        if not self._ready.wait(timeout_s) or self.ports is None:
-            raise NodeError(f"gateway did not start on {self.config.listen}: {self._error}")
-
-    def stop(self) -> None:
-        """Ask the gateway to stop and wait for it (a few seconds at most)."""
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=15.0)
 
 
 def _follow(path: Path, prefix: str, stop: threading.Event) -> None:
@@ -325,7 +274,6 @@ def run_node_up(
             return 0
         if gw_config is not None:
             gateway = GatewayThread(gw_config)
-            gateway.start()
         host = connect_host(config.host)
         lines = [f"hloserve node {config.name}: {len(plan)} worker(s) ready ({config.runtime})"]
         for w in plan:
@@ -334,9 +282,9 @@ def run_node_up(
                 f"http {host}:{w.http_port} grpc {host}:{w.grpc_port} "
                 f"metrics {host}:{w.metrics_port}"
             )
-        if gateway is not None and gateway.ports is not None:
+        if gateway is not None:
             gw_host = config.gateway.listen.rpartition(":")[0]
-            grpc_port, admin_port = gateway.ports
+            grpc_port, admin_port = gateway.port, gateway.admin_port
             lines.append(
                 f"  gateway grpc {gw_host}:{grpc_port} "
                 f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
@@ -350,7 +298,7 @@ def run_node_up(
         return 0
     finally:
         if gateway is not None:
-            gateway.stop()
+            gateway.close()
         workers.stop()
         if config.runtime == "process":
             _pid_file(config.name).unlink(missing_ok=True)
