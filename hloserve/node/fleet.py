@@ -20,13 +20,13 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.plan import describe_exit
+from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
     TritonServer,
     TritonServerError,
@@ -87,19 +87,12 @@ class LocalFleet:
         """
         for server in self.servers:
             server.start()
-        start = time.monotonic()
-        for server in self.servers:
-            limit = timeout_s if timeout_s is not None else server.options.startup_timeout_s
-            while True:
-                if stop is not None and stop.is_set():
-                    return None
-                try:
-                    server.wait_ready(timeout_s=2.0)
-                    break
-                except TritonServerError:
-                    if not server.is_running() or time.monotonic() - start >= limit:
-                        raise
-        waited = time.monotonic() - start
+        limit = timeout_s
+        if limit is None:
+            limit = max(s.options.startup_timeout_s for s in self.servers)
+        waited = wait_all_ready(self.servers, limit, stop)
+        if waited is None:
+            return None
         self.gateway = GatewayThread(self.gateway_config)
         return waited
 

@@ -1,73 +1,47 @@
 """``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front.
 
 :func:`run_node_up` plans the node (:mod:`hloserve.node.plan`), starts the workers with the
-configured runtime (``process``: :class:`ProcessWorkers`, local tritonservers from the
-nvidia-pytriton wheel; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one
-container per GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this
-process when there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`),
-watches the workers (restarts under the restart policy) and stops everything on Ctrl-C/SIGTERM.
-:func:`run_node_down` stops a node from another shell.
+configured runtime (``process``: :class:`~hloserve.node.process_runtime.ProcessWorkers`,
+local tritonservers from the nvidia-pytriton wheel, stub watchdog and restart backoff
+included; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per
+GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this process when
+there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`), watches
+the workers and stops everything on Ctrl-C/SIGTERM. :func:`run_node_down` stops a node from
+another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from hloserve.errors import HloserveError
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodeError,
     WorkerPlan,
     connect_host,
-    describe_exit,
     gateway_config,
     gateway_enabled,
     plan_workers,
     planned_ports,
-    restart_allowed,
     worker_env,
 )
-from hloserve.node.tritonserver import TritonServer, check_ports_free
+from hloserve.node.process_runtime import ProcessWorkers
+from hloserve.node.tritonserver import TritonServerOptions, check_ports_free
 
 log = logging.getLogger("hloserve.node")
-
-
-def _follow(path: Path, prefix: str, stop: threading.Event) -> None:
-    """Copy the lines appended to ``path`` to stdout with ``prefix`` until ``stop``."""
-    handle: IO[str] | None = None
-    try:
-        while not stop.is_set():
-            if handle is None:
-                try:
-                    handle = path.open(errors="replace")
-                except OSError:
-                    stop.wait(0.2)
-                    continue
-            line = handle.readline()
-            if line:
-                sys.stdout.write(f"{prefix} {line if line.endswith(chr(10)) else line + chr(10)}")
-                sys.stdout.flush()
-            else:
-                stop.wait(0.2)
-    finally:
-        if handle is not None:
-            handle.close()
 
 
 class Workers(Protocol):
@@ -82,128 +56,35 @@ class Workers(Protocol):
     def stop(self) -> None: ...
 
 
-class ProcessWorkers:
-    """Local tritonservers (nvidia-pytriton wheel), one per GPU, restarted by this process.
+def process_options(
+    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
+) -> list[TritonServerOptions]:
+    """Each worker's tritonserver options for the process runtime, as ``hloserve serve`` sets
+    them (:func:`hloserve.node.serve.server_options`) on the worker's ports and environment."""
+    from hloserve.node.serve import ServeOptions, server_options
 
-    Each worker's output goes to ``<run dir>/worker<i>.log`` and is copied to stdout with a
-    ``[worker i]`` prefix. :meth:`poll` restarts a worker that exited, under the restart policy
-    (``on-failure``: a non-zero exit or a signal, at most ``max_retries`` times).
-    """
-
-    def __init__(
-        self,
-        config: NodeConfig,
-        plan: Sequence[WorkerPlan],
-        model_control_key: str | None = None,
-    ) -> None:
-        self.config = config
-        self.plan = tuple(plan)
-        self._model_control_key = model_control_key
-        self._servers: list[TritonServer] = []
-        self._restarts = [0] * len(self.plan)
-        self._down: set[int] = set()
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{config.name}-"))
-        self._logs_stop = threading.Event()
-        self._logs: list[threading.Thread] = []
-
-    def _options(self, worker: WorkerPlan) -> Any:
-        from hloserve.node.serve import ServeOptions, server_options
-
-        t = self.config.tritonserver
+    t = config.tritonserver
+    options = []
+    for worker in plan:
         serve = ServeOptions(
-            path=self.config.repository,
+            path=config.repository,
             http_port=worker.http_port,
             grpc_port=worker.grpc_port,
             metrics_port=worker.metrics_port,
-            host=self.config.host,
+            host=config.host,
             model_control_mode=t.model_control_mode,
             load_models=t.load_models,
-            model_control_key=self._model_control_key,
+            model_control_key=model_control_key,
             tritonserver_args=t.args,
             log_verbose=t.log_verbose,
             startup_timeout_s=t.startup_timeout_s,
         )
-        return dataclasses.replace(
-            server_options(serve, self.config.repository),
-            env=worker_env(worker, docker=False),
-            log_file=self._run_dir / f"worker{worker.index}.log",
-            die_with_parent=True,
-        )
-
-    def start(self) -> None:
-        """Launch every worker (no waiting); their logs are followed with a prefix."""
-        for worker in self.plan:
-            server = TritonServer(self._options(worker))
-            server.start()
-            self._servers.append(server)
-            follower = threading.Thread(
-                target=_follow,
-                args=(self._run_dir / f"worker{worker.index}.log", f"[worker {worker.index}]"),
-                kwargs={"stop": self._logs_stop},
-                daemon=True,
+        options.append(
+            dataclasses.replace(
+                server_options(serve, config.repository), env=worker_env(worker, docker=False)
             )
-            follower.start()
-            self._logs.append(follower)
-            gpu = "CPU" if worker.gpu is None else f"GPU {worker.gpu}"
-            print(f"hloserve node: worker {worker.index} pid {server.pid} ({gpu})", flush=True)
-
-    def wait_ready(self, stop: threading.Event) -> bool:
-        """Wait until every worker answers ``/v2/health/ready`` (False if ``stop`` came first).
-
-        Raises:
-            TritonServerError: a worker exited or did not get ready in time (its log tail).
-        """
-        timeout = self.config.tritonserver.startup_timeout_s
-        start = time.monotonic()
-        for server in self._servers:
-            while not stop.is_set():
-                left = timeout - (time.monotonic() - start)
-                try:
-                    server.wait_ready(timeout_s=min(2.0, max(left, 0.1)))
-                    break
-                except HloserveError:
-                    if not server.is_running() or left <= 2.0:
-                        raise
-        return not stop.is_set()
-
-    def poll(self) -> str | None:
-        """Restart workers that exited, under the restart policy; never asks to stop."""
-        policy = self.config.restart
-        for i, server in enumerate(self._servers):
-            code = server.exit_code()
-            if code is None or i in self._down:
-                continue
-            how = describe_exit(code)
-            if not restart_allowed(policy, code, self._restarts[i]):
-                self._down.add(i)
-                print(
-                    f"hloserve node: worker {i} {how}; the restart policy says stay down",
-                    flush=True,
-                )
-                continue
-            self._restarts[i] += 1
-            print(f"hloserve node: worker {i} {how}; restart {self._restarts[i]}", flush=True)
-            with contextlib.suppress(HloserveError):
-                server.stop(timeout_s=5.0)
-            replacement = TritonServer(server.options)
-            try:
-                replacement.start()
-            except HloserveError as exc:
-                print(f"hloserve node: worker {i} could not restart: {exc}", flush=True)
-                self._down.add(i)
-            self._servers[i] = replacement
-        return None
-
-    def stop(self) -> None:
-        """Stop every worker (and its stubs), then the log followers; idempotent."""
-        for server in self._servers:
-            with contextlib.suppress(HloserveError):
-                server.stop()
-        self._servers = []
-        self._logs_stop.set()
-        for follower in self._logs:
-            follower.join(timeout=5.0)
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+        )
+    return options
 
 
 def _pid_file(name: str) -> Path:
@@ -265,7 +146,13 @@ def run_node_up(
 
         workers = DockerWorkers(config, plan, key)
     else:
-        workers = ProcessWorkers(config, plan, key)
+        workers = ProcessWorkers(
+            plan,
+            process_options(config, plan, key),
+            config.restart,
+            config.tritonserver.startup_timeout_s,
+            config.name,
+        )
         _pid_file(config.name).write_text(str(os.getpid()))
     gateway: GatewayThread | None = None
     try:

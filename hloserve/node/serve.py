@@ -18,7 +18,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,10 @@ from typing import TYPE_CHECKING
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.node.plan import with_dependencies
+from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
     ModelControlMode,
     TritonServer,
-    TritonServerError,
     TritonServerOptions,
     check_ports_free,
     free_port,
@@ -423,7 +422,7 @@ def run_serve(options: ServeOptions) -> int:
                     f"  metrics http://{urls.metrics}/metrics",
                     flush=True,
                 )
-                waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
+                waited = wait_all_ready([server], options.startup_timeout_s, stop)
                 observe = _observability(options, [urls.metrics] if urls.metrics else [], None)
                 stack.enter_context(observe)
                 watchdog = stub_watchdog(server, lambda m: observe.stub_reloaded(0, m))
@@ -597,23 +596,3 @@ def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, 
     finally:
         client.close()
     return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}
-
-
-def _wait_ready_or_stop(
-    server: TritonServer, timeout_s: float, stop: threading.Event
-) -> float | None:
-    """Wait for readiness in short slices so a signal during start-up is honoured.
-
-    Returns:
-        Seconds actually waited (wall clock), or None when ``stop`` was set first.
-    """
-    start = time.monotonic()
-    while not stop.is_set():
-        left = timeout_s - (time.monotonic() - start)
-        try:
-            server.wait_ready(timeout_s=min(2.0, max(left, 0.1)))
-            return time.monotonic() - start
-        except TritonServerError:
-            if not server.is_running() or time.monotonic() - start >= timeout_s:
-                raise
-    return None
