@@ -410,11 +410,11 @@ class DockerWorkers:
                 flush=True,
             )
 
-    def wait_ready(self, stop: threading.Event) -> bool:
+    def wait_ready(self, stop: threading.Event) -> float | None:
         """Poll every worker's ``/v2/health/ready`` until all answer 200.
 
         Returns:
-            True when all are ready, False when ``stop`` was set first.
+            Seconds waited, or None when ``stop`` was set first.
 
         Raises:
             NodeError: a container exited and Docker will not restart it, or the startup
@@ -461,7 +461,7 @@ class DockerWorkers:
                 )
             if waiting:
                 stop.wait(0.5)
-        return not waiting
+        return None if waiting else time.monotonic() - start
 
     def _will_restart(self, container: Any) -> bool:
         exit_code = container.attrs["State"].get("ExitCode", 0)

@@ -2,11 +2,13 @@
 
 One model repository (built once) is served by N tritonserver processes ("workers"), each on
 three consecutive ports (HTTP, gRPC, metrics) from a base port, or on free ports when the base
-is 0. The gateway (:func:`hloserve.gateway.app.run_gateway`) runs on its own event loop in a
-thread of this process, listening on the conventional gRPC port, and routes over the workers'
-gRPC endpoints. A worker that dies is left to the gateway's health probes (it leaves the
-routing table); the other workers and the gateway keep serving. :meth:`LocalFleet.close` stops
-the gateway, then every worker.
+is 0 (:func:`hloserve.node.plan.worker_ports`). The workers are the node's process runtime
+(:class:`~hloserve.node.process_runtime.ProcessWorkers`, restart policy ``no``); the gateway
+(:class:`~hloserve.node.gateway_thread.GatewayThread`) runs on its own event loop in a thread of
+this process, listening on the conventional gRPC port, and routes over the workers' gRPC
+endpoints. A worker that dies is left to the gateway's health probes (it leaves the routing
+table); the other workers and the gateway keep serving. :meth:`LocalFleet.close` stops the
+gateway, then every worker.
 
 The same class drives the end-to-end tests and ``benchmarks/gateway_overhead.py``, which also
 use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
@@ -14,10 +16,8 @@ use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -25,17 +25,10 @@ from typing import TYPE_CHECKING
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.node.gateway_thread import GatewayThread
-from hloserve.node.plan import describe_exit
-from hloserve.node.process_runtime import wait_all_ready
-from hloserve.node.tritonserver import (
-    TritonServer,
-    TritonServerError,
-    TritonServerOptions,
-)
-from hloserve.node.watchdog import stub_watchdog
+from hloserve.node.process_runtime import ProcessWorkers
+from hloserve.node.tritonserver import TritonServer, TritonServerOptions
 
 if TYPE_CHECKING:
-    from hloserve.node.watchdog import StubWatchdog
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
@@ -65,8 +58,13 @@ class LocalFleet:
             dataclasses.replace(w, die_with_parent=die_with_parent) for w in workers
         ]
         self.gateway_config = gateway
-        self.servers = [TritonServer(o) for o in self.worker_options]
+        self.workers = ProcessWorkers(self.worker_options, follow_logs=False, prefix="hloserve")
         self.gateway: GatewayThread | None = None
+
+    @property
+    def servers(self) -> list[TritonServer]:
+        """The workers' servers, by index (a restarted worker has a new one)."""
+        return self.workers.servers
 
     def start(
         self, timeout_s: float | None = None, stop: threading.Event | None = None
@@ -85,12 +83,10 @@ class LocalFleet:
             TritonServerError: a worker exited or was not ready in time.
             NodeError: the gateway did not start.
         """
-        for server in self.servers:
-            server.start()
-        limit = timeout_s
-        if limit is None:
-            limit = max(s.options.startup_timeout_s for s in self.servers)
-        waited = wait_all_ready(self.servers, limit, stop)
+        if timeout_s is not None:
+            self.workers.startup_timeout_s = timeout_s
+        self.workers.start()
+        waited = self.workers.wait_ready(stop)
         if waited is None:
             return None
         self.gateway = GatewayThread(self.gateway_config)
@@ -99,11 +95,7 @@ class LocalFleet:
     def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send ``sig`` to worker ``index`` (default SIGKILL: it dies without warning), wait
         for it and clean up after it."""
-        server = self.servers[index]
-        if server.pid is not None and server.is_running():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server.pid, sig)
-        server.stop(timeout_s=10.0)
+        self.workers.kill_worker(index, sig)
 
     def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
         """Start worker ``index`` again on its ports and wait until it is ready.
@@ -111,28 +103,18 @@ class LocalFleet:
         Returns:
             Seconds waited.
         """
-        self.servers[index].stop()
-        self.servers[index] = TritonServer(self.worker_options[index])
-        self.servers[index].start()
-        return self.servers[index].wait_ready(timeout_s)
+        return self.workers.restart_worker(index, timeout_s)
 
     def exit_codes(self) -> list[int | None]:
         """Each worker's exit status, None while it runs (or was never started)."""
-        return [s.exit_code() for s in self.servers]
+        return self.workers.exit_codes()
 
     def close(self) -> None:
         """Stop the gateway, then every worker (idempotent); the first worker error is raised
         after all were stopped."""
         if self.gateway is not None:
             self.gateway.close()
-        errors: list[TritonServerError] = []
-        for server in self.servers:
-            try:
-                server.stop()
-            except TritonServerError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        self.workers.stop()
 
     def __enter__(self) -> LocalFleet:
         try:
@@ -157,36 +139,19 @@ def supervise(
 
     A worker that exits is reported once and left to the gateway's health probes; the others
     and the gateway keep running. A model whose Python backend stub dies on a worker is
-    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Returns 1 when the gateway
+    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Both are the fleet's
+    :meth:`~hloserve.node.process_runtime.ProcessWorkers.poll`. Returns 1 when the gateway
     stops by itself or every worker has exited.
     """
-
-    def watchdog(i: int, server: TritonServer) -> StubWatchdog:
-        counted = None if observe is None else (lambda m: observe.stub_reloaded(i, m))
-        return stub_watchdog(server, counted)
-
-    reported: set[int] = set()
-    watchdogs = {id(server): watchdog(i, server) for i, server in enumerate(fleet.servers)}
+    fleet.workers.report = report
+    if observe is not None:
+        fleet.workers.on_restart = observe.worker_restarted
+        fleet.workers.on_stub_reload = observe.stub_reloaded
     while not stop.wait(poll_s):
-        for i, server in enumerate(fleet.servers):
-            if id(server) not in watchdogs:  # restarted by restart_worker
-                watchdogs[id(server)] = watchdog(i, server)
-                if observe is not None:
-                    observe.worker_restarted(i)
-            if server.is_running():
-                watchdogs[id(server)].check()
+        fleet.workers.poll()
         if observe is not None:
-            observe.workers_up(sum(s.is_running() for s in fleet.servers))
-        for i, code in enumerate(fleet.exit_codes()):
-            if code is not None and i not in reported:
-                reported.add(i)
-                left = len(fleet.servers) - len(reported)
-                grpc = fleet.servers[i].urls.grpc
-                report(
-                    f"hloserve: worker {i} (gRPC {grpc}) {describe_exit(code)};"
-                    f" the gateway drops it, {left} worker(s) keep serving"
-                )
-        if len(reported) == len(fleet.servers):
+            observe.workers_up(fleet.workers.running())
+        if len(fleet.workers.down()) == len(fleet.servers):
             report("hloserve: every worker has exited; stopping")
             return 1
         if fleet.gateway is not None and not fleet.gateway.is_running():

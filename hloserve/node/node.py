@@ -14,6 +14,7 @@ docs/deployment.md describes the node file and the deployment shapes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from hloserve.errors import HloserveError
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
@@ -49,7 +51,7 @@ class Workers(Protocol):
 
     def start(self) -> None: ...
 
-    def wait_ready(self, stop: threading.Event) -> bool: ...
+    def wait_ready(self, stop: threading.Event) -> float | None: ...
 
     def poll(self) -> str | None: ...
 
@@ -81,7 +83,9 @@ def process_options(
         )
         options.append(
             dataclasses.replace(
-                server_options(serve, config.repository), env=worker_env(worker, docker=False)
+                server_options(serve, config.repository),
+                env=worker_env(worker, docker=False),
+                die_with_parent=True,
             )
         )
     return options
@@ -147,17 +151,17 @@ def run_node_up(
         workers = DockerWorkers(config, plan, key)
     else:
         workers = ProcessWorkers(
-            plan,
             process_options(config, plan, key),
-            config.restart,
-            config.tritonserver.startup_timeout_s,
-            config.name,
+            restart=config.restart,
+            startup_timeout_s=config.tritonserver.startup_timeout_s,
+            devices=["CPU" if w.gpu is None else f"GPU {w.gpu}" for w in plan],
+            name=config.name,
         )
         _pid_file(config.name).write_text(str(os.getpid()))
     gateway: GatewayThread | None = None
     try:
         workers.start()
-        if not workers.wait_ready(stop):
+        if workers.wait_ready(stop) is None:
             return 0
         if gw_config is not None:
             gateway = GatewayThread(gw_config)
@@ -186,7 +190,8 @@ def run_node_up(
     finally:
         if gateway is not None:
             gateway.close()
-        workers.stop()
+        with contextlib.suppress(HloserveError):  # reported by the workers' own stop
+            workers.stop()
         if config.runtime == "process":
             _pid_file(config.name).unlink(missing_ok=True)
         for sig, handler in previous.items():

@@ -13,7 +13,10 @@ exited, under the node's restart policy, after Docker's restart backoff
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -24,7 +27,7 @@ from typing import IO
 
 from hloserve.errors import HloserveError
 from hloserve.node.node_config import RestartConfig
-from hloserve.node.plan import WorkerPlan, describe_exit, restart_allowed
+from hloserve.node.plan import describe_exit, restart_allowed
 from hloserve.node.tritonserver import TritonServer, TritonServerError, TritonServerOptions
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
@@ -102,143 +105,227 @@ def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
 class ProcessWorkers:
     """Local tritonservers, one per planned worker, watched and restarted by this process.
 
+    The process runtime of ``hloserve node up`` and of ``hloserve serve --workers N``
+    (:class:`~hloserve.node.fleet.LocalFleet`).
+
     Args:
-        plan: the workers (index, GPU, ports), as :func:`~hloserve.node.plan.plan_workers`
-            made them.
-        options: each worker's server options (same order as ``plan``); their ``log_file``
-            is set to ``<run dir>/worker<i>.log`` and ``die_with_parent`` on.
-        restart: the node's restart policy.
-        startup_timeout_s: seconds the workers may take to get ready.
-        name: the node's name (the run directory's prefix).
-        report: receives one line per event (start, restart, stub reload).
+        options: each worker's server options (distinct ports), used as given except the log
+            file with ``follow_logs``.
+        restart: the restart policy; None = ``no`` (a worker that exits stays down and is left
+            to the gateway's health probes).
+        startup_timeout_s: seconds the workers may take to get ready; None = the largest of
+            their ``startup_timeout_s``.
+        devices: a word per worker for the start line ("GPU 0", "CPU"); None prints none.
+        follow_logs: send each worker's output to ``<run dir>/worker<i>.log`` and copy it to
+            stdout with a ``[worker i]`` prefix; False leaves it on this process's stdout.
+        name: the run directory's prefix (the node's name).
+        prefix: the first word of each report line ("hloserve node", "hloserve").
+        report: receives one line per event (start, exit, restart, stub reload); an attribute
+            too, like the two hooks, so a supervisor can set them after the start.
+        on_restart: called with the worker index after each restart (metrics).
+        on_stub_reload: called with the worker index and the model after each stub reload.
     """
 
     def __init__(
         self,
-        plan: Sequence[WorkerPlan],
         options: Sequence[TritonServerOptions],
-        restart: RestartConfig,
-        startup_timeout_s: float,
+        *,
+        restart: RestartConfig | None = None,
+        startup_timeout_s: float | None = None,
+        devices: Sequence[str] | None = None,
+        follow_logs: bool = True,
         name: str = "node",
+        prefix: str = "hloserve node",
         report: Callable[[str], None] = lambda line: print(line, flush=True),
+        on_restart: Callable[[int], None] | None = None,
+        on_stub_reload: Callable[[int, str], None] | None = None,
     ) -> None:
-        import dataclasses
-
-        self.plan = tuple(plan)
-        self.restart = restart
-        self.startup_timeout_s = startup_timeout_s
-        self._report = report
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
-        self.options = [
-            dataclasses.replace(
-                o, log_file=self._run_dir / f"worker{w.index}.log", die_with_parent=True
-            )
-            for w, o in zip(self.plan, options, strict=True)
-        ]
-        self._servers: list[TritonServer] = []
-        self._watchdogs: list[StubWatchdog | None] = []
-        self._restarts = [0] * len(self.plan)
+        self.restart = restart or RestartConfig(policy="no")
+        self.startup_timeout_s = (
+            max(o.startup_timeout_s for o in options)
+            if startup_timeout_s is None
+            else startup_timeout_s
+        )
+        self.devices = devices
+        self._prefix = prefix
+        self.report = report
+        self.on_restart = on_restart
+        self.on_stub_reload = on_stub_reload
+        self._run_dir: Path | None = None
+        self.options = list(options)
+        if follow_logs:
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
+            self.options = [
+                dataclasses.replace(o, log_file=self._run_dir / f"worker{i}.log")
+                for i, o in enumerate(self.options)
+            ]
+        count = len(self.options)
+        self.servers = [TritonServer(o) for o in self.options]
+        self._watchdogs: list[StubWatchdog | None] = [None] * count
+        self._restarts = [0] * count
         self._restart_at: dict[int, float] = {}  # worker -> when its pending restart is due
-        self._started_at = [0.0] * len(self.plan)
+        self._started_at = [0.0] * count
         self._down: set[int] = set()
         self._logs_stop = threading.Event()
         self._logs: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Launch every worker (no waiting); their logs are followed with a prefix."""
-        for worker, options in zip(self.plan, self.options, strict=True):
-            server = TritonServer(options)
+        """Launch every worker (no waiting); with ``follow_logs`` their logs are followed."""
+        for i, server in enumerate(self.servers):
             server.start()
-            self._servers.append(server)
-            self._watchdogs.append(None)
-            self._started_at[worker.index] = time.monotonic()
-            follower = threading.Thread(
-                target=follow_log,
-                args=(self._run_dir / f"worker{worker.index}.log", f"[worker {worker.index}]"),
-                kwargs={"stop": self._logs_stop},
-                daemon=True,
-            )
-            follower.start()
-            self._logs.append(follower)
-            gpu = "CPU" if worker.gpu is None else f"GPU {worker.gpu}"
-            self._report(f"hloserve node: worker {worker.index} pid {server.pid} ({gpu})")
+            self._started_at[i] = time.monotonic()
+            if self._run_dir is not None:
+                follower = threading.Thread(
+                    target=follow_log,
+                    args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
+                    kwargs={"stop": self._logs_stop},
+                    daemon=True,
+                )
+                follower.start()
+                self._logs.append(follower)
+            if self.devices is not None:
+                self.report(f"{self._prefix}: worker {i} pid {server.pid} ({self.devices[i]})")
 
-    def wait_ready(self, stop: threading.Event) -> bool:
-        """Wait until every worker answers ``/v2/health/ready`` (False if ``stop`` came first).
+    def wait_ready(self, stop: threading.Event | None = None) -> float | None:
+        """Wait until every worker answers ``/v2/health/ready``; then the stub watchdogs start.
+
+        Returns:
+            Seconds waited, or None when ``stop`` was set first.
 
         Raises:
             TritonServerError: a worker exited or did not get ready in time (its log tail).
         """
-        if wait_all_ready(self._servers, self.startup_timeout_s, stop) is None:
-            return False
-        self._watchdogs = [stub_watchdog(s) for s in self._servers]
-        return True
+        waited = wait_all_ready(self.servers, self.startup_timeout_s, stop)
+        if waited is not None:
+            self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
+        return waited
+
+    def _watchdog(self, i: int, server: TritonServer) -> StubWatchdog:
+        def reloaded(model: str) -> None:
+            if self.on_stub_reload is not None:
+                self.on_stub_reload(i, model)
+
+        return stub_watchdog(server, reloaded)
+
+    def running(self) -> int:
+        """How many workers run now."""
+        return sum(s.is_running() for s in self.servers)
+
+    def down(self) -> set[int]:
+        """The workers that stay down (the restart policy allows no more restarts)."""
+        return set(self._down)
+
+    def exit_codes(self) -> list[int | None]:
+        """Each worker's exit status, None while it runs (or was never started)."""
+        return [s.exit_code() for s in self.servers]
 
     def poll(self) -> str | None:
         """Reload models whose stub died; restart workers that exited, under the restart
-        policy and after the backoff; never asks to stop."""
+        policy and after the backoff; report the ones that stay down. Never asks to stop."""
         now = time.monotonic()
-        for i, server in enumerate(self._servers):
+        for i, server in enumerate(self.servers):
             if i in self._down:
                 continue
             if i in self._restart_at:
                 if now >= self._restart_at[i]:
-                    self._restart(i)
+                    del self._restart_at[i]
+                    self._relaunch(i, wait=False)
                 continue
             code = server.exit_code()
             if code is None:
                 watchdog = self._watchdogs[i]
-                if watchdog is not None:
+                if watchdog is not None and server.is_running():
                     watchdog.check()
                 continue
             if now - self._started_at[i] >= RESTART_RESET_S:
                 self._restarts[i] = 0  # it ran long enough: the backoff starts over
             how = describe_exit(code)
+            self._watchdogs[i] = None
             if not restart_allowed(self.restart, code, self._restarts[i]):
                 self._down.add(i)
-                self._report(f"hloserve node: worker {i} {how}; the restart policy says stay down")
+                left = len(self.servers) - len(self._down)
+                self.report(
+                    f"{self._prefix}: worker {i} (gRPC {server.urls.grpc}) {how}; the restart "
+                    f"policy ({self.restart.policy}) keeps it down, {left} worker(s) keep serving"
+                )
                 continue
             self._restarts[i] += 1
             delay = restart_delay(self._restarts[i] - 1)
-            self._report(
-                f"hloserve node: worker {i} {how}; restart {self._restarts[i]} in {delay:g} s"
+            self.report(
+                f"{self._prefix}: worker {i} {how}; restart {self._restarts[i]} in {delay:g} s"
             )
             with contextlib.suppress(HloserveError):
                 server.stop(timeout_s=5.0)
-            self._watchdogs[i] = None
             self._restart_at[i] = now + delay
         return None
 
-    def _restart(self, i: int) -> None:
-        del self._restart_at[i]
+    def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send ``sig`` to worker ``index`` (default SIGKILL: it dies without warning), wait
+        for it and clean up after it."""
+        server = self.servers[index]
+        if server.pid is not None and server.is_running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server.pid, sig)
+        server.stop(timeout_s=10.0)
+
+    def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
+        """Start worker ``index`` again on its ports and wait until it is ready.
+
+        Returns:
+            Seconds waited.
+
+        Raises:
+            TritonServerError: it did not start or get ready.
+        """
+        self.servers[index].stop()
+        self._restart_at.pop(index, None)
+        return self._relaunch(index, wait=True, timeout_s=timeout_s)
+
+    def _relaunch(self, i: int, *, wait: bool, timeout_s: float | None = None) -> float:
+        """A new server for worker ``i``; its watchdog starts once it is ready (in a thread
+        unless ``wait``)."""
         replacement = TritonServer(self.options[i])
-        self._servers[i] = replacement
+        self.servers[i] = replacement
+        self._down.discard(i)
+        self._watchdogs[i] = None
         self._started_at[i] = time.monotonic()
+        if self.on_restart is not None:
+            self.on_restart(i)
         try:
             replacement.start()
         except HloserveError as exc:
-            self._report(f"hloserve node: worker {i} could not restart: {exc}")
+            if wait:
+                raise
+            self.report(f"{self._prefix}: worker {i} could not restart: {exc}")
             self._down.add(i)
-            return
-        # the stubs' watchdog starts once the new worker has loaded its models
-        self._watchdogs[i] = None
+            return 0.0
+        if wait:
+            waited = replacement.wait_ready(timeout_s)
+            self._watchdogs[i] = self._watchdog(i, replacement)
+            return waited
         threading.Thread(target=self._watch_when_ready, args=(i, replacement), daemon=True).start()
+        return 0.0
 
     def _watch_when_ready(self, i: int, server: TritonServer) -> None:
         with contextlib.suppress(HloserveError):
             server.wait_ready(self.startup_timeout_s)
-            if i < len(self._servers) and self._servers[i] is server and server.is_running():
-                self._watchdogs[i] = stub_watchdog(server)
+            if i < len(self.servers) and self.servers[i] is server and server.is_running():
+                self._watchdogs[i] = self._watchdog(i, server)
 
     def stop(self) -> None:
-        """Stop every worker (and its stubs), then the log followers; idempotent."""
-        for server in self._servers:
-            with contextlib.suppress(HloserveError):
-                server.stop()
-        self._servers = []
-        self._watchdogs = []
+        """Stop every worker (and its stubs), then the log followers (idempotent); the first
+        worker error is raised after all were stopped."""
+        errors: list[HloserveError] = []
         self._restart_at = {}
+        for server in self.servers:
+            try:
+                server.stop()
+            except HloserveError as exc:
+                errors.append(exc)
         self._logs_stop.set()
         for follower in self._logs:
             follower.join(timeout=5.0)
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
