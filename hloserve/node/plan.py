@@ -26,7 +26,12 @@ from typing import Any
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, RestartConfig
-from hloserve.node.tritonserver import TritonServerOptions, free_ports
+from hloserve.node.tritonserver import TritonServerOptions, free_ports, server_flags
+
+#: Flags every hloserve worker runs with: one model that fails to load neither stops the server
+#: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
+#: keep serving (docs/serving.md).
+SERVING_FLAGS = ("--exit-on-error=false", "--strict-readiness=false")
 
 
 class NodeError(HloserveError):
@@ -160,38 +165,31 @@ def tritonserver_flags(
 ) -> list[str]:
     """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
 
-    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep a worker serving when one
-    model fails to load; in explicit mode the runtime model is loaded with the named models
-    and, given ``model_control_key``, the repository API is restricted to it
-    (:mod:`hloserve.node.model_control`).
+    :data:`SERVING_FLAGS` keep a worker serving when one model fails to load; in explicit mode
+    the runtime model is loaded with the named models and, given ``model_control_key``, the
+    repository API is restricted to it (:mod:`hloserve.node.model_control`). Built by
+    :func:`~hloserve.node.tritonserver.server_flags`, as for a local tritonserver.
     """
     from hloserve.model_repository_tools import names
-    from hloserve.node.model_control import restricted_flags
 
     t = config.tritonserver
     load = tuple(t.load_models)
     if load and "*" not in load and names.RUNTIME_MODEL not in load:
         load += (names.RUNTIME_MODEL,)
-    h = config.host
-    return [
-        f"--model-control-mode={t.model_control_mode}",
-        *(f"--load-model={m}" for m in load),
-        f"--http-address={h}",
-        f"--http-port={worker.http_port}",
-        f"--grpc-address={h}",
-        f"--grpc-port={worker.grpc_port}",
-        f"--metrics-address={h}",
-        f"--metrics-port={worker.metrics_port}",
-        f"--log-verbose={t.log_verbose}",
-        "--exit-on-error=false",
-        "--strict-readiness=false",
-        *(
-            restricted_flags(model_control_key)
-            if model_control_key and t.model_control_mode == "explicit"
-            else ()
-        ),
-        *t.args,
-    ]
+    explicit = t.model_control_mode == "explicit"
+    options = TritonServerOptions(
+        model_repository=config.repository,
+        http_port=worker.http_port,
+        grpc_port=worker.grpc_port,
+        metrics_port=worker.metrics_port,
+        host=config.host,
+        model_control_mode=t.model_control_mode,
+        load_models=load,
+        model_control_key=model_control_key if explicit else None,
+        extra_args=(*SERVING_FLAGS, *t.args),
+        log_verbose=t.log_verbose,
+    )
+    return server_flags(options)
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.node.plan import with_dependencies
+from hloserve.node.plan import SERVING_FLAGS, with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
     ModelControlMode,
@@ -201,8 +201,8 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models.
 
-    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep the server up and ready
-    when one model fails to load, so the others keep serving (the failure is reported by
+    :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
+    fails to load, so the others keep serving (the failure is reported by
     :func:`model_states`). In explicit mode the runtime model is loaded with the named models
     and the repository API is restricted to ``options.model_control_key`` (a new
     :func:`~hloserve.node.model_control.launcher_key` when None).
@@ -239,11 +239,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         load_models=load_models,
         model_control_key=key,
         extra_backend_dirs=backend_dirs(),
-        extra_args=(
-            "--exit-on-error=false",
-            "--strict-readiness=false",
-            *options.tritonserver_args,
-        ),
+        extra_args=(*SERVING_FLAGS, *options.tritonserver_args),
         log_verbose=options.log_verbose,
         startup_timeout_s=options.startup_timeout_s,
     )
