@@ -25,7 +25,7 @@ from typing import Any
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
-from hloserve.node.node_config import NodeConfig, NodeConfigError, RestartConfig
+from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
 from hloserve.node.tritonserver import TritonServerOptions, free_ports, server_flags
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
@@ -266,6 +266,9 @@ class WorkerPorts:
 def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
     """Ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``.
 
+    The node file's port plan (:class:`~hloserve.node.node_config.PortsConfig`, bases ``base``,
+    ``base + 1``, ``base + 2``, stride 3), so ``serve --workers`` and ``node up`` agree.
+
     Args:
         count: number of workers, >= 1.
         base: first port; 0 picks free ports instead (tests).
@@ -286,10 +289,10 @@ def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerP
             f"worker ports {base}..{last} ({count} workers x {PORTS_PER_WORKER}) "
             "are not all in 1..65535"
         )
-    return [
-        WorkerPorts(*(base + PORTS_PER_WORKER * i + k for k in range(PORTS_PER_WORKER)))
-        for i in range(count)
-    ]
+    plan = PortsConfig(
+        http_base=base, grpc_base=base + 1, metrics_base=base + 2, stride=PORTS_PER_WORKER
+    )
+    return [WorkerPorts(*plan.of_worker(i)) for i in range(count)]
 
 
 def fleet_gateway_config(

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.node.plan import SERVING_FLAGS, with_dependencies
+from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
     ModelControlMode,
@@ -440,11 +440,7 @@ def run_serve(options: ServeOptions) -> int:
                     watchdog.check()
                     code = server.exit_code()
                     if code is not None:
-                        how = (
-                            f"was killed by {signal.Signals(-code).name}"
-                            if code < 0
-                            else f"exited with code {code}"
-                        )
+                        how = describe_exit(code)
                         print(f"hloserve: tritonserver {how} (its log is above)", flush=True)
                         return 1
             finally:
