@@ -380,3 +380,17 @@ def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> 
     assert "HLOSERVE_NODE_RESTART__MAX_RETRIES (environment, restart.max_retries): " in message
     assert "restart.policy: " in message  # from the file: named by its key path alone
     assert "HLOSERVE_NODE_RESTART__POLICY" not in message
+
+
+def test_node_gateway_gets_every_worker_http_endpoint(tmp_path: Path) -> None:
+    """The node's gateway knows each worker's HTTP port, as serve's does (``http_listen``)."""
+    two = NodeConfig.model_validate(
+        {
+            "repository": tmp_path,
+            "cpu_workers": 2,
+            "gateway": {"settings": {"http_listen": "127.0.0.1:9000"}},
+        }
+    )
+    gw = gateway_config(two, plan_workers(two))
+    assert gw.worker_http == ("127.0.0.1:8100", "127.0.0.1:8103")
+    assert gw.http_listen == "127.0.0.1:9000"

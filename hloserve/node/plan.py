@@ -217,11 +217,28 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     return ports
 
 
+def worker_endpoints(
+    workers: Sequence[tuple[str, int, int, int | None]],
+) -> dict[str, list[str]]:
+    """The gateway's ``workers``, ``worker_metrics`` and ``worker_http`` (``host:port`` each).
+
+    Args:
+        workers: ``(host, http_port, grpc_port, metrics_port)`` of each worker, in order; a
+            worker without metrics (None) is left out of ``worker_metrics``.
+    """
+    return {
+        "workers": [f"{h}:{grpc}" for h, _, grpc, _ in workers],
+        "worker_metrics": [f"{h}:{m}" for h, _, _, m in workers if m is not None],
+        "worker_http": [f"{h}:{http}" for h, http, _, _ in workers],
+    }
+
+
 def gateway_config(
     config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
 ) -> Any:
-    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers; given the
-    workers' ``model_control_key``, discovery sends it (``upstream.model_control_key``).
+    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers
+    (:func:`worker_endpoints`, as for ``serve --workers``); given the workers'
+    ``model_control_key``, discovery sends it (``upstream.model_control_key``).
 
     Raises:
         NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
@@ -231,12 +248,12 @@ def gateway_config(
     from hloserve.gateway.config import GatewayConfig
 
     host = connect_host(config.host)
+    endpoints = worker_endpoints([(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan])
     data = {
         **config.gateway.settings,
         "listen": config.gateway.listen,
         "admin_port": config.gateway.admin_port,
-        "workers": [f"{host}:{w.grpc_port}" for w in plan],
-        "worker_metrics": [f"{host}:{w.metrics_port}" for w in plan],
+        **endpoints,
     }
     if model_control_key:
         upstream = dict(data.get("upstream") or {})
@@ -312,12 +329,12 @@ def fleet_gateway_config(
         GatewayConfigError: the file or an environment override is invalid.
     """
     env = dict(os.environ if environ is None else environ)
-    env[ENV_PREFIX + "WORKERS"] = ",".join(f"{w.host}:{w.grpc_port}" for w in workers)
-    env[ENV_PREFIX + "WORKER_METRICS"] = ",".join(
-        f"{w.host}:{w.metrics_port}" for w in workers if w.metrics_port is not None
+    endpoints = worker_endpoints(
+        [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
     )
+    for key, values in endpoints.items():
+        env[ENV_PREFIX + key.upper()] = ",".join(values)
     env[ENV_PREFIX + "LISTEN"] = listen
-    env[ENV_PREFIX + "WORKER_HTTP"] = ",".join(f"{w.host}:{w.http_port}" for w in workers)
     if http_listen is not None:
         env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
     env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
