@@ -17,7 +17,6 @@ use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -30,8 +29,6 @@ from hloserve.node.tritonserver import TritonServer, TritonServerOptions
 
 if TYPE_CHECKING:
     from hloserve.observability.supervisor import NodeObservability
-
-log = logging.getLogger("hloserve.serve")
 
 
 class LocalFleet:

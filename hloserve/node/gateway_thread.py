@@ -15,7 +15,7 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.node.plan import NodeError
 from hloserve.node.tritonserver import free_ports
 
-log = logging.getLogger("hloserve.gateway")
+log = logging.getLogger("hloserve.serve")
 
 
 class GatewayThread:
