@@ -4,7 +4,7 @@
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
 request is as large as it gets: the worst case). Two gateways run in front of it, as
-``hloserve serve --workers`` runs one (:class:`hloserve.node.fleet.GatewayThread`, mode
+``hloserve serve --workers`` runs one (:class:`hloserve.node.gateway_thread.GatewayThread`, mode
 ``round_robin``, default admission bounds): ``haproxy`` (the default data plane: HAProxy
 carries ModelInfer) and ``python`` (``data_plane: python``: the ``grpc.aio`` proxy, the data
 path before HAProxy). perf_analyzer (gRPC, random batch-1 data) measures the worker's own
@@ -84,7 +84,7 @@ def main() -> int:
 
     from hloserve.gateway.config import GatewayConfig
     from hloserve.model_repository_tools import build_repository
-    from hloserve.node.fleet import GatewayThread
+    from hloserve.node.gateway_thread import GatewayThread
     from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer, free_ports

@@ -41,7 +41,7 @@ import tritonclient.grpc as grpcclient
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import SchedulingOptions, build_repository
-from hloserve.node.fleet import GatewayThread
+from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.serve import ServeOptions, server_options
 from hloserve.node.tritonserver import TritonServer, free_ports
 from hloserve.protos import gateway_control_pb2 as pb

@@ -189,7 +189,7 @@ def test_docs_example_config_matches_the_code() -> None:
     import yaml
 
     from hloserve.gateway.config import GatewayConfig
-    from hloserve.node.fleet import worker_ports
+    from hloserve.node.plan import worker_ports
 
     text = (Path(__file__).parent.parent / "docs" / "gateway.md").read_text()
     block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)

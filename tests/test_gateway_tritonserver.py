@@ -20,7 +20,7 @@ from conftest import GOLDEN, serving_options
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.fleet import GatewayThread
+from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]

@@ -170,7 +170,7 @@ def test_deadline_too_short(client: tuple[Any, Any]) -> None:
 def test_cascade_through_the_gateway(server: TritonServer) -> None:
     """The gateway forwards the meta's request (timeout parameter included) unchanged."""
     from hloserve.gateway.config import GatewayConfig
-    from hloserve.node.fleet import GatewayThread
+    from hloserve.node.gateway_thread import GatewayThread
 
     config = GatewayConfig(workers=(server.urls.grpc,))
     gateway = GatewayThread(config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0}))

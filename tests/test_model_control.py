@@ -20,7 +20,6 @@ import pytest
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.node import model_control
-from hloserve.node.fleet import fleet_gateway_config
 from hloserve.node.model_control import (
     ENV_KEY,
     GRPC_METADATA_KEY,
@@ -30,6 +29,7 @@ from hloserve.node.model_control import (
     new_key,
     restricted_flags,
 )
+from hloserve.node.plan import fleet_gateway_config
 from hloserve.node.serve import ServeOptions, server_options
 
 KEY = "hmtestkey0123456789abcdef"
@@ -80,8 +80,8 @@ def test_serve_restricts_explicit_mode_and_hands_the_key_to_its_gateway(tmp_path
 
 def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path: Path) -> None:
     from hloserve.node.docker_runtime import container_spec
-    from hloserve.node.node import gateway_config, plan_workers, tritonserver_flags
     from hloserve.node.node_config import NodeConfig
+    from hloserve.node.plan import gateway_config, plan_workers, tritonserver_flags
 
     for launcher in ("tritonserver", "hloserve"):
         config = NodeConfig.model_validate(

@@ -15,17 +15,17 @@ import pytest
 
 from hloserve.errors import Status
 from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
-from hloserve.node.node import (
+from hloserve.node.node import run_node_up
+from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
+from hloserve.node.plan import (
     GpuNotFoundError,
     WorkerPlan,
     gateway_config,
     gateway_enabled,
     plan_workers,
     planned_ports,
-    run_node_up,
     worker_env,
 )
-from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
 from hloserve.node.tritonserver import PortInUseError
 
 GPU_NODE = """
@@ -345,7 +345,7 @@ def test_missing_image_hint_builds_from_the_images_own_dockerfile(
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
 def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hloserve.node.docker_runtime import connect
-    from hloserve.node.node import NodeError
+    from hloserve.node.plan import NodeError
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     with pytest.raises(NodeError, match="no Docker daemon answers") as info:
@@ -380,3 +380,17 @@ def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> 
     assert "HLOSERVE_NODE_RESTART__MAX_RETRIES (environment, restart.max_retries): " in message
     assert "restart.policy: " in message  # from the file: named by its key path alone
     assert "HLOSERVE_NODE_RESTART__POLICY" not in message
+
+
+def test_node_gateway_gets_every_worker_http_endpoint(tmp_path: Path) -> None:
+    """The node's gateway knows each worker's HTTP port, as serve's does (``http_listen``)."""
+    two = NodeConfig.model_validate(
+        {
+            "repository": tmp_path,
+            "cpu_workers": 2,
+            "gateway": {"settings": {"http_listen": "127.0.0.1:9000"}},
+        }
+    )
+    gw = gateway_config(two, plan_workers(two))
+    assert gw.worker_http == ("127.0.0.1:8100", "127.0.0.1:8103")
+    assert gw.http_listen == "127.0.0.1:9000"

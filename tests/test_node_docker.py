@@ -37,7 +37,7 @@ from node_testing import (
 
 from hloserve.errors import Status
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.node import NodeError
+from hloserve.node.plan import NodeError
 from hloserve.node.tritonserver import free_ports
 
 # the node's own bounds: image build, then up to STARTUP_S + 30 s for `node up` (first test)
@@ -167,8 +167,8 @@ def test_containers_are_what_the_node_file_asked_for(client: Any, node: NodeProc
 
 def test_missing_image_is_a_clear_error(client: Any, node: NodeProcess) -> None:
     from hloserve.node.docker_runtime import DockerWorkers
-    from hloserve.node.node import plan_workers
     from hloserve.node.node_config import load_node_config
+    from hloserve.node.plan import plan_workers
 
     config = load_node_config(node.config, environ={})
     config = config.model_copy(

@@ -105,7 +105,7 @@ def test_killed_worker_is_restarted_and_traffic_recovers(
     try:
         load.wait_count(20, 60)
         os.kill(worker_pid(node, 0), signal.SIGKILL)
-        node.wait_for("worker 0 was killed by signal 9; restart 1", 30)
+        node.wait_for("worker 0 was killed by SIGKILL; restart 1", 30)
         deadline = time.monotonic() + STARTUP_S
         while not ready(node.worker_http[0]) and time.monotonic() < deadline:
             time.sleep(0.5)

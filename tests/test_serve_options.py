@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from hloserve.errors import InvalidArgumentError, Status
+from hloserve.node.plan import with_dependencies
+from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.serve import (
     ServeOptions,
-    _wait_ready_or_stop,
     check_options,
     server_options,
-    with_dependencies,
 )
 from hloserve.node.tritonserver import PortInUseError, StubProcess, TritonServerError, free_ports
 from hloserve.node.watchdog import StubWatchdog, describe_wait_status
@@ -242,7 +242,7 @@ def test_startup_wait_reports_the_time_it_really_took() -> None:
     """Each failed poll counts what it took, not a fixed 2 s."""
     server = _SlowReadiness(ready_on=4, extra_s=0.2)
     start = time.monotonic()
-    waited = _wait_ready_or_stop(server, 60.0, threading.Event())  # type: ignore[arg-type]
+    waited = wait_all_ready([server], 60.0, threading.Event())  # type: ignore[list-item]
     real = time.monotonic() - start
     assert waited is not None and abs(waited - real) < 0.3, (waited, real)
     assert server.calls == 4
@@ -252,5 +252,5 @@ def test_startup_wait_gives_up_at_its_timeout() -> None:
     server = _SlowReadiness(ready_on=10**6, extra_s=0.5)
     start = time.monotonic()
     with pytest.raises(TritonServerError):
-        _wait_ready_or_stop(server, 2.0, threading.Event())  # type: ignore[arg-type]
+        wait_all_ready([server], 2.0, threading.Event())  # type: ignore[list-item]
     assert time.monotonic() - start < 2.0 + 1.0  # at most one slice past the timeout

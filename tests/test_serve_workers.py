@@ -20,7 +20,7 @@ import pytest
 from conftest import GOLDEN, ROOT
 from test_serve_cli import run_cli, stub_pids, wait_for_line
 
-from hloserve.node.fleet import worker_ports
+from hloserve.node.plan import worker_ports
 from hloserve.node.tritonserver import _session_pids, free_ports
 
 # its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)

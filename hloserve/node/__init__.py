@@ -3,12 +3,17 @@
 Modules:
     tritonserver: run one local tritonserver from the nvidia-pytriton wheel, without Docker.
     serve: ``hloserve serve``: build a repository if needed, run tritonserver, stop cleanly.
-    fleet: ``hloserve serve --workers N``: several local tritonservers behind one gateway.
+    plan: the node's plan, once for every runtime: workers, ports, flags, env, gateway settings.
+    process_runtime: the workers as local tritonservers (start-up wait, stub watchdog,
+        restarts with backoff); ``node up`` with ``runtime: process`` and ``serve --workers``.
+    docker_runtime: the docker runtime: one tritonserver container per GPU (docker SDK).
+    gateway_thread: the gateway on its own event loop in a thread of the node's process.
+    fleet: ``hloserve serve --workers N``: process workers behind one gateway, supervised.
+    node: ``hloserve node up|down``: the plan run with the configured runtime.
+    node_config: the typed node file of ``hloserve node up|down`` (YAML + HLOSERVE_NODE_*).
     watchdog: reload a model whose Python backend stub process died.
+    model_control: the key that restricts Triton's repository API to the launcher.
     perf_analyzer: run Triton's ``perf_analyzer`` and read its CSV.
     status: ``hloserve status``: the weight cache state read from a server's metrics endpoint.
-    node_config: the typed node file of ``hloserve node up|down`` (YAML + HLOSERVE_NODE_*).
-    node: ``hloserve node up|down``: worker plan, process runtime, the gateway in front.
-    docker_runtime: the docker runtime: one tritonserver container per GPU (docker SDK).
     cli_node: the ``node`` subcommands.
 """

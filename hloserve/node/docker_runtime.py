@@ -28,14 +28,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from hloserve.errors import Status
-from hloserve.node.node import (
+from hloserve.node.node_config import NodeConfig
+from hloserve.node.plan import (
     NodeError,
     WorkerPlan,
     connect_host,
+    restart_allowed,
     tritonserver_flags,
+    with_dependencies,
     worker_env,
 )
-from hloserve.node.node_config import NodeConfig
 
 #: Label holding the node name on every container of a node.
 LABEL_NODE = "hloserve.node"
@@ -71,7 +73,7 @@ def worker_command(
     """The container's command line for ``docker.launcher``.
 
     In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.node.tritonserver_flags`); ``hloserve serve``
+    ``model_control_key`` (:func:`~hloserve.node.plan.tritonserver_flags`); ``hloserve serve``
     takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
@@ -102,8 +104,6 @@ def worker_command(
         ]
         return [*argv, "--", *t.args] if t.args else argv
     if t.load_models and "*" not in t.load_models:
-        from hloserve.node.serve import with_dependencies
-
         loads = with_dependencies(config.repository, t.load_models)
         config = config.model_copy(
             update={"tritonserver": t.model_copy(update={"load_models": loads})}
@@ -410,11 +410,11 @@ class DockerWorkers:
                 flush=True,
             )
 
-    def wait_ready(self, stop: threading.Event) -> bool:
+    def wait_ready(self, stop: threading.Event) -> float | None:
         """Poll every worker's ``/v2/health/ready`` until all answer 200.
 
         Returns:
-            True when all are ready, False when ``stop`` was set first.
+            Seconds waited, or None when ``stop`` was set first.
 
         Raises:
             NodeError: a container exited and Docker will not restart it, or the startup
@@ -461,17 +461,13 @@ class DockerWorkers:
                 )
             if waiting:
                 stop.wait(0.5)
-        return not waiting
+        return None if waiting else time.monotonic() - start
 
     def _will_restart(self, container: Any) -> bool:
-        policy = self.config.restart
-        if policy.policy == "no":
-            return False
-        if policy.policy in ("always", "unless-stopped"):
-            return True
         exit_code = container.attrs["State"].get("ExitCode", 0)
-        count = container.attrs.get("RestartCount", 0)
-        return exit_code != 0 and (policy.max_retries == 0 or count < policy.max_retries)
+        return restart_allowed(
+            self.config.restart, exit_code, container.attrs.get("RestartCount", 0)
+        )
 
     def poll(self) -> str | None:
         """Report restarts and workers down for good; a reason to stop, or None.

@@ -2,11 +2,13 @@
 
 One model repository (built once) is served by N tritonserver processes ("workers"), each on
 three consecutive ports (HTTP, gRPC, metrics) from a base port, or on free ports when the base
-is 0. The gateway (:func:`hloserve.gateway.app.run_gateway`) runs on its own event loop in a
-thread of this process, listening on the conventional gRPC port, and routes over the workers'
-gRPC endpoints. A worker that dies is left to the gateway's health probes (it leaves the
-routing table); the other workers and the gateway keep serving. :meth:`LocalFleet.close` stops
-the gateway, then every worker.
+is 0 (:func:`hloserve.node.plan.worker_ports`). The workers are the node's process runtime
+(:class:`~hloserve.node.process_runtime.ProcessWorkers`, restart policy ``no``); the gateway
+(:class:`~hloserve.node.gateway_thread.GatewayThread`) runs on its own event loop in a thread of
+this process, listening on the conventional gRPC port, and routes over the workers' gRPC
+endpoints. A worker that dies is left to the gateway's health probes (it leaves the routing
+table); the other workers and the gateway keep serving. :meth:`LocalFleet.close` stops the
+gateway, then every worker.
 
 The same class drives the end-to-end tests and ``benchmarks/gateway_overhead.py``, which also
 use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
@@ -14,175 +16,19 @@ use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import logging
-import os
 import signal
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hloserve.errors import InvalidArgumentError
-from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
-from hloserve.node.tritonserver import (
-    TritonServer,
-    TritonServerError,
-    TritonServerOptions,
-    free_ports,
-)
+from hloserve.gateway.config import GatewayConfig
+from hloserve.node.gateway_thread import GatewayThread
+from hloserve.node.process_runtime import ProcessWorkers
+from hloserve.node.tritonserver import TritonServer, TritonServerOptions
 
 if TYPE_CHECKING:
-    from hloserve.node.watchdog import StubWatchdog
     from hloserve.observability.supervisor import NodeObservability
-
-log = logging.getLogger("hloserve.serve")
-
-#: Ports each worker takes from the base: HTTP, gRPC, metrics.
-PORTS_PER_WORKER = 3
-
-
-@dataclass(frozen=True)
-class WorkerPorts:
-    """The three ports of one worker."""
-
-    http: int
-    grpc: int
-    metrics: int
-
-
-def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
-    """Ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``.
-
-    Args:
-        count: number of workers, >= 1.
-        base: first port; 0 picks free ports instead (tests).
-        host: the address the ports are probed on when ``base`` is 0.
-
-    Raises:
-        InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
-    """
-    if count < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
-    if base == 0:
-        free = free_ports(PORTS_PER_WORKER * count, host)
-        chunks = [free[i : i + PORTS_PER_WORKER] for i in range(0, len(free), PORTS_PER_WORKER)]
-        return [WorkerPorts(*chunk) for chunk in chunks]
-    last = base + PORTS_PER_WORKER * count - 1
-    if base < 1 or last > 65535:
-        raise InvalidArgumentError(
-            f"worker ports {base}..{last} ({count} workers x {PORTS_PER_WORKER}) "
-            "are not all in 1..65535"
-        )
-    return [
-        WorkerPorts(*(base + PORTS_PER_WORKER * i + k for k in range(PORTS_PER_WORKER)))
-        for i in range(count)
-    ]
-
-
-def fleet_gateway_config(
-    workers: Sequence[TritonServerOptions],
-    listen: str,
-    admin_port: int,
-    path: Path | None = None,
-    environ: Mapping[str, str] | None = None,
-    http_listen: str | None = None,
-) -> GatewayConfig:
-    """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
-    ``workers``, ``worker_metrics``, ``worker_http``, ``listen``, ``admin_port``, (when given)
-    ``http_listen`` and (when the workers restrict their repository API)
-    ``upstream.model_control_key`` set from the fleet.
-
-    Raises:
-        GatewayConfigError: the file or an environment override is invalid.
-    """
-    env = dict(os.environ if environ is None else environ)
-    env[ENV_PREFIX + "WORKERS"] = ",".join(f"{w.host}:{w.grpc_port}" for w in workers)
-    env[ENV_PREFIX + "WORKER_METRICS"] = ",".join(
-        f"{w.host}:{w.metrics_port}" for w in workers if w.metrics_port is not None
-    )
-    env[ENV_PREFIX + "LISTEN"] = listen
-    env[ENV_PREFIX + "WORKER_HTTP"] = ",".join(f"{w.host}:{w.http_port}" for w in workers)
-    if http_listen is not None:
-        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
-    env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
-    keys = sorted({w.model_control_key for w in workers if w.model_control_key})
-    if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
-        env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
-    return load_config(path, env)
-
-
-class GatewayThread:
-    """:func:`~hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread.
-
-    Args:
-        config: the gateway's settings (``config.listen`` port 0 = a free port).
-        start_timeout_s: how long to wait for the gateway to accept calls.
-
-    Raises:
-        TritonServerError: the gateway did not start (its exception is chained).
-    """
-
-    def __init__(self, config: GatewayConfig, start_timeout_s: float = 60.0) -> None:
-        if config.http_listen is not None and config.http_listen.endswith(":0"):
-            host = config.http_listen.rpartition(":")[0]
-            port = free_ports(1, host.strip("[]"))[0]
-            config = config.model_copy(update={"http_listen": f"{host}:{port}"})
-        self.config = config
-        self.port = 0
-        self.admin_port = 0
-        self.error: BaseException | None = None
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hloserve-gateway", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(start_timeout_s) or self.error is not None:
-            self.close()
-            raise TritonServerError(f"gateway did not start on {config.listen}") from self.error
-
-    @property
-    def address(self) -> str:
-        """host:port of the gateway's gRPC endpoint."""
-        return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
-
-    @property
-    def http_address(self) -> str | None:
-        """host:port of the gateway's KServe HTTP endpoint (None: gRPC only)."""
-        return self.config.http_listen
-
-    def is_running(self) -> bool:
-        """Whether the gateway's thread is still serving."""
-        return self._thread.is_alive()
-
-    def _on_ready(self, port: int, admin_port: int) -> None:
-        self.port, self.admin_port = port, admin_port
-        self._ready.set()
-
-    def _run(self) -> None:
-        from hloserve.gateway.app import run_gateway
-
-        try:
-            self._loop.run_until_complete(
-                run_gateway(self.config, self._stop, on_ready=self._on_ready)
-            )
-        except BaseException as exc:  # reported by the constructor or the supervisor
-            self.error = exc
-            log.exception("gateway stopped with an error")
-        finally:
-            self._ready.set()
-            self._loop.close()
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the gateway and wait for its thread (idempotent)."""
-        if self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout_s)
 
 
 class LocalFleet:
@@ -209,8 +55,13 @@ class LocalFleet:
             dataclasses.replace(w, die_with_parent=die_with_parent) for w in workers
         ]
         self.gateway_config = gateway
-        self.servers = [TritonServer(o) for o in self.worker_options]
+        self.workers = ProcessWorkers(self.worker_options, follow_logs=False, prefix="hloserve")
         self.gateway: GatewayThread | None = None
+
+    @property
+    def servers(self) -> list[TritonServer]:
+        """The workers' servers, by index (a restarted worker has a new one)."""
+        return self.workers.servers
 
     def start(
         self, timeout_s: float | None = None, stop: threading.Event | None = None
@@ -226,34 +77,22 @@ class LocalFleet:
             Seconds waited for the workers, or None when ``stop`` was set.
 
         Raises:
-            TritonServerError: a worker exited or was not ready in time; the gateway failed.
+            TritonServerError: a worker exited or was not ready in time.
+            NodeError: the gateway did not start.
         """
-        for server in self.servers:
-            server.start()
-        start = time.monotonic()
-        for server in self.servers:
-            limit = timeout_s if timeout_s is not None else server.options.startup_timeout_s
-            while True:
-                if stop is not None and stop.is_set():
-                    return None
-                try:
-                    server.wait_ready(timeout_s=2.0)
-                    break
-                except TritonServerError:
-                    if not server.is_running() or time.monotonic() - start >= limit:
-                        raise
-        waited = time.monotonic() - start
+        if timeout_s is not None:
+            self.workers.startup_timeout_s = timeout_s
+        self.workers.start()
+        waited = self.workers.wait_ready(stop)
+        if waited is None:
+            return None
         self.gateway = GatewayThread(self.gateway_config)
         return waited
 
     def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send ``sig`` to worker ``index`` (default SIGKILL: it dies without warning), wait
         for it and clean up after it."""
-        server = self.servers[index]
-        if server.pid is not None and server.is_running():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server.pid, sig)
-        server.stop(timeout_s=10.0)
+        self.workers.kill_worker(index, sig)
 
     def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
         """Start worker ``index`` again on its ports and wait until it is ready.
@@ -261,28 +100,18 @@ class LocalFleet:
         Returns:
             Seconds waited.
         """
-        self.servers[index].stop()
-        self.servers[index] = TritonServer(self.worker_options[index])
-        self.servers[index].start()
-        return self.servers[index].wait_ready(timeout_s)
+        return self.workers.restart_worker(index, timeout_s)
 
     def exit_codes(self) -> list[int | None]:
         """Each worker's exit status, None while it runs (or was never started)."""
-        return [s.exit_code() for s in self.servers]
+        return self.workers.exit_codes()
 
     def close(self) -> None:
         """Stop the gateway, then every worker (idempotent); the first worker error is raised
         after all were stopped."""
         if self.gateway is not None:
             self.gateway.close()
-        errors: list[TritonServerError] = []
-        for server in self.servers:
-            try:
-                server.stop()
-            except TritonServerError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        self.workers.stop()
 
     def __enter__(self) -> LocalFleet:
         try:
@@ -296,13 +125,6 @@ class LocalFleet:
         self.close()
 
 
-def describe_exit(code: int) -> str:
-    """'was killed by SIGKILL' or 'exited with code 3'."""
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
 def supervise(
     fleet: LocalFleet,
     stop: threading.Event,
@@ -314,37 +136,19 @@ def supervise(
 
     A worker that exits is reported once and left to the gateway's health probes; the others
     and the gateway keep running. A model whose Python backend stub dies on a worker is
-    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Returns 1 when the gateway
+    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Both are the fleet's
+    :meth:`~hloserve.node.process_runtime.ProcessWorkers.poll`. Returns 1 when the gateway
     stops by itself or every worker has exited.
     """
-    from hloserve.node.serve import stub_watchdog
-
-    def watchdog(i: int, server: TritonServer) -> StubWatchdog:
-        counted = None if observe is None else (lambda m: observe.stub_reloaded(i, m))
-        return stub_watchdog(server, counted)
-
-    reported: set[int] = set()
-    watchdogs = {id(server): watchdog(i, server) for i, server in enumerate(fleet.servers)}
+    fleet.workers.report = report
+    if observe is not None:
+        fleet.workers.on_restart = observe.worker_restarted
+        fleet.workers.on_stub_reload = observe.stub_reloaded
     while not stop.wait(poll_s):
-        for i, server in enumerate(fleet.servers):
-            if id(server) not in watchdogs:  # restarted by restart_worker
-                watchdogs[id(server)] = watchdog(i, server)
-                if observe is not None:
-                    observe.worker_restarted(i)
-            if server.is_running():
-                watchdogs[id(server)].check()
+        fleet.workers.poll()
         if observe is not None:
-            observe.workers_up(sum(s.is_running() for s in fleet.servers))
-        for i, code in enumerate(fleet.exit_codes()):
-            if code is not None and i not in reported:
-                reported.add(i)
-                left = len(fleet.servers) - len(reported)
-                grpc = fleet.servers[i].urls.grpc
-                report(
-                    f"hloserve: worker {i} (gRPC {grpc}) {describe_exit(code)};"
-                    f" the gateway drops it, {left} worker(s) keep serving"
-                )
-        if len(reported) == len(fleet.servers):
+            observe.workers_up(fleet.workers.running())
+        if len(fleet.workers.down()) == len(fleet.servers):
             report("hloserve: every worker has exited; stopping")
             return 1
         if fleet.gateway is not None and not fleet.gateway.is_running():

@@ -1,337 +1,49 @@
 """``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front.
 
-:func:`plan_workers` turns a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
-(:func:`detect_gpus`: NVML, else ``nvidia-smi``) into one :class:`WorkerPlan` per worker (index,
-GPU, ports). :func:`run_node_up` starts the workers with the configured runtime (``process``:
-:class:`ProcessWorkers`, local tritonservers from the nvidia-pytriton wheel;
-``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per GPU), waits
-until each answers ``/v2/health/ready``, starts the gateway in this process when there are two or
-more workers (:class:`GatewayThread`), watches the workers (restarts under the restart policy)
-and stops everything on Ctrl-C/SIGTERM. :func:`run_node_down` stops a node from another shell.
+:func:`run_node_up` plans the node (:mod:`hloserve.node.plan`), starts the workers with the
+configured runtime (``process``: :class:`~hloserve.node.process_runtime.ProcessWorkers`,
+local tritonservers from the nvidia-pytriton wheel, stub watchdog and restart backoff
+included; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per
+GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this process when
+there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`), watches
+the workers and stops everything on Ctrl-C/SIGTERM. :func:`run_node_down` stops a node from
+another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from hloserve.errors import HloserveError, Status
-from hloserve.node.node_config import NodeConfig, NodeConfigError
-from hloserve.node.tritonserver import TritonServer, check_ports_free
+from hloserve.errors import HloserveError
+from hloserve.node.gateway_thread import GatewayThread
+from hloserve.node.node_config import NodeConfig
+from hloserve.node.plan import (
+    NodeError,
+    WorkerPlan,
+    connect_host,
+    gateway_config,
+    gateway_enabled,
+    plan_workers,
+    planned_ports,
+    worker_env,
+)
+from hloserve.node.process_runtime import ProcessWorkers
+from hloserve.node.tritonserver import TritonServerOptions, check_ports_free
 
 log = logging.getLogger("hloserve.node")
-
-
-class NodeError(HloserveError):
-    """The node cannot start, run or stop; the message says what to do."""
-
-    status = Status.FAILED_PRECONDITION
-
-
-class GpuNotFoundError(NodeError):
-    """The node file asks for GPUs that this machine does not have."""
-
-    status = Status.FAILED_PRECONDITION
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """One worker of the node.
-
-    Attributes:
-        index: 0-based worker number (labels, log prefix, port offset).
-        gpu: the host GPU index it owns, or None for a CPU worker.
-        http_port: KServe V2 HTTP port (readiness is polled here).
-        grpc_port: KServe V2 gRPC port (the gateway forwards here).
-        metrics_port: Prometheus port.
-    """
-
-    index: int
-    gpu: int | None
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-
-
-def detect_gpus() -> tuple[int, ...]:
-    """Indices of the NVIDIA GPUs of this machine: NVML (``nvidia-ml-py``), else ``nvidia-smi``.
-
-    Returns:
-        ``(0, 1, ...)``, or ``()`` when neither NVML nor ``nvidia-smi`` finds a GPU.
-    """
-    with contextlib.suppress(Exception):
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return tuple(range(int(pynvml.nvmlDeviceGetCount())))
-        finally:
-            pynvml.nvmlShutdown()
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return ()
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(int(line) for line in out.split() if line.strip().isdigit())
-
-
-def plan_workers(
-    config: NodeConfig, available_gpus: Sequence[int] | None = None
-) -> list[WorkerPlan]:
-    """One :class:`WorkerPlan` per GPU (or per CPU worker), with ports from ``config.ports``.
-
-    Args:
-        config: the node settings.
-        available_gpus: the GPUs of the machine; None runs :func:`detect_gpus` when GPUs are
-            asked for.
-
-    Raises:
-        GpuNotFoundError: GPUs asked for but none present, or an index the machine lacks.
-    """
-    if config.cpu_workers:
-        gpus: list[int | None] = [None] * config.cpu_workers
-    else:
-        found = tuple(detect_gpus() if available_gpus is None else available_gpus)
-        asked = found if config.gpus == "all" else tuple(config.gpus)
-        if not found:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU asked for (gpus: {_show(config.gpus)}) but none present"
-                " (NVML and nvidia-smi found no NVIDIA GPU); use cpu_workers for a CPU node"
-            )
-        missing = sorted(set(asked) - set(found))
-        if missing:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU {', '.join(map(str, missing))} asked for but this "
-                f"machine has GPUs {', '.join(map(str, found))}"
-            )
-        gpus = list(asked)
-    plans = []
-    for i, gpu in enumerate(gpus):
-        http, grpc, metrics = config.ports.of_worker(i)
-        if max(http, grpc, metrics) > 65535:
-            raise NodeConfigError(f"node {config.name}: worker {i}'s ports pass 65535")
-        plans.append(WorkerPlan(i, gpu, http, grpc, metrics))
-    return plans
-
-
-def _show(gpus: Any) -> str:
-    return gpus if isinstance(gpus, str) else "[" + ", ".join(map(str, gpus)) + "]"
-
-
-def connect_host(host: str) -> str:
-    """Address to reach a server bound to ``host`` from this machine (wildcards -> loopback)."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
-def gateway_enabled(config: NodeConfig, workers: int) -> bool:
-    """Whether the gateway runs: ``gateway.enabled`` or, for ``auto``, two or more workers."""
-    enabled = config.gateway.enabled
-    return workers >= 2 if enabled == "auto" else bool(enabled)
-
-
-def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
-    """Environment of a worker beyond its image's or the parent's.
-
-    A GPU worker process sees only its GPU (``CUDA_VISIBLE_DEVICES``); a GPU container gets its
-    GPU from the device request instead. A CPU worker hides every GPU and runs JAX on the CPU.
-    """
-    if worker.gpu is None:
-        return {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
-    return {} if docker else {"CUDA_VISIBLE_DEVICES": str(worker.gpu)}
-
-
-def tritonserver_flags(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> list[str]:
-    """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
-
-    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep a worker serving when one
-    model fails to load; in explicit mode the runtime model is loaded with the named models
-    and, given ``model_control_key``, the repository API is restricted to it
-    (:mod:`hloserve.node.model_control`).
-    """
-    from hloserve.model_repository_tools import names
-    from hloserve.node.model_control import restricted_flags
-
-    t = config.tritonserver
-    load = tuple(t.load_models)
-    if load and "*" not in load and names.RUNTIME_MODEL not in load:
-        load += (names.RUNTIME_MODEL,)
-    h = config.host
-    return [
-        f"--model-control-mode={t.model_control_mode}",
-        *(f"--load-model={m}" for m in load),
-        f"--http-address={h}",
-        f"--http-port={worker.http_port}",
-        f"--grpc-address={h}",
-        f"--grpc-port={worker.grpc_port}",
-        f"--metrics-address={h}",
-        f"--metrics-port={worker.metrics_port}",
-        f"--log-verbose={t.log_verbose}",
-        "--exit-on-error=false",
-        "--strict-readiness=false",
-        *(
-            restricted_flags(model_control_key)
-            if model_control_key and t.model_control_mode == "explicit"
-            else ()
-        ),
-        *t.args,
-    ]
-
-
-def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
-    """Every port the node will bind: description -> (host, port)."""
-    ports: dict[str, tuple[str, int]] = {}
-    for w in plan:
-        for kind, port in (
-            ("http", w.http_port),
-            ("grpc", w.grpc_port),
-            ("metrics", w.metrics_port),
-        ):
-            ports[f"worker {w.index} {kind}"] = (config.host, port)
-    if gateway_enabled(config, len(plan)):
-        gw_host, _, gw_port = config.gateway.listen.rpartition(":")
-        ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
-        if config.gateway.admin_port:
-            ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
-    seen: dict[int, str] = {}
-    for name, (_, port) in ports.items():
-        if port in seen:
-            raise NodeConfigError(
-                f"node {config.name}: {name} and {seen[port]} both use port {port}"
-            )
-        seen[port] = name
-    return ports
-
-
-def gateway_config(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> Any:
-    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers; given the
-    workers' ``model_control_key``, discovery sends it (``upstream.model_control_key``).
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
-    from pydantic import ValidationError
-
-    from hloserve.gateway.config import GatewayConfig
-
-    host = connect_host(config.host)
-    data = {
-        **config.gateway.settings,
-        "listen": config.gateway.listen,
-        "admin_port": config.gateway.admin_port,
-        "workers": [f"{host}:{w.grpc_port}" for w in plan],
-        "worker_metrics": [f"{host}:{w.metrics_port}" for w in plan],
-    }
-    if model_control_key:
-        upstream = dict(data.get("upstream") or {})
-        data["upstream"] = {**upstream, "model_control_key": model_control_key}
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise NodeConfigError(f"node {config.name}: gateway.settings: {problems}") from None
-
-
-class GatewayThread:
-    """:func:`hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread."""
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="gateway", daemon=True)
-        self.ports: tuple[int, int] | None = None
-
-    def _main(self) -> None:
-        from hloserve.gateway.app import run_gateway
-
-        async def serve() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def on_ready(grpc_port: int, admin_port: int) -> None:
-                self.ports = (grpc_port, admin_port)
-                self._ready.set()
-
-            await run_gateway(self.config, self._stop, on_ready=on_ready)
-
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start the gateway and wait until it accepts calls.
-
-        Raises:
-            NodeError: it failed to start (e.g. its port is taken) or did not get ready.
-        """
-        self._thread.start()
-        if not self._ready.wait(timeout_s) or self.ports is None:
-            raise NodeError(f"gateway did not start on {self.config.listen}: {self._error}")
-
-    def stop(self) -> None:
-        """Ask the gateway to stop and wait for it (a few seconds at most)."""
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=15.0)
-
-
-def _follow(path: Path, prefix: str, stop: threading.Event) -> None:
-    """Copy the lines appended to ``path`` to stdout with ``prefix`` until ``stop``."""
-    handle: IO[str] | None = None
-    try:
-        while not stop.is_set():
-            if handle is None:
-                try:
-                    handle = path.open(errors="replace")
-                except OSError:
-                    stop.wait(0.2)
-                    continue
-            line = handle.readline()
-            if line:
-                sys.stdout.write(f"{prefix} {line if line.endswith(chr(10)) else line + chr(10)}")
-                sys.stdout.flush()
-            else:
-                stop.wait(0.2)
-    finally:
-        if handle is not None:
-            handle.close()
 
 
 class Workers(Protocol):
@@ -339,140 +51,44 @@ class Workers(Protocol):
 
     def start(self) -> None: ...
 
-    def wait_ready(self, stop: threading.Event) -> bool: ...
+    def wait_ready(self, stop: threading.Event) -> float | None: ...
 
     def poll(self) -> str | None: ...
 
     def stop(self) -> None: ...
 
 
-class ProcessWorkers:
-    """Local tritonservers (nvidia-pytriton wheel), one per GPU, restarted by this process.
+def process_options(
+    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
+) -> list[TritonServerOptions]:
+    """Each worker's tritonserver options for the process runtime, as ``hloserve serve`` sets
+    them (:func:`hloserve.node.serve.server_options`) on the worker's ports and environment."""
+    from hloserve.node.serve import ServeOptions, server_options
 
-    Each worker's output goes to ``<run dir>/worker<i>.log`` and is copied to stdout with a
-    ``[worker i]`` prefix. :meth:`poll` restarts a worker that exited, under the restart policy
-    (``on-failure``: a non-zero exit or a signal, at most ``max_retries`` times).
-    """
-
-    def __init__(
-        self,
-        config: NodeConfig,
-        plan: Sequence[WorkerPlan],
-        model_control_key: str | None = None,
-    ) -> None:
-        self.config = config
-        self.plan = tuple(plan)
-        self._model_control_key = model_control_key
-        self._servers: list[TritonServer] = []
-        self._restarts = [0] * len(self.plan)
-        self._down: set[int] = set()
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{config.name}-"))
-        self._logs_stop = threading.Event()
-        self._logs: list[threading.Thread] = []
-
-    def _options(self, worker: WorkerPlan) -> Any:
-        from hloserve.node.serve import ServeOptions, server_options
-
-        t = self.config.tritonserver
+    t = config.tritonserver
+    options = []
+    for worker in plan:
         serve = ServeOptions(
-            path=self.config.repository,
+            path=config.repository,
             http_port=worker.http_port,
             grpc_port=worker.grpc_port,
             metrics_port=worker.metrics_port,
-            host=self.config.host,
+            host=config.host,
             model_control_mode=t.model_control_mode,
             load_models=t.load_models,
-            model_control_key=self._model_control_key,
+            model_control_key=model_control_key,
             tritonserver_args=t.args,
             log_verbose=t.log_verbose,
             startup_timeout_s=t.startup_timeout_s,
         )
-        return dataclasses.replace(
-            server_options(serve, self.config.repository),
-            env=worker_env(worker, docker=False),
-            log_file=self._run_dir / f"worker{worker.index}.log",
-            die_with_parent=True,
+        options.append(
+            dataclasses.replace(
+                server_options(serve, config.repository),
+                env=worker_env(worker, docker=False),
+                die_with_parent=True,
+            )
         )
-
-    def start(self) -> None:
-        """Launch every worker (no waiting); their logs are followed with a prefix."""
-        for worker in self.plan:
-            server = TritonServer(self._options(worker))
-            server.start()
-            self._servers.append(server)
-            follower = threading.Thread(
-                target=_follow,
-                args=(self._run_dir / f"worker{worker.index}.log", f"[worker {worker.index}]"),
-                kwargs={"stop": self._logs_stop},
-                daemon=True,
-            )
-            follower.start()
-            self._logs.append(follower)
-            gpu = "CPU" if worker.gpu is None else f"GPU {worker.gpu}"
-            print(f"hloserve node: worker {worker.index} pid {server.pid} ({gpu})", flush=True)
-
-    def wait_ready(self, stop: threading.Event) -> bool:
-        """Wait until every worker answers ``/v2/health/ready`` (False if ``stop`` came first).
-
-        Raises:
-            TritonServerError: a worker exited or did not get ready in time (its log tail).
-        """
-        timeout = self.config.tritonserver.startup_timeout_s
-        start = time.monotonic()
-        for server in self._servers:
-            while not stop.is_set():
-                left = timeout - (time.monotonic() - start)
-                try:
-                    server.wait_ready(timeout_s=min(2.0, max(left, 0.1)))
-                    break
-                except HloserveError:
-                    if not server.is_running() or left <= 2.0:
-                        raise
-        return not stop.is_set()
-
-    def poll(self) -> str | None:
-        """Restart workers that exited, under the restart policy; never asks to stop."""
-        policy = self.config.restart
-        for i, server in enumerate(self._servers):
-            code = server.exit_code()
-            if code is None or i in self._down:
-                continue
-            allowed = policy.policy in ("always", "unless-stopped") or (
-                policy.policy == "on-failure"
-                and code != 0
-                and (policy.max_retries == 0 or self._restarts[i] < policy.max_retries)
-            )
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            if not allowed:
-                self._down.add(i)
-                print(
-                    f"hloserve node: worker {i} {how}; the restart policy says stay down",
-                    flush=True,
-                )
-                continue
-            self._restarts[i] += 1
-            print(f"hloserve node: worker {i} {how}; restart {self._restarts[i]}", flush=True)
-            with contextlib.suppress(HloserveError):
-                server.stop(timeout_s=5.0)
-            replacement = TritonServer(server.options)
-            try:
-                replacement.start()
-            except HloserveError as exc:
-                print(f"hloserve node: worker {i} could not restart: {exc}", flush=True)
-                self._down.add(i)
-            self._servers[i] = replacement
-        return None
-
-    def stop(self) -> None:
-        """Stop every worker (and its stubs), then the log followers; idempotent."""
-        for server in self._servers:
-            with contextlib.suppress(HloserveError):
-                server.stop()
-        self._servers = []
-        self._logs_stop.set()
-        for follower in self._logs:
-            follower.join(timeout=5.0)
-        shutil.rmtree(self._run_dir, ignore_errors=True)
+    return options
 
 
 def _pid_file(name: str) -> Path:
@@ -534,16 +150,21 @@ def run_node_up(
 
         workers = DockerWorkers(config, plan, key)
     else:
-        workers = ProcessWorkers(config, plan, key)
+        workers = ProcessWorkers(
+            process_options(config, plan, key),
+            restart=config.restart,
+            startup_timeout_s=config.tritonserver.startup_timeout_s,
+            devices=["CPU" if w.gpu is None else f"GPU {w.gpu}" for w in plan],
+            name=config.name,
+        )
         _pid_file(config.name).write_text(str(os.getpid()))
     gateway: GatewayThread | None = None
     try:
         workers.start()
-        if not workers.wait_ready(stop):
+        if workers.wait_ready(stop) is None:
             return 0
         if gw_config is not None:
             gateway = GatewayThread(gw_config)
-            gateway.start()
         host = connect_host(config.host)
         lines = [f"hloserve node {config.name}: {len(plan)} worker(s) ready ({config.runtime})"]
         for w in plan:
@@ -552,9 +173,9 @@ def run_node_up(
                 f"http {host}:{w.http_port} grpc {host}:{w.grpc_port} "
                 f"metrics {host}:{w.metrics_port}"
             )
-        if gateway is not None and gateway.ports is not None:
+        if gateway is not None:
             gw_host = config.gateway.listen.rpartition(":")[0]
-            grpc_port, admin_port = gateway.ports
+            grpc_port, admin_port = gateway.port, gateway.admin_port
             lines.append(
                 f"  gateway grpc {gw_host}:{grpc_port} "
                 f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
@@ -568,8 +189,9 @@ def run_node_up(
         return 0
     finally:
         if gateway is not None:
-            gateway.stop()
-        workers.stop()
+            gateway.close()
+        with contextlib.suppress(HloserveError):  # reported by the workers' own stop
+            workers.stop()
         if config.runtime == "process":
             _pid_file(config.name).unlink(missing_ok=True)
         for sig, handler in previous.items():

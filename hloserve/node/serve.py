@@ -18,22 +18,23 @@ import signal
 import socket
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
+from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
     ModelControlMode,
     TritonServer,
-    TritonServerError,
     TritonServerOptions,
     check_ports_free,
     free_port,
 )
+from hloserve.node.watchdog import stub_watchdog
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
@@ -42,8 +43,7 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
         SchedulingOptions,
         WeightCacheOptions,
     )
-    from hloserve.node.fleet import WorkerPorts
-    from hloserve.node.watchdog import StubWatchdog
+    from hloserve.node.plan import WorkerPorts
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
@@ -80,7 +80,7 @@ class ServeOptions:
             stub dies is reloaded, :mod:`.watchdog`), the repository API restricted to
             ``model_control_key``.
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
-            the models a meta calls are added (:func:`with_dependencies`).
+            the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
         model_control_key: in explicit mode, the key Triton's repository API (index, load,
             unload) requires (:mod:`hloserve.node.model_control`); None = one from
             :func:`~hloserve.node.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
@@ -201,8 +201,8 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models.
 
-    ``--exit-on-error=false`` and ``--strict-readiness=false`` keep the server up and ready
-    when one model fails to load, so the others keep serving (the failure is reported by
+    :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
+    fails to load, so the others keep serving (the failure is reported by
     :func:`model_states`). In explicit mode the runtime model is loaded with the named models
     and the repository API is restricted to ``options.model_control_key`` (a new
     :func:`~hloserve.node.model_control.launcher_key` when None).
@@ -239,46 +239,10 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         load_models=load_models,
         model_control_key=key,
         extra_backend_dirs=backend_dirs(),
-        extra_args=(
-            "--exit-on-error=false",
-            "--strict-readiness=false",
-            *options.tritonserver_args,
-        ),
+        extra_args=(*SERVING_FLAGS, *options.tritonserver_args),
         log_verbose=options.log_verbose,
         startup_timeout_s=options.startup_timeout_s,
     )
-
-
-def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
-    """``models`` plus what they need loaded: the runtime model (every front calls it; without
-    it requests wait 120 s) and, transitively, the models each meta's ``meta.calls`` names.
-
-    A name without ``<repository>/<name>/config.pbtxt`` is kept as is (Triton reports it).
-    Dependencies follow the models they serve, in first-seen order.
-
-    Raises:
-        InvalidArgumentError: a config.pbtxt does not parse.
-    """
-    from hloserve.model_repository_tools import names
-    from hloserve.model_repository_tools.config import parse_config
-
-    result: list[str] = []
-    pending = list(models)
-    while pending:
-        name = pending.pop(0)
-        if name in result:
-            continue
-        result.append(name)
-        config_path = repository / name / "config.pbtxt"
-        if not config_path.is_file():
-            continue
-        config = parse_config(config_path)
-        if names.PARAM_META_CALLS in config.parameters:
-            calls = config.parameters[names.PARAM_META_CALLS].string_value
-            pending += [c for c in calls.split(names.BUNDLES_SEPARATOR) if c]
-    if names.RUNTIME_MODEL not in result:
-        result.append(names.RUNTIME_MODEL)
-    return tuple(result)
 
 
 def build_flags_set(options: ServeOptions) -> list[str]:
@@ -397,7 +361,7 @@ def check_options(options: ServeOptions) -> None:
         )
     check_ports_free(options.host, {k: v for k, v in gateway.items() if v}, "gateway ")
     if options.worker_port_base:
-        from hloserve.node.fleet import worker_ports
+        from hloserve.node.plan import worker_ports
 
         workers = worker_ports(options.workers, options.worker_port_base, options.host)
         _check_worker_ports(options, workers)
@@ -454,7 +418,7 @@ def run_serve(options: ServeOptions) -> int:
                     f"  metrics http://{urls.metrics}/metrics",
                     flush=True,
                 )
-                waited = _wait_ready_or_stop(server, options.startup_timeout_s, stop)
+                waited = wait_all_ready([server], options.startup_timeout_s, stop)
                 observe = _observability(options, [urls.metrics] if urls.metrics else [], None)
                 stack.enter_context(observe)
                 watchdog = stub_watchdog(server, lambda m: observe.stub_reloaded(0, m))
@@ -476,11 +440,7 @@ def run_serve(options: ServeOptions) -> int:
                     watchdog.check()
                     code = server.exit_code()
                     if code is not None:
-                        how = (
-                            f"was killed by {signal.Signals(-code).name}"
-                            if code < 0
-                            else f"exited with code {code}"
-                        )
+                        how = describe_exit(code)
                         print(f"hloserve: tritonserver {how} (its log is above)", flush=True)
                         return 1
             finally:
@@ -496,7 +456,8 @@ def run_serve(options: ServeOptions) -> int:
 def _run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -> int:
     """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
     from hloserve.gateway.config import with_tls
-    from hloserve.node.fleet import LocalFleet, fleet_gateway_config, supervise, worker_ports
+    from hloserve.node.fleet import LocalFleet, supervise
+    from hloserve.node.plan import fleet_gateway_config, worker_ports
 
     if options.grpc_port == 0:
         options = dataclasses.replace(options, grpc_port=free_port(options.host))
@@ -595,30 +556,6 @@ def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
     return "explicit", ("*",)
 
 
-def stub_watchdog(
-    server: TritonServer, on_reload: Callable[[str], None] | None = None
-) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode, else only reports.
-
-    Args:
-        server: the running server.
-        on_reload: called with the model's name after each reload it starts (for metrics).
-    """
-    from hloserve.node.model_control import http_headers
-    from hloserve.node.watchdog import StubWatchdog, reload_model
-
-    http = server.urls.http
-    explicit = server.options.model_control_mode == "explicit"
-    headers = http_headers(server.options.model_control_key)
-
-    def reload(model: str) -> None:
-        reload_model(http, model, headers=headers)
-        if on_reload is not None:
-            on_reload(model)
-
-    return StubWatchdog(server, reload if explicit else None, lambda line: print(line, flush=True))
-
-
 def _observability(
     options: ServeOptions, worker_metrics: Sequence[str], gateway_admin: str | None
 ) -> NodeObservability:
@@ -651,23 +588,3 @@ def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, 
     finally:
         client.close()
     return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}
-
-
-def _wait_ready_or_stop(
-    server: TritonServer, timeout_s: float, stop: threading.Event
-) -> float | None:
-    """Wait for readiness in short slices so a signal during start-up is honoured.
-
-    Returns:
-        Seconds actually waited (wall clock), or None when ``stop`` was set first.
-    """
-    start = time.monotonic()
-    while not stop.is_set():
-        left = timeout_s - (time.monotonic() - start)
-        try:
-            server.wait_ready(timeout_s=min(2.0, max(left, 0.1)))
-            return time.monotonic() - start
-        except TritonServerError:
-            if not server.is_running() or time.monotonic() - start >= timeout_s:
-                raise
-    return None

@@ -347,6 +347,36 @@ class StubProcess:
         )
 
 
+def server_flags(o: TritonServerOptions) -> list[str]:
+    """The tritonserver flags of ``o`` that do not depend on where tritonserver is installed.
+
+    Model control (``--model-control-mode``, ``--load-model``), the three endpoints on
+    ``o.host`` (metrics off with ``--allow-metrics=false`` when ``o.metrics_port`` is None),
+    ``--log-verbose``, the repository API restricted to ``o.model_control_key`` in explicit mode
+    (:func:`hloserve.node.model_control.restricted_flags`), then ``o.extra_args``. The one
+    builder of these flags: :class:`TritonServer` puts the install's paths in front, the docker
+    runtime the container's.
+    """
+    flags = [
+        f"--model-control-mode={o.model_control_mode}",
+        *(f"--load-model={name}" for name in o.load_models),
+        f"--http-address={o.host}",
+        f"--http-port={o.http_port}",
+        f"--grpc-address={o.host}",
+        f"--grpc-port={o.grpc_port}",
+    ]
+    if o.metrics_port is None:
+        flags.append("--allow-metrics=false")
+    else:
+        flags += [f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}"]
+    flags.append(f"--log-verbose={o.log_verbose}")
+    if o.model_control_key is not None and o.model_control_mode == "explicit":
+        from hloserve.node.model_control import restricted_flags
+
+        flags += restricted_flags(o.model_control_key)
+    return [*flags, *o.extra_args]
+
+
 class TritonServer:
     """One local tritonserver process and the stub processes it starts.
 
@@ -564,29 +594,14 @@ class TritonServer:
             f"--model-repository={o.model_repository.resolve()}",
             f"--backend-directory={backends}",
             f"--cache-directory={install.cache_dir}",
-            f"--model-control-mode={o.model_control_mode}",
-            *(f"--load-model={name}" for name in o.load_models),
-            f"--http-address={o.host}",
-            f"--http-port={o.http_port}",
-            f"--grpc-address={o.host}",
-            f"--grpc-port={o.grpc_port}",
-            f"--log-verbose={o.log_verbose}",
             f"--exit-timeout-secs={o.exit_timeout_s}",
         ]
-        if o.metrics_port is None:
-            argv.append("--allow-metrics=false")
-        else:
-            argv += [f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}"]
-        if o.model_control_key is not None and o.model_control_mode == "explicit":
-            from hloserve.node.model_control import restricted_flags
-
-            argv += restricted_flags(o.model_control_key)
         if not any("shm-region-prefix-name" in arg for arg in o.extra_args):
             # Unique per server: two servers on one host must not share stub shm regions.
             argv.append(f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}")
         else:
             self._shm_prefix = ""
-        return [*argv, *o.extra_args]
+        return [*argv, *server_flags(o)]
 
     def _env(self, install: TritonInstall) -> dict[str, str]:
         env = {**os.environ, **self.options.env}

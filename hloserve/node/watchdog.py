@@ -148,3 +148,26 @@ class StubWatchdog:
             self.report(f"hloserve: model '{model}': reload failed: {exc}")
         else:
             self.report(f"hloserve: model '{model}': reloaded")
+
+
+def stub_watchdog(
+    server: TritonServer, on_reload: Callable[[str], None] | None = None
+) -> StubWatchdog:
+    """The watchdog of a server: it reloads models in explicit mode, else only reports.
+
+    Args:
+        server: the running server.
+        on_reload: called with the model's name after each reload it starts (for metrics).
+    """
+    from hloserve.node.model_control import http_headers
+
+    http = server.urls.http
+    explicit = server.options.model_control_mode == "explicit"
+    headers = http_headers(server.options.model_control_key)
+
+    def reload(model: str) -> None:
+        reload_model(http, model, headers=headers)
+        if on_reload is not None:
+            on_reload(model)
+
+    return StubWatchdog(server, reload if explicit else None, lambda line: print(line, flush=True))

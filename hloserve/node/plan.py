@@ -1,0 +1,399 @@
+"""The plan of a node, worked out once for every runtime: workers, ports, flags, env, gateway.
+
+A node is N tritonservers ("workers") and, with two or more, the gateway in front. ``hloserve
+node up`` plans from a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
+(:func:`plan_workers`, :func:`planned_ports`, :func:`gateway_config`); ``hloserve serve
+--workers N`` from its base port (:func:`worker_ports`, :func:`fleet_gateway_config`). Both
+runtimes beside this module use the same worker environment (:func:`worker_env`), tritonserver
+flags (:func:`tritonserver_flags`), load list completion (:func:`with_dependencies`), exit
+description (:func:`describe_exit`) and restart policy (:func:`restart_allowed`).
+
+docs/deployment.md describes the node file and the deployment shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
+from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
+from hloserve.node.tritonserver import TritonServerOptions, free_ports, server_flags
+
+#: Flags every hloserve worker runs with: one model that fails to load neither stops the server
+#: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
+#: keep serving (docs/serving.md).
+SERVING_FLAGS = ("--exit-on-error=false", "--strict-readiness=false")
+
+
+class NodeError(HloserveError):
+    """The node cannot start, run or stop; the message says what to do."""
+
+    status = Status.FAILED_PRECONDITION
+
+
+class GpuNotFoundError(NodeError):
+    """The node file asks for GPUs that this machine does not have."""
+
+    status = Status.FAILED_PRECONDITION
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker of the node.
+
+    Attributes:
+        index: 0-based worker number (labels, log prefix, port offset).
+        gpu: the host GPU index it owns, or None for a CPU worker.
+        http_port: KServe V2 HTTP port (readiness is polled here).
+        grpc_port: KServe V2 gRPC port (the gateway forwards here).
+        metrics_port: Prometheus port.
+    """
+
+    index: int
+    gpu: int | None
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+
+def detect_gpus() -> tuple[int, ...]:
+    """Indices of the NVIDIA GPUs of this machine: NVML (``nvidia-ml-py``), else ``nvidia-smi``.
+
+    Returns:
+        ``(0, 1, ...)``, or ``()`` when neither NVML nor ``nvidia-smi`` finds a GPU.
+    """
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return tuple(range(int(pynvml.nvmlDeviceGetCount())))
+        finally:
+            pynvml.nvmlShutdown()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(int(line) for line in out.split() if line.strip().isdigit())
+
+
+def plan_workers(
+    config: NodeConfig, available_gpus: Sequence[int] | None = None
+) -> list[WorkerPlan]:
+    """One :class:`WorkerPlan` per GPU (or per CPU worker), with ports from ``config.ports``.
+
+    Args:
+        config: the node settings.
+        available_gpus: the GPUs of the machine; None runs :func:`detect_gpus` when GPUs are
+            asked for.
+
+    Raises:
+        GpuNotFoundError: GPUs asked for but none present, or an index the machine lacks.
+    """
+    if config.cpu_workers:
+        gpus: list[int | None] = [None] * config.cpu_workers
+    else:
+        found = tuple(detect_gpus() if available_gpus is None else available_gpus)
+        asked = found if config.gpus == "all" else tuple(config.gpus)
+        if not found:
+            raise GpuNotFoundError(
+                f"node {config.name}: GPU asked for (gpus: {_show(config.gpus)}) but none present"
+                " (NVML and nvidia-smi found no NVIDIA GPU); use cpu_workers for a CPU node"
+            )
+        missing = sorted(set(asked) - set(found))
+        if missing:
+            raise GpuNotFoundError(
+                f"node {config.name}: GPU {', '.join(map(str, missing))} asked for but this "
+                f"machine has GPUs {', '.join(map(str, found))}"
+            )
+        gpus = list(asked)
+    plans = []
+    for i, gpu in enumerate(gpus):
+        http, grpc, metrics = config.ports.of_worker(i)
+        if max(http, grpc, metrics) > 65535:
+            raise NodeConfigError(f"node {config.name}: worker {i}'s ports pass 65535")
+        plans.append(WorkerPlan(i, gpu, http, grpc, metrics))
+    return plans
+
+
+def _show(gpus: Any) -> str:
+    return gpus if isinstance(gpus, str) else "[" + ", ".join(map(str, gpus)) + "]"
+
+
+def connect_host(host: str) -> str:
+    """Address to reach a server bound to ``host`` from this machine (wildcards -> loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def gateway_enabled(config: NodeConfig, workers: int) -> bool:
+    """Whether the gateway runs: ``gateway.enabled`` or, for ``auto``, two or more workers."""
+    enabled = config.gateway.enabled
+    return workers >= 2 if enabled == "auto" else bool(enabled)
+
+
+def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
+    """Environment of a worker beyond its image's or the parent's.
+
+    A GPU worker process sees only its GPU (``CUDA_VISIBLE_DEVICES``); a GPU container gets its
+    GPU from the device request instead. A CPU worker hides every GPU and runs JAX on the CPU.
+    """
+    if worker.gpu is None:
+        return {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    return {} if docker else {"CUDA_VISIBLE_DEVICES": str(worker.gpu)}
+
+
+def tritonserver_flags(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> list[str]:
+    """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
+
+    :data:`SERVING_FLAGS` keep a worker serving when one model fails to load; in explicit mode
+    the runtime model is loaded with the named models and, given ``model_control_key``, the
+    repository API is restricted to it (:mod:`hloserve.node.model_control`). Built by
+    :func:`~hloserve.node.tritonserver.server_flags`, as for a local tritonserver.
+    """
+    from hloserve.model_repository_tools import names
+
+    t = config.tritonserver
+    load = tuple(t.load_models)
+    if load and "*" not in load and names.RUNTIME_MODEL not in load:
+        load += (names.RUNTIME_MODEL,)
+    explicit = t.model_control_mode == "explicit"
+    options = TritonServerOptions(
+        model_repository=config.repository,
+        http_port=worker.http_port,
+        grpc_port=worker.grpc_port,
+        metrics_port=worker.metrics_port,
+        host=config.host,
+        model_control_mode=t.model_control_mode,
+        load_models=load,
+        model_control_key=model_control_key if explicit else None,
+        extra_args=(*SERVING_FLAGS, *t.args),
+        log_verbose=t.log_verbose,
+    )
+    return server_flags(options)
+
+
+def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
+    """Every port the node will bind: description -> (host, port)."""
+    ports: dict[str, tuple[str, int]] = {}
+    for w in plan:
+        for kind, port in (
+            ("http", w.http_port),
+            ("grpc", w.grpc_port),
+            ("metrics", w.metrics_port),
+        ):
+            ports[f"worker {w.index} {kind}"] = (config.host, port)
+    if gateway_enabled(config, len(plan)):
+        gw_host, _, gw_port = config.gateway.listen.rpartition(":")
+        ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
+        if config.gateway.admin_port:
+            ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
+    seen: dict[int, str] = {}
+    for name, (_, port) in ports.items():
+        if port in seen:
+            raise NodeConfigError(
+                f"node {config.name}: {name} and {seen[port]} both use port {port}"
+            )
+        seen[port] = name
+    return ports
+
+
+def worker_endpoints(
+    workers: Sequence[tuple[str, int, int, int | None]],
+) -> dict[str, list[str]]:
+    """The gateway's ``workers``, ``worker_metrics`` and ``worker_http`` (``host:port`` each).
+
+    Args:
+        workers: ``(host, http_port, grpc_port, metrics_port)`` of each worker, in order; a
+            worker without metrics (None) is left out of ``worker_metrics``.
+    """
+    return {
+        "workers": [f"{h}:{grpc}" for h, _, grpc, _ in workers],
+        "worker_metrics": [f"{h}:{m}" for h, _, _, m in workers if m is not None],
+        "worker_http": [f"{h}:{http}" for h, http, _, _ in workers],
+    }
+
+
+def gateway_config(
+    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
+) -> Any:
+    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers
+    (:func:`worker_endpoints`, as for ``serve --workers``); given the workers'
+    ``model_control_key``, discovery sends it (``upstream.model_control_key``).
+
+    Raises:
+        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
+    """
+    from pydantic import ValidationError
+
+    from hloserve.gateway.config import GatewayConfig
+
+    host = connect_host(config.host)
+    endpoints = worker_endpoints([(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan])
+    data = {
+        **config.gateway.settings,
+        "listen": config.gateway.listen,
+        "admin_port": config.gateway.admin_port,
+        **endpoints,
+    }
+    if model_control_key:
+        upstream = dict(data.get("upstream") or {})
+        data["upstream"] = {**upstream, "model_control_key": model_control_key}
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise NodeConfigError(f"node {config.name}: gateway.settings: {problems}") from None
+
+
+#: Ports each worker takes from the base: HTTP, gRPC, metrics.
+PORTS_PER_WORKER = 3
+
+
+@dataclass(frozen=True)
+class WorkerPorts:
+    """The three ports of one worker."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
+    """Ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``.
+
+    The node file's port plan (:class:`~hloserve.node.node_config.PortsConfig`, bases ``base``,
+    ``base + 1``, ``base + 2``, stride 3), so ``serve --workers`` and ``node up`` agree.
+
+    Args:
+        count: number of workers, >= 1.
+        base: first port; 0 picks free ports instead (tests).
+        host: the address the ports are probed on when ``base`` is 0.
+
+    Raises:
+        InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
+    """
+    if count < 1:
+        raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
+    if base == 0:
+        free = free_ports(PORTS_PER_WORKER * count, host)
+        chunks = [free[i : i + PORTS_PER_WORKER] for i in range(0, len(free), PORTS_PER_WORKER)]
+        return [WorkerPorts(*chunk) for chunk in chunks]
+    last = base + PORTS_PER_WORKER * count - 1
+    if base < 1 or last > 65535:
+        raise InvalidArgumentError(
+            f"worker ports {base}..{last} ({count} workers x {PORTS_PER_WORKER}) "
+            "are not all in 1..65535"
+        )
+    plan = PortsConfig(
+        http_base=base, grpc_base=base + 1, metrics_base=base + 2, stride=PORTS_PER_WORKER
+    )
+    return [WorkerPorts(*plan.of_worker(i)) for i in range(count)]
+
+
+def fleet_gateway_config(
+    workers: Sequence[TritonServerOptions],
+    listen: str,
+    admin_port: int,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    http_listen: str | None = None,
+) -> GatewayConfig:
+    """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
+    ``workers``, ``worker_metrics``, ``worker_http``, ``listen``, ``admin_port``, (when given)
+    ``http_listen`` and (when the workers restrict their repository API)
+    ``upstream.model_control_key`` set from the fleet.
+
+    Raises:
+        GatewayConfigError: the file or an environment override is invalid.
+    """
+    env = dict(os.environ if environ is None else environ)
+    endpoints = worker_endpoints(
+        [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
+    )
+    for key, values in endpoints.items():
+        env[ENV_PREFIX + key.upper()] = ",".join(values)
+    env[ENV_PREFIX + "LISTEN"] = listen
+    if http_listen is not None:
+        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
+    env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
+    keys = sorted({w.model_control_key for w in workers if w.model_control_key})
+    if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
+        env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
+    return load_config(path, env)
+
+
+def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
+    """``models`` plus what they need loaded: the runtime model (every front calls it; without
+    it requests wait 120 s) and, transitively, the models each meta's ``meta.calls`` names.
+
+    A name without ``<repository>/<name>/config.pbtxt`` is kept as is (Triton reports it).
+    Dependencies follow the models they serve, in first-seen order.
+
+    Raises:
+        InvalidArgumentError: a config.pbtxt does not parse.
+    """
+    from hloserve.model_repository_tools import names
+    from hloserve.model_repository_tools.config import parse_config
+
+    result: list[str] = []
+    pending = list(models)
+    while pending:
+        name = pending.pop(0)
+        if name in result:
+            continue
+        result.append(name)
+        config_path = repository / name / "config.pbtxt"
+        if not config_path.is_file():
+            continue
+        config = parse_config(config_path)
+        if names.PARAM_META_CALLS in config.parameters:
+            calls = config.parameters[names.PARAM_META_CALLS].string_value
+            pending += [c for c in calls.split(names.BUNDLES_SEPARATOR) if c]
+    if names.RUNTIME_MODEL not in result:
+        result.append(names.RUNTIME_MODEL)
+    return tuple(result)
+
+
+def describe_exit(code: int) -> str:
+    """'was killed by SIGKILL' or 'exited with code 3'."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def restart_allowed(policy: RestartConfig, exit_code: int, restarts: int) -> bool:
+    """Whether a worker that exited with ``exit_code`` after ``restarts`` restarts starts again.
+
+    Docker's restart policy names and meaning: ``no`` never, ``always`` / ``unless-stopped``
+    always, ``on-failure`` after a non-zero exit or a kill while ``restarts`` is below
+    ``max_retries`` (0: unlimited).
+    """
+    if policy.policy in ("always", "unless-stopped"):
+        return True
+    return (
+        policy.policy == "on-failure"
+        and exit_code != 0
+        and (policy.max_retries == 0 or restarts < policy.max_retries)
+    )

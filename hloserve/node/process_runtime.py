@@ -1,0 +1,331 @@
+"""The process runtime: the node's workers as local tritonservers (nvidia-pytriton wheel).
+
+:func:`wait_all_ready` is the one start-up wait of every local tritonserver (``hloserve serve``,
+``serve --workers``, ``node up``): slices of at most 2 s, so that Ctrl-C is honoured, counted by
+the wall clock. :class:`ProcessWorkers` runs one tritonserver per planned worker for
+``hloserve node up``: each worker's output goes to ``<run dir>/worker<i>.log`` and is copied to
+stdout with a ``[worker i]`` prefix; :meth:`ProcessWorkers.poll` reloads a model whose Python
+backend stub died (:class:`~hloserve.node.watchdog.StubWatchdog`) and restarts a worker that
+exited, under the node's restart policy, after Docker's restart backoff
+(:data:`RESTART_BACKOFF_S`), so that both runtimes restart alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+from hloserve.errors import HloserveError
+from hloserve.node.node_config import RestartConfig
+from hloserve.node.plan import describe_exit, restart_allowed
+from hloserve.node.tritonserver import TritonServer, TritonServerError, TritonServerOptions
+from hloserve.node.watchdog import StubWatchdog, stub_watchdog
+
+#: Longest slice of one readiness poll, in seconds (a stop request waits at most this long).
+READY_SLICE_S = 2.0
+#: Delay before the first restart of a worker, doubled at each further restart up to
+#: :data:`RESTART_BACKOFF_MAX_S`; reset after the worker ran :data:`RESTART_RESET_S`. Docker's
+#: restart manager uses the same numbers (100 ms doubling, at most 1 minute, reset after 10 s;
+#: https://docs.docker.com/engine/containers/start-containers-automatically/).
+RESTART_BACKOFF_S = 0.1
+RESTART_BACKOFF_MAX_S = 60.0
+RESTART_RESET_S = 10.0
+
+
+def wait_all_ready(
+    servers: Sequence[TritonServer], timeout_s: float, stop: threading.Event | None = None
+) -> float | None:
+    """Wait until every started server answers ``/v2/health/ready``, one after the other.
+
+    Args:
+        servers: started servers.
+        timeout_s: seconds all of them may take together, counted by the wall clock from the
+            call (each failed poll counts what it really took).
+        stop: when set, return None at the next slice (Ctrl-C during start-up).
+
+    Returns:
+        Seconds waited, or None when ``stop`` was set first.
+
+    Raises:
+        TritonServerError: a server exited, or ``timeout_s`` passed (the message holds the
+            server's log tail).
+    """
+    start = time.monotonic()
+    for server in servers:
+        while True:
+            if stop is not None and stop.is_set():
+                return None
+            left = timeout_s - (time.monotonic() - start)
+            try:
+                server.wait_ready(timeout_s=min(READY_SLICE_S, max(left, 0.1)))
+                break
+            except TritonServerError:
+                if not server.is_running() or time.monotonic() - start >= timeout_s:
+                    raise
+    return time.monotonic() - start
+
+
+def restart_delay(restarts: int) -> float:
+    """Seconds to wait before restart number ``restarts + 1`` (:data:`RESTART_BACKOFF_S`)."""
+    return min(RESTART_BACKOFF_S * 2.0**restarts, RESTART_BACKOFF_MAX_S)
+
+
+def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
+    """Copy the lines appended to ``path`` to stdout with ``prefix`` until ``stop``."""
+    handle: IO[str] | None = None
+    try:
+        while not stop.is_set():
+            if handle is None:
+                try:
+                    handle = path.open(errors="replace")
+                except OSError:
+                    stop.wait(0.2)
+                    continue
+            line = handle.readline()
+            if line:
+                sys.stdout.write(f"{prefix} {line if line.endswith(chr(10)) else line + chr(10)}")
+                sys.stdout.flush()
+            else:
+                stop.wait(0.2)
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+class ProcessWorkers:
+    """Local tritonservers, one per planned worker, watched and restarted by this process.
+
+    The process runtime of ``hloserve node up`` and of ``hloserve serve --workers N``
+    (:class:`~hloserve.node.fleet.LocalFleet`).
+
+    Args:
+        options: each worker's server options (distinct ports), used as given except the log
+            file with ``follow_logs``.
+        restart: the restart policy; None = ``no`` (a worker that exits stays down and is left
+            to the gateway's health probes).
+        startup_timeout_s: seconds the workers may take to get ready; None = the largest of
+            their ``startup_timeout_s``.
+        devices: a word per worker for the start line ("GPU 0", "CPU"); None prints none.
+        follow_logs: send each worker's output to ``<run dir>/worker<i>.log`` and copy it to
+            stdout with a ``[worker i]`` prefix; False leaves it on this process's stdout.
+        name: the run directory's prefix (the node's name).
+        prefix: the first word of each report line ("hloserve node", "hloserve").
+        report: receives one line per event (start, exit, restart, stub reload); an attribute
+            too, like the two hooks, so a supervisor can set them after the start.
+        on_restart: called with the worker index after each restart (metrics).
+        on_stub_reload: called with the worker index and the model after each stub reload.
+    """
+
+    def __init__(
+        self,
+        options: Sequence[TritonServerOptions],
+        *,
+        restart: RestartConfig | None = None,
+        startup_timeout_s: float | None = None,
+        devices: Sequence[str] | None = None,
+        follow_logs: bool = True,
+        name: str = "node",
+        prefix: str = "hloserve node",
+        report: Callable[[str], None] = lambda line: print(line, flush=True),
+        on_restart: Callable[[int], None] | None = None,
+        on_stub_reload: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.restart = restart or RestartConfig(policy="no")
+        self.startup_timeout_s = (
+            max(o.startup_timeout_s for o in options)
+            if startup_timeout_s is None
+            else startup_timeout_s
+        )
+        self.devices = devices
+        self._prefix = prefix
+        self.report = report
+        self.on_restart = on_restart
+        self.on_stub_reload = on_stub_reload
+        self._run_dir: Path | None = None
+        self.options = list(options)
+        if follow_logs:
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
+            self.options = [
+                dataclasses.replace(o, log_file=self._run_dir / f"worker{i}.log")
+                for i, o in enumerate(self.options)
+            ]
+        count = len(self.options)
+        self.servers = [TritonServer(o) for o in self.options]
+        self._watchdogs: list[StubWatchdog | None] = [None] * count
+        self._restarts = [0] * count
+        self._restart_at: dict[int, float] = {}  # worker -> when its pending restart is due
+        self._started_at = [0.0] * count
+        self._down: set[int] = set()
+        self._logs_stop = threading.Event()
+        self._logs: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Launch every worker (no waiting); with ``follow_logs`` their logs are followed."""
+        for i, server in enumerate(self.servers):
+            server.start()
+            self._started_at[i] = time.monotonic()
+            if self._run_dir is not None:
+                follower = threading.Thread(
+                    target=follow_log,
+                    args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
+                    kwargs={"stop": self._logs_stop},
+                    daemon=True,
+                )
+                follower.start()
+                self._logs.append(follower)
+            if self.devices is not None:
+                self.report(f"{self._prefix}: worker {i} pid {server.pid} ({self.devices[i]})")
+
+    def wait_ready(self, stop: threading.Event | None = None) -> float | None:
+        """Wait until every worker answers ``/v2/health/ready``; then the stub watchdogs start.
+
+        Returns:
+            Seconds waited, or None when ``stop`` was set first.
+
+        Raises:
+            TritonServerError: a worker exited or did not get ready in time (its log tail).
+        """
+        waited = wait_all_ready(self.servers, self.startup_timeout_s, stop)
+        if waited is not None:
+            self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
+        return waited
+
+    def _watchdog(self, i: int, server: TritonServer) -> StubWatchdog:
+        def reloaded(model: str) -> None:
+            if self.on_stub_reload is not None:
+                self.on_stub_reload(i, model)
+
+        return stub_watchdog(server, reloaded)
+
+    def running(self) -> int:
+        """How many workers run now."""
+        return sum(s.is_running() for s in self.servers)
+
+    def down(self) -> set[int]:
+        """The workers that stay down (the restart policy allows no more restarts)."""
+        return set(self._down)
+
+    def exit_codes(self) -> list[int | None]:
+        """Each worker's exit status, None while it runs (or was never started)."""
+        return [s.exit_code() for s in self.servers]
+
+    def poll(self) -> str | None:
+        """Reload models whose stub died; restart workers that exited, under the restart
+        policy and after the backoff; report the ones that stay down. Never asks to stop."""
+        now = time.monotonic()
+        for i, server in enumerate(self.servers):
+            if i in self._down:
+                continue
+            if i in self._restart_at:
+                if now >= self._restart_at[i]:
+                    del self._restart_at[i]
+                    self._relaunch(i, wait=False)
+                continue
+            code = server.exit_code()
+            if code is None:
+                watchdog = self._watchdogs[i]
+                if watchdog is not None and server.is_running():
+                    watchdog.check()
+                continue
+            if now - self._started_at[i] >= RESTART_RESET_S:
+                self._restarts[i] = 0  # it ran long enough: the backoff starts over
+            how = describe_exit(code)
+            self._watchdogs[i] = None
+            if not restart_allowed(self.restart, code, self._restarts[i]):
+                self._down.add(i)
+                left = len(self.servers) - len(self._down)
+                self.report(
+                    f"{self._prefix}: worker {i} (gRPC {server.urls.grpc}) {how}; the restart "
+                    f"policy ({self.restart.policy}) keeps it down, {left} worker(s) keep serving"
+                )
+                continue
+            self._restarts[i] += 1
+            delay = restart_delay(self._restarts[i] - 1)
+            self.report(
+                f"{self._prefix}: worker {i} {how}; restart {self._restarts[i]} in {delay:g} s"
+            )
+            with contextlib.suppress(HloserveError):
+                server.stop(timeout_s=5.0)
+            self._restart_at[i] = now + delay
+        return None
+
+    def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send ``sig`` to worker ``index`` (default SIGKILL: it dies without warning), wait
+        for it and clean up after it."""
+        server = self.servers[index]
+        if server.pid is not None and server.is_running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server.pid, sig)
+        server.stop(timeout_s=10.0)
+
+    def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
+        """Start worker ``index`` again on its ports and wait until it is ready.
+
+        Returns:
+            Seconds waited.
+
+        Raises:
+            TritonServerError: it did not start or get ready.
+        """
+        self.servers[index].stop()
+        self._restart_at.pop(index, None)
+        return self._relaunch(index, wait=True, timeout_s=timeout_s)
+
+    def _relaunch(self, i: int, *, wait: bool, timeout_s: float | None = None) -> float:
+        """A new server for worker ``i``; its watchdog starts once it is ready (in a thread
+        unless ``wait``)."""
+        replacement = TritonServer(self.options[i])
+        self.servers[i] = replacement
+        self._down.discard(i)
+        self._watchdogs[i] = None
+        self._started_at[i] = time.monotonic()
+        if self.on_restart is not None:
+            self.on_restart(i)
+        try:
+            replacement.start()
+        except HloserveError as exc:
+            if wait:
+                raise
+            self.report(f"{self._prefix}: worker {i} could not restart: {exc}")
+            self._down.add(i)
+            return 0.0
+        if wait:
+            waited = replacement.wait_ready(timeout_s)
+            self._watchdogs[i] = self._watchdog(i, replacement)
+            return waited
+        threading.Thread(target=self._watch_when_ready, args=(i, replacement), daemon=True).start()
+        return 0.0
+
+    def _watch_when_ready(self, i: int, server: TritonServer) -> None:
+        with contextlib.suppress(HloserveError):
+            server.wait_ready(self.startup_timeout_s)
+            if i < len(self.servers) and self.servers[i] is server and server.is_running():
+                self._watchdogs[i] = self._watchdog(i, server)
+
+    def stop(self) -> None:
+        """Stop every worker (and its stubs), then the log followers (idempotent); the first
+        worker error is raised after all were stopped."""
+        errors: list[HloserveError] = []
+        self._restart_at = {}
+        for server in self.servers:
+            try:
+                server.stop()
+            except HloserveError as exc:
+                errors.append(exc)
+        self._logs_stop.set()
+        for follower in self._logs:
+            follower.join(timeout=5.0)
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
