@@ -237,13 +237,12 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             PanelSpec(
                 "Hit ratio",
                 (
-                    f"sum(rate(hloserve_weight_cache_hits_total{_WM}[5m])) / "
-                    f"(sum(rate(hloserve_weight_cache_hits_total{_WM}[5m])) + "
-                    f"sum(rate(hloserve_weight_loads_total{_WM}[5m])))",
+                    f"1 - sum(rate(hloserve_weight_loads_total{_WM}[5m])) / "
+                    f"sum(rate(hloserve_executions_total{_WM}[5m]))",
                 ),
                 unit="percentunit",
-                description="Executions whose weights were resident, over all executions "
-                "that needed weights.",
+                description="Executions that found their weights resident: one minus loads "
+                "per execution.",
             ),
             PanelSpec(
                 "Load bandwidth",

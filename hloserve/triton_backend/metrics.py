@@ -15,6 +15,7 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 ``hloserve_weight_loads_total{model}``      counter    host-to-device loads
 ``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
 ``hloserve_weight_load_seconds{model}``     histogram  seconds per load
+``hloserve_weight_load_bytes_total{model}`` counter    bytes loaded to the device
 ==========================================  =========  ============================================
 
 and, from :class:`TritonExecutionMetrics` (docs/serving.md, "Shape variants"):
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 #: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
-#: takes ~21 ms on an H200, DESIGN.md).
+#: takes ~21 ms on an H200, docs/on_demand_weights.md "GPU figures").
 LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
@@ -61,6 +62,7 @@ _FAMILIES = (
         "Seconds per load of the model's weights to the device",
         "HISTOGRAM",
     ),
+    ("hloserve_weight_load_bytes_total", "Bytes of weights loaded to the device", "COUNTER"),
 )
 
 
@@ -81,7 +83,7 @@ class TritonCacheMetrics:
             family(name=name, description=description, kind=getattr(family, kind))
             for name, description, kind in _FAMILIES
         ]
-        budget, total, self._sizes, _resident, _loads, _evictions, _seconds = self._families
+        budget, total, self._sizes, _resident, _loads, _evictions, _seconds, _bytes = self._families
         self._budget = budget.Metric(labels={})
         self._budget.set(float(budget_bytes or 0))
         self._total = total.Metric(labels={})
@@ -90,6 +92,7 @@ class TritonCacheMetrics:
         self._loads: dict[str, Any] = {}
         self._evictions: dict[str, Any] = {}
         self._seconds: dict[str, Any] = {}
+        self._bytes: dict[str, Any] = {}
         self._size: dict[str, Any] = {}
         for name in sorted(models):
             self._series(name)
@@ -99,18 +102,26 @@ class TritonCacheMetrics:
         ``__init__``."""
         if name in self._resident:
             return
-        _, _, _, resident, loads, evictions, seconds = self._families
+        _, _, _, resident, loads, evictions, seconds, nbytes = self._families
         labels = {"model": name}
         self._resident[name] = resident.Metric(labels=labels)
         self._resident[name].set(0.0)
         self._loads[name] = loads.Metric(labels=labels)
         self._evictions[name] = evictions.Metric(labels=labels)
         self._seconds[name] = seconds.Metric(labels=labels, buckets=list(LOAD_SECONDS_BUCKETS))
+        self._bytes[name] = nbytes.Metric(labels=labels)
 
     def close(self) -> None:
         """Drop every series, then the families (Triton wants the metrics deleted first)."""
         with self._lock:
-            tables = (self._size, self._resident, self._loads, self._evictions, self._seconds)
+            tables = (
+                self._size,
+                self._resident,
+                self._loads,
+                self._evictions,
+                self._seconds,
+                self._bytes,
+            )
             for table in tables:
                 table.clear()
             self._budget = self._total = self._sizes = None
@@ -138,6 +149,7 @@ class TritonCacheMetrics:
             if name in self._resident:
                 self._resident[name].set(float(nbytes))
                 self._loads[name].increment(1.0)
+                self._bytes[name].increment(float(nbytes))
                 self._seconds[name].observe(seconds)
             self._total.set(float(resident_bytes))
 
@@ -189,4 +201,96 @@ class TritonExecutionMetrics:
             self._family = None
 
 
-__all__ = ["LOAD_SECONDS_BUCKETS", "TritonCacheMetrics", "TritonExecutionMetrics"]
+class TritonRuntimeMetrics:
+    """The runtime's execution and scheduler metrics, published once a second
+    (:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish_state``):
+
+    - ``hloserve_execution_items_total{model,variant}`` (counter): real items executed;
+    - ``hloserve_execution_padding_total{model,variant}`` (counter): zero-padding items;
+    - ``hloserve_scheduler_queue_depth{model}`` (gauge): requests queued;
+    - ``hloserve_scheduler_share{model}`` (gauge): weight / sum of weights;
+    - ``hloserve_scheduler_recent_compute_share{model}`` (gauge): the model's share of the
+      recent-compute EMA (docs/scheduling.md);
+    - ``hloserve_scheduler_cost_seconds{model,variant,batch_size}`` (gauge): learned cost;
+    - ``hloserve_scheduler_shed_total{model,reason}`` (counter): requests shed, ``reason`` =
+      ``deadline`` (passed), ``laxity`` (cannot be met) or ``stopping``.
+    """
+
+    _SHED_REASONS = ("deadline", "laxity", "stopping")
+
+    def __init__(self, pb_utils: Any) -> None:
+        family = pb_utils.MetricFamily
+        specs = (
+            ("hloserve_execution_items_total", "Real items executed", family.COUNTER),
+            ("hloserve_execution_padding_total", "Zero-padding items executed", family.COUNTER),
+            ("hloserve_scheduler_queue_depth", "Requests queued in the runtime", family.GAUGE),
+            ("hloserve_scheduler_share", "fair: weight / sum of weights", family.GAUGE),
+            (
+                "hloserve_scheduler_recent_compute_share",
+                "The model's share of the recent-compute EMA",
+                family.GAUGE,
+            ),
+            (
+                "hloserve_scheduler_cost_seconds",
+                "Learned execution cost per (variant, batch size)",
+                family.GAUGE,
+            ),
+            ("hloserve_scheduler_shed_total", "Requests shed before device work", family.COUNTER),
+        )
+        self._families = {n: family(name=n, description=d, kind=k) for n, d, k in specs}
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._lock = threading.Lock()
+
+    def _metric(self, name: str, **labels: str) -> Any:
+        key = (name, tuple(sorted(labels.items())))
+        metric = self._series.get(key)
+        if metric is None:
+            metric = self._series[key] = self._families[name].Metric(labels=dict(labels))
+        return metric
+
+    def publish(self, state: Any) -> None:
+        """Record one :class:`~hloserve.triton_backend.runtime_server.RuntimeState`."""
+        with self._lock:
+            if not self._families:
+                return
+            for (model, variant), (items, padding) in state.rows.items():
+                self._metric(
+                    "hloserve_execution_items_total", model=model, variant=variant
+                ).increment(float(items))
+                self._metric(
+                    "hloserve_execution_padding_total", model=model, variant=variant
+                ).increment(float(padding))
+            recent_total = sum(m.recent_compute_s for m in state.models.values()) or 1.0
+            for model, snap in state.models.items():
+                self._metric("hloserve_scheduler_queue_depth", model=model).set(float(snap.queued))
+                self._metric("hloserve_scheduler_share", model=model).set(float(snap.share))
+                self._metric("hloserve_scheduler_recent_compute_share", model=model).set(
+                    float(snap.recent_compute_s / recent_total)
+                )
+                for reason in self._SHED_REASONS:  # every series exists from the start at 0
+                    self._metric("hloserve_scheduler_shed_total", model=model, reason=reason)
+            for (model, variant, size), seconds in state.costs.items():
+                self._metric(
+                    "hloserve_scheduler_cost_seconds",
+                    model=model,
+                    variant=variant,
+                    batch_size=str(size),
+                ).set(float(seconds))
+            for (model, reason), n in state.shed.items():
+                self._metric("hloserve_scheduler_shed_total", model=model, reason=reason).increment(
+                    float(n)
+                )
+
+    def close(self) -> None:
+        """Drop every series, then the families."""
+        with self._lock:
+            self._series.clear()
+            self._families.clear()
+
+
+__all__ = [
+    "LOAD_SECONDS_BUCKETS",
+    "TritonCacheMetrics",
+    "TritonExecutionMetrics",
+    "TritonRuntimeMetrics",
+]

@@ -54,6 +54,24 @@ log = logging.getLogger("hloserve.triton_backend.runtime_server")
 Publish = Callable[[tuple[str, str, int], int], None]
 
 
+@dataclass(frozen=True)
+class RuntimeState:
+    """What the runtime publishes once a second besides execution counts (metrics).
+
+    Attributes:
+        rows: (model, variant label) -> (real items, padding items) executed since the last one.
+        shed: (model, reason) -> requests shed since the last one (``deadline``, ``laxity``,
+            ``stopping``).
+        models: model -> its scheduler snapshot (queue depth, share, recent compute).
+        costs: (model, variant label, batch size) -> learned cost, seconds.
+    """
+
+    rows: dict[tuple[str, str], tuple[int, int]]
+    shed: dict[tuple[str, str], int]
+    models: dict[str, Any]
+    costs: dict[tuple[str, str, int], float]
+
+
 @dataclass(eq=False)
 class _Connection:
     sock: socket.socket
@@ -99,6 +117,7 @@ class RuntimeServer:
         address: the channel address (:func:`channel.address`).
         scheduler_config: the scheduler's discipline and constants.
         publish: receives execution counts off the hot path (e.g. Triton metrics).
+        publish_state: receives a :class:`RuntimeState` at the same cadence.
         flush_interval_s: seconds between ``publish`` rounds.
         key: the server key segment names carry (default :func:`channel.server_key`).
     """
@@ -110,6 +129,7 @@ class RuntimeServer:
         address: str,
         scheduler_config: SchedulerConfig | None = None,
         publish: Publish | None = None,
+        publish_state: Callable[[RuntimeState], None] | None = None,
         flush_interval_s: float = 1.0,
         key: str | None = None,
     ) -> None:
@@ -118,6 +138,9 @@ class RuntimeServer:
         self.key = key or channel.server_key()
         self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self._shed)
         self._publish = publish
+        self._publish_state = publish_state
+        self._rows: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self._shed_counts: dict[tuple[str, str], int] = defaultdict(int)
         self._flush_interval_s = flush_interval_s
         self._counts: dict[tuple[str, str, int], int] = defaultdict(int)
         self._counts_lock = threading.Lock()
@@ -349,6 +372,15 @@ class RuntimeServer:
     def _shed(self, work: Work, reason: str) -> None:
         job = work.payload
         assert isinstance(job, _Job)
+        kind = (
+            "laxity"
+            if "cannot be met" in reason
+            else "stopping"
+            if "stopping" in reason
+            else ("deadline")
+        )
+        with self._counts_lock:
+            self._shed_counts[(self._name_of(work.model), kind)] += 1
         job.conn.send(
             {"op": "failed", "ids": [job.id], "status": Status.UNAVAILABLE.name, "message": reason}
         )
@@ -399,6 +431,9 @@ class RuntimeServer:
         label = variant_label(manifest.variant_dims[batch.variant])
         with self._counts_lock:
             self._counts[(loaded.name, label, size)] += 1
+            rows = self._rows[(loaded.name, label)]
+            rows[0] += batch.items
+            rows[1] += size - batch.items if manifest.batched else 0
             self.executions += 1
             self.items += batch.items
 
@@ -411,13 +446,42 @@ class RuntimeServer:
     def _flush(self) -> None:
         with self._counts_lock:
             counts, self._counts = self._counts, defaultdict(int)
-        if self._publish is None:
-            return
-        for key, n in counts.items():
+            rows, self._rows = self._rows, defaultdict(lambda: [0, 0])
+            shed, self._shed_counts = self._shed_counts, defaultdict(int)
+        if self._publish is not None:
+            for key, n in counts.items():
+                try:
+                    self._publish(key, n)
+                except Exception:
+                    log.exception("publishing execution counts failed")
+        if self._publish_state is not None:
             try:
-                self._publish(key, n)
+                self._publish_state(self._state(rows, shed))
             except Exception:
-                log.exception("publishing execution counts failed")
+                log.exception("publishing the runtime's state failed")
+
+    def _name_of(self, key: str) -> str:
+        """A held bundle's model name (a reload's key is ``name#generation``)."""
+        with self._holds_lock:
+            loaded = self._loaded.get(key)
+        return loaded.name if loaded is not None else key.partition("#")[0]
+
+    def _state(
+        self, rows: dict[tuple[str, str], list[int]], shed: dict[tuple[str, str], int]
+    ) -> RuntimeState:
+        snapshot = self.scheduler.snapshot()
+        with self._holds_lock:
+            loaded = dict(self._loaded)
+        models: dict[str, Any] = {}
+        costs: dict[tuple[str, str, int], float] = {}
+        for key, snap in snapshot.models.items():
+            bundle = loaded.get(key)
+            name = bundle.name if bundle is not None else key.partition("#")[0]
+            models[name] = snap
+            for (variant, size), seconds in snap.costs.items():
+                dims = bundle.bundle.manifest.variant_dims[variant] if bundle is not None else {}
+                costs[(name, variant_label(dims), size)] = seconds
+        return RuntimeState({k: (v[0], v[1]) for k, v in rows.items()}, dict(shed), models, costs)
 
 
 def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:

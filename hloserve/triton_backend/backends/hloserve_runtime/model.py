@@ -19,7 +19,11 @@ import triton_python_backend_utils as pb_utils
 from hloserve.errors import UnimplementedError
 from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.executable_cache import TritonExecutableMetrics
-from hloserve.triton_backend.metrics import TritonCacheMetrics, TritonExecutionMetrics
+from hloserve.triton_backend.metrics import (
+    TritonCacheMetrics,
+    TritonExecutionMetrics,
+    TritonRuntimeMetrics,
+)
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_server import RuntimeServer, scheduler_config_from_args
 
@@ -38,6 +42,7 @@ class TritonPythonModel:
         model_args = pb.ModelArgs.from_triton(args)
         self.executions = TritonExecutionMetrics(pb_utils)
         self.executables = TritonExecutableMetrics(pb_utils)
+        self.state = TritonRuntimeMetrics(pb_utils)
         self.core = RuntimeModel.from_args(
             model_args,
             observer=metrics,
@@ -49,6 +54,7 @@ class TritonPythonModel:
             address=channel.address(model_args.name),
             scheduler_config=scheduler_config_from_args(model_args),
             publish=self.executions.publish,
+            publish_state=self.state.publish,
         )
         self.server.start()
 
@@ -64,5 +70,6 @@ class TritonPythonModel:
         self.core.close()
         self.executions.close()
         self.executables.close()
+        self.state.close()
         if self.metrics is not None:
             self.metrics.close()
