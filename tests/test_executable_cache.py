@@ -424,15 +424,12 @@ def test_an_entry_that_does_not_deserialize_is_recompiled_and_rewritten(
 def test_runtime_from_args_logs_compiled_then_cached(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from hloserve.model_repository_tools import names
     from hloserve.triton_backend.runtime import RuntimeModel
 
     repo = tmp_path / "repo"
-    (repo / "affine" / "1").mkdir(parents=True)
-    import shutil
-
-    shutil.copytree(GOLDEN / "affine", repo / "affine" / "1" / "bundle")
     params = {
-        "hloserve.bundles": "affine",
+        names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
         "hloserve.executable_cache": str(tmp_path / "cache"),
     }
     args = ModelArgs(
@@ -441,13 +438,15 @@ def test_runtime_from_args_logs_compiled_then_cached(
         version="1",
         config={"parameters": {k: {"string_value": v} for k, v in params.items()}},
     )
-    x = np.load(GOLDEN / "affine.expected.npz")["x"]
+    x = np.load(GOLDEN / "affine.expected.npz")["x"][:2]
     answers, counted = [], []
     for _ in range(2):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="hloserve.triton_backend.runtime"):
             runtime = RuntimeModel.from_args(args, executables=lambda m, s: counted.append((m, s)))
-        answers.append(runtime.execute({"affine__x": x}))
+            loaded = runtime.acquire("affine", GOLDEN / "affine")  # as a front asks for it
+        answers.append(dict(enumerate(runtime.run(loaded, 0, 2, [x]))))
+        runtime.release(loaded.key)
         runtime.close()
         summaries = [r.getMessage() for r in caplog.records if "executables:" in r.getMessage()]
         assert len(summaries) == 1, summaries
@@ -463,9 +462,13 @@ def test_runtime_from_args_logs_compiled_then_cached(
 
 
 def test_runtime_refuses_a_bad_bound_naming_the_model(tmp_path: Path) -> None:
+    from hloserve.model_repository_tools import names
     from hloserve.triton_backend.runtime import RuntimeModel
 
-    params = {"hloserve.bundles": "a", "hloserve.executable_cache_bytes": "-1"}
+    params = {
+        names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),
+        "hloserve.executable_cache_bytes": "-1",
+    }
     args = ModelArgs(
         name="hloserve_runtime",
         model_dir=tmp_path / "hloserve_runtime",
@@ -473,7 +476,7 @@ def test_runtime_refuses_a_bad_bound_naming_the_model(tmp_path: Path) -> None:
         config={"parameters": {k: {"string_value": v} for k, v in params.items()}},
     )
     with pytest.raises(InvalidArgumentError, match="model 'hloserve_runtime': parameter"):
-        RuntimeModel.from_args(args, preload=False)
+        RuntimeModel.from_args(args)
 
 
 def test_a_relative_directory_is_refused() -> None:

@@ -194,5 +194,7 @@ def test_killing_a_worker_under_load(fleet: LocalFleet, gateway: Any, digits_mod
     for failure in failures:  # the request worker 0 held when it was killed, if any
         assert isinstance(failure, InferenceServerException), failure
         assert failure.status() == "StatusCode.UNAVAILABLE", failure
-        assert "failed while it held the request" in str(failure), failure
+        # the Python path names it; HAProxy (the default data plane) resets the stream
+        held = ("failed while it held the request", "Stream removed")
+        assert any(text in str(failure) for text in held), failure
     assert served[0] >= during + 20

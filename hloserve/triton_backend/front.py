@@ -14,7 +14,7 @@ Shape variants (docs/bundles.md, "Shape variants"): each request runs on the sma
 holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
 back; requests are coalesced only with requests of the same variant.
 
-The front never imports JAX (DESIGN.md: the runtime is the only JAX process).
+The front never imports JAX (docs/serving.md: the runtime is the only JAX process).
 """
 
 from __future__ import annotations
