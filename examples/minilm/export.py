@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,6 +45,21 @@ CLIENT_OUTPUTS = [
 ]
 
 
+def bundle_extras(buckets: tuple[int, ...] = SEQUENCE_BUCKETS) -> dict[str, Any]:
+    """What every MiniLM bundle adds to its executables, whichever exporter writes them: the
+    sequence-length variants, the client tensors (text in, embedding out) and the hooks with
+    the tokenizer they read."""
+    return {
+        "variants": [{"s": s} for s in buckets],
+        "client_inputs": CLIENT_INPUTS,
+        "client_outputs": CLIENT_OUTPUTS,
+        "files": {
+            "model.py": HERE / "hooks.py",
+            "tokenizer.json": minilm_model.model_dir() / "tokenizer.json",
+        },
+    }
+
+
 def export_minilm(
     bundles_dir: Path,
     *,
@@ -61,13 +76,7 @@ def export_minilm(
         batch_sizes,
         bundles_dir / "minilm",
         overwrite=overwrite,
-        variants=[{"s": s} for s in buckets],
-        client_inputs=CLIENT_INPUTS,
-        client_outputs=CLIENT_OUTPUTS,
-        files={
-            "model.py": HERE / "hooks.py",
-            "tokenizer.json": minilm_model.model_dir() / "tokenizer.json",
-        },
+        **bundle_extras(buckets),
     )
     print(f"minilm: bundle written to {bundle.path}")
     return bundle

@@ -14,6 +14,7 @@ executable taking i32 ``input_ids`` / ``attention_mask`` ``[n, s]`` at sequence 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -24,20 +25,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "minilm"))
 import minilm_model  # examples/minilm: package path, reference embeddings, shape constants
 
 from hloserve.bundle import Bundle
-from hloserve.export import ClientTensorSpec, OutputSpec, TensorSpec, export_torch
+from hloserve.export import export_torch
 
 MINILM = Path(__file__).resolve().parent.parent / "minilm"
-BATCH_SIZES = (1, 8, 32)
-SEQUENCE_BUCKETS = (32, minilm_model.MAX_TOKENS)
-INPUTS = [
-    TensorSpec(name="input_ids", dtype="i32", shape="ns", dims={"s": -1}),
-    TensorSpec(name="attention_mask", dtype="i32", shape="ns", dims={"s": -1}),
-]
-OUTPUTS = [OutputSpec(name="token_embeddings", shape="nsd")]
-CLIENT_INPUTS = [ClientTensorSpec(name="text", dtype="bytes", shape="n")]
-CLIENT_OUTPUTS = [
-    ClientTensorSpec(name="embedding", dtype="f32", shape="nd", dims={"d": minilm_model.HIDDEN})
-]
+
+
+def _minilm_export() -> Any:
+    """examples/minilm/export.py (its tensors, sizes and hooks), under a name of its own."""
+    name = "minilm_export"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, MINILM / "export.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_JAX_EXAMPLE = _minilm_export()
+BATCH_SIZES = _JAX_EXAMPLE.BATCH_SIZES
+SEQUENCE_BUCKETS = _JAX_EXAMPLE.SEQUENCE_BUCKETS
+INPUTS = _JAX_EXAMPLE.INPUTS
+OUTPUTS = _JAX_EXAMPLE.OUTPUTS
 
 
 def load_module() -> Any:
@@ -78,13 +87,7 @@ def export_minilm_torch(
         batch_sizes,
         bundles_dir / "minilm_torch",
         overwrite=overwrite,
-        variants=[{"s": s} for s in buckets],
-        client_inputs=CLIENT_INPUTS,
-        client_outputs=CLIENT_OUTPUTS,
-        files={
-            "model.py": MINILM / "hooks.py",
-            "tokenizer.json": minilm_model.model_dir() / "tokenizer.json",
-        },
+        **_JAX_EXAMPLE.bundle_extras(buckets),
         progress=progress,
     )
     print(f"minilm_torch: bundle written to {bundle.path}")

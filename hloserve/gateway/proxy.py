@@ -438,17 +438,9 @@ class GatewayProxy:
         """
         received_at = time.perf_counter()
         try:
-            head = peek_infer_request(request)
-            if head.model_name in self._batch_inputs:
-                batch_input = self._batch_inputs[head.model_name]
-                head = dataclasses.replace(head, batch=head.batch_of(batch_input))
+            head = await self._checked_head(request)
             route = self._router.table.get(head.model_name)
-            if route is None and self._refresh is not None:
-                await self._refresh()
-                route = self._router.table.get(head.model_name)
             batching = route is not None and route.max_batch is not None
-            if route is not None:
-                check_shapes(head, route.max_batch)
             # A model that does not batch (max_batch_size 0) counts 1 item per request.
             items = (head.batch or 1) if batching else 1
             ticket = self._admit(head.model_name, items)
