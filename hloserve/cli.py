@@ -7,8 +7,10 @@ Subcommands:
     bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
     repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
     repo validate REPO_DIR          check a repository's configs against their bundles
-    serve PATH [--workers N]        serve bundles with tritonserver (N > 1: behind the gateway)
+    serve PATH [--workers N]        serve bundles with tritonserver (N > 1: behind the gateway);
+                                    --watch follows the bundles directory while serving
     status URL                      print a server's weight cache state (metrics endpoint)
+    status --models ADMIN_URL       each model's version, state, last reload, error
     gateway --config FILE           one KServe V2 gRPC endpoint over several tritonservers
     gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
 """
@@ -168,6 +170,12 @@ def _repo_validate(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from hloserve.node.status import cache_status, fetch_metrics, print_quietly, render_status
 
+    if args.models:
+        from hloserve.node.status import fetch_models, render_models
+
+        print_quietly(render_models(fetch_models(args.url)))
+        return 0
+
     print_quietly(render_status(cache_status(fetch_metrics(args.url))))
     return 0
 
@@ -199,6 +207,8 @@ def _serve(args: argparse.Namespace) -> int:
             worker_port_base=args.worker_port_base,
             gateway_config=args.gateway_config,
             admin_port=args.admin_port,
+            watch=args.watch,
+            watch_interval_s=args.watch_interval,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
@@ -496,6 +506,20 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "workers, listen and admin ports",
     )
     _add_tls_flags(serve, "with --workers: ")
+    serve.add_argument(
+        "--watch",
+        action="store_true",
+        help="PATH a bundles directory: load added bundles, reload changed ones and unload "
+        "removed ones while serving, each once two polls see the same content "
+        "(docs/serving.md, 'Watching the bundles directory'); one worker only",
+    )
+    serve.add_argument(
+        "--watch-interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="with --watch: seconds between two polls of the bundles directory (15)",
+    )
     serve.set_defaults(func=_serve, tritonserver_args=[])
 
 
@@ -619,7 +643,18 @@ def build_parser() -> argparse.ArgumentParser:
         "residency, weight bytes, resident bytes, loads, evictions and mean load time "
         "(docs/on_demand_weights.md).",
     )
-    status.add_argument("url", metavar="URL", help="metrics endpoint: HOST:PORT (8002) or a URL")
+    status.add_argument(
+        "url",
+        metavar="URL",
+        help="metrics endpoint: HOST:PORT (8002) or a URL; with --models the supervisor's "
+        "admin port (8003)",
+    )
+    status.add_argument(
+        "--models",
+        action="store_true",
+        help="print each model's version, state, last reload and error instead, read from "
+        "the admin port of hloserve serve (--admin-port; docs/serving.md)",
+    )
     status.set_defaults(func=_status)
     gateway = commands.add_parser(
         "gateway",

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
@@ -112,6 +112,9 @@ class ServeOptions:
         admin_port: the supervisor's admin port (``/metrics``: workers up, restarts, stub
             reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
             0 = a free port.
+        watch: keep the served models in line with the bundles directory while serving
+            (:mod:`hloserve.node.watch`; docs/serving.md, "Watching the bundles directory").
+        watch_interval_s: seconds between two polls of the bundles directory with ``watch``.
     """
 
     path: Path
@@ -140,6 +143,8 @@ class ServeOptions:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     admin_port: int | None = None
+    watch: bool = False
+    watch_interval_s: float = 15.0
 
 
 @contextlib.contextmanager
@@ -180,22 +185,24 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             )
     try:
         log.info("building the model repository from bundles in %s into %s", path, out)
-        build_repository(
-            path,
-            out,
-            front_instances=options.front_instances,
-            max_queue_delay_us=options.max_queue_delay_us,
-            weight_cache=options.weight_cache,
-            meta_concurrency=options.meta_concurrency,
-            batch_sizes=options.batch_sizes,
-            scheduling=options.scheduling,
-            overwrite=True,
-            executable_cache=options.executable_cache,
-        )
+        build_repository(path, out, overwrite=True, **build_arguments(options))
         yield out
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def build_arguments(options: ServeOptions) -> dict[str, Any]:
+    """The keyword arguments of ``plan_repository``/``build_repository`` that ``options`` set."""
+    return {
+        "front_instances": options.front_instances,
+        "max_queue_delay_us": options.max_queue_delay_us,
+        "weight_cache": options.weight_cache,
+        "meta_concurrency": options.meta_concurrency,
+        "batch_sizes": options.batch_sizes,
+        "scheduling": options.scheduling,
+        "executable_cache": options.executable_cache,
+    }
 
 
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
@@ -311,6 +318,8 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
     if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
+    if options.watch:
+        _check_watch(options)
     build_flags = build_flags_set(options)
     if build_flags and is_repository(options.path):
         raise InvalidArgumentError(
@@ -370,6 +379,29 @@ def check_options(options: ServeOptions) -> None:
             check_ports_free(options.host, endpoints, f"worker {i} ")
 
 
+def _check_watch(options: ServeOptions) -> None:
+    """``--watch`` needs one server in explicit mode serving a bundles directory."""
+    if not options.watch_interval_s > 0:
+        raise InvalidArgumentError(
+            f"--watch-interval must be above 0 seconds, got {options.watch_interval_s}"
+        )
+    if is_repository(options.path):
+        raise InvalidArgumentError(
+            f"--watch needs a bundles directory (PATH {options.path} is a model repository; "
+            "serve it with --model-control-mode poll to follow its changes)"
+        )
+    if options.workers > 1:
+        raise InvalidArgumentError(
+            "--watch serves one tritonserver: it cannot be used with --workers (restart the "
+            "fleet to serve changed bundles)"
+        )
+    if options.model_control_mode not in (None, "explicit") or options.load_models:
+        raise InvalidArgumentError(
+            "--watch loads and unloads models itself through explicit model control: leave "
+            "out --model-control-mode and --load-model"
+        )
+
+
 def _check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
     taken = {options.http_port, options.grpc_port, options.metrics_port} - {0}
     clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
@@ -398,6 +430,11 @@ def run_serve(options: ServeOptions) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    watched = None
+    if options.watch:  # before the build: a change made during it is acted on later
+        from hloserve.node.watch import scan
+
+        watched = scan(options.path)
     try:
         with prepared_repository(options) as repository:
             if stop.is_set():  # Ctrl-C while the repository was being built
@@ -435,6 +472,10 @@ def run_serve(options: ServeOptions) -> int:
                     )
                     if observe.admin:
                         print(f"  admin   http://{observe.admin}/metrics (supervisor)")
+                if watched is not None:
+                    from hloserve.node.watcher import watching
+
+                    stack.enter_context(watching(options, repository, server, observe, watched))
                 while not stop.wait(0.5):
                     observe.workers_up(int(server.is_running()))
                     watchdog.check()

@@ -1,4 +1,7 @@
-"""``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint.
+"""``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint;
+``hloserve status --models ADMIN_URL``: each model's version, state, last reload and error,
+read from the ``/models`` page of ``hloserve serve``'s admin port
+(:mod:`hloserve.observability.node_metrics`).
 
 Reads the ``hloserve_weight_*`` series the runtime model exports (docs/on_demand_weights.md,
 "Metrics"; :mod:`hloserve.triton_backend.metrics`) and renders them as a table. The parser
@@ -9,12 +12,15 @@ covers the Prometheus text exposition format as Triton writes it (one sample per
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
 
@@ -127,6 +133,62 @@ def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
         raise UnavailableError(f"{url}: cannot read metrics: {exc}") from None
 
 
+def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL.
+
+    Raises:
+        UnavailableError: the port cannot be reached, or the server behind it does not answer.
+        InvalidArgumentError: something answers there, but not a ``/models`` page (a worker's
+            metrics port, or ``serve --workers``, whose supervisor has no model list).
+    """
+    if "://" not in url:
+        url = f"http://{url}"
+    url = url.rstrip("/")
+    if not url.endswith("/models"):
+        url += "/models"
+    not_models = f"{url} is not the model list of hloserve serve's admin port (--admin-port)"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            rows = json.loads(response.read().decode())["models"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 503:
+            raise UnavailableError(f"{url}: the server does not answer: {exc.reason}") from None
+        raise InvalidArgumentError(f"{not_models}: HTTP {exc.code} {exc.reason}") from None
+    except (http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"{not_models}: {type(exc).__name__}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise UnavailableError(f"{url}: cannot read the model list: {exc}") from None
+    return list(rows)
+
+
+def render_models(rows: list[dict[str, Any]]) -> str:
+    """``/models`` rows as a text table: model, version, state, last reload, error.
+
+    The last reload is local time (``-`` = loaded at start); the error column holds the last
+    failed change's reason, else Triton's reason for a model that is not READY.
+    """
+    header = ("model", "version", "state", "last reload", "error")
+    table = [header]
+    for row in rows:
+        when = row.get("last_reload")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "-"
+        error = row.get("error") or (row.get("reason", "") if row.get("state") != "READY" else "")
+        table.append(
+            (
+                str(row["name"]),
+                str(row.get("version") or "-"),
+                str(row.get("state") or "-"),
+                stamp,
+                " ".join(str(error).split()) or "-",  # one line per model
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]) for r in table
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def print_quietly(text: str) -> None:
     """Print ``text`` to stdout; a reader that went away (``| head``) ends it quietly.
 
@@ -183,7 +245,9 @@ __all__ = [
     "ModelCacheRow",
     "cache_status",
     "fetch_metrics",
+    "fetch_models",
     "format_bytes",
     "print_quietly",
+    "render_models",
     "render_status",
 ]

@@ -11,12 +11,18 @@ default :data:`DEFAULT_ADMIN_PORT`) as Prometheus text, with ``/healthz``:
 ``hloserve_node_worker_restarts_total{worker}``           counter  worker processes restarted
 ``hloserve_node_stub_reloads_total{worker,model}``        counter  dead model stubs reloaded
 =======================================================  =======  ==================================
+
+``/models`` answers JSON, ``{"models": [{"name", "version", "state", "reason", "last_reload",
+"error"}, ...]}``: each model's Triton version and state with what ``serve --watch`` last did
+to it (:mod:`hloserve.node.watch`); ``hloserve status --models`` prints it. It answers 404
+where the supervisor has no model list (``--workers``).
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -68,7 +74,11 @@ class NodeMetrics:
 
 
 class NodeAdminServer:
-    """``/metrics`` and ``/healthz`` of :class:`NodeMetrics` on ``host:port`` (a thread).
+    """``/metrics`` and ``/healthz`` of :class:`NodeMetrics` on ``host:port`` (a thread), and
+    ``/models`` once :attr:`models` is set.
+
+    Attributes:
+        models: returns the JSON-ready rows of ``/models``; None = 404.
 
     Raises:
         OSError: the port is taken (``start``).
@@ -76,13 +86,23 @@ class NodeAdminServer:
 
     def __init__(self, metrics: NodeMetrics, host: str, port: int) -> None:
         exposition = metrics.exposition
+        self.models: Callable[[], list[dict[str, Any]]] | None = None
+        admin = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                models = admin.models
                 if self.path == "/metrics":
                     body, kind = exposition(), CONTENT_TYPE_LATEST
                 elif self.path == "/healthz":
                     body, kind = b"ok\n", "text/plain"
+                elif self.path == "/models" and models is not None:
+                    try:
+                        rows = models()
+                    except Exception as exc:  # the server is not answering
+                        self.send_error(503, explain=str(exc))
+                        return
+                    body, kind = json.dumps({"models": rows}).encode(), "application/json"
                 else:
                     self.send_error(404)
                     return

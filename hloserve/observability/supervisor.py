@@ -9,9 +9,10 @@ reloads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from hloserve.errors import HloserveError, Status
 from hloserve.observability.node_metrics import DEFAULT_ADMIN_PORT, NodeAdminServer, NodeMetrics
@@ -84,6 +85,11 @@ class NodeObservability:
             self._file = write_targets(self._targets, self._targets_dir)
         except OSError as exc:  # a read-only home must not stop the node
             log.warning("cannot write the Prometheus target file: %s", exc)
+
+    def serve_models(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        """Answer ``/models`` on the admin port with ``rows()`` (no-op when the port is off)."""
+        if self._server is not None:
+            self._server.models = rows
 
     def workers_up(self, count: int) -> None:
         """Record how many workers are running now."""

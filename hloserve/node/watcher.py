@@ -1,0 +1,388 @@
+"""The watcher of ``hloserve serve BUNDLES --watch``: polls, builds and loads (docs/serving.md,
+"Watching the bundles directory").
+
+:mod:`hloserve.node.watch` holds the rules (fingerprints, debounce, dependency order, version
+folders); this module applies them to a running tritonserver through its repository API
+(:class:`TritonModelControl`, with the model-control key of :mod:`hloserve.node.model_control`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hloserve.errors import HloserveError
+from hloserve.node.watch import (
+    DEFAULT_WATCH_INTERVAL_S,
+    Changes,
+    Debouncer,
+    Fingerprint,
+    ModelRecord,
+    callers,
+    dependency_order,
+    fingerprint,
+    install_version,
+    model_rows,
+    model_versions,
+    prune_versions,
+    roll_back,
+    scan,
+)
+
+if TYPE_CHECKING:
+    from hloserve.node.serve import ServeOptions
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.observability.supervisor import NodeObservability
+
+log = logging.getLogger("hloserve.watch")
+
+
+class ModelControl(Protocol):
+    """Triton's repository API as the watcher uses it (:class:`TritonModelControl`)."""
+
+    def load(self, model: str) -> None:
+        """Load or reload ``model`` from the repository; raises when it fails."""
+
+    def reload(self, model: str) -> None:
+        """Load ``model`` again though no file changed (fresh instances)."""
+
+    def unload(self, model: str) -> None:
+        """Unload ``model`` and wait until it is unloaded."""
+
+
+class TritonModelControl:
+    """:class:`ModelControl` over a tritonserver's HTTP endpoint, with the model-control key.
+
+    Args:
+        http_url: ``host:port``.
+        key: the restricted repository API's key (:mod:`hloserve.node.model_control`).
+        timeout_s: seconds a load may take (compiling included).
+    """
+
+    def __init__(self, http_url: str, key: str | None, timeout_s: float) -> None:
+        from hloserve.node.model_control import http_headers
+
+        self.http_url = http_url
+        self.headers = http_headers(key) or {}
+        self.timeout_s = timeout_s
+
+    def _client(self) -> Any:
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(
+            self.http_url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+        )
+
+    def load(self, model: str) -> None:
+        client = self._client()
+        try:
+            client.load_model(model, headers=self.headers)
+        finally:
+            client.close()
+
+    def reload(self, model: str) -> None:
+        from hloserve.node.watchdog import reload_model
+
+        reload_model(self.http_url, model, self.timeout_s, self.headers)
+
+    def unload(self, model: str) -> None:
+        client = self._client()
+        try:
+            client.unload_model(model, headers=self.headers)
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:  # Triton unloads once in-flight requests end
+                index = client.get_model_repository_index(headers=self.headers)
+                states = {m["name"]: m.get("state", "") for m in index}
+                if states.get(model) not in ("READY", "UNLOADING"):
+                    return
+                time.sleep(0.1)
+        finally:
+            client.close()
+
+    def index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
+        client = self._client()
+        try:
+            return list(client.get_model_repository_index(headers=self.headers))
+        finally:
+            client.close()
+
+
+def _error_text(exc: Exception) -> str:
+    message = getattr(exc, "message", None)
+    text = message() if callable(message) else (message or str(exc))
+    return str(text).strip()
+
+
+@dataclass
+class BundleWatcher:
+    """Polls a bundles directory and brings a repository and its server in line with it.
+
+    Args:
+        bundles_dir: the bundles directory being served.
+        repository: the repository built from it (the server's ``--model-repository``).
+        control: the server's repository API.
+        acted: the content the repository was built from (a :func:`scan` taken before the
+            build, so that a change during the build is seen).
+        build: keyword arguments of
+            :func:`~hloserve.model_repository_tools.build.plan_repository` (front instances,
+            queue delay, batch sizes, ...), as the repository was built with.
+        interval_s: seconds between polls.
+        report: receives one line per event.
+    """
+
+    bundles_dir: Path
+    repository: Path
+    control: ModelControl
+    acted: Mapping[str, Fingerprint]
+    build: Mapping[str, Any] = field(default_factory=dict)
+    interval_s: float = DEFAULT_WATCH_INTERVAL_S
+    report: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        from hloserve.bundle import load_bundle
+
+        self._debounce = Debouncer(self.acted)
+        self._records = {n: ModelRecord(n) for n in self.acted}
+        self._lock = threading.Lock()
+        self._calls: dict[str, tuple[str, ...]] = {}
+        self._kinds: dict[str, str] = {}
+        for name in self.acted:
+            manifest = load_bundle(self._served_copy(name)).manifest
+            self._kinds[name] = manifest.kind
+            if manifest.is_meta:
+                self._calls[name] = tuple(manifest.calls)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll every ``interval_s`` until ``stop`` is set; a failed round is reported."""
+        while not stop.wait(self.interval_s):
+            try:
+                self.poll_once()
+            except Exception as exc:  # the watcher keeps watching
+                log.exception("watch round failed")
+                self.report(f"hloserve: watch: round failed: {_error_text(exc)}")
+
+    def poll_once(self) -> Changes:
+        """One poll: scan, and act on the changes that settled."""
+        try:
+            current = scan(self.bundles_dir)
+        except HloserveError as exc:  # the directory itself went away
+            self.report(f"hloserve: watch: {exc.message}")
+            return Changes()
+        changes = self._debounce.poll(current)
+        for name in dependency_order(changes.removed, self._calls)[::-1]:  # callers first
+            self._remove(name)
+        reloaded: list[str] = []
+        for name in dependency_order((*changes.added, *changes.changed), self._calls):
+            if self._install(name):
+                reloaded.append(name)
+        for meta in dependency_order(callers(reloaded, self._calls) - set(reloaded), self._calls):
+            self._reload_caller(meta)
+        return changes
+
+    def records(self) -> list[ModelRecord]:
+        """A copy of every model's record, by name."""
+        with self._lock:
+            return [ModelRecord(**vars(r)) for _, r in sorted(self._records.items())]
+
+    # -- actions ------------------------------------------------------------------------------
+
+    def _record(self, name: str, **values: Any) -> None:
+        with self._lock:
+            record = self._records.setdefault(name, ModelRecord(name, version=0))
+            for key, value in values.items():
+                setattr(record, key, value)
+
+    def _fail(self, name: str, what: str, error: str) -> None:
+        version = self._records[name].version if name in self._records else 0
+        keeps = f"version {version} keeps serving" if version else "not served"
+        self.report(f"hloserve: watch: model '{name}': {what} failed ({keeps}): {error}")
+        self._record(name, state="FAILED", error=error, last_reload=time.time())
+
+    def _remove(self, name: str) -> None:
+        if not (self.repository / name).is_dir():  # it never loaded
+            self._forget(name)
+            if name in self._records:
+                self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
+            return
+        self.report(f"hloserve: watch: model '{name}': bundle removed; unloading")
+        try:
+            self.control.unload(name)
+        except Exception as exc:
+            self._fail(name, "unload", _error_text(exc))
+            return
+        shutil.rmtree(self.repository / name, ignore_errors=True)
+        self._forget(name)
+        self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
+        self.report(f"hloserve: watch: model '{name}': unloaded")
+
+    def _forget(self, name: str) -> None:
+        self._calls.pop(name, None)
+        self._kinds.pop(name, None)
+
+    def _install(self, name: str) -> bool:
+        """Validate, build, move in and load bundle ``name``; whether it now serves."""
+        from hloserve.bundle import check_bundle
+
+        source = self.bundles_dir / name
+        kinds = {**self._kinds}
+        try:
+            bundle = check_bundle(source, models={**kinds, name: _kind(source)})
+        except HloserveError as exc:
+            self._fail(name, "validation", exc.message)
+            return False
+        manifest = bundle.manifest
+        needed = {n: self._served_copy(n) for n in manifest.calls if n in self._kinds}
+        staging = Path(tempfile.mkdtemp(prefix=f".{self.repository.name}.watch-",
+                                        dir=self.repository.parent))  # fmt: skip
+        try:
+            try:
+                staged = self._stage(name, source, needed, staging)
+            except HloserveError as exc:
+                self._fail(name, "build", exc.message)
+                return False
+            if fingerprint(source) != self._debounce.acted.get(name):
+                self.report(f"hloserve: watch: model '{name}': changed while being built; retrying")
+                self._debounce.acted[name] = ()  # differs from any content: acted on again
+                return False
+            installed = install_version(staged, self.repository, name)
+            what = "loading" if installed.previous_config is None else "reloading"
+            self.report(f"hloserve: watch: model '{name}': {what} version {installed.version}")
+            started = time.monotonic()
+            try:
+                self.control.load(name)
+            except Exception as exc:
+                roll_back(installed)
+                self._fail(name, f"load of version {installed.version}", _error_text(exc))
+                return False
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        prune_versions(self.repository / name, keep_from=installed.version - 1)
+        self._kinds[name] = manifest.kind
+        self._calls.pop(name, None)
+        if manifest.is_meta:
+            self._calls[name] = tuple(manifest.calls)
+        self._record(
+            name, version=installed.version, state="READY", error="", last_reload=time.time()
+        )
+        self.report(
+            f"hloserve: watch: model '{name}': version {installed.version} READY "
+            f"({time.monotonic() - started:.1f} s)"
+        )
+        return True
+
+    def _stage(self, name: str, source: Path, needed: Mapping[str, Path], staging: Path) -> Path:
+        """Build model ``name`` alone (with its callees beside it to check against) in
+        ``staging``; returns the built model folder."""
+        from hloserve.model_repository_tools.build import (
+            RepositoryPlan,
+            plan_repository,
+            write_repository,
+        )
+
+        links = staging / "bundles"
+        links.mkdir()
+        for other, path in {**needed, name: source}.items():
+            (links / other).symlink_to(path.absolute(), target_is_directory=True)
+        plan = plan_repository(links, **_options_for(self.build, {name, *needed}))
+        only = RepositoryPlan(
+            tuple(m for m in plan.models if m.name == name), plan.runtime_config_text
+        )
+        write_repository(only, staging / "repository")
+        return staging / "repository" / name
+
+    def _reload_caller(self, meta: str) -> None:
+        self.report(f"hloserve: watch: meta model '{meta}': reloading after its callees")
+        try:
+            self.control.reload(meta)
+        except Exception as exc:
+            self._fail(meta, "reload", _error_text(exc))
+            return
+        self._record(meta, state="READY", error="", last_reload=time.time())
+
+    def _served_copy(self, name: str) -> Path:
+        """The bundle copy that model ``name``'s current version serves."""
+        from hloserve.model_repository_tools import names
+
+        versions = model_versions(self.repository / name)
+        leaf = Path(names.BUNDLE_SUBDIR).name
+        return self.repository / name / str(max(versions, default=1)) / leaf
+
+
+def _kind(bundle: Path) -> str:
+    from hloserve.bundle import load_bundle
+
+    try:
+        return load_bundle(bundle).manifest.kind
+    except HloserveError:
+        return "model"  # check_bundle reports why
+
+
+def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
+    """``build`` with the per-model runtime settings (residency, scheduling weights) cut down
+    to ``models``: they shape the runtime's config, which a watch never rewrites."""
+    import dataclasses
+
+    options = dict(build)
+    cache = options.get("weight_cache")
+    if cache is not None:
+        residency = {k: v for k, v in cache.residency.items() if k in models}
+        options["weight_cache"] = dataclasses.replace(cache, residency=residency)
+    sched = options.get("scheduling")
+    if sched is not None:
+        weights = {k: v for k, v in sched.model_weights.items() if k in models}
+        options["scheduling"] = dataclasses.replace(sched, model_weights=weights)
+    return options
+
+
+@contextlib.contextmanager
+def watching(
+    options: ServeOptions,
+    repository: Path,
+    server: TritonServer,
+    observe: NodeObservability,
+    acted: Mapping[str, Fingerprint],
+) -> Iterator[BundleWatcher]:
+    """Run a :class:`BundleWatcher` for ``serve --watch`` in a thread until the block ends;
+    the admin port's ``/models`` answers with :func:`model_rows` meanwhile."""
+    from hloserve.node.serve import build_arguments
+
+    control = TritonModelControl(
+        server.urls.http, server.options.model_control_key, options.startup_timeout_s
+    )
+    watcher = BundleWatcher(
+        options.path,
+        repository,
+        control,
+        acted,
+        build=build_arguments(options),
+        interval_s=options.watch_interval_s,
+        report=lambda line: print(line, flush=True),
+    )
+    observe.serve_models(lambda: model_rows(control.index(), watcher.records()))
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), name="hloserve-watch", daemon=True)
+    thread.start()
+    print(
+        f"  watching {options.path} every {options.watch_interval_s:g} s "
+        "(a change is acted on once two polls see it)",
+        flush=True,
+    )
+    try:
+        yield watcher
+    finally:
+        stop.set()
+        thread.join(10.0)  # a load in flight ends with the server
+
+
+__all__ = ["BundleWatcher", "ModelControl", "TritonModelControl", "watching"]
