@@ -67,6 +67,13 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
         ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
+        ({"watch": True, "watch_interval_s": 0.0}, "--watch-interval must be above 0 seconds"),
+        ({"watch": True, "workers": 2}, "it cannot be used with --workers"),
+        ({"watch": True, "model_control_mode": "poll"}, "leave out --model-control-mode"),
+        (
+            {"watch": True, "model_control_mode": "explicit", "load_models": ("x",)},
+            "leave out --model-control-mode and --load-model",
+        ),
     ],
 )
 def test_bad_options_are_refused(tmp_path: Path, change: dict[str, object], message: str) -> None:

@@ -117,9 +117,10 @@ class TritonModelControl:
 
 
 def _error_text(exc: Exception) -> str:
+    """An error's message without the Python backend's traceback (``"\n\nAt:\n  ..."``)."""
     message = getattr(exc, "message", None)
-    text = message() if callable(message) else (message or str(exc))
-    return str(text).strip()
+    text = str(message() if callable(message) else (message or exc))
+    return text.split("\n\nAt:\n", 1)[0].strip()
 
 
 @dataclass
@@ -309,6 +310,7 @@ class BundleWatcher:
             self._fail(meta, "reload", _error_text(exc))
             return
         self._record(meta, state="READY", error="", last_reload=time.time())
+        self.report(f"hloserve: watch: meta model '{meta}': reloaded")
 
     def _served_copy(self, name: str) -> Path:
         """The bundle copy that model ``name``'s current version serves."""
