@@ -319,7 +319,15 @@ def check_options(options: ServeOptions) -> None:
     if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     if options.watch:
-        _check_watch(options)
+        from hloserve.node.watch import check_watch_options
+
+        check_watch_options(
+            interval_s=options.watch_interval_s,
+            path_is_repository=is_repository(options.path),
+            workers=options.workers,
+            model_control_mode=options.model_control_mode,
+            load_models=options.load_models,
+        )
     build_flags = build_flags_set(options)
     if build_flags and is_repository(options.path):
         raise InvalidArgumentError(
@@ -377,29 +385,6 @@ def check_options(options: ServeOptions) -> None:
         for i, w in enumerate(workers):
             endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
             check_ports_free(options.host, endpoints, f"worker {i} ")
-
-
-def _check_watch(options: ServeOptions) -> None:
-    """``--watch`` needs one server in explicit mode serving a bundles directory."""
-    if not options.watch_interval_s > 0:
-        raise InvalidArgumentError(
-            f"--watch-interval must be above 0 seconds, got {options.watch_interval_s}"
-        )
-    if is_repository(options.path):
-        raise InvalidArgumentError(
-            f"--watch needs a bundles directory (PATH {options.path} is a model repository; "
-            "serve it with --model-control-mode poll to follow its changes)"
-        )
-    if options.workers > 1:
-        raise InvalidArgumentError(
-            "--watch serves one tritonserver: it cannot be used with --workers (restart the "
-            "fleet to serve changed bundles)"
-        )
-    if options.model_control_mode not in (None, "explicit") or options.load_models:
-        raise InvalidArgumentError(
-            "--watch loads and unloads models itself through explicit model control: leave "
-            "out --model-control-mode and --load-model"
-        )
 
 
 def _check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
@@ -472,10 +457,24 @@ def run_serve(options: ServeOptions) -> int:
                     )
                     if observe.admin:
                         print(f"  admin   http://{observe.admin}/metrics (supervisor)")
-                if watched is not None:
-                    from hloserve.node.watcher import watching
+                from hloserve.node.watcher import TritonModelControl, serve_model_list, watching
 
-                    stack.enter_context(watching(options, repository, server, observe, watched))
+                if watched is not None:
+                    stack.enter_context(
+                        watching(
+                            options.path,
+                            repository,
+                            server,
+                            observe,
+                            watched,
+                            build=build_arguments(options),
+                            interval_s=options.watch_interval_s,
+                            timeout_s=options.startup_timeout_s,
+                        )
+                    )
+                else:  # /models on the admin port: Triton's index alone
+                    key = server.options.model_control_key
+                    serve_model_list(observe, TritonModelControl(urls.http, key, 30.0))
                 while not stop.wait(0.5):
                     observe.workers_up(int(server.is_running()))
                     watchdog.check()

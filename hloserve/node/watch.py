@@ -288,6 +288,41 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_watch_options(
+    *,
+    interval_s: float,
+    path_is_repository: bool,
+    workers: int,
+    model_control_mode: str | None,
+    load_models: Sequence[str],
+) -> None:
+    """``--watch`` needs one server in explicit mode serving a bundles directory.
+
+    Raises:
+        InvalidArgumentError: an interval of 0 or less, PATH a model repository, ``--workers``
+            above 1, another model control mode, or ``--load-model``.
+    """
+    from hloserve.errors import InvalidArgumentError
+
+    if not interval_s > 0:
+        raise InvalidArgumentError(f"--watch-interval must be above 0 seconds, got {interval_s}")
+    if path_is_repository:
+        raise InvalidArgumentError(
+            "--watch needs a bundles directory (PATH is a model repository; serve it with "
+            "--model-control-mode poll to follow its changes)"
+        )
+    if workers > 1:
+        raise InvalidArgumentError(
+            "--watch serves one tritonserver: it cannot be used with --workers (restart the "
+            "fleet to serve changed bundles)"
+        )
+    if model_control_mode not in (None, "explicit") or load_models:
+        raise InvalidArgumentError(
+            "--watch loads and unloads models itself through explicit model control: leave "
+            "out --model-control-mode and --load-model"
+        )
+
+
 __all__ = [
     "DEFAULT_WATCH_INTERVAL_S",
     "Changes",
@@ -296,6 +331,7 @@ __all__ = [
     "Installed",
     "ModelRecord",
     "callers",
+    "check_watch_options",
     "dependency_order",
     "fingerprint",
     "install_version",

@@ -38,7 +38,6 @@ from hloserve.node.watch import (
 )
 
 if TYPE_CHECKING:
-    from hloserve.node.serve import ServeOptions
     from hloserve.node.tritonserver import TritonServer
     from hloserve.observability.supervisor import NodeObservability
 
@@ -349,34 +348,41 @@ def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def watching(
-    options: ServeOptions,
+    bundles_dir: Path,
     repository: Path,
     server: TritonServer,
     observe: NodeObservability,
     acted: Mapping[str, Fingerprint],
+    *,
+    build: Mapping[str, Any],
+    interval_s: float,
+    timeout_s: float,
 ) -> Iterator[BundleWatcher]:
     """Run a :class:`BundleWatcher` for ``serve --watch`` in a thread until the block ends;
-    the admin port's ``/models`` answers with :func:`model_rows` meanwhile."""
-    from hloserve.node.serve import build_arguments
+    the admin port's ``/models`` answers with :func:`model_rows` meanwhile.
 
-    control = TritonModelControl(
-        server.urls.http, server.options.model_control_key, options.startup_timeout_s
-    )
+    Args:
+        bundles_dir, repository, acted, build, interval_s: see :class:`BundleWatcher`.
+        server: the running server (its HTTP endpoint and model-control key).
+        observe: the supervisor's admin port.
+        timeout_s: seconds one load may take.
+    """
+    control = TritonModelControl(server.urls.http, server.options.model_control_key, timeout_s)
     watcher = BundleWatcher(
-        options.path,
+        bundles_dir,
         repository,
         control,
         acted,
-        build=build_arguments(options),
-        interval_s=options.watch_interval_s,
+        build=build,
+        interval_s=interval_s,
         report=lambda line: print(line, flush=True),
     )
-    observe.serve_models(lambda: model_rows(control.index(), watcher.records()))
+    serve_model_list(observe, control, watcher)
     stop = threading.Event()
     thread = threading.Thread(target=watcher.run, args=(stop,), name="hloserve-watch", daemon=True)
     thread.start()
     print(
-        f"  watching {options.path} every {options.watch_interval_s:g} s "
+        f"  watching {bundles_dir} every {interval_s:g} s "
         "(a change is acted on once two polls see it)",
         flush=True,
     )
@@ -387,4 +393,22 @@ def watching(
         thread.join(10.0)  # a load in flight ends with the server
 
 
-__all__ = ["BundleWatcher", "ModelControl", "TritonModelControl", "watching"]
+def serve_model_list(
+    observe: NodeObservability,
+    control: TritonModelControl,
+    watcher: BundleWatcher | None = None,
+) -> None:
+    """Answer the admin port's ``/models`` with :func:`~hloserve.node.watch.model_rows` of the
+    server's repository index and, with ``--watch``, the watcher's records."""
+    observe.serve_models(
+        lambda: model_rows(control.index(), watcher.records() if watcher is not None else [])
+    )
+
+
+__all__ = [
+    "BundleWatcher",
+    "ModelControl",
+    "TritonModelControl",
+    "serve_model_list",
+    "watching",
+]
