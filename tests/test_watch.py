@@ -396,3 +396,32 @@ def test_admin_port_answers_models_once_given_a_list() -> None:
         unavailable.value.close()
     finally:
         admin.close()
+
+
+def test_meta_and_its_callee_added_together_load_callee_first(tmp_path: Path) -> None:
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copytree(GOLDEN / "affine", bundles / "z")
+    repo = tmp_path / "repository"
+    build_repository(bundles, repo, front_instances=1)
+    watcher, control, _ = make_watcher(bundles, repo)
+    shutil.copytree(GOLDEN / "affine", bundles / "zz")
+    meta = write_meta(bundles, "a_meta")  # sorts before its callee
+    (meta / "manifest.yaml").write_text(META_MANIFEST.replace("[a]", "[zz]"))
+    settle(watcher)
+    assert control.calls == [("load", "zz"), ("load", "a_meta")]
+
+
+def test_meta_refused_for_a_missing_callee_loads_once_the_callee_serves(
+    served: tuple[Path, Path],
+) -> None:
+    bundles, repo = served
+    watcher, control, _ = make_watcher(bundles, repo)
+    meta = write_meta(bundles, "m")
+    (meta / "manifest.yaml").write_text(META_MANIFEST.replace("[a]", "[late]"))
+    settle(watcher)
+    assert control.calls == [] and "late" in watcher.records()[-1].error
+    shutil.copytree(GOLDEN / "affine", bundles / "late")
+    settle(watcher)
+    assert control.calls == [("load", "late"), ("load", "m")]
+    assert {r.name: r.state for r in watcher.records()}["m"] == "READY"

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -182,13 +182,37 @@ class BundleWatcher:
         changes = self._debounce.poll(current)
         for name in dependency_order(changes.removed, self._calls)[::-1]:  # callers first
             self._remove(name)
+        wanted = {*changes.added, *changes.changed}
+        calls = {**self._calls, **self._source_calls(wanted)}
         reloaded: list[str] = []
-        for name in dependency_order((*changes.added, *changes.changed), self._calls):
+        for name in dependency_order(wanted, calls):
             if self._install(name):
                 reloaded.append(name)
+        # a meta refused for want of a callee is tried again once the callee serves
+        waiting = self._source_calls(
+            n for n, r in self._records.items() if r.state == "FAILED" and n not in wanted
+        )
+        for meta in dependency_order(callers(reloaded, waiting), waiting):
+            if meta in current and self._install(meta):
+                reloaded.append(meta)
         for meta in dependency_order(callers(reloaded, self._calls) - set(reloaded), self._calls):
             self._reload_caller(meta)
         return changes
+
+    def _source_calls(self, models: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """What the meta bundles among ``models`` call, from their manifests in the bundles
+        directory (a manifest that does not load counts as calling nothing)."""
+        from hloserve.bundle import load_bundle
+
+        found = {}
+        for name in models:
+            try:
+                manifest = load_bundle(self.bundles_dir / name).manifest
+            except HloserveError:
+                continue
+            if manifest.is_meta:
+                found[name] = tuple(manifest.calls)
+        return found
 
     def records(self) -> list[ModelRecord]:
         """A copy of every model's record, by name."""
