@@ -14,6 +14,7 @@ from conftest import GOLDEN
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
+from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve import ServeOptions, check_options
 from hloserve.node.status import render_models
 from hloserve.node.watch import (
@@ -184,6 +185,7 @@ def test_install_version_adds_a_version_folder_and_points_the_config_at_it(
     config = parse_config(repo / "a" / "config.pbtxt")
     assert parameter(config, "hloserve.bundle") == "2/bundle"
     assert (repo / "a" / "2" / "bundle" / "manifest.yaml").is_file()
+    assert [p for p in validate_repository(repo) if not p.warning] == []  # repo validate agrees
     roll_back(installed)
     assert model_versions(repo / "a") == [1]
     assert (repo / "a" / "config.pbtxt").read_text() == before
@@ -326,6 +328,8 @@ def test_meta_reloads_after_its_callee_and_loads_after_it(tmp_path: Path) -> Non
     control.calls.clear()
     settle(watcher)
     assert control.calls == [("load", "a"), ("load", "m")]
+    assert model_versions(repo / "m") == [1, 2]
+    assert [p for p in validate_repository(repo) if not p.warning] == []
 
 
 def test_meta_calling_a_model_not_served_is_refused(served: tuple[Path, Path]) -> None:

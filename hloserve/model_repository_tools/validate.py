@@ -102,8 +102,17 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
             parameter(config, names.PARAM_MAX_REQUEST_BYTES), names.DEFAULT_MAX_REQUEST_BYTES
         ),
     )
+    _same_version_folder(expected, bundle_param)
     problems += _compare(file, config, expected)
     return bundle, problems
+
+
+def _same_version_folder(expected: Any, bundle_param: str) -> None:
+    """Accept the bundle in any version folder (``<N>/bundle``): ``serve --watch`` installs a
+    changed bundle as version N+1 (docs/serving.md, "Watching the bundles directory")."""
+    version, _, leaf = bundle_param.partition("/")
+    if version.isdigit() and f"{names.MODEL_VERSION}/{leaf}" == names.BUNDLE_SUBDIR:
+        expected.parameters[names.PARAM_BUNDLE].string_value = bundle_param
 
 
 def _int_or(text: str | None, default: int) -> int:
@@ -137,6 +146,7 @@ def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
             Problem(file, f"parameter {names.PARAM_META_CONCURRENCY} is {concurrency!r}"),
         ]
     expected = meta_config(model_dir.name, bundle.manifest, meta_concurrency=int(concurrency))
+    _same_version_folder(expected, bundle_param)
     return problems + _compare(file, config, expected)
 
 
