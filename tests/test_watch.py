@@ -7,6 +7,7 @@ import os
 import shutil
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import GOLDEN
@@ -34,6 +35,7 @@ from hloserve.node.watch import (
 from hloserve.node.watcher import BundleWatcher, _error_text
 from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
 
+GOLDEN_WEIGHTS = GOLDEN / "affine" / "weights.safetensors"
 META_MANIFEST = """\
 format_version: 2
 kind: meta
@@ -429,3 +431,28 @@ def test_meta_refused_for_a_missing_callee_loads_once_the_callee_serves(
     settle(watcher)
     assert control.calls == [("load", "late"), ("load", "m")]
     assert {r.name: r.state for r in watcher.records()}["m"] == "READY"
+
+
+def test_an_unexpected_error_fails_only_its_own_model(
+    served: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hloserve.node.watcher as watcher_module
+
+    bundles, repo = served
+    watcher, control, lines = make_watcher(bundles, repo)
+    real = watcher_module.install_version
+
+    def disk_full(staged: Path, repository: Path, name: str) -> Any:
+        if name == "a":
+            raise OSError(28, "No space left on device")
+        return real(staged, repository, name)
+
+    monkeypatch.setattr(watcher_module, "install_version", disk_full)
+    replace_file(bundles / "a" / "weights.safetensors", GOLDEN_WEIGHTS.read_bytes())
+    shutil.copytree(GOLDEN / "affine", bundles / "b")
+    settle(watcher)
+    assert control.calls == [("load", "b")]
+    records = {r.name: r for r in watcher.records()}
+    assert records["a"].state == "FAILED" and "No space left on device" in records["a"].error
+    assert records["b"].state == "READY"
+    assert any("model 'a': change failed (version 1 keeps serving)" in line for line in lines)

@@ -181,23 +181,33 @@ class BundleWatcher:
             return Changes()
         changes = self._debounce.poll(current)
         for name in dependency_order(changes.removed, self._calls)[::-1]:  # callers first
-            self._remove(name)
+            self._safely(self._remove, name)
         wanted = {*changes.added, *changes.changed}
         calls = {**self._calls, **self._source_calls(wanted)}
         reloaded: list[str] = []
         for name in dependency_order(wanted, calls):
-            if self._install(name):
+            if self._safely(self._install, name):
                 reloaded.append(name)
         # a meta refused for want of a callee is tried again once the callee serves
         waiting = self._source_calls(
             n for n, r in self._records.items() if r.state == "FAILED" and n not in wanted
         )
         for meta in dependency_order(callers(reloaded, waiting), waiting):
-            if meta in current and self._install(meta):
+            if meta in current and self._safely(self._install, meta):
                 reloaded.append(meta)
         for meta in dependency_order(callers(reloaded, self._calls) - set(reloaded), self._calls):
-            self._reload_caller(meta)
+            self._safely(self._reload_caller, meta)
         return changes
+
+    def _safely(self, action: Callable[[str], bool | None], name: str) -> bool:
+        """``action(name)``; an unexpected error (a file vanishing under the build, a full
+        disk) fails that model's change only, reported like any failure."""
+        try:
+            return bool(action(name))
+        except Exception as exc:
+            log.exception("watch: model %r", name)
+            self._fail(name, "change", f"{type(exc).__name__}: {_error_text(exc)}")
+            return False
 
     def _source_calls(self, models: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """What the meta bundles among ``models`` call, from their manifests in the bundles
