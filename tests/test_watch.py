@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2")  # the serving env (repositories)
+pytest.importorskip("prometheus_client")  # the admin port
+
 from conftest import GOLDEN
 
 from hloserve.errors import InvalidArgumentError
