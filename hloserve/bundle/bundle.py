@@ -20,7 +20,7 @@ import numpy as np
 from hloserve.bundle import dtypes
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
-from hloserve.errors import InvalidArgumentError, NotFoundError
+from hloserve.errors import InvalidArgumentError, ModelPyImportError, NotFoundError
 
 #: Model names Triton accepts as repository directory names (and hloserve as bundle names).
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -182,11 +182,6 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-class ModelPyImportError(Exception):
-    """A bundle's ``model.py`` could not be imported; ``str()`` is the exception, one line per
-    ``traceback.format_exception_only`` line (file and line included for a syntax error)."""
 
 
 def import_model_py(path: Path, module_name: str) -> ModuleType:

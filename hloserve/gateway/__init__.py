@@ -19,6 +19,7 @@ Data plane and transport:
     proxy: the ``grpc.aio`` servicer of ``inference.GRPCInferenceService`` behind HAProxy
         (every other RPC, unrouted models; with ``data_plane: python`` every RPC), discovery.
     control: the ``hloserve.gateway.v1.GatewayControl`` servicer (control plane).
+    interceptor: the one error-to-status path of the gateway's gRPC server.
     ctl: ``hloserve gateway-ctl``, the control plane's command-line client.
     admin: ``/healthz``, ``/readyz``, ``/metrics``.
     app: :func:`~hloserve.gateway.app.run_gateway`, used by ``hloserve gateway``.

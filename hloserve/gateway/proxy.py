@@ -38,6 +38,10 @@ inputs); with ``data_plane: python`` it carries every RPC (docs/gateway.md, "Dat
 - ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
+Handlers raise :class:`hloserve.errors.HloserveError` (a worker's error answer relayed as
+:class:`~hloserve.errors.UpstreamError` with its code); the server's
+:class:`hloserve.gateway.interceptor.ErrorInterceptor` answers it with its status.
+
 Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
 on every upstream channel: gRPC's default receive limit is 4 MiB
 (``grpc.max_receive_message_length``, gRPC core's ``GRPC_DEFAULT_MAX_RECV_MESSAGE_LENGTH``) and
@@ -59,11 +63,12 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.errors import HloserveError, UnavailableError
+from hloserve.errors import HloserveError, NotFoundError, UnavailableError
 from hloserve.gateway.admin import GatewayMetrics
 from hloserve.gateway.admission import Admission, Ticket
 from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
+from hloserve.gateway.interceptor import ErrorInterceptor, relayed
 from hloserve.gateway.packing import Counters
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
@@ -72,6 +77,7 @@ from hloserve.model_repository_tools.names import (
     META_BACKEND,
     PARAM_META_CALLS,
 )
+from hloserve.triton_messages import api_restricted
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -244,7 +250,7 @@ async def discover_table(
             known_down = previous is not None and worker in previous.unreachable
             level = logging.DEBUG if known_down else logging.WARNING
             hint = ""
-            if "restricted" in (exc.details() or ""):
+            if api_restricted(exc.details() or ""):
                 hint = (
                     f" ({exc.details()}: set upstream.model_control_key to the worker's "
                     "HLOSERVE_MODEL_CONTROL_KEY)"
@@ -437,22 +443,18 @@ class GatewayProxy:
         said so, else UNAVAILABLE naming each replica's failure.
         """
         received_at = time.perf_counter()
+        head = await self._checked_head(request)
+        route = self._router.table.get(head.model_name)
+        batching = route is not None and route.max_batch is not None
+        # A model that does not batch (max_batch_size 0) counts 1 item per request.
+        items = (head.batch or 1) if batching else 1
+        ticket = self._admit(head.model_name, items)
         try:
-            head = await self._checked_head(request)
-            route = self._router.table.get(head.model_name)
-            batching = route is not None and route.max_batch is not None
-            # A model that does not batch (max_batch_size 0) counts 1 item per request.
-            items = (head.batch or 1) if batching else 1
-            ticket = self._admit(head.model_name, items)
-            try:
-                lease = self._router.acquire(head.model_name, items)
-            except HloserveError:
-                if ticket is not None:
-                    self._release_ticket(ticket)
-                raise
-        except HloserveError as exc:
-            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
-            raise AssertionError("unreachable") from None
+            lease = self._router.acquire(head.model_name, items)
+        except HloserveError:
+            if ticket is not None:
+                self._release_ticket(ticket)
+            raise
         model = head.model_name
         try:
             worker: str | None = lease.worker
@@ -479,7 +481,7 @@ class GatewayProxy:
                     code, details = exc.code(), exc.details() or ""
                     if code not in _FAILOVER_CODES:
                         self._observe(model, worker, "error", start)
-                        await context.abort(code, details)
+                        raise relayed(exc) from None
                     if code == grpc.StatusCode.UNAVAILABLE and budget_spent(
                         request, received_at, context
                     ):
@@ -487,7 +489,7 @@ class GatewayProxy:
                         # DEADLINE_EXCEEDED for backends, so metas answer UNAVAILABLE): another
                         # replica cannot meet it either; re-running would only repeat the work.
                         self._observe(model, worker, "error", start)
-                        await context.abort(code, details)
+                        raise relayed(exc) from None
                     if code == grpc.StatusCode.UNAVAILABLE:
                         all_not_found = False
                         if not await self._upstreams.alive(worker, self._probe_timeout):
@@ -499,12 +501,11 @@ class GatewayProxy:
                                 model,
                                 details,
                             )
-                            await context.abort(
-                                grpc.StatusCode.UNAVAILABLE,
+                            raise UnavailableError(
                                 f"model {model!r}: worker {worker} failed while it held the "
                                 f"request ({details}); the gateway does not send a request "
-                                "that may have crashed a worker to another replica",
-                            )
+                                "that may have crashed a worker to another replica"
+                            ) from None
                         if resends >= MAX_RESENDS_AFTER_UNAVAILABLE:
                             self._observe(model, worker, "error", start)
                             failures.append(f"worker {worker} answered UNAVAILABLE: {details}")
@@ -516,11 +517,8 @@ class GatewayProxy:
                     if code == grpc.StatusCode.NOT_FOUND:
                         self._refresh_soon()
                     worker = self._router.fail_over(lease)
-            status = grpc.StatusCode.NOT_FOUND if all_not_found else grpc.StatusCode.UNAVAILABLE
-            await context.abort(
-                status, f"model {model!r}: no replica could serve it: {'; '.join(failures)}"
-            )
-            raise AssertionError("unreachable")
+            why = f"model {model!r}: no replica could serve it: {'; '.join(failures)}"
+            raise NotFoundError(why) if all_not_found else UnavailableError(why)
         finally:
             self._router.release(lease)
             if ticket is not None:
@@ -575,18 +573,16 @@ class GatewayProxy:
             first = await anext(iterator)
         except StopAsyncIteration:
             return
-        ticket: Ticket | None = None
+        head = await self._checked_head(first)
+        route = self._router.table.get(head.model_name)
+        items = (head.batch or 1) if route is not None and route.max_batch else 1
+        ticket = self._admit(head.model_name, items)
         try:
-            head = await self._checked_head(first)
-            route = self._router.table.get(head.model_name)
-            items = (head.batch or 1) if route is not None and route.max_batch else 1
-            ticket = self._admit(head.model_name, items)
             lease = self._router.acquire(head.model_name, items)
-        except HloserveError as exc:
+        except HloserveError:
             if ticket is not None:
                 self._release_ticket(ticket)
-            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
-            raise AssertionError("unreachable") from None
+            raise
         refused: list[HloserveError] = []
 
         async def upstream_requests() -> AsyncIterator[bytes]:
@@ -604,13 +600,13 @@ class GatewayProxy:
             async for reply in call:
                 yield reply
         except grpc.aio.AioRpcError as exc:
-            await context.abort(exc.code(), exc.details() or "")
+            raise relayed(exc) from None
         finally:
             self._router.release(lease)
             if ticket is not None:
                 self._release_ticket(ticket)
         if refused:
-            await context.abort(grpc.StatusCode[refused[0].status.name], refused[0].message)
+            raise refused[0]
 
     async def _checked_head(self, request: bytes) -> InferHead:
         """The request's head with its batch extent, after its shapes were checked against
@@ -643,11 +639,10 @@ class GatewayProxy:
                 return await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(exc.code(), exc.details() or "")
+                    raise relayed(exc) from None
                 last = exc
         details = last.details() if last is not None else ""
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method} {name!r}: {details}")
-        raise AssertionError("unreachable")
+        raise UnavailableError(f"{method} {name!r}: {details}")
 
     async def server_live(
         self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
@@ -715,13 +710,11 @@ class GatewayProxy:
         return list(await asyncio.gather(*(one(w) for w in self._upstreams.workers)))
 
     @staticmethod
-    async def _abort_with(
-        context: grpc.aio.ServicerContext, errors: list[grpc.aio.AioRpcError], what: str
-    ) -> None:
-        first = errors[0] if errors else None
-        code = first.code() if first is not None else grpc.StatusCode.UNAVAILABLE
-        details = first.details() if first is not None else "no worker"
-        await context.abort(code, f"{what}: {details}")
+    def _first_error(errors: list[grpc.aio.AioRpcError], what: str) -> HloserveError:
+        """The first worker's error, relayed with its code (UNAVAILABLE when no worker)."""
+        if not errors:
+            return UnavailableError(f"{what}: no worker")
+        return relayed(errors[0], f"{what}: ")
 
     async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Every worker's statistics summed per (name, version) (aggregate.py).
@@ -733,7 +726,7 @@ class GatewayProxy:
         replies = [r for _, r in answers if isinstance(r, bytes)]
         if not replies:
             errors = [r for _, r in answers if not isinstance(r, bytes)]
-            await self._abort_with(context, errors, "ModelStatistics")
+            raise self._first_error(errors, "ModelStatistics")
         merged = merge_model_statistics(
             service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
         )
@@ -756,7 +749,7 @@ class GatewayProxy:
                         await self._upstreams.raw(worker, "SystemSharedMemoryUnregister")(
                             undo, timeout=self._probe_timeout
                         )
-            await self._abort_with(context, errors, "SystemSharedMemoryRegister")
+            raise self._first_error(errors, "SystemSharedMemoryRegister")
         return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
 
     async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -764,7 +757,7 @@ class GatewayProxy:
         answers = await self._fan_out("SystemSharedMemoryUnregister", request)
         if not any(isinstance(r, bytes) for _, r in answers):
             errors = [r for _, r in answers if not isinstance(r, bytes)]
-            await self._abort_with(context, errors, "SystemSharedMemoryUnregister")
+            raise self._first_error(errors, "SystemSharedMemoryUnregister")
         return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
 
     async def _first_worker(
@@ -780,10 +773,9 @@ class GatewayProxy:
                 return reply
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(exc.code(), exc.details() or "")
+                    raise relayed(exc) from None
                 errors.append(exc)
-        await self._abort_with(context, errors, method)
-        raise AssertionError("unreachable")
+        raise self._first_error(errors, method)
 
     async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first worker's answer (registrations are the same on every worker)."""
@@ -848,7 +840,10 @@ def make_server(
     Raises:
         UnavailableError: ``listen`` cannot be bound (in use, or not an address of this host).
     """
-    server = grpc.aio.server(options=[*channel_options(limits), ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[*channel_options(limits), ("grpc.so_reuseport", 0)],
+        interceptors=[ErrorInterceptor()],
+    )
     server.add_generic_rpc_handlers((proxy.handler(),))
     try:
         port = server.add_insecure_port(listen)

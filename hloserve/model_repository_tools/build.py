@@ -22,7 +22,7 @@ from pathlib import Path
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, RepositoryError, Status
 from hloserve.model_repository_tools import names
 from hloserve.model_repository_tools.batch_sizes import (
     BatchSizeError,
@@ -48,10 +48,6 @@ CONFIG_FILE = "config.pbtxt"
 
 #: Receives one human-readable line per step (the CLI prints them).
 Progress = Callable[[str], None]
-
-
-class RepositoryError(InvalidArgumentError):
-    """The repository cannot be built as asked (name collision, target exists, no bundles)."""
 
 
 @dataclass(frozen=True, kw_only=True)

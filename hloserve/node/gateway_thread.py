@@ -11,8 +11,8 @@ import contextlib
 import logging
 import threading
 
+from hloserve.errors import NodeError
 from hloserve.gateway.config import GatewayConfig
-from hloserve.node.plan import NodeError
 from hloserve.node.tritonserver import free_ports
 
 log = logging.getLogger("hloserve.serve")

@@ -24,7 +24,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.tritonserver import (
@@ -47,13 +51,6 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
-
-
-class FailedPreconditionError(HloserveError):
-    """The command would destroy something it does not own."""
-
-    status = Status.FAILED_PRECONDITION
-
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0

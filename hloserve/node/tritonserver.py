@@ -45,7 +45,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal
 
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import (
+    InvalidArgumentError,
+    PortInUseError,
+    TritonServerError,
+)
 
 ModelControlMode = Literal["none", "poll", "explicit"]
 
@@ -54,18 +58,6 @@ PYTHON_BACKEND = "python"
 _STUB = "triton_python_backend_stub"
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
-
-
-class TritonServerError(HloserveError):
-    """The local tritonserver could not be found, started, made ready, or stopped."""
-
-    status = Status.INTERNAL
-
-
-class PortInUseError(TritonServerError):
-    """A port the server was asked to bind is already taken on that address."""
-
-    status = Status.UNAVAILABLE
 
 
 def free_port(host: str = "127.0.0.1") -> int:

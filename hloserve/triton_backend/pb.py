@@ -38,7 +38,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve import triton_messages
+from hloserve.errors import (
+    HloserveError,
+    InvalidArgumentError,
+    ServerStartingError,
+    Status,
+)
 
 log = logging.getLogger("hloserve.triton_backend")
 
@@ -57,11 +63,17 @@ TRITON_ERROR_CODE: dict[Status, str] = {
     Status.FAILED_PRECONDITION: "INVALID_ARG",
     Status.RESOURCE_EXHAUSTED: "UNAVAILABLE",
     Status.DEADLINE_EXCEEDED: "UNAVAILABLE",
+    # Statuses only relayed from a worker by the gateway; a backend never raises them, and
+    # status_of_code keeps reading those Triton codes as INTERNAL (as before they existed).
+    Status.CANCELLED: "INTERNAL",
+    Status.UNKNOWN: "INTERNAL",
+    Status.ALREADY_EXISTS: "INTERNAL",
+    Status.PERMISSION_DENIED: "INTERNAL",
+    Status.ABORTED: "INTERNAL",
+    Status.OUT_OF_RANGE: "INVALID_ARG",
+    Status.DATA_LOSS: "INTERNAL",
+    Status.UNAUTHENTICATED: "INTERNAL",
 }
-
-#: Text of Triton's BLS error for a target model that is not (yet) loaded, e.g. "Failed for
-#: execute the inference request. Model 'hloserve_runtime' is not ready." (2.51).
-NOT_READY_TEXT = "is not ready"
 
 
 def error_code(error: BaseException) -> tuple[str, str]:
@@ -79,24 +91,10 @@ def error_code(error: BaseException) -> tuple[str, str]:
     return f"internal error: {type(error).__name__}: {error}", TRITON_ERROR_CODE[Status.INTERNAL]
 
 
-#: Text of Triton's refusal of any inference, BLS included, while the server is starting
-#: (core ``InferenceServer::InferAsync``; 2.51 BLS: "Model X - Error when running inference:
-#: Server not ready"). Models load before the server is ready, so a front's ``model_warmup``
-#: cannot reach the runtime in ``--model-control-mode=none``.
-SERVER_NOT_READY_TEXT = "Server not ready"
-
 #: BLS responses reach the caller with code INTERNAL whatever code the callee answered
 #: (measured on 2.51), but with the message intact. The runtime therefore prefixes its error
 #: messages with this tag, and the front reads the status back from it.
 _STATUS_TAG = re.compile(r"^\[hloserve ([A-Z_]+)\] ")
-
-
-class ServerStartingError(UnavailableError):
-    """Triton refused a BLS request because the server itself is not ready yet.
-
-    Retrying cannot help while the calling model is still loading (server readiness waits for
-    it): the caller should fail at once.
-    """
 
 
 def tag_status(message: str, status: Status) -> str:
@@ -118,7 +116,7 @@ def status_of_code(code_name: str, message: str = "") -> Status:
     A message saying a model "is not ready" is UNAVAILABLE whatever its code (Triton 2.51 gives
     that text for BLS to a model that is still loading). Unknown codes are INTERNAL.
     """
-    if NOT_READY_TEXT in message:
+    if triton_messages.model_not_ready(message):
         return Status.UNAVAILABLE
     for status, name in TRITON_ERROR_CODE.items():
         if name == code_name:
@@ -136,7 +134,7 @@ def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
     tagged, text = untag_status(message)
     if tagged is not None:
         return HloserveError(text, status=tagged)
-    if SERVER_NOT_READY_TEXT in message:
+    if triton_messages.server_not_ready(message):
         return ServerStartingError(message)
     code = error.code()
     name = next(
