@@ -18,7 +18,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import WorkerSchedulingError
-from hloserve.gateway.proxy import Upstreams
+from hloserve.gateway.upstreams import Upstreams
 from hloserve.model_repository_tools.names import (
     PARAM_SCHEDULING,
     RUNTIME_BACKEND,
