@@ -61,7 +61,7 @@ SYNC_INTERVAL_S = 0.5
 
 def _public_address(address: str) -> str:
     """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.node.ports import free_ports
 
     host, _, port = address.rpartition(":")
     if port == "0":

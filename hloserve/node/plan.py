@@ -27,7 +27,8 @@ from hloserve.errors import GpuNotFoundError, InvalidArgumentError
 from hloserve.errors import NodeError as NodeError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
-from hloserve.node.tritonserver import TritonServerOptions, free_ports, server_flags
+from hloserve.node.ports import free_ports
+from hloserve.node.triton_options import TritonServerOptions, server_flags
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
 #: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others

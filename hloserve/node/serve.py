@@ -30,14 +30,10 @@ from hloserve.errors import (
     NotFoundError,
 )
 from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
+from hloserve.node.ports import check_ports_free, free_port
 from hloserve.node.process_runtime import wait_all_ready
-from hloserve.node.tritonserver import (
-    ModelControlMode,
-    TritonServer,
-    TritonServerOptions,
-    check_ports_free,
-    free_port,
-)
+from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
+from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import stub_watchdog
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
