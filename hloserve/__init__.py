@@ -14,6 +14,8 @@ Modules:
     cli: the ``hloserve`` command line.
     errors: the one error root and its gRPC / HTTP status table.
     settings: typed settings from YAML plus environment overrides (gateway and node files).
+    triton_messages: the Triton error texts hloserve recognises, in one place.
+    units: the one byte-count formatter.
 """
 
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
         "test_gateway_aggregate.py",
         "test_gateway_control.py",
         "test_gateway_haproxy.py",
+        "test_gateway_interceptor.py",
         "test_gateway_proxy.py",
         "test_gateway_skew.py",
         "test_gateway_tritonserver.py",

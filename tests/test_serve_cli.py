@@ -15,7 +15,8 @@ import pytest
 from conftest import GOLDEN, ROOT
 
 from hloserve.bundle import load_bundle
-from hloserve.node.tritonserver import _session_pids, free_ports
+from hloserve.node.ports import free_ports
+from hloserve.node.procfs import session_pids
 
 pytestmark = pytest.mark.tritonserver
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -61,7 +62,7 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
         tensor = grpcclient.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
         assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
-        assert _session_pids(server_pid), "tritonserver and its stubs should be running"
+        assert session_pids(server_pid), "tritonserver and its stubs should be running"
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
@@ -71,7 +72,7 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    assert _session_pids(server_pid) == [], "processes of the server's session survived"
+    assert session_pids(server_pid) == [], "processes of the server's session survived"
     assert "hloserve: stopped" in log.read_text()
 
 
@@ -152,9 +153,9 @@ def test_sigkill_of_serve_takes_tritonserver_down_too(tmp_path: Path) -> None:
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while _session_pids(server_pid) and time.monotonic() < deadline:
+    while session_pids(server_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    leftover = _session_pids(server_pid)
+    leftover = session_pids(server_pid)
     for pid in leftover:  # never leave a server behind, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert leftover == [], "tritonserver outlived a SIGKILLed `hloserve serve`"
@@ -164,7 +165,7 @@ def stub_pids(server_pid: int, model: str) -> list[int]:
     """Live Python backend stubs of ``model`` in the server's session (command line names
     ``<repository>/<model>/1/model.py``)."""
     found = []
-    for pid in _session_pids(server_pid):
+    for pid in session_pids(server_pid):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if argv[0].endswith(b"triton_python_backend_stub") and argv[1].endswith(
             f"/{model}/1/model.py".encode()

@@ -21,7 +21,8 @@ from conftest import GOLDEN, ROOT
 from test_serve_cli import run_cli, stub_pids, wait_for_line
 
 from hloserve.node.plan import worker_ports
-from hloserve.node.tritonserver import _session_pids, free_ports
+from hloserve.node.ports import free_ports
+from hloserve.node.procfs import session_pids
 
 # its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -117,7 +118,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
             except subprocess.TimeoutExpired:
                 proc.kill()
     deadline = time.monotonic() + 30
-    while any(_session_pids(p) for p in pids) and time.monotonic() < deadline:
+    while any(session_pids(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert all(_session_pids(p) == [] for p in pids), "processes of a worker's session survived"
+    assert all(session_pids(p) == [] for p in pids), "processes of a worker's session survived"
     assert "hloserve: stopped" in log.read_text()

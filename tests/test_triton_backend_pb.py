@@ -19,6 +19,7 @@ import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.triton_backend import pb
+from hloserve.triton_backend.dlpack import _CapsuleExporter
 
 BF16_BITS = np.array([0x0000, 0x8000, 0x3FC0, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x7F7F], np.uint16)
 
@@ -46,7 +47,7 @@ class FakeTensor:
     def from_dlpack(cls, name: str, capsule: Any) -> FakeTensor:
         import jax
 
-        return cls(name, np.asarray(jax.dlpack.from_dlpack(pb._CapsuleExporter(capsule))).copy())
+        return cls(name, np.asarray(jax.dlpack.from_dlpack(_CapsuleExporter(capsule))).copy())
 
     def name(self) -> str:
         return self._name
@@ -123,7 +124,7 @@ def test_bf16_capsule_out_is_read_by_jax_bit_exactly() -> None:
     values = BF16_BITS.view(ml_dtypes.bfloat16)
     capsule = pb.to_capsule(values)
     assert pb.capsule_dtype(capsule) == (pb.DL_BFLOAT, 16)
-    got = jax.dlpack.from_dlpack(pb._CapsuleExporter(capsule))
+    got = jax.dlpack.from_dlpack(_CapsuleExporter(capsule))
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.asarray(got).view(np.uint16).tolist() == BF16_BITS.tolist()
 

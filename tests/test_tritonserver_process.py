@@ -28,6 +28,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from hloserve.node import procfs
 from hloserve.node import tritonserver as ts
 
 pytestmark = [
@@ -161,7 +162,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    stat = ts._proc_stat(pid)
+    stat = procfs.proc_stat(pid)
     return stat is not None and stat[0] != "Z"
 
 
@@ -260,7 +261,7 @@ def test_bls_to_a_missing_model_returns_an_error_response(server: ts.TritonServe
 
 def test_stubs_run_in_server_session(server: ts.TritonServer) -> None:
     assert server.pid is not None
-    pids = ts._session_pids(server.pid)
+    pids = procfs.session_pids(server.pid)
     stubs = [p for p in pids if "triton_python_backend_stub" in _cmdline(p)]
     assert len(stubs) == 3, {p: _cmdline(p) for p in pids}  # one instance per model
 
@@ -335,7 +336,7 @@ def test_stop_leaves_no_process_nor_files(tmp_path: Path) -> None:
     print(f"tritonserver ready in {time.perf_counter() - t0:.2f} s (waited {waited:.2f} s)")
     assert server.pid is not None
     session = server.pid
-    pids = ts._session_pids(session)
+    pids = procfs.session_pids(session)
     assert session in pids and len(pids) >= 3, pids  # server + two stubs
     run_dir = server._run_dir
     assert run_dir is not None and (run_dir / "backends" / "python").is_dir()
@@ -343,7 +344,7 @@ def test_stop_leaves_no_process_nor_files(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     server.stop(timeout_s=30.0)
     print(f"tritonserver stopped in {time.perf_counter() - t0:.2f} s")
-    assert ts._session_pids(session) == []
+    assert procfs.session_pids(session) == []
     assert not any(_alive(p) for p in pids)
     assert not run_dir.exists()
     assert not any(Path("/dev/shm").glob(f"{server._shm_prefix}*"))
@@ -360,10 +361,10 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     server.wait_ready(90.0)
     assert server.pid is not None
     session = server.pid
-    pids = ts._session_pids(session)
+    pids = procfs.session_pids(session)
     os.kill(session, signal.SIGSTOP)  # the server can no longer act on SIGTERM
     server.stop(timeout_s=1.0)
-    assert ts._session_pids(session) == []
+    assert procfs.session_pids(session) == []
     assert not any(_alive(p) for p in pids)
 
 

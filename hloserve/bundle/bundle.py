@@ -17,26 +17,13 @@ from types import ModuleType
 
 import numpy as np
 
-from hloserve.bundle import dtypes
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
+from hloserve.bundle.safetensors_file import WeightInfo, load_tensors, stored_tensors
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
-from hloserve.errors import InvalidArgumentError, NotFoundError
+from hloserve.errors import InvalidArgumentError, ModelPyImportError, NotFoundError
 
 #: Model names Triton accepts as repository directory names (and hloserve as bundle names).
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-@dataclass(frozen=True)
-class WeightInfo:
-    """Shape and dtype of one weight as stored in the safetensors file."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # manifest token
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -109,20 +96,7 @@ class Bundle:
         """
         if self.weights_path is None:
             return {}
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(self.weights_path), framework="numpy") as f:
-                infos = {}
-                for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
-                    tensor = f.get_slice(key)
-                    token = dtypes.from_safetensors(tensor.get_dtype()).token
-                    infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
-                return infos
-        except (OSError, SafetensorError) as exc:
-            raise InvalidArgumentError(
-                f"{self.weights_path}: cannot read safetensors file: {exc}"
-            ) from None
+        return stored_tensors(self.weights_path)
 
     @property
     def weight_nbytes(self) -> int:
@@ -137,13 +111,7 @@ class Bundle:
         """
         if self.weights_path is None:
             return []
-        from safetensors import safe_open
-
-        missing = [n for n in self.manifest.weights.order if n not in self.stored_weights]
-        if missing:
-            raise NotFoundError(f"{self.weights_path}: weights {missing} are not in the file")
-        with safe_open(str(self.weights_path), framework="numpy") as f:
-            return [f.get_tensor(name) for name in self.manifest.weights.order]
+        return load_tensors(self.weights_path, self.manifest.weights.order)
 
 
 def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
@@ -182,11 +150,6 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-class ModelPyImportError(Exception):
-    """A bundle's ``model.py`` could not be imported; ``str()`` is the exception, one line per
-    ``traceback.format_exception_only`` line (file and line included for a syntax error)."""
 
 
 def import_model_py(path: Path, module_name: str) -> ModuleType:

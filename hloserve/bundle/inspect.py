@@ -7,14 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hloserve.bundle.bundle import Bundle
-
-
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
+from hloserve.units import format_bytes
 
 
 def _batching(bundle: Bundle) -> str:
@@ -71,13 +64,13 @@ def render_bundle(bundle: Bundle) -> Group:
         row = [
             "symbolic" if size < 0 else str(size) if size else "unbatched",
             file,
-            _size(path.stat().st_size) if path.exists() else "MISSING",
+            format_bytes(path.stat().st_size) if path.exists() else "MISSING",
         ]
         if m.variants:
             row.insert(0, ", ".join(f"{a}={n}" for a, n in m.variant_dims[variant].items()))
         exes.add_row(*row)
     weights = Text(
-        f"weights: {len(m.weights.order)} tensors, {_size(bundle.weight_nbytes)}"
+        f"weights: {len(m.weights.order)} tensors, {format_bytes(bundle.weight_nbytes)}"
         + (f" in {m.weights.file}" if m.weights.file else "")
     )
     if m.is_meta:

@@ -17,16 +17,12 @@ from functools import cache
 from typing import Any
 
 from hloserve.bundle import dtypes
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import ArtifactError, InvalidArgumentError
 
 #: MLIR bytecode magic ("ML\xefR"); portable artifacts are MLIR bytecode.
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 #: Producer string StableHLO writes into a portable artifact right after the magic.
 _PORTABLE_PRODUCER = b"StableHLO_v"
-
-
-class ArtifactError(InvalidArgumentError):
-    """An executable file cannot be read as StableHLO or has no usable ``main``."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from hloserve.bundle.stablehlo import (
     specialize_batch,
     to_portable_artifact,
 )
-from hloserve.errors import HloserveError, InvalidArgumentError
+from hloserve.errors import BundleError, HloserveError, InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -48,23 +48,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.file}: {'warning: ' if self.warning else ''}{self.message}"
-
-
-class BundleError(InvalidArgumentError):
-    """A bundle failed validation.
-
-    Attributes:
-        bundle: the bundle directory.
-        problems: the errors found (warnings excluded).
-        name: the model's name (the directory's unless given).
-    """
-
-    def __init__(self, bundle: Path, problems: list[Problem], name: str | None = None) -> None:
-        self.bundle = bundle
-        self.problems = problems
-        self.name = name or bundle.name
-        lines = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"bundle {self.name!r} ({bundle}) is invalid:\n{lines}")
 
 
 def validate_bundle(

@@ -42,15 +42,11 @@ from hloserve.bundle.stablehlo import (
     to_portable_artifact,
 )
 from hloserve.bundle.validate import check_bundle
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import ExportError, InvalidArgumentError
 
 log = logging.getLogger("hloserve.export")
 
 WEIGHTS_FILE = "weights.safetensors"
-
-
-class ExportError(InvalidArgumentError):
-    """The function, params or specs cannot be exported as declared."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Transport-neutral core (no gRPC, no process):
     config: typed settings (:class:`~hloserve.gateway.config.GatewayConfig`), YAML + env.
-    routing: routing table, :class:`~hloserve.gateway.routing.Router`, schedulers.
+    routing: :class:`~hloserve.gateway.routing.Router` (leases, failover, in-flight load).
+    routing_table: the routing table, leases and the in-flight load.
+    schedulers: ``round_robin``, ``least_outstanding``, ``lpt_packing`` replica choice.
     placement: ``lpt_packing`` bin packing and the repack clock.
     packing: the ``lpt_packing`` control loop (statistics -> placement -> table) and the
         scheduling state the control plane reads and changes.
@@ -17,8 +19,12 @@ Data plane and transport:
     haproxy: the HAProxy process that carries ModelInfer (the default ``data_plane``): map
         edits over its runtime API, hitless reloads, counters.
     proxy: the ``grpc.aio`` servicer of ``inference.GRPCInferenceService`` behind HAProxy
-        (every other RPC, unrouted models; with ``data_plane: python`` every RPC), discovery.
+        (every other RPC, unrouted models; with ``data_plane: python`` every RPC).
+    fanout: that service's RPCs answered from every worker (index, statistics, shm, ...).
+    upstreams: the channels to the workers, health probes, statistics polls.
+    discovery: the routing table from the workers' answers; single-flight refreshes.
     control: the ``hloserve.gateway.v1.GatewayControl`` servicer (control plane).
+    interceptor: the one error-to-status path of the gateway's gRPC server.
     ctl: ``hloserve gateway-ctl``, the control plane's command-line client.
     admin: ``/healthz``, ``/readyz``, ``/metrics``.
     app: :func:`~hloserve.gateway.app.run_gateway`, used by ``hloserve gateway``.

@@ -30,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from hloserve.errors import HTTP_STATUS, Status
 from hloserve.gateway.routing import Router
 
 PREFIX = "hloserve_gateway_"
@@ -142,14 +143,14 @@ class AdminServer:
             elif path == "/readyz":
                 ok = ready()
                 status, body, kind = (
-                    (200 if ok else 503),
+                    (200 if ok else HTTP_STATUS[Status.UNAVAILABLE]),
                     (b"ready\n" if ok else b"not ready\n"),
                     "text/plain",
                 )
             elif path == "/metrics":
                 status, body, kind = 200, metrics.exposition(), CONTENT_TYPE_LATEST
             else:
-                status, body, kind = 404, b"not found\n", "text/plain"
+                status, body, kind = HTTP_STATUS[Status.NOT_FOUND], b"not found\n", "text/plain"
             handler.send_response(status)
             handler.send_header("Content-Type", kind)
             handler.send_header("Content-Length", str(len(body)))

@@ -38,6 +38,7 @@ from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
 from hloserve.gateway.dataplane import plan_layout
+from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.packing import (
@@ -46,16 +47,9 @@ from hloserve.gateway.packing import (
     WeightInfo,
     weights_from_metrics,
 )
-from hloserve.gateway.proxy import (
-    GatewayProxy,
-    SingleFlight,
-    Upstreams,
-    discover_table,
-    make_server,
-    poll_counters,
-    probe_ready,
-)
+from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
+from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.node.model_control import grpc_metadata, local_key
 from hloserve.node.status import fetch_metrics
 
@@ -67,7 +61,7 @@ SYNC_INTERVAL_S = 0.5
 
 def _public_address(address: str) -> str:
     """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.node.ports import free_ports
 
     host, _, port = address.rpartition(":")
     if port == "0":

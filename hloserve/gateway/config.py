@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import GatewayConfigError
 from hloserve.settings import load_settings
 
 #: Top-level keys whose environment form is a comma list that replaces the list.
@@ -53,10 +53,6 @@ FillMode = Literal["run", "spread"]
 DataPlane = Literal["haproxy", "python"]
 RoutingPolicy = Literal["fill_least", "fill_rr"]
 Replicas = int | Literal["all"]
-
-
-class GatewayConfigError(InvalidArgumentError):
-    """The gateway configuration is invalid; the message lists every problem with its key path."""
 
 
 def _check_host_port(value: str) -> str:

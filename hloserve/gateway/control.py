@@ -2,7 +2,8 @@
 
 A thin ``grpc.aio`` servicer: it converts between the messages of
 ``hloserve/protos/gateway_control.proto`` and :class:`hloserve.gateway.packing.SchedulingControl`,
-which holds the logic, and maps :class:`hloserve.errors.HloserveError` to its gRPC status
+which holds the logic, and raises :class:`hloserve.errors.HloserveError`, which the gateway
+server's :class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC status
 (INVALID_ARGUMENT naming the field, NOT_FOUND for an unknown model, FAILED_PRECONDITION for a
 mutation outside ``lpt_packing``). :func:`add_control_service` registers it on the gateway's
 own gRPC server, next to ``inference.GRPCInferenceService``: KServe clients never call it and
@@ -15,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from hloserve.errors import HloserveError, InvalidArgumentError
+from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.config import SchedulingConfig
 from hloserve.gateway.packing import KNOBS, ModelRow, RepackRow, SchedulingControl
 from hloserve.protos import gateway_control_pb2 as pb
@@ -106,10 +107,6 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     def __init__(self, control: SchedulingControl) -> None:
         self._control = control
 
-    @staticmethod
-    async def _abort(context: grpc.aio.ServicerContext, exc: HloserveError) -> None:
-        await context.abort(grpc.StatusCode[exc.status.value], exc.message)
-
     async def GetSchedulingStatus(
         self, request: pb.GetSchedulingStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.SchedulingStatus:
@@ -139,43 +136,27 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     async def SetModelReplicas(
         self, request: pb.SetModelReplicasRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatus:
-        try:
-            field = f"scheduling.models.{request.model}.replicas"
-            replicas = replicas_from_proto(request.replicas, field)
-            return _model(self._control.set_model_replicas(request.model, replicas))
-        except HloserveError as exc:
-            await self._abort(context, exc)
-            raise  # unreachable: abort raises
+        field = f"scheduling.models.{request.model}.replicas"
+        replicas = replicas_from_proto(request.replicas, field)
+        return _model(self._control.set_model_replicas(request.model, replicas))
 
     async def SetModelFillMode(
         self, request: pb.SetModelFillModeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatus:
-        try:
-            return _model(self._control.set_model_fill_mode(request.model, request.fill_mode))
-        except HloserveError as exc:
-            await self._abort(context, exc)
-            raise
+        return _model(self._control.set_model_fill_mode(request.model, request.fill_mode))
 
     async def SetKnobs(
         self, request: pb.SetKnobsRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetKnobsResponse:
-        try:
-            changes = knobs_from_proto(request.knobs)
-            if not changes:
-                raise InvalidArgumentError("knobs: no knob set; name at least one")
-            return pb.SetKnobsResponse(knobs=knobs_to_proto(self._control.set_knobs(changes)))
-        except HloserveError as exc:
-            await self._abort(context, exc)
-            raise
+        changes = knobs_from_proto(request.knobs)
+        if not changes:
+            raise InvalidArgumentError("knobs: no knob set; name at least one")
+        return pb.SetKnobsResponse(knobs=knobs_to_proto(self._control.set_knobs(changes)))
 
     async def Repack(
         self, request: pb.RepackRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepackResponse:
-        try:
-            row = self._control.repack()
-        except HloserveError as exc:
-            await self._abort(context, exc)
-            raise
+        row = self._control.repack()
         return pb.RepackResponse(repack=_repack(row), warnings=row.warnings)
 
 

@@ -26,7 +26,7 @@ import yaml
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.gateway.packing import KNOBS
-from hloserve.node.status import format_bytes
+from hloserve.units import format_bytes
 
 _FLOAT_KNOBS = (
     "hysteresis",

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
 from hloserve.gateway.routing import RoutingTable
 
@@ -58,9 +59,9 @@ MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 #: routed this way with HAProxy 2.6.12).
 ROUTE_AFTER_BYTES = 256
 
-#: gRPC status codes (https://grpc.github.io/grpc/core/md_doc_statuscodes.html).
-GRPC_UNAVAILABLE = 14
-GRPC_DEADLINE_EXCEEDED = 4
+#: gRPC status codes of HAProxy's own answers (:data:`hloserve.errors.GRPC_CODE`).
+GRPC_UNAVAILABLE = GRPC_CODE[Status.UNAVAILABLE]
+GRPC_DEADLINE_EXCEEDED = GRPC_CODE[Status.DEADLINE_EXCEEDED]
 
 #: The datatype field of an ``InferInputTensor`` naming BYTES, hex: tag 0x12 (field 2,
 #: length-delimited), length 5, "BYTES".

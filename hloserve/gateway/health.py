@@ -1,6 +1,6 @@
 """Worker health: consecutive-failure tracking and the routing table restricted to healthy workers.
 
-Transport-neutral (the probes themselves are in :func:`hloserve.gateway.proxy.probe_ready`,
+Transport-neutral (the probes themselves are in :func:`hloserve.gateway.upstreams.probe_ready`,
 the loop in :func:`hloserve.gateway.app.run_gateway`). A worker leaves the table after
 ``failure_threshold`` failed probes in a row and returns after one passing probe
 (docs/gateway.md, "Health probes"). A model whose every replica is unhealthy stays in the table

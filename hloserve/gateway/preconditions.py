@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.errors import HloserveError, Status
-from hloserve.gateway.proxy import Upstreams
+from hloserve.errors import WorkerSchedulingError
+from hloserve.gateway.upstreams import Upstreams
 from hloserve.model_repository_tools.names import (
     PARAM_SCHEDULING,
     RUNTIME_BACKEND,
@@ -31,12 +31,6 @@ log = logging.getLogger("hloserve.gateway")
 _NO_RUNTIME = "gateway: worker %s serves no hloserve runtime; its scheduling is unknown"
 #: The disciplines ``lpt_packing`` accepts on its workers.
 LPT_DISCIPLINES = ("fifo", "edf")
-
-
-class WorkerSchedulingError(HloserveError):
-    """An ``lpt_packing`` gateway's worker schedules ``fair``."""
-
-    status = Status.FAILED_PRECONDITION
 
 
 async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float) -> str | None:

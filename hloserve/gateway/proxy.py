@@ -6,7 +6,9 @@ servicer, on a loopback port behind it, answers every other RPC and the ModelInf
 HAProxy's map does not route (unknown models, models with no ready replica, BYTES first
 inputs); with ``data_plane: python`` it carries every RPC (docs/gateway.md, "Data plane" and
 "Proxy"). Replica choice, in-flight accounting and failover order come from
-:class:`hloserve.gateway.routing.Router`; this module only moves bytes.
+:class:`hloserve.gateway.routing.Router`, the channels from
+:class:`hloserve.gateway.upstreams.Upstreams`, the table from
+:func:`hloserve.gateway.discovery.discover_table`; this module only moves bytes.
 
 - ``ModelInfer`` is forwarded as the bytes the client sent and answered with the bytes the
   worker sent: :func:`hloserve.gateway.wire.peek_infer_request` reads the model name and the
@@ -26,6 +28,10 @@ inputs); with ``data_plane: python`` it carries every RPC (docs/gateway.md, "Dat
   message.
 - ``ModelStreamInfer``: passed through (bytes) to the replica chosen by the stream's first
   request; no failover once open.
+
+The other RPCs are answered from the workers by :class:`hloserve.gateway.fanout.FleetRpcs`;
+this module registers them beside its own two:
+
 - ``ServerLive``: the gateway's own liveness. ``ServerReady``: true when at least one worker
   answers ready.
 - ``ModelReady``, ``ModelMetadata``, ``ModelConfig``: forwarded (raw bytes) to a replica of the
@@ -38,6 +44,10 @@ inputs); with ``data_plane: python`` it carries every RPC (docs/gateway.md, "Dat
 - ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
+Handlers raise :class:`hloserve.errors.HloserveError` (a worker's error answer relayed as
+:class:`~hloserve.errors.UpstreamError` with its code); the server's
+:class:`hloserve.gateway.interceptor.ErrorInterceptor` answers it with its status.
+
 Message-size limits (:class:`hloserve.gateway.config.GrpcLimits`) are set on the server and
 on every upstream channel: gRPC's default receive limit is 4 MiB
 (``grpc.max_receive_message_length``, gRPC core's ``GRPC_DEFAULT_MAX_RECV_MESSAGE_LENGTH``) and
@@ -48,34 +58,34 @@ Triton's limit is 2 GiB - 1 byte (``INT32_MAX``; tritonclient's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.errors import HloserveError, UnavailableError
+from hloserve.errors import HloserveError, NotFoundError, UnavailableError
 from hloserve.gateway.admin import GatewayMetrics
 from hloserve.gateway.admission import Admission, Ticket
-from hloserve.gateway.aggregate import merge_model_statistics
 from hloserve.gateway.config import GrpcLimits
-from hloserve.gateway.packing import Counters
-from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
-from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
-from hloserve.model_repository_tools.names import (
-    BUNDLES_SEPARATOR,
-    META_BACKEND,
-    PARAM_META_CALLS,
+from hloserve.gateway.discovery import SingleFlight, discover_table
+from hloserve.gateway.fanout import FleetRpcs
+from hloserve.gateway.interceptor import ErrorInterceptor, relayed
+from hloserve.gateway.routing import Router
+from hloserve.gateway.upstreams import (
+    RECONNECT_OPTIONS,
+    SERVICE,
+    Upstreams,
+    channel_options,
+    poll_counters,
+    probe_ready,
 )
+from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
 
 log = logging.getLogger("hloserve.gateway")
-
-SERVICE = "inference.GRPCInferenceService"
 
 #: Upstream codes after which ModelInfer may try the next replica (as ReactantServer's gateway),
 #: under the conditions of :meth:`GatewayProxy.model_infer`.
@@ -84,20 +94,6 @@ _FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 #: Re-sends of one ModelInfer request after a live worker answered UNAVAILABLE (re-sends
 #: after a connect failure or a NOT_FOUND answer are not counted: the model did not run).
 MAX_RESENDS_AFTER_UNAVAILABLE = 1
-
-
-#: Reconnect backoff of the upstream channels, milliseconds. gRPC's default grows to 120 s, so
-#: a worker restarted after a long outage would stay unreachable long after it is ready; with
-#: these a down worker gets one connection attempt every 2 s at most.
-RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
-
-
-def _method(name: str) -> str:
-    return f"/{SERVICE}/{name}"
 
 
 #: KServe request parameter carrying the client's time budget, microseconds (tritonclient's
@@ -118,274 +114,6 @@ def budget_spent(request: bytes, received_at: float, context: Any) -> bool:
         return False
     budget_us = message.parameters[TIMEOUT_PARAMETER].int64_param
     return budget_us > 0 and (time.perf_counter() - received_at) * 1e6 >= budget_us
-
-
-def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
-    """gRPC options raising the message-size limits, for servers and channels alike."""
-    return [
-        ("grpc.max_receive_message_length", limits.max_recv_msg_bytes),
-        ("grpc.max_send_message_length", limits.max_send_msg_bytes),
-    ]
-
-
-class Upstreams:
-    """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
-
-    Args:
-        workers: worker endpoints (host:port).
-        limits: message-size limits of every channel.
-        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call: the workers'
-            model-control key when their repository API is restricted
-            (:func:`hloserve.node.model_control.grpc_metadata`).
-    """
-
-    def __init__(
-        self,
-        workers: Sequence[str],
-        limits: GrpcLimits,
-        repository_metadata: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        self.workers = tuple(workers)
-        self.repository_metadata = tuple(repository_metadata)
-        options = channel_options(limits) + RECONNECT_OPTIONS
-        self._channels = {w: grpc.aio.insecure_channel(w, options=options) for w in self.workers}
-        self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
-
-    def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes
-        (made once per worker and method, then reused)."""
-        key = (worker, method)
-        call = self._unary.get(key)
-        if call is None:
-            call = self._unary[key] = self._channels[worker].unary_unary(_method(method))
-        return call
-
-    def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
-        """A bidirectional-streaming callable carrying bytes both ways."""
-        return self._channels[worker].stream_stream(_method(method))
-
-    async def connect(self, worker: str, timeout_s: float) -> str | None:
-        """Bring the channel to ``worker`` to READY before a request is sent on it.
-
-        A call started on a channel that is not connected yet cannot tell a connect failure
-        (nothing was sent) from a connection lost mid-request; connecting first separates
-        the two (:meth:`GatewayProxy.model_infer`).
-
-        Args:
-            worker: the worker endpoint.
-            timeout_s: longest wait for the connection, seconds.
-
-        Returns:
-            None when the channel is READY, else why not (the request was not sent).
-        """
-        channel = self._channels[worker]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        state = channel.get_state(try_to_connect=True)
-        while state != grpc.ChannelConnectivity.READY:
-            if state in (
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                grpc.ChannelConnectivity.SHUTDOWN,
-            ):
-                return "connection failed"
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return f"no connection within {timeout_s:g} s"
-            try:
-                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
-            except TimeoutError:
-                return f"no connection within {timeout_s:g} s"
-            state = channel.get_state(try_to_connect=True)
-        return None
-
-    async def alive(self, worker: str, timeout_s: float) -> bool:
-        """Whether ``worker`` is still connected and answers ``ServerLive`` with live: true."""
-        if self._channels[worker].get_state() != grpc.ChannelConnectivity.READY:
-            return False
-        request = service_pb2.ServerLiveRequest().SerializeToString()
-        try:
-            reply = await self.raw(worker, "ServerLive")(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(service_pb2.ServerLiveResponse.FromString(reply).live)
-
-    async def close(self) -> None:
-        """Close every channel."""
-        await asyncio.gather(*(c.close() for c in self._channels.values()))
-
-
-async def discover_table(
-    upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
-) -> RoutingTable:
-    """Build a routing table from every worker's ready models (docs/gateway.md, "Proxy").
-
-    Polls ``RepositoryIndex`` on each worker (every model with its state: READY ones are
-    routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
-    gets, :meth:`RoutingTable.no_route_error`), then ``ModelConfig`` of each model on
-    its first replica for ``max_batch_size`` (0 -> None) and, for a meta model, its
-    ``hloserve.meta_calls``: a meta keeps only the replicas whose worker serves every model it
-    calls (all of them when no worker does; a worker then answers NOT_FOUND naming the missing
-    one). A worker whose index call fails keeps
-    the models ``previous`` routed to it: whether it may be routed to is the health probes'
-    decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
-    known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
-    Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
-    """
-    request = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
-
-    async def index(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
-        try:
-            reply = await upstreams.raw(worker, "RepositoryIndex")(
-                request, timeout=timeout_s, metadata=upstreams.repository_metadata
-            )
-            return worker, reply
-        except grpc.aio.AioRpcError as exc:
-            # Logged when a worker stops answering; while it stays down, only at debug level.
-            known_down = previous is not None and worker in previous.unreachable
-            level = logging.DEBUG if known_down else logging.WARNING
-            hint = ""
-            if "restricted" in (exc.details() or ""):
-                hint = (
-                    f" ({exc.details()}: set upstream.model_control_key to the worker's "
-                    "HLOSERVE_MODEL_CONTROL_KEY)"
-                )
-            log.log(level, "worker %s: RepositoryIndex failed: %s%s", worker, exc.code().name, hint)
-            return worker, exc
-
-    replicas: dict[str, list[str]] = {}
-    unready: dict[str, dict[str, str]] = {}
-    unreachable: dict[str, str] = {}
-    for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
-        if not isinstance(reply, bytes):
-            unreachable[worker] = f"RepositoryIndex failed: {reply.code().name}"
-            if previous is not None:
-                for name, route in previous.routes.items():
-                    if worker in route.replicas:
-                        replicas.setdefault(name, []).append(worker)
-                for name, workers in previous.unready.items():
-                    if worker in workers:
-                        unready.setdefault(name, {})[worker] = workers[worker]
-            continue
-        for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
-            if model.state == "READY":
-                if worker not in replicas.setdefault(model.name, []):
-                    replicas[model.name].append(worker)
-            else:
-                state = model.state or "not loaded"
-                why = f"reports {state}: {model.reason}" if model.reason else f"reports {state}"
-                unready.setdefault(model.name, {})[worker] = why
-
-    async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:
-        """(max batch or None, the meta's calls or None when not a meta) from ModelConfig."""
-        request = service_pb2.ModelConfigRequest(name=name).SerializeToString()
-        try:
-            reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return None, None
-        config = service_pb2.ModelConfigResponse.FromString(reply).config
-        calls = None
-        if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
-            text = config.parameters[PARAM_META_CALLS].string_value
-            calls = [c.strip() for c in text.split(BUNDLES_SEPARATOR) if c.strip()]
-        return config.max_batch_size or None, calls
-
-    names = sorted(replicas)
-    configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
-    sizes = [size for size, _ in configs]
-    if previous is not None:  # a replica that did not answer: the size known before
-        for i, name in enumerate(names):
-            old = previous.get(name)
-            if sizes[i] is None and old is not None:
-                sizes[i] = old.max_batch
-    for name, (_, calls) in zip(names, configs, strict=True):
-        if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
-            whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
-            if whole:
-                replicas[name] = whole
-            else:
-                log.warning(
-                    "meta model %s: no worker serves all of %s; routing it anyway", name, calls
-                )
-    return RoutingTable(
-        {
-            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=tuple(c or ()))
-            for n, s, (_, c) in zip(names, sizes, configs, strict=True)
-        },
-        unready=unready,
-        unreachable=unreachable,
-    )
-
-
-async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bool:
-    """One health probe: ``ServerReady`` of ``worker`` answered ``ready: true`` in time."""
-    request = service_pb2.ServerReadyRequest().SerializeToString()
-    try:
-        reply = await upstreams.raw(worker, "ServerReady")(request, timeout=timeout_s)
-    except grpc.aio.AioRpcError:
-        return False
-    return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
-
-
-async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
-    """Cumulative items and execution seconds per (model, worker) from ``ModelStatistics``.
-
-    Items are ``inference_count``; seconds are the sum of ``batch_stats[*].compute_infer.ns``
-    (counted once per execution). Workers that fail are left out.
-    """
-    request = service_pb2.ModelStatisticsRequest().SerializeToString()
-
-    async def one(worker: str) -> tuple[str, bytes | None]:
-        try:
-            return worker, await upstreams.raw(worker, "ModelStatistics")(
-                request, timeout=timeout_s
-            )
-        except grpc.aio.AioRpcError:
-            return worker, None
-
-    counters: dict[tuple[str, str], Counters] = {}
-    for worker, reply in await asyncio.gather(*(one(w) for w in upstreams.workers)):
-        if reply is None:
-            continue
-        for row in service_pb2.ModelStatisticsResponse.FromString(reply).model_stats:
-            ns = sum(b.compute_infer.ns for b in row.batch_stats)
-            counters[(row.name, worker)] = Counters(row.inference_count, ns / 1e9)
-    return counters
-
-
-class SingleFlight:
-    """Runs an async refresh for many waiting callers at once, at most once per interval.
-
-    Callers arriving while a refresh runs wait for it and do not start another; a call within
-    ``min_interval_s`` of the last completed refresh returns at once (as
-    ReactantServer's gateway: a synchronous single-flight refresh, refreshes at least 1 s apart).
-
-    Args:
-        refresh: the coroutine function to run.
-        min_interval_s: seconds between two refreshes (1.0).
-    """
-
-    def __init__(self, refresh: Callable[[], Awaitable[None]], min_interval_s: float = 1.0) -> None:
-        self._refresh = refresh
-        self._min_interval = min_interval_s
-        self._lock = asyncio.Lock()
-        self._last = -math.inf
-        self.count = 0
-
-    async def __call__(self, force: bool = False) -> None:
-        """Refresh unless one ran within the interval (or another caller is running one).
-
-        Args:
-            force: refresh even within the interval (after waiting for a running one), e.g.
-                when a worker came back and its models must be routed now.
-        """
-        async with self._lock:
-            if not force and time.monotonic() - self._last < self._min_interval:
-                return
-            try:
-                await self._refresh()
-                self.count += 1
-            finally:
-                self._last = time.monotonic()
 
 
 class GatewayProxy:
@@ -424,6 +152,7 @@ class GatewayProxy:
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
         self._batch_inputs = dict(batch_inputs or {})
+        self._fleet = FleetRpcs(router, upstreams, request_timeout_s, probe_timeout_s)
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Forward one inference request to a replica.
@@ -437,22 +166,18 @@ class GatewayProxy:
         said so, else UNAVAILABLE naming each replica's failure.
         """
         received_at = time.perf_counter()
+        head = await self._checked_head(request)
+        route = self._router.table.get(head.model_name)
+        batching = route is not None and route.max_batch is not None
+        # A model that does not batch (max_batch_size 0) counts 1 item per request.
+        items = (head.batch or 1) if batching else 1
+        ticket = self._admit(head.model_name, items)
         try:
-            head = await self._checked_head(request)
-            route = self._router.table.get(head.model_name)
-            batching = route is not None and route.max_batch is not None
-            # A model that does not batch (max_batch_size 0) counts 1 item per request.
-            items = (head.batch or 1) if batching else 1
-            ticket = self._admit(head.model_name, items)
-            try:
-                lease = self._router.acquire(head.model_name, items)
-            except HloserveError:
-                if ticket is not None:
-                    self._release_ticket(ticket)
-                raise
-        except HloserveError as exc:
-            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
-            raise AssertionError("unreachable") from None
+            lease = self._router.acquire(head.model_name, items)
+        except HloserveError:
+            if ticket is not None:
+                self._release_ticket(ticket)
+            raise
         model = head.model_name
         try:
             worker: str | None = lease.worker
@@ -479,7 +204,7 @@ class GatewayProxy:
                     code, details = exc.code(), exc.details() or ""
                     if code not in _FAILOVER_CODES:
                         self._observe(model, worker, "error", start)
-                        await context.abort(code, details)
+                        raise relayed(exc) from None
                     if code == grpc.StatusCode.UNAVAILABLE and budget_spent(
                         request, received_at, context
                     ):
@@ -487,7 +212,7 @@ class GatewayProxy:
                         # DEADLINE_EXCEEDED for backends, so metas answer UNAVAILABLE): another
                         # replica cannot meet it either; re-running would only repeat the work.
                         self._observe(model, worker, "error", start)
-                        await context.abort(code, details)
+                        raise relayed(exc) from None
                     if code == grpc.StatusCode.UNAVAILABLE:
                         all_not_found = False
                         if not await self._upstreams.alive(worker, self._probe_timeout):
@@ -499,12 +224,11 @@ class GatewayProxy:
                                 model,
                                 details,
                             )
-                            await context.abort(
-                                grpc.StatusCode.UNAVAILABLE,
+                            raise UnavailableError(
                                 f"model {model!r}: worker {worker} failed while it held the "
                                 f"request ({details}); the gateway does not send a request "
-                                "that may have crashed a worker to another replica",
-                            )
+                                "that may have crashed a worker to another replica"
+                            ) from None
                         if resends >= MAX_RESENDS_AFTER_UNAVAILABLE:
                             self._observe(model, worker, "error", start)
                             failures.append(f"worker {worker} answered UNAVAILABLE: {details}")
@@ -516,11 +240,8 @@ class GatewayProxy:
                     if code == grpc.StatusCode.NOT_FOUND:
                         self._refresh_soon()
                     worker = self._router.fail_over(lease)
-            status = grpc.StatusCode.NOT_FOUND if all_not_found else grpc.StatusCode.UNAVAILABLE
-            await context.abort(
-                status, f"model {model!r}: no replica could serve it: {'; '.join(failures)}"
-            )
-            raise AssertionError("unreachable")
+            why = f"model {model!r}: no replica could serve it: {'; '.join(failures)}"
+            raise NotFoundError(why) if all_not_found else UnavailableError(why)
         finally:
             self._router.release(lease)
             if ticket is not None:
@@ -575,18 +296,16 @@ class GatewayProxy:
             first = await anext(iterator)
         except StopAsyncIteration:
             return
-        ticket: Ticket | None = None
+        head = await self._checked_head(first)
+        route = self._router.table.get(head.model_name)
+        items = (head.batch or 1) if route is not None and route.max_batch else 1
+        ticket = self._admit(head.model_name, items)
         try:
-            head = await self._checked_head(first)
-            route = self._router.table.get(head.model_name)
-            items = (head.batch or 1) if route is not None and route.max_batch else 1
-            ticket = self._admit(head.model_name, items)
             lease = self._router.acquire(head.model_name, items)
-        except HloserveError as exc:
+        except HloserveError:
             if ticket is not None:
                 self._release_ticket(ticket)
-            await context.abort(grpc.StatusCode[exc.status.name], exc.message)
-            raise AssertionError("unreachable") from None
+            raise
         refused: list[HloserveError] = []
 
         async def upstream_requests() -> AsyncIterator[bytes]:
@@ -604,13 +323,13 @@ class GatewayProxy:
             async for reply in call:
                 yield reply
         except grpc.aio.AioRpcError as exc:
-            await context.abort(exc.code(), exc.details() or "")
+            raise relayed(exc) from None
         finally:
             self._router.release(lease)
             if ticket is not None:
                 self._release_ticket(ticket)
         if refused:
-            await context.abort(grpc.StatusCode[refused[0].status.name], refused[0].message)
+            raise refused[0]
 
     async def _checked_head(self, request: bytes) -> InferHead:
         """The request's head with its batch extent, after its shapes were checked against
@@ -631,202 +350,40 @@ class GatewayProxy:
             check_shapes(head, route.max_batch)
         return head
 
-    async def _forward_to_model(
-        self, method: str, request: bytes, context: grpc.aio.ServicerContext
-    ) -> bytes:
-        name = peek_infer_request(request).model_name  # field 1 is the name in all three
-        route = self._router.table.get(name)
-        order = route.replicas if route is not None and route.replicas else self._upstreams.workers
-        last: grpc.aio.AioRpcError | None = None
-        for worker in order:
-            try:
-                return await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(exc.code(), exc.details() or "")
-                last = exc
-        details = last.details() if last is not None else ""
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method} {name!r}: {details}")
-        raise AssertionError("unreachable")
-
-    async def server_live(
-        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerLiveResponse:
-        """The gateway process is live."""
-        return service_pb2.ServerLiveResponse(live=True)
-
-    async def server_ready(
-        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerReadyResponse:
-        """Ready when at least one worker answers ready."""
-        raw = request.SerializeToString()
-
-        async def probe(worker: str) -> bool:
-            try:
-                reply = await self._upstreams.raw(worker, "ServerReady")(
-                    raw, timeout=self._probe_timeout
-                )
-            except grpc.aio.AioRpcError:
-                return False
-            return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
-
-        answers = await asyncio.gather(*(probe(w) for w in self._upstreams.workers))
-        return service_pb2.ServerReadyResponse(ready=any(answers))
-
-    async def repository_index(
-        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryIndexResponse:
-        """Every worker's index merged by (name, version); READY wins over other states."""
-        raw = request.SerializeToString()
-
-        async def index(worker: str) -> bytes | None:
-            try:
-                return await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
-                )
-            except grpc.aio.AioRpcError:
-                return None
-
-        merged: dict[tuple[str, str], Any] = {}
-        for reply in await asyncio.gather(*(index(w) for w in self._upstreams.workers)):
-            if reply is None:
-                continue
-            for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
-                key = (model.name, model.version)
-                if key not in merged or model.state == "READY":
-                    merged[key] = model
-        response = service_pb2.RepositoryIndexResponse()
-        for key in sorted(merged):
-            response.models.append(merged[key])
-        return response
-
-    async def _fan_out(
-        self, method: str, request: bytes
-    ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
-        """Send ``request`` to every worker; (worker, reply bytes or the error) per worker."""
-
-        async def one(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
-            try:
-                reply = await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
-                return worker, reply
-            except grpc.aio.AioRpcError as exc:
-                return worker, exc
-
-        return list(await asyncio.gather(*(one(w) for w in self._upstreams.workers)))
-
-    @staticmethod
-    async def _abort_with(
-        context: grpc.aio.ServicerContext, errors: list[grpc.aio.AioRpcError], what: str
-    ) -> None:
-        first = errors[0] if errors else None
-        code = first.code() if first is not None else grpc.StatusCode.UNAVAILABLE
-        details = first.details() if first is not None else "no worker"
-        await context.abort(code, f"{what}: {details}")
-
-    async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Every worker's statistics summed per (name, version) (aggregate.py).
-
-        Workers answering with an error (e.g. NOT_FOUND: the model is not on that worker) are
-        left out; when every worker fails, the first error is returned.
-        """
-        answers = await self._fan_out("ModelStatistics", request)
-        replies = [r for _, r in answers if isinstance(r, bytes)]
-        if not replies:
-            errors = [r for _, r in answers if not isinstance(r, bytes)]
-            await self._abort_with(context, errors, "ModelStatistics")
-        merged = merge_model_statistics(
-            service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
-        )
-        return bytes(merged.SerializeToString())
-
-    async def shm_register(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Register a system shared-memory region on every worker, or on none.
-
-        When a worker refuses, the region is unregistered from the workers that accepted it
-        and the refusal is returned.
-        """
-        answers = await self._fan_out("SystemSharedMemoryRegister", request)
-        errors = [r for _, r in answers if not isinstance(r, bytes)]
-        if errors:
-            name = service_pb2.SystemSharedMemoryRegisterRequest.FromString(request).name
-            undo = service_pb2.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
-            for worker, reply in answers:
-                if isinstance(reply, bytes):
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await self._upstreams.raw(worker, "SystemSharedMemoryUnregister")(
-                            undo, timeout=self._probe_timeout
-                        )
-            await self._abort_with(context, errors, "SystemSharedMemoryRegister")
-        return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
-
-    async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Unregister on every worker; succeeds when any worker succeeds."""
-        answers = await self._fan_out("SystemSharedMemoryUnregister", request)
-        if not any(isinstance(r, bytes) for _, r in answers):
-            errors = [r for _, r in answers if not isinstance(r, bytes)]
-            await self._abort_with(context, errors, "SystemSharedMemoryUnregister")
-        return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
-
-    async def _first_worker(
-        self, method: str, request: bytes, context: grpc.aio.ServicerContext
-    ) -> bytes:
-        """The first worker's answer; UNAVAILABLE moves on to the next worker."""
-        errors = []
-        for worker in self._upstreams.workers:
-            try:
-                reply: bytes = await self._upstreams.raw(worker, method)(
-                    request, timeout=self._timeout
-                )
-                return reply
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(exc.code(), exc.details() or "")
-                errors.append(exc)
-        await self._abort_with(context, errors, method)
-        raise AssertionError("unreachable")
-
-    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The first worker's answer (registrations are the same on every worker)."""
-        return await self._first_worker("SystemSharedMemoryStatus", request, context)
-
-    async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The first answering worker's name, version and extensions (every worker runs the
-        same tritonserver; perf_analyzer asks for it before it starts)."""
-        return await self._first_worker("ServerMetadata", request, context)
-
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
 
         def forward(method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
             async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                return await self._forward_to_model(method, request, context)
+                return await fleet.forward_to_model(method, request, context)
 
             return call
 
+        fleet = self._fleet
         raw = grpc.unary_unary_rpc_method_handler
         handlers = {
             "ModelInfer": raw(self.model_infer),
             "ModelReady": raw(forward("ModelReady")),
             "ModelMetadata": raw(forward("ModelMetadata")),
             "ModelConfig": raw(forward("ModelConfig")),
-            "ModelStatistics": raw(self.model_statistics),
+            "ModelStatistics": raw(fleet.model_statistics),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.model_stream_infer),
-            "SystemSharedMemoryRegister": raw(self.shm_register),
-            "SystemSharedMemoryUnregister": raw(self.shm_unregister),
-            "SystemSharedMemoryStatus": raw(self.shm_status),
-            "ServerMetadata": raw(self.server_metadata),
+            "SystemSharedMemoryRegister": raw(fleet.shm_register),
+            "SystemSharedMemoryUnregister": raw(fleet.shm_unregister),
+            "SystemSharedMemoryStatus": raw(fleet.shm_status),
+            "ServerMetadata": raw(fleet.server_metadata),
             "ServerLive": raw(
-                self.server_live,
+                fleet.server_live,
                 request_deserializer=service_pb2.ServerLiveRequest.FromString,
                 response_serializer=service_pb2.ServerLiveResponse.SerializeToString,
             ),
             "ServerReady": raw(
-                self.server_ready,
+                fleet.server_ready,
                 request_deserializer=service_pb2.ServerReadyRequest.FromString,
                 response_serializer=service_pb2.ServerReadyResponse.SerializeToString,
             ),
             "RepositoryIndex": raw(
-                self.repository_index,
+                fleet.repository_index,
                 request_deserializer=service_pb2.RepositoryIndexRequest.FromString,
                 response_serializer=service_pb2.RepositoryIndexResponse.SerializeToString,
             ),
@@ -848,7 +405,10 @@ def make_server(
     Raises:
         UnavailableError: ``listen`` cannot be bound (in use, or not an address of this host).
     """
-    server = grpc.aio.server(options=[*channel_options(limits), ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[*channel_options(limits), ("grpc.so_reuseport", 0)],
+        interceptors=[ErrorInterceptor()],
+    )
     server.add_generic_rpc_handlers((proxy.handler(),))
     try:
         port = server.add_insecure_port(listen)
@@ -857,3 +417,20 @@ def make_server(
     if port == 0:
         raise UnavailableError(f"gateway: cannot listen on {listen}")
     return server, port
+
+
+__all__ = [
+    "MAX_RESENDS_AFTER_UNAVAILABLE",
+    "RECONNECT_OPTIONS",
+    "SERVICE",
+    "TIMEOUT_PARAMETER",
+    "GatewayProxy",
+    "SingleFlight",
+    "Upstreams",
+    "budget_spent",
+    "channel_options",
+    "discover_table",
+    "make_server",
+    "poll_counters",
+    "probe_ready",
+]

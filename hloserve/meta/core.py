@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hloserve import triton_messages
 from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, TensorSpec, load_bundle
 from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
@@ -112,14 +113,6 @@ class Call(Protocol):
 
 #: ``run(inputs, call) -> outputs`` as defined by a meta bundle's ``model.py``.
 Run = Callable[[Tensors, Call], Mapping[str, Any]]
-
-#: Texts of Triton errors about a model it does not know ("Request for unknown model: 'x' is
-#: not found"). BLS to a model absent from the server says "Model 'x' is not ready." instead
-#: (2.51, measured) and stays UNAVAILABLE; :func:`repository_describer` answers NOT_FOUND for a
-#: callee missing from the repository before any BLS.
-_UNKNOWN_MODEL_TEXTS = ("unknown model", "is not found")
-#: Text of Triton's error for a request whose ``timeout`` ran out in a queue.
-_TIMEOUT_TEXT = "timeout expired"
 
 
 class MetaCall:
@@ -245,11 +238,13 @@ class MetaCall:
 
 
 def _callee_error(meta: str, callee: str, message: str, status: Status) -> HloserveError:
-    lowered = message.lower()
-    if any(t in lowered for t in _UNKNOWN_MODEL_TEXTS):
+    # A callee Triton does not know is NOT_FOUND (triton_messages.unknown_model). BLS to a
+    # model absent from the server says "is not ready" instead and stays UNAVAILABLE;
+    # repository_describer answers NOT_FOUND for a callee missing from the repository first.
+    if triton_messages.unknown_model(message):
         status = Status.NOT_FOUND
     text = f"model {meta!r}: call to model {callee!r} failed: {message}"
-    if status is Status.DEADLINE_EXCEEDED or _TIMEOUT_TEXT in lowered:
+    if status is Status.DEADLINE_EXCEEDED or triton_messages.timeout_expired(message):
         return DeadlineExceededError(
             f"model {meta!r}: deadline exceeded in the call to model {callee!r}: {message}"
         )

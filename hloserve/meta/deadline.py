@@ -11,17 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hloserve.errors import HloserveError, Status
-
-
-class DeadlineExceededError(HloserveError):
-    """The request's time budget ran out.
-
-    Triton 2.51 has no deadline error code for a backend to answer: clients of a worker see
-    UNAVAILABLE (gRPC 14, HTTP 503) with this message, which starts "... deadline exceeded".
-    """
-
-    status = Status.DEADLINE_EXCEEDED
+from hloserve.errors import DeadlineExceededError
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hloserve.model_repository_tools.build import (
-        CONFIG_FILE,
-        ExecutableCacheOptions,
-        FrontModel,
         RepositoryError,
-        RepositoryPlan,
-        SchedulingOptions,
-        WeightCacheOptions,
         build_repository,
-        check_names,
-        plan_repository,
         write_repository,
     )
     from hloserve.model_repository_tools.config import (
@@ -34,19 +26,29 @@ if TYPE_CHECKING:
         runtime_config,
     )
     from hloserve.model_repository_tools.names import REPOSITORY_FORMAT, runtime_tensor_name
+    from hloserve.model_repository_tools.repository_plan import (
+        CONFIG_FILE,
+        ExecutableCacheOptions,
+        FrontModel,
+        RepositoryPlan,
+        SchedulingOptions,
+        WeightCacheOptions,
+        check_names,
+        plan_repository,
+    )
     from hloserve.model_repository_tools.validate import validate_repository
 
 _WHERE = {
-    "CONFIG_FILE": "build",
-    "ExecutableCacheOptions": "build",
-    "FrontModel": "build",
+    "CONFIG_FILE": "repository_plan",
+    "ExecutableCacheOptions": "repository_plan",
+    "FrontModel": "repository_plan",
     "RepositoryError": "build",
-    "RepositoryPlan": "build",
-    "SchedulingOptions": "build",
-    "WeightCacheOptions": "build",
+    "RepositoryPlan": "repository_plan",
+    "SchedulingOptions": "repository_plan",
+    "WeightCacheOptions": "repository_plan",
     "build_repository": "build",
-    "check_names": "build",
-    "plan_repository": "build",
+    "check_names": "repository_plan",
+    "plan_repository": "repository_plan",
     "write_repository": "build",
     "config_text": "config",
     "front_config": "config",

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hloserve.bundle.manifest import Manifest
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import BatchSizeError
 
 #: Sizes compiled for a symbolic bundle when ``--batch-sizes`` does not say: each 4x the
 #: previous, so an execution pads at most to 4x its rows, with four executables per variant
@@ -27,10 +27,6 @@ DEFAULT_LADDER = (1, 4, 16, 64)
 #: The default ladder stops below the size whose inputs and outputs together, per execution,
 #: would exceed this many bytes (64 MiB); an explicit ``--batch-sizes`` is not bounded.
 DEFAULT_LADDER_MAX_BYTES = 64 * 1024 * 1024
-
-
-class BatchSizeError(InvalidArgumentError):
-    """``--batch-sizes`` cannot be applied as given."""
 
 
 @dataclass(frozen=True, kw_only=True)

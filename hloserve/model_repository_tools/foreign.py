@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import ForeignModelError
 
 #: The file beside a foreign model that describes what its folder cannot say.
 FOREIGN_FILE = "hloserve.yaml"
@@ -61,10 +61,6 @@ AUTO_COMPLETE_BACKENDS = frozenset({"onnxruntime", "tensorrt", "tensorflow"})
 FLAT_VERSION = "1"
 
 _VERSION = re.compile(r"^[0-9]+$")
-
-
-class ForeignModelError(InvalidArgumentError):
-    """A folder that is neither a bundle nor a Triton model hloserve can carry over."""
 
 
 class ForeignTensor(BaseModel):

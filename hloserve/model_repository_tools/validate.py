@@ -14,7 +14,6 @@ from typing import Any
 from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
 from hloserve.errors import HloserveError, NotFoundError
 from hloserve.model_repository_tools import names
-from hloserve.model_repository_tools.build import CONFIG_FILE
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
@@ -23,6 +22,7 @@ from hloserve.model_repository_tools.config import (
     parse_config,
     runtime_config,
 )
+from hloserve.model_repository_tools.repository_plan import CONFIG_FILE
 
 
 def validate_repository(repo_dir: Path | str) -> list[Problem]:

@@ -2,6 +2,10 @@
 
 Modules:
     tritonserver: run one local tritonserver from the nvidia-pytriton wheel, without Docker.
+    triton_options: how to run one tritonserver (options, endpoints, the flag builder).
+    triton_install: tritonserver in the nvidia-pytriton wheel; the backend directory.
+    ports: free TCP ports and the check that ports are free.
+    procfs: a process session's members, kill and listening ports from ``/proc``.
     serve: ``hloserve serve``: build a repository if needed, run tritonserver, stop cleanly.
     plan: the node's plan, once for every runtime: workers, ports, flags, env, gateway settings.
     process_runtime: the workers as local tritonservers (start-up wait, stub watchdog,

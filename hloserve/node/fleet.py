@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from hloserve.gateway.config import GatewayConfig
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.process_runtime import ProcessWorkers
-from hloserve.node.tritonserver import TritonServer, TritonServerOptions
+from hloserve.node.triton_options import TritonServerOptions
+from hloserve.node.tritonserver import TritonServer
 
 if TYPE_CHECKING:
     from hloserve.observability.supervisor import NodeObservability

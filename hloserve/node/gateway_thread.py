@@ -11,9 +11,9 @@ import contextlib
 import logging
 import threading
 
+from hloserve.errors import NodeError
 from hloserve.gateway.config import GatewayConfig
-from hloserve.node.plan import NodeError
-from hloserve.node.tritonserver import free_ports
+from hloserve.node.ports import free_ports
 
 log = logging.getLogger("hloserve.serve")
 

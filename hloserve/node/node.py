@@ -40,8 +40,9 @@ from hloserve.node.plan import (
     planned_ports,
     worker_env,
 )
+from hloserve.node.ports import check_ports_free
 from hloserve.node.process_runtime import ProcessWorkers
-from hloserve.node.tritonserver import TritonServerOptions, check_ports_free
+from hloserve.node.triton_options import TritonServerOptions
 
 log = logging.getLogger("hloserve.node")
 

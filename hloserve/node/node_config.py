@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import NodeConfigError
+from hloserve.node.triton_options import ModelControlMode
 from hloserve.settings import load_settings
 
 #: Prefix of every environment override.
@@ -40,14 +41,10 @@ ENV_PREFIX = "HLOSERVE_NODE_"
 Runtime = Literal["process", "docker"]
 Launcher = Literal["tritonserver", "hloserve"]
 RestartName = Literal["no", "on-failure", "always", "unless-stopped"]
-ModelControlMode = Literal["none", "poll", "explicit"]
+
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _SHM = re.compile(r"^[0-9]+[bkmgBKMG]?$")
-
-
-class NodeConfigError(InvalidArgumentError):
-    """The node configuration is invalid; the message lists every problem with its key path."""
 
 
 class _Section(BaseModel):

@@ -19,11 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hloserve.errors import HloserveError, NotFoundError
-
-
-class PerfAnalyzerError(HloserveError):
-    """perf_analyzer is missing or exited with an error."""
+from hloserve.errors import NotFoundError, PerfAnalyzerError
 
 
 @dataclass(frozen=True)

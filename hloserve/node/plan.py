@@ -23,27 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import GpuNotFoundError, InvalidArgumentError
+from hloserve.errors import NodeError as NodeError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
-from hloserve.node.tritonserver import TritonServerOptions, free_ports, server_flags
+from hloserve.node.ports import free_ports
+from hloserve.node.triton_options import TritonServerOptions, server_flags
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
 #: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
 #: keep serving (docs/serving.md).
 SERVING_FLAGS = ("--exit-on-error=false", "--strict-readiness=false")
-
-
-class NodeError(HloserveError):
-    """The node cannot start, run or stop; the message says what to do."""
-
-    status = Status.FAILED_PRECONDITION
-
-
-class GpuNotFoundError(NodeError):
-    """The node file asks for GPUs that this machine does not have."""
-
-    status = Status.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from hloserve.errors import HloserveError
+from hloserve.errors import HloserveError, TritonServerError
 from hloserve.node.node_config import RestartConfig
 from hloserve.node.plan import describe_exit, restart_allowed
-from hloserve.node.tritonserver import TritonServer, TritonServerError, TritonServerOptions
+from hloserve.node.triton_options import TritonServerOptions
+from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
 #: Longest slice of one readiness poll, in seconds (a stop request waits at most this long).

@@ -24,16 +24,16 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
-from hloserve.node.process_runtime import wait_all_ready
-from hloserve.node.tritonserver import (
-    ModelControlMode,
-    TritonServer,
-    TritonServerOptions,
-    check_ports_free,
-    free_port,
+from hloserve.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
 )
+from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
+from hloserve.node.ports import check_ports_free, free_port
+from hloserve.node.process_runtime import wait_all_ready
+from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
+from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import stub_watchdog
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
@@ -47,13 +47,6 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.serve")
-
-
-class FailedPreconditionError(HloserveError):
-    """The command would destroy something it does not own."""
-
-    status = Status.FAILED_PRECONDITION
-
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
+from hloserve.units import format_bytes
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -228,16 +229,6 @@ def render_status(status: CacheStatus) -> str:
         cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
-
-
-def format_bytes(nbytes: float) -> str:
-    """``nbytes`` in binary units for people: "64 B", "1.5 KiB", "2.0 GiB"."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 __all__ = [

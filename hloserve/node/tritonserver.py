@@ -1,12 +1,10 @@
 """Run one local tritonserver from the nvidia-pytriton wheel, without Docker.
 
-The ``nvidia-pytriton==0.7.0`` wheel carries tritonserver 2.51 (``pytriton/tritonserver/bin``),
-its shared libraries (``nvidia_pytriton.libs/``), the Python backend
-(``pytriton/tritonserver/backends/python/``) and one ``triton_python_backend_stub`` per Python
-version (``pytriton/tritonserver/python_backend_stubs/<major.minor>/``). :class:`TritonInstall`
-finds these; :class:`TritonServer` composes a backend directory from them (links in a run
-directory), sets the environment and runs the binary in its own session, so that
-:meth:`TritonServer.stop` can end the server and every stub process it started.
+:class:`TritonServer` composes a backend directory from the wheel's files
+(:mod:`hloserve.node.triton_install`), sets the environment and runs the binary in its own
+session, so that :meth:`TritonServer.stop` can end the server and every stub process it started
+(:mod:`hloserve.node.procfs`). :func:`server_flags` is the one builder of tritonserver's flags,
+for local servers and the Docker runtime alike.
 
 Every endpoint binds ``TritonServerOptions.host`` (127.0.0.1 by default). Nothing here runs at
 import time. Linux only (``/proc`` is read to find the server's processes and sockets).
@@ -24,280 +22,47 @@ import atexit
 import collections
 import contextlib
 import http.client
-import importlib.util
 import os
-import random
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Literal
+from typing import IO
 
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
+from hloserve.node.ports import check_ports_free, free_port, free_ports
+from hloserve.node.procfs import (
+    die_with_parent,
+    kill_session,
+    listening_ports,
+    session_pids,
+    session_processes,
+)
+from hloserve.node.triton_install import (
+    PYTHON_BACKEND,
+    STUB,
+    TritonInstall,
+    check_backends,
+    compose_backend_dir,
+    remove_tree,
+)
+from hloserve.node.triton_options import (
+    ModelControlMode,
+    TritonServerOptions,
+    TritonServerUrls,
+    server_flags,
+)
 
-ModelControlMode = Literal["none", "poll", "explicit"]
-
-#: Name of Triton's Python backend directory inside ``--backend-directory``.
-PYTHON_BACKEND = "python"
-_STUB = "triton_python_backend_stub"
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
-
-
-class TritonServerError(HloserveError):
-    """The local tritonserver could not be found, started, made ready, or stopped."""
-
-    status = Status.INTERNAL
-
-
-class PortInUseError(TritonServerError):
-    """A port the server was asked to bind is already taken on that address."""
-
-    status = Status.UNAVAILABLE
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that was free when asked.
-
-    Another process may take the port before it is used; tests that start servers should pick
-    ports immediately before starting them.
-    """
-    return free_ports(1, host)[0]
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (``ip_local_port_range``; 32768 if unread)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(count: int, host: str = "127.0.0.1", *, contiguous: bool = False) -> tuple[int, ...]:
-    """Return ``count`` distinct TCP ports on ``host`` that were free when asked.
-
-    Ports come from 10000 up to the kernel's ephemeral range, never from inside it: a client
-    polling a port in the ephemeral range before its server binds it can connect to itself (TCP
-    simultaneous open, its own source port being the target) and then hold the port, so the
-    server fails with "address already in use". All sockets are held open until every port is
-    chosen, so the ports differ.
-
-    Args:
-        count: how many ports.
-        host: the address they must be free on.
-        contiguous: the ports must be consecutive (``base .. base + count - 1``).
-
-    Raises:
-        ValueError: ``count`` is below 1.
-        OSError: no such ports were found in 200 tries.
-    """
-    if count < 1:
-        raise ValueError(f"free_ports: count must be >= 1, got {count}")
-    rng = random.Random()
-    high = max(_ephemeral_low(), 10000 + 2 * count)
-    for _ in range(200):
-        if contiguous:
-            base = rng.randrange(10000, high - count)
-            candidates = list(range(base, base + count))
-        else:
-            candidates = rng.sample(range(10000, high), count)
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in candidates:
-                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    sock.bind((host, port))
-            except OSError:
-                continue
-            return tuple(candidates)
-    raise OSError(f"free_ports: no {count} free ports on {host} below {high} after 200 tries")
-
-
-@dataclass(frozen=True)
-class TritonInstall:
-    """Where the tritonserver binary, its libraries and the Python backend live.
-
-    Attributes:
-        server_binary: the ``tritonserver`` executable.
-        library_dirs: ``LD_LIBRARY_PATH`` entries, in order: the wheel's bundled libraries, then
-            the interpreter's ``LIBDIR`` (holds ``libpython3.X.so`` that the stub links; without
-            it the loader may pick a system libpython of the same version).
-        python_backend_files: files of the ``python/`` backend directory by name:
-            ``libtriton_python.so``, ``triton_python_backend_utils.py`` and
-            ``triton_python_backend_stub`` (the stub for the running Python version).
-        cache_dir: ``--cache-directory`` (holds the local response cache library).
-        python_bin_dir: put first on ``PATH``. The stub's embedded interpreter runs isolated
-            (``sys.flags.isolated == 1``: ``PYTHONPATH`` and ``PYTHONHOME`` are ignored) and
-            computes ``sys.prefix`` from the first ``python3`` on ``PATH``; the venv's
-            ``python3`` (beside ``pyvenv.cfg``) makes it a venv interpreter whose
-            site-packages, ``.pth`` files included, are on ``sys.path``.
-    """
-
-    server_binary: Path
-    library_dirs: tuple[Path, ...]
-    python_backend_files: Mapping[str, Path]
-    cache_dir: Path
-    python_bin_dir: Path
-
-    @classmethod
-    def from_pytriton_wheel(cls) -> TritonInstall:
-        """Locate tritonserver in the installed nvidia-pytriton wheel, for the running Python.
-
-        ``pytriton`` is located, not imported.
-
-        Raises:
-            TritonServerError: the wheel is not installed, or a file is missing from it (for
-                instance no stub for this Python version).
-        """
-        spec = importlib.util.find_spec("pytriton")
-        if spec is None or spec.origin is None:
-            raise TritonServerError(
-                "tritonserver: the nvidia-pytriton wheel is not installed in "
-                f"{sys.prefix} (pip install 'hloserve[serve]')"
-            )
-        package = Path(spec.origin).parent
-        dist = package / "tritonserver"
-        wheel_libs = package.parent / "nvidia_pytriton.libs"
-        if not wheel_libs.is_dir():  # editable pytriton checkout
-            wheel_libs = dist / "external_libs"
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        backend = dist / "backends" / PYTHON_BACKEND
-        files = {
-            "libtriton_python.so": backend / "libtriton_python.so",
-            "triton_python_backend_utils.py": backend / "triton_python_backend_utils.py",
-            _STUB: dist / "python_backend_stubs" / version / _STUB,
-        }
-        libdir = sysconfig.get_config_var("LIBDIR")
-        install = cls(
-            server_binary=dist / "bin" / "tritonserver",
-            library_dirs=(wheel_libs, *([Path(libdir)] if libdir else [])),
-            python_backend_files=files,
-            cache_dir=dist / "caches",
-            python_bin_dir=Path(sys.executable).parent,
-        )
-        required = (
-            install.server_binary,
-            wheel_libs,
-            *files.values(),
-            install.python_bin_dir / "python3",
-        )
-        missing = [p for p in required if not p.exists()]
-        if missing:
-            raise TritonServerError(
-                f"tritonserver: the nvidia-pytriton wheel in {package.parent} lacks "
-                f"{', '.join(map(str, missing))} (Python {version})"
-            )
-        return install
-
-
-@dataclass(frozen=True)
-class TritonServerOptions:
-    """How to run one tritonserver.
-
-    Attributes:
-        model_repository: ``--model-repository`` directory.
-        http_port: HTTP/REST port (KServe V2); readiness is polled here. Default 8000.
-        grpc_port: gRPC port (KServe V2). Default 8001.
-        metrics_port: Prometheus metrics port, or None to disable metrics. Default 8002.
-        host: address every endpoint binds (``--http-address``, ``--grpc-address``,
-            ``--metrics-address``). Default 127.0.0.1.
-        model_control_mode: ``--model-control-mode``: "none" loads the whole repository at
-            start, "explicit" loads ``load_models`` and then what clients ask for, "poll" follows
-            the repository. Default "none".
-        load_models: ``--load-model`` names at start ("*" for all); only with "explicit".
-        model_control_key: with "explicit", the key a client must send to reach Triton's
-            repository API (:mod:`hloserve.node.model_control`); None leaves that API open.
-        extra_backend_dirs: Python-based backends by backend name: each directory holds a
-            ``model.py`` and is selected in ``config.pbtxt`` by ``backend: "<name>"``. Linked
-            beside ``python/`` in the composed ``--backend-directory``.
-        extra_args: further tritonserver flags, appended last (for instance
-            ``--backend-config=python,shm-default-byte-size=16777216``).
-        env: environment variables set for the server and its stubs (for instance
-            ``CUDA_VISIBLE_DEVICES``), over the parent's environment.
-        log_verbose: ``--log-verbose`` level; 0 is Triton's default.
-        log_file: file that receives the server's and stubs' stdout and stderr (appended), or
-            None to forward them to the parent's stdout (file descriptor 1).
-        run_dir: directory for the composed backend directory, or None for a temporary one that
-            :meth:`TritonServer.stop` removes.
-        exit_timeout_s: ``--exit-timeout-secs``: how long the server waits for in-flight
-            requests at shutdown, in seconds. Default 10.
-        startup_timeout_s: how long the context manager waits for readiness, in seconds.
-        die_with_parent: SIGTERM the server when the thread that started it exits (Linux
-            ``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves no orphan server. Only for a
-            launcher whose starting thread lives as long as the server (``hloserve serve``'s
-            main thread): the signal follows the thread, not the process.
-        install: where tritonserver lives; None finds it in the nvidia-pytriton wheel.
-    """
-
-    model_repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int | None = 8002
-    host: str = "127.0.0.1"
-    model_control_mode: ModelControlMode = "none"
-    load_models: Sequence[str] = ()
-    model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
-    extra_backend_dirs: Mapping[str, Path] = field(default_factory=dict)
-    extra_args: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    log_verbose: int = 0
-    log_file: Path | None = None
-    run_dir: Path | None = None
-    exit_timeout_s: int = 10
-    startup_timeout_s: float = 120.0
-    die_with_parent: bool = False
-    install: TritonInstall | None = None
-
-    @classmethod
-    def on_free_ports(
-        cls, model_repository: Path, host: str = "127.0.0.1", **kwargs: object
-    ) -> TritonServerOptions:
-        """Options with HTTP, gRPC and metrics ports chosen by :func:`free_ports` on ``host``.
-
-        ``kwargs`` are the other fields of :class:`TritonServerOptions`.
-        """
-        http, grpc, metrics = free_ports(3, host)
-        return cls(
-            model_repository,
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            host=host,
-            **kwargs,  # type: ignore[arg-type]
-        )
-
-    def ports(self) -> dict[str, int]:
-        """The ports the server binds, by endpoint name ("http", "grpc", "metrics")."""
-        ports = {"http": self.http_port, "grpc": self.grpc_port}
-        if self.metrics_port is not None:
-            ports["metrics"] = self.metrics_port
-        return ports
-
-
-@dataclass(frozen=True)
-class TritonServerUrls:
-    """Endpoints of a running server as ``host:port`` (what tritonclient takes; no scheme).
-
-    Attributes:
-        http: KServe V2 HTTP/REST endpoint.
-        grpc: KServe V2 gRPC endpoint.
-        metrics: Prometheus endpoint (``http://<metrics>/metrics``), or None when disabled.
-    """
-
-    http: str
-    grpc: str
-    metrics: str | None
 
 
 @dataclass(frozen=True)
@@ -333,7 +98,7 @@ class StubProcess:
         The 2.51 stub runs as ``triton_python_backend_stub <model.py> <shm region> <shm size>
         <shm growth> <parent pid> <python backend dir> <ipc size> <instance name> ...``.
         """
-        if len(argv) < 2 or Path(argv[0]).name != _STUB:
+        if len(argv) < 2 or Path(argv[0]).name != STUB:
             return None
         model_py = Path(argv[1])
         fields = stat[stat.rindex(")") + 2 :].split()
@@ -345,36 +110,6 @@ class StubProcess:
             instance=argv[8] if len(argv) > 8 else "",
             wait_status=int(fields[-1]) if zombie else None,
         )
-
-
-def server_flags(o: TritonServerOptions) -> list[str]:
-    """The tritonserver flags of ``o`` that do not depend on where tritonserver is installed.
-
-    Model control (``--model-control-mode``, ``--load-model``), the three endpoints on
-    ``o.host`` (metrics off with ``--allow-metrics=false`` when ``o.metrics_port`` is None),
-    ``--log-verbose``, the repository API restricted to ``o.model_control_key`` in explicit mode
-    (:func:`hloserve.node.model_control.restricted_flags`), then ``o.extra_args``. The one
-    builder of these flags: :class:`TritonServer` puts the install's paths in front, the docker
-    runtime the container's.
-    """
-    flags = [
-        f"--model-control-mode={o.model_control_mode}",
-        *(f"--load-model={name}" for name in o.load_models),
-        f"--http-address={o.host}",
-        f"--http-port={o.http_port}",
-        f"--grpc-address={o.host}",
-        f"--grpc-port={o.grpc_port}",
-    ]
-    if o.metrics_port is None:
-        flags.append("--allow-metrics=false")
-    else:
-        flags += [f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}"]
-    flags.append(f"--log-verbose={o.log_verbose}")
-    if o.model_control_key is not None and o.model_control_mode == "explicit":
-        from hloserve.node.model_control import restricted_flags
-
-        flags += restricted_flags(o.model_control_key)
-    return [*flags, *o.extra_args]
 
 
 class TritonServer:
@@ -425,24 +160,11 @@ class TritonServer:
         """The Python backend stubs of this server's session, dead (unreaped) ones included."""
         if self._process is None:
             return []
-        session = self._process.pid
         stubs = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                group, sid = stat[stat.rindex(")") + 2 :].split()[2:4]
-                if session not in (int(group), int(sid)):
-                    continue
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except (OSError, ValueError):
-                continue
-            words = [a.decode(errors="replace") for a in argv if a]
+        for pid, stat, words in session_processes(self._process.pid):
             if not words:  # a zombie's cmdline is empty: use what was seen while it ran
                 words = self._stub_argv.get(pid, [])
-            elif Path(words[0]).name == _STUB:
+            elif Path(words[0]).name == STUB:
                 self._stub_argv[pid] = words
             else:
                 self._stub_argv.pop(pid, None)  # the pid was reused
@@ -465,7 +187,7 @@ class TritonServer:
             raise TritonServerError(f"tritonserver: already started (pid {self._process.pid})")
         o = self.options
         install = o.install or TritonInstall.from_pytriton_wheel()
-        _check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
+        check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
         _check_ports_free(o.host, o.ports())
         if o.run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix="hloserve-tritonserver-"))
@@ -474,7 +196,7 @@ class TritonServer:
             self._run_dir = o.run_dir
             self._run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            backends = _compose_backend_dir(self._run_dir, install, o.extra_backend_dirs)
+            backends = compose_backend_dir(self._run_dir, install, o.extra_backend_dirs)
             argv = self._argv(install, backends)
             env = self._env(install)
             self._launch(argv, env)
@@ -546,7 +268,7 @@ class TritonServer:
             process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout_s)
-        survivors = _kill_session(process.pid, grace_s=2.0)
+        survivors = kill_session(process.pid, grace_s=2.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5.0)
         if self._forwarder is not None:
@@ -630,7 +352,7 @@ class TritonServer:
                 stdout=stdout,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.options.die_with_parent else None,
+                preexec_fn=die_with_parent if self.options.die_with_parent else None,
             )
         except OSError as e:
             raise TritonServerError(f"tritonserver: cannot run {argv[0]}: {e}") from e
@@ -653,7 +375,7 @@ class TritonServer:
         if self._process is None:
             return False
         try:
-            return port in _listening_ports(_session_pids(self._process.pid))
+            return port in listening_ports(session_pids(self._process.pid))
         except OSError:
             return True
 
@@ -666,188 +388,32 @@ class TritonServer:
                 with contextlib.suppress(OSError):
                     shm.unlink()
         if self._owns_run_dir and self._run_dir is not None:
-            _remove_tree(self._run_dir)
+            remove_tree(self._run_dir)
             self._run_dir = None
             self._owns_run_dir = False
 
     def _kill_at_exit(self) -> None:
         if self._process is not None:
-            _kill_session(self._process.pid, grace_s=1.0)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies."""
-    import ctypes
-
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-def _check_backends(repository: Path, available: set[str]) -> None:
-    """Refuse a repository with a model whose backend this tritonserver lacks, before start.
-
-    The nvidia-pytriton wheel's tritonserver has only the Python backend (and the
-    Python-based backends composed beside it); ONNX Runtime, PyTorch, TensorRT and TensorFlow
-    models need the NGC image (docs/deployment.md). hloserve's own backends are not checked
-    here (the launcher composes them).
-
-    Raises:
-        InvalidArgumentError: naming each model, the backend it needs and the ones there are.
-    """
-    from hloserve.model_repository_tools.foreign import repository_backends
-
-    missing = {
-        backend: models
-        for backend, models in repository_backends(repository).items()
-        if backend not in available and not backend.startswith("hloserve_")
-    }
-    if missing:
-        needs = "; ".join(f"{', '.join(ms)} need(s) backend {b!r}" for b, ms in missing.items())
-        raise InvalidArgumentError(
-            f"tritonserver: {needs}, which this tritonserver does not have (it has "
-            f"{', '.join(sorted(available))}): serve these models with the NGC Triton image "
-            "(containers/worker.Dockerfile, docs/deployment.md) or leave them out"
-        )
-
-
-def _compose_backend_dir(
-    run_dir: Path, install: TritonInstall, extra_backend_dirs: Mapping[str, Path]
-) -> Path:
-    """Build ``<run_dir>/backends``: ``python/`` (hard links or copies) and one symlink per
-    extra backend directory."""
-    backends = run_dir / "backends"
-    python = backends / PYTHON_BACKEND
-    python.mkdir(parents=True, exist_ok=True)
-    for name, target in install.python_backend_files.items():
-        _link_or_copy(python / name, target)
-    for name, directory in extra_backend_dirs.items():
-        if name == PYTHON_BACKEND or not name or "/" in name or name.startswith("."):
-            raise InvalidArgumentError(
-                f"tritonserver: backend name {name!r} is reserved or not a directory name"
-            )
-        if not (directory / "model.py").is_file():
-            raise InvalidArgumentError(
-                f"tritonserver: backend {name!r}: {directory} has no model.py"
-            )
-        _symlink(backends / name, directory.resolve())
-    return backends
-
-
-def _symlink(link: Path, target: Path) -> None:
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
-
-
-def _link_or_copy(dst: Path, src: Path) -> None:
-    """Hard-link ``src`` to ``dst``, copying across file systems; never a symlink.
-
-    Triton resolves symlinks and refuses a backend library that "escapes backend directory"
-    (a symlinked ``python/libtriton_python.so`` fails every Python-based backend).
-    """
-    if dst.is_symlink() or dst.exists():
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove ``path`` without following symlinks (the links point into the wheel)."""
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, name))
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(root, name))
-    with contextlib.suppress(OSError):
-        path.rmdir()
+            kill_session(self._process.pid, grace_s=1.0)
 
 
 def _check_ports_free(host: str, ports: Mapping[str, int]) -> None:
     check_ports_free(host, ports, "tritonserver: ")
 
 
-def check_ports_free(host: str, ports: Mapping[str, int], what: str = "", hint: str = "") -> None:
-    """Raise PortInUseError if a port cannot be bound on ``host`` (TIME_WAIT is not "in use").
-
-    Args:
-        host: the address the ports will be bound on.
-        ports: port by endpoint name ("gRPC", "metrics", ...).
-        what: prefix of the message's endpoint name, e.g. "gateway ".
-        hint: appended to the message, e.g. what to change.
-
-    Raises:
-        PortInUseError: (UNAVAILABLE) "<what><endpoint> port <host>:<port> is already in use".
-    """
-    for endpoint, port in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError as e:
-                raise PortInUseError(
-                    f"{what}{endpoint} port {host}:{port} is already in use ({e}){hint}"
-                ) from e
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, process group, session) of ``pid`` from ``/proc/<pid>/stat``, or None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2]), int(fields[3])
-
-
-def _session_pids(session: int) -> list[int]:
-    """Live (non-zombie) processes whose process group or session is ``session``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _proc_stat(int(entry))
-        if stat is not None and stat[0] != "Z" and session in (stat[1], stat[2]):
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_session(session: int, grace_s: float) -> list[int]:
-    """SIGKILL every process of ``session``; return those still alive after ``grace_s`` + 8 s."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(session, signal.SIGKILL)
-    deadline = time.monotonic() + grace_s + 8.0
-    pids = _session_pids(session)
-    for _ in range(int((grace_s + 8.0) / 0.05) + 1):
-        if not pids or time.monotonic() > deadline:
-            break
-        for pid in pids:  # processes that left the group but not the session
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-        pids = _session_pids(session)
-    return pids
-
-
-def _listening_ports(pids: Sequence[int]) -> set[int]:
-    """TCP ports in LISTEN state whose sockets are open in one of ``pids`` (``/proc/net``)."""
-    inodes: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith("socket:["):
-                        inodes.add(target[8:-1])
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(FileNotFoundError), open(table) as f:
-            next(f, None)
-            for line in f:
-                cols = line.split()
-                if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+__all__ = [
+    "PYTHON_BACKEND",
+    "InvalidArgumentError",
+    "ModelControlMode",
+    "PortInUseError",
+    "StubProcess",
+    "TritonInstall",
+    "TritonServer",
+    "TritonServerError",
+    "TritonServerOptions",
+    "TritonServerUrls",
+    "check_ports_free",
+    "free_port",
+    "free_ports",
+    "server_flags",
+]

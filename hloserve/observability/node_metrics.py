@@ -29,6 +29,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from hloserve.errors import HTTP_STATUS, Status
+
 #: The supervisor's admin port: the one after Triton's 8000 (HTTP), 8001 (gRPC), 8002
 #: (metrics, or the gateway's admin port with several workers).
 DEFAULT_ADMIN_PORT = 8003
@@ -104,7 +106,7 @@ class NodeAdminServer:
                         return
                     body, kind = json.dumps({"models": rows}).encode(), "application/json"
                 else:
-                    self.send_error(404)
+                    self.send_error(HTTP_STATUS[Status.NOT_FOUND])
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", kind)

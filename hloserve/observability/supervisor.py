@@ -14,17 +14,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hloserve.errors import HloserveError, Status
+from hloserve.errors import AdminPortError
 from hloserve.observability.node_metrics import DEFAULT_ADMIN_PORT, NodeAdminServer, NodeMetrics
 from hloserve.observability.targets import NodeTargets, remove_targets, write_targets
 
 log = logging.getLogger("hloserve.observability")
-
-
-class AdminPortError(HloserveError):
-    """The supervisor's admin port, given explicitly, cannot be bound."""
-
-    status = Status.UNAVAILABLE
 
 
 class NodeObservability:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hloserve.errors import ChannelClosed
+
 #: Where shared-memory files live (tmpfs).
 SHM_DIR = Path("/dev/shm")
 #: Prefix of every shared-memory file and socket address of hloserve's channel.
@@ -47,10 +49,6 @@ MAX_MESSAGE_BYTES = 1 << 20
 DEFAULT_ARENA_BYTES = 64 << 20
 #: Alignment of every allocation in an arena, bytes (a cache line).
 ALIGN = 64
-
-
-class ChannelClosed(ConnectionError):
-    """The other end of the channel went away."""
 
 
 def server_key() -> str:

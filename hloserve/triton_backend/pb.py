@@ -4,28 +4,18 @@ The ``model.py`` shims pass ``triton_python_backend_utils`` (``pb_utils``) in as
 this module never imports it, so everything here is unit-testable with stand-ins. It holds:
 
 * :data:`TRITON_ERROR_CODE`: the one table from :class:`~hloserve.errors.Status` to the
-  ``pb_utils.TritonError`` code a response carries (Triton maps those to gRPC/HTTP codes);
-* tensor conversion. Numeric tensors move by DLPack in both directions
-  (docs/notes_tritonserver.md: ``as_numpy()`` and ``pb_utils.Tensor(name, array)`` corrupt data
-  silently under numpy 2 with the 2.51 stub); BYTES tensors by ``as_numpy()`` /
-  ``pb_utils.Tensor(name, array)``;
+  ``pb_utils.TritonError`` code a response carries (Triton maps those to gRPC/HTTP codes), and
+  the way back from a Triton error (:func:`error_from_triton`; Triton's texts are read by
+  :mod:`hloserve.triton_messages`);
+* :func:`inference_response`: a response holding tensors or an error;
 * :class:`ModelArgs`: the ``args`` dict Triton hands to ``initialize``.
 
-Two DLPack fixes, both checked against tritonserver 2.51 (tests/test_backend_triton.py):
-
-* bfloat16: NumPy cannot export or import DLPack ``kDLBfloat`` (code 4). An incoming bf16
-  capsule is relabelled ``kDLUInt``/16 bits and viewed as ``ml_dtypes.bfloat16``; an outgoing
-  bf16 array is exported as ``uint16`` and its capsule relabelled ``kDLBfloat``. The bits are
-  untouched, so values round-trip exactly (NaN payloads included).
-* ``pb_utils.Tensor.from_dlpack`` renames the capsule it consumed ``"used_dlpack"``; NumPy 1.26's
-  capsule destructor only accepts ``"used_dltensor"`` and otherwise makes the stub spin on
-  ``PyCapsule_GetPointer called with incorrect name``. :func:`to_triton_tensor` renames the
-  capsule ``"used_dltensor"`` (the DLPack spec's name for a consumed capsule) after the call.
+Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.dlpack`; its
+names are re-exported here, where the ``model.py`` shims and tests reach them as ``pb.*``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import re
@@ -35,10 +25,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
-import numpy as np
-
-from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve import triton_messages
+from hloserve.errors import (
+    HloserveError,
+    InvalidArgumentError,
+    ServerStartingError,
+    Status,
+)
+from hloserve.triton_backend.dlpack import (
+    BFLOAT16,
+    DL_BFLOAT,
+    DL_UINT,
+    capsule_dtype,
+    from_capsule,
+    mark_consumed,
+    relabel_capsule,
+    request_inputs,
+    to_capsule,
+    to_numpy,
+    to_triton_tensor,
+)
 
 log = logging.getLogger("hloserve.triton_backend")
 
@@ -57,11 +63,17 @@ TRITON_ERROR_CODE: dict[Status, str] = {
     Status.FAILED_PRECONDITION: "INVALID_ARG",
     Status.RESOURCE_EXHAUSTED: "UNAVAILABLE",
     Status.DEADLINE_EXCEEDED: "UNAVAILABLE",
+    # Statuses only relayed from a worker by the gateway; a backend never raises them, and
+    # status_of_code keeps reading those Triton codes as INTERNAL (as before they existed).
+    Status.CANCELLED: "INTERNAL",
+    Status.UNKNOWN: "INTERNAL",
+    Status.ALREADY_EXISTS: "INTERNAL",
+    Status.PERMISSION_DENIED: "INTERNAL",
+    Status.ABORTED: "INTERNAL",
+    Status.OUT_OF_RANGE: "INVALID_ARG",
+    Status.DATA_LOSS: "INTERNAL",
+    Status.UNAUTHENTICATED: "INTERNAL",
 }
-
-#: Text of Triton's BLS error for a target model that is not (yet) loaded, e.g. "Failed for
-#: execute the inference request. Model 'hloserve_runtime' is not ready." (2.51).
-NOT_READY_TEXT = "is not ready"
 
 
 def error_code(error: BaseException) -> tuple[str, str]:
@@ -79,24 +91,10 @@ def error_code(error: BaseException) -> tuple[str, str]:
     return f"internal error: {type(error).__name__}: {error}", TRITON_ERROR_CODE[Status.INTERNAL]
 
 
-#: Text of Triton's refusal of any inference, BLS included, while the server is starting
-#: (core ``InferenceServer::InferAsync``; 2.51 BLS: "Model X - Error when running inference:
-#: Server not ready"). Models load before the server is ready, so a front's ``model_warmup``
-#: cannot reach the runtime in ``--model-control-mode=none``.
-SERVER_NOT_READY_TEXT = "Server not ready"
-
 #: BLS responses reach the caller with code INTERNAL whatever code the callee answered
 #: (measured on 2.51), but with the message intact. The runtime therefore prefixes its error
 #: messages with this tag, and the front reads the status back from it.
 _STATUS_TAG = re.compile(r"^\[hloserve ([A-Z_]+)\] ")
-
-
-class ServerStartingError(UnavailableError):
-    """Triton refused a BLS request because the server itself is not ready yet.
-
-    Retrying cannot help while the calling model is still loading (server readiness waits for
-    it): the caller should fail at once.
-    """
 
 
 def tag_status(message: str, status: Status) -> str:
@@ -118,7 +116,7 @@ def status_of_code(code_name: str, message: str = "") -> Status:
     A message saying a model "is not ready" is UNAVAILABLE whatever its code (Triton 2.51 gives
     that text for BLS to a model that is still loading). Unknown codes are INTERNAL.
     """
-    if NOT_READY_TEXT in message:
+    if triton_messages.model_not_ready(message):
         return Status.UNAVAILABLE
     for status, name in TRITON_ERROR_CODE.items():
         if name == code_name:
@@ -136,7 +134,7 @@ def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
     tagged, text = untag_status(message)
     if tagged is not None:
         return HloserveError(text, status=tagged)
-    if SERVER_NOT_READY_TEXT in message:
+    if triton_messages.server_not_ready(message):
         return ServerStartingError(message)
     code = error.code()
     name = next(
@@ -158,138 +156,6 @@ def triton_error(pb_utils: Any, error: BaseException, *, tagged: bool = False) -
         status = error.status if isinstance(error, HloserveError) else Status.INTERNAL
         message = tag_status(message, status)
     return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
-
-
-# -- DLPack ------------------------------------------------------------------------------------
-
-#: DLPack ``DLDataTypeCode`` values (dlpack.h).
-DL_UINT = 1
-DL_BFLOAT = 4
-#: Offset of ``DLTensor.dtype`` in ``DLManagedTensor`` (``data`` pointer, ``DLDevice`` 8 bytes,
-#: ``ndim`` int32) and in ``DLManagedTensorVersioned`` (version, manager_ctx, deleter, flags
-#: first: 32 bytes). ``dtype`` is ``{uint8 code; uint8 bits; uint16 lanes}``.
-_DTYPE_OFFSET = {b"dltensor": 20, b"dltensor_versioned": 32 + 20}
-_DEVICE_OFFSET = {b"dltensor": 8, b"dltensor_versioned": 32 + 8}
-
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_get_name = ctypes.pythonapi.PyCapsule_GetName
-_get_name.restype = ctypes.c_char_p
-_get_name.argtypes = [ctypes.py_object]
-_set_name = ctypes.pythonapi.PyCapsule_SetName
-_set_name.restype = ctypes.c_int
-_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def _dtype_field(capsule: Any) -> tuple[Any, bytes]:
-    name = _get_name(capsule)
-    if name not in _DTYPE_OFFSET:
-        raise InvalidArgumentError(f"not an unconsumed DLPack capsule (name {name!r})")
-    address = _get_pointer(capsule, name)
-    return (ctypes.c_uint8 * 2).from_address(address + _DTYPE_OFFSET[name]), name
-
-
-def capsule_dtype(capsule: Any) -> tuple[int, int]:
-    """``(type code, bits)`` of an unconsumed DLPack capsule."""
-    field_, _ = _dtype_field(capsule)
-    return int(field_[0]), int(field_[1])
-
-
-def relabel_capsule(capsule: Any, code: int) -> None:
-    """Overwrite the DLPack type code of an unconsumed capsule in place (bits unchanged)."""
-    field_, _ = _dtype_field(capsule)
-    field_[0] = code
-
-
-def mark_consumed(capsule: Any) -> None:
-    """Name a capsule ``"used_dltensor"``, as a DLPack consumer must once it owns the tensor."""
-    _set_name(capsule, b"used_dltensor")
-
-
-class _CapsuleExporter:
-    """Wraps a capsule so ``np.from_dlpack`` (which wants ``__dlpack__``) can consume it."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-        name = _get_name(capsule)
-        address = _get_pointer(capsule, name)
-        device = (ctypes.c_int32 * 2).from_address(address + _DEVICE_OFFSET[name])
-        self._device = (int(device[0]), int(device[1]))
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device
-
-
-def from_capsule(capsule: Any) -> np.ndarray:
-    """A NumPy array viewing an unconsumed DLPack capsule (host memory); bf16 included."""
-    code, bits = capsule_dtype(capsule)
-    if code == DL_BFLOAT and bits == 16:
-        relabel_capsule(capsule, DL_UINT)
-        return np.from_dlpack(_CapsuleExporter(capsule)).view(BFLOAT16)
-    return np.from_dlpack(_CapsuleExporter(capsule))
-
-
-def to_capsule(array: Any) -> Any:
-    """A DLPack capsule for a host NumPy array (bf16 included) or any DLPack exporter.
-
-    NumPy arrays are made C-contiguous and, if read-only (NumPy 1.x refuses to export those),
-    copied. A bf16 array is exported as its ``uint16`` bits and relabelled ``kDLBfloat``.
-    """
-    if not isinstance(array, np.ndarray):
-        return array.__dlpack__()
-    a = np.ascontiguousarray(array)
-    if not a.flags.writeable:
-        a = a.copy()
-    if a.dtype == BFLOAT16:
-        capsule = a.view(np.uint16).__dlpack__()
-        relabel_capsule(capsule, DL_BFLOAT)
-        return capsule
-    return a.__dlpack__()
-
-
-def to_numpy(tensor: Any, dtype: np.dtype | None = None) -> np.ndarray:
-    """A ``pb_utils.Tensor`` as a NumPy array viewing its memory (no copy for numeric types).
-
-    Args:
-        tensor: a ``pb_utils.Tensor`` in host memory (anything with ``to_dlpack()`` and
-            ``as_numpy()``).
-        dtype: the expected dtype when known; ``object`` (BYTES) goes through ``as_numpy()``.
-
-    The array is only valid while the request or response owning the tensor is alive: copy
-    what must outlive it.
-    """
-    if dtype is not None and np.dtype(dtype) == np.dtype(object):
-        return np.asarray(tensor.as_numpy())
-    try:
-        capsule = tensor.to_dlpack()
-    except Exception:  # BYTES tensors have no DLPack form
-        return np.asarray(tensor.as_numpy())
-    return from_capsule(capsule)
-
-
-def to_triton_tensor(pb_utils: Any, name: str, array: Any) -> Any:
-    """A ``pb_utils.Tensor`` named ``name`` from a host NumPy array or a JAX array.
-
-    Numeric data moves by DLPack without a copy (except for a non-contiguous or read-only
-    NumPy array); object arrays (BYTES) go through ``pb_utils.Tensor(name, array)``.
-    """
-    if isinstance(array, np.ndarray) and array.dtype == np.dtype(object):
-        return pb_utils.Tensor(name, array)
-    capsule = to_capsule(array)
-    tensor = pb_utils.Tensor.from_dlpack(name, capsule)
-    mark_consumed(capsule)
-    return tensor
-
-
-def request_inputs(request: Any) -> dict[str, np.ndarray]:
-    """Every input tensor of a ``pb_utils.InferenceRequest`` as NumPy arrays, by name."""
-    return {t.name(): to_numpy(t) for t in request.inputs()}
 
 
 def inference_response(
@@ -384,14 +250,20 @@ class ModelArgs:
 
 
 __all__ = [
+    "BFLOAT16",
+    "DL_BFLOAT",
+    "DL_UINT",
     "TRITON_ERROR_CODE",
     "ModelArgs",
     "ServerStartingError",
+    "capsule_dtype",
     "configure_logging",
     "error_code",
     "error_from_triton",
     "from_capsule",
     "inference_response",
+    "mark_consumed",
+    "relabel_capsule",
     "request_inputs",
     "status_of_code",
     "tag_status",

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from hloserve.errors import UnavailableError
+from hloserve.errors import SchedulerClosedError
 from hloserve.triton_backend.scheduler_config import (
     DEFAULT_WEIGHT,
     DISCIPLINES,
@@ -136,10 +136,6 @@ class SchedulerSnapshot:
     models: Mapping[str, ModelSnapshot]
     shed: int
     batches: int
-
-
-class SchedulerClosedError(UnavailableError):
-    """:meth:`Scheduler.submit` after :meth:`Scheduler.close` (the runtime is stopping)."""
 
 
 @dataclass

@@ -30,20 +30,17 @@ policy is unit-tested without JAX devices. This module imports only NumPy and
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
-import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from hloserve.bundle.safetensors_file import mmap_tensors
 from hloserve.errors import (
     HloserveError,
     InvalidArgumentError,
@@ -51,35 +48,14 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
+from hloserve.triton_backend.residency import Residency, budget_problems
 from hloserve.triton_backend.transfer import JaxTransfer
+from hloserve.units import format_size
 
 if TYPE_CHECKING:  # the policy imports only numpy and hloserve.errors (benchmarks need no more)
     from hloserve.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.weight_cache")
-
-
-class Residency(enum.Enum):
-    """Where a model's weights live between executions (ReactantServer ``residency``)."""
-
-    SYSTEM = "system"
-    DEVICE = "device"
-    UNPINNED = "unpinned"
-
-    @classmethod
-    def parse(cls, text: str, *, model: str = "") -> Residency:
-        """The residency named ``text`` (case-insensitive).
-
-        Raises:
-            InvalidArgumentError: not one of system, device, unpinned.
-        """
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            where = f"model {model!r}: " if model else ""
-            raise InvalidArgumentError(
-                f"{where}residency {text!r} is not one of {[r.value for r in cls]}"
-            ) from None
 
 
 class WeightSource(Protocol):
@@ -488,106 +464,11 @@ class BundleWeights:
         order = self.bundle.manifest.weights.order
         if path is None or not order:
             return []
-        return mmap_safetensors(path, order)
+        return mmap_tensors(path, order)
 
 
-def mmap_safetensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
-    """The tensors ``order`` of a safetensors file as read-only memory-mapped arrays.
-
-    Format (huggingface/safetensors README, "Format"): an 8-byte little-endian header size N,
-    N bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data;
-    offsets are relative to the data's start.
-
-    Raises:
-        NotFoundError: a name is not in the file.
-        InvalidArgumentError: a malformed header.
-    """
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        try:
-            header = json.loads(f.read(size))
-        except ValueError as exc:
-            raise InvalidArgumentError(f"{path}: bad safetensors header: {exc}") from None
-    from hloserve.bundle import dtypes
-
-    missing = [n for n in order if n not in header]
-    if missing:
-        raise NotFoundError(f"{path}: weights {missing} are not in the file")
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size)
-    arrays = []
-    for name in order:
-        info = header[name]
-        begin, end = info["data_offsets"]
-        dtype = dtypes.from_safetensors(info["dtype"]).numpy
-        arrays.append(data[begin:end].view(dtype).reshape(info["shape"]))
-    return arrays
-
-
-def budget_problems(
-    budget_bytes: int, weight_bytes: Mapping[str, int], residency: Mapping[str, str]
-) -> list[str]:
-    """What can never fit a weight cache budget, known before anything loads.
-
-    The same rule as :meth:`WeightCache.add`/:meth:`~WeightCache.acquire` applied to the whole
-    repository at once (``hloserve repo build`` refuses on it): ``device`` models pin their
-    weights, so together they must fit the budget; every other model must fit what all pinned
-    models leave. At run time the same configurations fail some model's load with
-    INVALID_ARGUMENT (which one depends on the load order).
-
-    Args:
-        budget_bytes: the budget in bytes, > 0.
-        weight_bytes: model name -> its weight bytes.
-        residency: model name -> ``"system"``, ``"device"`` or ``"unpinned"`` (missing:
-            ``system``).
-
-    Returns:
-        One message per problem, naming the model(s), their weight bytes and the budget; empty
-        when every model can fit.
-    """
-    pinned = {
-        name: n
-        for name, n in sorted(weight_bytes.items())
-        if Residency.parse(residency.get(name, "system"), model=name) is Residency.DEVICE
-    }
-    pinned_total = sum(pinned.values())
-    budget = format_size(budget_bytes)
-    problems = []
-    if pinned_total > budget_bytes:
-        if len(pinned) == 1:
-            ((name, n),) = pinned.items()
-            problems.append(
-                f"weights of model {name!r} (residency=device) are {format_size(n)}, more than "
-                f"the weight cache budget of {budget}"
-            )
-        else:
-            which = ", ".join(f"{name!r} {format_size(n)}" for name, n in pinned.items())
-            problems.append(
-                f"the weights of the residency=device models ({which}) total "
-                f"{format_size(pinned_total)}, more than the weight cache budget of {budget}"
-            )
-    room = max(budget_bytes - pinned_total, 0)
-    for name, n in sorted(weight_bytes.items()):
-        if name not in pinned and n > room:
-            limit = f"the weight cache budget of {budget}"
-            if pinned_total:  # what the pinned models leave of it, 0 when they overflow it
-                limit = (
-                    f"the {format_size(room)} the residency=device models leave of {limit} "
-                    f"(they pin {format_size(pinned_total)})"
-                )
-            problems.append(f"weights of model {name!r} are {format_size(n)}, more than {limit}")
-    return problems
-
-
-def format_size(nbytes: int) -> str:
-    """``"3.0 MiB (3145728 bytes)"``."""
-    value = float(nbytes)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    if unit == "bytes":
-        return f"{nbytes} bytes"
-    return f"{value:.1f} {unit} ({nbytes} bytes)"
+#: The memory-mapped reader, under its earlier name.
+mmap_safetensors = mmap_tensors
 
 
 __all__ = [
@@ -599,5 +480,6 @@ __all__ = [
     "Transfer",
     "WeightCache",
     "WeightSource",
+    "budget_problems",
     "mmap_safetensors",
 ]

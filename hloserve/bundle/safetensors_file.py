@@ -1,0 +1,105 @@
+"""The one reader of a bundle's ``weights.safetensors``: its tensors' shapes and dtypes, the
+tensors as host arrays, or as memory-mapped views.
+
+Format (huggingface/safetensors README, "Format"): an 8-byte little-endian header size N, N
+bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data; offsets are
+relative to the data's start. The header listing and the copies go through the ``safetensors``
+library (``safe_open``, which validates the file); the views need the data offsets, which the
+library does not expose, so they are computed from the header JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hloserve.bundle import dtypes
+from hloserve.errors import InvalidArgumentError, NotFoundError
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """Shape and dtype of one weight as stored in the safetensors file."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # manifest token
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
+
+
+def stored_tensors(path: Path) -> dict[str, WeightInfo]:
+    """Every tensor in the file, by name, from its header only.
+
+    Raises:
+        InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            infos = {}
+            for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
+                tensor = f.get_slice(key)
+                token = dtypes.from_safetensors(tensor.get_dtype()).token
+                infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
+            return infos
+    except (OSError, SafetensorError) as exc:
+        raise InvalidArgumentError(f"{path}: cannot read safetensors file: {exc}") from None
+
+
+def _check_present(path: Path, names: Sequence[str], stored: Sequence[str]) -> None:
+    missing = [n for n in names if n not in stored]
+    if missing:
+        raise NotFoundError(f"{path}: weights {missing} are not in the file")
+
+
+def load_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
+    """The tensors ``order`` as host NumPy arrays of their own (copies of the file's bytes).
+
+    Raises:
+        NotFoundError: a name is not in the file.
+        InvalidArgumentError: the file cannot be read (:func:`stored_tensors`).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            _check_present(path, order, list(f.keys()))
+            return [f.get_tensor(name) for name in order]
+    except (OSError, SafetensorError) as exc:
+        raise InvalidArgumentError(f"{path}: cannot read safetensors file: {exc}") from None
+
+
+def mmap_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
+    """The tensors ``order`` as read-only memory-mapped arrays (no copy until used).
+
+    Raises:
+        NotFoundError: a name is not in the file.
+        InvalidArgumentError: a malformed header.
+    """
+    with open(path, "rb") as f:
+        try:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        except (struct.error, ValueError) as exc:
+            raise InvalidArgumentError(f"{path}: bad safetensors header: {exc}") from None
+    _check_present(path, order, list(header))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size)
+    arrays = []
+    for name in order:
+        info = header[name]
+        begin, end = info["data_offsets"]
+        dtype = dtypes.from_safetensors(info["dtype"]).numpy
+        arrays.append(data[begin:end].view(dtype).reshape(info["shape"]))
+    return arrays
+
+
+__all__ = ["WeightInfo", "load_tensors", "mmap_tensors", "stored_tensors"]

@@ -1,0 +1,207 @@
+"""The gateway's RPCs other than inference: answered from the workers, not by one replica.
+
+``ServerLive`` is the gateway's own; ``ServerReady`` true when any worker is ready;
+``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
+shared-memory registration fanned out and rolled back on partial failure; ``ServerMetadata``
+and ``...Status`` from the first answering worker; ``ModelReady``, ``ModelMetadata`` and
+``ModelConfig`` forwarded to a replica of the model (docs/gateway.md, "Proxy"). Errors are
+raised and answered by :class:`hloserve.gateway.interceptor.ErrorInterceptor`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from hloserve.errors import HloserveError, UnavailableError
+from hloserve.gateway.aggregate import merge_model_statistics
+from hloserve.gateway.interceptor import relayed
+from hloserve.gateway.routing import Router
+from hloserve.gateway.upstreams import Upstreams
+from hloserve.gateway.wire import peek_infer_request
+
+
+class FleetRpcs:
+    """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``.
+
+    Args:
+        router: the routing table (replicas of a model for the forwarded RPCs).
+        upstreams: channels to the workers.
+        request_timeout_s: deadline of one forwarded call, seconds.
+        probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        upstreams: Upstreams,
+        request_timeout_s: float,
+        probe_timeout_s: float,
+    ) -> None:
+        self._router = router
+        self._upstreams = upstreams
+        self._timeout = request_timeout_s
+        self._probe_timeout = probe_timeout_s
+
+    async def forward_to_model(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        name = peek_infer_request(request).model_name  # field 1 is the name in all three
+        route = self._router.table.get(name)
+        order = route.replicas if route is not None and route.replicas else self._upstreams.workers
+        last: grpc.aio.AioRpcError | None = None
+        for worker in order:
+            try:
+                return await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise relayed(exc) from None
+                last = exc
+        details = last.details() if last is not None else ""
+        raise UnavailableError(f"{method} {name!r}: {details}")
+
+    async def server_live(
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
+        """The gateway process is live."""
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def server_ready(
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
+        """Ready when at least one worker answers ready."""
+        raw = request.SerializeToString()
+
+        async def probe(worker: str) -> bool:
+            try:
+                reply = await self._upstreams.raw(worker, "ServerReady")(
+                    raw, timeout=self._probe_timeout
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
+
+        answers = await asyncio.gather(*(probe(w) for w in self._upstreams.workers))
+        return service_pb2.ServerReadyResponse(ready=any(answers))
+
+    async def repository_index(
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
+        """Every worker's index merged by (name, version); READY wins over other states."""
+        raw = request.SerializeToString()
+
+        async def index(worker: str) -> bytes | None:
+            try:
+                return await self._upstreams.raw(worker, "RepositoryIndex")(
+                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
+                )
+            except grpc.aio.AioRpcError:
+                return None
+
+        merged: dict[tuple[str, str], Any] = {}
+        for reply in await asyncio.gather(*(index(w) for w in self._upstreams.workers)):
+            if reply is None:
+                continue
+            for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
+                key = (model.name, model.version)
+                if key not in merged or model.state == "READY":
+                    merged[key] = model
+        response = service_pb2.RepositoryIndexResponse()
+        for key in sorted(merged):
+            response.models.append(merged[key])
+        return response
+
+    async def _fan_out(
+        self, method: str, request: bytes
+    ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
+        """Send ``request`` to every worker; (worker, reply bytes or the error) per worker."""
+
+        async def one(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
+            try:
+                reply = await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
+                return worker, reply
+            except grpc.aio.AioRpcError as exc:
+                return worker, exc
+
+        return list(await asyncio.gather(*(one(w) for w in self._upstreams.workers)))
+
+    @staticmethod
+    def _first_error(errors: list[grpc.aio.AioRpcError], what: str) -> HloserveError:
+        """The first worker's error, relayed with its code (UNAVAILABLE when no worker)."""
+        if not errors:
+            return UnavailableError(f"{what}: no worker")
+        return relayed(errors[0], f"{what}: ")
+
+    async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Every worker's statistics summed per (name, version) (aggregate.py).
+
+        Workers answering with an error (e.g. NOT_FOUND: the model is not on that worker) are
+        left out; when every worker fails, the first error is returned.
+        """
+        answers = await self._fan_out("ModelStatistics", request)
+        replies = [r for _, r in answers if isinstance(r, bytes)]
+        if not replies:
+            errors = [r for _, r in answers if not isinstance(r, bytes)]
+            raise self._first_error(errors, "ModelStatistics")
+        merged = merge_model_statistics(
+            service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
+        )
+        return bytes(merged.SerializeToString())
+
+    async def shm_register(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Register a system shared-memory region on every worker, or on none.
+
+        When a worker refuses, the region is unregistered from the workers that accepted it
+        and the refusal is returned.
+        """
+        answers = await self._fan_out("SystemSharedMemoryRegister", request)
+        errors = [r for _, r in answers if not isinstance(r, bytes)]
+        if errors:
+            name = service_pb2.SystemSharedMemoryRegisterRequest.FromString(request).name
+            undo = service_pb2.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
+            for worker, reply in answers:
+                if isinstance(reply, bytes):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await self._upstreams.raw(worker, "SystemSharedMemoryUnregister")(
+                            undo, timeout=self._probe_timeout
+                        )
+            raise self._first_error(errors, "SystemSharedMemoryRegister")
+        return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
+
+    async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Unregister on every worker; succeeds when any worker succeeds."""
+        answers = await self._fan_out("SystemSharedMemoryUnregister", request)
+        if not any(isinstance(r, bytes) for _, r in answers):
+            errors = [r for _, r in answers if not isinstance(r, bytes)]
+            raise self._first_error(errors, "SystemSharedMemoryUnregister")
+        return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
+
+    async def _first_worker(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """The first worker's answer; UNAVAILABLE moves on to the next worker."""
+        errors = []
+        for worker in self._upstreams.workers:
+            try:
+                reply: bytes = await self._upstreams.raw(worker, method)(
+                    request, timeout=self._timeout
+                )
+                return reply
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise relayed(exc) from None
+                errors.append(exc)
+        raise self._first_error(errors, method)
+
+    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The first worker's answer (registrations are the same on every worker)."""
+        return await self._first_worker("SystemSharedMemoryStatus", request, context)
+
+    async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The first answering worker's name, version and extensions (every worker runs the
+        same tritonserver; perf_analyzer asks for it before it starts)."""
+        return await self._first_worker("ServerMetadata", request, context)

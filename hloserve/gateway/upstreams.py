@@ -1,0 +1,164 @@
+"""The gateway's channels to its workers and the probes sent on them.
+
+:class:`Upstreams` keeps one ``grpc.aio`` channel per worker and calls carry raw bytes both
+ways (nothing is re-marshalled). :func:`probe_ready` is the health probe, :func:`poll_counters`
+the ``ModelStatistics`` poll of ``lpt_packing`` (docs/gateway.md, "Proxy").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from hloserve.gateway.config import GrpcLimits
+from hloserve.gateway.packing import Counters
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+#: Reconnect backoff of the upstream channels, milliseconds. gRPC's default grows to 120 s, so
+#: a worker restarted after a long outage would stay unreachable long after it is ready; with
+#: these a down worker gets one connection attempt every 2 s at most.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+def method_path(name: str) -> str:
+    """The gRPC path of ``name`` in ``inference.GRPCInferenceService``."""
+    return f"/{SERVICE}/{name}"
+
+
+def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
+    """gRPC options raising the message-size limits, for servers and channels alike."""
+    return [
+        ("grpc.max_receive_message_length", limits.max_recv_msg_bytes),
+        ("grpc.max_send_message_length", limits.max_send_msg_bytes),
+    ]
+
+
+class Upstreams:
+    """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
+
+    Args:
+        workers: worker endpoints (host:port).
+        limits: message-size limits of every channel.
+        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call: the workers'
+            model-control key when their repository API is restricted
+            (:func:`hloserve.node.model_control.grpc_metadata`).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[str],
+        limits: GrpcLimits,
+        repository_metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.workers = tuple(workers)
+        self.repository_metadata = tuple(repository_metadata)
+        options = channel_options(limits) + RECONNECT_OPTIONS
+        self._channels = {w: grpc.aio.insecure_channel(w, options=options) for w in self.workers}
+        self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes
+        (made once per worker and method, then reused)."""
+        key = (worker, method)
+        call = self._unary.get(key)
+        if call is None:
+            call = self._unary[key] = self._channels[worker].unary_unary(method_path(method))
+        return call
+
+    def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
+        """A bidirectional-streaming callable carrying bytes both ways."""
+        return self._channels[worker].stream_stream(method_path(method))
+
+    async def connect(self, worker: str, timeout_s: float) -> str | None:
+        """Bring the channel to ``worker`` to READY before a request is sent on it.
+
+        A call started on a channel that is not connected yet cannot tell a connect failure
+        (nothing was sent) from a connection lost mid-request; connecting first separates
+        the two (:meth:`hloserve.gateway.proxy.GatewayProxy.model_infer`).
+
+        Args:
+            worker: the worker endpoint.
+            timeout_s: longest wait for the connection, seconds.
+
+        Returns:
+            None when the channel is READY, else why not (the request was not sent).
+        """
+        channel = self._channels[worker]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        state = channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            if state in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            ):
+                return "connection failed"
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return f"no connection within {timeout_s:g} s"
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            except TimeoutError:
+                return f"no connection within {timeout_s:g} s"
+            state = channel.get_state(try_to_connect=True)
+        return None
+
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        """Whether ``worker`` is still connected and answers ``ServerLive`` with live: true."""
+        if self._channels[worker].get_state() != grpc.ChannelConnectivity.READY:
+            return False
+        request = service_pb2.ServerLiveRequest().SerializeToString()
+        try:
+            reply = await self.raw(worker, "ServerLive")(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(service_pb2.ServerLiveResponse.FromString(reply).live)
+
+    async def close(self) -> None:
+        """Close every channel."""
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+
+async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bool:
+    """One health probe: ``ServerReady`` of ``worker`` answered ``ready: true`` in time."""
+    request = service_pb2.ServerReadyRequest().SerializeToString()
+    try:
+        reply = await upstreams.raw(worker, "ServerReady")(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
+
+
+async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
+    """Cumulative items and execution seconds per (model, worker) from ``ModelStatistics``.
+
+    Items are ``inference_count``; seconds are the sum of ``batch_stats[*].compute_infer.ns``
+    (counted once per execution). Workers that fail are left out.
+    """
+    request = service_pb2.ModelStatisticsRequest().SerializeToString()
+
+    async def one(worker: str) -> tuple[str, bytes | None]:
+        try:
+            return worker, await upstreams.raw(worker, "ModelStatistics")(
+                request, timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return worker, None
+
+    counters: dict[tuple[str, str], Counters] = {}
+    for worker, reply in await asyncio.gather(*(one(w) for w in upstreams.workers)):
+        if reply is None:
+            continue
+        for row in service_pb2.ModelStatisticsResponse.FromString(reply).model_stats:
+            ns = sum(b.compute_infer.ns for b in row.batch_stats)
+            counters[(row.name, worker)] = Counters(row.inference_count, ns / 1e9)
+    return counters

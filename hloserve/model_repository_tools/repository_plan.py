@@ -1,0 +1,413 @@
+"""Bundles directory -> a plan of the Triton model repository, validated, nothing written.
+
+:func:`plan_repository` validates every bundle (and every foreign Triton model folder), checks
+the model names, chooses the compiled batch sizes of symbolic bundles and computes every
+``config.pbtxt`` (docs/serving.md, "The generated model repository");
+:func:`hloserve.model_repository_tools.build.write_repository` writes the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.manifest import Manifest, parse_manifest
+from hloserve.bundle.stablehlo import is_portable_artifact
+from hloserve.errors import HloserveError, InvalidArgumentError, RepositoryError
+from hloserve.model_repository_tools import names
+from hloserve.model_repository_tools.batch_sizes import (
+    BatchSizeError,
+    BatchSizeOptions,
+    choose_batch_sizes,
+)
+from hloserve.model_repository_tools.config import (
+    config_text,
+    front_config,
+    meta_config,
+    runtime_config,
+)
+from hloserve.model_repository_tools.foreign import (
+    ForeignModel,
+    ForeignModelError,
+    is_candidate,
+    plan_foreign,
+)
+
+#: Name of every model's configuration file (Triton's fixed name).
+CONFIG_FILE = "config.pbtxt"
+
+#: Receives one human-readable line per step (the CLI prints them).
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightCacheOptions:
+    """The runtime's weight cache settings, written to its config (docs/on_demand_weights.md).
+
+    Attributes:
+        weight_cache_bytes: byte budget for all weights (pinned included); 0 (default) = no
+            budget, every model's weights stay on the device.
+        weight_cache_fraction: instead of bytes, the budget as a fraction in (0, 1] of the
+            device memory free at the runtime's start; 0 (default) = unused.
+        residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
+        compaction_interval: on-demand loads between compactions; 0 (default) = off.
+    """
+
+    weight_cache_bytes: int = 0
+    weight_cache_fraction: float = 0.0
+    residency: Mapping[str, str] = field(default_factory=dict)
+    compaction_interval: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulingOptions:
+    """The runtime scheduler's settings, written to its config (docs/scheduling.md).
+
+    Attributes:
+        scheduling: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
+        model_weights: model name -> ``fair`` weight (> 0); unlisted models weigh 1.0.
+    """
+
+    scheduling: str = names.SCHEDULING_DISCIPLINES[0]
+    model_weights: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutableCacheOptions:
+    """The runtime's executable cache settings, written to its config (docs/serving.md,
+    "Executable cache").
+
+    Attributes:
+        directory: the cache directory (absolute) or ``"off"``; "" (default) = the runtime's
+            default (``HLOSERVE_EXECUTABLE_CACHE``, else ``$XDG_CACHE_HOME/hloserve/executables``).
+        max_bytes: the size bound in bytes; 0 (default) = the runtime's default (4 GiB).
+    """
+
+    directory: str = ""
+    max_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class FrontModel:
+    """One front model (or meta model) of a planned repository.
+
+    Attributes:
+        name: model name (the bundle's name).
+        source: the bundle directory it is copied from.
+        config_text: its ``config.pbtxt``.
+        text_executables: executables (paths relative to the bundle) that are MLIR text and get
+            converted to portable artifacts in the copy.
+        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (a
+            symbolic-batch bundle gets the compiled batch sizes chosen by the build); None =
+            copied as it is.
+    """
+
+    name: str
+    source: Path
+    config_text: str
+    text_executables: tuple[str, ...]
+    manifest_text: str | None = None
+
+
+@dataclass(frozen=True)
+class RepositoryPlan:
+    """Everything a repository build writes, computed before anything is written.
+
+    Attributes:
+        models: the front models, sorted by name.
+        runtime_config_text: the runtime model's ``config.pbtxt``.
+        foreign: the Triton models of other backends carried over beside the bundles
+            (:mod:`hloserve.model_repository_tools.foreign`), sorted by name.
+    """
+
+    models: tuple[FrontModel, ...]
+    runtime_config_text: str
+    foreign: tuple[ForeignModel, ...] = ()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Front model names, the foreign models' names, then the runtime model's."""
+        return (
+            *(m.name for m in self.models),
+            *(f.name for f in self.foreign),
+            names.RUNTIME_MODEL,
+        )
+
+
+def plan_repository(
+    bundles_dir: Path | str,
+    *,
+    front_instances: int = 2,
+    max_queue_delay_us: int = 500,
+    weight_cache: WeightCacheOptions | None = None,
+    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
+    batch_sizes: BatchSizeOptions | None = None,
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
+    scheduling: SchedulingOptions | None = None,
+    progress: Progress | None = None,
+    executable_cache: ExecutableCacheOptions | None = None,
+) -> RepositoryPlan:
+    """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
+
+    Args:
+        bundles_dir: directory whose subdirectories holding a ``manifest.yaml`` are bundles.
+        front_instances: CPU instances per front model, >= 1.
+        max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
+        weight_cache: the runtime's weight cache settings (default: no budget).
+        meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
+        batch_sizes: compiled batch sizes of the symbolic-batch bundles
+            (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
+        max_request_bytes: the largest request a front accepts, bytes of inputs, >= 1.
+        scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
+        progress: called with one line per bundle.
+        executable_cache: the runtime's executable cache settings (default: its defaults).
+
+    Raises:
+        BundleError: the first invalid bundle (every bundle is checked and reported to
+            ``progress`` first), with the validator's message.
+        RepositoryError: bad options, no bundles, or colliding names.
+    """
+    if front_instances < 1:
+        raise RepositoryError(f"front instances must be >= 1, got {front_instances}")
+    if max_queue_delay_us < 0:
+        raise RepositoryError(
+            f"max queue delay must be >= 0 microseconds, got {max_queue_delay_us}"
+        )
+    if meta_concurrency < 1:
+        raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
+    if max_request_bytes < 1:
+        raise RepositoryError(f"max request bytes must be >= 1, got {max_request_bytes}")
+    paths = discover_bundles(bundles_dir)
+    foreign_paths = sorted(
+        p for p in Path(bundles_dir).iterdir() if is_candidate(p) and p not in paths
+    )
+    if not paths and not foreign_paths:
+        raise RepositoryError(
+            f"{bundles_dir}: no bundles and no Triton models (no subdirectory holds a "
+            "manifest.yaml or a Triton model)"
+        )
+    foreign = _plan_foreign(foreign_paths, progress)
+    kinds = {**_kinds(paths), **{f.name: "foreign" for f in foreign}}
+    bundles: list[Bundle] = []
+    errors: list[BundleError] = []
+    for path in paths:
+        try:
+            bundle = check_bundle(path, models=kinds)
+        except BundleError as exc:
+            errors.append(exc)
+            report(progress, f"{path.name}: INVALID ({len(exc.problems)} problem(s))")
+            continue
+        bundles.append(bundle)
+        report(progress, f"{bundle.name}: valid ({_describe(bundle)})")
+    if errors:
+        raise errors[0]
+    check_names(bundles)
+    bundles, rewritten = _with_batch_sizes(bundles, batch_sizes or BatchSizeOptions(), progress)
+    models = tuple(
+        FrontModel(
+            name=b.name,
+            source=b.path,
+            config_text=config_text(
+                meta_config(b.name, b.manifest, meta_concurrency=meta_concurrency)
+                if b.manifest.is_meta
+                else front_config(
+                    b.name,
+                    b.manifest,
+                    front_instances=front_instances,
+                    max_queue_delay_us=max_queue_delay_us,
+                    max_request_bytes=max_request_bytes,
+                )
+            ),
+            text_executables=_text_executables(b),
+            manifest_text=rewritten.get(b.name),
+        )
+        for b in bundles
+    )
+    cache = weight_cache or WeightCacheOptions()
+    sched = scheduling or SchedulingOptions()
+    metas = sorted(set(cache.residency) & {b.name for b in bundles if b.manifest.is_meta})
+    if metas:
+        raise RepositoryError(
+            "; ".join(
+                f"residency for {n!r}: {n!r} is a meta model: it has no weights" for n in metas
+            )
+            + " (residency applies to the bundles with weights: "
+            + f"{sorted(b.name for b in bundles if not b.manifest.is_meta)})"
+        )
+    try:
+        runtime = runtime_config(
+            [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],
+            weight_cache_bytes=cache.weight_cache_bytes,
+            weight_cache_fraction=cache.weight_cache_fraction,
+            residency=cache.residency,
+            compaction_interval=cache.compaction_interval,
+            scheduling=sched.scheduling,
+            model_weights=sched.model_weights,
+            executable_cache=(executable_cache or ExecutableCacheOptions()).directory,
+            executable_cache_bytes=(executable_cache or ExecutableCacheOptions()).max_bytes,
+        )
+    except InvalidArgumentError as exc:
+        raise RepositoryError(exc.message) from None
+    if cache.weight_cache_bytes > 0:
+        _check_weight_budget(bundles, cache)
+    return RepositoryPlan(models, config_text(runtime), foreign)
+
+
+def _plan_foreign(paths: Sequence[Path], progress: Progress | None) -> tuple[ForeignModel, ...]:
+    """Plan every foreign folder; report each, then raise the first refusal."""
+    planned, errors = [], []
+    for path in paths:
+        try:
+            model = plan_foreign(path)
+        except ForeignModelError as exc:
+            errors.append(exc)
+            report(progress, f"{path.name}: REFUSED ({exc.message})")
+            continue
+        if model.name == names.RUNTIME_MODEL:
+            errors.append(ForeignModelError(f"{path}: a model may not be named {model.name!r}"))
+            continue
+        planned.append(model)
+        layout = "flat, copied into version 1" if model.flat else "version layout"
+        report(progress, f"{model.name}: Triton model, backend {model.backend} ({layout})")
+    if errors:
+        raise RepositoryError(errors[0].message)
+    return tuple(planned)
+
+
+def _with_batch_sizes(
+    bundles: list[Bundle], options: BatchSizeOptions, progress: Progress | None
+) -> tuple[list[Bundle], dict[str, str]]:
+    """Symbolic-batch bundles with their chosen compiled sizes, and their copies' manifests."""
+    try:
+        chosen = choose_batch_sizes(
+            {b.name: b.manifest for b in bundles if not b.manifest.is_meta}, options
+        )
+    except BatchSizeError as exc:
+        raise RepositoryError(exc.message) from None
+    out, rewritten = [], {}
+    for bundle in bundles:
+        sizes = chosen.get(bundle.name)
+        if sizes is None:
+            out.append(bundle)
+            continue
+        manifest = _manifest_with_sizes(bundle.manifest, sizes)
+        rewritten[bundle.name] = manifest.to_yaml()
+        out.append(Bundle(bundle.path, manifest, bundle.model_name))
+        report(progress, f"{bundle.name}: symbolic batch, compiles batch sizes {list(sizes)}")
+    return out, rewritten
+
+
+def _manifest_with_sizes(manifest: Manifest, sizes: tuple[int, ...]) -> Manifest:
+    import yaml
+
+    data = yaml.safe_load(manifest.to_yaml())
+    data["batching"]["compiled_batch_sizes"] = list(sizes)
+    return parse_manifest(data)
+
+
+def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -> None:
+    """Refuse a byte budget some model's weights can never fit (docs/on_demand_weights.md).
+
+    Raises:
+        RepositoryError (INVALID_ARGUMENT): every problem, one per line, naming the model, its
+            weight bytes and the budget; served, the same models would fail to load.
+    """
+    from hloserve.triton_backend.residency import budget_problems
+
+    weights = {b.name: b.weight_nbytes for b in bundles if not b.manifest.is_meta}
+    problems = budget_problems(cache.weight_cache_bytes, weights, cache.residency)
+    if problems:
+        raise RepositoryError(
+            "; ".join(problems)
+            + ": raise the weight cache budget, change the residency, or serve the model elsewhere"
+        )
+
+
+def _kinds(paths: Sequence[Path]) -> dict[str, str]:
+    """Model name -> manifest kind of every bundle whose manifest loads (for meta.calls)."""
+    kinds: dict[str, str] = {}
+    for path in paths:
+        try:
+            kinds[path.name] = load_bundle(path).manifest.kind
+        except HloserveError:
+            continue  # reported by check_bundle
+    return kinds
+
+
+def check_names(bundles: Sequence[Bundle]) -> None:
+    """Refuse bundle sets whose model or runtime tensor names collide.
+
+    The runtime's tensor ``<bundle>__<tensor>`` must name exactly one bundle: no two bundles'
+    names may both prefix it followed by ``"__"`` (so
+    :func:`~hloserve.model_repository_tools.names.split_runtime_tensor_name` is unambiguous).
+    A bundle may not be named like the runtime model.
+
+    Raises:
+        RepositoryError: listing every collision.
+    """
+    problems = []
+    seen: set[str] = set()
+    for bundle in bundles:
+        if bundle.name == names.RUNTIME_MODEL:
+            problems.append(
+                f"bundle {bundle.name!r} ({bundle.path}) has the runtime model's name; rename it"
+            )
+        if bundle.name in seen:
+            problems.append(f"two bundles are named {bundle.name!r}")
+        seen.add(bundle.name)
+    for bundle in bundles:
+        for spec in (*bundle.manifest.inputs, *bundle.manifest.outputs):
+            name = names.runtime_tensor_name(bundle.name, spec.name)
+            others = sorted(
+                b
+                for b in seen
+                if b != bundle.name and name.startswith(b + names.NAMESPACE_SEPARATOR)
+            )
+            for other in others:
+                rest = name[len(other) + len(names.NAMESPACE_SEPARATOR) :]
+                problems.append(
+                    f"runtime tensor name {name!r} is ambiguous: it is tensor {spec.name!r} of "
+                    f"model {bundle.name!r} and reads as tensor {rest!r} of model {other!r}; "
+                    f"rename a bundle (no bundle name may start with another bundle's name "
+                    f"followed by {names.NAMESPACE_SEPARATOR!r})"
+                )
+    if problems:
+        raise RepositoryError("name collision:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def report(progress: Progress | None, line: str) -> None:
+    """Hand ``line`` to ``progress`` (nothing when None)."""
+    if progress is not None:
+        progress(line)
+
+
+def _describe(bundle: Bundle) -> str:
+    manifest = bundle.manifest
+    if manifest.is_meta:
+        calls = ", ".join(manifest.calls) or "nothing (compute-only)"
+        return (
+            f"meta, {len(manifest.wire_inputs)} input(s), {len(manifest.wire_outputs)} "
+            f"output(s), calls {calls}"
+        )
+    sizes = manifest.batching.compiled_batch_sizes
+    batching = f"batch sizes {', '.join(map(str, sizes))}" if sizes else "unbatched"
+    if manifest.is_symbolic:
+        batching = "symbolic batch"
+    if sizes and not manifest.batch_leading:
+        batching += ", batch axis not leading: max_batch_size 0"
+    if manifest.variants:
+        shapes = " | ".join(
+            ", ".join(f"{a}={n}" for a, n in dims.items()) for dims in manifest.variant_dims
+        )
+        batching += f", variants {shapes}"
+    return f"{len(manifest.inputs)} input(s), {len(manifest.outputs)} output(s), {batching}"
+
+
+def _text_executables(bundle: Bundle) -> tuple[str, ...]:
+    return tuple(
+        file
+        for _, file in sorted(bundle.manifest.all_executables.items())
+        if not is_portable_artifact((bundle.path / file).read_bytes())
+    )

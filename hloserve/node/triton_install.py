@@ -1,0 +1,200 @@
+"""Where tritonserver comes from (the nvidia-pytriton wheel) and the backend directory a server
+runs with.
+
+The ``nvidia-pytriton==0.7.0`` wheel carries tritonserver 2.51 (``pytriton/tritonserver/bin``),
+its shared libraries (``nvidia_pytriton.libs/``), the Python backend
+(``pytriton/tritonserver/backends/python/``) and one ``triton_python_backend_stub`` per Python
+version (``pytriton/tritonserver/python_backend_stubs/<major.minor>/``). :class:`TritonInstall`
+finds these; :func:`compose_backend_dir` links them, with hloserve's Python-based backends,
+into a run directory's ``backends/``; :func:`check_backends` refuses a repository needing a
+backend that is not there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hloserve.errors import InvalidArgumentError, TritonServerError
+
+#: Name of Triton's Python backend directory inside ``--backend-directory``.
+PYTHON_BACKEND = "python"
+#: File name of the Python backend's stub executable.
+STUB = "triton_python_backend_stub"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the tritonserver binary, its libraries and the Python backend live.
+
+    Attributes:
+        server_binary: the ``tritonserver`` executable.
+        library_dirs: ``LD_LIBRARY_PATH`` entries, in order: the wheel's bundled libraries, then
+            the interpreter's ``LIBDIR`` (holds ``libpython3.X.so`` that the stub links; without
+            it the loader may pick a system libpython of the same version).
+        python_backend_files: files of the ``python/`` backend directory by name:
+            ``libtriton_python.so``, ``triton_python_backend_utils.py`` and
+            ``triton_python_backend_stub`` (the stub for the running Python version).
+        cache_dir: ``--cache-directory`` (holds the local response cache library).
+        python_bin_dir: put first on ``PATH``. The stub's embedded interpreter runs isolated
+            (``sys.flags.isolated == 1``: ``PYTHONPATH`` and ``PYTHONHOME`` are ignored) and
+            computes ``sys.prefix`` from the first ``python3`` on ``PATH``; the venv's
+            ``python3`` (beside ``pyvenv.cfg``) makes it a venv interpreter whose
+            site-packages, ``.pth`` files included, are on ``sys.path``.
+    """
+
+    server_binary: Path
+    library_dirs: tuple[Path, ...]
+    python_backend_files: Mapping[str, Path]
+    cache_dir: Path
+    python_bin_dir: Path
+
+    @classmethod
+    def from_pytriton_wheel(cls) -> TritonInstall:
+        """Locate tritonserver in the installed nvidia-pytriton wheel, for the running Python.
+
+        ``pytriton`` is located, not imported.
+
+        Raises:
+            TritonServerError: the wheel is not installed, or a file is missing from it (for
+                instance no stub for this Python version).
+        """
+        spec = importlib.util.find_spec("pytriton")
+        if spec is None or spec.origin is None:
+            raise TritonServerError(
+                "tritonserver: the nvidia-pytriton wheel is not installed in "
+                f"{sys.prefix} (pip install 'hloserve[serve]')"
+            )
+        package = Path(spec.origin).parent
+        dist = package / "tritonserver"
+        wheel_libs = package.parent / "nvidia_pytriton.libs"
+        if not wheel_libs.is_dir():  # editable pytriton checkout
+            wheel_libs = dist / "external_libs"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        backend = dist / "backends" / PYTHON_BACKEND
+        files = {
+            "libtriton_python.so": backend / "libtriton_python.so",
+            "triton_python_backend_utils.py": backend / "triton_python_backend_utils.py",
+            STUB: dist / "python_backend_stubs" / version / STUB,
+        }
+        libdir = sysconfig.get_config_var("LIBDIR")
+        install = cls(
+            server_binary=dist / "bin" / "tritonserver",
+            library_dirs=(wheel_libs, *([Path(libdir)] if libdir else [])),
+            python_backend_files=files,
+            cache_dir=dist / "caches",
+            python_bin_dir=Path(sys.executable).parent,
+        )
+        required = (
+            install.server_binary,
+            wheel_libs,
+            *files.values(),
+            install.python_bin_dir / "python3",
+        )
+        missing = [p for p in required if not p.exists()]
+        if missing:
+            raise TritonServerError(
+                f"tritonserver: the nvidia-pytriton wheel in {package.parent} lacks "
+                f"{', '.join(map(str, missing))} (Python {version})"
+            )
+        return install
+
+
+def check_backends(repository: Path, available: set[str]) -> None:
+    """Refuse a repository with a model whose backend this tritonserver lacks, before start.
+
+    The nvidia-pytriton wheel's tritonserver has only the Python backend (and the
+    Python-based backends composed beside it); ONNX Runtime, PyTorch, TensorRT and TensorFlow
+    models need the NGC image (docs/deployment.md). hloserve's own backends are not checked
+    here (the launcher composes them).
+
+    Raises:
+        InvalidArgumentError: naming each model, the backend it needs and the ones there are.
+    """
+    from hloserve.model_repository_tools.foreign import repository_backends
+
+    missing = {
+        backend: models
+        for backend, models in repository_backends(repository).items()
+        if backend not in available and not backend.startswith("hloserve_")
+    }
+    if missing:
+        needs = "; ".join(f"{', '.join(ms)} need(s) backend {b!r}" for b, ms in missing.items())
+        raise InvalidArgumentError(
+            f"tritonserver: {needs}, which this tritonserver does not have (it has "
+            f"{', '.join(sorted(available))}): serve these models with the NGC Triton image "
+            "(containers/worker.Dockerfile, docs/deployment.md) or leave them out"
+        )
+
+
+def compose_backend_dir(
+    run_dir: Path, install: TritonInstall, extra_backend_dirs: Mapping[str, Path]
+) -> Path:
+    """Build ``<run_dir>/backends``: ``python/`` (hard links or copies) and one symlink per
+    extra backend directory."""
+    backends = run_dir / "backends"
+    python = backends / PYTHON_BACKEND
+    python.mkdir(parents=True, exist_ok=True)
+    for name, target in install.python_backend_files.items():
+        _link_or_copy(python / name, target)
+    for name, directory in extra_backend_dirs.items():
+        if name == PYTHON_BACKEND or not name or "/" in name or name.startswith("."):
+            raise InvalidArgumentError(
+                f"tritonserver: backend name {name!r} is reserved or not a directory name"
+            )
+        if not (directory / "model.py").is_file():
+            raise InvalidArgumentError(
+                f"tritonserver: backend {name!r}: {directory} has no model.py"
+            )
+        _symlink(backends / name, directory.resolve())
+    return backends
+
+
+def _symlink(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def _link_or_copy(dst: Path, src: Path) -> None:
+    """Hard-link ``src`` to ``dst``, copying across file systems; never a symlink.
+
+    Triton resolves symlinks and refuses a backend library that "escapes backend directory"
+    (a symlinked ``python/libtriton_python.so`` fails every Python-based backend).
+    """
+    if dst.is_symlink() or dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` without following symlinks (the links point into the wheel)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(root, name))
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+__all__ = [
+    "PYTHON_BACKEND",
+    "STUB",
+    "TritonInstall",
+    "check_backends",
+    "compose_backend_dir",
+    "remove_tree",
+]
