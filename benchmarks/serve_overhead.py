@@ -5,7 +5,11 @@
 (a) the JAX function called directly in this process (jit, host arrays in and out);
 (b) the same JAX model as a plain one-file Triton Python model, as a user would write it by hand
     (``backend: "python"``, dynamic batching, jit in ``initialize``);
-(c) hloserve: front model + runtime model over BLS.
+(c) hloserve: front model + runtime model over the channel (docs/serving.md), the digits bundle
+    exported with a symbolic batch axis and compiled at ``--batch-sizes`` (1,2,4,8,16,32 by
+    default: the runtime coalesces queued requests only into compiled sizes, so a dense ladder
+    lets 2 to 7 queued requests run as one execution; ``export`` keeps the example's own
+    artifacts at 1, 8 and 32). The plain model compiles whatever size Triton's batcher gives it.
 (b) and (c) run in ONE tritonserver and are measured alternately by perf_analyzer (gRPC).
 Prints latency p50/p99 (microseconds) and throughput (inferences/s) at batch 1 with one client
 and under load (``--concurrency`` clients), then the ratios c/b and c/a. The machine is noisy:
@@ -139,9 +143,16 @@ def main() -> int:
         help="also measure hloserve with these hloserve.front_inflight values, e.g. 0,2 "
         "(each as model digits_inflight<N>, (d), (e), ...)",
     )
+    parser.add_argument(
+        "--batch-sizes",
+        default="1,2,4,8,16,32",
+        help="hloserve's compiled batch sizes (1,2,4,8,16,32), or 'export' for the example's "
+        "per-size artifacts (1, 8, 32)",
+    )
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
     from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer, free_ports
@@ -151,13 +162,17 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
-        digits_export.export_digits(bundles)
+        symbolic = args.batch_sizes != "export"
+        digits_export.export_digits(bundles, symbolic=symbolic)
         extra = [int(v) for v in args.inflight.split(",") if v.strip()]
         for n in extra:
             shutil.copytree(bundles / "digits", bundles / f"digits_inflight{n}")
-        build_kwargs = (
+        build_kwargs: dict[str, object] = (
             {} if args.front_instances is None else {"front_instances": args.front_instances}
         )
+        if symbolic:
+            sizes = tuple(int(v) for v in args.batch_sizes.split(","))
+            build_kwargs["batch_sizes"] = BatchSizeOptions(default=sizes)
         build_repository(bundles, repo, **build_kwargs)
         for n in extra:
             with (repo / f"digits_inflight{n}" / "config.pbtxt").open("a") as f:
@@ -208,7 +223,10 @@ def main() -> int:
     names = {"a": "JAX direct", "b": "plain Triton Python model", "c": "hloserve"}
     for i, n in enumerate(extra):
         names[chr(ord("d") + i)] = f"hloserve, inflight {n}"
-    print(f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients")
+    print(
+        f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients; "
+        f"hloserve batch sizes {args.batch_sizes}"
+    )
     print(f"{'':28} {'p50 us':>9} {'p99 us':>9} {'infer/s (1)':>12} {'infer/s (load)':>15}")
     for key in sorted(rows):
         r = rows[key]
