@@ -25,6 +25,7 @@ runtime (BLS)".
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import sys
@@ -32,6 +33,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +146,12 @@ def main() -> int:
         "(each as model digits_inflight<N>, (d), (e), ...)",
     )
     parser.add_argument(
+        "--instances",
+        default="",
+        help="also measure hloserve with these front instance counts, e.g. 2 "
+        "(each as model digits_instances<N>, after the --inflight ones)",
+    )
+    parser.add_argument(
         "--batch-sizes",
         default="1,2,4,8,16,32",
         help="hloserve's compiled batch sizes (1,2,4,8,16,32), or 'export' for the example's "
@@ -164,9 +172,21 @@ def main() -> int:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
         symbolic = args.batch_sizes != "export"
         digits_export.export_digits(bundles, symbolic=symbolic)
-        extra = [int(v) for v in args.inflight.split(",") if v.strip()]
-        for n in extra:
-            shutil.copytree(bundles / "digits", bundles / f"digits_inflight{n}")
+        # extra hloserve models: (name, description, config.pbtxt edit)
+        extra: list[tuple[str, str, Callable[[str], str]]] = []
+        for n in (int(v) for v in args.inflight.split(",") if v.strip()):
+            param = f'parameters {{ key: "{FRONT_INFLIGHT}" value {{ string_value: "{n}" }} }}\n'
+            extra.append((f"digits_inflight{n}", f"inflight {n}", lambda t, p=param: t + p))
+        for n in (int(v) for v in args.instances.split(",") if v.strip()):
+            extra.append(
+                (
+                    f"digits_instances{n}",
+                    f"{n} front instances",
+                    lambda t, n=n: re.sub(r"count: \d+", f"count: {n}", t, count=1),
+                )
+            )
+        for name, _, _ in extra:
+            shutil.copytree(bundles / "digits", bundles / name)
         build_kwargs: dict[str, object] = (
             {} if args.front_instances is None else {"front_instances": args.front_instances}
         )
@@ -174,11 +194,9 @@ def main() -> int:
             sizes = tuple(int(v) for v in args.batch_sizes.split(","))
             build_kwargs["batch_sizes"] = BatchSizeOptions(default=sizes)
         build_repository(bundles, repo, **build_kwargs)
-        for n in extra:
-            with (repo / f"digits_inflight{n}" / "config.pbtxt").open("a") as f:
-                f.write(
-                    f'parameters {{ key: "{FRONT_INFLIGHT}" value {{ string_value: "{n}" }} }}\n'
-                )
+        for name, _, edit in extra:
+            config = repo / name / "config.pbtxt"
+            config.write_text(edit(config.read_text()))
         plain = repo / "digits_plain"
         (plain / "1").mkdir(parents=True)
         (plain / "config.pbtxt").write_text(textwrap.dedent(PLAIN_CONFIG))
@@ -195,7 +213,7 @@ def main() -> int:
             interval = int(args.seconds * 1000)
             for _ in range(2):  # alternate, keep the second round (warm)
                 models = [("b", "digits_plain"), ("c", "digits")]
-                models += [(chr(ord("d") + i), f"digits_inflight{n}") for i, n in enumerate(extra)]
+                models += [(chr(ord("d") + i), name) for i, (name, _, _) in enumerate(extra)]
                 for label, model in models:
                     (one,), _ = run_perf_analyzer(
                         model,
@@ -221,8 +239,8 @@ def main() -> int:
         )
 
     names = {"a": "JAX direct", "b": "plain Triton Python model", "c": "hloserve"}
-    for i, n in enumerate(extra):
-        names[chr(ord("d") + i)] = f"hloserve, inflight {n}"
+    for i, (_, description, _) in enumerate(extra):
+        names[chr(ord("d") + i)] = f"hloserve, {description}"
     print(
         f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients; "
         f"hloserve batch sizes {args.batch_sizes}"
