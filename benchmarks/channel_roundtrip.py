@@ -7,7 +7,9 @@ A runtime (:class:`RuntimeServer` over the digits bundle) runs in a child proces
 arena). Measures, side by side in one run:
 
 (1) the raw transport: one small JSON message round trip on the socket (no tensors);
-(2) one digits request (batch 1) through the channel, sequential: p50/p99 in us;
+(2) one digits request (batch 1) through the channel, sequential: p50/p99 in us, answered by
+    the front's reader thread (``submit``, the in-flight mode) and read by the calling thread
+    (``run``, ``inline=True``, what ``execute`` does by default);
 (3) the runtime's execution alone (``RuntimeModel.run`` in the child, same inputs);
 (4) ``--concurrency`` submitters at once: requests/s and the mean executed batch size.
 
@@ -156,6 +158,22 @@ def main() -> int:
             times.append(time.perf_counter() - t)
         q = statistics.quantiles(times, n=100)
 
+        answered: list[Any] = []
+        inline = ChannelFront(
+            core, bundle, lambda h, r: answered.append(r), address=address, inline=True
+        )
+        inline.start(wait_s=120)
+        inline_times = []
+        for i in range(100 + args.requests):
+            t = time.perf_counter()
+            inline.run([Request(i, {"image": x})])
+            if i >= 100:
+                inline_times.append(time.perf_counter() - t)
+        assert len(answered) == 100 + args.requests
+        assert not any(isinstance(r, Exception) for r in answered), answered[:3]
+        inline.close()
+        qi = statistics.quantiles(inline_times, n=100)
+
         count = [0]
         lock = threading.Lock()
         end = time.perf_counter() + 3.0
@@ -186,6 +204,10 @@ def main() -> int:
     print(f"(1) transport alone, small JSON message:     p50 {transport:7.1f} us")
     p50, p99 = q[49] * 1e6, q[98] * 1e6
     print(f"(2) one request through the channel:         p50 {p50:7.1f} us, p99 {p99:7.1f} us")
+    print(
+        f"    read on the calling thread (inline):     p50 {qi[49] * 1e6:7.1f} us, "
+        f"p99 {qi[98] * 1e6:7.1f} us"
+    )
     print(f"(3) the runtime's execution alone:           p50 {run:7.1f} us")
     print(f"    channel overhead per request (2) - (3):  p50 {p50 - run:7.1f} us")
     items, executions = stats["items"], stats["executions"]

@@ -5,7 +5,11 @@
 (a) the JAX function called directly in this process (jit, host arrays in and out);
 (b) the same JAX model as a plain one-file Triton Python model, as a user would write it by hand
     (``backend: "python"``, dynamic batching, jit in ``initialize``);
-(c) hloserve: front model + runtime model over BLS.
+(c) hloserve: front model + runtime model over the channel (docs/serving.md), the digits bundle
+    exported with a symbolic batch axis and compiled at ``--batch-sizes`` (1,2,4,8,16,32 by
+    default: the runtime coalesces queued requests only into compiled sizes, so a dense ladder
+    lets 2 to 7 queued requests run as one execution; ``export`` keeps the example's own
+    artifacts at 1, 8 and 32). The plain model compiles whatever size Triton's batcher gives it.
 (b) and (c) run in ONE tritonserver and are measured alternately by perf_analyzer (gRPC).
 Prints latency p50/p99 (microseconds) and throughput (inferences/s) at batch 1 with one client
 and under load (``--concurrency`` clients), then the ratios c/b and c/a. The machine is noisy:
@@ -21,6 +25,7 @@ runtime (BLS)".
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import sys
@@ -28,6 +33,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +145,22 @@ def main() -> int:
         help="also measure hloserve with these hloserve.front_inflight values, e.g. 0,2 "
         "(each as model digits_inflight<N>, (d), (e), ...)",
     )
+    parser.add_argument(
+        "--instances",
+        default="",
+        help="also measure hloserve with these front instance counts, e.g. 2 "
+        "(each as model digits_instances<N>, after the --inflight ones)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default="1,2,4,8,16,32",
+        help="hloserve's compiled batch sizes (1,2,4,8,16,32), or 'export' for the example's "
+        "per-size artifacts (1, 8, 32)",
+    )
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
     from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer, free_ports
@@ -151,19 +170,33 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
-        digits_export.export_digits(bundles)
-        extra = [int(v) for v in args.inflight.split(",") if v.strip()]
-        for n in extra:
-            shutil.copytree(bundles / "digits", bundles / f"digits_inflight{n}")
-        build_kwargs = (
+        symbolic = args.batch_sizes != "export"
+        digits_export.export_digits(bundles, symbolic=symbolic)
+        # extra hloserve models: (name, description, config.pbtxt edit)
+        extra: list[tuple[str, str, Callable[[str], str]]] = []
+        for n in (int(v) for v in args.inflight.split(",") if v.strip()):
+            param = f'parameters {{ key: "{FRONT_INFLIGHT}" value {{ string_value: "{n}" }} }}\n'
+            extra.append((f"digits_inflight{n}", f"inflight {n}", lambda t, p=param: t + p))
+        for n in (int(v) for v in args.instances.split(",") if v.strip()):
+            extra.append(
+                (
+                    f"digits_instances{n}",
+                    f"{n} front instances",
+                    lambda t, n=n: re.sub(r"count: \d+", f"count: {n}", t, count=1),
+                )
+            )
+        for name, _, _ in extra:
+            shutil.copytree(bundles / "digits", bundles / name)
+        build_kwargs: dict[str, object] = (
             {} if args.front_instances is None else {"front_instances": args.front_instances}
         )
+        if symbolic:
+            sizes = tuple(int(v) for v in args.batch_sizes.split(","))
+            build_kwargs["batch_sizes"] = BatchSizeOptions(default=sizes)
         build_repository(bundles, repo, **build_kwargs)
-        for n in extra:
-            with (repo / f"digits_inflight{n}" / "config.pbtxt").open("a") as f:
-                f.write(
-                    f'parameters {{ key: "{FRONT_INFLIGHT}" value {{ string_value: "{n}" }} }}\n'
-                )
+        for name, _, edit in extra:
+            config = repo / name / "config.pbtxt"
+            config.write_text(edit(config.read_text()))
         plain = repo / "digits_plain"
         (plain / "1").mkdir(parents=True)
         (plain / "config.pbtxt").write_text(textwrap.dedent(PLAIN_CONFIG))
@@ -180,7 +213,7 @@ def main() -> int:
             interval = int(args.seconds * 1000)
             for _ in range(2):  # alternate, keep the second round (warm)
                 models = [("b", "digits_plain"), ("c", "digits")]
-                models += [(chr(ord("d") + i), f"digits_inflight{n}") for i, n in enumerate(extra)]
+                models += [(chr(ord("d") + i), name) for i, (name, _, _) in enumerate(extra)]
                 for label, model in models:
                     (one,), _ = run_perf_analyzer(
                         model,
@@ -206,9 +239,12 @@ def main() -> int:
         )
 
     names = {"a": "JAX direct", "b": "plain Triton Python model", "c": "hloserve"}
-    for i, n in enumerate(extra):
-        names[chr(ord("d") + i)] = f"hloserve, inflight {n}"
-    print(f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients")
+    for i, (_, description, _) in enumerate(extra):
+        names[chr(ord("d") + i)] = f"hloserve, {description}"
+    print(
+        f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients; "
+        f"hloserve batch sizes {args.batch_sizes}"
+    )
     print(f"{'':28} {'p50 us':>9} {'p99 us':>9} {'infer/s (1)':>12} {'infer/s (load)':>15}")
     for key in sorted(rows):
         r = rows[key]

@@ -26,6 +26,7 @@ from typing import Any
 
 from hloserve import __version__
 from hloserve.errors import HloserveError, InvalidArgumentError
+from hloserve.model_repository_tools import names
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
@@ -451,9 +452,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--front-instances",
         type=int,
-        default=2,
+        default=names.DEFAULT_FRONT_INSTANCES,
         metavar="N",
-        help="CPU instances per front model when building (2)",
+        help=f"CPU instances per front model when building ({names.DEFAULT_FRONT_INSTANCES})",
     )
     serve.add_argument(
         "--meta-concurrency",
@@ -598,9 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--front-instances",
         type=int,
-        default=2,
+        default=names.DEFAULT_FRONT_INSTANCES,
         metavar="N",
-        help="CPU instances of each front model (default: 2)",
+        help=f"CPU instances of each front model (default: {names.DEFAULT_FRONT_INSTANCES})",
     )
     build.add_argument(
         "--meta-concurrency",

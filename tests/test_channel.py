@@ -313,3 +313,66 @@ def test_runtime_going_away_fails_in_flight_then_fronts_reconnect(
     finally:
         srv.close()
     assert _segments(key) == []
+
+
+def test_an_inline_front_answers_before_run_returns(server: RuntimeServer, key: str) -> None:
+    answers = Answers()
+    f = front(server, key, answers, max_request_bytes=16, inline=True)
+    try:
+        f.run(
+            [
+                Request("ok", {"x": EXPECTED["x"][:1]}),
+                Request("bad", {"x": np.zeros((1, 5), np.float32)}),
+                Request("two", {"x": EXPECTED["x"][1:2]}),
+            ]
+        )
+        results = dict(answers.results)  # no wait: run() returned after every answer
+        assert set(results) == {"ok", "bad", "two"}
+        np.testing.assert_allclose(results["ok"]["y"], EXPECTED["y"][:1], rtol=1e-6)
+        np.testing.assert_allclose(results["two"]["y"], EXPECTED["y"][1:2], rtol=1e-6)
+        assert results["bad"].status is Status.INVALID_ARGUMENT
+        assert f.in_flight == 0
+        with pytest.raises(AssertionError, match="run"):
+            f.submit([Request("no", {"x": EXPECTED["x"][:1]})])
+    finally:
+        f.close()
+    assert _segments(key) == []
+
+
+def test_an_inline_front_fails_in_flight_when_the_runtime_goes_then_reconnects(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
+    srv.start()
+    answers = Answers()
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(
+        core, GOLDEN / "affine", answers, address=addr, key=key, wait_s=30.0, inline=True
+    )
+    f.start(wait_s=60.0)
+    gate = Gate(srv, monkeypatch)
+    try:
+        running = threading.Thread(target=f.run, args=([Request("lost", {"x": EXPECTED["x"]})],))
+        running.start()
+        assert gate.entered.wait(10)  # in flight, run() is reading on its thread
+        started = time.monotonic()
+        for conn in list(srv._connections):
+            conn.sock.shutdown(2)
+        running.join(10)
+        assert not running.is_alive()
+        assert time.monotonic() - started < 1.0
+        assert answers.results["lost"].status is Status.UNAVAILABLE
+        gate.open()
+        srv.close()
+        again = RuntimeServer(RuntimeModel(), address=addr, key=key)
+        again.start()
+        try:
+            f.run([Request("after", {"x": EXPECTED["x"]})])  # waits for the reconnect
+            np.testing.assert_allclose(answers.results["after"]["y"], EXPECTED["y"], rtol=1e-6)
+        finally:
+            f.close()
+            again.close()
+    finally:
+        srv.close()
+    assert _segments(key) == []

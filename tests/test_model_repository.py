@@ -135,7 +135,7 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
     ]
     assert list(front.dynamic_batching.preferred_batch_size) == [1, 2]
     assert front.dynamic_batching.max_queue_delay_microseconds == 500
-    assert [(g.count, g.kind) for g in front.instance_group] == [(2, KIND_CPU)]
+    assert [(g.count, g.kind) for g in front.instance_group] == [(1, KIND_CPU)]
     assert {k: v.string_value for k, v in front.parameters.items()} == {
         names.PARAM_BUNDLE: "1/bundle",
         names.PARAM_RUNTIME_MODEL: names.RUNTIME_MODEL,

@@ -84,7 +84,7 @@ def build_repository(
     bundles_dir: Path | str,
     out_dir: Path | str,
     *,
-    front_instances: int = 2,
+    front_instances: int = names.DEFAULT_FRONT_INSTANCES,
     max_queue_delay_us: int = 500,
     weight_cache: WeightCacheOptions | None = None,
     meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,

@@ -29,6 +29,7 @@ from hloserve.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from hloserve.model_repository_tools import names
 from hloserve.node.plan import SERVING_FLAGS, describe_exit, with_dependencies
 from hloserve.node.ports import check_ports_free, free_port
 from hloserve.node.process_runtime import wait_all_ready
@@ -119,7 +120,7 @@ class ServeOptions:
     load_models: Sequence[str] = ()
     model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
     repository_out: Path | None = None
-    front_instances: int = 2
+    front_instances: int = names.DEFAULT_FRONT_INSTANCES
     max_queue_delay_us: int = 500
     weight_cache: WeightCacheOptions | None = None
     executable_cache: ExecutableCacheOptions | None = None
@@ -169,8 +170,6 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
         out = scratch / "repository"
     else:
         out = options.repository_out
-        from hloserve.model_repository_tools import names
-
         if out.exists() and not (out / names.RUNTIME_MODEL / "config.pbtxt").is_file():
             raise FailedPreconditionError(
                 f"--repository-out {out} exists and is not a repository hloserve built; "

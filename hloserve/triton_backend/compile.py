@@ -128,6 +128,21 @@ def enable_x64() -> None:
     jax.config.update("jax_enable_x64", True)
 
 
+def run_cpu_inline() -> None:
+    """Have JAX's CPU backend run executions on the calling thread (before its first use).
+
+    JAX's ``jax_cpu_enable_async_dispatch`` (default on) hands each CPU execution to a worker
+    thread and returns at once; the runtime waits for every execution before the next anyway
+    (one execution at a time), so the hand-off is pure cost: the digits model at batch 4 took
+    108 us per execution with it and 76 us without (JAX 0.7.1, 2 CPU cores; CPU time 132 vs
+    79 us). The flag takes effect when the CPU client is created, so call this before
+    ``jax.devices()``; it changes nothing on GPU.
+    """
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def compile_artifact(
     artifact: bytes,
     device: Any | None = None,

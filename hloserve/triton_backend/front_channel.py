@@ -5,9 +5,14 @@ runtime of this tritonserver, has it load the front's bundle (``hello``), and th
 request as one work: its executable inputs written into the instance's shared-memory arena,
 room reserved there for its outputs. The runtime's scheduler coalesces works across instances;
 its answer names the finished works, whose outputs are read back, cut, postprocessed and handed
-to ``respond(handle, result)`` on the channel's reader thread. ``submit`` never waits for an
-answer, so one front instance keeps many requests in flight (the Triton shim returns ``None``
-from ``execute`` and answers through each request's response sender).
+to ``respond(handle, result)``. Two ways to wait:
+
+- ``run`` (``inline=True``): the calling thread (Triton's ``execute``) sends the batch's works
+  and reads their answers itself, so an answer reaches ``execute`` without a thread hop; one
+  batch is in flight per front instance, as with any Python model.
+- ``submit`` (``inline=False``): returns at once, a reader thread answers, so one front instance
+  keeps many requests in flight (the Triton shim returns ``None`` from ``execute`` and answers
+  through each request's response sender).
 
 When the runtime goes away (killed, reloaded) every request in flight fails UNAVAILABLE at once
 and the front reconnects in the background (and loads its bundle again); new requests wait up
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import select
 import socket
 import threading
 import time
@@ -74,6 +81,16 @@ class _Link:
     closed: threading.Event = field(default_factory=threading.Event)
 
 
+def _wait_hangup(link: _Link) -> None:
+    """Return once the runtime hung up on ``link`` or the link was marked lost, without
+    reading from it (another thread reads the answers)."""
+    poller = select.poll()
+    poller.register(link.sock, select.POLLRDHUP)  # POLLHUP and POLLERR are always reported
+    while not link.closed.is_set():
+        if poller.poll(250):
+            return
+
+
 class ChannelFront:
     """Serves one front instance's requests through the runtime's channel.
 
@@ -86,6 +103,8 @@ class ChannelFront:
         arena_bytes: size of this instance's shared-memory arena (sparse).
         max_request_bytes: largest request accepted, bytes of client input tensors.
         key: the server key segment names carry (default :func:`channel.server_key`).
+        inline: answers are read by the thread that calls :meth:`run` (no reader thread; use
+            :meth:`run`, not :meth:`submit`).
     """
 
     def __init__(
@@ -99,8 +118,10 @@ class ChannelFront:
         arena_bytes: int = channel.DEFAULT_ARENA_BYTES,
         max_request_bytes: int = 1 << 30,
         key: str | None = None,
+        inline: bool = False,
     ) -> None:
         self.core = core
+        self.inline = inline
         self.bundle = Path(bundle)
         self.address = address
         self.wait_s = wait_s
@@ -170,6 +191,10 @@ class ChannelFront:
             link = _Link(sock)
             try:
                 self._hello(link)
+                if self.inline and self._link is link:
+                    # run() reads the answers; this thread only watches for a hang-up
+                    _wait_hangup(link)
+                    continue
                 self._read(link)
             except channel.ChannelClosed:
                 pass
@@ -208,11 +233,18 @@ class ChannelFront:
         self._ready.set()
 
     def _lost(self, link: _Link) -> None:
+        """Fail what is in flight on ``link`` (once per link: later calls do nothing)."""
+        with self._lock:
+            if link.closed.is_set():
+                return
+            link.closed.set()
         self._ready.clear()
         with self._lock:
             if self._link is link:
                 self._link = None
             pending, self._pending = self._pending, {}
+        with contextlib.suppress(OSError):
+            link.sock.shutdown(socket.SHUT_RDWR)  # wakes a run() blocked reading it
         with contextlib.suppress(OSError):
             link.sock.close()
         if pending:
@@ -238,6 +270,7 @@ class ChannelFront:
         if link is not None:
             with contextlib.suppress(OSError):
                 link.sock.shutdown(socket.SHUT_RDWR)
+            self._lost(link)
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.arena.segment.unlink()
@@ -250,6 +283,30 @@ class ChannelFront:
 
         A request's own problem (bad tensor, too large, hook error) is answered at once.
         """
+        assert not self.inline, "an inline front reads its answers in run()"
+        self._submit(requests)
+
+    def run(self, requests: Sequence[Request]) -> None:
+        """Send each request as one work and answer them all before returning, reading the
+        runtime's answers on this thread (``inline=True``).
+
+        When the runtime goes away meanwhile, what is in flight fails UNAVAILABLE at once and
+        the front reconnects in the background.
+        """
+        assert self.inline, "run() needs inline=True (a reader thread would race it)"
+        sent = self._submit(requests)
+        if sent is None:
+            return
+        link, ids = sent
+        left = set(ids)
+        try:
+            while left:
+                for work_id in self._handle(channel.receive(link.sock)):
+                    left.discard(work_id)
+        except channel.ChannelClosed:
+            self._lost(link)
+
+    def _submit(self, requests: Sequence[Request]) -> tuple[_Link, list[int]] | None:
         works: list[dict[str, Any]] = []
         ids: list[int] = []
         for request in requests:
@@ -273,7 +330,10 @@ class ChannelFront:
             # request): the scheduler coalesces a model's leading run of one variant
             order = {v: i for i, v in reversed(list(enumerate(w["variant"] for w in works)))}
             pairs = sorted(zip(works, ids, strict=True), key=lambda p: order[p[0]["variant"]])
-            self._send_works([w for w, _ in pairs], [i for _, i in pairs])
+            link = self._send_works([w for w, _ in pairs], [i for _, i in pairs])
+            if link is not None:
+                return link, ids
+        return None
 
     def _check_size(self, inputs: Mapping[str, np.ndarray]) -> None:
         nbytes = sum(int(a.nbytes) for a in inputs.values())
@@ -288,7 +348,7 @@ class ChannelFront:
         out_specs = self.core.manifest.outputs
         out_shapes = self.core.output_shapes(prepared)
         out_sizes = [
-            int(np.prod(shape, dtype=np.int64)) * spec.dtype_info.numpy.itemsize
+            math.prod(shape) * spec.dtype_info.numpy.itemsize
             for spec, shape in zip(out_specs, out_shapes, strict=True)
         ]
         sizes = [_aligned(a.nbytes) for a in arrays] + [_aligned(n) for n in out_sizes]
@@ -333,7 +393,8 @@ class ChannelFront:
         }
         return work, work_id
 
-    def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> None:
+    def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> _Link | None:
+        """Send ``works``; the link they went over, or None when they failed (answered)."""
         error: HloserveError | None = None
         if not self._wait_ready(self.wait_s):
             error = self._load_error or UnavailableError(
@@ -347,7 +408,7 @@ class ChannelFront:
                     raise OSError("not connected")
                 with self._send_lock:
                     channel.send(link.sock, {"op": "run", "works": works})
-                return
+                return link
             except OSError as exc:
                 error = UnavailableError(f"model {self.core.name!r}: runtime went away ({exc})")
         for work_id in ids:
@@ -356,23 +417,29 @@ class ChannelFront:
             if p is not None:
                 self._release(p)
                 self._answer(p.handle, error)
+        return None
 
     # -- answers --------------------------------------------------------------------------------
 
     def _read(self, link: _Link) -> None:
         while True:
-            message = channel.receive(link.sock)
-            op = message.get("op")
-            if op == "done":
-                for work_id in message["ids"]:
-                    self._finish(work_id, None)
-            elif op == "failed":
-                error = HloserveError(
-                    str(message.get("message", "")),
-                    status=Status[message.get("status", "INTERNAL")],
-                )
-                for work_id in message["ids"]:
-                    self._finish(work_id, error)
+            self._handle(channel.receive(link.sock))
+
+    def _handle(self, message: Mapping[str, Any]) -> list[int]:
+        """Answer the works one runtime message names; their ids."""
+        op = message.get("op")
+        ids: list[int] = list(message.get("ids", ()))
+        if op == "done":
+            for work_id in ids:
+                self._finish(work_id, None)
+        elif op == "failed":
+            error = HloserveError(
+                str(message.get("message", "")),
+                status=Status[message.get("status", "INTERNAL")],
+            )
+            for work_id in ids:
+                self._finish(work_id, error)
+        return ids
 
     def _finish(self, work_id: int, error: HloserveError | None) -> None:
         with self._lock:

@@ -33,7 +33,12 @@ from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.model_repository_tools import names
-from hloserve.triton_backend.compile import CompiledExecutable, compile_artifact, enable_x64
+from hloserve.triton_backend.compile import (
+    CompiledExecutable,
+    compile_artifact,
+    enable_x64,
+    run_cpu_inline,
+)
 from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
 from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
 from hloserve.triton_backend.pb import ModelArgs
@@ -136,7 +141,8 @@ class RuntimeModel:
         on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
             model whose load fails still shows).
 
-    Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width).
+    Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width)
+    and :func:`~hloserve.triton_backend.compile.run_cpu_inline` (CPU executions inline).
     """
 
     def __init__(
@@ -151,6 +157,7 @@ class RuntimeModel:
         on_load: Callable[[str], None] | None = None,
     ) -> None:
         enable_x64()
+        run_cpu_inline()
         self._on_load = on_load
         #: the executable cache behind ``compile`` (set by :meth:`from_args`), for the log
         self.executable_cache: ExecutableCache | None = None
@@ -199,6 +206,7 @@ class RuntimeModel:
                 "`hloserve repo build`"
             )
         check_repository_format(args)
+        run_cpu_inline()  # before the first jax.devices()
         if "store" not in kwargs:
             if kwargs.get("device") is None:
                 import jax

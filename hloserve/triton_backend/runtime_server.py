@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import selectors
 import socket
@@ -352,7 +353,7 @@ class RuntimeServer:
                     seg = conn.arena
                 shape = spec.shape_at(rows, dims)
                 dtype = spec.dtype_info.numpy
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                nbytes = math.prod(shape) * dtype.itemsize
                 if offset < 0 or offset + nbytes > seg.size:
                     raise InvalidArgumentError(
                         f"model {loaded.name!r}: tensor {spec.name!r} lies outside its segment"

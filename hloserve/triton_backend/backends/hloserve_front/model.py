@@ -2,8 +2,9 @@
 ``ChannelFront``.
 
 Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. ``execute`` hands the
-requests to the runtime over the channel. With ``hloserve.front_inflight`` = 0 it waits for
-their answers and returns the responses (one stub -> server message per batch); with N > 0 it
+requests to the runtime over the channel. With ``hloserve.front_inflight`` = 0 it reads their
+answers itself (``ChannelFront.run``, no reader thread) and returns the responses (one stub ->
+server message per batch); with N > 0 it
 returns ``None`` and each request is answered through its response sender from the channel's
 reader thread (allowed for a non-decoupled model in Triton 2.51; one message per request), with
 at most N batches in flight per instance.
@@ -27,8 +28,11 @@ from hloserve.triton_backend.front_channel import ChannelFront, Request
 
 def _tags_errors(request: Any) -> bool:
     """Whether the request (a meta model's BLS sub-request) asks for status-tagged errors."""
+    text = request.parameters()
+    if not text or text == "{}":  # the common case: no parameters, nothing to parse
+        return False
     try:
-        params = json.loads(request.parameters() or "{}")
+        params = json.loads(text)
     except (TypeError, ValueError):
         return False
     return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
@@ -75,15 +79,6 @@ class TritonPythonModel:
                 f"model {core.name!r}: parameter {names.PARAM_MAX_REQUEST_BYTES!r} must be a "
                 f"positive integer, got {limit!r}"
             )
-        self.channel = ChannelFront(
-            core,
-            model_args.model_dir / model_args.parameter(names.PARAM_BUNDLE),
-            self._respond,
-            address=channel.address(core.runtime_model),
-            wait_s=core.retry.total_s,
-            max_request_bytes=int(limit),
-        )
-        self.channel.start(wait_s=core.retry.total_s)
         inflight = model_args.parameter(
             names.PARAM_FRONT_INFLIGHT, str(names.DEFAULT_FRONT_INFLIGHT)
         )
@@ -94,6 +89,16 @@ class TritonPythonModel:
             )
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
         self._slots = threading.Semaphore(int(inflight)) if int(inflight) > 0 else None
+        self.channel = ChannelFront(
+            core,
+            model_args.model_dir / model_args.parameter(names.PARAM_BUNDLE),
+            self._respond,
+            address=channel.address(core.runtime_model),
+            wait_s=core.retry.total_s,
+            max_request_bytes=int(limit),
+            inline=self._slots is None,
+        )
+        self.channel.start(wait_s=core.retry.total_s)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         # In flight mode, wait while this instance has its most batches unanswered: Triton's
@@ -118,10 +123,10 @@ class TritonPythonModel:
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
                 )
             )
-        self.channel.submit(items)
         if self._slots is not None:
+            self.channel.submit(items)
             return None
-        batch.done.wait()  # every request is answered: by the runtime, or failed by the channel
+        self.channel.run(items)  # every request is answered: by the runtime, or failed
         return batch.responses
 
     def _respond(self, handle: Any, result: Any) -> None:
