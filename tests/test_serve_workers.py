@@ -27,6 +27,7 @@ from hloserve.node.procfs import session_pids
 # its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
 
 
 def _affine(address: str, x: np.ndarray) -> np.ndarray:
@@ -122,3 +123,70 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         time.sleep(0.2)
     assert all(session_pids(p) == [] for p in pids), "processes of a worker's session survived"
     assert "hloserve: stopped" in log.read_text()
+
+
+def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
+    tmp_path: Path,
+) -> None:
+    from hloserve.node.model_control import ENV_KEY, GRPC_METADATA_KEY
+
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    http_port, grpc_port, admin_port = free_ports(3)
+    key = "TestKey-" + "k" * 20
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
+             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
+             "--http-port", str(http_port), "--metrics-port", str(admin_port)],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
+        )  # fmt: skip
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 300)
+        gateway = f"127.0.0.1:{grpc_port}"
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        expected = _affine(gateway, x)
+        client = grpcclient.InferenceServerClient(gateway)
+        with pytest.raises(InferenceServerException):  # no key: the workers refuse
+            client.unload_model("affine")
+        np.testing.assert_array_equal(_affine(gateway, x), expected)  # still served
+
+        headers = {GRPC_METADATA_KEY: key}
+        client.unload_model("affine", headers=headers)
+        index = client.get_model_repository_index(headers=headers, as_json=True)
+        states = {m["name"]: m.get("state") for m in index.get("models", [])}
+        assert states.get("affine") != "READY", states
+        deadline = time.monotonic() + 15
+        while True:  # the table follows within a discovery pass; then NOT_FOUND
+            with pytest.raises(InferenceServerException) as info:
+                _affine(gateway, x)
+            if info.value.status() == "StatusCode.NOT_FOUND" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert info.value.status() == "StatusCode.NOT_FOUND", str(info.value)
+
+        client.load_model("affine", headers=headers)  # on every worker again
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                np.testing.assert_array_equal(_affine(gateway, x), expected)
+                break
+            except InferenceServerException:
+                assert time.monotonic() < deadline, "affine not served again after the load"
+                time.sleep(0.2)
+        index = client.get_model_repository_index(headers=headers, as_json=True)
+        ready = [m for m in index.get("models", []) if m["name"] == "affine"]
+        assert [m.get("state") for m in ready] == ["READY"], index
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -4,14 +4,16 @@
 ``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
 shared-memory registration fanned out and rolled back on partial failure; ``ServerMetadata``
 and ``...Status`` from the first answering worker; ``ModelReady``, ``ModelMetadata`` and
-``ModelConfig`` forwarded to a replica of the model (docs/gateway.md, "Proxy"). Errors are
-raised and answered by :class:`hloserve.gateway.interceptor.ErrorInterceptor`.
+``ModelConfig`` forwarded to a replica of the model; ``RepositoryModelLoad`` and
+``RepositoryModelUnload`` sent to the workers that hold the model (docs/gateway.md, "Proxy").
+Errors are raised and answered by :class:`hloserve.gateway.interceptor.ErrorInterceptor`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -19,10 +21,26 @@ from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.aggregate import merge_model_statistics
+from hloserve.gateway.discovery import SingleFlight
 from hloserve.gateway.interceptor import relayed
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
 from hloserve.gateway.wire import peek_infer_request
+
+#: Prefix of the gRPC metadata that carries a key of tritonserver's restricted protocols
+#: (``--grpc-restricted-protocol=<protocols>:<header>=<key>``: the client sends
+#: ``triton-grpc-protocol-<header>``; Triton's docs, "Limit Endpoint Access"). Model control
+#: passes it from the client to the workers, so the workers' own check decides.
+RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
+
+
+def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
+    """The client's restricted-protocol keys (``RESTRICTED_METADATA_PREFIX``), to pass on."""
+    return tuple(
+        (str(k), str(v))
+        for k, v in (context.invocation_metadata() or ())
+        if str(k).startswith(RESTRICTED_METADATA_PREFIX)
+    )
 
 
 class FleetRpcs:
@@ -33,6 +51,7 @@ class FleetRpcs:
         upstreams: channels to the workers.
         request_timeout_s: deadline of one forwarded call, seconds.
         probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
+        refresh: rediscovers the routing table (called after a model load or unload).
     """
 
     def __init__(
@@ -41,11 +60,13 @@ class FleetRpcs:
         upstreams: Upstreams,
         request_timeout_s: float,
         probe_timeout_s: float,
+        refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
+        self._refresh = refresh
 
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
@@ -116,18 +137,88 @@ class FleetRpcs:
         return response
 
     async def _fan_out(
-        self, method: str, request: bytes
+        self,
+        method: str,
+        request: bytes,
+        workers: Sequence[str] | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
-        """Send ``request`` to every worker; (worker, reply bytes or the error) per worker."""
+        """Send ``request`` to ``workers`` (default every worker); (worker, reply bytes or the
+        error) per worker."""
 
         async def one(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
             try:
-                reply = await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
+                reply = await self._upstreams.raw(worker, method)(
+                    request, timeout=self._timeout, metadata=tuple(metadata) or None
+                )
                 return worker, reply
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 
-        return list(await asyncio.gather(*(one(w) for w in self._upstreams.workers)))
+        targets = self._upstreams.workers if workers is None else workers
+        return list(await asyncio.gather(*(one(w) for w in targets)))
+
+    async def holders(self, model: str) -> list[str]:
+        """The workers whose repository index lists ``model`` in any state (READY, loading,
+        unavailable after a failed load), in worker order."""
+        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
+
+        async def lists(worker: str) -> bool:
+            try:
+                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
+                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            index = service_pb2.RepositoryIndexResponse.FromString(reply)
+            return any(m.name == model and m.state for m in index.models)
+
+        found = await asyncio.gather(*(lists(w) for w in self._upstreams.workers))
+        return [w for w, yes in zip(self._upstreams.workers, found, strict=True) if yes]
+
+    async def _model_control(
+        self, method: str, model: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        held = await self.holders(model)
+        targets = held or list(self._upstreams.workers)
+        answers = await self._fan_out(method, request, targets, restricted_metadata(context))
+        if isinstance(self._refresh, SingleFlight):  # now, not within its interval
+            with contextlib.suppress(Exception):  # the next poll tries again
+                await self._refresh(force=True)
+        elif self._refresh is not None:
+            with contextlib.suppress(Exception):
+                await self._refresh()
+        errors = [r for _, r in answers if not isinstance(r, bytes)]
+        if errors:
+            raise self._first_error(errors, f"{method} {model!r}")
+        return next(r for _, r in answers if isinstance(r, bytes))
+
+    async def repository_model_load(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """Load (or reload) a model on every worker that holds it, on every worker when none
+        does (Triton's explicit model control; the workers check the client's restricted-API
+        key). The routing table is rediscovered before the answer, so the next inference
+        request finds the model.
+
+        Raises:
+            UpstreamError: a worker refused (its code and message, e.g. no such model in its
+                repository, or the key missing).
+        """
+        name = service_pb2.RepositoryModelLoadRequest.FromString(request).model_name
+        return await self._model_control("RepositoryModelLoad", name, request, context)
+
+    async def repository_model_unload(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """Unload a model from every worker that holds it (every worker when none lists it);
+        the routing table is rediscovered before the answer (NOT_FOUND afterwards).
+
+        Raises:
+            UpstreamError: a worker refused (its code and message).
+        """
+        name = service_pb2.RepositoryModelUnloadRequest.FromString(request).model_name
+        return await self._model_control("RepositoryModelUnload", name, request, context)
 
     @staticmethod
     def _first_error(errors: list[grpc.aio.AioRpcError], what: str) -> HloserveError:

@@ -42,6 +42,9 @@ this module registers them beside its own two:
   failure; ``...Unregister`` succeeds if any worker succeeds; ``...Status`` comes from the
   first worker (register and unregister as ReactantServer's gateway).
 - ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
+- ``RepositoryModelLoad`` / ``RepositoryModelUnload``: to every worker whose index lists the
+  model (every worker when none does), with the client's restricted-API key passed on; the
+  table is rediscovered before the answer.
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
 Handlers raise :class:`hloserve.errors.HloserveError` (a worker's error answer relayed as
@@ -152,7 +155,7 @@ class GatewayProxy:
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
         self._batch_inputs = dict(batch_inputs or {})
-        self._fleet = FleetRpcs(router, upstreams, request_timeout_s, probe_timeout_s)
+        self._fleet = FleetRpcs(router, upstreams, request_timeout_s, probe_timeout_s, refresh)
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Forward one inference request to a replica.
@@ -371,6 +374,8 @@ class GatewayProxy:
             "SystemSharedMemoryRegister": raw(fleet.shm_register),
             "SystemSharedMemoryUnregister": raw(fleet.shm_unregister),
             "SystemSharedMemoryStatus": raw(fleet.shm_status),
+            "RepositoryModelLoad": raw(fleet.repository_model_load),
+            "RepositoryModelUnload": raw(fleet.repository_model_unload),
             "ServerMetadata": raw(fleet.server_metadata),
             "ServerLive": raw(
                 fleet.server_live,
