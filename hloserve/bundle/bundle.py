@@ -6,37 +6,25 @@ The directory name is the model name. Loading a bundle reads and checks only the
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
-from hloserve.bundle import dtypes
+from hloserve.bundle.files import (
+    ModelPyImportError,
+    WeightInfo,
+    import_model_py,
+    read_weight_infos,
+)
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
 from hloserve.errors import InvalidArgumentError, NotFoundError
 
 #: Model names Triton accepts as repository directory names (and hloserve as bundle names).
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-@dataclass(frozen=True)
-class WeightInfo:
-    """Shape and dtype of one weight as stored in the safetensors file."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # manifest token
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -109,20 +97,7 @@ class Bundle:
         """
         if self.weights_path is None:
             return {}
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(self.weights_path), framework="numpy") as f:
-                infos = {}
-                for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
-                    tensor = f.get_slice(key)
-                    token = dtypes.from_safetensors(tensor.get_dtype()).token
-                    infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
-                return infos
-        except (OSError, SafetensorError) as exc:
-            raise InvalidArgumentError(
-                f"{self.weights_path}: cannot read safetensors file: {exc}"
-            ) from None
+        return read_weight_infos(self.weights_path)
 
     @property
     def weight_nbytes(self) -> int:
@@ -182,35 +157,6 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-class ModelPyImportError(Exception):
-    """A bundle's ``model.py`` could not be imported; ``str()`` is the exception, one line per
-    ``traceback.format_exception_only`` line (file and line included for a syntax error)."""
-
-
-def import_model_py(path: Path, module_name: str) -> ModuleType:
-    """Import a bundle's ``model.py`` (hooks or a meta's ``run``) as ``module_name``.
-
-    The module is registered in ``sys.modules`` (so its own dataclasses and pickling work) and
-    removed again when its import fails.
-
-    Raises:
-        ModelPyImportError: the file cannot be loaded or running it raised.
-    """
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ModelPyImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ModelPyImportError(
-            "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        ) from None
-    return module
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
@@ -551,6 +552,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
                 bundle_copy, name=model.name
             )  # the converted copy must still match the manifest
             line += f"; converted {', '.join(converted)} to portable artifacts"
+        manifest = load_bundle(bundle_copy, name=model.name).manifest
+        if not manifest.is_meta:  # what the front reads instead of the manifest (its memory)
+            (model_dir / names.FRONT_SPEC).write_text(front_spec(manifest).to_json())
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         _say(progress, line)
     for foreign in plan.foreign:
