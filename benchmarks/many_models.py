@@ -122,8 +122,8 @@ def warm(url: str, models: list[str]) -> None:
     c.close()
 
 
-def executions(metrics_url: str) -> float:
-    """Sum of ``hloserve_executions_total`` (the runtime's executions, all models)."""
+def metric_total(metrics_url: str, name: str) -> float:
+    """Sum of a Prometheus series ``name`` over its labels, from the server's metrics port."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
@@ -131,8 +131,13 @@ def executions(metrics_url: str) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "hloserve_executions_total"
+        if sample.name == name
     )
+
+
+def executions(metrics_url: str) -> float:
+    """Sum of ``hloserve_executions_total`` (the runtime's executions, all models)."""
+    return metric_total(metrics_url, "hloserve_executions_total")
 
 
 def main() -> int:

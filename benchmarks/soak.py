@@ -40,7 +40,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from many_models import export_digits_copies, memory, process_memory  # noqa: E402
+from many_models import (  # noqa: E402
+    export_digits_copies,
+    memory,
+    metric_total,
+    process_memory,
+)
 
 MIB = 1024 * 1024
 #: Sample index of "minute 5" (the base of the growth checks), when the run has a later one.
@@ -67,6 +72,9 @@ class Report:
 
     samples: list[Sample]
     error_messages: list[str] = field(default_factory=list)
+    #: weight loads and evictions of the runtime's cache over the run (the budget at work)
+    weight_loads: int = 0
+    weight_evictions: int = 0
     rss_growth_limit: float = 0.05
     fd_slack: int = 8
 
@@ -234,12 +242,16 @@ def soak(
                 seen = counts
                 samples.append(sample)
                 print(
-                    f"{sample.minute:6.1f}  {sample.requests:8d}  {sample.errors:6d}  "
+                    f"{sample.minute:6.2f}  {sample.requests:8d}  {sample.errors:6d}  "
                     f"{rss / MIB:8.0f}  {fds:6d}  {segments:8d}",
                     file=out,
                     flush=True,
                 )
             load.join()
+            metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+            time.sleep(1.5)  # the runtime publishes its metrics once a second
+            loads = int(metric_total(metrics_url, "hloserve_weight_loads_total"))
+            evictions = int(metric_total(metrics_url, "hloserve_weight_evictions_total"))
             late = load.counts()
             if late != seen:  # requests that ended after the last sample
                 last = samples[-1]
@@ -251,7 +263,7 @@ def soak(
                     last.fds,
                     last.segments,
                 )
-    return Report(samples, load.messages)
+    return Report(samples, load.messages, loads, evictions)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.rss_growth_limit, report.fd_slack = args.rss_growth, args.fd_slack
     base, last = report.base, report.samples[-1]
     print(f"\nerrors: {report.errors}" + "".join(f"\n  {m}" for m in report.error_messages))
+    print(f"weight cache: {report.weight_loads} loads, {report.weight_evictions} evictions")
     print(
         f"RSS {base.rss / MIB:.0f} MiB at minute {base.minute:.1f} -> {last.rss / MIB:.0f} MiB "
         f"at {last.minute:.1f} ({report.rss_growth:+.1%}); files {base.fds} -> {last.fds}; "
