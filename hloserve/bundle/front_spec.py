@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hloserve.bundle import dtypes, notation
+from hloserve.bundle import notation
 from hloserve.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ FRONT_SPEC_FORMAT = 1
 
 
 @dataclass(frozen=True)
-class SpecTensor:
+class SpecTensor(notation.TensorNotation):
     """One tensor of the front spec: the manifest's notation (:mod:`hloserve.bundle.notation`).
 
     Attributes:
@@ -51,26 +51,6 @@ class SpecTensor:
     dtype: str
     shape: str
     dims: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def dtype_info(self) -> dtypes.DType:
-        """The dtype table row of :attr:`dtype`."""
-        return dtypes.from_token(self.dtype)
-
-    @property
-    def batch_axis(self) -> int | None:
-        """Index of the batch axis in the row-major shape, or None when unbatched."""
-        return notation.batch_axis(self.shape)
-
-    def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """Row-major shape with the batch axis set to ``batch_size`` (variable axes from
-        ``sizes``, else ``-1``)."""
-        return notation.shape_at(self.shape, self.dims, batch_size, sizes)
-
-    @property
-    def variable_axes(self) -> list[str]:
-        """Letters whose size is ``-1`` (varies between variants), in shape order."""
-        return notation.variable_axes(self.shape, self.dims)
 
 
 @dataclass(frozen=True)

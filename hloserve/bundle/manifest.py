@@ -83,7 +83,7 @@ class ManifestError(InvalidArgumentError):
         super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
 
 
-class TensorSpec(BaseModel):
+class TensorSpec(BaseModel, notation.TensorNotation):
     """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
 
     ``shape`` is a row-major string of single letters (NumPy/JAX order): ``"nhwc"`` with
@@ -152,31 +152,6 @@ class TensorSpec(BaseModel):
         if problems:
             raise ValueError(f"tensor {self.name!r}: " + "; ".join(problems))
         return self
-
-    @property
-    def dtype_info(self) -> dtypes.DType:
-        """The dtype table row of :attr:`dtype`."""
-        return dtypes.from_token(self.dtype)
-
-    @property
-    def batch_axis(self) -> int | None:
-        """Index of the batch axis in the row-major shape, or None when unbatched."""
-        return notation.batch_axis(self.shape)
-
-    def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """Row-major shape with the batch axis (if any) set to ``batch_size``.
-
-        Args:
-            batch_size: size of the batch axis.
-            sizes: sizes of variable axes (``-1`` in ``dims``), e.g. a variant's ``dims``;
-                a variable axis not in ``sizes`` stays ``-1``.
-        """
-        return notation.shape_at(self.shape, self.dims, batch_size, sizes)
-
-    @property
-    def variable_axes(self) -> list[str]:
-        """Letters whose size is ``-1`` (varies between variants), in shape order."""
-        return notation.variable_axes(self.shape, self.dims)
 
     @property
     def nbytes_per_item(self) -> int:
