@@ -35,23 +35,44 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from serve_overhead import PLAIN_CONFIG, PLAIN_MODEL  # noqa: E402
 
 
+def process_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) in bytes of one process (``/proc/<pid>/smaps_rollup``); (0, 0) once gone."""
+    rss = pss = 0
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Rss":
+            rss += int(value.split()[0]) * 1024
+        elif key == "Pss":
+            pss += int(value.split()[0]) * 1024
+    return rss, pss
+
+
 def memory(server: object, prefix: str) -> tuple[int, int]:
     """(RSS, PSS) in bytes of the live stubs of models named ``prefix``*."""
     rss = pss = 0
     for stub in server.stub_processes():  # type: ignore[attr-defined]
         if stub.dead or not stub.model.startswith(prefix):
             continue
-        try:
-            text = Path(f"/proc/{stub.pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key == "Rss":
-                rss += int(value.split()[0]) * 1024
-            elif key == "Pss":
-                pss += int(value.split()[0]) * 1024
+        one = process_memory(stub.pid)
+        rss, pss = rss + one[0], pss + one[1]
     return rss, pss
+
+
+def export_digits_copies(bundles: Path, count: int) -> list[str]:
+    """Export digits (examples/digits/export.py) into ``bundles`` as ``digits_0`` ..
+    ``digits_<count-1>``; their names."""
+    sys.path.insert(0, str(ROOT / "examples" / "digits"))
+    import export as digits_export
+
+    digits_export.export_digits(bundles)
+    shutil.move(bundles / "digits", bundles / "digits_0")
+    for i in range(1, count):
+        shutil.copytree(bundles / "digits_0", bundles / f"digits_{i}")
+    return [f"digits_{i}" for i in range(count)]
 
 
 def load(url: str, models: list[str], clients: int, seconds: float) -> tuple[float, int]:
@@ -101,8 +122,8 @@ def warm(url: str, models: list[str]) -> None:
     c.close()
 
 
-def executions(metrics_url: str) -> float:
-    """Sum of ``hloserve_executions_total`` (the runtime's executions, all models)."""
+def metric_total(metrics_url: str, name: str) -> float:
+    """Sum of a Prometheus series ``name`` over its labels, from the server's metrics port."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
@@ -110,8 +131,13 @@ def executions(metrics_url: str) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "hloserve_executions_total"
+        if sample.name == name
     )
+
+
+def executions(metrics_url: str) -> float:
+    """Sum of ``hloserve_executions_total`` (the runtime's executions, all models)."""
+    return metric_total(metrics_url, "hloserve_executions_total")
 
 
 def main() -> int:
@@ -122,19 +148,13 @@ def main() -> int:
     parser.add_argument("--front-instances", type=int, default=2, help="per hloserve model (2)")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT / "examples" / "digits"))
-    import export as digits_export
-
     from hloserve.model_repository_tools import build_repository
     from hloserve.node.serve import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer, free_ports
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"
-        digits_export.export_digits(bundles)
-        shutil.move(bundles / "digits", bundles / "digits_0")
-        for i in range(1, args.models):
-            shutil.copytree(bundles / "digits_0", bundles / f"digits_{i}")
+        export_digits_copies(bundles, args.models)
         build_repository(bundles, repo, front_instances=args.front_instances)
         weights = repo / "digits_0" / "1" / "bundle" / "weights.safetensors"
         for i in range(args.models):

@@ -146,6 +146,7 @@ def _repo_build(args: argparse.Namespace) -> int:
         weight_cache=_weight_cache_options(args),
         meta_concurrency=args.meta_concurrency,
         batch_sizes=_batch_size_options(args),
+        max_request_bytes=args.max_request_bytes,
         scheduling=_scheduling_options(args),
         overwrite=args.overwrite,
         progress=print,
@@ -200,6 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
             executable_cache=_executable_cache_options(args),
             meta_concurrency=args.meta_concurrency,
             batch_sizes=_batch_size_options(args),
+            max_request_bytes=args.max_request_bytes,
             scheduling=_scheduling_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
@@ -277,6 +279,20 @@ def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
+    )
+
+
+def _add_max_request_bytes_option(parser: argparse.ArgumentParser) -> None:
+    """--max-request-bytes (docs/serving.md, "Front model config")."""
+    from hloserve.model_repository_tools.names import DEFAULT_MAX_REQUEST_BYTES
+
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help="largest request a front model accepts, bytes of its input tensors; a larger one "
+        f"gets INVALID_ARGUMENT naming the limit (default: {DEFAULT_MAX_REQUEST_BYTES} = 1 GiB)",
     )
 
 
@@ -470,6 +486,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         metavar="US",
         help="dynamic batcher queue delay when building, microseconds (500)",
     )
+    _add_max_request_bytes_option(serve)
     _add_weight_cache_options(serve)
     _add_batch_size_option(serve)
     _add_scheduling_options(serve)
@@ -618,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="dynamic batcher max_queue_delay_microseconds (default: 500)",
     )
+    _add_max_request_bytes_option(build)
     _add_weight_cache_options(build)
     _add_batch_size_option(build)
     _add_scheduling_options(build)

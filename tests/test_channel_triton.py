@@ -2,7 +2,7 @@
 
 One server (explicit model control, as ``hloserve serve`` runs it, with the stub watchdog):
     affine        the golden bundle, one front instance
-    small_limit   a copy of affine whose front accepts 16 bytes of inputs
+    small_limit   a copy of affine built with max_request_bytes=16 (16 bytes of inputs)
     huge          x + 1 on 256 MiB of f32 (64 Mi items), batch 1
 """
 
@@ -62,16 +62,17 @@ def _segments(server_pid: int) -> list[str]:
 def _repo(root: Path, *, huge: bool) -> Path:
     bundles = root / "bundles"
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
-    shutil.copytree(GOLDEN / "affine", bundles / "small_limit")
     if huge:
         _export_huge(bundles / "huge")
     repo = root / "repository"
     build_repository(bundles, repo, front_instances=1)
-    config = repo / "small_limit" / "config.pbtxt"
-    text = config.read_text().replace(
-        f'string_value: "{names.DEFAULT_MAX_REQUEST_BYTES}"', 'string_value: "16"'
+    # small_limit: built as `hloserve repo build --max-request-bytes 16` builds it
+    limited = root / "limited"
+    shutil.copytree(GOLDEN / "affine", limited / "bundles" / "small_limit")
+    build_repository(
+        limited / "bundles", limited / "repository", front_instances=1, max_request_bytes=16
     )
-    config.write_text(text)
+    shutil.move(limited / "repository" / "small_limit", repo / "small_limit")
     return repo
 
 
@@ -183,13 +184,27 @@ def test_a_killed_stub_fails_in_flight_requests_fast_and_recovers(
 
 
 def test_requests_over_the_limit_are_refused_naming_it(watched: Watched) -> None:
+    import tritonclient.http as httpclient
+
     client = grpcclient.InferenceServerClient(watched.server.urls.grpc)
     assert client.infer("small_limit", [_x(1)]).as_numpy("y").shape == (1, 3)  # 16 bytes
     with pytest.raises(InferenceServerException) as info:
         client.infer("small_limit", [_x(2)])
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "limit of 16 bytes" in str(info.value)
+    assert "32 bytes, more than the limit of 16 bytes (--max-request-bytes)" in str(info.value)
+    assert client.infer("small_limit", [_x(1)]).as_numpy("y").shape == (1, 3)  # still serving
     client.close()
+    http = httpclient.InferenceServerClient(watched.server.urls.http)
+    tensor = httpclient.InferInput("x", [2, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((2, 4), np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        http.infer("small_limit", [tensor])
+    assert info.value.status() == "400"
+    assert "limit of 16 bytes" in str(info.value)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert http.infer("small_limit", [tensor]).as_numpy("y").shape == (1, 3)
+    http.close()
 
 
 def test_a_256_mib_request_round_trips(watched: Watched) -> None:

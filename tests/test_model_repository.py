@@ -460,7 +460,7 @@ def test_cli_build_and_validate(
 ) -> None:
     repo = tmp_path / "repo"
     argv = ["repo", "build", str(bundles), "-o", str(repo), "--front-instances", "3"]
-    assert main([*argv, "--max-queue-delay-us", "250"]) == 0
+    assert main([*argv, "--max-queue-delay-us", "250", "--max-request-bytes", "4096"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "affine: valid (1 input(s), 2 output(s), batch sizes 1, 2)"
     assert "tiny: copied to tiny/1/bundle" in out
@@ -468,6 +468,7 @@ def test_cli_build_and_validate(
     tiny = parse_config(repo / "tiny" / "config.pbtxt")
     assert tiny.instance_group[0].count == 3
     assert tiny.dynamic_batching.max_queue_delay_microseconds == 250
+    assert tiny.parameters[names.PARAM_MAX_REQUEST_BYTES].string_value == "4096"
     assert main(["repo", "validate", str(repo)]) == 0
     assert capsys.readouterr().out.strip() == f"{repo}: valid"
     assert main(argv) == 1  # exists, no --overwrite
@@ -647,6 +648,15 @@ def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
         params = {k: v.string_value for k, v in config.parameters.items()}
     assert params[names.PARAM_WEIGHT_CACHE_BYTES] == "4096"
     assert params[names.PARAM_RESIDENCY] == "tiny=unpinned"
+
+
+def test_serve_builds_with_the_request_limit(bundles: Path) -> None:
+    from hloserve.node.serve import ServeOptions, prepared_repository
+
+    with prepared_repository(ServeOptions(path=bundles, max_request_bytes=4096)) as repo:
+        tiny = parse_config(repo / "tiny" / "config.pbtxt")
+        assert validate_repository(repo) == []
+    assert tiny.parameters[names.PARAM_MAX_REQUEST_BYTES].string_value == "4096"
 
 
 def test_weight_cache_fraction_is_written_and_validated(bundles: Path, tmp_path: Path) -> None:

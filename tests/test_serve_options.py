@@ -64,6 +64,7 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
     [
         ({"host": "999.1.1.1"}, "cannot resolve host '999.1.1.1'"),
         ({"front_instances": 0}, "--front-instances must be at least 1, got 0"),
+        ({"max_request_bytes": 0}, "--max-request-bytes must be at least 1, got 0"),
         ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
@@ -204,6 +205,7 @@ def _cli_serve_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Serv
         (["--residency", "a=device"], "--residency applies"),
         (["--front-instances", "3", "--meta-concurrency", "1"], "--front-instances, --meta-"),
         (["--max-queue-delay-us", "0"], "--max-queue-delay-us applies"),
+        (["--max-request-bytes", "1024"], "--max-request-bytes applies"),
         (["--compaction-interval", "4"], "--compaction-interval applies"),
         (["--executable-cache", "off"], "--executable-cache applies"),
         (["--executable-cache-bytes", "9"], "--executable-cache-bytes applies"),

@@ -6,17 +6,14 @@ The directory name is the model name. Loading a bundle reads and checks only the
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
+from hloserve.bundle.files import import_model_py
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
 from hloserve.bundle.safetensors_file import WeightInfo, load_tensors, stored_tensors
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
@@ -150,30 +147,6 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-def import_model_py(path: Path, module_name: str) -> ModuleType:
-    """Import a bundle's ``model.py`` (hooks or a meta's ``run``) as ``module_name``.
-
-    The module is registered in ``sys.modules`` (so its own dataclasses and pickling work) and
-    removed again when its import fails.
-
-    Raises:
-        ModelPyImportError: the file cannot be loaded or running it raised.
-    """
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ModelPyImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ModelPyImportError(
-            "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        ) from None
-    return module
 
 
 __all__ = [

@@ -28,7 +28,9 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hloserve.bundle import dtypes
+from hloserve.bundle import dtypes, notation
+from hloserve.bundle.files import MODEL_PY as MODEL_PY  # re-exported: its old home
+from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 from hloserve.errors import InvalidArgumentError, Status
 
 #: Oldest manifest ``format_version`` this release reads.
@@ -46,16 +48,10 @@ SYMBOLIC_FORMAT_VERSION = 3
 #: ``executables`` key of a symbolic-batch artifact (written ``symbolic`` in YAML).
 SYMBOLIC = -1
 _SYMBOLIC_TEXT = "symbolic"
-#: The Python file of a meta bundle (and of a model's hooks), relative to the bundle directory.
-MODEL_PY = "model.py"
 
 MANIFEST_FILE = "manifest.yaml"
-#: Axis letters that mark the batch axis (at most one per tensor).
-BATCH_LETTERS = frozenset("nb")
 #: Key of the single executable of a model without a batch axis.
 UNBATCHED = 0
-#: ``dims`` size of an axis whose size varies between ``variants`` (and on client tensors).
-VARIABLE = -1
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 #: Model names (the bundle directory names; kept in step with ``hloserve.bundle.bundle``).
@@ -87,7 +83,7 @@ class ManifestError(InvalidArgumentError):
         super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
 
 
-class TensorSpec(BaseModel):
+class TensorSpec(BaseModel, notation.TensorNotation):
     """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
 
     ``shape`` is a row-major string of single letters (NumPy/JAX order): ``"nhwc"`` with
@@ -156,42 +152,6 @@ class TensorSpec(BaseModel):
         if problems:
             raise ValueError(f"tensor {self.name!r}: " + "; ".join(problems))
         return self
-
-    @property
-    def dtype_info(self) -> dtypes.DType:
-        """The dtype table row of :attr:`dtype`."""
-        return dtypes.from_token(self.dtype)
-
-    @property
-    def batch_axis(self) -> int | None:
-        """Index of the batch axis in the row-major shape, or None when unbatched."""
-        for i, letter in enumerate(self.shape):
-            if letter in BATCH_LETTERS:
-                return i
-        return None
-
-    def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """Row-major shape with the batch axis (if any) set to ``batch_size``.
-
-        Args:
-            batch_size: size of the batch axis.
-            sizes: sizes of variable axes (``-1`` in ``dims``), e.g. a variant's ``dims``;
-                a variable axis not in ``sizes`` stays ``-1``.
-        """
-        sizes = sizes or {}
-        return tuple(
-            batch_size
-            if letter in BATCH_LETTERS
-            else sizes.get(letter, self.dims[letter])
-            if self.dims[letter] == VARIABLE
-            else self.dims[letter]
-            for letter in self.shape
-        )
-
-    @property
-    def variable_axes(self) -> list[str]:
-        """Letters whose size is ``-1`` (varies between variants), in shape order."""
-        return [c for c in self.shape if self.dims.get(c) == VARIABLE]
 
     @property
     def nbytes_per_item(self) -> int:

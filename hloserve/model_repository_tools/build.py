@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from hloserve.bundle import check_bundle
+from hloserve.bundle import check_bundle, load_bundle
+from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.errors import RepositoryError, Status
 from hloserve.model_repository_tools import names
@@ -170,6 +171,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
                 bundle_copy, name=model.name
             )  # the converted copy must still match the manifest
             line += f"; converted {', '.join(converted)} to portable artifacts"
+        manifest = load_bundle(bundle_copy, name=model.name).manifest
+        if not manifest.is_meta:  # what the front reads instead of the manifest (its memory)
+            (model_dir / names.FRONT_SPEC).write_text(front_spec(manifest).to_json())
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         report(progress, line)
     for foreign in plan.foreign:

@@ -34,6 +34,9 @@ BUNDLE_SUBDIR = "1/bundle"
 
 #: Front parameter: the bundle directory, relative to the model directory.
 PARAM_BUNDLE = "hloserve.bundle"
+#: The front spec file (:mod:`hloserve.bundle.front_spec`), relative to the model directory:
+#: what the front reads of its bundle's manifest, written by the repository builder.
+FRONT_SPEC = "1/front_spec.json"
 #: Front parameter: the name of the runtime model the front reaches over the channel.
 PARAM_RUNTIME_MODEL = "hloserve.runtime_model"
 #: Front parameter: the largest request the front accepts, bytes of input tensors (decimal);

@@ -2,7 +2,9 @@
 
 A front config is compared with the config :func:`~hloserve.model_repository_tools.config.
 front_config` makes from its bundle copy (keeping the instance count and queue delay it was
-built with), so a hand edit or a stale bundle shows up. Models of other backends are left alone.
+built with), so a hand edit or a stale bundle shows up; so is its front spec file
+(:mod:`hloserve.bundle.front_spec`) with the bundle copy's manifest. Models of other backends
+are left alone.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
+from hloserve.bundle.front_spec import front_spec, read_front_spec
 from hloserve.errors import HloserveError, NotFoundError
 from hloserve.model_repository_tools import names
 from hloserve.model_repository_tools.config import (
@@ -104,6 +107,7 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
     )
     _same_version_folder(expected, bundle_param)
     problems += _compare(file, config, expected)
+    problems += _check_front_spec(model_dir, bundle)
     return bundle, problems
 
 
@@ -113,6 +117,22 @@ def _same_version_folder(expected: Any, bundle_param: str) -> None:
     version, _, leaf = bundle_param.partition("/")
     if version.isdigit() and f"{names.MODEL_VERSION}/{leaf}" == names.BUNDLE_SUBDIR:
         expected.parameters[names.PARAM_BUNDLE].string_value = bundle_param
+
+
+def _check_front_spec(model_dir: Path, bundle: Bundle) -> list[Problem]:
+    """The front spec file matches the bundle copy's manifest (absent: built before it; the
+    front then reads the manifest)."""
+    path = bundle.path.parent / Path(names.FRONT_SPEC).name  # beside the bundle, any version
+    file = f"{model_dir.name}/{path.parent.name}/{path.name}"
+    if not path.is_file():
+        return []
+    try:
+        written = read_front_spec(path)
+    except HloserveError as exc:
+        return [Problem(file, exc.message)]
+    if written != front_spec(bundle.manifest):
+        return [Problem(file, "does not match the bundle's manifest (rebuild the repository)")]
+    return []
 
 
 def _int_or(text: str | None, default: int) -> int:

@@ -83,6 +83,8 @@ class ServeOptions:
             temporary directory removed at exit.
         front_instances: CPU instances of each front model (``instance_group.count``).
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
+        max_request_bytes: the largest request a front accepts when building, bytes of its
+            input tensors (``hloserve.max_request_bytes``; docs/serving.md).
         weight_cache: the runtime's weight cache settings when building from bundles
             (docs/on_demand_weights.md); None = no budget.
         executable_cache: the runtime's executable cache settings when building from bundles
@@ -122,6 +124,7 @@ class ServeOptions:
     repository_out: Path | None = None
     front_instances: int = names.DEFAULT_FRONT_INSTANCES
     max_queue_delay_us: int = 500
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES
     weight_cache: WeightCacheOptions | None = None
     executable_cache: ExecutableCacheOptions | None = None
     meta_concurrency: int = 2
@@ -192,6 +195,7 @@ def build_arguments(options: ServeOptions) -> dict[str, Any]:
         "weight_cache": options.weight_cache,
         "meta_concurrency": options.meta_concurrency,
         "batch_sizes": options.batch_sizes,
+        "max_request_bytes": options.max_request_bytes,
         "scheduling": options.scheduling,
         "executable_cache": options.executable_cache,
     }
@@ -260,6 +264,8 @@ def build_flags_set(options: ServeOptions) -> list[str]:
         flags.append("--meta-concurrency")
     if options.max_queue_delay_us != defaults.max_queue_delay_us:
         flags.append("--max-queue-delay-us")
+    if options.max_request_bytes != defaults.max_request_bytes:
+        flags.append("--max-request-bytes")
     if options.batch_sizes is not None and options.batch_sizes.given:
         flags.append("--batch-sizes")
     cache = options.weight_cache
@@ -291,10 +297,11 @@ def check_options(options: ServeOptions) -> None:
     """Refuse bad settings before anything is built or started.
 
     Raises:
-        InvalidArgumentError: --load-model without explicit mode, --workers or
-            --front-instances below 1, --gateway-config with one worker, a port out of range
-            or shared by two endpoints, a host that does not resolve, or a build option
-            (:func:`build_flags_set`) set while PATH is an already-built model repository.
+        InvalidArgumentError: --load-model without explicit mode, --workers,
+            --front-instances or --max-request-bytes below 1, --gateway-config with one
+            worker, a port out of range or shared by two endpoints, a host that does not
+            resolve, or a build option (:func:`build_flags_set`) set while PATH is an
+            already-built model repository.
         PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
             (``--workers`` above 1) is already bound on the host.
     """
@@ -305,6 +312,10 @@ def check_options(options: ServeOptions) -> None:
     if options.front_instances < 1:
         raise InvalidArgumentError(
             f"--front-instances must be at least 1, got {options.front_instances}"
+        )
+    if options.max_request_bytes < 1:
+        raise InvalidArgumentError(
+            f"--max-request-bytes must be at least 1, got {options.max_request_bytes}"
         )
     if options.gateway_config is not None and options.workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")

@@ -14,7 +14,9 @@ Shape variants (docs/bundles.md, "Shape variants"): each request runs on the sma
 holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
 back; requests are coalesced only with requests of the same variant.
 
-The front never imports JAX (docs/serving.md: the runtime is the only JAX process).
+The front never imports JAX (docs/serving.md: the runtime is the only JAX process), nor the
+typed manifest (pydantic, PyYAML): it reads the front spec the repository builder wrote
+(:mod:`hloserve.bundle.front_spec`), which keeps each front stub's memory small.
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from hloserve.bundle import Bundle, TensorSpec, load_bundle
-from hloserve.bundle.bundle import ModelPyImportError, import_model_py
-from hloserve.bundle.manifest import MODEL_PY
+from hloserve.bundle.files import MODEL_PY, ModelPyImportError, import_model_py
+from hloserve.bundle.front_spec import FrontBundle, SpecTensor, read_front_spec
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend import batching
 from hloserve.triton_backend.pb import ModelArgs, ServerStartingError
 from hloserve.triton_backend.tensors import TensorChecker
+
+if TYPE_CHECKING:
+    from hloserve.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
@@ -120,7 +125,7 @@ def _positional_count(fn: Callable[..., object]) -> int:
     return sum(1 for p in params if p.kind in kinds)
 
 
-def load_hooks(name: str, bundle: Bundle) -> Hooks:
+def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
     """The hooks of a bundle: its ``model.py`` (:class:`ModuleHooks`), else the identity.
 
     The module is imported under a private name with ``__file__`` set to its path, so it can
@@ -131,8 +136,9 @@ def load_hooks(name: str, bundle: Bundle) -> Hooks:
             ``client_inputs``/``client_outputs`` are declared without the hook that makes
             them (``preprocess``/``postprocess``).
     """
+    bundle = FrontBundle.of(bundle)
     path = bundle.path / MODEL_PY
-    manifest = bundle.manifest
+    manifest = bundle.spec
     if not path.is_file():
         hooks: Hooks = IdentityHooks()
         has_pre = has_post = False
@@ -198,7 +204,8 @@ class FrontModel:
 
     Args:
         name: the model (= bundle) name: the prefix of its tensors in the runtime model.
-        bundle: the bundle (only its manifest is used).
+        bundle: the bundle: its front spec (a typed :class:`~hloserve.bundle.Bundle` is
+            turned into one, :meth:`FrontBundle.of`).
         call_runtime: runs one execution on the runtime (see :data:`CallRuntime`).
         hooks: pre/post processing; identity by default.
         retry: waiting for a runtime that is not ready.
@@ -209,7 +216,7 @@ class FrontModel:
     def __init__(
         self,
         name: str,
-        bundle: Bundle,
+        bundle: Bundle | FrontBundle,
         call_runtime: CallRuntime,
         *,
         hooks: Hooks | None = None,
@@ -219,15 +226,16 @@ class FrontModel:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self.bundle = bundle
-        self.manifest = bundle.manifest
+        self.bundle = FrontBundle.of(bundle)
+        #: what the front reads of the bundle's manifest (a FrontSpec; same attribute names)
+        self.manifest = self.bundle.spec
         self.runtime_model = runtime_model
         self.hooks: Hooks = hooks if hooks is not None else IdentityHooks()
         self.retry = retry or RetryPolicy()
         self._call_runtime = call_runtime
         self._sleep = sleep
         self._clock = clock
-        self._compiled = list(self.manifest.batching.compiled_batch_sizes)
+        self._compiled = list(self.manifest.compiled_batch_sizes)
         self._check_inputs = TensorChecker(name, "input", self.manifest.inputs)
         self._check_outputs = TensorChecker(name, "output", self.manifest.outputs)
         self._check_client_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
@@ -242,7 +250,7 @@ class FrontModel:
         }
         # identity hooks: the executable's check after "preprocess" is the same check
         self._check_client = not isinstance(self.hooks, IdentityHooks)
-        self._variants = self.manifest.variant_dims
+        self._variants = [dict(d) for d in self.manifest.variant_dims]
         self._variable = sorted({a for s in self.manifest.inputs for a in s.variable_axes})
         #: variant indices, smallest total size first (smallest_fitting tries them in order)
         self._variant_order = sorted(
@@ -263,7 +271,11 @@ class FrontModel:
 
         Reads ``hloserve.bundle`` (bundle directory relative to the model directory),
         ``hloserve.runtime_model``, ``hloserve.repository_format`` (checked against the
-        supported range) and the optional ``hloserve.runtime_wait_s``.
+        supported range) and the optional ``hloserve.runtime_wait_s``; the bundle's front spec
+        from ``front_spec.json`` in the bundle's version folder (``names.FRONT_SPEC`` for
+        version 1), or, in a repository built before
+        the builder wrote one, from the bundle's manifest (which costs the stub the typed
+        manifest's imports).
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed, or an unsupported
@@ -279,7 +291,15 @@ class FrontModel:
                 f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
                 f"{names.MAX_REPOSITORY_FORMAT} (rebuild with `hloserve repo build`)"
             )
-        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE))
+        bundle_dir = args.model_dir / args.parameter(names.PARAM_BUNDLE)
+        # beside the bundle, in its version folder (``serve --watch`` installs version N+1)
+        spec_file = bundle_dir.parent / Path(names.FRONT_SPEC).name
+        if spec_file.is_file():
+            bundle = FrontBundle(bundle_dir, read_front_spec(spec_file))
+        else:
+            from hloserve.bundle import load_bundle
+
+            bundle = FrontBundle.of(load_bundle(bundle_dir))
         check_bundle_files(args.name, bundle)
         if hooks is None:
             hooks = load_hooks(args.name, bundle)
@@ -543,7 +563,7 @@ class FrontModel:
 
     @staticmethod
     def _assemble(
-        spec: TensorSpec, arrays: list[np.ndarray], execution: batching.Execution
+        spec: SpecTensor, arrays: list[np.ndarray], execution: batching.Execution
     ) -> np.ndarray:
         if spec.batch_axis is None:
             return arrays[0]
@@ -595,7 +615,7 @@ class FrontModel:
                 delay = min(delay * 2, policy.max_delay_s)
 
 
-def _pad_variable(spec: TensorSpec, array: np.ndarray, variant: Mapping[str, int]) -> np.ndarray:
+def _pad_variable(spec: SpecTensor, array: np.ndarray, variant: Mapping[str, int]) -> np.ndarray:
     """``array`` zero-padded at the end of each variable axis up to the variant's size."""
     if not variant:
         return array
@@ -606,7 +626,7 @@ def _pad_variable(spec: TensorSpec, array: np.ndarray, variant: Mapping[str, int
 
 
 def _unpad_outputs(
-    specs: Sequence[TensorSpec], outputs: Tensors, sizes: Mapping[str, int]
+    specs: Sequence[SpecTensor], outputs: Tensors, sizes: Mapping[str, int]
 ) -> Tensors:
     """Each output cut back, on its variable axes, to the request's own sizes (views)."""
     if not sizes:
@@ -621,7 +641,7 @@ def _unpad_outputs(
     return cut
 
 
-def check_bundle_files(name: str, bundle: Bundle) -> None:
+def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
     """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
 
     A front cannot ask the runtime whether its bundle compiles: BLS is refused in
@@ -636,7 +656,8 @@ def check_bundle_files(name: str, bundle: Bundle) -> None:
     """
     from hloserve.bundle.stablehlo import is_portable_artifact
 
-    for variant, size in sorted(bundle.manifest.all_executables):
+    bundle = FrontBundle.of(bundle)
+    for variant, size in sorted(bundle.spec.all_executables):
         path = bundle.executable_path(size, variant)
         try:
             with path.open("rb") as f:
@@ -651,10 +672,10 @@ def check_bundle_files(name: str, bundle: Bundle) -> None:
                 "(rebuild the repository with `hloserve repo build`)"
             )
     try:
-        stored = bundle.stored_weights
+        stored = bundle.stored_weights()
     except HloserveError as exc:
         raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
-    missing = [w for w in bundle.manifest.weights.order if w not in stored]
+    missing = [w for w in bundle.spec.weights_order if w not in stored]
     if missing:
         raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
 

@@ -8,19 +8,26 @@ Shapes are shown row-major with ``-1`` at the batch axis, as Triton shows variab
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
-from hloserve.bundle import TensorSpec
 from hloserve.errors import InvalidArgumentError
 
+if TYPE_CHECKING:  # the front's stubs never import the typed manifest (pydantic)
+    from hloserve.bundle.front_spec import SpecTensor
+    from hloserve.bundle.manifest import TensorSpec
 
-def spec_shape(spec: TensorSpec) -> list[int]:
+#: A tensor's spec: the typed manifest's (runtime, meta) or the front spec's (front).
+Spec: TypeAlias = "TensorSpec | SpecTensor"
+
+
+def spec_shape(spec: Spec) -> list[int]:
     """The spec's row-major shape with ``-1`` at the batch axis (e.g. ``[-1, 4]``)."""
     return [-1 if i == spec.batch_axis else d for i, d in enumerate(spec.shape_at(0))]
 
 
-def check_tensor(model: str, role: str, spec: TensorSpec, array: np.ndarray) -> int | None:
+def check_tensor(model: str, role: str, spec: Spec, array: np.ndarray) -> int | None:
     """Check one tensor's dtype and shape against its spec.
 
     Args:
@@ -56,7 +63,7 @@ class TensorChecker:
     axis) is done once here.
     """
 
-    def __init__(self, model: str, role: str, specs: Sequence[TensorSpec]) -> None:
+    def __init__(self, model: str, role: str, specs: Sequence[Spec]) -> None:
         self.model = model
         self.role = role
         self.specs = list(specs)
@@ -113,7 +120,7 @@ class TensorChecker:
 
 
 def check_tensors(
-    model: str, role: str, specs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray]
+    model: str, role: str, specs: Sequence[Spec], tensors: Mapping[str, np.ndarray]
 ) -> int | None:
     """Check a whole set of tensors against ``specs`` (see :class:`TensorChecker`)."""
     return TensorChecker(model, role, specs)(tensors)

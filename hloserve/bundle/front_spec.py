@@ -1,0 +1,268 @@
+"""The front spec: what a front model reads of its bundle's manifest, as a small JSON file.
+
+Every front instance is a Triton stub process of its own. Reading ``manifest.yaml`` there
+through the typed manifest (pydantic, PyYAML) costs about 13 MiB of RSS per stub (measured:
+numpy alone 38.7 MiB, the manifest's imports and models 56.8 MiB), so ``hloserve repo build``
+writes this digest of the manifest beside the bundle copy (``<model>/1/front_spec.json``,
+docs/serving.md) and the front reads it with the standard library's ``json``. The manifest
+stays the one source: :func:`front_spec` makes the digest from the typed manifest, at build
+time, and ``hloserve repo validate`` checks the file against the bundle copy.
+
+Format versions (bump :data:`FRONT_SPEC_FORMAT` and add a line when the layout changes):
+
+* 1 (2026-12-01): tensors (name, dtype token, shape letters, dims), client tensors, compiled
+  batch sizes, symbolic batch, variant sizes, executables by (variant, batch size), weights.
+
+Imports NumPy and the dtype table only (never pydantic, PyYAML or the manifest module).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hloserve.bundle import notation
+from hloserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from hloserve.bundle.bundle import Bundle
+    from hloserve.bundle.files import WeightInfo
+    from hloserve.bundle.manifest import Manifest, TensorSpec
+
+#: Layout version of the front spec file (history in the module docstring).
+FRONT_SPEC_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SpecTensor(notation.TensorNotation):
+    """One tensor of the front spec: the manifest's notation (:mod:`hloserve.bundle.notation`).
+
+    Attributes:
+        name: the tensor's name.
+        dtype: its manifest dtype token, e.g. ``"f32"``.
+        shape: its axis letters, row-major, e.g. ``"nhwc"``.
+        dims: the size of each non-batch letter (``-1`` for a variable axis).
+    """
+
+    name: str
+    dtype: str
+    shape: str
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FrontSpec:
+    """What the front needs of a manifest (``kind: model``); names follow the manifest's.
+
+    Attributes:
+        inputs, outputs: the executable's tensors.
+        client_inputs, client_outputs: the wire tensors when the bundle declares them.
+        compiled_batch_sizes: ascending; empty for an unbatched model.
+        symbolic: whether the batch axis is symbolic (``batching.symbolic``).
+        variant_dims: each variant's sizes of the variable axes (``[{}]`` without variants).
+        all_executables: executable file (relative to the bundle) by (variant, batch size).
+        weights_file: the safetensors file relative to the bundle, or None.
+        weights_order: the weights ``main`` takes, in order.
+    """
+
+    inputs: tuple[SpecTensor, ...]
+    outputs: tuple[SpecTensor, ...]
+    client_inputs: tuple[SpecTensor, ...] | None = None
+    client_outputs: tuple[SpecTensor, ...] | None = None
+    compiled_batch_sizes: tuple[int, ...] = ()
+    symbolic: bool = False
+    variant_dims: tuple[Mapping[str, int], ...] = ({},)
+    all_executables: Mapping[tuple[int, int], str] = field(default_factory=dict)
+    weights_file: str | None = None
+    weights_order: tuple[str, ...] = ()
+
+    @property
+    def wire_inputs(self) -> list[SpecTensor]:
+        """The tensors clients send: ``client_inputs`` when declared, else ``inputs``."""
+        return list(self.client_inputs if self.client_inputs is not None else self.inputs)
+
+    @property
+    def wire_outputs(self) -> list[SpecTensor]:
+        """The tensors clients receive: ``client_outputs`` when declared, else ``outputs``."""
+        return list(self.client_outputs if self.client_outputs is not None else self.outputs)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the model has a batch axis (then every tensor has one)."""
+        return bool(self.compiled_batch_sizes) or self.symbolic
+
+    @property
+    def batch_leading(self) -> bool:
+        """Whether every tensor's batch axis is its first axis (Triton's implicit batch dim)."""
+        return self.batched and all(s.batch_axis == 0 for s in self.inputs + self.outputs)
+
+    def to_json(self) -> str:
+        """The file's text (sorted keys, one line per top-level key)."""
+        data = {
+            "format": FRONT_SPEC_FORMAT,
+            "inputs": [_tensor_data(t) for t in self.inputs],
+            "outputs": [_tensor_data(t) for t in self.outputs],
+            "client_inputs": _tensors_data(self.client_inputs),
+            "client_outputs": _tensors_data(self.client_outputs),
+            "compiled_batch_sizes": list(self.compiled_batch_sizes),
+            "symbolic": self.symbolic,
+            "variant_dims": [dict(d) for d in self.variant_dims],
+            "executables": [[v, b, f] for (v, b), f in sorted(self.all_executables.items())],
+            "weights_file": self.weights_file,
+            "weights_order": list(self.weights_order),
+        }
+        lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data.items())]
+        return "{\n" + ",\n".join(lines) + "\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, path: str = "front_spec.json") -> FrontSpec:
+        """Parse :meth:`to_json`'s text.
+
+        Raises:
+            InvalidArgumentError: not JSON, another format version, or a key missing or of the
+                wrong type (the message names the file and says to rebuild).
+        """
+        rebuild = "(rebuild the repository with `hloserve repo build`)"
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{path}: not valid JSON ({exc}) {rebuild}") from None
+        if not isinstance(data, dict) or data.get("format") != FRONT_SPEC_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise InvalidArgumentError(
+                f"{path}: front spec format {got!r} is not {FRONT_SPEC_FORMAT}, the one this "
+                f"hloserve reads {rebuild}"
+            )
+        try:
+            return cls(
+                inputs=_tensors(data["inputs"]),
+                outputs=_tensors(data["outputs"]),
+                client_inputs=_optional_tensors(data["client_inputs"]),
+                client_outputs=_optional_tensors(data["client_outputs"]),
+                compiled_batch_sizes=tuple(int(b) for b in data["compiled_batch_sizes"]),
+                symbolic=bool(data["symbolic"]),
+                variant_dims=tuple(
+                    {str(k): int(v) for k, v in d.items()} for d in data["variant_dims"]
+                ),
+                all_executables={(int(v), int(b)): str(f) for v, b, f in data["executables"]},
+                weights_file=None if data["weights_file"] is None else str(data["weights_file"]),
+                weights_order=tuple(str(w) for w in data["weights_order"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidArgumentError(
+                f"{path}: malformed front spec ({type(exc).__name__}: {exc}) {rebuild}"
+            ) from None
+
+
+def _tensor_data(t: SpecTensor) -> dict[str, Any]:
+    return {"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)}
+
+
+def _tensors_data(ts: tuple[SpecTensor, ...] | None) -> list[dict[str, Any]] | None:
+    return None if ts is None else [_tensor_data(t) for t in ts]
+
+
+def _tensors(items: list[dict[str, Any]]) -> tuple[SpecTensor, ...]:
+    return tuple(
+        SpecTensor(
+            str(i["name"]),
+            str(i["dtype"]),
+            str(i["shape"]),
+            {str(k): int(v) for k, v in i["dims"].items()},
+        )
+        for i in items
+    )
+
+
+def _optional_tensors(items: list[dict[str, Any]] | None) -> tuple[SpecTensor, ...] | None:
+    return None if items is None else _tensors(items)
+
+
+def _spec_tensor(t: TensorSpec) -> SpecTensor:
+    return SpecTensor(t.name, t.dtype, t.shape, dict(t.dims))
+
+
+def front_spec(manifest: Manifest) -> FrontSpec:
+    """The front spec of a typed manifest (the one source of every value in it)."""
+    client_in, client_out = manifest.client_inputs, manifest.client_outputs
+    return FrontSpec(
+        inputs=tuple(_spec_tensor(t) for t in manifest.inputs),
+        outputs=tuple(_spec_tensor(t) for t in manifest.outputs),
+        client_inputs=None if client_in is None else tuple(_spec_tensor(t) for t in client_in),
+        client_outputs=None if client_out is None else tuple(_spec_tensor(t) for t in client_out),
+        compiled_batch_sizes=tuple(manifest.batching.compiled_batch_sizes),
+        symbolic=manifest.is_symbolic,
+        variant_dims=tuple(manifest.variant_dims),
+        all_executables=dict(manifest.all_executables),
+        weights_file=manifest.weights.file,
+        weights_order=tuple(manifest.weights.order),
+    )
+
+
+@dataclass(frozen=True)
+class FrontBundle:
+    """A bundle directory as the front sees it: its path and its front spec.
+
+    Attributes:
+        path: the bundle directory (a repository's bundle copy, ``<model>/1/bundle``).
+        spec: what the front reads of its manifest.
+    """
+
+    path: Path
+    spec: FrontSpec
+
+    @classmethod
+    def of(cls, bundle: Bundle | FrontBundle) -> FrontBundle:
+        """``bundle`` itself, or the front's view of a typed :class:`Bundle`."""
+        if isinstance(bundle, FrontBundle):
+            return bundle
+        return cls(bundle.path, front_spec(bundle.manifest))
+
+    def executable_path(self, batch_size: int, variant: int = 0) -> Path:
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant``.
+
+        Raises:
+            KeyError: no such executable.
+        """
+        return self.path / self.spec.all_executables[(variant, batch_size)]
+
+    @property
+    def weights_path(self) -> Path | None:
+        """Path of the safetensors file, or None for a model without weights."""
+        return self.path / self.spec.weights_file if self.spec.weights_file else None
+
+    def stored_weights(self) -> dict[str, WeightInfo]:
+        """Every tensor in the safetensors file, by name, from its header (empty without one).
+
+        Raises:
+            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
+        """
+        from hloserve.bundle.files import read_weight_infos
+
+        return {} if self.weights_path is None else read_weight_infos(self.weights_path)
+
+
+def read_front_spec(path: Path) -> FrontSpec:
+    """Read a front spec file.
+
+    Raises:
+        InvalidArgumentError: unreadable or malformed (see :meth:`FrontSpec.from_json`).
+    """
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"{path}: cannot read the front spec: {exc}") from None
+    return FrontSpec.from_json(text, path=str(path))
+
+
+__all__ = [
+    "FRONT_SPEC_FORMAT",
+    "FrontBundle",
+    "FrontSpec",
+    "SpecTensor",
+    "front_spec",
+    "read_front_spec",
+]
