@@ -8,8 +8,8 @@ GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this 
 there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`), watches
 the workers and stops everything on Ctrl-C/SIGTERM. Like ``hloserve serve`` it writes the
 node's Prometheus scrape targets and serves the supervisor's own metrics on ``admin_port``
-(:mod:`hloserve.observability.supervisor`, docs/observability.md). :func:`run_node_down` stops a node from
-another shell.
+(:mod:`hloserve.observability.supervisor`, docs/observability.md). :func:`run_node_down`
+stops a node from another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
