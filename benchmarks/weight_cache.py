@@ -10,11 +10,18 @@ seeded random request mix (``--requests`` from ``--clients`` threads, gRPC, batc
 against each; every answer is checked. Prints, side by side: throughput, latency p50/p99 and
 weight loads per second (from the :8002 metrics). Runs on CPU; on a GPU the loads are
 host-to-device copies from pinned memory.
+
+With ``--timeline FILE.json`` it also samples each server's metrics endpoint every
+``--sample-s`` seconds while the mix runs (the weight cache's budget and resident bytes, each
+model's resident bytes, loads, evictions, executions: what the weight cache dashboard shows)
+and writes them with the printed results; ``benchmarks/plot_weight_cache.py`` renders them
+as the picture in docs/observability.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -56,6 +63,62 @@ def metric_sum(url: str, name: str) -> float:
     return sum(float(v) for v in pattern.findall(text))
 
 
+#: Series the timeline keeps: name -> label that splits it (None = summed).
+TIMELINE_SERIES = {
+    "hloserve_weight_cache_budget_bytes": None,
+    "hloserve_weight_cache_resident_bytes": None,
+    "hloserve_weight_resident_bytes": "model",
+    "hloserve_weight_loads_total": None,
+    "hloserve_weight_evictions_total": None,
+    "hloserve_executions_total": None,
+}
+
+
+class Sampler:
+    """Samples a metrics endpoint every ``period_s`` on a thread until :meth:`stop`.
+
+    Each sample is ``{"t": seconds since start, name: value or {label: value}}`` for the
+    series of :data:`TIMELINE_SERIES`.
+    """
+
+    def __init__(self, url: str, period_s: float) -> None:
+        self.url, self.period_s = url, period_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        from hloserve.node.status import parse_samples
+
+        with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        row: dict[str, Any] = {"t": time.perf_counter() - self._start}
+        for name, split in TIMELINE_SERIES.items():
+            row[name] = {} if split else 0.0
+        for name, labels, value in parse_samples(text):
+            split = TIMELINE_SERIES.get(name, "")
+            if split == "":
+                continue
+            if split is None:
+                row[name] += value
+            else:
+                key = labels.get(split, "")
+                row[name][key] = row[name].get(key, 0.0) + value
+        self.samples.append(row)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join()
+        self.sample()  # the state at the end
+        return self.samples
+
+
 def drive(
     grpc_url: str, models: list[str], items: int, requests: int, clients: int, seed: int
 ) -> tuple[list[float], float]:
@@ -95,7 +158,7 @@ def drive(
     return latencies, wall
 
 
-def run(repo: Path, log: Path, models: list[str], items: int, args: Any) -> dict[str, float]:
+def run(repo: Path, log: Path, models: list[str], items: int, args: Any) -> dict[str, Any]:
     from hloserve.node import tritonserver as ts
     from hloserve.triton_backend.backends import backend_dirs
 
@@ -106,12 +169,15 @@ def run(repo: Path, log: Path, models: list[str], items: int, args: Any) -> dict
         assert server.urls.metrics is not None
         drive(server.urls.grpc, models, items, 4 * args.clients, args.clients, seed=999)  # warm
         loads_before = metric_sum(server.urls.metrics, "hloserve_weight_loads_total")
+        sampler = Sampler(server.urls.metrics, args.sample_s) if args.timeline else None
         latencies, wall = drive(
             server.urls.grpc, models, items, args.requests, args.clients, args.seed
         )
+        timeline = sampler.stop() if sampler is not None else []
         loads = metric_sum(server.urls.metrics, "hloserve_weight_loads_total") - loads_before
         ms = np.array(latencies) * 1e3
         return {
+            "timeline": timeline,
             "requests/s": len(latencies) / wall,
             "p50 ms": float(np.percentile(ms, 50)),
             "p99 ms": float(np.percentile(ms, 99)),
@@ -129,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--timeline", type=Path, default=None, metavar="FILE.json",
+        help="write the results and metric samples taken during each run here",
+    )  # fmt: skip
+    parser.add_argument("--sample-s", type=float, default=0.5, help="timeline period (0.5)")
     args = parser.parse_args(argv)
 
     from hloserve.model_repository_tools import WeightCacheOptions, build_repository
@@ -162,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio a/b: throughput {a['requests/s'] / b['requests/s']:.2f}, "
         f"p50 {a['p50 ms'] / b['p50 ms']:.2f}, p99 {a['p99 ms'] / b['p99 ms']:.2f}"
     )
+    if args.timeline is not None:
+        settings = {k: v for k, v in vars(args).items() if k != "timeline"}
+        runs = {label: results[label] for label in labels}
+        args.timeline.write_text(
+            json.dumps({"settings": settings, "total_mib": total, "runs": runs}, indent=1) + "\n"
+        )
+        print(f"timeline: {args.timeline}")
     return 0
 
 

@@ -37,7 +37,13 @@ def two_worker_ports(base: int) -> dict[str, int]:
 class NodeProcess:
     """A running ``hloserve node up --config FILE``; its output goes to ``log``."""
 
-    def __init__(self, settings: dict[str, Any], work: Path, startup_s: float) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        work: Path,
+        startup_s: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.config = work / "node.yaml"
         self.config.write_text(yaml.safe_dump(settings))
         self.log = work / "node.log"
@@ -50,6 +56,7 @@ class NodeProcess:
                 [HLOSERVE, "node", "up", "--config", str(self.config)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=env,
             )
         try:
             self.wait_for("worker(s) ready", startup_s)

@@ -15,8 +15,8 @@ from conftest import GOLDEN, serving_options
 from hloserve.errors import InvalidArgumentError
 from hloserve.meta.core import ForeignCallee, MetaCall, repository_describer
 from hloserve.meta.deadline import Deadline
-from hloserve.model_repository_tools import RepositoryError, build_repository
-from hloserve.model_repository_tools.config import parse_config
+from hloserve.model_repository_tools import RepositoryError, build_repository, names
+from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.foreign import (
     ForeignModelError,
     plan_foreign,
@@ -135,6 +135,14 @@ def test_repository_holds_bundles_and_foreign_models(tmp_path: Path) -> None:
     assert not (repo / "times_two" / "model.py").exists()
     assert parse_config(repo / "times_two" / "config.pbtxt").backend == "python"
     assert repository_backends(repo)["python"] == ["plus_one", "times_two"]
+    sizes = {f.name: f.memory_bytes for f in plan.foreign}  # for the gateway's placement
+    runtime = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
+    assert parameter(runtime, names.PARAM_FOREIGN_BYTES) == (
+        f"plus_one={sizes['plus_one']},times_two={sizes['times_two']}"
+    )
+    assert sizes["plus_one"] == sum(
+        f.stat().st_size for f in (MODELS / "plus_one").rglob("*") if f.is_file()
+    )
     described = repository_describer(repo)("plus_one")
     assert isinstance(described, ForeignCallee) and described.max_batch_size == 8
     assert [(s.name, s.shape, s.dims) for s in described.wire_inputs] == [("x", "na", {"a": 4})]

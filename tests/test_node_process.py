@@ -3,14 +3,18 @@
 One ``hloserve node up`` subprocess with two CPU workers (tritonservers from the
 nvidia-pytriton wheel) serving the digits repository, and the gateway in front. Checks the
 answers through the gateway, a worker killed under load being restarted by the node while
-traffic recovers, and ``hloserve node down`` (SIGTERM via the node's pid file) stopping it all.
+traffic recovers, the Prometheus targets and supervisor metrics it publishes (as ``hloserve
+serve`` does), and ``hloserve node down`` (SIGTERM via the node's pid file) stopping it all
+and removing its targets.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,7 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     (work / "bundles").mkdir()
     os.symlink(digits_bundle, work / "bundles" / "digits")
     build_repository(work / "bundles", work / "repository")
-    gateway, admin = free_ports(2)
+    gateway, admin, supervisor = free_ports(3)
     settings = {
         "name": f"ptest{os.getpid()}",
         "runtime": "process",
@@ -60,8 +64,10 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "admin_port": admin,
             "settings": {"discovery": {"poll_interval_seconds": 1}},
         },
+        "admin_port": supervisor,
     }
-    handle = NodeProcess(settings, work, STARTUP_S + 30)
+    env = {**os.environ, "HLOSERVE_PROMETHEUS_TARGETS_DIR": str(work / "targets")}
+    handle = NodeProcess(settings, work, STARTUP_S + 30, env=env)
     try:
         yield handle
     finally:
@@ -97,6 +103,37 @@ def test_two_process_workers_serve_digits_through_the_gateway(
     assert f"gateway grpc {node.gateway} admin http://127.0.0.1:{admin} " in node.log_text()
 
 
+def _targets(node: NodeProcess) -> list[Path]:
+    return list((node.config.parent / "targets").glob("*.json"))
+
+
+def _node_metrics(node: NodeProcess) -> str:
+    port = yaml.safe_load(node.config.read_text())["admin_port"]
+    url = f"http://127.0.0.1:{port}/metrics"
+    return str(urllib.request.urlopen(url, timeout=10).read().decode())
+
+
+def test_the_node_writes_its_prometheus_targets(node: NodeProcess) -> None:
+    """As ``hloserve serve`` does (docs/observability.md): both workers' metrics ports, the
+    gateway's admin port and the supervisor's own, labelled with the node file's name."""
+    settings = yaml.safe_load(node.config.read_text())
+    files = _targets(node)
+    assert [f.name for f in files] == [f"{settings['name']}.json"]
+    groups = json.loads(files[0].read_text())
+    metrics = settings["ports"]["metrics_base"]
+    assert sorted(
+        (g["labels"]["job"], g["labels"].get("worker"), g["targets"]) for g in groups
+    ) == [
+        ("hloserve-gateway", None, [f"127.0.0.1:{settings['gateway']['admin_port']}"]),
+        ("hloserve-node", None, [f"127.0.0.1:{settings['admin_port']}"]),
+        ("hloserve-worker", "worker0", [f"127.0.0.1:{metrics}"]),
+        ("hloserve-worker", "worker1", [f"127.0.0.1:{metrics + 3}"]),
+    ]
+    assert {g["labels"]["node"] for g in groups} == {settings["name"]}
+    assert f"admin http://127.0.0.1:{settings['admin_port']}/metrics" in node.log_text()
+    assert "hloserve_node_workers_up 2.0" in _node_metrics(node)
+
+
 def test_killed_worker_is_restarted_and_traffic_recovers(
     node: NodeProcess, test_split: Any
 ) -> None:
@@ -114,6 +151,9 @@ def test_killed_worker_is_restarted_and_traffic_recovers(
     finally:
         results = load.stop()
     assert len(results[-20:]) == 20 and all(results[-20:]), f"last answers {results[-20:]}"
+    text = _node_metrics(node)
+    assert 'hloserve_node_worker_restarts_total{worker="worker0"} 1.0' in text, text
+    assert 'hloserve_node_worker_restarts_total{worker="worker1"} 0.0' in text, text
 
 
 def test_node_down_stops_the_node_and_its_workers(node: NodeProcess) -> None:
@@ -125,3 +165,4 @@ def test_node_down_stops_the_node_and_its_workers(node: NodeProcess) -> None:
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert node.down().stdout.strip().endswith("nothing was running")
+    assert _targets(node) == []  # removed at stop

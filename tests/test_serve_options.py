@@ -16,6 +16,7 @@ from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.serve import (
     ServeOptions,
     check_options,
+    is_repository,
     server_options,
 )
 from hloserve.node.tritonserver import PortInUseError, StubProcess, TritonServerError, free_ports
@@ -263,3 +264,12 @@ def test_startup_wait_gives_up_at_its_timeout() -> None:
     with pytest.raises(TritonServerError):
         wait_all_ready([server], 2.0, threading.Event())  # type: ignore[list-item]
     assert time.monotonic() - start < 2.0 + 1.0  # at most one slice past the timeout
+
+
+def test_bundles_beside_configured_triton_models_are_a_source_to_build(tmp_path: Path) -> None:
+    write_config(tmp_path, "plus_one")
+    assert is_repository(tmp_path)  # Triton models only: served as they are
+    (tmp_path / "digits").mkdir()
+    (tmp_path / "digits" / "manifest.yaml").write_text("format_version: 1\n")
+    assert not is_repository(tmp_path)  # a bundle among them: built first
+    assert not is_repository(tmp_path / "missing")

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from hloserve.errors import HloserveError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer
 from hloserve.triton_backend.weight_cache import (
     Residency,
@@ -411,6 +411,56 @@ def test_triton_metrics_follow_the_cache() -> None:
     histograms = FakeFamily.made["hloserve_weight_load_seconds"].metrics
     assert [len(h.observed) for h in histograms] == [1, 1]
     metrics.close()
+
+
+def test_foreign_models_are_published_by_their_hint_outside_the_budget() -> None:
+    """A foreign model's hint is its hloserve_weight_bytes (residency "foreign"), which the
+    gateway's lpt_packing reads; the cache's budget and resident bytes do not count it."""
+    from types import SimpleNamespace
+
+    from hloserve.gateway.packing import weights_from_metrics
+    from hloserve.triton_backend.metrics import TritonCacheMetrics
+
+    FakeFamily.made.clear()
+    pb_utils = SimpleNamespace(MetricFamily=FakeFamily)
+    metrics = TritonCacheMetrics(pb_utils, 2 * KIB, ["a"], {"onnx_m": 5 * KIB})
+    sizes = FakeFamily.made["hloserve_weight_bytes"].metrics
+    assert [(m.labels, m.value) for m in sizes] == [
+        ({"model": "onnx_m", "residency": "foreign"}, 5 * KIB)
+    ]
+    cache, _, _ = make(2 * KIB, {"a": KIB}, observer=metrics)
+    use(cache, "a")
+    resident = FakeFamily.made["hloserve_weight_resident_bytes"].metrics
+    assert [m.labels["model"] for m in resident] == ["a"]  # no cache series of its own
+    total = FakeFamily.made["hloserve_weight_cache_resident_bytes"].metrics[0]
+    assert total.value == KIB
+    lines = []
+    for family in FakeFamily.made.values():
+        for m in family.metrics if family.kind == "GAUGE" else ():
+            labels = ",".join(f'{k}="{v}"' for k, v in m.labels.items())
+            lines.append(f"{family.name}{{{labels}}} {m.value}")
+    info = weights_from_metrics({"w0": "\n".join(lines) + "\n"})
+    assert dict(info.model_bytes) == {"a": KIB, "onnx_m": 5 * KIB}
+    assert dict(info.budget_bytes) == {"w0": 2 * KIB}
+    metrics.close()
+
+
+def test_a_malformed_foreign_bytes_parameter_is_refused_naming_it() -> None:
+    from hloserve.triton_backend.metrics import foreign_bytes_from_args
+    from hloserve.triton_backend.pb import ModelArgs
+
+    def args(value: str) -> ModelArgs:
+        params = {"hloserve.foreign_memory_bytes": {"string_value": value}}
+        return ModelArgs("hloserve_runtime", Path("."), "1", config={"parameters": params})
+
+    assert foreign_bytes_from_args(args("m=10, n=0")) == {"m": 10, "n": 0}
+    assert foreign_bytes_from_args(ModelArgs("hloserve_runtime", Path("."), "1")) == {}
+    for bad, why in (("m=-1", "not an integer >= 0"), ("m", "not '<model>=<bytes>'"),
+                     ("m=1,m=2", "given twice")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as info:
+            foreign_bytes_from_args(args(bad))
+        assert "'hloserve.foreign_memory_bytes'" in str(info.value) and why in str(info.value)
+        assert info.value.status is Status.INVALID_ARGUMENT
 
 
 PROMETHEUS_TEXT = """# HELP hloserve_weight_cache_budget_bytes Weight cache byte budget

@@ -108,7 +108,7 @@ def render_status(status: Any) -> list[Any]:
     out.append(knobs)
     models = Table(title="models")
     models.add_column("model", no_wrap=True)
-    for column in ("replicas", "fill", "quantum", "rate/s", "cost ms"):
+    for column in ("replicas", "fill", "quantum", "rate/s", "cost ms", "weights"):
         models.add_column(column, justify="right", no_wrap=True)
     models.add_column("placement", no_wrap=True)  # one replica per line
     for m in status.models:
@@ -123,6 +123,7 @@ def render_status(status: Any) -> list[Any]:
             str(m.fill_quantum or "-"),
             f"{m.arrival_rate:.1f}",
             f"{m.cost_per_item_seconds * 1e3:.3f}",
+            format_bytes(m.weight_bytes) if m.weight_bytes else "-",
             placement or "-",
         )
     out.append(models)

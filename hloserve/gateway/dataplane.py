@@ -21,8 +21,12 @@ Layout (docs/gateway.md, "Data plane"):
   prefix); a name missing from the map (unknown, not ready anywhere, no healthy replica) goes
   to the Python control plane, which runs discovery and answers NOT_FOUND or UNAVAILABLE
   with every worker's reason (or serves the request itself once it is routable);
+- a ModelStreamInfer stream goes where its first message says, by the same map: the first
+  message's ``model_name`` is read once :data:`STREAM_ROUTE_AFTER_BYTES` of the stream have
+  arrived (HAProxy waits for them up to the request timeout); a name not wholly among the
+  bytes that arrived, or a BYTES first input, takes the control plane's path;
 - every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
-  streams, ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
+  ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
@@ -51,6 +55,7 @@ CONTROL_BACKEND = "hloserve_control"
 HTTP_ANY_BACKEND = "hloserve_http_any"
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 #: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
 #: enough of the message to hold ``model_name`` (field 1, first on the wire as protobuf
@@ -58,6 +63,15 @@ MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 #: one is routed after its first bytes, never buffered whole (20 MiB and 256 MiB requests were
 #: routed this way with HAProxy 2.6.12).
 ROUTE_AFTER_BYTES = 256
+
+#: Bytes HAProxy waits for before routing a ModelStreamInfer stream: the 5-byte gRPC prefix,
+#: the tag and length of ``model_name`` and its first byte. A stream's body never ends, so
+#: waiting for more than its first message holds would hold the stream for the whole wait
+#: (up to the request timeout: a stream may open long before its first message); the first
+#: message travels in one HTTP/2 DATA frame, so a small one has arrived whole when these bytes
+#: have, and a stream whose name has not wholly arrived is routed by the Python control plane
+#: instead (``req.body_size`` against the name's length byte).
+STREAM_ROUTE_AFTER_BYTES = 8
 
 #: gRPC status codes of HAProxy's own answers (:data:`hloserve.errors.GRPC_CODE`).
 GRPC_UNAVAILABLE = GRPC_CODE[Status.UNAVAILABLE]
@@ -265,13 +279,30 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         grpc_headers = f"hdr grpc-status {code} hdr grpc-message {_quote(message)}"
         lines.append(f"  http-error status {status} {grpc_headers}")
     infer = f"{{ path {MODEL_INFER_PATH} }}"
+    stream = f"{{ path {MODEL_STREAM_INFER_PATH} }}"
+    routed = f"{{ path {MODEL_INFER_PATH} {MODEL_STREAM_INFER_PATH} }}"
     lines += [
         "frontend grpc",
         f"  bind {listen.grpc} proto h2{ssl}",
         f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
-        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {infer}",
+        # a stream may open long before its first message (tritonclient's start_stream):
+        # wait for it up to the request timeout (HAProxy answers 408 when none came)
+        "  http-request wait-for-body"
+        f" time {int(timeout.request_timeout_seconds * 1000)}ms"
+        f" at-least {STREAM_ROUTE_AFTER_BYTES} if {stream}",
+        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {routed}",
         f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
-        f" if {infer}",
+        f" if {routed}",
+        # A stream's first message is routed on HAProxy only when model_name is its first
+        # field (tag 0x0A), shorter than 128 bytes (a one-byte length) and wholly arrived:
+        # body bytes so far >= 5 (prefix) + 2 (tag, length) + the length.
+        f"  http-request set-var(txn.need) req.body,bytes(6,1),hex,hex2i,add(7) if {stream}",
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
+        " !{ req.body,bytes(5,1),hex -m str 0A }",
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
+        " { var(txn.need) -m int gt 134 }",
+        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
+        " { req.body_size,sub(txn.need) -m int lt 0 }",
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
         # A BYTES first input goes to the Python data path, which refuses shapes no model
         # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
@@ -280,7 +311,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
         # check (Triton answers INVALID_ARGUMENT).
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
-        f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}",
+        f" if {routed} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}",
     ]
     per_worker = config.admission.max_inflight_requests_per_worker
     for backend in layout.backends:

@@ -156,6 +156,7 @@ def runtime_config(
     model_weights: Mapping[str, float] | None = None,
     executable_cache: str = "",
     executable_cache_bytes: int = 0,
+    foreign_bytes: Mapping[str, int] | None = None,
 ) -> Any:
     """The runtime model's ``ModelConfig`` (docs/serving.md, "Runtime model config").
 
@@ -184,6 +185,10 @@ def runtime_config(
             ``hloserve.executable_cache`` when set.
         executable_cache_bytes: the executable cache's size bound in bytes; 0 = the default.
             Written as ``hloserve.executable_cache_bytes`` when > 0.
+        foreign_bytes: foreign model -> its device memory hint in bytes (the ``memory_bytes``
+            of its ``hloserve.yaml``, else its folder's size); written as
+            ``hloserve.foreign_memory_bytes`` when any, for the runtime to publish
+            (docs/serving.md, "Foreign models").
 
     Raises:
         InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
@@ -222,6 +227,7 @@ def runtime_config(
         names.PARAM_EXECUTABLE_CACHE_BYTES: str(executable_cache_bytes)
         if executable_cache_bytes
         else "",
+        names.PARAM_FOREIGN_BYTES: names.format_model_bytes(dict(foreign_bytes or {})),
     }
     _set_parameters(config, {k: v for k, v in cache.items() if v})
     return config

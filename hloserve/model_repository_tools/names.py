@@ -112,6 +112,13 @@ SCHEDULING_DISCIPLINES = ("fair", "fifo", "edf")
 #: ``"<model>=<weight>,..."`` sorted by model (:func:`format_model_weights`); absent = all 1.0.
 PARAM_MODEL_WEIGHTS = "hloserve.model_weights"
 
+#: Runtime parameter: the device memory hints of the repository's foreign models (Triton models
+#: of other backends, docs/serving.md "Foreign models"), as ``"<model>=<bytes>,..."`` sorted by
+#: model (:func:`format_model_bytes`); the runtime publishes each as
+#: ``hloserve_weight_bytes{model, residency="foreign"}`` so the gateway's ``lpt_packing`` places
+#: them by size. They are not in the weight cache: its budget neither counts nor evicts them.
+PARAM_FOREIGN_BYTES = "hloserve.foreign_memory_bytes"
+
 #: Separator between bundle and tensor in the runtime's namespaced tensor names.
 NAMESPACE_SEPARATOR = "__"
 
@@ -185,6 +192,33 @@ def parse_model_weights(text: str) -> dict[str, float]:
         if model in out:
             raise ValueError(f"weight of model {model!r} is given twice")
         out[model] = weight
+    return out
+
+
+def format_model_bytes(sizes: dict[str, int]) -> str:
+    """:data:`PARAM_FOREIGN_BYTES` text: ``"a=1048576,b=0"``, by model name."""
+    return BUNDLES_SEPARATOR.join(f"{model}={int(n)}" for model, n in sorted(sizes.items()))
+
+
+def parse_model_bytes(text: str) -> dict[str, int]:
+    """Inverse of :func:`format_model_bytes` (also accepts spaces).
+
+    Raises:
+        ValueError: an item is not ``<model>=<bytes>``, names a model twice, or its bytes are
+            not a decimal integer >= 0 (the message says which).
+    """
+    out: dict[str, int] = {}
+    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
+        if not item:
+            continue
+        model, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not model:
+            raise ValueError(f"model bytes item {item!r} is not '<model>=<bytes>'")
+        if not value.isdigit():
+            raise ValueError(f"bytes of model {model!r} are {value!r}, not an integer >= 0")
+        if model in out:
+            raise ValueError(f"bytes of model {model!r} are given twice")
+        out[model] = int(value)
     return out
 
 

@@ -247,6 +247,7 @@ def plan_repository(
             model_weights=sched.model_weights,
             executable_cache=(executable_cache or ExecutableCacheOptions()).directory,
             executable_cache_bytes=(executable_cache or ExecutableCacheOptions()).max_bytes,
+            foreign_bytes={f.name: f.memory_bytes for f in foreign},
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None

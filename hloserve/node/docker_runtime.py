@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hloserve.errors import Status
@@ -353,6 +353,9 @@ class DockerWorkers:
         self._containers: list[Any] = []
         self._restarts: list[int] = []
         self._down: set[int] = set()
+        self._running = 0
+        #: Called with the worker index after each restart Docker made (metrics).
+        self.on_restart: Callable[[int], None] | None = None
         self._logs_stop = threading.Event()
         self._logs: list[_LogStream] = []
 
@@ -477,6 +480,7 @@ class DockerWorkers:
         """
         import docker
 
+        running = 0
         for i, container in enumerate(self._containers):
             try:
                 container.reload()
@@ -491,7 +495,10 @@ class DockerWorkers:
                     f"(restart {count}, policy {self.config.restart.policy})",
                     flush=True,
                 )
+                if self.on_restart is not None:
+                    self.on_restart(i)
             state = container.attrs["State"]
+            running += state["Status"] == "running"
             if (
                 state["Status"] in ("exited", "dead")
                 and i not in self._down
@@ -503,7 +510,12 @@ class DockerWorkers:
                     f"{state.get('ExitCode')}); the restart policy allows no more restarts",
                     flush=True,
                 )
+        self._running = running
         return None
+
+    def running(self) -> int:
+        """How many worker containers were running at the last :meth:`poll`."""
+        return self._running
 
     def stop(self) -> None:
         """Stop and remove every container this object started; idempotent."""

@@ -6,8 +6,10 @@ local tritonservers from the nvidia-pytriton wheel, stub watchdog and restart ba
 included; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per
 GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this process when
 there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`), watches
-the workers and stops everything on Ctrl-C/SIGTERM. :func:`run_node_down` stops a node from
-another shell.
+the workers and stops everything on Ctrl-C/SIGTERM. Like ``hloserve serve`` it writes the
+node's Prometheus scrape targets and serves the supervisor's own metrics on ``admin_port``
+(:mod:`hloserve.observability.supervisor`, docs/observability.md). :func:`run_node_down`
+stops a node from another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
@@ -25,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
 from hloserve.node.gateway_thread import GatewayThread
@@ -44,6 +46,9 @@ from hloserve.node.ports import check_ports_free
 from hloserve.node.process_runtime import ProcessWorkers
 from hloserve.node.triton_options import TritonServerOptions
 
+if TYPE_CHECKING:
+    from hloserve.observability.supervisor import NodeObservability
+
 log = logging.getLogger("hloserve.node")
 
 
@@ -55,6 +60,8 @@ class Workers(Protocol):
     def wait_ready(self, stop: threading.Event) -> float | None: ...
 
     def poll(self) -> str | None: ...
+
+    def running(self) -> int: ...
 
     def stop(self) -> None: ...
 
@@ -160,6 +167,7 @@ def run_node_up(
         )
         _pid_file(config.name).write_text(str(os.getpid()))
     gateway: GatewayThread | None = None
+    observe: NodeObservability | None = None
     try:
         workers.start()
         if workers.wait_ready(stop) is None:
@@ -167,6 +175,7 @@ def run_node_up(
         if gw_config is not None:
             gateway = GatewayThread(gw_config)
         host = connect_host(config.host)
+        observe = _observability(config, plan, workers, gateway)
         lines = [f"hloserve node {config.name}: {len(plan)} worker(s) ready ({config.runtime})"]
         for w in plan:
             lines.append(
@@ -181,14 +190,19 @@ def run_node_up(
                 f"  gateway grpc {gw_host}:{grpc_port} "
                 f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
             )
+        if observe.admin:
+            lines.append(f"  admin http://{observe.admin}/metrics (supervisor)")
         print("\n".join(lines), flush=True)
         while not stop.wait(1.0):
             reason = workers.poll()
             if reason is not None:
                 print(f"hloserve node: {reason}: stopping", flush=True)
                 break
+            observe.workers_up(workers.running())
         return 0
     finally:
+        if observe is not None:
+            observe.close()
         if gateway is not None:
             gateway.close()
         with contextlib.suppress(HloserveError):  # reported by the workers' own stop
@@ -198,6 +212,35 @@ def run_node_up(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         print(f"hloserve node {config.name}: stopped", flush=True)
+
+
+def _observability(
+    config: NodeConfig, plan: Sequence[WorkerPlan], workers: Any, gateway: GatewayThread | None
+) -> NodeObservability:
+    """The supervisor's admin port and the node's scrape targets, started, with the workers'
+    restart (and, for processes, stub reload) hooks wired to its counters
+    (docs/observability.md, "Scrape configuration")."""
+    from hloserve.observability.supervisor import NodeObservability
+
+    host = connect_host(config.host)
+    gateway_admin = None
+    if gateway is not None and gateway.admin_port:
+        gw_host = connect_host(config.gateway.listen.rpartition(":")[0].strip("[]"))
+        gateway_admin = f"{gw_host}:{gateway.admin_port}"
+    observe = NodeObservability(
+        config.name,
+        config.host,
+        config.admin_port,
+        [f"{host}:{w.metrics_port}" for w in plan],
+        gateway_admin,
+        target_host=host,
+    )
+    workers.on_restart = observe.worker_restarted
+    if isinstance(workers, ProcessWorkers):
+        workers.on_stub_reload = observe.stub_reloaded
+    observe.workers_up(len(plan))
+    observe.start()
+    return observe
 
 
 def _alive(pid: int) -> bool:

@@ -221,6 +221,9 @@ class NodeConfig(_Section):
         tritonserver: tritonserver settings of every worker.
         docker: docker runtime settings.
         gateway: the gateway in front.
+        admin_port: the supervising process's own ``/metrics`` (workers up, restarts, stub
+            reloads; docs/observability.md) on ``host``, with any number of workers. None
+            (default) = 8003, turned off with a warning when taken; 0 = a free port.
     """
 
     name: str = "hloserve"
@@ -234,6 +237,7 @@ class NodeConfig(_Section):
     tritonserver: TritonConfig = Field(default_factory=TritonConfig)
     docker: DockerConfig = Field(default_factory=DockerConfig)
     gateway: NodeGatewayConfig = Field(default_factory=NodeGatewayConfig)
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
 
     @field_validator("name")
     @classmethod

@@ -197,6 +197,8 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
         ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
         if config.gateway.admin_port:
             ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
+    if config.admin_port:  # None: the default 8003, off with a warning when taken
+        ports["admin"] = (config.host, config.admin_port)
     seen: dict[int, str] = {}
     for name, (_, port) in ports.items():
         if port in seen:

@@ -54,8 +54,15 @@ DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
 def is_repository(path: Path) -> bool:
-    """Whether ``path`` looks like a Triton model repository (a subdirectory has config.pbtxt)."""
-    return path.is_dir() and any((d / "config.pbtxt").is_file() for d in path.iterdir())
+    """Whether ``path`` looks like a Triton model repository: a subdirectory has config.pbtxt
+    and none is a bundle (manifest.yaml). Bundles beside Triton models with their configs are
+    a source directory to build (docs/serving.md, "Foreign models")."""
+    if not path.is_dir():
+        return False
+    folders = [d for d in path.iterdir() if d.is_dir()]
+    return any((d / "config.pbtxt").is_file() for d in folders) and not any(
+        (d / "manifest.yaml").is_file() for d in folders
+    )
 
 
 @dataclass(frozen=True)

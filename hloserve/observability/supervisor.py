@@ -1,4 +1,5 @@
-"""What a supervising process (``hloserve serve``) publishes while it runs a node.
+"""What a supervising process (``hloserve serve``, ``hloserve node up``) publishes while it
+runs a node.
 
 :class:`NodeObservability` starts the supervisor's admin port (:mod:`.node_metrics`) and writes
 the node's scrape targets (:mod:`.targets`) when the node is up, and removes the file and
@@ -34,6 +35,8 @@ class NodeObservability:
         gateway_admin: the gateway's admin ``host:port`` with several workers, else None.
         targets_dir: where the target file goes (default
             :func:`~hloserve.observability.targets.targets_dir`).
+        target_host: the address the target file names for the admin port (default
+            ``host``; a wildcard bind such as ``0.0.0.0`` wants a reachable one).
 
     Raises:
         AdminPortError: (UNAVAILABLE) an explicit ``admin_port`` is taken.
@@ -47,6 +50,7 @@ class NodeObservability:
         worker_metrics: Sequence[str],
         gateway_admin: str | None = None,
         targets_dir: Path | None = None,
+        target_host: str | None = None,
     ) -> None:
         self.metrics = NodeMetrics([f"worker{i}" for i in range(len(worker_metrics))])
         self._server: NodeAdminServer | None = None
@@ -66,7 +70,7 @@ class NodeObservability:
                 DEFAULT_ADMIN_PORT,
                 exc.strerror,
             )
-        self.admin = f"{host}:{self._server.port}" if self._server else None
+        self.admin = f"{target_host or host}:{self._server.port}" if self._server else None
         self._targets = NodeTargets(node, list(worker_metrics), gateway_admin, self.admin)
         self._targets_dir = targets_dir
         self._file: Path | None = None

@@ -11,6 +11,7 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 ``hloserve_weight_cache_budget_bytes``      gauge      the budget (0 = none)
 ``hloserve_weight_cache_resident_bytes``    gauge      bytes of weights on the device, all models
 ``hloserve_weight_bytes{model,residency}``  gauge      the model's weight bytes (once registered)
+                                                       or a foreign model's hint (``foreign``)
 ``hloserve_weight_resident_bytes{model}``   gauge      the model's bytes on the device (0 or all)
 ``hloserve_weight_loads_total{model}``      counter    host-to-device loads
 ``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
@@ -22,6 +23,13 @@ and, from :class:`TritonExecutionMetrics` (docs/serving.md, "Shape variants"):
 ``hloserve_executions_total{model,variant,batch_size}`` (counter): runtime executions per
 compiled executable (``variant`` is e.g. ``s32``, empty for a model without variants).
 
+Foreign models (Triton models of other backends in the repository, docs/serving.md "Foreign
+models") have no weights in the cache; the repository builder lists their device memory hints
+in the runtime's ``hloserve.foreign_memory_bytes`` parameter (:func:`foreign_bytes_from_args`)
+and :class:`TritonCacheMetrics` publishes each, from the start, as
+``hloserve_weight_bytes{model, residency="foreign"}``, the series the gateway's ``lpt_packing``
+sizes models by (docs/gateway.md). The budget and resident bytes do not count them.
+
 Executable cache: ``hloserve_executables_total{model,source}`` (counter, ``source`` =
 ``compiled`` or ``cache``) is made by ``executable_cache.TritonExecutableMetrics``.
 """
@@ -29,12 +37,35 @@ Executable cache: ``hloserve_executables_total{model,source}`` (counter, ``sourc
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from hloserve.errors import InvalidArgumentError
+from hloserve.model_repository_tools import names
 
 #: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
 #: takes ~21 ms on an H200, docs/on_demand_weights.md "GPU figures").
 LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+#: ``residency`` label of a foreign model's ``hloserve_weight_bytes`` series.
+FOREIGN_RESIDENCY = "foreign"
+
+
+def foreign_bytes_from_args(args: Any) -> dict[str, int]:
+    """Foreign model -> device memory hint (bytes), from the runtime's
+    ``hloserve.foreign_memory_bytes`` parameter (absent = none).
+
+    Args:
+        args: the runtime's :class:`~hloserve.triton_backend.pb.ModelArgs`.
+
+    Raises:
+        InvalidArgumentError: a malformed value (the parameter and the item are named).
+    """
+    try:
+        return names.parse_model_bytes(args.parameter(names.PARAM_FOREIGN_BYTES, ""))
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {names.PARAM_FOREIGN_BYTES!r}: {exc}"
+        ) from None
 
 
 #: (name, description, kind) of every metric family, in the order ``__init__`` unpacks them.
@@ -74,9 +105,17 @@ class TritonCacheMetrics:
         budget_bytes: the cache's budget (None or 0 = none).
         models: the model names to create series for up front (all at 0); others get theirs
             when the cache registers them (a front loads its bundle).
+        foreign: foreign model -> device memory hint in bytes, published at once as
+            ``hloserve_weight_bytes{model, residency="foreign"}`` (no other series).
     """
 
-    def __init__(self, pb_utils: Any, budget_bytes: int | None, models: Iterable[str]) -> None:
+    def __init__(
+        self,
+        pb_utils: Any,
+        budget_bytes: int | None,
+        models: Iterable[str],
+        foreign: Mapping[str, int] | None = None,
+    ) -> None:
         family = pb_utils.MetricFamily
         self._lock = threading.Lock()
         self._families = [
@@ -96,6 +135,11 @@ class TritonCacheMetrics:
         self._size: dict[str, Any] = {}
         for name in sorted(models):
             self._series(name)
+        for name, nbytes in sorted((foreign or {}).items()):
+            self._size[name] = self._sizes.Metric(
+                labels={"model": name, "residency": FOREIGN_RESIDENCY}
+            )
+            self._size[name].set(float(nbytes))
 
     def _series(self, name: str) -> None:
         """Create ``name``'s series (at 0) unless they exist; call with the lock held or from
@@ -289,8 +333,10 @@ class TritonRuntimeMetrics:
 
 
 __all__ = [
+    "FOREIGN_RESIDENCY",
     "LOAD_SECONDS_BUCKETS",
     "TritonCacheMetrics",
     "TritonExecutionMetrics",
     "TritonRuntimeMetrics",
+    "foreign_bytes_from_args",
 ]

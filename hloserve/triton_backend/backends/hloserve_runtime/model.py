@@ -6,7 +6,8 @@ device: the only process of the server that imports JAX. It serves the fronts ov
 (docs/serving.md, "Front -> runtime (the channel)"), not through inference requests. Weight
 cache events and execution counts become metrics on Triton's :8002 endpoint
 (hloserve.triton_backend.metrics), and so do executables compiled or loaded from the
-executable cache (hloserve.triton_backend.executable_cache).
+executable cache (hloserve.triton_backend.executable_cache); the foreign models' memory hints
+(``hloserve.foreign_memory_bytes``) become ``hloserve_weight_bytes{residency="foreign"}``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hloserve.triton_backend.metrics import (
     TritonCacheMetrics,
     TritonExecutionMetrics,
     TritonRuntimeMetrics,
+    foreign_bytes_from_args,
 )
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_server import RuntimeServer, scheduler_config_from_args
@@ -34,12 +36,13 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
         self.metrics: TritonCacheMetrics | None = None
+        model_args = pb.ModelArgs.from_triton(args)
+        foreign = foreign_bytes_from_args(model_args)
 
         def metrics(budget: int | None, models: Sequence[str]) -> TritonCacheMetrics:
-            self.metrics = TritonCacheMetrics(pb_utils, budget, models)
+            self.metrics = TritonCacheMetrics(pb_utils, budget, models, foreign)
             return self.metrics
 
-        model_args = pb.ModelArgs.from_triton(args)
         self.executions = TritonExecutionMetrics(pb_utils)
         self.executables = TritonExecutableMetrics(pb_utils)
         self.state = TritonRuntimeMetrics(pb_utils)
