@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hloserve.model_repository_tools import names
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from serve_overhead import PLAIN_CONFIG, PLAIN_MODEL  # noqa: E402
@@ -145,7 +147,12 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=20, help="models per group (20)")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop clients (8)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per group and round (10)")
-    parser.add_argument("--front-instances", type=int, default=2, help="per hloserve model (2)")
+    parser.add_argument(
+        "--front-instances",
+        type=int,
+        default=names.DEFAULT_FRONT_INSTANCES,
+        help=f"per hloserve model ({names.DEFAULT_FRONT_INSTANCES}, the build's default)",
+    )
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
