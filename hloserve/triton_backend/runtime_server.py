@@ -44,8 +44,9 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import batching, channel
+from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
 from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime import LoadedBundle, RuntimeModel, variant_label
+from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.scheduler import Batch, Scheduler, SchedulerConfig, Work
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
