@@ -25,20 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import __version__
-from hloserve.cli_options import (
-    add_batch_size_option,
-    add_executable_cache_options,
-    add_scheduling_options,
-    add_tls_flags,
-    add_weight_cache_options,
-    batch_size_options,
-    executable_cache_options,
-    scheduling_options,
-    weight_cache_options,
-)
+from hloserve.cli_options import add_build_options, add_tls_flags, build_options
 from hloserve.cli_serve import add_serve
 from hloserve.errors import HloserveError
-from hloserve.model_repository_tools import names
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
@@ -153,15 +142,9 @@ def _repo_build(args: argparse.Namespace) -> int:
     plan = build_repository(
         args.bundles_dir,
         args.output,
-        front_instances=args.front_instances,
-        max_queue_delay_us=args.max_queue_delay_us,
-        weight_cache=weight_cache_options(args),
-        meta_concurrency=args.meta_concurrency,
-        batch_sizes=batch_size_options(args),
-        scheduling=scheduling_options(args),
         overwrite=args.overwrite,
         progress=print,
-        executable_cache=executable_cache_options(args),
+        **build_options(args),
     )
     print(f"{args.output}: wrote {len(plan.models)} front model(s) and the runtime model")
     return 0
@@ -269,32 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "-o", "--output", type=Path, required=True, metavar="REPO_DIR", help="repository to write"
     )
-    build.add_argument(
-        "--front-instances",
-        type=int,
-        default=names.DEFAULT_FRONT_INSTANCES,
-        metavar="N",
-        help=f"CPU instances of each front model (default: {names.DEFAULT_FRONT_INSTANCES})",
-    )
-    build.add_argument(
-        "--meta-concurrency",
-        type=int,
-        default=2,
-        metavar="N",
-        help="meta model runs at once on the worker, across all metas (default: 2; "
-        "docs/meta_models.md)",
-    )
-    build.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=500,
-        metavar="D",
-        help="dynamic batcher max_queue_delay_microseconds (default: 500)",
-    )
-    add_weight_cache_options(build)
-    add_batch_size_option(build)
-    add_scheduling_options(build)
-    add_executable_cache_options(build)
+    add_build_options(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hloserve.errors import InvalidArgumentError
+from hloserve.model_repository_tools import names
 
 
 def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +172,60 @@ def executable_cache_options(args: argparse.Namespace) -> Any:
     elif directory:
         directory = str(Path(directory).expanduser().absolute())
     return ExecutableCacheOptions(directory=directory, max_bytes=args.executable_cache_bytes)
+
+
+def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """Every flag that shapes the repository built from bundles (docs/serving.md, "Layout").
+
+    --front-instances, --meta-concurrency, --max-queue-delay-us and the weight cache, batch
+    size, scheduling and executable cache groups; ``when`` ends the first three helps (e.g.
+    ``" when building"`` for ``serve``, whose PATH may be a built repository).
+    """
+    parser.add_argument(
+        "--front-instances",
+        type=int,
+        default=names.DEFAULT_FRONT_INSTANCES,
+        metavar="N",
+        help=f"CPU instances of each front model{when} (default: {names.DEFAULT_FRONT_INSTANCES})",
+    )
+    parser.add_argument(
+        "--meta-concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help=f"meta model runs at once on the worker, across all metas{when} (default: 2; "
+        "docs/meta_models.md)",
+    )
+    parser.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=500,
+        metavar="US",
+        help=f"dynamic batcher max_queue_delay_microseconds{when} (default: 500)",
+    )
+    add_weight_cache_options(parser)
+    add_batch_size_option(parser)
+    add_scheduling_options(parser)
+    add_executable_cache_options(parser)
+
+
+def build_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``build_repository`` (and of ``ServeOptions``) from
+    :func:`add_build_options`'s flags.
+
+    Raises:
+        InvalidArgumentError: a malformed --residency or --model-weight, a weight <= 0, or
+            --executable-cache-bytes below 0.
+    """
+    return {
+        "front_instances": args.front_instances,
+        "max_queue_delay_us": args.max_queue_delay_us,
+        "weight_cache": weight_cache_options(args),
+        "meta_concurrency": args.meta_concurrency,
+        "batch_sizes": batch_size_options(args),
+        "scheduling": scheduling_options(args),
+        "executable_cache": executable_cache_options(args),
+    }
 
 
 def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:

@@ -8,18 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hloserve.cli_options import (
-    add_batch_size_option,
-    add_executable_cache_options,
-    add_scheduling_options,
-    add_tls_flags,
-    add_weight_cache_options,
-    batch_size_options,
-    executable_cache_options,
-    scheduling_options,
-    weight_cache_options,
-)
-from hloserve.model_repository_tools import names
+from hloserve.cli_options import add_build_options, add_tls_flags, build_options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -35,13 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
             model_control_mode=args.model_control_mode,
             load_models=tuple(args.load_model),
             repository_out=args.repository_out,
-            front_instances=args.front_instances,
-            max_queue_delay_us=args.max_queue_delay_us,
-            weight_cache=weight_cache_options(args),
-            executable_cache=executable_cache_options(args),
-            meta_concurrency=args.meta_concurrency,
-            batch_sizes=batch_size_options(args),
-            scheduling=scheduling_options(args),
+            **build_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
@@ -108,31 +91,7 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="keep the repository built from bundles here (default: a temporary directory)",
     )
-    serve.add_argument(
-        "--front-instances",
-        type=int,
-        default=names.DEFAULT_FRONT_INSTANCES,
-        metavar="N",
-        help=f"CPU instances per front model when building ({names.DEFAULT_FRONT_INSTANCES})",
-    )
-    serve.add_argument(
-        "--meta-concurrency",
-        type=int,
-        default=2,
-        metavar="N",
-        help="meta model runs at once on the worker, across all metas, when building (2)",
-    )
-    serve.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=500,
-        metavar="US",
-        help="dynamic batcher queue delay when building, microseconds (500)",
-    )
-    add_weight_cache_options(serve)
-    add_batch_size_option(serve)
-    add_scheduling_options(serve)
-    add_executable_cache_options(serve)
+    add_build_options(serve, " when building")
     serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
     serve.add_argument(
         "--startup-timeout",
