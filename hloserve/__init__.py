@@ -12,6 +12,8 @@ Subpackages:
 
 Modules:
     cli: the ``hloserve`` command line.
+    cli_options: option groups shared by ``repo build``, ``serve`` and ``gateway``.
+    cli_serve: the ``serve`` subcommand's flags.
     errors: the one error root and its gRPC / HTTP status table.
     settings: typed settings from YAML plus environment overrides (gateway and node files).
     triton_messages: the Triton error texts hloserve recognises, in one place.

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import __version__
-from hloserve.errors import HloserveError, InvalidArgumentError
-from hloserve.model_repository_tools import names
+from hloserve.cli_options import add_build_options, add_tls_flags, build_options
+from hloserve.cli_serve import add_serve
+from hloserve.errors import HloserveError
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
@@ -141,16 +142,9 @@ def _repo_build(args: argparse.Namespace) -> int:
     plan = build_repository(
         args.bundles_dir,
         args.output,
-        front_instances=args.front_instances,
-        max_queue_delay_us=args.max_queue_delay_us,
-        weight_cache=_weight_cache_options(args),
-        meta_concurrency=args.meta_concurrency,
-        batch_sizes=_batch_size_options(args),
-        max_request_bytes=args.max_request_bytes,
-        scheduling=_scheduling_options(args),
         overwrite=args.overwrite,
         progress=print,
-        executable_cache=_executable_cache_options(args),
+        **build_options(args),
     )
     print(f"{args.output}: wrote {len(plan.models)} front model(s) and the runtime model")
     return 0
@@ -182,43 +176,6 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from hloserve.node.serve import ServeOptions, run_serve
-
-    return run_serve(
-        ServeOptions(
-            path=args.path,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            host=args.host,
-            model_control_mode=args.model_control_mode,
-            load_models=tuple(args.load_model),
-            repository_out=args.repository_out,
-            front_instances=args.front_instances,
-            max_queue_delay_us=args.max_queue_delay_us,
-            weight_cache=_weight_cache_options(args),
-            executable_cache=_executable_cache_options(args),
-            meta_concurrency=args.meta_concurrency,
-            batch_sizes=_batch_size_options(args),
-            max_request_bytes=args.max_request_bytes,
-            scheduling=_scheduling_options(args),
-            tritonserver_args=tuple(args.tritonserver_args),
-            log_verbose=args.log_verbose,
-            startup_timeout_s=args.startup_timeout,
-            workers=args.workers,
-            worker_port_base=args.worker_port_base,
-            gateway_config=args.gateway_config,
-            admin_port=args.admin_port,
-            watch=args.watch,
-            watch_interval_s=args.watch_interval,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca,
-        )
-    )
-
-
 def _gateway(args: argparse.Namespace) -> int:
     import asyncio
     import signal
@@ -243,324 +200,6 @@ def _gateway_ctl(args: argparse.Namespace) -> int:
     from hloserve.gateway.ctl import run
 
     return run(args)
-
-
-def _add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
-    """--weight-cache-bytes, --residency, --compaction-interval (docs/on_demand_weights.md)."""
-    parser.add_argument(
-        "--weight-cache-bytes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="byte budget of the runtime's device weight cache, pinned models included "
-        "(default: 0 = no budget, every model's weights stay on the device); "
-        "docs/on_demand_weights.md",
-    )
-    parser.add_argument(
-        "--weight-cache-fraction",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="instead of --weight-cache-bytes: the budget as a fraction in (0, 1] of the device "
-        "memory free when the runtime starts (no budget on CPU); execution scratch is not "
-        "reserved, so leave room",
-    )
-    parser.add_argument(
-        "--residency",
-        action="append",
-        default=[],
-        metavar="MODEL=RESIDENCY",
-        help="where MODEL's weights live: system (default: host copy, loaded on demand), "
-        "device (pinned on the device), unpinned (re-read from the file per load); repeatable",
-    )
-    parser.add_argument(
-        "--compaction-interval",
-        type=int,
-        default=0,
-        metavar="N",
-        help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
-    )
-
-
-def _add_max_request_bytes_option(parser: argparse.ArgumentParser) -> None:
-    """--max-request-bytes (docs/serving.md, "Front model config")."""
-    from hloserve.model_repository_tools.names import DEFAULT_MAX_REQUEST_BYTES
-
-    parser.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
-        metavar="N",
-        help="largest request a front model accepts, bytes of its input tensors; a larger one "
-        f"gets INVALID_ARGUMENT naming the limit (default: {DEFAULT_MAX_REQUEST_BYTES} = 1 GiB)",
-    )
-
-
-def _add_batch_size_option(parser: argparse.ArgumentParser) -> None:
-    """--batch-sizes (docs/bundles.md, "Symbolic batch")."""
-    parser.add_argument(
-        "--batch-sizes",
-        action="append",
-        default=[],
-        metavar="[MODEL=]SIZES",
-        help="compiled batch sizes of symbolic-batch bundles, e.g. 1,4,16,64 for all of them "
-        "or MODEL=1,8 for one (repeatable); default: 1,4,16,64 within each bundle's "
-        "constraints and 64 MiB of inputs+outputs per execution. A bundle exported with "
-        "fixed batch sizes keeps them and refuses this flag",
-    )
-
-
-def _batch_size_options(args: argparse.Namespace) -> Any:
-    """The ``BatchSizeOptions`` of :func:`_add_batch_size_option`'s argument."""
-    from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
-
-    return parse_batch_sizes(args.batch_sizes)
-
-
-def _weight_cache_options(args: argparse.Namespace) -> Any:
-    """The ``WeightCacheOptions`` of :func:`_add_weight_cache_options`'s arguments.
-
-    Raises:
-        InvalidArgumentError: a malformed ``--residency``.
-    """
-    from hloserve.model_repository_tools import WeightCacheOptions
-    from hloserve.model_repository_tools.names import parse_residency
-
-    try:
-        residency = parse_residency(",".join(args.residency))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"--residency: {exc}") from None
-    return WeightCacheOptions(
-        weight_cache_bytes=args.weight_cache_bytes,
-        weight_cache_fraction=args.weight_cache_fraction,
-        residency=residency,
-        compaction_interval=args.compaction_interval,
-    )
-
-
-def _add_scheduling_options(parser: argparse.ArgumentParser) -> None:
-    """--scheduling, --model-weight (docs/scheduling.md)."""
-    parser.add_argument(
-        "--scheduling",
-        choices=("fair", "fifo", "edf"),
-        default="fair",
-        help="the runtime's scheduling discipline across models: fair (default: compute "
-        "shared by weight), fifo (globally oldest request first) or edf (soonest deadline "
-        "first, hopeless requests shed); docs/scheduling.md",
-    )
-    parser.add_argument(
-        "--model-weight",
-        action="append",
-        default=[],
-        metavar="MODEL=W",
-        help="MODEL's weight under fair scheduling (W > 0; default 1.0); repeatable",
-    )
-
-
-def _scheduling_options(args: argparse.Namespace) -> Any:
-    """The ``SchedulingOptions`` of :func:`_add_scheduling_options`'s arguments.
-
-    Raises:
-        InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
-    """
-    from hloserve.model_repository_tools import SchedulingOptions
-    from hloserve.model_repository_tools.names import parse_model_weights
-
-    try:
-        weights = parse_model_weights(",".join(args.model_weight))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"--model-weight: {exc}") from None
-    return SchedulingOptions(scheduling=args.scheduling, model_weights=weights)
-
-
-def _add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
-    """--executable-cache, --executable-cache-bytes (docs/serving.md, "Executable cache")."""
-    parser.add_argument(
-        "--executable-cache",
-        default="",
-        metavar="DIR",
-        help="where the runtime keeps compiled executables, so restarts load them instead of "
-        "compiling; 'off' disables it (default: $HLOSERVE_EXECUTABLE_CACHE, else "
-        "$XDG_CACHE_HOME/hloserve/executables, i.e. ~/.cache/hloserve/executables)",
-    )
-    parser.add_argument(
-        "--executable-cache-bytes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="size bound of the executable cache in bytes; least recently used entries are "
-        "deleted beyond it (default: $HLOSERVE_EXECUTABLE_CACHE_BYTES, else 4 GiB)",
-    )
-
-
-def _executable_cache_options(args: argparse.Namespace) -> Any:
-    """The ``ExecutableCacheOptions`` of :func:`_add_executable_cache_options`'s arguments
-    (a directory made absolute: the runtime runs elsewhere).
-
-    Raises:
-        InvalidArgumentError: --executable-cache-bytes below 0.
-    """
-    from hloserve.model_repository_tools import ExecutableCacheOptions
-    from hloserve.model_repository_tools.names import EXECUTABLE_CACHE_OFF
-
-    if args.executable_cache_bytes < 0:
-        raise InvalidArgumentError(
-            f"--executable-cache-bytes must be >= 0, got {args.executable_cache_bytes}"
-        )
-    directory = args.executable_cache.strip()
-    if directory.lower() == EXECUTABLE_CACHE_OFF:
-        directory = EXECUTABLE_CACHE_OFF
-    elif directory:
-        directory = str(Path(directory).expanduser().absolute())
-    return ExecutableCacheOptions(directory=directory, max_bytes=args.executable_cache_bytes)
-
-
-def _add_serve(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser(
-        "serve",
-        help="serve bundles (or a built repository) with a local tritonserver",
-        description="Serve PATH with tritonserver from the nvidia-pytriton wheel. PATH is a "
-        "bundles directory (built into a model repository first) or a model repository from "
-        "`hloserve repo build`. Prints the endpoints, waits until every model is ready, passes "
-        "the server log through, and stops everything on Ctrl-C or SIGTERM. Arguments after "
-        "`--` go to tritonserver unchanged (e.g. -- --log-info=false).",
-    )
-    serve.add_argument("path", type=Path, metavar="PATH", help="bundles directory or repository")
-    serve.add_argument("--http-port", type=int, default=8000, help="KServe V2 HTTP (8000)")
-    serve.add_argument("--grpc-port", type=int, default=8001, help="KServe V2 gRPC (8001)")
-    serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus (8002)")
-    serve.add_argument(
-        "--admin-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="the supervisor's own /metrics (workers up, restarts, stub reloads; "
-        "docs/observability.md); default 8003, off with a warning when taken; 0 = a free port",
-    )
-    serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (127.0.0.1; 0.0.0.0 serves every interface)",
-    )
-    serve.add_argument(
-        "--model-control-mode",
-        choices=("none", "poll", "explicit"),
-        default=None,
-        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
-        "(everything loads at start, and a model whose process dies is reloaded), the "
-        "repository API (load/unload) restricted to clients sending the header "
-        "hloserve-model-control with the key of HLOSERVE_MODEL_CONTROL_KEY (default: random)",
-    )
-    serve.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="with explicit mode: a model to load at start (repeatable; '*' for all)",
-    )
-    serve.add_argument(
-        "--repository-out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="keep the repository built from bundles here (default: a temporary directory)",
-    )
-    serve.add_argument(
-        "--front-instances",
-        type=int,
-        default=names.DEFAULT_FRONT_INSTANCES,
-        metavar="N",
-        help=f"CPU instances per front model when building ({names.DEFAULT_FRONT_INSTANCES})",
-    )
-    serve.add_argument(
-        "--meta-concurrency",
-        type=int,
-        default=2,
-        metavar="N",
-        help="meta model runs at once on the worker, across all metas, when building (2)",
-    )
-    serve.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=500,
-        metavar="US",
-        help="dynamic batcher queue delay when building, microseconds (500)",
-    )
-    _add_max_request_bytes_option(serve)
-    _add_weight_cache_options(serve)
-    _add_batch_size_option(serve)
-    _add_scheduling_options(serve)
-    _add_executable_cache_options(serve)
-    serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
-    serve.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="how long models may take to load and warm up (600)",
-    )
-    serve.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="tritonservers to run; above 1 the gateway listens on --grpc-port (admin HTTP on "
-        "--metrics-port) and routes over them (docs/gateway.md) (1)",
-    )
-    serve.add_argument(
-        "--worker-port-base",
-        type=int,
-        default=8100,
-        metavar="PORT",
-        help="with --workers: worker i binds HTTP, gRPC, metrics on PORT+3i..PORT+3i+2 "
-        "(8100; 0 = free ports)",
-    )
-    serve.add_argument(
-        "--gateway-config",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
-        "workers, listen and admin ports",
-    )
-    _add_tls_flags(serve, "with --workers: ")
-    serve.add_argument(
-        "--watch",
-        action="store_true",
-        help="PATH a bundles directory: load added bundles, reload changed ones and unload "
-        "removed ones while serving, each once two polls see the same content "
-        "(docs/serving.md, 'Watching the bundles directory'); one worker only",
-    )
-    serve.add_argument(
-        "--watch-interval",
-        type=float,
-        default=15.0,
-        metavar="SECONDS",
-        help="with --watch: seconds between two polls of the bundles directory (15)",
-    )
-    serve.set_defaults(func=_serve, tritonserver_args=[])
-
-
-def _add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
-    """``--tls-cert``, ``--tls-key``, ``--tls-client-ca``: TLS on the gateway's public port."""
-    parser.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"{prefix}TLS on the gateway's gRPC port: certificate chain, PEM (plaintext is "
-        "then refused; overrides tls: in the gateway file)",
-    )
-    parser.add_argument(
-        "--tls-key", type=Path, default=None, metavar="FILE", help="the certificate's key, PEM"
-    )
-    parser.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="require client certificates signed by these CAs, PEM (default: none asked)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -613,33 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "-o", "--output", type=Path, required=True, metavar="REPO_DIR", help="repository to write"
     )
-    build.add_argument(
-        "--front-instances",
-        type=int,
-        default=names.DEFAULT_FRONT_INSTANCES,
-        metavar="N",
-        help=f"CPU instances of each front model (default: {names.DEFAULT_FRONT_INSTANCES})",
-    )
-    build.add_argument(
-        "--meta-concurrency",
-        type=int,
-        default=2,
-        metavar="N",
-        help="meta model runs at once on the worker, across all metas (default: 2; "
-        "docs/meta_models.md)",
-    )
-    build.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=500,
-        metavar="D",
-        help="dynamic batcher max_queue_delay_microseconds (default: 500)",
-    )
-    _add_max_request_bytes_option(build)
-    _add_weight_cache_options(build)
-    _add_batch_size_option(build)
-    _add_scheduling_options(build)
-    _add_executable_cache_options(build)
+    add_build_options(build)
     build.add_argument(
         "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
     )
@@ -653,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     repo_validate.add_argument("repo_dir", type=Path, metavar="REPO_DIR")
     repo_validate.set_defaults(func=_repo_validate)
 
-    _add_serve(commands)
+    add_serve(commands)
     status = commands.add_parser(
         "status",
         help="print a server's weight cache state (from its metrics endpoint)",
@@ -689,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="gateway YAML file (default: environment variables only)",
     )
-    _add_tls_flags(gateway, "")
+    add_tls_flags(gateway, "")
     gateway.set_defaults(func=_gateway)
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 

@@ -1,9 +1,8 @@
 """The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
 
-:func:`container_spec` is pure: it turns the node settings and one worker's plan into the
-keyword arguments of ``docker.DockerClient.containers.run`` as plain JSON values (unit-tested
-against golden values); :func:`to_sdk` converts the device requests and ulimits into the SDK's
-types at call time. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
+:func:`~hloserve.node.docker_spec.container_spec` (pure, in :mod:`hloserve.node.docker_spec`)
+turns the node settings and one worker's plan into the keyword arguments of
+``containers.run``. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
 containers, waits for readiness, streams their logs with a ``[worker i]`` prefix, reports
 restarts, and stops and removes them. :func:`remove_node_containers` is ``hloserve node down``.
 
@@ -28,171 +27,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hloserve.errors import Status
-from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import (
-    NodeError,
-    WorkerPlan,
-    connect_host,
-    restart_allowed,
-    tritonserver_flags,
-    with_dependencies,
-    worker_env,
+from hloserve.node.docker_spec import (
+    LABEL_GPU,
+    LABEL_NODE,
+    LABEL_WORKER,
+    container_name,
+    container_spec,
+    image_build_command,
+    to_sdk,
+    worker_command,
 )
-
-#: Label holding the node name on every container of a node.
-LABEL_NODE = "hloserve.node"
-#: Label holding the worker index.
-LABEL_WORKER = "hloserve.worker"
-#: Label holding the GPU index, or "cpu".
-LABEL_GPU = "hloserve.gpu"
+from hloserve.node.node_config import NodeConfig
+from hloserve.node.plan import NodeError, WorkerPlan, connect_host, restart_allowed
 
 _LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
 DOCKER_API_VERSION = "1.41"
-
-
-def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
-    """Docker name of a worker's container: ``hloserve-<node>-worker<i>``."""
-    return f"hloserve-{config.name}-worker{worker.index}"
-
-
-def image_build_command(config: NodeConfig) -> str:
-    """The ``docker build`` line that makes ``docker.image`` from this repository's Dockerfiles.
-
-    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image: the CPU image,
-    ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
-    ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
-    """
-    dockerfile = "worker-cpu" if config.docker.launcher == "hloserve" else "worker"
-    return f"docker build -f containers/{dockerfile}.Dockerfile -t {config.docker.image} ."
-
-
-def worker_command(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> list[str]:
-    """The container's command line for ``docker.launcher``.
-
-    In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.plan.tritonserver_flags`); ``hloserve serve``
-    takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
-
-    ``tritonserver``: the image's tritonserver with hloserve's backends in
-    ``docker.backend_directory``; an explicit load list gets what its models need, as with
-    ``hloserve serve`` (the runtime model, and the models each meta's ``meta.calls`` names,
-    transitively, read from the meta's ``config.pbtxt`` in ``config.repository``).
-    ``hloserve``: ``hloserve serve`` on the mounted repository (it runs the nvidia-pytriton
-    wheel's tritonserver, composes the backend directory and completes the load list itself).
-
-    Raises:
-        InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse.
-    """
-    repo = config.docker.repository_mount
-    t = config.tritonserver
-    if config.docker.launcher == "hloserve":
-        argv = [
-            "hloserve",
-            "serve",
-            repo,
-            f"--host={config.host}",
-            f"--http-port={worker.http_port}",
-            f"--grpc-port={worker.grpc_port}",
-            f"--metrics-port={worker.metrics_port}",
-            f"--model-control-mode={t.model_control_mode}",
-            *(f"--load-model={m}" for m in t.load_models),
-            f"--log-verbose={t.log_verbose}",
-            f"--startup-timeout={t.startup_timeout_s:g}",
-        ]
-        return [*argv, "--", *t.args] if t.args else argv
-    if t.load_models and "*" not in t.load_models:
-        loads = with_dependencies(config.repository, t.load_models)
-        config = config.model_copy(
-            update={"tritonserver": t.model_copy(update={"load_models": loads})}
-        )
-    return [
-        "tritonserver",
-        f"--model-repository={repo}",
-        f"--backend-directory={config.docker.backend_directory}",
-        *tritonserver_flags(config, worker, model_control_key),
-    ]
-
-
-def container_spec(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> dict[str, Any]:
-    """Keyword arguments of ``containers.run`` for one worker, as plain JSON values.
-
-    Host networking (the worker binds its planned ports on ``config.host``), the repository
-    mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, ``shm_size``,
-    ``docker.ulimits`` (memlock unlimited, 64 MiB stack), Docker's ``init`` (reaps the Python
-    backend's stub processes), the restart policy, the node/worker/GPU labels, and for a GPU
-    worker one device request for exactly that GPU (inside the container it is device 0).
-
-    Args:
-        config: the node settings.
-        worker: the worker's plan (index, GPU, ports).
-        model_control_key: in explicit mode, the key of the worker's repository API (in the
-            command for the ``tritonserver`` launcher, ``HLOSERVE_MODEL_CONTROL_KEY`` for
-            ``hloserve``).
-
-    Returns:
-        A dict for :func:`to_sdk`; ``device_requests`` and ``ulimits`` hold dicts of the
-        SDK's ``DeviceRequest`` / ``Ulimit`` keyword arguments.
-    """
-    d = config.docker
-    volumes: dict[str, dict[str, str]] = {
-        str(config.repository.resolve()): {"bind": d.repository_mount, "mode": "ro"}
-    }
-    for mount in d.mounts:
-        host, bind, *mode = mount.split(":")
-        volumes[host] = {"bind": bind, "mode": mode[0] if mode else "ro"}
-    env = {**worker_env(worker, docker=True), **d.env}
-    explicit = config.tritonserver.model_control_mode == "explicit"
-    if model_control_key and explicit and d.launcher == "hloserve":
-        from hloserve.node.model_control import ENV_KEY
-
-        env[ENV_KEY] = model_control_key
-    policy: dict[str, Any] = {"Name": config.restart.policy}
-    if config.restart.policy == "on-failure":
-        policy["MaximumRetryCount"] = config.restart.max_retries
-    return {
-        "image": d.image,
-        "name": container_name(config, worker),
-        "command": worker_command(config, worker, model_control_key),
-        "labels": {
-            LABEL_NODE: config.name,
-            LABEL_WORKER: str(worker.index),
-            LABEL_GPU: "cpu" if worker.gpu is None else str(worker.gpu),
-        },
-        "environment": env,
-        "network_mode": "host",
-        "volumes": volumes,
-        "shm_size": d.shm_size,
-        "ulimits": [{"name": k, "soft": v, "hard": v} for k, v in d.ulimits.items()],
-        "device_requests": (
-            []
-            if worker.gpu is None
-            else [
-                {
-                    "driver": d.gpu_driver,
-                    "device_ids": [str(worker.gpu)],
-                    "capabilities": [["gpu"]],
-                }
-            ]
-        ),
-        "restart_policy": policy,
-        "init": True,
-        "detach": True,
-    }
-
-
-def to_sdk(spec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`container_spec`'s dict with the docker SDK's ``DeviceRequest``/``Ulimit`` types."""
-    from docker.types import DeviceRequest, Ulimit
-
-    kwargs = dict(spec)
-    kwargs["device_requests"] = [DeviceRequest(**r) for r in spec["device_requests"]] or None
-    kwargs["ulimits"] = [Ulimit(**u) for u in spec["ulimits"]]
-    return kwargs
 
 
 def connect() -> Any:
@@ -532,3 +382,20 @@ class DockerWorkers:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+__all__ = [
+    "DOCKER_API_VERSION",
+    "LABEL_GPU",
+    "LABEL_NODE",
+    "LABEL_WORKER",
+    "DockerWorkers",
+    "connect",
+    "container_name",
+    "container_spec",
+    "image_build_command",
+    "node_containers",
+    "remove_node_containers",
+    "to_sdk",
+    "worker_command",
+]

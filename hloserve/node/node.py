@@ -70,8 +70,9 @@ def process_options(
     config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
 ) -> list[TritonServerOptions]:
     """Each worker's tritonserver options for the process runtime, as ``hloserve serve`` sets
-    them (:func:`hloserve.node.serve.server_options`) on the worker's ports and environment."""
-    from hloserve.node.serve import ServeOptions, server_options
+    them (:func:`hloserve.node.serve_options.server_options`) on the worker's ports and
+    environment."""
+    from hloserve.node.serve_options import ServeOptions, server_options
 
     t = config.tritonserver
     options = []

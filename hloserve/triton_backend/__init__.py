@@ -8,6 +8,8 @@ Modules:
     tensors:  checking tensors against a manifest's specs (shared by front and runtime).
     front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
     runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.
+    runtime_config: the runtime config's parameters read (repository format, weight cache).
+    loaded_bundle: a bundle the runtime has loaded; its generation and variant labels.
     weights:  the :class:`~hloserve.triton_backend.weights.WeightStore` interface.
     weight_cache: :class:`~hloserve.triton_backend.weight_cache.WeightCache`, on-demand weights:
               LRU device cache under a byte budget, residency tiers (docs/on_demand_weights.md).

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle import Bundle
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
@@ -41,64 +40,20 @@ from hloserve.triton_backend.compile import (
 )
 from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
 from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
+from hloserve.triton_backend.loaded_bundle import LoadedBundle, generation, variant_label
 from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.runtime_config import (
+    ObserverFactory,
+    check_repository_format,
+    weight_cache_from_args,
+)
 from hloserve.triton_backend.tensors import TensorChecker
-from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
 from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
 #: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`.
 Compile = Callable[..., CompiledExecutable]
-#: Makes the weight cache's observer from (budget bytes or None, model names).
-ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
-
-
-@dataclass(frozen=True)
-class LoadedBundle:
-    """A bundle ready to run.
-
-    Attributes:
-        name: the model name (its runtime tensor prefix).
-        key: the name its weights and scheduler queue go by: ``name``, or ``name#<n>`` for a
-            generation loaded while an older one of the same name is still held.
-        bundle: the checked bundle.
-        executables: by ``(variant index, compiled batch size)``; variant 0 for a model
-            without shape variants, batch size ``0`` for an unbatched model.
-        load_seconds: wall time of checking, compiling and placing weights, in seconds.
-        check_inputs: checks a request's inputs against the manifest.
-    """
-
-    name: str
-    key: str
-    bundle: Bundle
-    executables: Mapping[tuple[int, int], CompiledExecutable]
-    load_seconds: float
-    check_inputs: TensorChecker
-
-    def variant_of(self, tensors: Mapping[str, np.ndarray]) -> int:
-        """Index of the variant whose sizes equal the inputs' variable axes (0 if none vary).
-
-        Raises:
-            InvalidArgumentError: no variant has exactly these sizes (the front pads requests
-                up to a variant; the runtime does not).
-        """
-        manifest = self.bundle.manifest
-        if manifest.variants is None:
-            return 0
-        sizes = {
-            letter: int(tensors[spec.name].shape[axis])
-            for spec in manifest.inputs
-            for axis, letter in enumerate(spec.shape)
-            if letter in spec.variable_axes
-        }
-        for i, dims in enumerate(manifest.variant_dims):
-            if dims == sizes:
-                return i
-        raise InvalidArgumentError(
-            f"model {self.name!r}: no executable for variable axis sizes {sizes}; "
-            f"variants {manifest.variant_dims}"
-        )
 
 
 @dataclass
@@ -113,17 +68,6 @@ class _Entry:
     #: holders (front instances); a registry entry is held for the runtime's life
     refs: int = 0
     static: bool = False
-
-
-def generation(path: Path) -> tuple[Any, ...]:
-    """What tells two bundles at ``path`` apart: the directory and its manifest file's identity
-    (device, inode, size, modification time in ns); a rebuilt repository changes it."""
-    path = Path(path)
-    try:
-        st = (path / "manifest.yaml").stat()
-    except OSError:
-        return (str(path),)
-    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class RuntimeModel:
@@ -188,12 +132,13 @@ class RuntimeModel:
         """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
 
         The config lists no bundles: fronts load theirs (:meth:`acquire`). Unless ``store`` is
-        given, weights live in a :class:`WeightCache` set from the weight cache parameters
-        (:func:`weight_cache_from_args`), reporting to ``observer(budget_bytes, models)``
-        (e.g. Triton metrics). Unless ``compile`` is given, executables go through the
-        executable cache of the runtime's parameters (docs/serving.md, "Executable cache"),
-        each counted by ``executables(model, source)``; after each bundle loads, the log says
-        how many executables were compiled and how many loaded from the cache so far.
+        given, weights live in a :class:`~.weight_cache.WeightCache` set from the weight cache
+        parameters (:func:`~.runtime_config.weight_cache_from_args`), reporting to
+        ``observer(budget_bytes, models)`` (e.g. Triton metrics). Unless ``compile`` is given,
+        executables go through the executable cache of the runtime's parameters
+        (docs/serving.md, "Executable cache"), each counted by ``executables(model, source)``;
+        after each bundle loads, the log says how many executables were compiled and how many
+        loaded from the cache so far.
 
         Raises:
             InvalidArgumentError: a parameter is malformed, or the config lists bundles (a
@@ -498,132 +443,6 @@ class RuntimeModel:
                 entry.error = None
 
 
-def check_repository_format(args: ModelArgs) -> None:
-    """Refuse a model whose ``hloserve.repository_format`` is outside the supported range.
-
-    Raises:
-        InvalidArgumentError: naming the format, the range, and saying to rebuild.
-    """
-    fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, "")
-    if not fmt.isdigit() or not (
-        names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
-    ):
-        raise InvalidArgumentError(
-            f"model {args.name!r}: repository format {fmt!r} is not supported; this "
-            f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
-            f"{names.MAX_REPOSITORY_FORMAT} (rebuild the repository with `hloserve repo build`)"
-        )
-
-
-def variant_label(dims: Mapping[str, int]) -> str:
-    """A variant's label: its axis letters and sizes, e.g. ``"s32"``; ``""`` for no variant."""
-    return "".join(f"{letter}{size}" for letter, size in sorted(dims.items()))
-
-
-def weight_cache_from_args(
-    args: ModelArgs,
-    models: set[str] | None = None,
-    *,
-    device: Any = None,
-    observer: ObserverFactory | None = None,
-) -> WeightCache:
-    """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md).
-
-    ``hloserve.weight_cache_bytes`` (absent/0: no budget) or ``hloserve.weight_cache_fraction``
-    (of ``device``'s free memory now), ``hloserve.residency`` (``model=residency,...``),
-    ``hloserve.compaction_interval`` (absent/0: off). Logs the budget it chose.
-
-    Raises:
-        InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for
-            a model not in ``models`` (when given; the runtime's fronts load bundles later, so
-            the runtime passes none).
-    """
-    budget = _budget(args, device)
-    interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
-    try:
-        listed = names.parse_residency(args.parameter(names.PARAM_RESIDENCY, ""))
-    except ValueError as exc:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r}: {exc}"
-        ) from None
-    unknown = sorted(set(listed) - models) if models is not None else []
-    if unknown:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r} names models {unknown} "
-            f"that this runtime does not serve ({sorted(models or ())})"
-        )
-    residency = {model: Residency(value) for model, value in listed.items()}
-    if budget:
-        log.info(
-            "weight cache: budget %d bytes for all weights (%s), residency %s, compaction %s",
-            budget,
-            names.PARAM_WEIGHT_CACHE_BYTES,
-            names.format_residency(listed) or f"all {names.DEFAULT_RESIDENCY}",
-            f"every {interval} loads" if interval else "off",
-        )
-    else:
-        log.info("weight cache: no budget; every model's weights stay on the device")
-    return WeightCache(
-        budget or None,
-        residency=residency,
-        compaction_interval=interval,
-        observer=observer(budget or None, sorted(models if models is not None else listed))
-        if observer
-        else None,
-    )
-
-
-def _budget(args: ModelArgs, device: Any) -> int:
-    """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
-    ``device``'s free memory (``bytes_limit - bytes_in_use``); 0 = no budget."""
-    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
-    text = args.parameter(names.PARAM_WEIGHT_CACHE_FRACTION, "").strip()
-    if not text:
-        return budget
-    key = names.PARAM_WEIGHT_CACHE_FRACTION
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = -1.0
-    if not 0.0 < fraction <= 1.0:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {key!r} must be a number in (0, 1], got {text!r}"
-        )
-    if budget:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and {key!r} "
-            "both set the budget; keep one"
-        )
-    try:
-        stats = device.memory_stats() if device is not None else None
-    except (AttributeError, RuntimeError):
-        stats = None
-    if not stats or "bytes_limit" not in stats:
-        log.info("weight cache: %s = %s but %s reports no memory statistics", key, text, device)
-        return 0
-    limit, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
-    budget = max(int(fraction * (limit - used)), 1)
-    log.info(
-        "weight cache: budget %d bytes = %s x (bytes_limit %d - bytes_in_use %d) of %s; "
-        "execution scratch is not reserved",
-        budget,
-        text,
-        limit,
-        used,
-        device,
-    )
-    return budget
-
-
-def _count_parameter(args: ModelArgs, key: str) -> int:
-    text = args.parameter(key, "0").strip() or "0"
-    if not text.isdigit():
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {key!r} must be a non-negative integer, got {text!r}"
-        )
-    return int(text)
-
-
 def _placer(device: Any) -> Callable[[np.ndarray], Any]:
     """A function placing a host array on ``device`` as a ``jax.Array``.
 
@@ -654,6 +473,7 @@ def _to_host(array: Any) -> Any:
 
 __all__ = [
     "LoadedBundle",
+    "ObserverFactory",
     "RuntimeModel",
     "check_repository_format",
     "generation",

@@ -44,33 +44,13 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import batching, channel
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime import LoadedBundle, RuntimeModel, variant_label
+from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
+from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
 from hloserve.triton_backend.scheduler import Batch, Scheduler, SchedulerConfig, Work
+from hloserve.triton_backend.scheduler_config import scheduler_config_from_args
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
-
-
-#: ``publish((model, variant label, batch size), executions since the last call)``.
-Publish = Callable[[tuple[str, str, int], int], None]
-
-
-@dataclass(frozen=True)
-class RuntimeState:
-    """What the runtime publishes once a second besides execution counts (metrics).
-
-    Attributes:
-        rows: (model, variant label) -> (real items, padding items) executed since the last one.
-        shed: (model, reason) -> requests shed since the last one (``deadline``, ``laxity``,
-            ``stopping``).
-        models: model -> its scheduler snapshot (queue depth, share, recent compute).
-        costs: (model, variant label, batch size) -> learned cost, seconds.
-    """
-
-    rows: dict[tuple[str, str], tuple[int, int]]
-    shed: dict[tuple[str, str], int]
-    models: dict[str, Any]
-    costs: dict[tuple[str, str, int], float]
 
 
 @dataclass(eq=False)
@@ -473,28 +453,7 @@ class RuntimeServer:
         snapshot = self.scheduler.snapshot()
         with self._holds_lock:
             loaded = dict(self._loaded)
-        models: dict[str, Any] = {}
-        costs: dict[tuple[str, str, int], float] = {}
-        for key, snap in snapshot.models.items():
-            bundle = loaded.get(key)
-            name = bundle.name if bundle is not None else key.partition("#")[0]
-            models[name] = snap
-            for (variant, size), seconds in snap.costs.items():
-                dims = bundle.bundle.manifest.variant_dims[variant] if bundle is not None else {}
-                costs[(name, variant_label(dims), size)] = seconds
-        return RuntimeState({k: (v[0], v[1]) for k, v in rows.items()}, dict(shed), models, costs)
-
-
-def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
-    """The scheduler settings of the runtime's config (docs/scheduling.md, "Settings").
-
-    Raises:
-        InvalidArgumentError: an unknown discipline or a malformed weight.
-    """
-    try:
-        return SchedulerConfig.from_parameters(args.parameters)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"model {args.name!r}: {exc}") from None
+        return runtime_state(snapshot, loaded, rows, shed)
 
 
 def _invalid(exc: ValueError) -> HloserveError:
@@ -517,4 +476,10 @@ def _close_segments(jobs: Sequence[_Job]) -> None:
         job.segments.clear()
 
 
-__all__ = ["Publish", "RuntimeServer", "error_message", "scheduler_config_from_args"]
+__all__ = [
+    "Publish",
+    "RuntimeServer",
+    "RuntimeState",
+    "error_message",
+    "scheduler_config_from_args",
+]

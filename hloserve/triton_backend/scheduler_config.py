@@ -1,7 +1,8 @@
 """Settings of the runtime's scheduler and request deadlines (docs/scheduling.md).
 
 :class:`SchedulerConfig` comes from the runtime model's config parameters
-(:meth:`SchedulerConfig.from_parameters`); :func:`deadline_from_parameters` turns a request's
+(:meth:`SchedulerConfig.from_parameters`, :func:`scheduler_config_from_args` for the runtime's
+``initialize`` arguments); :func:`deadline_from_parameters` turns a request's
 KServe ``timeout`` parameter into a deadline on the monotonic clock. Pure Python.
 """
 
@@ -11,10 +12,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import names
+
+if TYPE_CHECKING:  # a type only: this module stays pure Python
+    from hloserve.triton_backend.pb import ModelArgs
 
 Discipline = Literal["fair", "fifo", "edf"]
 #: The disciplines, the default first (docs/scheduling.md, "Disciplines").
@@ -146,3 +150,15 @@ def deadline_from_parameters(params: Mapping[str, object], now: float) -> float 
     if micros < 0:
         raise InvalidArgumentError(f"request parameter 'timeout' must be >= 0, got {micros}")
     return None if micros == 0 else now + micros / 1e6
+
+
+def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
+    """The scheduler settings of the runtime's config (docs/scheduling.md, "Settings").
+
+    Raises:
+        InvalidArgumentError: an unknown discipline or a malformed weight.
+    """
+    try:
+        return SchedulerConfig.from_parameters(args.parameters)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"model {args.name!r}: {exc}") from None

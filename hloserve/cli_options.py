@@ -1,0 +1,261 @@
+"""Option groups shared by ``hloserve repo build``, ``serve`` and ``gateway``.
+
+Each group is an ``add_*`` function that adds its flags to a parser and, where the flags make a
+typed value, a reader that turns the parsed arguments into it (raising
+:class:`~hloserve.errors.InvalidArgumentError` for a malformed value): the weight cache
+(docs/on_demand_weights.md), compiled batch sizes (docs/bundles.md), scheduling
+(docs/scheduling.md), the executable cache (docs/serving.md) and the gateway's TLS flags
+(docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hloserve.errors import InvalidArgumentError
+from hloserve.model_repository_tools import names
+
+
+def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
+    """--weight-cache-bytes, --residency, --compaction-interval (docs/on_demand_weights.md)."""
+    parser.add_argument(
+        "--weight-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="byte budget of the runtime's device weight cache, pinned models included "
+        "(default: 0 = no budget, every model's weights stay on the device); "
+        "docs/on_demand_weights.md",
+    )
+    parser.add_argument(
+        "--weight-cache-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="instead of --weight-cache-bytes: the budget as a fraction in (0, 1] of the device "
+        "memory free when the runtime starts (no budget on CPU); execution scratch is not "
+        "reserved, so leave room",
+    )
+    parser.add_argument(
+        "--residency",
+        action="append",
+        default=[],
+        metavar="MODEL=RESIDENCY",
+        help="where MODEL's weights live: system (default: host copy, loaded on demand), "
+        "device (pinned on the device), unpinned (re-read from the file per load); repeatable",
+    )
+    parser.add_argument(
+        "--compaction-interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="free every on-demand device buffer each N on-demand loads (default: 0 = off)",
+    )
+
+
+def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
+    """--batch-sizes (docs/bundles.md, "Symbolic batch")."""
+    parser.add_argument(
+        "--batch-sizes",
+        action="append",
+        default=[],
+        metavar="[MODEL=]SIZES",
+        help="compiled batch sizes of symbolic-batch bundles, e.g. 1,4,16,64 for all of them "
+        "or MODEL=1,8 for one (repeatable); default: 1,4,16,64 within each bundle's "
+        "constraints and 64 MiB of inputs+outputs per execution. A bundle exported with "
+        "fixed batch sizes keeps them and refuses this flag",
+    )
+
+
+def batch_size_options(args: argparse.Namespace) -> Any:
+    """The ``BatchSizeOptions`` of :func:`add_batch_size_option`'s argument."""
+    from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
+
+    return parse_batch_sizes(args.batch_sizes)
+
+
+def weight_cache_options(args: argparse.Namespace) -> Any:
+    """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
+
+    Raises:
+        InvalidArgumentError: a malformed ``--residency``.
+    """
+    from hloserve.model_repository_tools import WeightCacheOptions
+    from hloserve.model_repository_tools.names import parse_residency
+
+    try:
+        residency = parse_residency(",".join(args.residency))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--residency: {exc}") from None
+    return WeightCacheOptions(
+        weight_cache_bytes=args.weight_cache_bytes,
+        weight_cache_fraction=args.weight_cache_fraction,
+        residency=residency,
+        compaction_interval=args.compaction_interval,
+    )
+
+
+def add_scheduling_options(parser: argparse.ArgumentParser) -> None:
+    """--scheduling, --model-weight (docs/scheduling.md)."""
+    parser.add_argument(
+        "--scheduling",
+        choices=("fair", "fifo", "edf"),
+        default="fair",
+        help="the runtime's scheduling discipline across models: fair (default: compute "
+        "shared by weight), fifo (globally oldest request first) or edf (soonest deadline "
+        "first, hopeless requests shed); docs/scheduling.md",
+    )
+    parser.add_argument(
+        "--model-weight",
+        action="append",
+        default=[],
+        metavar="MODEL=W",
+        help="MODEL's weight under fair scheduling (W > 0; default 1.0); repeatable",
+    )
+
+
+def scheduling_options(args: argparse.Namespace) -> Any:
+    """The ``SchedulingOptions`` of :func:`add_scheduling_options`'s arguments.
+
+    Raises:
+        InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
+    """
+    from hloserve.model_repository_tools import SchedulingOptions
+    from hloserve.model_repository_tools.names import parse_model_weights
+
+    try:
+        weights = parse_model_weights(",".join(args.model_weight))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--model-weight: {exc}") from None
+    return SchedulingOptions(scheduling=args.scheduling, model_weights=weights)
+
+
+def add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
+    """--executable-cache, --executable-cache-bytes (docs/serving.md, "Executable cache")."""
+    parser.add_argument(
+        "--executable-cache",
+        default="",
+        metavar="DIR",
+        help="where the runtime keeps compiled executables, so restarts load them instead of "
+        "compiling; 'off' disables it (default: $HLOSERVE_EXECUTABLE_CACHE, else "
+        "$XDG_CACHE_HOME/hloserve/executables, i.e. ~/.cache/hloserve/executables)",
+    )
+    parser.add_argument(
+        "--executable-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="size bound of the executable cache in bytes; least recently used entries are "
+        "deleted beyond it (default: $HLOSERVE_EXECUTABLE_CACHE_BYTES, else 4 GiB)",
+    )
+
+
+def executable_cache_options(args: argparse.Namespace) -> Any:
+    """The ``ExecutableCacheOptions`` of :func:`add_executable_cache_options`'s arguments
+    (a directory made absolute: the runtime runs elsewhere).
+
+    Raises:
+        InvalidArgumentError: --executable-cache-bytes below 0.
+    """
+    from hloserve.model_repository_tools import ExecutableCacheOptions
+    from hloserve.model_repository_tools.names import EXECUTABLE_CACHE_OFF
+
+    if args.executable_cache_bytes < 0:
+        raise InvalidArgumentError(
+            f"--executable-cache-bytes must be >= 0, got {args.executable_cache_bytes}"
+        )
+    directory = args.executable_cache.strip()
+    if directory.lower() == EXECUTABLE_CACHE_OFF:
+        directory = EXECUTABLE_CACHE_OFF
+    elif directory:
+        directory = str(Path(directory).expanduser().absolute())
+    return ExecutableCacheOptions(directory=directory, max_bytes=args.executable_cache_bytes)
+
+
+def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """Every flag that shapes the repository built from bundles (docs/serving.md, "Layout").
+
+    --front-instances, --meta-concurrency, --max-queue-delay-us, --max-request-bytes and the
+    weight cache, batch
+    size, scheduling and executable cache groups; ``when`` ends the first three helps (e.g.
+    ``" when building"`` for ``serve``, whose PATH may be a built repository).
+    """
+    parser.add_argument(
+        "--front-instances",
+        type=int,
+        default=names.DEFAULT_FRONT_INSTANCES,
+        metavar="N",
+        help=f"CPU instances of each front model{when} (default: {names.DEFAULT_FRONT_INSTANCES})",
+    )
+    parser.add_argument(
+        "--meta-concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help=f"meta model runs at once on the worker, across all metas{when} (default: 2; "
+        "docs/meta_models.md)",
+    )
+    parser.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=500,
+        metavar="US",
+        help=f"dynamic batcher max_queue_delay_microseconds{when} (default: 500)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=names.DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help=f"largest request a front model accepts{when}, bytes of its input tensors; a "
+        "larger one gets INVALID_ARGUMENT naming the limit (default: "
+        f"{names.DEFAULT_MAX_REQUEST_BYTES} = 1 GiB; docs/serving.md)",
+    )
+    add_weight_cache_options(parser)
+    add_batch_size_option(parser)
+    add_scheduling_options(parser)
+    add_executable_cache_options(parser)
+
+
+def build_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``build_repository`` (and of ``ServeOptions``) from
+    :func:`add_build_options`'s flags.
+
+    Raises:
+        InvalidArgumentError: a malformed --residency or --model-weight, a weight <= 0, or
+            --executable-cache-bytes below 0.
+    """
+    return {
+        "front_instances": args.front_instances,
+        "max_queue_delay_us": args.max_queue_delay_us,
+        "weight_cache": weight_cache_options(args),
+        "meta_concurrency": args.meta_concurrency,
+        "batch_sizes": batch_size_options(args),
+        "max_request_bytes": args.max_request_bytes,
+        "scheduling": scheduling_options(args),
+        "executable_cache": executable_cache_options(args),
+    }
+
+
+def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-client-ca``: TLS on the gateway's public port."""
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"{prefix}TLS on the gateway's gRPC port: certificate chain, PEM (plaintext is "
+        "then refused; overrides tls: in the gateway file)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, default=None, metavar="FILE", help="the certificate's key, PEM"
+    )
+    parser.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="require client certificates signed by these CAs, PEM (default: none asked)",
+    )

@@ -1,0 +1,142 @@
+"""``hloserve serve``'s flags and the call that turns them into :class:`ServeOptions`.
+
+The serving itself is :func:`hloserve.node.serve.run_serve` (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hloserve.cli_options import add_build_options, add_tls_flags, build_options
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from hloserve.node.serve import ServeOptions, run_serve
+
+    return run_serve(
+        ServeOptions(
+            path=args.path,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            host=args.host,
+            model_control_mode=args.model_control_mode,
+            load_models=tuple(args.load_model),
+            repository_out=args.repository_out,
+            **build_options(args),
+            tritonserver_args=tuple(args.tritonserver_args),
+            log_verbose=args.log_verbose,
+            startup_timeout_s=args.startup_timeout,
+            workers=args.workers,
+            worker_port_base=args.worker_port_base,
+            gateway_config=args.gateway_config,
+            admin_port=args.admin_port,
+            watch=args.watch,
+            watch_interval_s=args.watch_interval,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+        )
+    )
+
+
+def add_serve(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve bundles (or a built repository) with a local tritonserver",
+        description="Serve PATH with tritonserver from the nvidia-pytriton wheel. PATH is a "
+        "bundles directory (built into a model repository first) or a model repository from "
+        "`hloserve repo build`. Prints the endpoints, waits until every model is ready, passes "
+        "the server log through, and stops everything on Ctrl-C or SIGTERM. Arguments after "
+        "`--` go to tritonserver unchanged (e.g. -- --log-info=false).",
+    )
+    serve.add_argument("path", type=Path, metavar="PATH", help="bundles directory or repository")
+    serve.add_argument("--http-port", type=int, default=8000, help="KServe V2 HTTP (8000)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="KServe V2 gRPC (8001)")
+    serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus (8002)")
+    serve.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the supervisor's own /metrics (workers up, restarts, stub reloads; "
+        "docs/observability.md); default 8003, off with a warning when taken; 0 = a free port",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (127.0.0.1; 0.0.0.0 serves every interface)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default=None,
+        help="tritonserver --model-control-mode; by default explicit with --load-model=* "
+        "(everything loads at start, and a model whose process dies is reloaded), the "
+        "repository API (load/unload) restricted to clients sending the header "
+        "hloserve-model-control with the key of HLOSERVE_MODEL_CONTROL_KEY (default: random)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with explicit mode: a model to load at start (repeatable; '*' for all)",
+    )
+    serve.add_argument(
+        "--repository-out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the repository built from bundles here (default: a temporary directory)",
+    )
+    add_build_options(serve, " when building")
+    serve.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
+    serve.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long models may take to load and warm up (600)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tritonservers to run; above 1 the gateway listens on --grpc-port (admin HTTP on "
+        "--metrics-port) and routes over them (docs/gateway.md) (1)",
+    )
+    serve.add_argument(
+        "--worker-port-base",
+        type=int,
+        default=8100,
+        metavar="PORT",
+        help="with --workers: worker i binds HTTP, gRPC, metrics on PORT+3i..PORT+3i+2 "
+        "(8100; 0 = free ports)",
+    )
+    serve.add_argument(
+        "--gateway-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
+        "workers, listen and admin ports",
+    )
+    add_tls_flags(serve, "with --workers: ")
+    serve.add_argument(
+        "--watch",
+        action="store_true",
+        help="PATH a bundles directory: load added bundles, reload changed ones and unload "
+        "removed ones while serving, each once two polls see the same content "
+        "(docs/serving.md, 'Watching the bundles directory'); one worker only",
+    )
+    serve.add_argument(
+        "--watch-interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="with --watch: seconds between two polls of the bundles directory (15)",
+    )
+    serve.set_defaults(func=_serve, tritonserver_args=[])

@@ -1,0 +1,368 @@
+"""The settings of ``hloserve serve`` (:class:`ServeOptions`), their checks, and the
+tritonserver options they make (:func:`server_options`).
+
+Pure planning: nothing here starts a process; :mod:`hloserve.node.serve` runs the server and
+:mod:`hloserve.node.serve_fleet` the ``--workers N`` fleet (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hloserve.errors import InvalidArgumentError
+from hloserve.model_repository_tools import names
+from hloserve.node.plan import SERVING_FLAGS, with_dependencies
+from hloserve.node.ports import check_ports_free
+from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
+
+if TYPE_CHECKING:  # the build code is imported when a repository is built
+    from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
+    from hloserve.model_repository_tools.build import (
+        ExecutableCacheOptions,
+        SchedulingOptions,
+        WeightCacheOptions,
+    )
+    from hloserve.node.plan import WorkerPorts
+
+#: Seconds the server may take to load and warm up every model before ``serve`` gives up.
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+
+
+def is_repository(path: Path) -> bool:
+    """Whether ``path`` looks like a Triton model repository: a subdirectory has config.pbtxt
+    and none is a bundle (manifest.yaml). Bundles beside Triton models with their configs are
+    a source directory to build (docs/serving.md, "Foreign models")."""
+    if not path.is_dir():
+        return False
+    folders = [d for d in path.iterdir() if d.is_dir()]
+    return any((d / "config.pbtxt").is_file() for d in folders) and not any(
+        (d / "manifest.yaml").is_file() for d in folders
+    )
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Settings of ``hloserve serve``.
+
+    Attributes:
+        path: a bundles directory or a model repository.
+        http_port: KServe V2 HTTP port (Triton's default 8000).
+        grpc_port: KServe V2 gRPC port (Triton's default 8001).
+        metrics_port: Prometheus metrics port (Triton's default 8002).
+        host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
+        model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
+            None = :func:`default_control_mode`: explicit with ``--load-model=*`` on every
+            host (everything loads at start, as with none, and a model whose Python backend
+            stub dies is reloaded, :mod:`.watchdog`), the repository API restricted to
+            ``model_control_key``.
+        load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
+            the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
+        model_control_key: in explicit mode, the key Triton's repository API (index, load,
+            unload) requires (:mod:`hloserve.node.model_control`); None = one from
+            :func:`~hloserve.node.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
+            or random).
+        repository_out: where to build the repository from bundles; None builds it in a
+            temporary directory removed at exit.
+        front_instances: CPU instances of each front model (``instance_group.count``).
+        max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
+        max_request_bytes: the largest request a front accepts when building, bytes of its
+            input tensors (``hloserve.max_request_bytes``; docs/serving.md).
+        weight_cache: the runtime's weight cache settings when building from bundles
+            (docs/on_demand_weights.md); None = no budget.
+        executable_cache: the runtime's executable cache settings when building from bundles
+            (docs/serving.md, "Executable cache"); None = the runtime's defaults.
+        meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
+        batch_sizes: compiled batch sizes of symbolic-batch bundles when building
+            (``--batch-sizes``; docs/bundles.md, "Symbolic batch").
+        scheduling: the runtime scheduler's settings when building (docs/scheduling.md);
+            None = fair, every weight 1.0.
+        tritonserver_args: further tritonserver flags, passed through last.
+        log_verbose: tritonserver ``--log-verbose`` level.
+        startup_timeout_s: seconds to wait for every model to load and warm up.
+        workers: tritonserver processes; above 1 the gateway listens on ``grpc_port`` (its
+            admin HTTP port on ``metrics_port``) and the workers on ``worker_port_base``.
+        worker_port_base: worker i binds HTTP, gRPC and metrics on ``base + 3i`` .. ``+ 2``;
+            0 = free ports. Used only with ``workers`` > 1.
+        gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
+            its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
+        tls_cert, tls_key, tls_client_ca: TLS on the gateway's gRPC port (PEM files; with
+            ``workers`` > 1; docs/gateway.md "TLS").
+        admin_port: the supervisor's admin port (``/metrics``: workers up, restarts, stub
+            reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
+            0 = a free port.
+        watch: keep the served models in line with the bundles directory while serving
+            (:mod:`hloserve.node.watch`; docs/serving.md, "Watching the bundles directory").
+        watch_interval_s: seconds between two polls of the bundles directory with ``watch``.
+    """
+
+    path: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"
+    model_control_mode: ModelControlMode | None = None
+    load_models: Sequence[str] = ()
+    model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
+    repository_out: Path | None = None
+    front_instances: int = names.DEFAULT_FRONT_INSTANCES
+    max_queue_delay_us: int = 500
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES
+    weight_cache: WeightCacheOptions | None = None
+    executable_cache: ExecutableCacheOptions | None = None
+    meta_concurrency: int = 2
+    batch_sizes: BatchSizeOptions | None = None
+    scheduling: SchedulingOptions | None = None
+    tritonserver_args: Sequence[str] = ()
+    log_verbose: int = 0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    workers: int = 1
+    worker_port_base: int = 8100
+    gateway_config: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    admin_port: int | None = None
+    watch: bool = False
+    watch_interval_s: float = 15.0
+
+
+def build_arguments(options: ServeOptions) -> dict[str, Any]:
+    """The keyword arguments of ``plan_repository``/``build_repository`` that ``options`` set."""
+    return {
+        "front_instances": options.front_instances,
+        "max_queue_delay_us": options.max_queue_delay_us,
+        "max_request_bytes": options.max_request_bytes,
+        "weight_cache": options.weight_cache,
+        "meta_concurrency": options.meta_concurrency,
+        "batch_sizes": options.batch_sizes,
+        "scheduling": options.scheduling,
+        "executable_cache": options.executable_cache,
+    }
+
+
+def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
+    """tritonserver options for a repository of hloserve models.
+
+    :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
+    fails to load, so the others keep serving (the failure is reported by
+    :func:`~hloserve.node.model_control.model_states`). In explicit mode the runtime model is
+    loaded with the named models and the repository API is restricted to
+    ``options.model_control_key`` (a new :func:`~hloserve.node.model_control.launcher_key`
+    when None).
+
+    Raises:
+        InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
+    """
+    from hloserve.triton_backend.backends import backend_dirs
+
+    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
+    for endpoint, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+    if len(set(ports.values())) != len(ports):
+        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    mode = options.model_control_mode
+    load_models = tuple(options.load_models)
+    if mode is None:
+        mode, load_models = default_control_mode(options.host)
+    if load_models and "*" not in load_models:
+        load_models = with_dependencies(repository, load_models)
+    key = None
+    if mode == "explicit":
+        from hloserve.node.model_control import launcher_key
+
+        key = options.model_control_key or launcher_key()
+    return TritonServerOptions(
+        model_repository=repository,
+        http_port=options.http_port,
+        grpc_port=options.grpc_port,
+        metrics_port=options.metrics_port,
+        host=options.host,
+        model_control_mode=mode,
+        load_models=load_models,
+        model_control_key=key,
+        extra_backend_dirs=backend_dirs(),
+        extra_args=(*SERVING_FLAGS, *options.tritonserver_args),
+        log_verbose=options.log_verbose,
+        startup_timeout_s=options.startup_timeout_s,
+    )
+
+
+def build_flags_set(options: ServeOptions) -> list[str]:
+    """The build-only flags whose values differ from their defaults, in command-line spelling.
+
+    They shape the repository built from bundles and mean nothing for a repository that
+    ``hloserve repo build`` made earlier. A flag set to its default value is not reported.
+    """
+    defaults = ServeOptions(path=options.path)
+    flags = []
+    if options.repository_out is not None:
+        flags.append("--repository-out")
+    if options.front_instances != defaults.front_instances:
+        flags.append("--front-instances")
+    if options.meta_concurrency != defaults.meta_concurrency:
+        flags.append("--meta-concurrency")
+    if options.max_queue_delay_us != defaults.max_queue_delay_us:
+        flags.append("--max-queue-delay-us")
+    if options.max_request_bytes != defaults.max_request_bytes:
+        flags.append("--max-request-bytes")
+    if options.batch_sizes is not None and options.batch_sizes.given:
+        flags.append("--batch-sizes")
+    cache = options.weight_cache
+    if cache is not None:
+        if cache.weight_cache_bytes:
+            flags.append("--weight-cache-bytes")
+        if cache.weight_cache_fraction:
+            flags.append("--weight-cache-fraction")
+        if cache.residency:
+            flags.append("--residency")
+        if cache.compaction_interval:
+            flags.append("--compaction-interval")
+    sched = options.scheduling
+    if sched is not None:
+        if sched.scheduling != "fair":
+            flags.append("--scheduling")
+        if sched.model_weights:
+            flags.append("--model-weight")
+    executables = options.executable_cache
+    if executables is not None:
+        if executables.directory:
+            flags.append("--executable-cache")
+        if executables.max_bytes:
+            flags.append("--executable-cache-bytes")
+    return flags
+
+
+def check_options(options: ServeOptions) -> None:
+    """Refuse bad settings before anything is built or started.
+
+    Raises:
+        InvalidArgumentError: --load-model without explicit mode, --workers,
+            --front-instances or --max-request-bytes below 1, --gateway-config with one
+            worker, a port out of range or shared by two endpoints, a host that does not
+            resolve, or a build option (:func:`build_flags_set`) set while PATH is an
+            already-built model repository.
+        PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
+            (``--workers`` above 1) is already bound on the host.
+    """
+    if options.load_models and options.model_control_mode != "explicit":
+        raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    if options.workers < 1:
+        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
+    if options.front_instances < 1:
+        raise InvalidArgumentError(
+            f"--front-instances must be at least 1, got {options.front_instances}"
+        )
+    if options.max_request_bytes < 1:
+        raise InvalidArgumentError(
+            f"--max-request-bytes must be at least 1, got {options.max_request_bytes}"
+        )
+    if options.gateway_config is not None and options.workers == 1:
+        raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
+    if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
+        raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
+    if options.watch:
+        from hloserve.node.watch import check_watch_options
+
+        check_watch_options(
+            interval_s=options.watch_interval_s,
+            path_is_repository=is_repository(options.path),
+            workers=options.workers,
+            model_control_mode=options.model_control_mode,
+            load_models=options.load_models,
+        )
+    build_flags = build_flags_set(options)
+    if build_flags and is_repository(options.path):
+        raise InvalidArgumentError(
+            f"{', '.join(build_flags)} {'applies' if len(build_flags) == 1 else 'apply'} when "
+            f"PATH is a bundles directory (PATH {options.path} is a model repository: rebuild "
+            "it with hloserve repo build BUNDLES OUT and these options, then serve OUT)"
+        )
+    try:
+        socket.getaddrinfo(options.host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidArgumentError(
+            f"cannot resolve host '{options.host}' ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    if options.admin_port is not None and not 0 <= options.admin_port <= 65535:
+        raise InvalidArgumentError(f"--admin-port {options.admin_port} is not in 0..65535")
+    if options.admin_port and options.admin_port in (
+        options.http_port,
+        options.grpc_port,
+        options.metrics_port,
+    ):
+        raise InvalidArgumentError(
+            f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
+        )
+    if options.workers == 1:
+        ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
+        ports["metrics"] = options.metrics_port
+        for endpoint, port in ports.items():
+            if not 1 <= port <= 65535:
+                raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+        if len(set(ports.values())) != len(ports):
+            raise InvalidArgumentError(
+                f"HTTP, gRPC and metrics need three different ports: {ports}"
+            )
+        check_ports_free(options.host, ports)
+        return
+    gateway = {
+        "HTTP": options.http_port,
+        "gRPC": options.grpc_port,
+        "admin (--metrics-port)": options.metrics_port,
+    }
+    for endpoint, port in gateway.items():
+        if not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"gateway {endpoint} port {port} is not in 0..65535")
+    chosen = [p for p in gateway.values() if p]
+    if len(set(chosen)) != len(chosen):
+        raise InvalidArgumentError(
+            f"the gateway's HTTP, gRPC and admin ports must differ: {gateway}"
+        )
+    check_ports_free(options.host, {k: v for k, v in gateway.items() if v}, "gateway ")
+    if options.worker_port_base:
+        from hloserve.node.plan import worker_ports
+
+        workers = worker_ports(options.workers, options.worker_port_base, options.host)
+        check_worker_ports(options, workers)
+        for i, w in enumerate(workers):
+            endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
+            check_ports_free(options.host, endpoints, f"worker {i} ")
+
+
+def check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
+    """Refuse worker ports that include one of the gateway's (``--workers`` above 1).
+
+    Raises:
+        InvalidArgumentError: a worker port equals the HTTP, gRPC or metrics port.
+    """
+    taken = {options.http_port, options.grpc_port, options.metrics_port} - {0}
+    clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
+    if clash:
+        raise InvalidArgumentError(
+            f"worker ports from --worker-port-base {options.worker_port_base} include the "
+            f"gateway's port(s) {clash}; choose another base"
+        )
+
+
+def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
+    """The model control mode (and ``--load-model`` names) when the user named none.
+
+    ``explicit`` with ``--load-model=*`` on every host: everything loads at start (as in
+    ``none``) and the stub watchdog can reload a model whose process died. Explicit mode opens
+    Triton's repository API, whose load call accepts model files (a Python model is code), so
+    :func:`server_options` restricts that API to the launcher's key
+    (:mod:`hloserve.node.model_control`) on loopback and non-loopback hosts alike.
+
+    Args:
+        host: the address the server binds (the answer no longer depends on it).
+
+    Returns:
+        ``(mode, load_models)``.
+    """
+    del host
+    return "explicit", ("*",)

@@ -1,0 +1,145 @@
+"""The runtime model's config parameters read into settings (docs/serving.md, "Runtime
+model config"): the repository format it was built with (:func:`check_repository_format`) and
+its weight cache (:func:`weight_cache_from_args`, docs/on_demand_weights.md).
+
+The parameters are written by ``hloserve repo build``; every malformed value is an
+:class:`~hloserve.errors.InvalidArgumentError` naming the model and the parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hloserve.errors import InvalidArgumentError
+from hloserve.model_repository_tools import names
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
+
+#: The runtime's logger: the budget lines are part of its start-up log.
+log = logging.getLogger("hloserve.triton_backend.runtime")
+
+#: Makes the weight cache's observer from (budget bytes or None, model names).
+ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
+
+
+def check_repository_format(args: ModelArgs) -> None:
+    """Refuse a model whose ``hloserve.repository_format`` is outside the supported range.
+
+    Raises:
+        InvalidArgumentError: naming the format, the range, and saying to rebuild.
+    """
+    fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, "")
+    if not fmt.isdigit() or not (
+        names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
+    ):
+        raise InvalidArgumentError(
+            f"model {args.name!r}: repository format {fmt!r} is not supported; this "
+            f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
+            f"{names.MAX_REPOSITORY_FORMAT} (rebuild the repository with `hloserve repo build`)"
+        )
+
+
+def weight_cache_from_args(
+    args: ModelArgs,
+    models: set[str] | None = None,
+    *,
+    device: Any = None,
+    observer: ObserverFactory | None = None,
+) -> WeightCache:
+    """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md).
+
+    ``hloserve.weight_cache_bytes`` (absent/0: no budget) or ``hloserve.weight_cache_fraction``
+    (of ``device``'s free memory now), ``hloserve.residency`` (``model=residency,...``),
+    ``hloserve.compaction_interval`` (absent/0: off). Logs the budget it chose.
+
+    Raises:
+        InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for
+            a model not in ``models`` (when given; the runtime's fronts load bundles later, so
+            the runtime passes none).
+    """
+    budget = _budget(args, device)
+    interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
+    try:
+        listed = names.parse_residency(args.parameter(names.PARAM_RESIDENCY, ""))
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r}: {exc}"
+        ) from None
+    unknown = sorted(set(listed) - models) if models is not None else []
+    if unknown:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r} names models {unknown} "
+            f"that this runtime does not serve ({sorted(models or ())})"
+        )
+    residency = {model: Residency(value) for model, value in listed.items()}
+    if budget:
+        log.info(
+            "weight cache: budget %d bytes for all weights (%s), residency %s, compaction %s",
+            budget,
+            names.PARAM_WEIGHT_CACHE_BYTES,
+            names.format_residency(listed) or f"all {names.DEFAULT_RESIDENCY}",
+            f"every {interval} loads" if interval else "off",
+        )
+    else:
+        log.info("weight cache: no budget; every model's weights stay on the device")
+    return WeightCache(
+        budget or None,
+        residency=residency,
+        compaction_interval=interval,
+        observer=observer(budget or None, sorted(models if models is not None else listed))
+        if observer
+        else None,
+    )
+
+
+def _budget(args: ModelArgs, device: Any) -> int:
+    """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
+    ``device``'s free memory (``bytes_limit - bytes_in_use``); 0 = no budget."""
+    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
+    text = args.parameter(names.PARAM_WEIGHT_CACHE_FRACTION, "").strip()
+    if not text:
+        return budget
+    key = names.PARAM_WEIGHT_CACHE_FRACTION
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0.0 < fraction <= 1.0:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {key!r} must be a number in (0, 1], got {text!r}"
+        )
+    if budget:
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and {key!r} "
+            "both set the budget; keep one"
+        )
+    try:
+        stats = device.memory_stats() if device is not None else None
+    except (AttributeError, RuntimeError):
+        stats = None
+    if not stats or "bytes_limit" not in stats:
+        log.info("weight cache: %s = %s but %s reports no memory statistics", key, text, device)
+        return 0
+    limit, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
+    budget = max(int(fraction * (limit - used)), 1)
+    log.info(
+        "weight cache: budget %d bytes = %s x (bytes_limit %d - bytes_in_use %d) of %s; "
+        "execution scratch is not reserved",
+        budget,
+        text,
+        limit,
+        used,
+        device,
+    )
+    return budget
+
+
+def _count_parameter(args: ModelArgs, key: str) -> int:
+    text = args.parameter(key, "0").strip() or "0"
+    if not text.isdigit():
+        raise InvalidArgumentError(
+            f"model {args.name!r}: parameter {key!r} must be a non-negative integer, got {text!r}"
+        )
+    return int(text)
