@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT
-from test_serve_cli import run_cli, wait_for_line
+from test_serve_cli import run_cli, stop_serve, wait_for_line
 
 from hloserve.node.tritonserver import free_ports
 
@@ -124,10 +124,4 @@ def test_lpt_packing_places_a_foreign_model_by_its_memory_hint(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_serve(proc)

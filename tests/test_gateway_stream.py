@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT
-from test_serve_cli import wait_for_line
+from test_serve_cli import stop_serve, wait_for_line
 
 from hloserve.node.tritonserver import free_ports
 
@@ -117,10 +117,4 @@ def test_streams_go_through_haproxy_by_their_first_message(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_serve(proc)

@@ -50,6 +50,17 @@ def start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], P
     return proc, log, grpc
 
 
+def stop_serve(proc: subprocess.Popen[bytes]) -> None:
+    """A test's cleanup: SIGTERM a serve process still running, SIGKILL it after 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
     proc, log, grpc = start_serve(tmp_path, "--", "--log-info=true")

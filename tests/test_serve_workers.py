@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import GOLDEN, ROOT
-from test_serve_cli import run_cli, stub_pids, wait_for_line
+from test_serve_cli import run_cli, stop_serve, stub_pids, wait_for_line
 
 from hloserve.node.plan import worker_ports
 from hloserve.node.ports import free_ports
@@ -112,12 +112,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_serve(proc)
     deadline = time.monotonic() + 30
     while any(session_pids(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -184,9 +179,4 @@ def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_serve(proc)
