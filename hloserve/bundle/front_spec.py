@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hloserve.bundle import notation
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import HloserveError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from hloserve.bundle.bundle import Bundle
@@ -258,11 +258,51 @@ def read_front_spec(path: Path) -> FrontSpec:
     return FrontSpec.from_json(text, path=str(path))
 
 
+def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
+    """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
+
+    A front cannot ask the runtime whether its bundle compiles: BLS is refused in
+    ``initialize`` and, at server startup, in warmup too. So the front checks what it can read
+    alone: every executable is a StableHLO portable artifact (its header; the generated
+    repository converts MLIR text), and the safetensors header is readable and holds every
+    weight ``main`` takes, with the shapes and dtypes of the file. Compilation problems surface
+    on the first request, from the runtime.
+
+    Raises:
+        InvalidArgumentError: naming the model and the damaged file.
+    """
+    from hloserve.bundle.stablehlo import is_portable_artifact
+
+    bundle = FrontBundle.of(bundle)
+    for variant, size in sorted(bundle.spec.all_executables):
+        path = bundle.executable_path(size, variant)
+        try:
+            with path.open("rb") as f:
+                head = f.read(64)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"model {name!r}: cannot read executable {path}: {exc.strerror}"
+            ) from None
+        if not is_portable_artifact(head):
+            raise InvalidArgumentError(
+                f"model {name!r}: {path} is not a StableHLO portable artifact "
+                "(rebuild the repository with `hloserve repo build`)"
+            )
+    try:
+        stored = bundle.stored_weights()
+    except HloserveError as exc:
+        raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
+    missing = [w for w in bundle.spec.weights_order if w not in stored]
+    if missing:
+        raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
+
+
 __all__ = [
     "FRONT_SPEC_FORMAT",
     "FrontBundle",
     "FrontSpec",
     "SpecTensor",
+    "check_bundle_files",
     "front_spec",
     "read_front_spec",
 ]

@@ -12,10 +12,14 @@ Everything here is pure NumPy. The batch axis is an argument everywhere: models 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hloserve.bundle.front_spec import SpecTensor
 
 
 @dataclass(frozen=True)
@@ -209,12 +213,40 @@ def _index(ndim: int, axis: int, start: int, stop: int) -> tuple[slice, ...]:
     return tuple(slice(start, stop) if d == axis else slice(None) for d in range(ndim))
 
 
+def pad_variable(spec: SpecTensor, array: np.ndarray, variant: Mapping[str, int]) -> np.ndarray:
+    """``array`` zero-padded at the end of each variable axis up to the variant's size."""
+    if not variant:
+        return array
+    for axis, letter in enumerate(spec.shape):
+        if letter in variant and array.shape[axis] < variant[letter]:
+            array = pad(array, axis, variant[letter])
+    return array
+
+
+def unpad_outputs(
+    specs: Sequence[SpecTensor], outputs: dict[str, np.ndarray], sizes: Mapping[str, int]
+) -> dict[str, np.ndarray]:
+    """Each output cut back, on its variable axes, to the request's own sizes (views)."""
+    if not sizes:
+        return outputs
+    cut = {}
+    for spec in specs:
+        array = outputs[spec.name]
+        index = tuple(
+            slice(0, sizes[letter]) if letter in sizes else slice(None) for letter in spec.shape
+        )
+        cut[spec.name] = array[index]
+    return cut
+
+
 __all__ = [
     "Execution",
     "batch_size_of",
     "concatenate",
     "pad",
+    "pad_variable",
     "plan_executions",
     "smallest_holding",
     "split",
+    "unpad_outputs",
 ]

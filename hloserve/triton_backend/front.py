@@ -1,15 +1,17 @@
 """The front model's core: validate, preprocess, coalesce, call the runtime, slice, postprocess.
 
-One front model serves one bundle (docs/serving.md, "The generated model repository"). Triton
-hands the front a list of requests (its dynamic batcher groups them); :meth:`FrontModel.execute`
-turns them into executions at compiled batch sizes (:mod:`hloserve.triton_backend.batching`),
-calls the runtime model once per execution through an injected ``call_runtime`` (the shim
-implements it with BLS), and returns one result per request, in order. A request's own problem
-(bad tensor, hook error) fails only that request; a runtime error fails the requests of that
+One front model serves one bundle (docs/serving.md, "The generated model repository"). The
+Triton shim sends each request through the runtime's channel
+(:mod:`hloserve.triton_backend.front_channel`), using :meth:`FrontModel.prepare`,
+:meth:`~FrontModel.runtime_inputs` and :meth:`~FrontModel.finish` per request;
+:meth:`FrontModel.execute` (executions at compiled batch sizes through an injected
+``call_runtime``) serves the in-process tests and benchmarks. A request's own problem (bad
+tensor, hook error) fails only that request; a runtime error fails the requests of that
 execution.
 
-Hooks (docs/bundles.md, "Hooks"): a bundle's ``model.py`` may define ``preprocess`` and
-``postprocess``; they run here, per request, in the front's instances (never in the runtime).
+Hooks (docs/bundles.md, "Hooks"; :mod:`hloserve.triton_backend.hooks`): a bundle's ``model.py``
+may define ``preprocess`` and ``postprocess``; they run here, per request, in the front's
+instances (never in the runtime).
 Shape variants (docs/bundles.md, "Shape variants"): each request runs on the smallest variant
 holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
 back; requests are coalesced only with requests of the same variant.
@@ -21,21 +23,21 @@ typed manifest (pydantic, PyYAML): it reads the front spec the repository builde
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hloserve.bundle.files import MODEL_PY, ModelPyImportError, import_model_py
-from hloserve.bundle.front_spec import FrontBundle, SpecTensor, read_front_spec
+from hloserve.bundle.front_spec import FrontBundle, SpecTensor, check_bundle_files, read_front_spec
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.model_repository_tools import names
 from hloserve.triton_backend import batching
+from hloserve.triton_backend.batching import pad_variable, unpad_outputs
+from hloserve.triton_backend.hooks import Hooks, IdentityHooks, ModuleHooks, load_hooks
 from hloserve.triton_backend.pb import ModelArgs, ServerStartingError
 from hloserve.triton_backend.tensors import TensorChecker
 
@@ -54,114 +56,6 @@ Result = Tensors | Exception
 #: runtime's namespaced names (``<bundle>__<tensor>``). Raises HloserveError; UNAVAILABLE means
 #: "not ready, retry".
 CallRuntime = Callable[[Mapping[str, np.ndarray], Sequence[str]], Mapping[str, np.ndarray]]
-
-
-class Hooks(Protocol):
-    """Per-request pre/post processing around the executable (a bundle's ``model.py``).
-
-    ``preprocess`` turns a request's client-facing inputs into the executable's inputs (the
-    manifest's ``inputs``); ``postprocess`` turns one request's executable outputs into its
-    client-facing outputs, and also gets that request's executable inputs (what
-    ``preprocess`` returned, e.g. an attention mask). Both see one request (its own batch
-    size and, with shape variants, its own sizes of the variable axes), never padding.
-    """
-
-    def preprocess(self, inputs: Tensors) -> Tensors: ...
-
-    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors: ...
-
-
-class IdentityHooks:
-    """The default hooks: tensors pass through unchanged."""
-
-    def preprocess(self, inputs: Tensors) -> Tensors:
-        return inputs
-
-    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
-        return outputs
-
-
-class ModuleHooks:
-    """Hooks from a bundle's ``model.py``: its ``preprocess(inputs)`` and ``postprocess``.
-
-    ``postprocess`` may take ``(outputs)`` or ``(outputs, inputs)``. A function the module does
-    not define is the identity.
-    """
-
-    def __init__(self, module: object) -> None:
-        self.module = module
-        self._pre = getattr(module, "preprocess", None)
-        post = getattr(module, "postprocess", None)
-        self._post = post
-        self._post_takes_inputs = post is not None and _positional_count(post) >= 2
-
-    @property
-    def has_preprocess(self) -> bool:
-        return self._pre is not None
-
-    @property
-    def has_postprocess(self) -> bool:
-        return self._post is not None
-
-    def preprocess(self, inputs: Tensors) -> Tensors:
-        return dict(self._pre(inputs)) if self._pre is not None else inputs
-
-    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
-        if self._post is None:
-            return outputs
-        if self._post_takes_inputs:
-            return dict(self._post(outputs, inputs))
-        return dict(self._post(outputs))
-
-
-def _positional_count(fn: Callable[..., object]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return 2
-    return sum(1 for p in params if p.kind in kinds)
-
-
-def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
-    """The hooks of a bundle: its ``model.py`` (:class:`ModuleHooks`), else the identity.
-
-    The module is imported under a private name with ``__file__`` set to its path, so it can
-    read files beside it (e.g. ``Path(__file__).parent / "tokenizer.json"``).
-
-    Raises:
-        InvalidArgumentError: ``model.py`` fails to import (its error in the message), or
-            ``client_inputs``/``client_outputs`` are declared without the hook that makes
-            them (``preprocess``/``postprocess``).
-    """
-    bundle = FrontBundle.of(bundle)
-    path = bundle.path / MODEL_PY
-    manifest = bundle.spec
-    if not path.is_file():
-        hooks: Hooks = IdentityHooks()
-        has_pre = has_post = False
-    else:
-        module_name = f"hloserve_hooks_{name.replace('.', '_').replace('-', '_')}"
-        try:
-            module = import_model_py(path, module_name)
-        except ModelPyImportError as exc:
-            raise InvalidArgumentError(f"model {name!r}: {path} failed to import: {exc}") from None
-        module_hooks = ModuleHooks(module)
-        has_pre, has_post = module_hooks.has_preprocess, module_hooks.has_postprocess
-        hooks = module_hooks
-    if manifest.client_inputs is not None and not has_pre:
-        raise InvalidArgumentError(
-            f"model {name!r}: client_inputs are declared but {MODEL_PY} defines no preprocess "
-            "to turn them into the executable's inputs"
-        )
-    if manifest.client_outputs is not None and not has_post:
-        raise InvalidArgumentError(
-            f"model {name!r}: client_outputs are declared but {MODEL_PY} defines no "
-            "postprocess to make them from the executable's outputs"
-        )
-    return hooks
 
 
 @dataclass(frozen=True)
@@ -378,7 +272,7 @@ class FrontModel:
         zero-padded on its variable axes up to the request's variant (its rows unpadded)."""
         variant = self._variants[prepared.variant]
         return [
-            np.ascontiguousarray(_pad_variable(spec, prepared.inputs[spec.name], variant))
+            np.ascontiguousarray(pad_variable(spec, prepared.inputs[spec.name], variant))
             for spec in self.manifest.inputs
         ]
 
@@ -395,7 +289,7 @@ class FrontModel:
             HloserveError: postprocess failed or broke the contract (INTERNAL).
         """
         named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
-        cut = _unpad_outputs(self.manifest.outputs, named, prepared.sizes)
+        cut = unpad_outputs(self.manifest.outputs, named, prepared.sizes)
         return self._postprocess(cut, prepared.inputs)
 
     def _drop_unit_axis(self, request: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -507,7 +401,7 @@ class FrontModel:
         variant = self._variants[members[0].variant]
         inputs: dict[str, np.ndarray] = {}
         for spec in self.manifest.inputs:
-            arrays = [_pad_variable(spec, m.inputs[spec.name], variant) for m in members]
+            arrays = [pad_variable(spec, m.inputs[spec.name], variant) for m in members]
             inputs[self._runtime_inputs[spec.name]] = self._assemble(spec, arrays, execution)
         wanted = list(self._runtime_outputs.values())
         raw = self._call_with_retry(inputs, wanted)
@@ -547,7 +441,7 @@ class FrontModel:
                 status=Status.INTERNAL,
             )
         if not self.manifest.batched:
-            return [_unpad_outputs(self.manifest.outputs, present, members[0].sizes)]
+            return [unpad_outputs(self.manifest.outputs, present, members[0].sizes)]
         per_request: list[Tensors] = [{} for _ in members]
         for spec in self.manifest.outputs:
             axis = spec.batch_axis
@@ -557,7 +451,7 @@ class FrontModel:
             ):
                 out[spec.name] = part
         return [
-            _unpad_outputs(self.manifest.outputs, out, m.sizes)
+            unpad_outputs(self.manifest.outputs, out, m.sizes)
             for out, m in zip(per_request, members, strict=True)
         ]
 
@@ -615,71 +509,6 @@ class FrontModel:
                 delay = min(delay * 2, policy.max_delay_s)
 
 
-def _pad_variable(spec: SpecTensor, array: np.ndarray, variant: Mapping[str, int]) -> np.ndarray:
-    """``array`` zero-padded at the end of each variable axis up to the variant's size."""
-    if not variant:
-        return array
-    for axis, letter in enumerate(spec.shape):
-        if letter in variant and array.shape[axis] < variant[letter]:
-            array = batching.pad(array, axis, variant[letter])
-    return array
-
-
-def _unpad_outputs(
-    specs: Sequence[SpecTensor], outputs: Tensors, sizes: Mapping[str, int]
-) -> Tensors:
-    """Each output cut back, on its variable axes, to the request's own sizes (views)."""
-    if not sizes:
-        return outputs
-    cut = {}
-    for spec in specs:
-        array = outputs[spec.name]
-        index = tuple(
-            slice(0, sizes[letter]) if letter in sizes else slice(None) for letter in spec.shape
-        )
-        cut[spec.name] = array[index]
-    return cut
-
-
-def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
-    """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
-
-    A front cannot ask the runtime whether its bundle compiles: BLS is refused in
-    ``initialize`` and, at server startup, in warmup too. So the front checks what it can read
-    alone: every executable is a StableHLO portable artifact (its header; the generated
-    repository converts MLIR text), and the safetensors header is readable and holds every
-    weight ``main`` takes, with the shapes and dtypes of the file. Compilation problems surface
-    on the first request, from the runtime.
-
-    Raises:
-        InvalidArgumentError: naming the model and the damaged file.
-    """
-    from hloserve.bundle.stablehlo import is_portable_artifact
-
-    bundle = FrontBundle.of(bundle)
-    for variant, size in sorted(bundle.spec.all_executables):
-        path = bundle.executable_path(size, variant)
-        try:
-            with path.open("rb") as f:
-                head = f.read(64)
-        except OSError as exc:
-            raise InvalidArgumentError(
-                f"model {name!r}: cannot read executable {path}: {exc.strerror}"
-            ) from None
-        if not is_portable_artifact(head):
-            raise InvalidArgumentError(
-                f"model {name!r}: {path} is not a StableHLO portable artifact "
-                "(rebuild the repository with `hloserve repo build`)"
-            )
-    try:
-        stored = bundle.stored_weights()
-    except HloserveError as exc:
-        raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
-    missing = [w for w in bundle.spec.weights_order if w not in stored]
-    if missing:
-        raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
-
-
 __all__ = [
     "PARAM_RUNTIME_WAIT_S",
     "CallRuntime",
@@ -692,4 +521,4 @@ __all__ = [
     "RetryPolicy",
     "check_bundle_files",
     "load_hooks",
-]
+]  # Hooks, IdentityHooks, ModuleHooks, load_hooks: hooks.py; check_bundle_files: front_spec

@@ -1,0 +1,134 @@
+"""A bundle's hooks in the front: ``preprocess`` and ``postprocess`` from its ``model.py``.
+
+docs/bundles.md, "Hooks": they run per request in the front's instances, never in the runtime.
+:func:`load_hooks` imports the module (or gives the identity) and checks that declared
+``client_inputs``/``client_outputs`` have the hook that makes them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from hloserve.bundle.files import MODEL_PY, ModelPyImportError, import_model_py
+from hloserve.bundle.front_spec import FrontBundle
+from hloserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from hloserve.bundle import Bundle
+
+Tensors = dict[str, np.ndarray]
+
+
+class Hooks(Protocol):
+    """Per-request pre/post processing around the executable (a bundle's ``model.py``).
+
+    ``preprocess`` turns a request's client-facing inputs into the executable's inputs (the
+    manifest's ``inputs``); ``postprocess`` turns one request's executable outputs into its
+    client-facing outputs, and also gets that request's executable inputs (what
+    ``preprocess`` returned, e.g. an attention mask). Both see one request (its own batch
+    size and, with shape variants, its own sizes of the variable axes), never padding.
+    """
+
+    def preprocess(self, inputs: Tensors) -> Tensors: ...
+
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors: ...
+
+
+class IdentityHooks:
+    """The default hooks: tensors pass through unchanged."""
+
+    def preprocess(self, inputs: Tensors) -> Tensors:
+        return inputs
+
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
+        return outputs
+
+
+class ModuleHooks:
+    """Hooks from a bundle's ``model.py``: its ``preprocess(inputs)`` and ``postprocess``.
+
+    ``postprocess`` may take ``(outputs)`` or ``(outputs, inputs)``. A function the module does
+    not define is the identity.
+    """
+
+    def __init__(self, module: object) -> None:
+        self.module = module
+        self._pre = getattr(module, "preprocess", None)
+        post = getattr(module, "postprocess", None)
+        self._post = post
+        self._post_takes_inputs = post is not None and _positional_count(post) >= 2
+
+    @property
+    def has_preprocess(self) -> bool:
+        return self._pre is not None
+
+    @property
+    def has_postprocess(self) -> bool:
+        return self._post is not None
+
+    def preprocess(self, inputs: Tensors) -> Tensors:
+        return dict(self._pre(inputs)) if self._pre is not None else inputs
+
+    def postprocess(self, outputs: Tensors, inputs: Tensors) -> Tensors:
+        if self._post is None:
+            return outputs
+        if self._post_takes_inputs:
+            return dict(self._post(outputs, inputs))
+        return dict(self._post(outputs))
+
+
+def _positional_count(fn: Callable[..., object]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(1 for p in params if p.kind in kinds)
+
+
+def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
+    """The hooks of a bundle: its ``model.py`` (:class:`ModuleHooks`), else the identity.
+
+    The module is imported under a private name with ``__file__`` set to its path, so it can
+    read files beside it (e.g. ``Path(__file__).parent / "tokenizer.json"``).
+
+    Raises:
+        InvalidArgumentError: ``model.py`` fails to import (its error in the message), or
+            ``client_inputs``/``client_outputs`` are declared without the hook that makes
+            them (``preprocess``/``postprocess``).
+    """
+    bundle = FrontBundle.of(bundle)
+    path = bundle.path / MODEL_PY
+    manifest = bundle.spec
+    if not path.is_file():
+        hooks: Hooks = IdentityHooks()
+        has_pre = has_post = False
+    else:
+        module_name = f"hloserve_hooks_{name.replace('.', '_').replace('-', '_')}"
+        try:
+            module = import_model_py(path, module_name)
+        except ModelPyImportError as exc:
+            raise InvalidArgumentError(f"model {name!r}: {path} failed to import: {exc}") from None
+        module_hooks = ModuleHooks(module)
+        has_pre, has_post = module_hooks.has_preprocess, module_hooks.has_postprocess
+        hooks = module_hooks
+    if manifest.client_inputs is not None and not has_pre:
+        raise InvalidArgumentError(
+            f"model {name!r}: client_inputs are declared but {MODEL_PY} defines no preprocess "
+            "to turn them into the executable's inputs"
+        )
+    if manifest.client_outputs is not None and not has_post:
+        raise InvalidArgumentError(
+            f"model {name!r}: client_outputs are declared but {MODEL_PY} defines no "
+            "postprocess to make them from the executable's outputs"
+        )
+    return hooks
+
+
+__all__ = ["Hooks", "IdentityHooks", "ModuleHooks", "load_hooks"]
