@@ -41,14 +41,10 @@ from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
-from hloserve.gateway.packing import (
-    LptController,
-    SchedulingControl,
-    WeightInfo,
-    weights_from_metrics,
-)
+from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
+from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.node.model_control import grpc_metadata, local_key
 from hloserve.node.status import fetch_metrics

@@ -1,9 +1,10 @@
 """The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC.
 
 A thin ``grpc.aio`` servicer: it converts between the messages of
-``hloserve/protos/gateway_control.proto`` and :class:`hloserve.gateway.packing.SchedulingControl`,
-which holds the logic, and raises :class:`hloserve.errors.HloserveError`, which the gateway
-server's :class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC status
+``hloserve/protos/gateway_control.proto`` and
+:class:`hloserve.gateway.scheduling_control.SchedulingControl`, which holds the logic, and
+raises :class:`hloserve.errors.HloserveError`, which the gateway server's
+:class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC status
 (INVALID_ARGUMENT naming the field, NOT_FOUND for an unknown model, FAILED_PRECONDITION for a
 mutation outside ``lpt_packing``). :func:`add_control_service` registers it on the gateway's
 own gRPC server, next to ``inference.GRPCInferenceService``: KServe clients never call it and
@@ -18,7 +19,7 @@ import grpc
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.config import SchedulingConfig
-from hloserve.gateway.packing import KNOBS, ModelRow, RepackRow, SchedulingControl
+from hloserve.gateway.scheduling_control import KNOBS, ModelRow, RepackRow, SchedulingControl
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
