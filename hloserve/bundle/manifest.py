@@ -20,16 +20,28 @@ Format versions (the newest first; bump MAX and add a line when the format chang
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hloserve.bundle import dtypes, notation
 from hloserve.bundle.files import MODEL_PY as MODEL_PY  # re-exported: its old home
+from hloserve.bundle.manifest_sections import (
+    _SYMBOLIC_TEXT,
+    SYMBOLIC,
+    Batching,
+    ClientTensorSpec,
+    MetaSection,
+    SymbolicBatch,
+    TensorSpec,
+    Variant,
+    Variants,
+    Weights,
+    _executable_keys,
+    _inside_bundle,
+)
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 from hloserve.errors import InvalidArgumentError, Status
 
@@ -45,29 +57,10 @@ FORMAT_VERSION = 1
 META_FORMAT_VERSION = 2
 #: Oldest ``format_version`` that may declare ``batching.symbolic``.
 SYMBOLIC_FORMAT_VERSION = 3
-#: ``executables`` key of a symbolic-batch artifact (written ``symbolic`` in YAML).
-SYMBOLIC = -1
-_SYMBOLIC_TEXT = "symbolic"
 
 MANIFEST_FILE = "manifest.yaml"
 #: Key of the single executable of a model without a batch axis.
 UNBATCHED = 0
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-#: Model names (the bundle directory names; kept in step with ``hloserve.bundle.bundle``).
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-def _inside_bundle(path: str) -> str | None:
-    """Why ``path`` may not name a file of the bundle, or None when it may.
-
-    Files are named relative to the bundle directory, without ``..`` or an absolute path, so
-    that a bundle can be copied (into a model repository) as one directory.
-    """
-    parts = path.replace("\\", "/").split("/")
-    if path.startswith("/") or ".." in parts or not path.strip():
-        return f"{path!r} must be a relative path inside the bundle (no '..', not absolute)"
-    return None
 
 
 class ManifestError(InvalidArgumentError):
@@ -81,236 +74,6 @@ class ManifestError(InvalidArgumentError):
         self.path = path
         self.problems = problems
         super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
-
-
-class TensorSpec(BaseModel, notation.TensorNotation):
-    """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
-
-    ``shape`` is a row-major string of single letters (NumPy/JAX order): ``"nhwc"`` with
-    ``dims: {h: 8, w: 8, c: 1}`` is an array of shape ``(batch, 8, 8, 1)``. ``n`` or ``b`` marks
-    the batch axis (at most one); every other letter needs a positive size in ``dims``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: Whether dtype ``bytes`` is allowed (only on client-facing tensors).
-    _allow_bytes: ClassVar[bool] = False
-
-    name: str
-    dtype: str
-    shape: str
-    dims: dict[str, int] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
-        return value
-
-    @model_validator(mode="after")
-    def _rules(self) -> TensorSpec:
-        problems = []
-        if self.dtype not in dtypes.TOKENS:
-            problems.append(
-                f"unknown dtype token {self.dtype!r}; known: {', '.join(dtypes.TOKENS)}"
-            )
-        elif self.dtype == "bytes" and not self._allow_bytes:
-            problems.append(
-                "dtype 'bytes' is not allowed on an executable tensor "
-                "(only on client-facing tensors that a hook turns into numbers)"
-            )
-        seen: set[str] = set()
-        for letter in self.shape:
-            if not ("a" <= letter <= "z" or "A" <= letter <= "Z"):
-                problems.append(f"shape {self.shape!r}: {letter!r} is not an ASCII letter")
-            elif letter in seen:
-                problems.append(f"shape {self.shape!r}: axis letter {letter!r} appears twice")
-            seen.add(letter)
-        batch = [c for c in self.shape if c in BATCH_LETTERS]
-        if len(set(batch)) > 1:
-            problems.append(
-                f"shape {self.shape!r} has two batch letters {batch[0]!r} and {batch[1]!r}; "
-                "at most one of 'n'/'b' per tensor"
-            )
-        for letter in dict.fromkeys(self.shape):
-            if letter in BATCH_LETTERS or not letter.isascii() or not letter.isalpha():
-                continue
-            if letter not in self.dims:
-                problems.append(f"shape {self.shape!r}: axis {letter!r} has no size in dims")
-        for letter, size in self.dims.items():
-            if letter in BATCH_LETTERS:
-                problems.append(
-                    f"dims gives a size for batch letter {letter!r}; the batch size varies"
-                )
-            elif letter not in self.shape:
-                problems.append(f"dims names {letter!r}, which is not in shape {self.shape!r}")
-            elif size == VARIABLE:
-                pass  # the manifest checks that variants list its sizes (or: a client tensor)
-            elif size <= 0:
-                problems.append(f"dims {letter}: size must be positive, got {size}")
-        if problems:
-            raise ValueError(f"tensor {self.name!r}: " + "; ".join(problems))
-        return self
-
-    @property
-    def nbytes_per_item(self) -> int:
-        """Bytes of one batch item (the whole tensor when unbatched)."""
-        count = 1
-        for size in self.shape_at(1):
-            count *= size
-        return count * self.dtype_info.itemsize
-
-
-class ClientTensorSpec(TensorSpec):
-    """One client-facing (wire) tensor: the notation of :class:`TensorSpec`, ``bytes`` allowed.
-
-    Declared by ``client_inputs``/``client_outputs``: what clients send and receive when that
-    differs from the executable's tensors (a meta model, or a model with hooks).
-    """
-
-    _allow_bytes: ClassVar[bool] = True
-
-
-class MetaSection(BaseModel):
-    """``meta`` section of a ``kind: meta`` manifest.
-
-    Attributes:
-        calls: the models ``run`` may call (by model name); empty for a compute-only meta.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    calls: list[str] = Field(default_factory=list)
-
-    @field_validator("calls")
-    @classmethod
-    def _calls_ok(cls, calls: list[str]) -> list[str]:
-        bad = [c for c in calls if not isinstance(c, str) or not _MODEL_NAME.match(c)]
-        if bad:
-            raise ValueError(f"meta.calls: {bad} are not model names ({_MODEL_NAME.pattern})")
-        dup = sorted({c for c in calls if calls.count(c) > 1})
-        if dup:
-            raise ValueError(f"meta.calls names a model twice: {dup}")
-        return calls
-
-
-class SymbolicBatch(BaseModel):
-    """``batching.symbolic``: the batch sizes a symbolic-batch artifact accepts.
-
-    The same constraints are inside the artifact as ``jax.export`` shape assertions; these are
-    the ones the validator and ``hloserve repo build`` check chosen sizes against.
-
-    Attributes:
-        min: smallest batch size (``>= 1``).
-        max: largest batch size, or None for no bound.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min: int = 1
-    max: int | None = None
-
-    @model_validator(mode="after")
-    def _bounds_ok(self) -> SymbolicBatch:
-        if self.min < 1:
-            raise ValueError(f"symbolic.min must be at least 1, got {self.min}")
-        if self.max is not None and self.max < self.min:
-            raise ValueError(f"symbolic.max {self.max} is below symbolic.min {self.min}")
-        return self
-
-    def violation(self, size: int) -> str | None:
-        """The constraint ``size`` breaks (e.g. ``"b >= 2"``), or None when it meets them all."""
-        if size < self.min:
-            return f"b >= {self.min}"
-        if self.max is not None and size > self.max:
-            return f"b <= {self.max}"
-        return None
-
-
-def _executable_keys(value: Any) -> Any:
-    """``executables`` as read from YAML: the key ``symbolic`` is :data:`SYMBOLIC`."""
-    if isinstance(value, Mapping):
-        return {SYMBOLIC if k == _SYMBOLIC_TEXT else k: v for k, v in value.items()}
-    return value
-
-
-class Batching(BaseModel):
-    """``batching`` section: the compiled batch sizes, and whether the artifacts are symbolic.
-
-    With ``symbolic`` the sizes may be empty in a bundle (they are chosen when a repository is
-    built, which writes them into its copy of the bundle).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    compiled_batch_sizes: list[int] = Field(default_factory=list)
-    symbolic: SymbolicBatch | None = None
-
-    @field_validator("compiled_batch_sizes")
-    @classmethod
-    def _sizes_ok(cls, sizes: list[int]) -> list[int]:
-        bad = [s for s in sizes if s <= 0]
-        if bad:
-            raise ValueError(f"compiled batch sizes must be positive, got {bad}")
-        if len(set(sizes)) != len(sizes):
-            raise ValueError(f"compiled batch sizes repeat a size: {sizes}")
-        return sorted(sizes)
-
-
-class Variant(BaseModel):
-    """One shape variant: sizes of the variable axes and its executables by batch size."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dims: dict[str, int]
-    executables: dict[int, str]
-
-    _keys = field_validator("executables", mode="before")(_executable_keys)
-
-    @field_validator("dims")
-    @classmethod
-    def _dims_ok(cls, dims: dict[str, int]) -> dict[str, int]:
-        bad = {k: v for k, v in dims.items() if v <= 0}
-        if bad:
-            raise ValueError(f"variant sizes must be positive, got {bad}")
-        return dims
-
-
-class Variants(BaseModel):
-    """``variants`` section: executables differing in non-batch axes, and how to pick one.
-
-    ``pick: smallest_fitting`` (the only rule): a request runs on the variant whose sizes are
-    the smallest that hold every variable axis of its executable inputs (after ``preprocess``);
-    the front zero-pads those axes up to the variant's sizes and slices outputs back. Requests
-    are coalesced only with requests of the same variant.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    pick: Literal["smallest_fitting"] = "smallest_fitting"
-    shapes: list[Variant]
-
-
-class Weights(BaseModel):
-    """``weights`` section: the safetensors file and the order ``main`` takes the weights in."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    file: str | None = None
-    order: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _rules(self) -> Weights:
-        dup = sorted({w for w in self.order if self.order.count(w) > 1})
-        if dup:
-            raise ValueError(f"weights.order names a weight twice: {dup}")
-        if self.order and not self.file:
-            raise ValueError("weights.order is not empty but weights.file is missing")
-        why = _inside_bundle(self.file) if self.file else None
-        if why:
-            raise ValueError(f"weights.file {why}")
-        return self
 
 
 class Manifest(BaseModel):
@@ -698,3 +461,31 @@ def load_manifest(path: Path) -> Manifest:
     except yaml.YAMLError as exc:
         raise ManifestError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_manifest(data, path=str(path))
+
+
+#: The section models live in :mod:`hloserve.bundle.manifest_sections`; re-exported here.
+__all__ = [
+    "BATCH_LETTERS",
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "MAX_FORMAT_VERSION",
+    "META_FORMAT_VERSION",
+    "MIN_FORMAT_VERSION",
+    "MODEL_PY",
+    "SYMBOLIC",
+    "SYMBOLIC_FORMAT_VERSION",
+    "UNBATCHED",
+    "VARIABLE",
+    "Batching",
+    "ClientTensorSpec",
+    "Manifest",
+    "ManifestError",
+    "MetaSection",
+    "SymbolicBatch",
+    "TensorSpec",
+    "Variant",
+    "Variants",
+    "Weights",
+    "load_manifest",
+    "parse_manifest",
+]
