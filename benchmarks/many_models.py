@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hloserve.model_repository_tools import names
+from hloserve import names
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

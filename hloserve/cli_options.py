@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 
 
 def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +83,7 @@ def weight_cache_options(args: argparse.Namespace) -> Any:
         InvalidArgumentError: a malformed ``--residency``.
     """
     from hloserve.model_repository_tools import WeightCacheOptions
-    from hloserve.model_repository_tools.names import parse_residency
+    from hloserve.names import parse_residency
 
     try:
         residency = parse_residency(",".join(args.residency))
@@ -123,7 +123,7 @@ def scheduling_options(args: argparse.Namespace) -> Any:
         InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
     """
     from hloserve.model_repository_tools import SchedulingOptions
-    from hloserve.model_repository_tools.names import parse_model_weights
+    from hloserve.names import parse_model_weights
 
     try:
         weights = parse_model_weights(",".join(args.model_weight))
@@ -160,7 +160,7 @@ def executable_cache_options(args: argparse.Namespace) -> Any:
         InvalidArgumentError: --executable-cache-bytes below 0.
     """
     from hloserve.model_repository_tools import ExecutableCacheOptions
-    from hloserve.model_repository_tools.names import EXECUTABLE_CACHE_OFF
+    from hloserve.names import EXECUTABLE_CACHE_OFF
 
     if args.executable_cache_bytes < 0:
         raise InvalidArgumentError(

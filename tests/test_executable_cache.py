@@ -424,7 +424,7 @@ def test_an_entry_that_does_not_deserialize_is_recompiled_and_rewritten(
 def test_runtime_from_args_logs_compiled_then_cached(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from hloserve.model_repository_tools import names
+    from hloserve import names
     from hloserve.triton_backend.runtime import RuntimeModel
 
     repo = tmp_path / "repo"
@@ -462,7 +462,7 @@ def test_runtime_from_args_logs_compiled_then_cached(
 
 
 def test_runtime_refuses_a_bad_bound_naming_the_model(tmp_path: Path) -> None:
-    from hloserve.model_repository_tools import names
+    from hloserve import names
     from hloserve.triton_backend.runtime import RuntimeModel
 
     params = {

@@ -15,7 +15,7 @@ pytest.importorskip("tritonclient.grpc")
 
 from test_gateway_proxy import FakeWorker, fleet, run
 
-from hloserve.model_repository_tools import names
+from hloserve import names
 
 
 @dataclass

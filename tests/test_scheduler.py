@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.scheduler import (
     REASON_EXPIRED,
     Batch,

@@ -19,12 +19,12 @@ import grpc
 from test_gateway_proxy import LIMITS, FakeWorker, run
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from hloserve import names
 from hloserve.errors import Status
 from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.preconditions import WorkerSchedulingError, check_lpt_workers
 from hloserve.gateway.proxy import Upstreams, channel_options
-from hloserve.model_repository_tools import names
 
 
 @dataclass

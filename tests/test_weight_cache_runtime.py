@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hloserve import names
 from hloserve.errors import HloserveError, Status
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.weight_cache import Residency, WeightCache

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2
 
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.model_repository_tools.names import (
+from hloserve.names import (
     BUNDLES_SEPARATOR,
     META_BACKEND,
     PARAM_META_CALLS,

@@ -34,7 +34,7 @@ from hloserve.gateway.placement import (
     compute_placement,
 )
 from hloserve.gateway.routing import ModelRoute, RoutingTable
-from hloserve.model_repository_tools.names import RUNTIME_MODEL
+from hloserve.names import RUNTIME_MODEL
 from hloserve.node.status import cache_status
 
 log = logging.getLogger("hloserve.gateway")

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2
 
 from hloserve.errors import WorkerSchedulingError
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.model_repository_tools.names import (
+from hloserve.names import (
     PARAM_SCHEDULING,
     RUNTIME_BACKEND,
     RUNTIME_MODEL,

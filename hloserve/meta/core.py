@@ -20,13 +20,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hloserve import triton_messages
+from hloserve import names, triton_messages
 from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, TensorSpec, load_bundle
 from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.meta.deadline import Deadline, DeadlineExceededError
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 

@@ -1,7 +1,7 @@
 """Bundles -> Triton model repository: configs, atomic writes, validation.
 
 The layout and every field are fixed by docs/serving.md ("The generated model repository").
-The strings the backends share live in :mod:`hloserve.model_repository_tools.names`, which
+The strings the backends share live in :mod:`hloserve.names`, which
 imports nothing else; so that importing it stays cheap inside Triton's stub processes, the
 names below are imported from their modules on first use (PEP 562), and Triton's
 ``model_config_pb2`` (tritonclient) only when a config is built or parsed.
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
         parse_config_text,
         runtime_config,
     )
-    from hloserve.model_repository_tools.names import REPOSITORY_FORMAT, runtime_tensor_name
     from hloserve.model_repository_tools.repository_plan import (
         CONFIG_FILE,
         ExecutableCacheOptions,
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
         plan_repository,
     )
     from hloserve.model_repository_tools.validate import validate_repository
+    from hloserve.names import REPOSITORY_FORMAT, runtime_tensor_name
 
 _WHERE = {
     "CONFIG_FILE": "repository_plan",

@@ -19,11 +19,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from hloserve import names
 from hloserve.bundle import check_bundle, load_bundle
 from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.errors import RepositoryError, Status
-from hloserve.model_repository_tools import names
 from hloserve.model_repository_tools.batch_sizes import (
     BatchSizeOptions,
 )

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hloserve import names
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
 from hloserve.bundle.manifest import Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
 from hloserve.errors import HloserveError, InvalidArgumentError, RepositoryError
-from hloserve.model_repository_tools import names
 from hloserve.model_repository_tools.batch_sizes import (
     BatchSizeError,
     BatchSizeOptions,
@@ -342,7 +342,7 @@ def check_names(bundles: Sequence[Bundle]) -> None:
 
     The runtime's tensor ``<bundle>__<tensor>`` must name exactly one bundle: no two bundles'
     names may both prefix it followed by ``"__"`` (so
-    :func:`~hloserve.model_repository_tools.names.split_runtime_tensor_name` is unambiguous).
+    :func:`~hloserve.names.split_runtime_tensor_name` is unambiguous).
     A bundle may not be named like the runtime model.
 
     Raises:

@@ -13,10 +13,10 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from hloserve import names
 from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
 from hloserve.bundle.front_spec import front_spec, read_front_spec
 from hloserve.errors import HloserveError, NotFoundError
-from hloserve.model_repository_tools import names
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,

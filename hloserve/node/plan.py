@@ -160,7 +160,7 @@ def tritonserver_flags(
     repository API is restricted to it (:mod:`hloserve.node.model_control`). Built by
     :func:`~hloserve.node.tritonserver.server_flags`, as for a local tritonserver.
     """
-    from hloserve.model_repository_tools import names
+    from hloserve import names
 
     t = config.tritonserver
     load = tuple(t.load_models)
@@ -346,7 +346,7 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
     Raises:
         InvalidArgumentError: a config.pbtxt does not parse.
     """
-    from hloserve.model_repository_tools import names
+    from hloserve import names
     from hloserve.model_repository_tools.config import parse_config
 
     result: list[str] = []

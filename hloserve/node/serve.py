@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from hloserve import names
 from hloserve.errors import FailedPreconditionError, NotFoundError
-from hloserve.model_repository_tools import names
 from hloserve.node.model_control import model_states
 from hloserve.node.plan import describe_exit
 from hloserve.node.process_runtime import wait_all_ready

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 from hloserve.node.plan import SERVING_FLAGS, with_dependencies
 from hloserve.node.ports import check_ports_free
 from hloserve.node.triton_options import ModelControlMode, TritonServerOptions

@@ -245,7 +245,7 @@ def install_version(staged: Path, repository: Path, name: str) -> Installed:
     one rename, so Triton reads either the old config or the new one. ``staged`` must be on the
     repository's file system.
     """
-    from hloserve.model_repository_tools import names
+    from hloserve import names
     from hloserve.model_repository_tools.build import CONFIG_FILE
     from hloserve.model_repository_tools.config import config_text, parse_config_text
 

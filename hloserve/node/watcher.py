@@ -347,7 +347,7 @@ class BundleWatcher:
 
     def _served_copy(self, name: str) -> Path:
         """The bundle copy that model ``name``'s current version serves."""
-        from hloserve.model_repository_tools import names
+        from hloserve import names
 
         versions = model_versions(self.repository / name)
         leaf = Path(names.BUNDLE_SUBDIR).name

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.executable_cache import DEFAULT_MAX_BYTES, ExecutableCache
 
 log = logging.getLogger("hloserve.triton_backend.executable_cache")

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hloserve import names
 from hloserve.bundle.front_spec import FrontBundle, SpecTensor, check_bundle_files, read_front_spec
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend import batching
 from hloserve.triton_backend.batching import pad_variable, unpad_outputs
 from hloserve.triton_backend.hooks import Hooks, IdentityHooks, ModuleHooks, load_hooks

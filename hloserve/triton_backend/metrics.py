@@ -40,8 +40,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 
 #: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
 #: takes ~21 ms on an H200, docs/on_demand_weights.md "GPU figures").

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from hloserve import names
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.compile import (
     CompiledExecutable,
     compile_artifact,

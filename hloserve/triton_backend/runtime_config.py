@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, cast
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 
 if TYPE_CHECKING:  # a type only: this module stays pure Python
     from hloserve.triton_backend.pb import ModelArgs

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hloserve.model_repository_tools import names
+from hloserve import names
 
 _HERE = Path(__file__).resolve().parent
 

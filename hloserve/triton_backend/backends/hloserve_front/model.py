@@ -19,8 +19,8 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request

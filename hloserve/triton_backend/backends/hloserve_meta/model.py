@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from hloserve import names
 from hloserve.meta import MetaModel
-from hloserve.model_repository_tools import names
 from hloserve.triton_backend import pb
 
 
