@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from hloserve import metric_names
 from hloserve.errors import InvalidArgumentError, UnavailableError
 from hloserve.units import format_bytes
 
@@ -79,28 +80,28 @@ def cache_status(text: str) -> CacheStatus:
     status = CacheStatus()
     seen = False
     for name, labels, value in parse_samples(text):
-        if not name.startswith("hloserve_weight"):
+        if not name.startswith(metric_names.WEIGHT_PREFIX):
             continue
         seen = True
-        if name == "hloserve_weight_cache_budget_bytes":
+        if name == metric_names.WEIGHT_CACHE_BUDGET_BYTES:
             status.budget_bytes = value
             continue
-        if name == "hloserve_weight_cache_resident_bytes":
+        if name == metric_names.WEIGHT_CACHE_RESIDENT_BYTES:
             status.resident_bytes = value
             continue
         model = labels.get("model")
         if model is None:
             continue
         row = status.models.setdefault(model, ModelCacheRow(model))
-        if name == "hloserve_weight_bytes":
+        if name == metric_names.WEIGHT_BYTES:
             row.nbytes, row.residency = value, labels.get("residency", "")
-        elif name == "hloserve_weight_resident_bytes":
+        elif name == metric_names.WEIGHT_RESIDENT_BYTES:
             row.resident_bytes = value
-        elif name == "hloserve_weight_loads_total":
+        elif name == metric_names.WEIGHT_LOADS:
             row.loads = value
-        elif name == "hloserve_weight_evictions_total":
+        elif name == metric_names.WEIGHT_EVICTIONS:
             row.evictions = value
-        elif name == "hloserve_weight_load_seconds_sum":
+        elif name == metric_names.WEIGHT_LOAD_SECONDS + "_sum":
             row.load_seconds = value
     if not seen:
         raise InvalidArgumentError(

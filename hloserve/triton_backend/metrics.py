@@ -40,7 +40,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hloserve import names
+from hloserve import metric_names, names
 from hloserve.errors import InvalidArgumentError
 
 #: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
@@ -71,29 +71,33 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
 #: (name, description, kind) of every metric family, in the order ``__init__`` unpacks them.
 _FAMILIES = (
     (
-        "hloserve_weight_cache_budget_bytes",
+        metric_names.WEIGHT_CACHE_BUDGET_BYTES,
         "Weight cache byte budget, pinned weights included (0 = none)",
         "GAUGE",
     ),
-    ("hloserve_weight_cache_resident_bytes", "Bytes of weights on the device, all models", "GAUGE"),
     (
-        "hloserve_weight_bytes",
+        metric_names.WEIGHT_CACHE_RESIDENT_BYTES,
+        "Bytes of weights on the device, all models",
+        "GAUGE",
+    ),
+    (
+        metric_names.WEIGHT_BYTES,
         "Bytes of the model's weights, labelled with its residency",
         "GAUGE",
     ),
-    ("hloserve_weight_resident_bytes", "Bytes of the model's weights on the device", "GAUGE"),
-    ("hloserve_weight_loads_total", "Host-to-device loads of the model's weights", "COUNTER"),
+    (metric_names.WEIGHT_RESIDENT_BYTES, "Bytes of the model's weights on the device", "GAUGE"),
+    (metric_names.WEIGHT_LOADS, "Host-to-device loads of the model's weights", "COUNTER"),
     (
-        "hloserve_weight_evictions_total",
+        metric_names.WEIGHT_EVICTIONS,
         "Evictions of the model's weights from the device",
         "COUNTER",
     ),
     (
-        "hloserve_weight_load_seconds",
+        metric_names.WEIGHT_LOAD_SECONDS,
         "Seconds per load of the model's weights to the device",
         "HISTOGRAM",
     ),
-    ("hloserve_weight_load_bytes_total", "Bytes of weights loaded to the device", "COUNTER"),
+    (metric_names.WEIGHT_LOAD_BYTES, "Bytes of weights loaded to the device", "COUNTER"),
 )
 
 
@@ -215,7 +219,7 @@ class TritonExecutionMetrics:
     def __init__(self, pb_utils: Any) -> None:
         family = pb_utils.MetricFamily
         self._family = family(
-            name="hloserve_executions_total",
+            name=metric_names.EXECUTIONS,
             description="Runtime executions per compiled executable (variant, batch size)",
             kind=family.COUNTER,
         )
