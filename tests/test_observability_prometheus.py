@@ -60,7 +60,7 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     cascade.write_meta(bundles)
     weights = (digits_bundle / "weights.safetensors").stat().st_size
     targets = root / "targets"
-    grpc, metrics, admin, prom = free_ports(4)
+    grpc, http, metrics, admin, prom = free_ports(5)
     log = root / "serve.log"
     env = {
         **os.environ,
@@ -70,7 +70,8 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     with log.open("wb") as out:
         serve = subprocess.Popen(
             [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+             "--worker-port-base", "0", "--grpc-port", str(grpc), "--http-port", str(http),
+             "--metrics-port", str(metrics),
              "--admin-port", str(admin), "--weight-cache-bytes", str(int(weights * 1.6))],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
