@@ -339,6 +339,44 @@ def test_an_inline_front_answers_before_run_returns(server: RuntimeServer, key: 
     assert _segments(key) == []
 
 
+def test_an_inline_run_returns_only_after_the_watcher_answered_its_requests(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hang-up watcher may fail the in-flight works before run() sees the closed socket:
+    run() must still return only once they are answered (the Triton shim returns the responses
+    from execute; a missing one hangs the client)."""
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
+    srv.start()
+    answers = Answers()
+
+    def slow(handle: Any, result: Any) -> None:
+        time.sleep(0.3)  # answering takes a while: run() must wait for it
+        answers(handle, result)
+
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(core, GOLDEN / "affine", slow, address=addr, key=key, wait_s=30.0, inline=True)
+    f.start(wait_s=60.0)
+    gate = Gate(srv, monkeypatch)
+    try:
+        running = threading.Thread(target=f.run, args=([Request("lost", {"x": EXPECTED["x"]})],))
+        running.start()
+        assert gate.entered.wait(10)
+        link = f._link
+        assert link is not None
+        watcher = threading.Thread(target=f._lost, args=(link,))  # as the watcher does
+        watcher.start()
+        running.join(10)
+        assert not running.is_alive()
+        assert answers.results["lost"].status is Status.UNAVAILABLE  # answered before returning
+        watcher.join(10)
+    finally:
+        gate.open()
+        f.close()
+        srv.close()
+    assert _segments(key) == []
+
+
 def test_an_inline_front_fails_in_flight_when_the_runtime_goes_then_reconnects(
     key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

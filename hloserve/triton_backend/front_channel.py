@@ -78,7 +78,8 @@ class Request:
 @dataclass
 class _Link:
     sock: socket.socket
-    closed: threading.Event = field(default_factory=threading.Event)
+    closed: threading.Event = field(default_factory=threading.Event)  # _lost has begun
+    failed: threading.Event = field(default_factory=threading.Event)  # ... and answered all
 
 
 def _wait_hangup(link: _Link) -> None:
@@ -233,11 +234,20 @@ class ChannelFront:
         self._ready.set()
 
     def _lost(self, link: _Link) -> None:
-        """Fail what is in flight on ``link`` (once per link: later calls do nothing)."""
+        """Fail what is in flight on ``link`` (once per link: a later call, from another
+        thread, returns once the first has answered every request it took)."""
         with self._lock:
-            if link.closed.is_set():
-                return
+            first = not link.closed.is_set()
             link.closed.set()
+        if not first:
+            link.failed.wait()
+            return
+        try:
+            self._fail_in_flight(link)
+        finally:
+            link.failed.set()
+
+    def _fail_in_flight(self, link: _Link) -> None:
         self._ready.clear()
         with self._lock:
             if self._link is link:
@@ -291,7 +301,9 @@ class ChannelFront:
         runtime's answers on this thread (``inline=True``).
 
         When the runtime goes away meanwhile, what is in flight fails UNAVAILABLE at once and
-        the front reconnects in the background.
+        the front reconnects in the background. Either way every request is answered before
+        this returns (the Triton shim returns their responses from ``execute``), even when the
+        hang-up watcher fails them first.
         """
         assert self.inline, "run() needs inline=True (a reader thread would race it)"
         sent = self._submit(requests)
