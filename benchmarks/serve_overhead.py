@@ -152,6 +152,18 @@ def main() -> int:
         "(each as model digits_instances<N>, after the --inflight ones)",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measured rounds after one warm-up round; each figure is the median (1)",
+    )
+    parser.add_argument(
+        "--no-preferred",
+        action="store_true",
+        help="also measure hloserve with no dynamic_batching.preferred_batch_size (model "
+        "digits_nopreferred, after the --instances ones)",
+    )
+    parser.add_argument(
         "--batch-sizes",
         default="1,2,4,8,16,32",
         help="hloserve's compiled batch sizes (1,2,4,8,16,32), or 'export' for the example's "
@@ -185,6 +197,14 @@ def main() -> int:
                     lambda t, n=n: re.sub(r"count: \d+", f"count: {n}", t, count=1),
                 )
             )
+        if args.no_preferred:
+            extra.append(
+                (
+                    "digits_nopreferred",
+                    "no preferred sizes",
+                    lambda t: re.sub(r"\s*preferred_batch_size: \d+", "", t),
+                )
+            )
         for name, _, _ in extra:
             shutil.copytree(bundles / "digits", bundles / name)
         build_kwargs: dict[str, object] = (
@@ -211,7 +231,8 @@ def main() -> int:
         rows: dict[str, dict[str, float]] = {}
         with TritonServer(server_options(options, repo)) as server:
             interval = int(args.seconds * 1000)
-            for _ in range(2):  # alternate, keep the second round (warm)
+            samples: dict[str, list[dict[str, float]]] = {}
+            for round_ in range(1 + args.rounds):  # alternate; round 0 only warms up
                 models = [("b", "digits_plain"), ("c", "digits")]
                 models += [(chr(ord("d") + i), name) for i, (name, _, _) in enumerate(extra)]
                 for label, model in models:
@@ -227,13 +248,19 @@ def main() -> int:
                         measurement_interval_ms=interval,
                         concurrency=(args.concurrency,),
                     )
-                    rows[label] = {
-                        "p50_us": one.p50_us,
-                        "p99_us": one.p99_us,
-                        "throughput_1": one.throughput,
-                        "throughput_n": load.throughput,
-                        "p99_n_us": load.p99_us,
-                    }
+                    if round_ == 0:
+                        continue
+                    samples.setdefault(label, []).append(
+                        {
+                            "p50_us": one.p50_us,
+                            "p99_us": one.p99_us,
+                            "throughput_1": one.throughput,
+                            "throughput_n": load.throughput,
+                            "p99_n_us": load.p99_us,
+                        }
+                    )
+            for label, runs in samples.items():  # the median of each figure over the rounds
+                rows[label] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         rows["a"] = measure_direct(
             bundles / "digits" / "weights.safetensors", args.seconds, args.concurrency
         )
@@ -243,7 +270,7 @@ def main() -> int:
         names[chr(ord("d") + i)] = f"hloserve, {description}"
     print(
         f"\ndigits, batch 1 per request; load = {args.concurrency} concurrent clients; "
-        f"hloserve batch sizes {args.batch_sizes}"
+        f"hloserve batch sizes {args.batch_sizes}; median of {args.rounds} rounds"
     )
     print(f"{'':28} {'p50 us':>9} {'p99 us':>9} {'infer/s (1)':>12} {'infer/s (load)':>15}")
     for key in sorted(rows):

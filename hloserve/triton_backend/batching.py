@@ -175,17 +175,19 @@ def concatenate(arrays: Sequence[np.ndarray], axis: int, size: int | None = None
     shape[axis] = size
     out = np.zeros(shape, dtype=first.dtype)
     start = 0
+    rest = first.shape[:axis] + first.shape[axis + 1 :]
     for a in arrays:
         if a.dtype != first.dtype:
             raise ValueError(f"cannot concatenate dtypes {first.dtype} and {a.dtype}")
-        if a.ndim != first.ndim or any(
-            a.shape[d] != first.shape[d] for d in range(first.ndim) if d != axis
-        ):
+        if a.ndim != first.ndim or a.shape[:axis] + a.shape[axis + 1 :] != rest:
             raise ValueError(
                 f"cannot concatenate shapes {first.shape} and {a.shape} along axis {axis}"
             )
         stop = start + a.shape[axis]
-        out[_index(first.ndim, axis, start, stop)] = a
+        if axis == 0:
+            out[start:stop] = a
+        else:
+            out[_index(first.ndim, axis, start, stop)] = a
         start = stop
     return out
 
@@ -204,8 +206,9 @@ def split(array: np.ndarray, axis: int, sizes: Sequence[int]) -> list[np.ndarray
     out = []
     start = 0
     for n in sizes:
-        out.append(array[_index(array.ndim, axis, start, start + n)])
-        start += n
+        stop = start + n
+        out.append(array[start:stop] if axis == 0 else array[_index(array.ndim, axis, start, stop)])
+        start = stop
     return out
 
 

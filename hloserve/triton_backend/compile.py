@@ -15,6 +15,7 @@ executable is serialized to disk and later starts deserialize it instead of comp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -84,27 +85,30 @@ class CompiledExecutable:
         """
         import jax
 
-        expected = self.signature.inputs
+        expected = self._expected
         if len(args) != len(expected):
             raise InvalidArgumentError(
                 f"executable takes {len(expected)} arguments, got {len(args)}"
             )
-        placed = []
-        for i, (arg, want) in enumerate(zip(args, expected, strict=True)):
-            array = (
-                arg if isinstance(arg, jax.Array) else jax.device_put(np.asarray(arg), self.device)
-            )
-            got = (tuple(array.shape), np.dtype(array.dtype))
-            want_dtype = _numpy_dtype(want.element_type)
-            if got != (want.shape, want_dtype):
-                narrowed = want_dtype.itemsize == 8 and got[1].itemsize == 4
+        placed = [
+            arg if isinstance(arg, jax.Array) else jax.device_put(np.asarray(arg), self.device)
+            for arg in args
+        ]
+        for i, (array, (shape, dtype)) in enumerate(zip(placed, expected, strict=True)):
+            if array.shape != shape or array.dtype != dtype:
+                got = (tuple(array.shape), np.dtype(array.dtype))
+                narrowed = dtype.itemsize == 8 and got[1].itemsize == 4
                 hint = " (JAX narrowed a 64-bit array: call enable_x64() first)" if narrowed else ""
                 raise InvalidArgumentError(
-                    f"argument {i}: expected {want.shape} {want_dtype}, got {got[0]} {got[1]}{hint}"
+                    f"argument {i}: expected {shape} {dtype}, got {got[0]} {got[1]}{hint}"
                 )
-            placed.append(array)
         results = self.loaded.execute_sharded(placed)
         return [shards[0] for shards in results.disassemble_into_single_device_arrays()]
+
+    @functools.cached_property
+    def _expected(self) -> tuple[tuple[tuple[int | None, ...], np.dtype], ...]:
+        """(shape, dtype) of each ``main`` argument, worked out once (checked every call)."""
+        return tuple((tuple(t.shape), _numpy_dtype(t.element_type)) for t in self.signature.inputs)
 
     def run_numpy(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`__call__` on host arrays, returning host NumPy arrays."""

@@ -72,6 +72,12 @@ class _Connection:
             self.open = False
 
 
+#: (name, shape, dtype, bytes) per tensor, in the manifest's order
+_Layout = tuple[tuple[str, tuple[int, ...], np.dtype, int], ...]
+#: most cached layouts (bundle, variant, rows) before the table starts again
+_MAX_LAYOUTS = 4096
+
+
 @dataclass
 class _Job:
     conn: _Connection
@@ -129,6 +135,7 @@ class RuntimeServer:
         self._loaded: dict[str, LoadedBundle] = {}
         self._holds_lock = threading.Lock()
         self._connections: set[_Connection] = set()
+        self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
@@ -312,31 +319,29 @@ class RuntimeServer:
                 conn.send({"op": "failed", "ids": [w["id"]], **error_message(exc)})
 
     def _job(self, conn: _Connection, loaded: LoadedBundle, w: dict[str, Any]) -> _Job:
-        manifest = loaded.bundle.manifest
         variant = int(w["variant"])
-        if not 0 <= variant < len(manifest.variant_dims):
-            raise InvalidArgumentError(f"model {loaded.name!r}: no variant {variant}")
-        dims = manifest.variant_dims[variant]
-        rows = int(w["rows"]) if manifest.batched else 1
+        rows = int(w["rows"]) if loaded.bundle.manifest.batched else 1
+        layout = self._layouts.get((loaded.key, variant, rows))
+        if layout is None:
+            layout = self._layout(loaded, variant, rows)
         segments: list[channel.Segment] = []
 
-        def views(specs: Sequence[Any], places: Sequence[Sequence[Any]]) -> list[np.ndarray]:
-            if len(places) != len(specs):
+        def views(tensors: _Layout, places: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+            if len(places) != len(tensors):
                 raise InvalidArgumentError(f"model {loaded.name!r}: wrong tensor count")
             out: list[np.ndarray] = []
-            for spec, (segment_name, offset) in zip(specs, places, strict=True):
+            for (name, shape, dtype, nbytes), (segment_name, offset) in zip(
+                tensors, places, strict=True
+            ):
                 if segment_name:
                     seg = channel.Segment(str(segment_name))
                     segments.append(seg)
                 else:
                     assert conn.arena is not None
                     seg = conn.arena
-                shape = spec.shape_at(rows, dims)
-                dtype = spec.dtype_info.numpy
-                nbytes = math.prod(shape) * dtype.itemsize
                 if offset < 0 or offset + nbytes > seg.size:
                     raise InvalidArgumentError(
-                        f"model {loaded.name!r}: tensor {spec.name!r} lies outside its segment"
+                        f"model {loaded.name!r}: tensor {name!r} lies outside its segment"
                     )
                 out.append(np.ndarray(shape, dtype, buffer=seg.buffer, offset=int(offset)))
             return out
@@ -345,10 +350,32 @@ class RuntimeServer:
             conn,
             int(w["id"]),
             rows,
-            views(manifest.inputs, w["in"]),
-            views(manifest.outputs, w["out"]),
+            views(layout[0], w["in"]),
+            views(layout[1], w["out"]),
             segments,
         )
+
+    def _layout(self, loaded: LoadedBundle, variant: int, rows: int) -> tuple[_Layout, _Layout]:
+        """(name, shape, dtype, bytes) of each input and output of ``loaded`` at ``variant``
+        and ``rows``; worked out once per (bundle, variant, rows), then read from a table."""
+        manifest = loaded.bundle.manifest
+        if not 0 <= variant < len(manifest.variant_dims):
+            raise InvalidArgumentError(f"model {loaded.name!r}: no variant {variant}")
+        dims = manifest.variant_dims[variant]
+
+        def tensors(specs: Sequence[Any]) -> _Layout:
+            out = []
+            for spec in specs:
+                shape = spec.shape_at(rows, dims)
+                dtype = spec.dtype_info.numpy
+                out.append((spec.name, shape, dtype, math.prod(shape) * dtype.itemsize))
+            return tuple(out)
+
+        layout = (tensors(manifest.inputs), tensors(manifest.outputs))
+        if len(self._layouts) >= _MAX_LAYOUTS:
+            self._layouts.clear()
+        self._layouts[(loaded.key, variant, rows)] = layout
+        return layout
 
     def _shed(self, work: Work, reason: str) -> None:
         job = work.payload

@@ -402,7 +402,9 @@ class Scheduler:
         if not contenders:
             return None
         discipline = self._config.discipline
-        if discipline == "fifo":
+        if len(contenders) == 1:  # every discipline picks the only model with work
+            name = contenders[0][0]
+        elif discipline == "fifo":
             name = min(contenders, key=lambda c: (c[1].queue[0].arrival, c[0]))[0]
         elif discipline == "edf":
             inf = math.inf
@@ -418,8 +420,13 @@ class Scheduler:
             name = self._select_fair(contenders, now)
         entry = self._models[name]
         batch = entry.planned(name)
-        taken = {id(w) for w in batch.works}
-        entry.queue = collections.deque(w for w in entry.queue if id(w) not in taken)
+        queue = entry.queue
+        if all(queue[i] is w for i, w in enumerate(batch.works)):  # the leading run: pop it
+            for _ in batch.works:
+                queue.popleft()
+        else:  # works of another variant sat between them: they stay queued, in order
+            taken = {id(w) for w in batch.works}
+            entry.queue = collections.deque(w for w in queue if id(w) not in taken)
         entry.plan = None
         return batch
 
