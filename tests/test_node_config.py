@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from hloserve.errors import Status
 from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
@@ -383,14 +384,34 @@ def test_a_bad_value_from_the_environment_names_its_variable(tmp_path: Path) -> 
 
 
 def test_node_gateway_gets_every_worker_http_endpoint(tmp_path: Path) -> None:
-    """The node's gateway knows each worker's HTTP port, as serve's does (``http_listen``)."""
-    two = NodeConfig.model_validate(
+    """The node's gateway serves KServe HTTP on Triton's port 8000 by default, over each
+    worker's HTTP port, as serve's does; ``gateway.http_listen`` moves it or (null) turns it
+    off, and the node's own keys are refused in ``settings``."""
+    default = NodeConfig.model_validate({"repository": tmp_path, "cpu_workers": 2})
+    gw = gateway_config(default, plan_workers(default))
+    assert gw.worker_http == ("127.0.0.1:8100", "127.0.0.1:8103")
+    assert gw.http_listen == "127.0.0.1:8000"
+    assert planned_ports(default, plan_workers(default))["gateway http"] == ("127.0.0.1", 8000)
+    moved = NodeConfig.model_validate(
+        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"http_listen": "127.0.0.1:9000"}}
+    )
+    assert gateway_config(moved, plan_workers(moved)).http_listen == "127.0.0.1:9000"
+    off = NodeConfig.model_validate(
         {
             "repository": tmp_path,
             "cpu_workers": 2,
-            "gateway": {"settings": {"http_listen": "127.0.0.1:9000"}},
+            "gateway": {"http_listen": None, "settings": {"data_plane": "python"}},
         }
     )
-    gw = gateway_config(two, plan_workers(two))
-    assert gw.worker_http == ("127.0.0.1:8100", "127.0.0.1:8103")
-    assert gw.http_listen == "127.0.0.1:9000"
+    assert gateway_config(off, plan_workers(off)).http_listen is None
+    assert "gateway http" not in planned_ports(off, plan_workers(off))
+    for key in ("http_listen", "worker_http"):
+        with pytest.raises(ValidationError, match=f"{key} .*set by the node"):
+            NodeConfig.model_validate(
+                {"repository": tmp_path, "gateway": {"settings": {key: "127.0.0.1:9000"}}}
+            )
+    clash = NodeConfig.model_validate(
+        {"repository": tmp_path, "cpu_workers": 2, "gateway": {"http_listen": "127.0.0.1:8103"}}
+    )
+    with pytest.raises(NodeConfigError, match="gateway http and worker 1 http both use port 8103"):
+        planned_ports(clash, plan_workers(clash))

@@ -103,6 +103,7 @@ def node(
         },
         "gateway": {
             "listen": f"127.0.0.1:{gateway_port}",
+            "http_listen": "127.0.0.1:0",
             "admin_port": admin_port,
             "settings": {"discovery": {"poll_interval_seconds": 1}},
         },

@@ -50,7 +50,7 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     (work / "bundles").mkdir()
     os.symlink(digits_bundle, work / "bundles" / "digits")
     build_repository(work / "bundles", work / "repository")
-    gateway, admin, supervisor = free_ports(3)
+    gateway, http, admin, supervisor = free_ports(4)
     settings = {
         "name": f"ptest{os.getpid()}",
         "runtime": "process",
@@ -61,6 +61,7 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "tritonserver": {"startup_timeout_s": STARTUP_S},
         "gateway": {
             "listen": f"127.0.0.1:{gateway}",
+            "http_listen": f"127.0.0.1:{http}",
             "admin_port": admin,
             "settings": {"discovery": {"poll_interval_seconds": 1}},
         },
@@ -99,8 +100,29 @@ def test_two_process_workers_serve_digits_through_the_gateway(
         time.sleep(0.1)
     assert all(successes(url) > 0 for url in node.worker_grpc)
     assert "[worker 0]" in node.log_text() and "[worker 1]" in node.log_text()
-    admin = yaml.safe_load(node.config.read_text())["gateway"]["admin_port"]
-    assert f"gateway grpc {node.gateway} admin http://127.0.0.1:{admin} " in node.log_text()
+    settings = yaml.safe_load(node.config.read_text())["gateway"]
+    http, admin = settings["http_listen"], settings["admin_port"]
+    assert (
+        f"gateway grpc {node.gateway} http {http} admin http://127.0.0.1:{admin} "
+        in node.log_text()
+    )
+
+
+def test_the_node_gateway_answers_kserve_http(node: NodeProcess, test_split: Any) -> None:
+    """``gateway.http_listen``: KServe HTTP through the node's gateway, the same logits."""
+    import tritonclient.http as httpclient
+
+    images, reference = test_split
+    url = yaml.safe_load(node.config.read_text())["gateway"]["http_listen"]
+    client = httpclient.InferenceServerClient(url)
+    try:
+        tensor = httpclient.InferInput("image", [8, *images.shape[1:]], "FP32")
+        tensor.set_data_from_numpy(np.ascontiguousarray(images[:8]))
+        logits = client.infer("digits", [tensor]).as_numpy("logits")
+        np.testing.assert_allclose(logits, reference[:8], rtol=1e-5, atol=1e-5)
+        assert client.get_model_metadata("digits")["name"] == "digits"
+    finally:
+        client.close()
 
 
 def _targets(node: NodeProcess) -> list[Path]:

@@ -187,8 +187,9 @@ def run_node_up(
         if gateway is not None:
             gw_host = config.gateway.listen.rpartition(":")[0]
             grpc_port, admin_port = gateway.port, gateway.admin_port
+            http = f"http {gateway.http_address} " if gateway.http_address else ""
             lines.append(
-                f"  gateway grpc {gw_host}:{grpc_port} "
+                f"  gateway grpc {gw_host}:{grpc_port} {http}"
                 f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
             )
         if observe.admin:

@@ -183,21 +183,26 @@ class NodeGatewayConfig(_Section):
         enabled: ``auto`` (default) runs it when there are two or more workers; true/false
             force it on or off.
         listen: its KServe V2 gRPC endpoint, host:port ("127.0.0.1:8001").
+        http_listen: its KServe V2 HTTP endpoint, host:port ("127.0.0.1:8000", Triton's HTTP
+            port); null: gRPC only (needed with ``settings.data_plane: python``, which has no
+            HTTP).
         admin_port: its /healthz, /readyz, /metrics port on the listen host (8002).
         settings: further :class:`hloserve.gateway.config.GatewayConfig` keys (``mode``,
-            ``scheduling``, ``discovery``, ``upstream``, ``grpc``); ``workers`` and
-            ``worker_metrics`` come from the node.
+            ``scheduling``, ``discovery``, ``upstream``, ``grpc``, ``tls``); ``workers``,
+            ``worker_metrics``, ``worker_http`` and the listen addresses come from the node.
     """
 
     enabled: bool | Literal["auto"] = "auto"
     listen: str = "127.0.0.1:8001"
+    http_listen: str | None = "127.0.0.1:8000"
     admin_port: int = Field(default=8002, ge=0, le=65535)
     settings: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("settings")
     @classmethod
     def _settings(cls, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = sorted({"workers", "worker_metrics", "listen", "admin_port"} & set(value))
+        node_keys = {"workers", "worker_metrics", "worker_http", "listen", "http_listen"}
+        reserved = sorted((node_keys | {"admin_port"}) & set(value))
         if reserved:
             raise ValueError(f"{', '.join(reserved)} are set by the node, not in settings")
         return value

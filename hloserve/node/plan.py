@@ -195,6 +195,10 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     if gateway_enabled(config, len(plan)):
         gw_host, _, gw_port = config.gateway.listen.rpartition(":")
         ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
+        if config.gateway.http_listen is not None:
+            http_host, _, http_port = config.gateway.http_listen.rpartition(":")
+            if int(http_port):  # 0: a free port, picked when the gateway starts
+                ports["gateway http"] = (http_host.strip("[]"), int(http_port))
         if config.gateway.admin_port:
             ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
     if config.admin_port:  # None: the default 8003, off with a warning when taken
@@ -244,6 +248,7 @@ def gateway_config(
     data = {
         **config.gateway.settings,
         "listen": config.gateway.listen,
+        "http_listen": config.gateway.http_listen,
         "admin_port": config.gateway.admin_port,
         **endpoints,
     }
