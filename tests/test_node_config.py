@@ -37,6 +37,7 @@ host: 0.0.0.0
 gpus: all
 docker:
   image: registry.example/hloserve-worker:24.12
+  ipc: private
   shm_size: 2g
   env: {HLOSERVE_LOG: info}
   mounts: [/srv/cache:/cache:rw]
@@ -67,15 +68,17 @@ GOLDEN_WORKER_2 = {
         "--exit-on-error=false",
         "--strict-readiness=false",
         "--backend-config=python,shm-default-byte-size=16777216",
+        "--backend-config=python,shm-region-prefix-name=hloserve-gpunode-w2-",
     ],
     "labels": {"hloserve.node": "gpunode", "hloserve.worker": "2", "hloserve.gpu": "2"},
     "environment": {"HLOSERVE_LOG": "info"},
     "network_mode": "host",
+    "ipc_mode": "private",
+    "shm_size": "2g",
     "volumes": {
         "/srv/models": {"bind": "/models", "mode": "ro"},
         "/srv/cache": {"bind": "/cache", "mode": "rw"},
     },
-    "shm_size": "2g",
     "ulimits": [
         {"name": "memlock", "soft": -1, "hard": -1},
         {"name": "stack", "soft": 67108864, "hard": 67108864},
@@ -92,6 +95,36 @@ def gpu_node(tmp_path: Path) -> NodeConfig:
     path = tmp_path / "node.yaml"
     path.write_text(GPU_NODE)
     return load_node_config(path, environ={})
+
+
+def test_worker_containers_share_the_hosts_ipc_namespace_by_default(tmp_path: Path) -> None:
+    """``docker.ipc: host`` (default): clients' system shared-memory regions are visible to
+    the workers; no private ``/dev/shm`` size; each worker's Python backend regions get their
+    own prefix (they share the host's ``/dev/shm``), unless the user's args set one."""
+    node = NodeConfig.model_validate(
+        {"name": "n", "runtime": "docker", "repository": tmp_path, "cpu_workers": 2}
+    )
+    specs = [container_spec(node, w) for w in plan_workers(node)]
+    assert [s["ipc_mode"] for s in specs] == ["host", "host"]
+    assert all("shm_size" not in s for s in specs)
+    prefixes = [[a for a in s["command"] if "shm-region-prefix-name" in a] for s in specs]
+    assert prefixes == [
+        ["--backend-config=python,shm-region-prefix-name=hloserve-n-w0-"],
+        ["--backend-config=python,shm-region-prefix-name=hloserve-n-w1-"],
+    ]
+    own = node.model_copy(
+        update={
+            "tritonserver": node.tritonserver.model_copy(
+                update={"args": ("--backend-config=python,shm-region-prefix-name=mine-",)}
+            )
+        }
+    )
+    command = container_spec(own, plan_workers(own)[0])["command"]
+    assert [a for a in command if "shm-region-prefix-name" in a] == [
+        "--backend-config=python,shm-region-prefix-name=mine-"
+    ]
+    with pytest.raises(ValidationError, match=r"docker\.ipc"):
+        NodeConfig.model_validate({"repository": tmp_path, "docker": {"ipc": "shareable"}})
 
 
 def test_gpu_node_container_spec_matches_golden(gpu_node: NodeConfig) -> None:

@@ -81,7 +81,7 @@ def node(
     (work / "bundles").mkdir()
     os.symlink(digits_bundle, work / "bundles" / "digits")
     build_repository(work / "bundles", work / "repository")
-    gateway_port, admin_port = free_ports(2)
+    gateway_port, http_port, admin_port = free_ports(3)
     name = f"hlotest{os.getpid()}"
     settings = {
         "name": name,
@@ -96,14 +96,13 @@ def node(
             "launcher": "hloserve",
             "mounts": container_mounts(),
             "env": container_env(),
-            "shm_size": "256m",
             "stop_timeout_s": 10,
             # memlock: -1 (the default) needs a daemon allowed to raise the hard limit
             "ulimits": {"memlock": MEMLOCK, "stack": 67108864},
         },
         "gateway": {
             "listen": f"127.0.0.1:{gateway_port}",
-            "http_listen": "127.0.0.1:0",
+            "http_listen": f"127.0.0.1:{http_port}",
             "admin_port": admin_port,
             "settings": {"discovery": {"poll_interval_seconds": 1}},
         },
@@ -153,10 +152,48 @@ def test_two_cpu_worker_containers_serve_digits_through_the_gateway(
     assert "[worker 0]" in node.log_text() and "[worker 1]" in node.log_text()
 
 
+def test_system_shared_memory_reaches_the_worker_containers(
+    node: NodeProcess, test_split: Any
+) -> None:
+    """``docker.ipc: host``: a region the client creates on the host, registered through the
+    gateway (fanned out to both containers), carries the input and output of requests that
+    either container answers, as direct calls do."""
+    from multiprocessing import shared_memory
+
+    images, reference = test_split
+    batch = np.ascontiguousarray(images[:4])
+    sizes = {"in": batch.nbytes, "out": reference[:4].nbytes}
+    regions = {
+        n: shared_memory.SharedMemory(f"hloserve-node-{os.getpid()}-{n}", create=True, size=size)
+        for n, size in sizes.items()
+    }
+    gateway = grpcclient.InferenceServerClient(node.gateway)
+    try:
+        np.ndarray(batch.shape, np.float32, buffer=regions["in"].buf)[:] = batch
+        for n, region in regions.items():  # POSIX key: "/" + the name in /dev/shm
+            gateway.register_system_shared_memory(f"node_{n}", f"/{region.name}", sizes[n])
+        for url in node.worker_grpc:  # fanned out: every container registered both
+            status = grpcclient.InferenceServerClient(url).get_system_shared_memory_status()
+            assert {"node_in", "node_out"} <= set(status.regions)
+        for _ in range(4):  # round robin over both containers
+            tensor = grpcclient.InferInput("image", list(batch.shape), "FP32")
+            tensor.set_shared_memory("node_in", sizes["in"])
+            output = grpcclient.InferRequestedOutput("logits")
+            output.set_shared_memory("node_out", sizes["out"])
+            gateway.infer("digits", [tensor], outputs=[output], client_timeout=30)
+            logits = np.ndarray(reference[:4].shape, np.float32, buffer=regions["out"].buf)
+            np.testing.assert_allclose(logits, reference[:4], rtol=1e-5, atol=1e-5)
+        gateway.unregister_system_shared_memory()
+    finally:
+        for region in regions.values():
+            region.close()
+            region.unlink()
+
+
 def test_containers_are_what_the_node_file_asked_for(client: Any, node: NodeProcess) -> None:
     host_config = containers(client, node)[1].attrs["HostConfig"]
     assert host_config["NetworkMode"] == "host"
-    assert host_config["ShmSize"] == 256 * 1024 * 1024
+    assert host_config["IpcMode"] == "host"  # docker.ipc's default: clients' shm regions
     assert host_config["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 3}
     assert {u["Name"]: u["Soft"] for u in host_config["Ulimits"]} == {
         "memlock": MEMLOCK,

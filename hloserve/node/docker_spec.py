@@ -80,12 +80,23 @@ def worker_command(
         config = config.model_copy(
             update={"tritonserver": t.model_copy(update={"load_models": loads})}
         )
+    flags = tritonserver_flags(config, worker, model_control_key)
+    if not any("shm-region-prefix-name" in flag for flag in flags):
+        # the Python backend's stub regions are named by this prefix; with ipc: host every
+        # worker's lie in the host's /dev/shm, so each worker needs its own
+        flags.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(config, worker)}")
     return [
         "tritonserver",
         f"--model-repository={repo}",
         f"--backend-directory={config.docker.backend_directory}",
-        *tritonserver_flags(config, worker, model_control_key),
+        *flags,
     ]
+
+
+def shm_prefix(config: NodeConfig, worker: WorkerPlan) -> str:
+    """The Python backend's ``shm-region-prefix-name`` of one worker container: unique per
+    node and worker, since with ``docker.ipc: host`` they share the host's ``/dev/shm``."""
+    return f"hloserve-{config.name}-w{worker.index}-"
 
 
 def container_spec(
@@ -94,7 +105,9 @@ def container_spec(
     """Keyword arguments of ``containers.run`` for one worker, as plain JSON values.
 
     Host networking (the worker binds its planned ports on ``config.host``), the repository
-    mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, ``shm_size``,
+    mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, the IPC
+    namespace ``docker.ipc`` (the host's by default, for clients' shared-memory regions;
+    ``shm_size`` with a private one),
     ``docker.ulimits`` (memlock unlimited, 64 MiB stack), Docker's ``init`` (reaps the Python
     backend's stub processes), the restart policy, the node/worker/GPU labels, and for a GPU
     worker one device request for exactly that GPU (inside the container it is device 0).
@@ -137,8 +150,9 @@ def container_spec(
         },
         "environment": env,
         "network_mode": "host",
+        "ipc_mode": d.ipc,
+        **({"shm_size": d.shm_size} if d.ipc == "private" else {}),
         "volumes": volumes,
-        "shm_size": d.shm_size,
         "ulimits": [{"name": k, "soft": v, "hard": v} for k, v in d.ulimits.items()],
         "device_requests": (
             []

@@ -130,8 +130,13 @@ class DockerConfig(_Section):
             nvidia-pytriton wheel's tritonserver: the CPU image).
         backend_directory: ``--backend-directory`` inside the image (launcher tritonserver).
         repository_mount: where the repository is mounted, read-only, in the container.
-        shm_size: ``/dev/shm`` size, Docker syntax (``"1g"``); the Python backend moves every
-            tensor through it, so Docker's 64 MiB default is too small.
+        ipc: the containers' IPC namespace: ``host`` (default) shares the host's ``/dev/shm``,
+            so a client's system shared-memory regions (KServe's shared-memory extension)
+            are visible to the workers; ``private`` gives each container its own
+            ``/dev/shm`` of ``shm_size`` (clients then cannot register regions).
+        shm_size: ``/dev/shm`` size with ``ipc: private``, Docker syntax (``"1g"``); the
+            Python backend moves every tensor through it, so Docker's 64 MiB default is too
+            small. With ``ipc: host`` the host's ``/dev/shm`` is used.
         env: extra environment variables of every worker container.
         mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
         stop_timeout_s: seconds Docker waits after SIGTERM before SIGKILL on stop (30).
@@ -146,6 +151,7 @@ class DockerConfig(_Section):
     launcher: Launcher = "tritonserver"
     backend_directory: str = "/opt/tritonserver/backends"
     repository_mount: str = "/models"
+    ipc: Literal["host", "private"] = "host"
     shm_size: str = "1g"
     env: dict[str, str] = Field(default_factory=dict)
     mounts: tuple[str, ...] = ()
