@@ -187,3 +187,30 @@ def test_knob_changes_reach_the_clock_and_the_next_repack() -> None:
     assert len(controller.tick(_discovered("a", "b"), {}, 1.0).routes["a"].replicas) == 1
     assert sorted(controller.repack_now().routes["a"].replicas) == ["w0", "w1"]
     assert controller.repacks == 2
+
+
+def test_a_new_model_goes_where_the_placement_puts_it() -> None:
+    """``place_new``: a model no worker holds (explicit load through the gateway) goes to the
+    least loaded worker(s) of the current placement, with its configured replicas; the
+    runtime model and an empty fleet get every candidate; the placement itself is unchanged
+    until the next tick."""
+    controller = LptController(SchedulingConfig(models={"wide": {"replicas": 2}}))
+    controller.tick(_discovered("a", "b", "c"), {}, 1.0)
+    assert controller.placement is not None
+    before = dict(controller.placement.assignment)
+    held = {w: sum(w in ws for ws in before.values()) for w in WORKERS}
+    lighter = min(WORKERS, key=lambda w: (held[w], WORKERS.index(w)))
+    assert controller.place_new("new", WORKERS) == (lighter,)
+    assert sorted(controller.place_new("wide", WORKERS)) == ["w0", "w1"]
+    assert controller.place_new("new", ("w1",)) == ("w1",)  # w0 unhealthy: not a candidate
+    assert controller.place_new("hloserve_runtime", WORKERS) == WORKERS
+    assert controller.place_new("new", ()) == ()
+    assert dict(controller.placement.assignment) == before
+    # by memory: with weights reported, a heavy resident model pushes the new one away
+    info = WeightInfo({"a": 90, "b": 1, "c": 1, "new": 20}, {"w0": 100, "w1": 100})
+    heavy = LptController(SchedulingConfig())
+    heavy.tick(_discovered("a", "b", "c"), {}, 1.0, info)
+    assert heavy.placement is not None
+    home_of_a = heavy.placement.assignment["a"][0]
+    (chosen,) = heavy.place_new("new", WORKERS)
+    assert chosen != home_of_a

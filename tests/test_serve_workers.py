@@ -180,3 +180,70 @@ def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
         stop_serve(proc)
+
+
+def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path: Path) -> None:
+    """Explicit model control through the gateway in ``lpt_packing`` mode: a model in the
+    repository that no worker has loaded goes where the placement puts it (one replica by
+    default: one worker), not to every worker; it is served through the gateway after."""
+    from hloserve.node.model_control import ENV_KEY, GRPC_METADATA_KEY
+
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    for name in ("affine", "affine_b"):
+        (bundles / name).symlink_to(GOLDEN / "affine", target_is_directory=True)
+    gateway_file = tmp_path / "gateway.yaml"
+    gateway_file.write_text("mode: lpt_packing\ndiscovery: {poll_interval_seconds: 1}\n")
+    http_port, grpc_port, admin_port = free_ports(3)
+    key = "TestKey-" + "p" * 20
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
+             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
+             "--http-port", str(http_port), "--metrics-port", str(admin_port),
+             "--model-control-mode", "explicit", "--load-model", "affine", "--scheduling", "fifo",
+             "--gateway-config", str(gateway_file)],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
+        )  # fmt: skip
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 300)
+        workers = [
+            m.group(1) for m in re.finditer(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", log.read_text())
+        ]
+        assert len(workers) == 2, log.read_text()[-3000:]
+        gateway = f"127.0.0.1:{grpc_port}"
+        headers = {GRPC_METADATA_KEY: key}
+
+        def loaded_on() -> list[str]:
+            on = []
+            for worker in workers:
+                index = grpcclient.InferenceServerClient(worker).get_model_repository_index(
+                    headers=headers, as_json=True
+                )
+                states = {m["name"]: m.get("state") for m in index.get("models", [])}
+                if states.get("affine_b") == "READY":
+                    on.append(worker)
+            return on
+
+        assert loaded_on() == []
+        grpcclient.InferenceServerClient(gateway).load_model("affine_b", headers=headers)
+        assert len(loaded_on()) == 1, "lpt_packing places one replica: one worker loads it"
+        assert "lpt_packing: new model 'affine_b' goes to" in log.read_text()
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        expected = _affine(gateway, x)
+        client = grpcclient.InferenceServerClient(gateway)
+        deadline = time.monotonic() + 30
+        while True:  # the table follows within a discovery pass
+            try:
+                tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+                tensor.set_data_from_numpy(x)
+                got = client.infer("affine_b", [tensor]).as_numpy("y")
+                break
+            except InferenceServerException:
+                assert time.monotonic() < deadline, "affine_b not served after the load"
+                time.sleep(0.2)
+        np.testing.assert_array_equal(got, expected)
+    finally:
+        stop_serve(proc)

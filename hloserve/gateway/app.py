@@ -142,6 +142,13 @@ async def run_gateway(
             config.admission.max_inflight_requests_per_worker * len(config.workers),
             config.admission.max_inflight_items_per_model,
         ),
+        place=(
+            None
+            if controller is None
+            else lambda model: controller.place_new(
+                model, [w for w in config.workers if w not in health.unhealthy]
+            )
+        ),
     )
     # Both ports are bound before the first discovery pass, so a taken port fails at once.
     address = listen or config.listen

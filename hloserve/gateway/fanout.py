@@ -52,6 +52,8 @@ class FleetRpcs:
         request_timeout_s: deadline of one forwarded call, seconds.
         probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
         refresh: rediscovers the routing table (called after a model load or unload).
+        place: the workers a model that no worker holds should be loaded on (``lpt_packing``:
+            :meth:`hloserve.gateway.packing.LptController.place_new`); None: every worker.
     """
 
     def __init__(
@@ -61,7 +63,9 @@ class FleetRpcs:
         request_timeout_s: float,
         probe_timeout_s: float,
         refresh: Callable[[], Awaitable[None]] | None = None,
+        place: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
+        self._place = place
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
@@ -181,6 +185,8 @@ class FleetRpcs:
     ) -> bytes:
         held = await self.holders(model)
         targets = held or list(self._upstreams.workers)
+        if not held and method == "RepositoryModelLoad" and self._place is not None:
+            targets = list(self._place(model)) or targets  # where the placement mode puts it
         answers = await self._fan_out(method, request, targets, restricted_metadata(context))
         if isinstance(self._refresh, SingleFlight):  # now, not within its interval
             with contextlib.suppress(Exception):  # the next poll tries again
@@ -196,8 +202,9 @@ class FleetRpcs:
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Load (or reload) a model on every worker that holds it, on every worker when none
-        does (Triton's explicit model control; the workers check the client's restricted-API
+        """Load (or reload) a model on every worker that holds it; when none does, where the
+        placement mode puts it (``place``: ``lpt_packing``'s choice) or on every worker
+        (Triton's explicit model control; the workers check the client's restricted-API
         key). The routing table is rediscovered before the answer, so the next inference
         request finds the model.
 

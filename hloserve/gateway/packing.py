@@ -21,7 +21,7 @@ decoupled from the rebalance budget.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hloserve.errors import InvalidArgumentError
@@ -240,7 +240,49 @@ class LptController:
             self._placed_models, self._placed_workers = models, frozenset(workers)
         return self._restrict(discovered)
 
-    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
+    def place_new(self, model: str, workers: Sequence[str]) -> tuple[str, ...]:
+        """The workers a model that no worker holds yet should be loaded on (explicit model
+        control through the gateway, docs/gateway.md "Model control").
+
+        The current models and ``model`` (no traffic seen: placed by memory, its weight bytes
+        if the workers reported them, else 0, so it goes to the least loaded workers; its
+        configured replica count) are placed as a repack would, with the current assignment
+        and hysteresis; only ``model``'s share of that placement is returned. The next
+        discovery tick, which finds ``model`` on those workers, repacks for real.
+
+        Args:
+            model: the model to load.
+            workers: the candidate workers (the healthy ones), in fleet order.
+
+        Returns:
+            ``model``'s workers, in placement order; all of ``workers`` when it is internal
+            (the runtime model) or there are none.
+        """
+        if model in self._internal or not workers:
+            return tuple(workers)
+        loads = [load for load in self._loads(self._discovered, self.weights) if load.name != model]
+        loads.append(
+            ModelLoad(
+                model,
+                weight_bytes=self.weights.model_bytes.get(model, 0),
+                replicas=self._scheduling.replicas_of(model),
+            )
+        )
+        previous = self.placement.assignment if self.placement is not None else None
+        placement = compute_placement(
+            loads,
+            [WorkerCapacity(w, self.weights.budget_bytes.get(w, 0)) for w in workers],
+            previous=previous,
+            hysteresis=self._scheduling.hysteresis,
+            forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
+        )
+        chosen = placement.assignment[model]
+        log.info("lpt_packing: new model %r goes to %s", model, ", ".join(chosen))
+        return chosen
+
+    def _loads(self, discovered: RoutingTable, weights: WeightInfo) -> list[ModelLoad]:
+        """What :func:`compute_placement` places: every discovered model but the internal ones
+        (a meta with its callees' footprint and no compute of its own)."""
         loads = []
         for name, route in discovered.routes.items():
             if name in self._internal:
@@ -261,6 +303,10 @@ class LptController:
                     replicas=self._scheduling.replicas_of(name),
                 )
             )
+        return loads
+
+    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
+        loads = self._loads(discovered, weights)
         previous = self.placement.assignment if self.placement is not None else None
         self.placement = compute_placement(
             loads,

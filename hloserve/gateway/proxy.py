@@ -64,7 +64,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -132,6 +132,7 @@ class GatewayProxy:
             in the table, e.g. a :class:`SingleFlight` over a discovery pass.
         metrics: where upstream calls of ModelInfer are recorded (none when None).
         admission: bounds on ModelInfer calls and items in flight (none when None).
+        place: where RepositoryModelLoad puts a model no worker holds (:class:`FleetRpcs`).
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class GatewayProxy:
         refresh: Callable[[], Awaitable[None]] | None = None,
         metrics: GatewayMetrics | None = None,
         admission: Admission | None = None,
+        place: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         self._admission = admission
         self._refresh = refresh
@@ -155,7 +157,9 @@ class GatewayProxy:
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
         self._batch_inputs = dict(batch_inputs or {})
-        self._fleet = FleetRpcs(router, upstreams, request_timeout_s, probe_timeout_s, refresh)
+        self._fleet = FleetRpcs(
+            router, upstreams, request_timeout_s, probe_timeout_s, refresh, place
+        )
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Forward one inference request to a replica.
