@@ -70,7 +70,6 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
         ({"watch": True, "watch_interval_s": 0.0}, "--watch-interval must be above 0 seconds"),
-        ({"watch": True, "workers": 2}, "it cannot be used with --workers"),
         ({"watch": True, "model_control_mode": "poll"}, "leave out --model-control-mode"),
         (
             {"watch": True, "model_control_mode": "explicit", "load_models": ("x",)},

@@ -20,6 +20,7 @@ from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.validate import validate_repository
+from hloserve.node.model_control import error_text
 from hloserve.node.serve import ServeOptions, check_options
 from hloserve.node.status import render_models
 from hloserve.node.watch import (
@@ -36,7 +37,7 @@ from hloserve.node.watch import (
     roll_back,
     scan,
 )
-from hloserve.node.watcher import BundleWatcher, _error_text
+from hloserve.node.watcher import BundleWatcher
 from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
 
 GOLDEN_WEIGHTS = GOLDEN / "affine" / "weights.safetensors"
@@ -357,7 +358,7 @@ def test_watch_refuses_a_model_repository(served: tuple[Path, Path]) -> None:
 
 def test_load_errors_lose_the_python_backend_traceback() -> None:
     exc = RuntimeError("failed to load 'm': broken on purpose\n\nAt:\n  core.py(315): load_run\n")
-    assert _error_text(exc) == "failed to load 'm': broken on purpose"
+    assert error_text(exc) == "failed to load 'm': broken on purpose"
 
 
 def test_render_models_one_line_per_model() -> None:
@@ -460,3 +461,50 @@ def test_an_unexpected_error_fails_only_its_own_model(
     assert records["a"].state == "FAILED" and "No space left on device" in records["a"].error
     assert records["b"].state == "READY"
     assert any("model 'a': change failed (version 1 keeps serving)" in line for line in lines)
+
+
+class _Recorder:
+    """A worker's model control that records calls and can be told to fail (pure logic)."""
+
+    def __init__(self, url: str, calls: list[str], fail: str = "") -> None:
+        self.http_url, self._calls, self._fail = url, calls, fail
+
+    def _do(self, what: str) -> None:
+        if what == self._fail:
+            raise RuntimeError(f"failed to load: {what}\n\nAt:\n  stub traceback")
+        self._calls.append(f"{self.http_url} {what}")
+
+    def load(self, model: str) -> None:
+        self._do(f"load {model}")
+
+    def reload(self, model: str) -> None:
+        self._do(f"reload {model}")
+
+    def unload(self, model: str) -> None:
+        self._do(f"unload {model}")
+
+    def index(self) -> list[dict[str, str]]:
+        return [{"name": "a", "state": "READY", "source": self.http_url}]
+
+
+def test_fleet_model_control_makes_each_change_on_every_running_worker() -> None:
+    from hloserve.node.model_control import FleetModelControl
+
+    calls: list[str] = []
+    running = {0: True, 1: False, 2: True}
+    workers = [_Recorder(f"w{i}", calls, fail="load bad" if i == 2 else "") for i in range(3)]
+    fleet = FleetModelControl(workers, running.__getitem__)  # type: ignore[arg-type]
+    fleet.load("a")
+    fleet.reload("m")
+    fleet.unload("b")
+    assert calls == ["w0 load a", "w2 load a", "w0 reload m", "w2 reload m", "w0 unload b",
+                     "w2 unload b"]  # fmt: skip
+    with pytest.raises(RuntimeError) as failed:  # the failing worker named, no traceback
+        fleet.load("bad")
+    assert str(failed.value) == "worker 2 (w2): failed to load: load bad"
+    assert calls[-1] == "w0 load bad"  # worker 0 already serves it; worker 2 keeps the old
+    assert fleet.index()[0]["source"] == "w0"
+    running[0] = False
+    assert fleet.index()[0]["source"] == "w2"
+    running[2] = False
+    assert fleet.index() == []

@@ -246,3 +246,76 @@ def test_watch_reloads_adds_and_removes_bundles_without_failing_a_request(
         f"{len(loop.answers)} requests to a, none failed; "
         f"new weights served {took:.1f} s after the rename"
     )
+
+
+def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
+    """``serve --watch --workers 2``: a's weights replaced -> both workers (and the gateway)
+    answer the new weights with no failed request of a loop through the gateway; b added ->
+    both workers serve it; b removed -> NOT_FOUND through the gateway."""
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copytree(GOLDEN / "affine", bundles / "a")
+    http, grpc, metrics = free_ports(3)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--watch",
+             "--watch-interval", str(INTERVAL_S), "--workers", "2", "--worker-port-base", "0",
+             "--admin-port", "0", "--http-port", str(http), "--grpc-port", str(grpc),
+             "--metrics-port", str(metrics)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    serve = Serve(process, log, f"127.0.0.1:{grpc}", "")
+    loop = LoadLoop(serve.grpc)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    try:
+        serve.wait_for(r"hloserve: ready after", 300)
+        serve.wait_for(r"watching .* every 0.5 s", 10)
+        workers = re.findall(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", serve.text())
+        assert len(workers) == 2, serve.text()[-3000:]
+        clients = [grpcclient.InferenceServerClient(w) for w in workers]
+        old_y = infer(clients[0], "a")
+        thread.start()
+        until(lambda: len(loop.answers) > 20, 60, "the loop's first answers", serve)
+
+        weights = bundles / "a" / "weights.safetensors"
+        doubled = {k: v * 2 for k, v in safetensors_numpy.load_file(weights).items()}
+        new_y = affine(doubled)
+        safetensors_numpy.save_file(doubled, bundles / "a" / ".weights.new")
+        os.replace(bundles / "a" / ".weights.new", weights)
+        until(
+            lambda: all(np.allclose(infer(c, "a"), new_y, atol=1e-5) for c in clients),
+            180,
+            "a's new answers on both workers",
+            serve,
+        )
+        until(lambda: np.allclose(loop.answers[-1], new_y, atol=1e-5), 30, "gateway", serve)
+        assert not np.allclose(new_y, old_y, atol=1e-3)
+
+        shutil.copytree(GOLDEN / "affine", bundles / "b")
+        until(lambda: "model 'b': version 1 READY" in serve.text(), 180, "b served", serve)
+        assert all(np.allclose(infer(c, "b"), old_y, atol=1e-5) for c in clients)
+
+        shutil.rmtree(bundles / "b")
+        until(lambda: "model 'b': unloaded" in serve.text(), 120, "b unloaded", serve)
+        gateway = grpcclient.InferenceServerClient(serve.grpc)
+
+        def refused() -> bool:
+            try:
+                infer(gateway, "b")
+            except grpcclient.InferenceServerException as exc:
+                return exc.status() == "StatusCode.NOT_FOUND"
+            return False
+
+        until(refused, 30, "NOT_FOUND for b through the gateway", serve)
+        loop.stop.set()
+        thread.join(30)
+        assert loop.failures == [], loop.failures[:3]
+    finally:
+        loop.stop.set()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -114,7 +114,7 @@ def run_serve(options: ServeOptions) -> int:
             if stop.is_set():  # Ctrl-C while the repository was being built
                 return 0
             if options.workers > 1:
-                return run_fleet(options, repository, stop)
+                return run_fleet(options, repository, stop, watched)
             # die_with_parent: a SIGKILLed `hloserve serve` leaves no orphan tritonserver.
             server = TritonServer(
                 dataclasses.replace(server_options(options, repository), die_with_parent=True)
@@ -146,14 +146,15 @@ def run_serve(options: ServeOptions) -> int:
                     )
                     if observe.admin:
                         print(f"  admin   http://{observe.admin}/metrics (supervisor)")
-                from hloserve.node.watcher import TritonModelControl, serve_model_list, watching
+                from hloserve.node.model_control import TritonModelControl
+                from hloserve.node.watcher import serve_model_list, watching
 
                 if watched is not None:
                     stack.enter_context(
                         watching(
                             options.path,
                             repository,
-                            server,
+                            [server],
                             observe,
                             watched,
                             build=build_arguments(options),

@@ -11,20 +11,36 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hloserve.node.model_control import model_states
 from hloserve.node.ports import free_port
-from hloserve.node.serve_options import ServeOptions, check_worker_ports, server_options
+from hloserve.node.serve_options import (
+    ServeOptions,
+    build_arguments,
+    check_worker_ports,
+    server_options,
+)
 
 if TYPE_CHECKING:
+    from hloserve.node.watch import Fingerprint
     from hloserve.observability.supervisor import NodeObservability
 
 
-def run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) -> int:
-    """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port."""
+def run_fleet(
+    options: ServeOptions,
+    repository: Path,
+    stop: threading.Event,
+    watched: Mapping[str, Fingerprint] | None = None,
+) -> int:
+    """``--workers N``: N tritonservers on the worker ports, the gateway on the gRPC port.
+
+    With ``watched`` (``--watch``: the bundles directory's content the repository was built
+    from) the bundles directory is watched once the fleet is ready and every change is made
+    on every worker (:class:`~hloserve.node.watcher.FleetModelControl`).
+    """
     from hloserve.gateway.config import with_tls
     from hloserve.node.fleet import LocalFleet, supervise
     from hloserve.node.plan import fleet_gateway_config, worker_ports
@@ -100,6 +116,21 @@ def run_fleet(options: ServeOptions, repository: Path, stop: threading.Event) ->
             + " (Ctrl-C to stop)",
             flush=True,
         )
+        if watched is not None:
+            from hloserve.node.watcher import watching
+
+            stack.enter_context(
+                watching(
+                    options.path,
+                    repository,
+                    fleet.servers,
+                    observe,
+                    watched,
+                    build=build_arguments(options),
+                    interval_s=options.watch_interval_s,
+                    timeout_s=options.startup_timeout_s,
+                )
+            )
         return supervise(fleet, stop, lambda line: print(line, flush=True), observe=observe)
     finally:
         stack.close()

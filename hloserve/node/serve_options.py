@@ -271,7 +271,6 @@ def check_options(options: ServeOptions) -> None:
         check_watch_options(
             interval_s=options.watch_interval_s,
             path_is_repository=is_repository(options.path),
-            workers=options.workers,
             model_control_mode=options.model_control_mode,
             load_models=options.load_models,
         )

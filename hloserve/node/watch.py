@@ -292,15 +292,15 @@ def check_watch_options(
     *,
     interval_s: float,
     path_is_repository: bool,
-    workers: int,
     model_control_mode: str | None,
     load_models: Sequence[str],
 ) -> None:
-    """``--watch`` needs one server in explicit mode serving a bundles directory.
+    """``--watch`` needs explicit mode serving a bundles directory (one server or
+    ``--workers N``: every change is made on every worker).
 
     Raises:
-        InvalidArgumentError: an interval of 0 or less, PATH a model repository, ``--workers``
-            above 1, another model control mode, or ``--load-model``.
+        InvalidArgumentError: an interval of 0 or less, PATH a model repository, another
+            model control mode, or ``--load-model``.
     """
     from hloserve.errors import InvalidArgumentError
 
@@ -310,11 +310,6 @@ def check_watch_options(
         raise InvalidArgumentError(
             "--watch needs a bundles directory (PATH is a model repository; serve it with "
             "--model-control-mode poll to follow its changes)"
-        )
-    if workers > 1:
-        raise InvalidArgumentError(
-            "--watch serves one tritonserver: it cannot be used with --workers (restart the "
-            "fleet to serve changed bundles)"
         )
     if model_control_mode not in (None, "explicit") or load_models:
         raise InvalidArgumentError(

@@ -14,12 +14,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
+from hloserve.node.model_control import FleetModelControl, TritonModelControl, error_text
 from hloserve.node.watch import (
     DEFAULT_WATCH_INTERVAL_S,
     Changes,
@@ -55,71 +56,6 @@ class ModelControl(Protocol):
 
     def unload(self, model: str) -> None:
         """Unload ``model`` and wait until it is unloaded."""
-
-
-class TritonModelControl:
-    """:class:`ModelControl` over a tritonserver's HTTP endpoint, with the model-control key.
-
-    Args:
-        http_url: ``host:port``.
-        key: the restricted repository API's key (:mod:`hloserve.node.model_control`).
-        timeout_s: seconds a load may take (compiling included).
-    """
-
-    def __init__(self, http_url: str, key: str | None, timeout_s: float) -> None:
-        from hloserve.node.model_control import http_headers
-
-        self.http_url = http_url
-        self.headers = http_headers(key) or {}
-        self.timeout_s = timeout_s
-
-    def _client(self) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(
-            self.http_url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
-        )
-
-    def load(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.load_model(model, headers=self.headers)
-        finally:
-            client.close()
-
-    def reload(self, model: str) -> None:
-        from hloserve.node.watchdog import reload_model
-
-        reload_model(self.http_url, model, self.timeout_s, self.headers)
-
-    def unload(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.unload_model(model, headers=self.headers)
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:  # Triton unloads once in-flight requests end
-                index = client.get_model_repository_index(headers=self.headers)
-                states = {m["name"]: m.get("state", "") for m in index}
-                if states.get(model) not in ("READY", "UNLOADING"):
-                    return
-                time.sleep(0.1)
-        finally:
-            client.close()
-
-    def index(self) -> list[dict[str, Any]]:
-        """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
-        client = self._client()
-        try:
-            return list(client.get_model_repository_index(headers=self.headers))
-        finally:
-            client.close()
-
-
-def _error_text(exc: Exception) -> str:
-    """An error's message without the Python backend's traceback (``"\n\nAt:\n  ..."``)."""
-    message = getattr(exc, "message", None)
-    text = str(message() if callable(message) else (message or exc))
-    return text.split("\n\nAt:\n", 1)[0].strip()
 
 
 @dataclass
@@ -170,7 +106,7 @@ class BundleWatcher:
                 self.poll_once()
             except Exception as exc:  # the watcher keeps watching
                 log.exception("watch round failed")
-                self.report(f"hloserve: watch: round failed: {_error_text(exc)}")
+                self.report(f"hloserve: watch: round failed: {error_text(exc)}")
 
     def poll_once(self) -> Changes:
         """One poll: scan, and act on the changes that settled."""
@@ -206,7 +142,7 @@ class BundleWatcher:
             return bool(action(name))
         except Exception as exc:
             log.exception("watch: model %r", name)
-            self._fail(name, "change", f"{type(exc).__name__}: {_error_text(exc)}")
+            self._fail(name, "change", f"{type(exc).__name__}: {error_text(exc)}")
             return False
 
     def _source_calls(self, models: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -253,7 +189,7 @@ class BundleWatcher:
         try:
             self.control.unload(name)
         except Exception as exc:
-            self._fail(name, "unload", _error_text(exc))
+            self._fail(name, "unload", error_text(exc))
             return
         shutil.rmtree(self.repository / name, ignore_errors=True)
         self._forget(name)
@@ -297,7 +233,7 @@ class BundleWatcher:
                 self.control.load(name)
             except Exception as exc:
                 roll_back(installed)
-                self._fail(name, f"load of version {installed.version}", _error_text(exc))
+                self._fail(name, f"load of version {installed.version}", error_text(exc))
                 return False
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -340,7 +276,7 @@ class BundleWatcher:
         try:
             self.control.reload(meta)
         except Exception as exc:
-            self._fail(meta, "reload", _error_text(exc))
+            self._fail(meta, "reload", error_text(exc))
             return
         self._record(meta, state="READY", error="", last_reload=time.time())
         self.report(f"hloserve: watch: meta model '{meta}': reloaded")
@@ -384,7 +320,7 @@ def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
 def watching(
     bundles_dir: Path,
     repository: Path,
-    server: TritonServer,
+    servers: Sequence[TritonServer],
     observe: NodeObservability,
     acted: Mapping[str, Fingerprint],
     *,
@@ -397,11 +333,20 @@ def watching(
 
     Args:
         bundles_dir, repository, acted, build, interval_s: see :class:`BundleWatcher`.
-        server: the running server (its HTTP endpoint and model-control key).
+        servers: the running servers of the repository (their HTTP endpoints and
+            model-control keys): one, or the workers of ``serve --workers N``
+            (:class:`FleetModelControl`).
         observe: the supervisor's admin port.
         timeout_s: seconds one load may take.
     """
-    control = TritonModelControl(server.urls.http, server.options.model_control_key, timeout_s)
+    controls = [
+        TritonModelControl(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
+    ]
+    control: TritonModelControl | FleetModelControl = (
+        controls[0]
+        if len(controls) == 1
+        else FleetModelControl(controls, lambda i: servers[i].is_running())
+    )
     watcher = BundleWatcher(
         bundles_dir,
         repository,
@@ -429,7 +374,7 @@ def watching(
 
 def serve_model_list(
     observe: NodeObservability,
-    control: TritonModelControl,
+    control: TritonModelControl | FleetModelControl,
     watcher: BundleWatcher | None = None,
 ) -> None:
     """Answer the admin port's ``/models`` with :func:`~hloserve.node.watch.model_rows` of the
@@ -441,6 +386,7 @@ def serve_model_list(
 
 __all__ = [
     "BundleWatcher",
+    "FleetModelControl",
     "ModelControl",
     "TritonModelControl",
     "serve_model_list",
