@@ -38,6 +38,25 @@ def _affine(address: str, x: np.ndarray) -> np.ndarray:
     return result
 
 
+def _serve_two_workers(
+    bundles: Path, log: Path, key: str, *extra: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``hloserve serve BUNDLES --workers 2`` with the model-control key, its output in
+    ``log``; the process and the gateway's gRPC port."""
+    from hloserve.node.model_control import ENV_KEY
+
+    http_port, grpc_port, admin_port = free_ports(3)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
+             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
+             "--http-port", str(http_port), "--metrics-port", str(admin_port), *extra],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
+        )  # fmt: skip
+    return proc, grpc_port
+
+
 def test_worker_ports_are_consecutive_from_the_base() -> None:
     ports = worker_ports(2, 8100)
     assert [(p.http, p.grpc, p.metrics) for p in ports] == [(8100, 8101, 8102), (8103, 8104, 8105)]
@@ -123,22 +142,14 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
 def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
     tmp_path: Path,
 ) -> None:
-    from hloserve.node.model_control import ENV_KEY, GRPC_METADATA_KEY
+    from hloserve.node.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
-    http_port, grpc_port, admin_port = free_ports(3)
     key = "TestKey-" + "k" * 20
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port)],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
-        )  # fmt: skip
+    proc, grpc_port = _serve_two_workers(bundles, log, key)
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         gateway = f"127.0.0.1:{grpc_port}"
@@ -186,7 +197,7 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
     """Explicit model control through the gateway in ``lpt_packing`` mode: a model in the
     repository that no worker has loaded goes where the placement puts it (one replica by
     default: one worker), not to every worker; it is served through the gateway after."""
-    from hloserve.node.model_control import ENV_KEY, GRPC_METADATA_KEY
+    from hloserve.node.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()
@@ -194,19 +205,12 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
         (bundles / name).symlink_to(GOLDEN / "affine", target_is_directory=True)
     gateway_file = tmp_path / "gateway.yaml"
     gateway_file.write_text("mode: lpt_packing\ndiscovery: {poll_interval_seconds: 1}\n")
-    http_port, grpc_port, admin_port = free_ports(3)
     key = "TestKey-" + "p" * 20
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port),
-             "--model-control-mode", "explicit", "--load-model", "affine", "--scheduling", "fifo",
-             "--gateway-config", str(gateway_file)],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
-        )  # fmt: skip
+    proc, grpc_port = _serve_two_workers(
+        bundles, log, key, "--model-control-mode", "explicit", "--load-model", "affine",
+        "--scheduling", "fifo", "--gateway-config", str(gateway_file),
+    )  # fmt: skip
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         workers = [

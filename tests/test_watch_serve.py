@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import GOLDEN, ROOT
+from test_serve_cli import stop_serve
 from test_watch import META_RUN, write_meta
 
 from hloserve.node.status import parse_samples
@@ -132,34 +132,35 @@ def until(
         time.sleep(0.2)
 
 
+def watch_serve(bundles: Path, log: Path, *extra: str) -> Serve:
+    """``hloserve serve BUNDLES --watch`` polling every :data:`INTERVAL_S`, on free ports,
+    its output in ``log`` (``metrics`` is the first server's, or the gateway's admin port)."""
+    http, grpc, metrics = free_ports(3)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--watch",
+             "--watch-interval", str(INTERVAL_S), "--admin-port", "0", "--http-port", str(http),
+             "--grpc-port", str(grpc), "--metrics-port", str(metrics), *extra],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    return Serve(process, log, f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}")
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Serve]:
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     shutil.copytree(GOLDEN / "affine", bundles / "a")
     write_meta(bundles, "m")
-    http, grpc, metrics = free_ports(3)
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--watch",
-             "--watch-interval", str(INTERVAL_S), "--front-instances", "1", "--admin-port", "0",
-             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-    serve = Serve(process, log, f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}")
+    serve = watch_serve(bundles, tmp_path / "serve.log", "--front-instances", "1")
+    process = serve.process
     try:
         serve.wait_for(r"hloserve: ready after", 240)
         serve.admin = serve.wait_for(r"admin +http://([0-9.:]+)/metrics", 10).group(1)
         serve.wait_for(r"watching .* every 0.5 s", 10)
         yield serve
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_serve(process)
 
 
 def test_watch_reloads_adds_and_removes_bundles_without_failing_a_request(
@@ -254,18 +255,12 @@ def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
     both workers serve it; b removed -> NOT_FOUND through the gateway."""
     bundles = tmp_path / "bundles"
     bundles.mkdir()
-    shutil.copytree(GOLDEN / "affine", bundles / "a")
-    http, grpc, metrics = free_ports(3)
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--watch",
-             "--watch-interval", str(INTERVAL_S), "--workers", "2", "--worker-port-base", "0",
-             "--admin-port", "0", "--http-port", str(http), "--grpc-port", str(grpc),
-             "--metrics-port", str(metrics)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-    serve = Serve(process, log, f"127.0.0.1:{grpc}", "")
+    serve = watch_serve(bundles, log, "--workers", "2", "--worker-port-base", "0")
+    serve = watch_serve(
+        bundles, tmp_path / "serve.log", "--workers", "2", "--worker-port-base", "0"
+    )
+    process = serve.process
     loop = LoadLoop(serve.grpc)
     thread = threading.Thread(target=loop.run, daemon=True)
     try:
@@ -313,9 +308,4 @@ def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
         assert loop.failures == [], loop.failures[:3]
     finally:
         loop.stop.set()
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_serve(process)
