@@ -16,6 +16,8 @@ Modules:
     cli_serve: the ``serve`` subcommand's flags.
     errors: the one error root and its gRPC / HTTP status table.
     metric_names: the names of the runtime's metrics, shared by their writer and readers.
+    model_parameters: the config.pbtxt parameters, typed and declared once for their writer
+        and readers.
     names: the names every layer shares (config.pbtxt and request parameters, defaults).
     settings: typed settings from YAML plus environment overrides (gateway and node files).
     triton_messages: the Triton error texts hloserve recognises, in one place.

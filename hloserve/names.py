@@ -49,6 +49,11 @@ PARAM_MAX_REQUEST_BYTES = "hloserve.max_request_bytes"
 PARAM_FRONT_INFLIGHT = "hloserve.front_inflight"
 #: Default of :data:`PARAM_FRONT_INFLIGHT`.
 DEFAULT_FRONT_INFLIGHT = 0
+#: Front parameter (optional, decimal): how long the front waits for the runtime model to
+#: become ready, seconds; absent = :data:`DEFAULT_RUNTIME_WAIT_S`.
+PARAM_RUNTIME_WAIT_S = "hloserve.runtime_wait_s"
+#: Default of :data:`PARAM_RUNTIME_WAIT_S`, seconds.
+DEFAULT_RUNTIME_WAIT_S = 120.0
 #: CPU instances per front model (``instance_group.count``): one, like Triton's default. One
 #: instance gets Triton's dynamic batcher's whole batch while it waits for the runtime, so the
 #: per-batch cost is shared by more requests: digits under 8 clients gave 0.75x the plain model's

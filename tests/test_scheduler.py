@@ -5,6 +5,7 @@ Pure logic with an injected clock; no Triton, no JAX.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -415,10 +416,12 @@ def test_config_from_parameters() -> None:
     assert dict(config.weights) == {"a": 3.0, "b": 0.5}
     assert config.weight("c") == 1.0
     assert SchedulerConfig.from_parameters(config.to_parameters()) == config
-    with pytest.raises(ValueError, match="'lifo', not one of"):
+    with pytest.raises(InvalidArgumentError, match=r"hloserve\.scheduling.*got 'lifo'"):
         SchedulerConfig.from_parameters({names.PARAM_SCHEDULING: "lifo"})
     for bad in ("a=0", "a=-1", "a=x", "a", "a=1,a=2", "a=inf"):
-        with pytest.raises(ValueError, match="model"):
+        with pytest.raises(
+            InvalidArgumentError, match=rf"model_weights.*got {re.escape(repr(bad))}"
+        ):
             SchedulerConfig.from_parameters({names.PARAM_MODEL_WEIGHTS: bad})
 
 

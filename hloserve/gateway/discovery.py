@@ -19,11 +19,8 @@ from tritonclient.grpc import service_pb2
 
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.names import (
-    BUNDLES_SEPARATOR,
-    META_BACKEND,
-    PARAM_META_CALLS,
-)
+from hloserve.model_parameters import MetaParameters, string_values
+from hloserve.names import META_BACKEND, PARAM_META_CALLS
 from hloserve.triton_messages import api_restricted
 
 log = logging.getLogger("hloserve.gateway")
@@ -101,8 +98,8 @@ async def discover_table(
         config = service_pb2.ModelConfigResponse.FromString(reply).config
         calls = None
         if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
-            text = config.parameters[PARAM_META_CALLS].string_value
-            calls = [c.strip() for c in text.split(BUNDLES_SEPARATOR) if c.strip()]
+            params = string_values(config.parameters)
+            calls = list(MetaParameters.read(name, params, PARAM_META_CALLS))
         return config.max_batch_size or None, calls
 
     names = sorted(replicas)

@@ -17,14 +17,10 @@ from collections.abc import Mapping
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.errors import WorkerSchedulingError
+from hloserve.errors import InvalidArgumentError, WorkerSchedulingError
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.names import (
-    PARAM_SCHEDULING,
-    RUNTIME_BACKEND,
-    RUNTIME_MODEL,
-    SCHEDULING_DISCIPLINES,
-)
+from hloserve.model_parameters import RuntimeParameters, string_values
+from hloserve.names import PARAM_SCHEDULING, RUNTIME_BACKEND, RUNTIME_MODEL
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -56,12 +52,12 @@ async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float)
             "gateway: worker %s serves no hloserve runtime; its scheduling is unknown", worker
         )
         return None
-    text = (
-        config.parameters[PARAM_SCHEDULING].string_value
-        if PARAM_SCHEDULING in config.parameters
-        else ""
-    )
-    return text.strip().lower() or SCHEDULING_DISCIPLINES[0]
+    params = string_values(config.parameters)
+    try:
+        return str(RuntimeParameters.read(RUNTIME_MODEL, params, PARAM_SCHEDULING))
+    except InvalidArgumentError as exc:  # its runtime refuses it too; lpt_packing names it
+        log.warning("gateway: worker %s: %s", worker, exc.message)
+        return params[PARAM_SCHEDULING]
 
 
 def check_lpt_disciplines(disciplines: Mapping[str, str | None]) -> None:

@@ -26,6 +26,7 @@ from hloserve.bundle.bundle import ModelPyImportError, import_model_py
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.meta.deadline import Deadline, DeadlineExceededError
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
+from hloserve.model_parameters import MetaParameters
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 
@@ -358,8 +359,9 @@ class MetaModel:
     def from_args(cls, args: ModelArgs, send: Send) -> MetaModel:
         """Build from the meta model's Triton config (docs/meta_models.md).
 
-        Reads ``hloserve.bundle`` (the bundle copy, relative to the model directory) and
-        ``hloserve.meta_concurrency`` (the gate size; the gate lives in
+        Reads its parameters (:class:`~hloserve.model_parameters.MetaParameters`):
+        ``hloserve.bundle`` (the bundle copy, relative to the model directory), the
+        repository format, and ``hloserve.meta_concurrency`` (the gate size; the gate lives in
         :func:`~hloserve.meta.gate.server_gate_dir`). Callees are described by their bundle
         copies in the same repository (``<repo>/<callee>/1/bundle``), read on first call.
 
@@ -367,16 +369,11 @@ class MetaModel:
             InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
             NotFoundError / ManifestError: the bundle cannot be read.
         """
-        bundle = load_bundle(args.model_dir / args.parameter(names.PARAM_BUNDLE), name=args.name)
+        params = MetaParameters.from_parameters(args.name, args.parameters)
+        bundle = load_bundle(args.model_dir / params.bundle, name=args.name)
         run = load_run(bundle.path / MODEL_PY, args.name)
-        text = args.parameter(names.PARAM_META_CONCURRENCY, str(names.DEFAULT_META_CONCURRENCY))
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgumentError(
-                f"model {args.name!r}: parameter {names.PARAM_META_CONCURRENCY!r} must be an "
-                f"integer >= 1, got {text!r}"
-            )
         remove_stale_gates()
-        gate = MetaGate(server_gate_dir(), int(text))
+        gate = MetaGate(server_gate_dir(), params.meta_concurrency)
         return cls(
             args.name,
             bundle,

@@ -9,23 +9,32 @@ are left alone.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hloserve import names
 from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
 from hloserve.bundle.front_spec import front_spec, read_front_spec
-from hloserve.errors import HloserveError, NotFoundError
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError
+from hloserve.model_parameters import (
+    FrontParameters,
+    MetaParameters,
+    ModelParameters,
+    RuntimeParameters,
+    string_values,
+)
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
     meta_config,
-    parameter,
     parse_config,
     runtime_config,
 )
 from hloserve.model_repository_tools.repository_plan import CONFIG_FILE
+
+K = TypeVar("K", bound=ModelParameters)
 
 
 def validate_repository(repo_dir: Path | str) -> list[Problem]:
@@ -72,25 +81,32 @@ def _hidden(path: Path) -> bool:
     return path.name.startswith(".")
 
 
+def _read(file: str, model: str, kind: type[K], config: Any) -> tuple[K | None, list[Problem]]:
+    """``config``'s parameters read as ``kind`` (:mod:`hloserve.model_parameters`), or the
+    problem that stops it."""
+    try:
+        return kind.from_parameters(model, string_values(config.parameters)), []
+    except InvalidArgumentError as exc:
+        return None, [Problem(file, exc.message)]
+
+
 def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Problem]]:
     file = f"{model_dir.name}/{CONFIG_FILE}"
-    problems = _check_format(file, config)
-    runtime_model = parameter(config, names.PARAM_RUNTIME_MODEL)
-    if runtime_model != names.RUNTIME_MODEL:
+    params, problems = _read(file, model_dir.name, FrontParameters, config)
+    if params is None:
+        return None, problems
+    if params.runtime_model != names.RUNTIME_MODEL:
         problems.append(
             Problem(
                 file,
-                f"parameter {names.PARAM_RUNTIME_MODEL} is {runtime_model!r}, "
+                f"parameter {names.PARAM_RUNTIME_MODEL} is {params.runtime_model!r}, "
                 f"expected {names.RUNTIME_MODEL!r}",
             )
         )
-    bundle_param = parameter(config, names.PARAM_BUNDLE)
-    if bundle_param is None:
-        return None, [*problems, Problem(file, f"parameter {names.PARAM_BUNDLE} is missing")]
     try:
-        bundle = check_bundle(model_dir / bundle_param, name=model_dir.name)
+        bundle = check_bundle(model_dir / params.bundle, name=model_dir.name)
     except BundleError as exc:
-        rel = f"{model_dir.name}/{bundle_param}"
+        rel = f"{model_dir.name}/{params.bundle}"
         return None, problems + [Problem(f"{rel}/{p.file}", p.message) for p in exc.problems]
     except HloserveError as exc:
         return None, [*problems, Problem(file, exc.message)]
@@ -101,11 +117,9 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
         bundle.manifest,
         front_instances=max(instances, 1),
         max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
-        max_request_bytes=_int_or(
-            parameter(config, names.PARAM_MAX_REQUEST_BYTES), names.DEFAULT_MAX_REQUEST_BYTES
-        ),
+        max_request_bytes=params.max_request_bytes,
     )
-    _same_version_folder(expected, bundle_param)
+    _same_version_folder(expected, params.bundle)
     problems += _compare(file, config, expected)
     problems += _check_front_spec(model_dir, bundle)
     return bundle, problems
@@ -135,16 +149,12 @@ def _check_front_spec(model_dir: Path, bundle: Bundle) -> list[Problem]:
     return []
 
 
-def _int_or(text: str | None, default: int) -> int:
-    return int(text) if text is not None and text.strip().isdigit() else default
-
-
 def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
     file = f"{model_dir.name}/{CONFIG_FILE}"
-    problems = _check_format(file, config)
-    bundle_param = parameter(config, names.PARAM_BUNDLE)
-    if bundle_param is None:
-        return [*problems, Problem(file, f"parameter {names.PARAM_BUNDLE} is missing")]
+    params, problems = _read(file, model_dir.name, MetaParameters, config)
+    if params is None:
+        return problems
+    bundle_param = params.bundle
     kinds = {
         p.name: "meta" if parse_config_backend(p) == names.META_BACKEND else "model"
         for p in root.iterdir()
@@ -159,13 +169,9 @@ def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
         return [*problems, Problem(file, exc.message)]
     if not bundle.manifest.is_meta:
         return [*problems, Problem(file, "backend is hloserve_meta but the bundle is not a meta")]
-    concurrency = parameter(config, names.PARAM_META_CONCURRENCY) or ""
-    if not concurrency.isdigit() or int(concurrency) < 1:
-        return [
-            *problems,
-            Problem(file, f"parameter {names.PARAM_META_CONCURRENCY} is {concurrency!r}"),
-        ]
-    expected = meta_config(model_dir.name, bundle.manifest, meta_concurrency=int(concurrency))
+    expected = meta_config(
+        model_dir.name, bundle.manifest, meta_concurrency=params.meta_concurrency
+    )
     _same_version_folder(expected, bundle_param)
     return problems + _compare(file, config, expected)
 
@@ -178,88 +184,28 @@ def parse_config_backend(model_dir: Path) -> str | None:
         return None
 
 
-def _check_format(file: str, config: Any) -> list[Problem]:
-    value = parameter(config, names.PARAM_REPOSITORY_FORMAT)
-    if value is None or not value.isdigit():
-        return [Problem(file, f"parameter {names.PARAM_REPOSITORY_FORMAT} is {value!r}")]
-    version = int(value)
-    if not names.MIN_REPOSITORY_FORMAT <= version <= names.MAX_REPOSITORY_FORMAT:
-        return [
-            Problem(
-                file,
-                f"repository format {version} is not supported; this hloserve reads "
-                f"{names.MIN_REPOSITORY_FORMAT} to {names.MAX_REPOSITORY_FORMAT}",
-            )
-        ]
-    return []
-
-
 def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Problem]:
     file = f"{names.RUNTIME_MODEL}/{CONFIG_FILE}"
     if runtime is None:
         return [Problem(file, "the runtime model is missing")]
-    problems = _check_format(file, runtime)
-    if parameter(runtime, names.PARAM_BUNDLES) is not None:
-        problems.append(
-            Problem(file, f"parameter {names.PARAM_BUNDLES} is of repository format 1: rebuild")
-        )
+    params, problems = _read(file, names.RUNTIME_MODEL, RuntimeParameters, runtime)
+    if params is None:
         return problems
     listed = sorted(fronts)
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
-        try:  # keep the weight cache and scheduler settings it was built with; check them
-            expected = runtime_config(models, **_cache_settings(runtime))
-        except (ValueError, HloserveError) as exc:
-            message = exc.message if isinstance(exc, HloserveError) else str(exc)
-            return [*problems, Problem(file, f"runtime parameters: {message}")]
+        # keep the weight cache, scheduler and executable cache settings it was built with
+        settings = {
+            f.name: getattr(params, f.name)
+            for f in dataclasses.fields(params)
+            if f.name != "repository_format"
+        }
+        try:
+            expected = runtime_config(models, **settings)
+        except HloserveError as exc:
+            return [*problems, Problem(file, f"runtime parameters: {exc.message}")]
         problems += _compare(file, runtime, expected)
     return problems
-
-
-def _cache_settings(runtime: Any) -> dict[str, Any]:
-    """The weight and executable cache keyword arguments of ``runtime_config`` read back.
-
-    Raises:
-        ValueError: a malformed value (the message names the parameter).
-    """
-    settings: dict[str, Any] = {}
-    for key, arg in (
-        (names.PARAM_WEIGHT_CACHE_BYTES, "weight_cache_bytes"),
-        (names.PARAM_COMPACTION_INTERVAL, "compaction_interval"),
-    ):
-        value = parameter(runtime, key)
-        if value is not None:
-            if not value.strip().isdigit():
-                raise ValueError(f"{key} is {value!r}, not a non-negative integer")
-            settings[arg] = int(value)
-    fraction = parameter(runtime, names.PARAM_WEIGHT_CACHE_FRACTION)
-    if fraction is not None:
-        try:
-            settings["weight_cache_fraction"] = float(fraction)
-        except ValueError:
-            raise ValueError(
-                f"{names.PARAM_WEIGHT_CACHE_FRACTION} is {fraction!r}, not a number"
-            ) from None
-    residency = parameter(runtime, names.PARAM_RESIDENCY)
-    if residency is not None:
-        settings["residency"] = names.parse_residency(residency)
-    scheduling = parameter(runtime, names.PARAM_SCHEDULING)  # docs/scheduling.md
-    if scheduling is not None:
-        settings["scheduling"] = scheduling
-    weights = parameter(runtime, names.PARAM_MODEL_WEIGHTS)
-    if weights is not None:
-        settings["model_weights"] = names.parse_model_weights(weights)
-    directory = parameter(runtime, names.PARAM_EXECUTABLE_CACHE)
-    if directory is not None:
-        settings["executable_cache"] = directory
-    max_bytes = parameter(runtime, names.PARAM_EXECUTABLE_CACHE_BYTES)
-    if max_bytes is not None:
-        if not max_bytes.strip().isdigit():
-            raise ValueError(
-                f"{names.PARAM_EXECUTABLE_CACHE_BYTES} is {max_bytes!r}, not a positive integer"
-            )
-        settings["executable_cache_bytes"] = int(max_bytes)
-    return settings
 
 
 def _compare(file: str, actual: Any, expected: Any) -> list[Problem]:

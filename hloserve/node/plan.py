@@ -352,6 +352,7 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
         InvalidArgumentError: a config.pbtxt does not parse.
     """
     from hloserve import names
+    from hloserve.model_parameters import MetaParameters, string_values
     from hloserve.model_repository_tools.config import parse_config
 
     result: list[str] = []
@@ -366,8 +367,8 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
             continue
         config = parse_config(config_path)
         if names.PARAM_META_CALLS in config.parameters:
-            calls = config.parameters[names.PARAM_META_CALLS].string_value
-            pending += [c for c in calls.split(names.BUNDLES_SEPARATOR) if c]
+            params = string_values(config.parameters)
+            pending += MetaParameters.read(name, params, names.PARAM_META_CALLS)
     if names.RUNTIME_MODEL not in result:
         result.append(names.RUNTIME_MODEL)
     return tuple(result)

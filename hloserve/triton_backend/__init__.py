@@ -8,7 +8,7 @@ Modules:
     tensors:  checking tensors against a manifest's specs (shared by front and runtime).
     front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
     runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.
-    runtime_config: the runtime config's parameters read (repository format, weight cache).
+    runtime_config: the runtime's weight cache from its config parameters.
     loaded_bundle: a bundle the runtime has loaded; its generation and variant labels.
     weights:  the :class:`~hloserve.triton_backend.weights.WeightStore` interface.
     weight_cache: :class:`~hloserve.triton_backend.weight_cache.WeightCache`, on-demand weights:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
+from hloserve.model_parameters import RuntimeParameters
 from hloserve.triton_backend.executable_cache import DEFAULT_MAX_BYTES, ExecutableCache
 
 log = logging.getLogger("hloserve.triton_backend.executable_cache")
@@ -55,14 +56,19 @@ def default_directory(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def cache_settings(
-    parameters: Mapping[str, str], environ: Mapping[str, str] | None = None
+    parameters: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    model: str = names.RUNTIME_MODEL,
 ) -> ExecutableCacheSettings:
     """The runtime's settings: its parameters over ``HLOSERVE_EXECUTABLE_*`` over the defaults.
 
     Args:
         parameters: runtime parameter key -> value (``hloserve.executable_cache``,
-            ``hloserve.executable_cache_bytes``; absent or "" = not set).
+            ``hloserve.executable_cache_bytes``; absent or "" = not set), read by
+            :class:`~hloserve.model_parameters.RuntimeParameters`.
         environ: the environment (default ``os.environ``).
+        model: the runtime model's name, for error messages.
 
     Raises:
         InvalidArgumentError: a variable naming no setting, or a bound that is not a positive
@@ -81,17 +87,12 @@ def cache_settings(
         raw_keys=("cache",),  # "off" stays a string (YAML would read it as false)
     )
     updates: dict[str, Any] = {}
-    directory = parameters.get(names.PARAM_EXECUTABLE_CACHE, "").strip()
+    directory = RuntimeParameters.read(model, parameters, names.PARAM_EXECUTABLE_CACHE)
     if directory:
         updates["cache"] = directory
-    text = parameters.get(names.PARAM_EXECUTABLE_CACHE_BYTES, "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgumentError(
-                f"parameter {names.PARAM_EXECUTABLE_CACHE_BYTES!r} must be a positive integer "
-                f"(bytes), got {text!r}"
-            )
-        updates["cache_bytes"] = int(text)
+    max_bytes = RuntimeParameters.read(model, parameters, names.PARAM_EXECUTABLE_CACHE_BYTES)
+    if max_bytes:
+        updates["cache_bytes"] = max_bytes
     return settings.model_copy(update=updates)
 
 
@@ -140,16 +141,20 @@ def executable_cache_from_args(
         InvalidArgumentError: a malformed setting, naming the runtime model.
     """
     parameters = args.parameters
-    if parameters.get(names.PARAM_EXECUTABLE_CACHE, "").strip():
+    if RuntimeParameters.read(args.name, parameters, names.PARAM_EXECUTABLE_CACHE):
         source = f"parameter {names.PARAM_EXECUTABLE_CACHE}"
     elif os.environ.get(f"{ENV_PREFIX}CACHE", "").strip():
         source = f"{ENV_PREFIX}CACHE"
     else:
         source = ""
+    named = f"model {args.name!r}: "
     try:
-        return executable_cache(cache_settings(parameters), observer=observer, source=source)
+        settings = cache_settings(parameters, model=args.name)
+        return executable_cache(settings, observer=observer, source=source)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"model {args.name!r}: {exc.message}") from None
+        if exc.message.startswith(named):  # a parameter's error names the model already
+            raise
+        raise InvalidArgumentError(named + exc.message) from None
 
 
 __all__ = [

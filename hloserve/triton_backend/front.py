@@ -35,6 +35,7 @@ import numpy as np
 from hloserve import names
 from hloserve.bundle.front_spec import FrontBundle, SpecTensor, check_bundle_files, read_front_spec
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import batching
 from hloserve.triton_backend.batching import pad_variable, unpad_outputs
 from hloserve.triton_backend.hooks import Hooks, IdentityHooks, ModuleHooks, load_hooks
@@ -45,9 +46,6 @@ if TYPE_CHECKING:
     from hloserve.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.front")
-
-#: Optional front parameter: how long to wait for the runtime model to become ready, seconds.
-PARAM_RUNTIME_WAIT_S = "hloserve.runtime_wait_s"
 
 Tensors = dict[str, np.ndarray]
 #: One request's outcome: its output tensors by name, or the error it gets.
@@ -68,7 +66,7 @@ class RetryPolicy:
         max_delay_s: longest wait between attempts, seconds.
     """
 
-    total_s: float = 120.0
+    total_s: float = names.DEFAULT_RUNTIME_WAIT_S
     first_delay_s: float = 0.05
     max_delay_s: float = 1.0
 
@@ -176,16 +174,8 @@ class FrontModel:
                 repository format, or a damaged bundle (:func:`check_bundle_files`).
             NotFoundError / ManifestError: the bundle cannot be read.
         """
-        fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, str(names.REPOSITORY_FORMAT))
-        if not fmt.isdigit() or not (
-            names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
-        ):
-            raise InvalidArgumentError(
-                f"model {args.name!r}: repository format {fmt!r} is not supported; this "
-                f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
-                f"{names.MAX_REPOSITORY_FORMAT} (rebuild with `hloserve repo build`)"
-            )
-        bundle_dir = args.model_dir / args.parameter(names.PARAM_BUNDLE)
+        params = FrontParameters.from_parameters(args.name, args.parameters)
+        bundle_dir = args.model_dir / params.bundle
         # beside the bundle, in its version folder (``serve --watch`` installs version N+1)
         spec_file = bundle_dir.parent / Path(names.FRONT_SPEC).name
         if spec_file.is_file():
@@ -197,21 +187,13 @@ class FrontModel:
         check_bundle_files(args.name, bundle)
         if hooks is None:
             hooks = load_hooks(args.name, bundle)
-        wait = args.parameter(PARAM_RUNTIME_WAIT_S, str(RetryPolicy.total_s))
-        try:
-            retry = RetryPolicy(total_s=float(wait))
-        except ValueError:
-            raise InvalidArgumentError(
-                f"model {args.name!r}: parameter {PARAM_RUNTIME_WAIT_S!r} must be a number of "
-                f"seconds, got {wait!r}"
-            ) from None
         return cls(
             args.name,
             bundle,
             call_runtime,
             hooks=hooks,
-            retry=retry,
-            runtime_model=args.parameter(names.PARAM_RUNTIME_MODEL, names.RUNTIME_MODEL),
+            retry=RetryPolicy(total_s=params.runtime_wait_s),
+            runtime_model=params.runtime_model,
         )
 
     # -- serving ------------------------------------------------------------------------------
@@ -510,7 +492,6 @@ class FrontModel:
 
 
 __all__ = [
-    "PARAM_RUNTIME_WAIT_S",
     "CallRuntime",
     "FrontModel",
     "Hooks",

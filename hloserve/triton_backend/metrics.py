@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hloserve import metric_names, names
-from hloserve.errors import InvalidArgumentError
+from hloserve.model_parameters import RuntimeParameters
 
 #: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
 #: takes ~21 ms on an H200, docs/on_demand_weights.md "GPU figures").
@@ -60,12 +60,7 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
     Raises:
         InvalidArgumentError: a malformed value (the parameter and the item are named).
     """
-    try:
-        return names.parse_model_bytes(args.parameter(names.PARAM_FOREIGN_BYTES, ""))
-    except ValueError as exc:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {names.PARAM_FOREIGN_BYTES!r}: {exc}"
-        ) from None
+    return dict(RuntimeParameters.read(args.name, args.parameters, names.PARAM_FOREIGN_BYTES))
 
 
 #: (name, description, kind) of every metric family, in the order ``__init__`` unpacks them.

@@ -32,6 +32,7 @@ from hloserve import names
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.model_parameters import RuntimeParameters
 from hloserve.triton_backend.compile import (
     CompiledExecutable,
     compile_artifact,
@@ -44,7 +45,6 @@ from hloserve.triton_backend.loaded_bundle import LoadedBundle, generation, vari
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime_config import (
     ObserverFactory,
-    check_repository_format,
     weight_cache_from_args,
 )
 from hloserve.triton_backend.tensors import TensorChecker
@@ -144,13 +144,7 @@ class RuntimeModel:
             InvalidArgumentError: a parameter is malformed, or the config lists bundles (a
                 repository built by an older hloserve: rebuild it).
         """
-        if names.PARAM_BUNDLES in args.parameters:
-            raise InvalidArgumentError(
-                f"model {args.name!r}: this repository was built by an older hloserve "
-                f"(its runtime lists bundles in {names.PARAM_BUNDLES!r}); rebuild it with "
-                "`hloserve repo build`"
-            )
-        check_repository_format(args)
+        RuntimeParameters.from_parameters(args.name, args.parameters)  # every one valid
         run_cpu_inline()  # before the first jax.devices()
         if "store" not in kwargs:
             if kwargs.get("device") is None:
@@ -475,7 +469,6 @@ __all__ = [
     "LoadedBundle",
     "ObserverFactory",
     "RuntimeModel",
-    "check_repository_format",
     "generation",
     "variant_label",
     "weight_cache_from_args",

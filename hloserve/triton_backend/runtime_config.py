@@ -1,8 +1,8 @@
-"""The runtime model's config parameters read into settings (docs/serving.md, "Runtime
-model config"): the repository format it was built with (:func:`check_repository_format`) and
-its weight cache (:func:`weight_cache_from_args`, docs/on_demand_weights.md).
+"""The runtime model's weight cache from its config parameters (:func:`weight_cache_from_args`,
+docs/on_demand_weights.md; docs/serving.md, "Runtime model config").
 
-The parameters are written by ``hloserve repo build``; every malformed value is an
+The parameters are written by ``hloserve repo build`` and read through
+:class:`~hloserve.model_parameters.RuntimeParameters`; every malformed value is an
 :class:`~hloserve.errors.InvalidArgumentError` naming the model and the parameter.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
+from hloserve.model_parameters import RuntimeParameters, check_one_budget
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
 
@@ -22,23 +23,6 @@ log = logging.getLogger("hloserve.triton_backend.runtime")
 
 #: Makes the weight cache's observer from (budget bytes or None, model names).
 ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
-
-
-def check_repository_format(args: ModelArgs) -> None:
-    """Refuse a model whose ``hloserve.repository_format`` is outside the supported range.
-
-    Raises:
-        InvalidArgumentError: naming the format, the range, and saying to rebuild.
-    """
-    fmt = args.parameter(names.PARAM_REPOSITORY_FORMAT, "")
-    if not fmt.isdigit() or not (
-        names.MIN_REPOSITORY_FORMAT <= int(fmt) <= names.MAX_REPOSITORY_FORMAT
-    ):
-        raise InvalidArgumentError(
-            f"model {args.name!r}: repository format {fmt!r} is not supported; this "
-            f"hloserve serves formats {names.MIN_REPOSITORY_FORMAT} to "
-            f"{names.MAX_REPOSITORY_FORMAT} (rebuild the repository with `hloserve repo build`)"
-        )
 
 
 def weight_cache_from_args(
@@ -60,13 +44,8 @@ def weight_cache_from_args(
             the runtime passes none).
     """
     budget = _budget(args, device)
-    interval = _count_parameter(args, names.PARAM_COMPACTION_INTERVAL)
-    try:
-        listed = names.parse_residency(args.parameter(names.PARAM_RESIDENCY, ""))
-    except ValueError as exc:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {names.PARAM_RESIDENCY!r}: {exc}"
-        ) from None
+    interval = _read(args, names.PARAM_COMPACTION_INTERVAL)
+    listed = dict(_read(args, names.PARAM_RESIDENCY))
     unknown = sorted(set(listed) - models) if models is not None else []
     if unknown:
         raise InvalidArgumentError(
@@ -97,24 +76,12 @@ def weight_cache_from_args(
 def _budget(args: ModelArgs, device: Any) -> int:
     """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
     ``device``'s free memory (``bytes_limit - bytes_in_use``); 0 = no budget."""
-    budget = _count_parameter(args, names.PARAM_WEIGHT_CACHE_BYTES)
-    text = args.parameter(names.PARAM_WEIGHT_CACHE_FRACTION, "").strip()
-    if not text:
+    budget: int = _read(args, names.PARAM_WEIGHT_CACHE_BYTES)
+    fraction: float = _read(args, names.PARAM_WEIGHT_CACHE_FRACTION)
+    if not fraction:
         return budget
-    key = names.PARAM_WEIGHT_CACHE_FRACTION
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = -1.0
-    if not 0.0 < fraction <= 1.0:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {key!r} must be a number in (0, 1], got {text!r}"
-        )
-    if budget:
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and {key!r} "
-            "both set the budget; keep one"
-        )
+    check_one_budget(args.name, budget, fraction)
+    key, text = names.PARAM_WEIGHT_CACHE_FRACTION, repr(fraction)
     try:
         stats = device.memory_stats() if device is not None else None
     except (AttributeError, RuntimeError):
@@ -136,10 +103,6 @@ def _budget(args: ModelArgs, device: Any) -> int:
     return budget
 
 
-def _count_parameter(args: ModelArgs, key: str) -> int:
-    text = args.parameter(key, "0").strip() or "0"
-    if not text.isdigit():
-        raise InvalidArgumentError(
-            f"model {args.name!r}: parameter {key!r} must be a non-negative integer, got {text!r}"
-        )
-    return int(text)
+def _read(args: ModelArgs, key: str) -> Any:
+    """The typed value of runtime parameter ``key`` (:mod:`hloserve.model_parameters`)."""
+    return RuntimeParameters.read(args.name, args.parameters, key)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
+from hloserve.model_parameters import RuntimeParameters
 
 if TYPE_CHECKING:  # a type only: this module stays pure Python
     from hloserve.triton_backend.pb import ModelArgs
@@ -89,33 +90,33 @@ class SchedulerConfig:
         return self.weights.get(model, DEFAULT_WEIGHT)
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> SchedulerConfig:
+    def from_parameters(
+        cls, parameters: Mapping[str, str], *, model: str = names.RUNTIME_MODEL
+    ) -> SchedulerConfig:
         """The config the runtime model's parameters give (docs/scheduling.md, "Settings").
 
         Args:
             parameters: the runtime model's config parameters as text (``string_value``):
                 ``names.PARAM_SCHEDULING`` (a discipline; absent or "" = ``fair``) and
-                ``names.PARAM_MODEL_WEIGHTS`` (``"<model>=<weight>,..."``; absent = all 1.0).
-                Other keys are ignored.
+                ``names.PARAM_MODEL_WEIGHTS`` (``"<model>=<weight>,..."``; absent = all 1.0),
+                read by :class:`~hloserve.model_parameters.RuntimeParameters`. Other keys are
+                ignored.
+            model: the runtime model's name, for error messages.
 
         Raises:
-            ValueError: an unknown discipline or a malformed or non-positive weight.
+            InvalidArgumentError: an unknown discipline or a malformed or non-positive weight
+                (the model and the parameter are named).
         """
-        discipline = parameters.get(names.PARAM_SCHEDULING, "").strip().lower() or DISCIPLINES[0]
-        _check(
-            discipline in DISCIPLINES,
-            f"{names.PARAM_SCHEDULING} is {discipline!r}, not one of {list(DISCIPLINES)}",
-        )
-        weights = names.parse_model_weights(parameters.get(names.PARAM_MODEL_WEIGHTS, ""))
+        discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
+        weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
         return cls(discipline=cast(Discipline, discipline), weights=weights)
 
     def to_parameters(self) -> dict[str, str]:
         """Inverse of :meth:`from_parameters` for the two keys it reads (the other fields are
         not written: a repository always gets their defaults)."""
-        return {
-            names.PARAM_SCHEDULING: self.discipline,
-            names.PARAM_MODEL_WEIGHTS: names.format_model_weights(dict(self.weights)),
-        }
+        written = RuntimeParameters(scheduling=self.discipline, model_weights=self.weights)
+        keys = (names.PARAM_SCHEDULING, names.PARAM_MODEL_WEIGHTS)
+        return {k: v for k, v in written.to_parameters().items() if k in keys}
 
 
 def deadline_from_parameters(params: Mapping[str, object], now: float) -> float | None:
@@ -158,7 +159,4 @@ def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
     Raises:
         InvalidArgumentError: an unknown discipline or a malformed weight.
     """
-    try:
-        return SchedulerConfig.from_parameters(args.parameters)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"model {args.name!r}: {exc}") from None
+    return SchedulerConfig.from_parameters(args.parameters, model=args.name)

@@ -20,7 +20,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from hloserve import names
-from hloserve.errors import InvalidArgumentError
+from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
@@ -71,31 +71,18 @@ class TritonPythonModel:
         pb.configure_logging()
         model_args = pb.ModelArgs.from_triton(args)
         core = FrontModel.from_args(model_args, _no_bls)
-        limit = model_args.parameter(
-            names.PARAM_MAX_REQUEST_BYTES, str(names.DEFAULT_MAX_REQUEST_BYTES)
-        )
-        if not limit.isdigit() or int(limit) < 1:
-            raise InvalidArgumentError(
-                f"model {core.name!r}: parameter {names.PARAM_MAX_REQUEST_BYTES!r} must be a "
-                f"positive integer, got {limit!r}"
-            )
-        inflight = model_args.parameter(
-            names.PARAM_FRONT_INFLIGHT, str(names.DEFAULT_FRONT_INFLIGHT)
-        )
-        if not inflight.isdigit():
-            raise InvalidArgumentError(
-                f"model {core.name!r}: parameter {names.PARAM_FRONT_INFLIGHT!r} must be a "
-                f"non-negative integer, got {inflight!r}"
-            )
+        params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
-        self._slots = threading.Semaphore(int(inflight)) if int(inflight) > 0 else None
+        self._slots = (
+            threading.Semaphore(params.front_inflight) if params.front_inflight > 0 else None
+        )
         self.channel = ChannelFront(
             core,
-            model_args.model_dir / model_args.parameter(names.PARAM_BUNDLE),
+            model_args.model_dir / params.bundle,
             self._respond,
             address=channel.address(core.runtime_model),
             wait_s=core.retry.total_s,
-            max_request_bytes=int(limit),
+            max_request_bytes=params.max_request_bytes,
             inline=self._slots is None,
         )
         self.channel.start(wait_s=core.retry.total_s)

@@ -1,0 +1,463 @@
+"""The ``hloserve.*`` parameters of the generated ``config.pbtxt`` files, each declared once.
+
+``hloserve repo build`` writes them (:meth:`FrontParameters.to_parameters` and its siblings);
+the front, meta and runtime backends, the validator, the node and the gateway read them back
+(:meth:`~FrontParameters.from_parameters`, or :meth:`~FrontParameters.read` for one key). Each
+:class:`Parameter` gives its key, the form of its text, its validation and whether the writer
+leaves it out at its default; each model kind's frozen dataclass gives the Python type and the
+default of every field. The table of keys is in docs/serving.md ("Config parameters").
+
+Values are ``string_value`` texts (Triton's ``ModelParameter``). Absent or blank text means the
+field's default; a required parameter that is absent or blank, or a malformed value, raises
+:class:`~hloserve.errors.InvalidArgumentError` naming the model, the key, the expected form and
+the text found. Standard library only: every Triton stub (the front's included) imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
+
+from hloserve import names
+from hloserve.errors import InvalidArgumentError
+
+_REBUILD = "regenerate the repository with `hloserve repo build`"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One config.pbtxt parameter of one model kind.
+
+    Attributes:
+        key: the parameter key, e.g. ``"hloserve.bundle"`` (from :mod:`hloserve.names`).
+        attr: the field of the kind's dataclass holding the typed value.
+        expected: the accepted form, for error messages ("a positive integer").
+        parse: text (stripped, not blank) -> value; raises ValueError when malformed (its
+            message, if any, is added to the error).
+        write: value -> text, the inverse of ``parse``.
+        required: absent or blank text is refused (else it means the field's default).
+        always: the writer writes it even at its default (else it leaves defaults out).
+        refusal: (model, text) -> the whole error message, for a malformed value whose
+            message is not "must be <expected>".
+    """
+
+    key: str
+    attr: str
+    expected: str
+    parse: Callable[[str], Any]
+    write: Callable[[Any], str] = str
+    required: bool = False
+    always: bool = False
+    refusal: Callable[[str, str], str] | None = None
+
+    def read(self, model: str, params: Mapping[str, str], default: Any) -> Any:
+        """The typed value of this parameter in ``params`` (``default`` when absent or blank).
+
+        Raises:
+            InvalidArgumentError: required and absent, or malformed.
+        """
+        text = params.get(self.key, "").strip()
+        if not text:
+            if self.required:
+                raise InvalidArgumentError(
+                    f"model {model!r}: config.pbtxt lacks parameter {self.key!r} ({_REBUILD})"
+                )
+            return default
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            if self.refusal is not None:
+                raise InvalidArgumentError(self.refusal(model, text)) from None
+            detail = f" ({exc})" if str(exc) else ""
+            raise InvalidArgumentError(
+                f"model {model!r}: parameter {self.key!r} must be {self.expected}, "
+                f"got {text!r}{detail}"
+            ) from None
+
+
+# -- forms ----------------------------------------------------------------------------------
+
+
+def _integer(low: int) -> Callable[[str], int]:
+    """Decimal integer >= ``low`` (ASCII digits only: no sign, no exponent)."""
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) < low:
+            raise ValueError("")
+        return int(text)
+
+    return parse
+
+
+def _number(low: float, high: float, *, low_open: bool) -> Callable[[str], float]:
+    """Finite decimal number in ``[low, high]`` (``(low, high]`` when ``low_open``)."""
+
+    def parse(text: str) -> float:
+        value = float(text)  # ValueError: not a number
+        above = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above and value <= high):
+            raise ValueError("")
+        return value
+
+    return parse
+
+
+def _choice(values: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in values:
+            raise ValueError("")
+        return text.lower()
+
+    return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in (i.strip() for i in text.split(names.BUNDLES_SEPARATOR)) if n)
+
+
+def _format_refusal(model: str, text: str) -> str:
+    return (
+        f"model {model!r}: repository format {text!r} is not supported; this hloserve serves "
+        f"formats {names.MIN_REPOSITORY_FORMAT} to {names.MAX_REPOSITORY_FORMAT} "
+        "(rebuild the repository with `hloserve repo build`)"
+    )
+
+
+def _repository_format(*, required: bool) -> Parameter:
+    return Parameter(
+        names.PARAM_REPOSITORY_FORMAT,
+        "repository_format",
+        f"an integer from {names.MIN_REPOSITORY_FORMAT} to {names.MAX_REPOSITORY_FORMAT}",
+        _format_parse,
+        required=required,
+        always=True,
+        refusal=_format_refusal,
+    )
+
+
+def _format_parse(text: str) -> int:
+    value = _integer(0)(text)
+    if not names.MIN_REPOSITORY_FORMAT <= value <= names.MAX_REPOSITORY_FORMAT:
+        raise ValueError("")
+    return value
+
+
+def _bundle() -> Parameter:
+    return Parameter(
+        names.PARAM_BUNDLE,
+        "bundle",
+        "the bundle directory relative to the model directory",
+        str,
+        required=True,
+        always=True,
+    )
+
+
+# -- the kinds ------------------------------------------------------------------------------
+
+P = TypeVar("P", bound="ModelParameters")
+
+
+class ModelParameters:
+    """What the three kinds share: reading, writing, one key at a time or all."""
+
+    #: Every parameter of the kind, in the order the writer writes them.
+    SCHEMA: ClassVar[tuple[Parameter, ...]] = ()
+    #: Keys of older repository formats, refused with this message (model name first).
+    LEGACY: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    @classmethod
+    def from_parameters(cls: type[P], model: str, params: Mapping[str, str]) -> P:
+        """Every parameter of this kind read from ``params`` (key -> ``string_value``; keys
+        of other kinds and unknown keys are ignored).
+
+        Raises:
+            InvalidArgumentError: a legacy key, a required parameter absent, a malformed value
+                or an inconsistent pair (the model, the key, the form and the text are named).
+        """
+        for key, message in cls.LEGACY.items():
+            if key in params:
+                raise InvalidArgumentError(f"model {model!r}: {message}")
+        defaults = _defaults(cls)
+        values = {p.attr: p.read(model, params, defaults.get(p.attr)) for p in cls.SCHEMA}
+        result = cls(**values)
+        result.check(model)
+        return result
+
+    @classmethod
+    def read(cls, model: str, params: Mapping[str, str], key: str) -> Any:
+        """The typed value of the one parameter ``key`` (its default when absent or blank).
+
+        Raises:
+            KeyError: ``key`` is not a parameter of this kind.
+            InvalidArgumentError: as :meth:`from_parameters`, for this key only.
+        """
+        for p in cls.SCHEMA:
+            if p.key == key:
+                return p.read(model, params, _defaults(cls).get(p.attr))
+        raise KeyError(key)
+
+    def to_parameters(self) -> dict[str, str]:
+        """The parameters to write: key -> text, defaults left out unless ``always``.
+
+        ``from_parameters(model, values.to_parameters()) == values`` for valid values.
+        """
+        defaults = _defaults(type(self))
+        out = {}
+        for p in self.SCHEMA:
+            value = getattr(self, p.attr)
+            text = p.write(value)
+            if p.always or (text and value != defaults.get(p.attr)):
+                out[p.key] = text
+        return out
+
+    def check(self, model: str) -> None:
+        """Checks across parameters (none by default).
+
+        Raises:
+            InvalidArgumentError: the values do not go together.
+        """
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _frozen_mapping(obj: Any, *attrs: str) -> None:
+    for attr in attrs:
+        object.__setattr__(obj, attr, MappingProxyType(dict(getattr(obj, attr))))
+
+
+@dataclass(frozen=True)
+class FrontParameters(ModelParameters):
+    """A front model's parameters (backend ``hloserve_front``, docs/serving.md).
+
+    Attributes:
+        bundle: the bundle directory relative to the model directory (required).
+        runtime_model: the runtime model the front reaches over the channel.
+        repository_format: the repository format it was built with.
+        max_request_bytes: the largest request the front accepts, bytes of input tensors, >= 1.
+        front_inflight: 0 = ``execute`` waits for its batch's answers; N > 0 = at most N
+            batches in flight per instance, answered through the response senders.
+        runtime_wait_s: how long to wait for the runtime to become ready, seconds, >= 0.
+    """
+
+    bundle: str
+    runtime_model: str = names.RUNTIME_MODEL
+    repository_format: int = names.REPOSITORY_FORMAT
+    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES
+    front_inflight: int = names.DEFAULT_FRONT_INFLIGHT
+    runtime_wait_s: float = names.DEFAULT_RUNTIME_WAIT_S
+
+    SCHEMA: ClassVar[tuple[Parameter, ...]] = (
+        _bundle(),
+        Parameter(names.PARAM_RUNTIME_MODEL, "runtime_model", "a model name", str, always=True),
+        _repository_format(required=False),
+        Parameter(
+            names.PARAM_MAX_REQUEST_BYTES,
+            "max_request_bytes",
+            "a positive integer",
+            _integer(1),
+            always=True,
+        ),
+        Parameter(
+            names.PARAM_FRONT_INFLIGHT, "front_inflight", "a non-negative integer", _integer(0)
+        ),
+        Parameter(
+            names.PARAM_RUNTIME_WAIT_S,
+            "runtime_wait_s",
+            "a number of seconds >= 0",
+            _number(0.0, math.inf, low_open=False),
+            write=repr,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class MetaParameters(ModelParameters):
+    """A meta model's parameters (backend ``hloserve_meta``, docs/meta_models.md).
+
+    Attributes:
+        bundle: the bundle directory relative to the model directory (required).
+        meta_calls: the meta's ``meta.calls`` (written comma-separated, "" for none); the
+            gateway routes a meta only to workers serving all of them.
+        meta_concurrency: the worker's gate size, the most meta runs at once, >= 1.
+        repository_format: the repository format it was built with.
+    """
+
+    bundle: str
+    meta_calls: tuple[str, ...] = ()
+    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY
+    repository_format: int = names.REPOSITORY_FORMAT
+
+    SCHEMA: ClassVar[tuple[Parameter, ...]] = (
+        _bundle(),
+        Parameter(
+            names.PARAM_META_CALLS,
+            "meta_calls",
+            "comma-separated model names",
+            _names,
+            write=names.BUNDLES_SEPARATOR.join,
+            always=True,
+        ),
+        Parameter(
+            names.PARAM_META_CONCURRENCY,
+            "meta_concurrency",
+            "an integer >= 1",
+            _integer(1),
+            always=True,
+        ),
+        _repository_format(required=False),
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeParameters(ModelParameters):
+    """The runtime model's parameters (backend ``hloserve_runtime``, docs/serving.md).
+
+    Attributes:
+        repository_format: the repository format it was built with (required when read).
+        weight_cache_bytes: the weight cache's budget in bytes; 0 = none
+            (docs/on_demand_weights.md).
+        weight_cache_fraction: instead, the budget as this fraction of the device memory free
+            at start, in (0, 1]; 0.0 = unused.
+        residency: model -> residency (one of ``names.RESIDENCIES``), defaults left out.
+        compaction_interval: free on-demand buffers every N on-demand loads; 0 = off.
+        scheduling: the discipline, one of ``names.SCHEDULING_DISCIPLINES``
+            (docs/scheduling.md).
+        model_weights: model -> ``fair`` weight (> 0), 1.0 left out.
+        executable_cache: the executable cache directory or ``"off"``; "" = the runtime's
+            default (docs/serving.md, "Executable cache").
+        executable_cache_bytes: the executable cache's bound in bytes, >= 1; 0 = the default.
+        foreign_bytes: foreign model -> device memory hint in bytes (docs/serving.md,
+            "Foreign models").
+    """
+
+    repository_format: int = names.REPOSITORY_FORMAT
+    weight_cache_bytes: int = 0
+    weight_cache_fraction: float = 0.0
+    residency: Mapping[str, str] = field(default_factory=dict)
+    compaction_interval: int = 0
+    scheduling: str = names.SCHEDULING_DISCIPLINES[0]
+    model_weights: Mapping[str, float] = field(default_factory=dict)
+    executable_cache: str = ""
+    executable_cache_bytes: int = 0
+    foreign_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    SCHEMA: ClassVar[tuple[Parameter, ...]] = (
+        _repository_format(required=True),
+        Parameter(
+            names.PARAM_WEIGHT_CACHE_BYTES,
+            "weight_cache_bytes",
+            "a non-negative integer",
+            _integer(0),
+        ),
+        Parameter(
+            names.PARAM_WEIGHT_CACHE_FRACTION,
+            "weight_cache_fraction",
+            "a number in (0, 1]",
+            _number(0.0, 1.0, low_open=True),
+            write=repr,
+        ),
+        Parameter(
+            names.PARAM_RESIDENCY,
+            "residency",
+            f"'<model>=<residency>,...' with residencies from {list(names.RESIDENCIES)}",
+            names.parse_residency,
+            write=lambda v: names.format_residency(dict(v)),
+        ),
+        Parameter(
+            names.PARAM_COMPACTION_INTERVAL,
+            "compaction_interval",
+            "a non-negative integer",
+            _integer(0),
+        ),
+        Parameter(
+            names.PARAM_SCHEDULING,
+            "scheduling",
+            f"one of {list(names.SCHEDULING_DISCIPLINES)}",
+            _choice(names.SCHEDULING_DISCIPLINES),
+        ),
+        Parameter(
+            names.PARAM_MODEL_WEIGHTS,
+            "model_weights",
+            "'<model>=<weight>,...' with weights > 0",
+            names.parse_model_weights,
+            write=lambda v: names.format_model_weights(dict(v)),
+        ),
+        Parameter(
+            names.PARAM_EXECUTABLE_CACHE,
+            "executable_cache",
+            f"an absolute directory or {names.EXECUTABLE_CACHE_OFF!r}",
+            str,
+        ),
+        Parameter(
+            names.PARAM_EXECUTABLE_CACHE_BYTES,
+            "executable_cache_bytes",
+            "a positive integer (bytes)",
+            _integer(1),
+        ),
+        Parameter(
+            names.PARAM_FOREIGN_BYTES,
+            "foreign_bytes",
+            "'<model>=<bytes>,...' with bytes >= 0",
+            names.parse_model_bytes,
+            write=lambda v: names.format_model_bytes(dict(v)),
+        ),
+    )
+    LEGACY: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            names.PARAM_BUNDLES: "this repository was built by an older hloserve (its runtime "
+            f"lists bundles in {names.PARAM_BUNDLES!r}); rebuild it with `hloserve repo build`",
+        }
+    )
+
+    def __post_init__(self) -> None:
+        _frozen_mapping(self, "residency", "model_weights", "foreign_bytes")
+
+    def check(self, model: str) -> None:
+        """Refuse a budget given both in bytes and as a fraction.
+
+        Raises:
+            InvalidArgumentError: both are set.
+        """
+        check_one_budget(model, self.weight_cache_bytes, self.weight_cache_fraction)
+
+
+def check_one_budget(model: str, budget_bytes: int, fraction: float) -> None:
+    """Refuse a weight cache budget given both in bytes and as a fraction.
+
+    Raises:
+        InvalidArgumentError: both ``budget_bytes`` and ``fraction`` are non-zero.
+    """
+    if budget_bytes and fraction:
+        raise InvalidArgumentError(
+            f"model {model!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and "
+            f"{names.PARAM_WEIGHT_CACHE_FRACTION!r} both set the budget; keep one"
+        )
+
+
+def string_values(parameters: Mapping[str, Any]) -> dict[str, str]:
+    """A ``ModelConfig.parameters`` map (values with ``string_value``) as key -> text."""
+    return {key: str(value.string_value) for key, value in parameters.items()}
+
+
+__all__ = [
+    "FrontParameters",
+    "MetaParameters",
+    "ModelParameters",
+    "Parameter",
+    "RuntimeParameters",
+    "check_one_budget",
+    "string_values",
+]
