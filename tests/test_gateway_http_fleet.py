@@ -105,7 +105,8 @@ def test_haproxy_sends_index_and_shared_memory_paths_to_the_control_plane(tmp_pa
     )
     frontend = text.split("frontend http\n")[1].split("\nbackend ")[0]
     assert rule in frontend.splitlines()
-    assert f"backend {HTTP_CONTROL_BACKEND}\n  server control 127.0.0.1:9002\n" in text
+    backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
+    assert backend + "  server control 127.0.0.1:9002\n" in text
     assert f"default_backend {HTTP_ANY_BACKEND}" in frontend
     without = render_config(
         Layout(), config, Listen(**{**listen.__dict__, "http_control": None}), "m"

@@ -385,7 +385,15 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
         f"  default_backend {HTTP_ANY_BACKEND}",
     ]
     if listen.http_control is not None:
-        lines += [f"backend {HTTP_CONTROL_BACKEND}", f"  server control {listen.http_control}"]
+        # a register waits for every worker (request timeout), then rolls back (probe
+        # timeout): HAProxy waits longer, so the control plane's own answer comes back
+        timeout = config.upstream
+        wait_ms = int((timeout.request_timeout_seconds + timeout.probe_timeout_seconds + 5) * 1000)
+        lines += [
+            f"backend {HTTP_CONTROL_BACKEND}",
+            f"  timeout server {wait_ms}ms",
+            f"  server control {listen.http_control}",
+        ]
     lines += [f"backend {HTTP_ANY_BACKEND}", "  balance roundrobin"]
     lines += [f"  server w{i} {w}" for i, w in enumerate(config.worker_http)]
     for backend in layout.backends:
