@@ -7,8 +7,11 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +78,32 @@ def test_a_body_without_length_or_too_long_is_refused(dead_fleet: FleetHttpServe
     )
     assert status == 400 and "Content-Length must be 0 to 1048576 bytes" in body.decode()
     assert _call(dead_fleet.address, "GET", "/v2/systemsharedmemory/status")[0] == 503
+
+
+def test_a_worker_index_that_is_not_a_list_is_left_out() -> None:
+    """A worker answering 200 with something other than Triton's JSON list is not merged."""
+
+    class Garbage(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"nope")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    worker = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=worker.serve_forever, daemon=True).start()
+    fleet = FleetHttp([f"127.0.0.1:{worker.server_address[1]}"], 5, 5)
+    try:
+        answer = fleet.answer("POST", "/v2/repository/index", b"", {})
+        assert answer.status == 503
+        assert "its repository index is not a JSON list of objects" in answer.body.decode()
+    finally:
+        fleet.close()
+        worker.shutdown()
+        worker.server_close()
 
 
 @pytest.mark.skipif(

@@ -32,6 +32,7 @@ no worker answered, 400 for a body without ``Content-Length`` or over
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -207,20 +208,21 @@ class FleetHttp:
         """Every answering worker's index merged (module docstring)."""
         keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
         keyed |= self._repository_headers
-        replies = self._fan_out(method, path, body, keyed, self._probe_timeout)
-        indexes = []
-        for worker, reply in replies:
+        indexes, failed = [], []
+        for worker, reply in self._fan_out(method, path, body, keyed, self._probe_timeout):
+            rows = None
             if isinstance(reply, Answer) and reply.ok:
-                try:
+                with contextlib.suppress(ValueError):
                     rows = json.loads(reply.body)
-                except ValueError:
-                    rows = None
-                if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-                    indexes.append(rows)
-                else:
-                    log.warning("gateway: worker %s: repository index is not a list", worker)
+                if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+                    rows, reply = None, "its repository index is not a JSON list of objects"
+                    log.warning("gateway: worker %s: %s", worker, reply)
+            if rows is None:
+                failed.append((worker, reply))
+            else:
+                indexes.append(rows)
         if not indexes:
-            return self._failed("repository index", replies)
+            return self._failed("repository index", failed)
         merged = merge_repository_index(
             indexes,
             key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
@@ -234,15 +236,13 @@ class FleetHttp:
     ) -> Answer:
         """Register on every worker, or on none (roll-back of a partial success)."""
         replies = self._fan_out(method, path, body, headers, self._timeout)
-        accepted = [w for w, r in replies if isinstance(r, Answer) and r.ok]
+        accepted = [(w, r) for w, r in replies if isinstance(r, Answer) and r.ok]
         if len(accepted) == len(replies):
-            reply = replies[0][1]
-            assert isinstance(reply, Answer)
-            return reply
+            return accepted[0][1]
         if accepted:
             undo = f"{SHM_PREFIX}/region/{region}/unregister"
             for worker, reply in self._fan_out(
-                "POST", undo, b"", headers, self._probe_timeout, accepted
+                "POST", undo, b"", headers, self._probe_timeout, [w for w, _ in accepted]
             ):
                 if not (isinstance(reply, Answer) and reply.ok):
                     log.warning(
