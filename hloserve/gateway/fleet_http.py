@@ -66,9 +66,11 @@ _UNREGISTER = re.compile(r"/v2/systemsharedmemory(?:/region/[^/]+)?/unregister")
 #: Largest request body taken, bytes (index and shared-memory bodies are a few hundred).
 MAX_BODY_BYTES = 1 << 20
 
-#: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client).
+#: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
+#: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
 _NOT_FORWARDED = frozenset(
     {
+        "accept-encoding",
         "connection",
         "content-length",
         "expect",
