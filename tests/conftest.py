@@ -28,6 +28,8 @@ if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
         "test_gateway_aggregate.py",
         "test_gateway_control.py",
         "test_gateway_haproxy.py",
+        "test_gateway_http_fleet.py",
+        "test_gateway_http_tritonserver.py",
         "test_gateway_interceptor.py",
         "test_gateway_proxy.py",
         "test_gateway_skew.py",

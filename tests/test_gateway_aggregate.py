@@ -1,10 +1,11 @@
-"""Fleet ModelStatistics = the sum of the workers' (issue 5: ModelStatistics aggregate)."""
+"""Fleet ModelStatistics = the sum of the workers' (issue 5: ModelStatistics aggregate); the
+fleet's repository index = the workers' merged (issue 12: the same rule for gRPC and HTTP)."""
 
 from __future__ import annotations
 
 from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.aggregate import merge_model_statistics
+from hloserve.gateway.aggregate import merge_model_statistics, merge_repository_index
 
 
 def _stats(
@@ -46,3 +47,26 @@ def test_counters_add_last_inference_is_latest_batches_match_by_size() -> None:
 
 def test_nothing_to_merge() -> None:
     assert len(merge_model_statistics([]).model_stats) == 0
+
+
+def test_repository_index_merges_by_name_and_version_ready_wins() -> None:
+    """Triton's HTTP rows (dicts, keys as the worker wrote them) and gRPC rows alike."""
+    failed = {"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "load failed"}
+    ready = {"name": "m", "version": "1", "state": "READY"}
+    worker0 = [{"name": "b", "version": "1", "state": "READY"}, failed]
+    worker1 = [ready, {"name": "a", "version": "1", "state": "READY"}, {"name": "m"}]
+    merged = merge_repository_index(
+        [worker0, worker1],
+        key=lambda row: (row["name"], row.get("version", "")),
+        state=lambda row: row.get("state", ""),
+    )
+    assert merged == [worker1[1], worker0[0], worker1[2], ready]  # sorted; "m" "" before "1"
+    broken = {"name": "x", "version": "1", "state": "UNAVAILABLE", "reason": "first"}
+    later = {"name": "x", "version": "1", "state": "UNAVAILABLE", "reason": "second"}
+    assert merge_repository_index([[broken], [later]], lambda r: ("x", "1"), lambda r: "") == [
+        broken
+    ]
+    rows = [service_pb2.RepositoryIndexResponse.ModelIndex(name="g", version="1", state="READY")]
+    pair = merge_repository_index([rows, rows], lambda r: (r.name, r.version), lambda r: r.state)
+    assert pair == rows
+    assert merge_repository_index([], lambda r: ("", ""), lambda r: "") == []

@@ -19,7 +19,9 @@ gRPC port.
 With ``data_plane: haproxy`` (the default) HAProxy (:mod:`hloserve.gateway.haproxy`) listens on
 ``listen`` and carries ModelInfer straight to the workers; the servicer above listens on a
 loopback port behind it and answers every other RPC and the models HAProxy's map does not
-route. After every table change (discovery, health, repacks, control-plane changes: checked
+route; with ``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`)
+answers the KServe HTTP repository index and system shared memory from every worker. After
+every table change (discovery, health, repacks, control-plane changes: checked
 every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
 applied to HAProxy.
 """
@@ -39,6 +41,7 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
 from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table
+from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
@@ -46,7 +49,7 @@ from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
 from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
-from hloserve.node.model_control import grpc_metadata, local_key
+from hloserve.node.model_control import grpc_metadata, http_headers, local_key
 from hloserve.node.status import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -65,8 +68,28 @@ def _public_address(address: str) -> str:
     return f"{host}:{port}"
 
 
-def _start_haproxy(config: GatewayConfig, public: str, control_port: int) -> HAProxy:
-    return HAProxy(config, public, f"127.0.0.1:{control_port}")
+def _start_haproxy(
+    config: GatewayConfig, public: str, control_port: int, http_control: str | None
+) -> HAProxy:
+    return HAProxy(config, public, f"127.0.0.1:{control_port}", http_control)
+
+
+def _fleet_http(config: GatewayConfig, key: str | None) -> FleetHttpServer | None:
+    """The loopback HTTP server answering the KServe HTTP calls that need every worker
+    (repository index, system shared memory), when the gateway serves KServe HTTP."""
+    if config.http_listen is None:
+        return None
+    fleet = FleetHttp(
+        config.worker_http,
+        request_timeout_s=config.upstream.request_timeout_seconds,
+        probe_timeout_s=config.upstream.probe_timeout_seconds,
+        repository_headers=http_headers(key),
+    )
+    try:
+        return FleetHttpServer(fleet)
+    except OSError as exc:
+        fleet.close()
+        raise UnavailableError(f"gateway: cannot serve its loopback HTTP port: {exc}") from None
 
 
 def _poll_weights(config: GatewayConfig, timeout_s: float) -> WeightInfo:
@@ -153,6 +176,7 @@ async def run_gateway(
     # Both ports are bound before the first discovery pass, so a taken port fails at once.
     address = listen or config.listen
     dataplane: HAProxy | None = None
+    fleet_http: FleetHttpServer | None = None
     try:
         if config.data_plane == "haproxy":
             address = _public_address(address)
@@ -160,13 +184,17 @@ async def run_gateway(
                 http = _public_address(config.http_listen)
                 config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
+            fleet_http = _fleet_http(config, key)
+            http_control = fleet_http.address if fleet_http is not None else None
             # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
-            dataplane = _start_haproxy(config, address, control_port)
+            dataplane = _start_haproxy(config, address, control_port, http_control)
             metrics.extra = dataplane.prometheus_text
             port = int(address.rpartition(":")[2])
         else:
             server, port = make_server(proxy, address, config.grpc)
     except HloserveError:
+        if fleet_http is not None:
+            fleet_http.close()
         await upstreams.close()
         raise
     control = SchedulingControl(
@@ -186,10 +214,14 @@ async def run_gateway(
         await upstreams.close()
         if dataplane is not None:
             dataplane.close()
+        if fleet_http is not None:
+            fleet_http.close()
         raise UnavailableError(
             f"gateway: cannot serve the admin port {host}:{admin_at}: {exc}"
         ) from None
     admin.start()  # /readyz answers 503 until discovery has found a model
+    if fleet_http is not None:
+        fleet_http.start()
 
     async def sync() -> None:
         """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
@@ -208,6 +240,8 @@ async def run_gateway(
         await sync()
     except BaseException:
         admin.close()
+        if fleet_http is not None:
+            fleet_http.close()
         await upstreams.close()
         if dataplane is not None:
             dataplane.close()
@@ -274,4 +308,6 @@ async def run_gateway(
             await asyncio.to_thread(dataplane.close)
         await server.stop(grace=2.0)
         admin.close()
+        if fleet_http is not None:
+            fleet_http.close()
         await upstreams.close()

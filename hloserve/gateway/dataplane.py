@@ -26,7 +26,8 @@ Layout (docs/gateway.md, "Data plane"):
   arrived (HAProxy waits for them up to the request timeout); a name not wholly among the
   bytes that arrived, or a BYTES first input, takes the control plane's path;
 - every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
-  ``hloserve.gateway.v1.GatewayControl``) goes to the control plane;
+  ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
+  repository index and system shared-memory paths (its HTTP server, ``fleet_http.py``);
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
@@ -45,14 +46,19 @@ from types import MappingProxyType
 
 from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
+from hloserve.gateway.fleet_http import INDEX_PATH, SHM_PREFIX
 from hloserve.gateway.routing import RoutingTable
 
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
 CONTROL_BACKEND = "hloserve_control"
 
-#: KServe HTTP requests that name no routable model (health, server metadata, repository
-#: index, unknown models): any worker answers, in Triton's own JSON.
+#: KServe HTTP requests that name no routable model (health, server metadata, unknown
+#: models): any worker answers, in Triton's own JSON.
 HTTP_ANY_BACKEND = "hloserve_http_any"
+
+#: KServe HTTP requests that need every worker (repository index, system shared memory):
+#: the control plane's HTTP server (:mod:`hloserve.gateway.fleet_http`) answers them.
+HTTP_CONTROL_BACKEND = "hloserve_http_control"
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -179,6 +185,8 @@ class Listen:
         http: host:port of the public KServe HTTP endpoint, or None.
         prometheus: loopback host:port of HAProxy's Prometheus exporter, or None.
         control: host:port of the Python control plane's gRPC server (loopback).
+        http_control: host:port of the control plane's HTTP server (loopback) answering the
+            KServe HTTP repository index and system shared memory; None: any worker does.
         runtime_socket: path of the runtime API's Unix socket.
         map_file: path of the model -> backend map.
         pem: certificate chain and key in one PEM (TLS on), or None.
@@ -193,6 +201,7 @@ class Listen:
     prometheus: str | None = None
     pem: str | None = None
     client_ca: str | None = None
+    http_control: str | None = None
 
 
 #: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
@@ -356,7 +365,8 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
 def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
     """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
     ready) to the model's workers by the name in the path (``h_<model>``, the same map as
-    gRPC); everything else to any worker."""
+    gRPC); the repository index and system shared memory to the control plane's HTTP server
+    (merged, fanned out) when there is one; everything else to any worker."""
     by_model = "{ path_beg /v2/models/ }"
     lines = [
         "frontend http",
@@ -364,11 +374,27 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
         f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
         f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
         "regsub(^m_,h_) if { var(txn.model) -m found }",
+    ]
+    if listen.http_control is not None:
+        lines.append(
+            f"  use_backend {HTTP_CONTROL_BACKEND}"
+            f" if {{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }}"
+        )
+    lines += [
         "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
         f"  default_backend {HTTP_ANY_BACKEND}",
-        f"backend {HTTP_ANY_BACKEND}",
-        "  balance roundrobin",
     ]
+    if listen.http_control is not None:
+        # a register waits for every worker (request timeout), then rolls back (probe
+        # timeout): HAProxy waits longer, so the control plane's own answer comes back
+        timeout = config.upstream
+        wait_ms = int((timeout.request_timeout_seconds + timeout.probe_timeout_seconds + 5) * 1000)
+        lines += [
+            f"backend {HTTP_CONTROL_BACKEND}",
+            f"  timeout server {wait_ms}ms",
+            f"  server control {listen.http_control}",
+        ]
+    lines += [f"backend {HTTP_ANY_BACKEND}", "  balance roundrobin"]
     lines += [f"  server w{i} {w}" for i, w in enumerate(config.worker_http)]
     for backend in layout.backends:
         lines += [f"backend h_{backend.name[2:]}", f"  balance {backend.balance}"]

@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError, UnavailableError
-from hloserve.gateway.aggregate import merge_model_statistics
+from hloserve.gateway.aggregate import merge_model_statistics, merge_repository_index
 from hloserve.gateway.discovery import SingleFlight
 from hloserve.gateway.interceptor import relayed
 from hloserve.gateway.routing import Router
@@ -127,18 +126,18 @@ class FleetRpcs:
             except grpc.aio.AioRpcError:
                 return None
 
-        merged: dict[tuple[str, str], Any] = {}
-        for reply in await asyncio.gather(*(index(w) for w in self._upstreams.workers)):
-            if reply is None:
-                continue
-            for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
-                key = (model.name, model.version)
-                if key not in merged or model.state == "READY":
-                    merged[key] = model
-        response = service_pb2.RepositoryIndexResponse()
-        for key in sorted(merged):
-            response.models.append(merged[key])
-        return response
+        replies = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
+        indexes = (
+            service_pb2.RepositoryIndexResponse.FromString(r).models
+            for r in replies
+            if r is not None
+        )
+        merged = merge_repository_index(
+            indexes,
+            key=lambda model: (model.name, model.version),
+            state=lambda model: str(model.state),
+        )
+        return service_pb2.RepositoryIndexResponse(models=merged)
 
     async def _fan_out(
         self,

@@ -122,6 +122,8 @@ class HAProxy:
         config: the gateway's settings.
         grpc: host:port clients connect to (a concrete port).
         control: host:port of the Python control plane (the fallback backend).
+        http_control: host:port of the control plane's HTTP server (the KServe HTTP
+            repository index and system shared memory), or None.
 
     With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
     reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
@@ -135,7 +137,9 @@ class HAProxy:
         InvalidArgumentError: a TLS file cannot be read.
     """
 
-    def __init__(self, config: GatewayConfig, grpc: str, control: str) -> None:
+    def __init__(
+        self, config: GatewayConfig, grpc: str, control: str, http_control: str | None = None
+    ) -> None:
         self.binary = find_haproxy()
         self.config = config
         self._dir = Path(tempfile.mkdtemp(prefix="hloserve-haproxy-"))
@@ -158,6 +162,7 @@ class HAProxy:
             grpc=grpc,
             control=control,
             http=config.http_listen,
+            http_control=http_control,
             prometheus=f"127.0.0.1:{free_ports(1)[0]}",
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),

@@ -1,0 +1,347 @@
+"""KServe HTTP calls that need every worker, answered by the gateway's control plane.
+
+HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repository/index`` and
+every path under ``/v2/systemsharedmemory`` of its KServe HTTP port (plaintext or TLS) to
+:class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
+library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
+endpoint (``worker_http``) with the rules of the gRPC RPCs
+(:class:`hloserve.gateway.fanout.FleetRpcs`; docs/gateway.md, "KServe HTTP"):
+
+- ``POST /v2/repository/index``: every worker's index merged by (name, version), READY
+  winning (:func:`hloserve.gateway.aggregate.merge_repository_index`), asked with the
+  workers' model-control key as gRPC discovery does; the rows are the workers' own JSON
+  objects (Triton writes ``name``, ``version``, ``state`` and, when there is one, ``reason``).
+  Workers that fail are left out; when none answers, the first one's error.
+- ``POST /v2/systemsharedmemory/region/{name}/register``: sent to every worker; succeeds
+  only when every worker accepts, otherwise the region is unregistered from the workers that
+  accepted it and the first refusal is answered.
+- ``POST /v2/systemsharedmemory[/region/{name}]/unregister``: sent to every worker;
+  succeeds when any worker succeeds.
+- ``GET /v2/systemsharedmemory[/region/{name}]/status`` and any other path under it: the
+  first worker that answers (a refused connection or a 503 moves on to the next), as
+  registrations are the same on every worker.
+
+A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), so
+errors are Triton's own: e.g. 404 ``{"error":"Unable to find system shared memory region:
+'r'"}``, 500 ``{"error":"Unable to open shared memory region: '/k'"}`` (tritonserver 2.51).
+The client's headers are passed on (the workers' restricted-API checks decide). The
+gateway's own errors are ``{"error": "..."}`` with the code of :data:`HTTP_STATUS`: 503 when
+no worker answered, 400 for a body without ``Content-Length`` or over
+:data:`MAX_BODY_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from hloserve.errors import (
+    HTTP_STATUS,
+    HloserveError,
+    InvalidArgumentError,
+    Status,
+    UnavailableError,
+)
+from hloserve.gateway.aggregate import merge_repository_index
+from hloserve.node.model_control import HEADER
+
+log = logging.getLogger("hloserve.gateway")
+
+#: The KServe HTTP paths this module answers (HAProxy's rule: ``path`` and ``path_beg``).
+INDEX_PATH = "/v2/repository/index"
+SHM_PREFIX = "/v2/systemsharedmemory"
+
+_REGISTER = re.compile(r"/v2/systemsharedmemory/region/([^/]+)/register")
+_UNREGISTER = re.compile(r"/v2/systemsharedmemory(?:/region/[^/]+)?/unregister")
+
+#: Largest request body taken, bytes (index and shared-memory bodies are a few hundred).
+MAX_BODY_BYTES = 1 << 20
+
+#: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
+#: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
+_NOT_FORWARDED = frozenset(
+    {
+        "accept-encoding",
+        "connection",
+        "content-length",
+        "expect",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP answer: a worker's, relayed, or the gateway's own.
+
+    Attributes:
+        status: HTTP status code.
+        body: the body bytes (Triton's JSON, or empty).
+        content_type: the ``Content-Type`` header.
+    """
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the status is 2xx."""
+        return 200 <= self.status < 300
+
+    @classmethod
+    def error(cls, exc: HloserveError) -> Answer:
+        """``{"error": message}`` with the HTTP code of the error's status."""
+        body = json.dumps({"error": exc.message}, separators=(",", ":"), ensure_ascii=False)
+        return cls(HTTP_STATUS[exc.status], body.encode())
+
+
+#: A worker's answer, or why it gave none (the connection failed or broke).
+Reply = Answer | str
+
+
+class FleetHttp:
+    """The fleet's answers to the KServe HTTP calls of the module docstring (no server).
+
+    Args:
+        workers: every worker's Triton HTTP endpoint (host:port), in the gateway's worker
+            order (``worker_http``).
+        request_timeout_s: timeout of a register, unregister or status call, seconds.
+        probe_timeout_s: timeout of an index call and of a register's roll-back, seconds.
+        repository_headers: headers of every index call (the workers' model-control key:
+            :func:`hloserve.node.model_control.http_headers`); None = none.
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[str],
+        request_timeout_s: float,
+        probe_timeout_s: float,
+        repository_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workers = tuple(workers)
+        self._timeout = request_timeout_s
+        self._probe_timeout = probe_timeout_s
+        self._repository_headers = dict(repository_headers or {})
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(4, 2 * len(self.workers)), thread_name_prefix="hloserve-fleet-http"
+        )
+
+    def close(self) -> None:
+        """Stop the threads that call the workers."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def answer(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """The answer to one client request (``path`` with its query string, if any)."""
+        route = path.split("?", 1)[0]
+        passed = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+        if route == INDEX_PATH:
+            return self.repository_index(method, path, body, passed)
+        if match := _REGISTER.fullmatch(route):
+            return self.register(method, path, body, passed, match.group(1))
+        if _UNREGISTER.fullmatch(route):
+            return self.unregister(method, path, body, passed)
+        return self.first_worker(method, path, body, passed)
+
+    def _call(
+        self,
+        worker: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Reply:
+        host, _, port = worker.rpartition(":")
+        connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
+        try:
+            connection.request(method, path, body=body or None, headers=dict(headers))
+            reply = connection.getresponse()
+            kind = reply.getheader("Content-Type") or "application/json"
+            return Answer(reply.status, reply.read(), kind)
+        except (OSError, http.client.HTTPException) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            connection.close()
+
+    def _fan_out(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        workers: Sequence[str] | None = None,
+    ) -> list[tuple[str, Reply]]:
+        """``(worker, reply)`` of the request sent to ``workers`` (default all) at once."""
+        targets = self.workers if workers is None else tuple(workers)
+        replies = self._pool.map(
+            lambda w: self._call(w, method, path, body, headers, timeout_s), targets
+        )
+        return list(zip(targets, replies, strict=True))
+
+    @staticmethod
+    def _failed(what: str, replies: Sequence[tuple[str, Reply]]) -> Answer:
+        """The first worker's Triton error; 503 naming every worker when none answered."""
+        for _, reply in replies:
+            if isinstance(reply, Answer):
+                return reply
+        reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
+        return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
+
+    def repository_index(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer:
+        """Every answering worker's index merged (module docstring)."""
+        keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
+        keyed |= self._repository_headers
+        indexes, failed = [], []
+        for worker, reply in self._fan_out(method, path, body, keyed, self._probe_timeout):
+            rows = None
+            if isinstance(reply, Answer) and reply.ok:
+                with contextlib.suppress(ValueError):
+                    rows = json.loads(reply.body)
+                if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+                    rows, reply = None, "its repository index is not a JSON list of objects"
+                    log.warning("gateway: worker %s: %s", worker, reply)
+            if rows is None:
+                failed.append((worker, reply))
+            else:
+                indexes.append(rows)
+        if not indexes:
+            return self._failed("repository index", failed)
+        merged = merge_repository_index(
+            indexes,
+            key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
+            state=lambda row: str(row.get("state", "")),
+        )
+        text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
+        return Answer(200, text.encode())
+
+    def register(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str], region: str
+    ) -> Answer:
+        """Register on every worker, or on none (roll-back of a partial success)."""
+        replies = self._fan_out(method, path, body, headers, self._timeout)
+        accepted = [(w, r) for w, r in replies if isinstance(r, Answer) and r.ok]
+        if len(accepted) == len(replies):
+            return accepted[0][1]
+        if accepted:
+            undo = f"{SHM_PREFIX}/region/{region}/unregister"
+            for worker, reply in self._fan_out(
+                "POST", undo, b"", headers, self._probe_timeout, [w for w, _ in accepted]
+            ):
+                if not (isinstance(reply, Answer) and reply.ok):
+                    log.warning(
+                        "gateway: worker %s: rolling back region %r failed: %s",
+                        worker,
+                        region,
+                        reply.body.decode(errors="replace") if isinstance(reply, Answer) else reply,
+                    )
+        refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
+        return self._failed(f"system shared memory register {region!r}", refused)
+
+    def unregister(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """Unregister on every worker; the first success when any worker succeeds."""
+        replies = self._fan_out(method, path, body, headers, self._timeout)
+        for _, reply in replies:
+            if isinstance(reply, Answer) and reply.ok:
+                return reply
+        return self._failed("system shared memory unregister", replies)
+
+    def first_worker(
+        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer:
+        """The first worker's answer; no connection or a 503 moves on to the next."""
+        replies: list[tuple[str, Reply]] = []
+        for worker in self.workers:
+            reply = self._call(worker, method, path, body, headers, self._timeout)
+            if isinstance(reply, Answer) and reply.status != HTTP_STATUS[Status.UNAVAILABLE]:
+                return reply
+            replies.append((worker, reply))
+        return self._failed(f"{method} {path}", replies)
+
+
+class FleetHttpServer:
+    """:class:`FleetHttp` on a loopback HTTP port, served by a daemon thread.
+
+    Args:
+        fleet: what answers the requests.
+        host: the address to bind (loopback: only HAProxy calls it).
+        port: the port; 0 picks a free one (see :attr:`address`).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, fleet: FleetHttp, host: str = "127.0.0.1", port: int = 0) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                try:
+                    headers = dict(self.headers.items())
+                    reply = fleet.answer(self.command, self.path, self._body(), headers)
+                except HloserveError as exc:
+                    reply = Answer.error(exc)
+                except Exception as exc:  # answered, logged, and the server keeps serving
+                    log.exception("gateway: %s %s failed", self.command, self.path)
+                    reply = Answer.error(HloserveError(f"gateway: internal error: {exc}"))
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    raise InvalidArgumentError(
+                        f"gateway: {self.path}: send the body with a Content-Length"
+                    )
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY_BYTES:
+                    raise InvalidArgumentError(
+                        f"gateway: {self.path}: Content-Length must be 0 to {MAX_BODY_BYTES}"
+                        f" bytes, got {self.headers.get('Content-Length')}"
+                    )
+                return self.rfile.read(length) if length else b""
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("gateway: fleet HTTP: " + format, *args)
+
+        self.fleet = fleet
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.address = f"{host}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="hloserve-gateway-fleet-http", daemon=True
+        )
+
+    def start(self) -> None:
+        """Serve on the daemon thread."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving, release the port and the worker-call threads (idempotent)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+        self.fleet.close()
