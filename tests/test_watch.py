@@ -20,7 +20,7 @@ from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.validate import validate_repository
-from hloserve.node.model_control import error_text
+from hloserve.node.model_control_client import error_text
 from hloserve.node.serve import ServeOptions, check_options
 from hloserve.node.status import render_models
 from hloserve.node.watch import (
@@ -488,7 +488,7 @@ class _Recorder:
 
 
 def test_fleet_model_control_makes_each_change_on_every_running_worker() -> None:
-    from hloserve.node.model_control import FleetModelControl
+    from hloserve.node.model_control_client import FleetModelControl
 
     calls: list[str] = []
     running = {0: True, 1: False, 2: True}

@@ -255,11 +255,9 @@ def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
     both workers serve it; b removed -> NOT_FOUND through the gateway."""
     bundles = tmp_path / "bundles"
     bundles.mkdir()
+    shutil.copytree(GOLDEN / "affine", bundles / "a")
     log = tmp_path / "serve.log"
     serve = watch_serve(bundles, log, "--workers", "2", "--worker-port-base", "0")
-    serve = watch_serve(
-        bundles, tmp_path / "serve.log", "--workers", "2", "--worker-port-base", "0"
-    )
     process = serve.process
     loop = LoadLoop(serve.grpc)
     thread = threading.Thread(target=loop.run, daemon=True)

@@ -15,9 +15,7 @@ Triton prefixes the header of a restricted gRPC protocol with ``triton-grpc-prot
 (measured on 2.51), so gRPC clients send :func:`grpc_metadata`, HTTP clients
 :func:`http_headers`.
 
-:class:`TritonModelControl` is that API over one server's HTTP endpoint, with the key;
-:class:`FleetModelControl` makes each call on every running worker of ``serve --workers N``
-(``serve --watch``, :mod:`hloserve.node.watcher`).
+:mod:`hloserve.node.model_control_client` calls that API with the key (``serve --watch``).
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ import os
 import re
 import secrets
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 from hloserve.errors import InvalidArgumentError
 
@@ -135,113 +131,3 @@ def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, 
     finally:
         client.close()
     return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}
-
-
-class TritonModelControl:
-    """:class:`ModelControl` over a tritonserver's HTTP endpoint, with the model-control key.
-
-    Args:
-        http_url: ``host:port``.
-        key: the restricted repository API's key (:mod:`hloserve.node.model_control`).
-        timeout_s: seconds a load may take (compiling included).
-    """
-
-    def __init__(self, http_url: str, key: str | None, timeout_s: float) -> None:
-
-        self.http_url = http_url
-        self.headers = http_headers(key) or {}
-        self.timeout_s = timeout_s
-
-    def _client(self) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(
-            self.http_url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
-        )
-
-    def load(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.load_model(model, headers=self.headers)
-        finally:
-            client.close()
-
-    def reload(self, model: str) -> None:
-        from hloserve.node.watchdog import reload_model
-
-        reload_model(self.http_url, model, self.timeout_s, self.headers)
-
-    def unload(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.unload_model(model, headers=self.headers)
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:  # Triton unloads once in-flight requests end
-                index = client.get_model_repository_index(headers=self.headers)
-                states = {m["name"]: m.get("state", "") for m in index}
-                if states.get(model) not in ("READY", "UNLOADING"):
-                    return
-                time.sleep(0.1)
-        finally:
-            client.close()
-
-    def index(self) -> list[dict[str, Any]]:
-        """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
-        client = self._client()
-        try:
-            return list(client.get_model_repository_index(headers=self.headers))
-        finally:
-            client.close()
-
-
-class FleetModelControl:
-    """:class:`ModelControl` over several tritonservers serving one repository (``serve
-    --workers N --watch``): each change is made on every running worker in turn, so each
-    worker's old version serves until its new one is ready.
-
-    A load that fails on a worker raises at once, naming the worker (the workers after it
-    keep their old version; the one before it, if any, already serves the new: the next
-    change or a restart brings them in line). Workers that have exited are skipped.
-
-    Args:
-        controls: one :class:`TritonModelControl` per worker, in worker order.
-        running: whether worker ``i`` is running now.
-    """
-
-    def __init__(
-        self, controls: Sequence[TritonModelControl], running: Callable[[int], bool]
-    ) -> None:
-        self.controls = list(controls)
-        self._running = running
-
-    def _each(self, what: str, action: Callable[[TritonModelControl], None]) -> None:
-        for i, control in enumerate(self.controls):
-            if not self._running(i):
-                continue
-            try:
-                action(control)
-            except Exception as exc:
-                raise RuntimeError(f"worker {i} ({control.http_url}): {error_text(exc)}") from exc
-
-    def load(self, model: str) -> None:
-        self._each("load", lambda c: c.load(model))
-
-    def reload(self, model: str) -> None:
-        self._each("reload", lambda c: c.reload(model))
-
-    def unload(self, model: str) -> None:
-        self._each("unload", lambda c: c.unload(model))
-
-    def index(self) -> list[dict[str, Any]]:
-        """The first running worker's repository index (every worker serves the same)."""
-        for i, control in enumerate(self.controls):
-            if self._running(i):
-                return control.index()
-        return []
-
-
-def error_text(exc: Exception) -> str:
-    """An error's message without the Python backend's traceback (``"\n\nAt:\n  ..."``)."""
-    message = getattr(exc, "message", None)
-    text = str(message() if callable(message) else (message or exc))
-    return text.split("\n\nAt:\n", 1)[0].strip()

@@ -146,7 +146,7 @@ def run_serve(options: ServeOptions) -> int:
                     )
                     if observe.admin:
                         print(f"  admin   http://{observe.admin}/metrics (supervisor)")
-                from hloserve.node.model_control import TritonModelControl
+                from hloserve.node.model_control_client import TritonModelControl
                 from hloserve.node.watcher import serve_model_list, watching
 
                 if watched is not None:

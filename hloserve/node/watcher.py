@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
-from hloserve.node.model_control import FleetModelControl, TritonModelControl, error_text
+from hloserve.node.model_control_client import FleetModelControl, TritonModelControl, error_text
 from hloserve.node.watch import (
     DEFAULT_WATCH_INTERVAL_S,
     Changes,
