@@ -151,8 +151,21 @@ def to_triton_tensor(pb_utils: Any, name: str, array: Any) -> Any:
 
 
 def request_inputs(request: Any) -> dict[str, np.ndarray]:
-    """Every input tensor of a ``pb_utils.InferenceRequest`` as NumPy arrays, by name."""
-    return {t.name(): to_numpy(t) for t in request.inputs()}
+    """Every input tensor of a ``pb_utils.InferenceRequest`` as NumPy arrays, by name.
+
+    ``as_numpy()`` where the Python backend gives one (every numeric type and BYTES): on a
+    fresh request tensor it takes ~2.5 us against ~30 us for the DLPack route (measured
+    inside tritonserver 2.51, one FP32 [1, 8, 8, 1] input; docs/serving.md). BF16, which
+    ``as_numpy()`` refuses, goes through :func:`to_numpy`. Like :func:`to_numpy`'s, the
+    arrays are only valid while the request is alive.
+    """
+    inputs: dict[str, np.ndarray] = {}
+    for tensor in request.inputs():
+        try:
+            inputs[tensor.name()] = tensor.as_numpy()
+        except Exception:  # BF16: "use to_dlpack()"
+            inputs[tensor.name()] = to_numpy(tensor)
+    return inputs
 
 
 __all__ = [
