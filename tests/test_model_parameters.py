@@ -157,28 +157,19 @@ def test_the_builder_writes_what_the_readers_read() -> None:
     assert MetaParameters.from_parameters("probe", _config_params(meta)) == MetaParameters(
         bundle=names.BUNDLE_SUBDIR, meta_calls=tuple(meta_manifest.calls), meta_concurrency=3
     )
-    runtime = runtime_config(
-        [("affine", manifest)],
-        weight_cache_fraction=0.5,
-        residency={"affine": "device"},
-        compaction_interval=4,
-        scheduling="fifo",
-        model_weights={"affine": 2.0},
-        executable_cache="off",
-        executable_cache_bytes=99,
-        foreign_bytes={"plus_one": 7},
-    )
+    values: dict[str, Any] = {
+        "weight_cache_fraction": 0.5,
+        "residency": {"affine": "device"},
+        "compaction_interval": 4,
+        "scheduling": "fifo",
+        "model_weights": {"affine": 2.0},
+        "executable_cache": "off",
+        "executable_cache_bytes": 99,
+        "foreign_bytes": {"plus_one": 7},
+    }
+    runtime = runtime_config([("affine", manifest)], **values)
     read = RuntimeParameters.from_parameters(names.RUNTIME_MODEL, _config_params(runtime))
-    assert read == RuntimeParameters(
-        weight_cache_fraction=0.5,
-        residency={"affine": "device"},
-        compaction_interval=4,
-        scheduling="fifo",
-        model_weights={"affine": 2.0},
-        executable_cache="off",
-        executable_cache_bytes=99,
-        foreign_bytes={"plus_one": 7},
-    )
+    assert read == RuntimeParameters(**values)
 
 
 @needs_protos

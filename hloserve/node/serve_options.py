@@ -199,42 +199,28 @@ def build_flags_set(options: ServeOptions) -> list[str]:
     ``hloserve repo build`` made earlier. A flag set to its default value is not reported.
     """
     defaults = ServeOptions(path=options.path)
-    flags = []
-    if options.repository_out is not None:
-        flags.append("--repository-out")
-    if options.front_instances != defaults.front_instances:
-        flags.append("--front-instances")
-    if options.meta_concurrency != defaults.meta_concurrency:
-        flags.append("--meta-concurrency")
-    if options.max_queue_delay_us != defaults.max_queue_delay_us:
-        flags.append("--max-queue-delay-us")
-    if options.max_request_bytes != defaults.max_request_bytes:
-        flags.append("--max-request-bytes")
-    if options.batch_sizes is not None and options.batch_sizes.given:
-        flags.append("--batch-sizes")
-    cache = options.weight_cache
-    if cache is not None:
-        if cache.weight_cache_bytes:
-            flags.append("--weight-cache-bytes")
-        if cache.weight_cache_fraction:
-            flags.append("--weight-cache-fraction")
-        if cache.residency:
-            flags.append("--residency")
-        if cache.compaction_interval:
-            flags.append("--compaction-interval")
-    sched = options.scheduling
-    if sched is not None:
-        if sched.scheduling != "fair":
-            flags.append("--scheduling")
-        if sched.model_weights:
-            flags.append("--model-weight")
-    executables = options.executable_cache
-    if executables is not None:
-        if executables.directory:
-            flags.append("--executable-cache")
-        if executables.max_bytes:
-            flags.append("--executable-cache-bytes")
-    return flags
+    cache, sched, executables = (
+        options.weight_cache,
+        options.scheduling,
+        options.executable_cache,
+    )
+    given = {
+        "--repository-out": options.repository_out is not None,
+        "--front-instances": options.front_instances != defaults.front_instances,
+        "--meta-concurrency": options.meta_concurrency != defaults.meta_concurrency,
+        "--max-queue-delay-us": options.max_queue_delay_us != defaults.max_queue_delay_us,
+        "--max-request-bytes": options.max_request_bytes != defaults.max_request_bytes,
+        "--batch-sizes": options.batch_sizes is not None and options.batch_sizes.given,
+        "--weight-cache-bytes": cache is not None and bool(cache.weight_cache_bytes),
+        "--weight-cache-fraction": cache is not None and bool(cache.weight_cache_fraction),
+        "--residency": cache is not None and bool(cache.residency),
+        "--compaction-interval": cache is not None and bool(cache.compaction_interval),
+        "--scheduling": sched is not None and sched.scheduling != "fair",
+        "--model-weight": sched is not None and bool(sched.model_weights),
+        "--executable-cache": executables is not None and bool(executables.directory),
+        "--executable-cache-bytes": executables is not None and bool(executables.max_bytes),
+    }
+    return [flag for flag, set_ in given.items() if set_]
 
 
 def check_options(options: ServeOptions) -> None:
