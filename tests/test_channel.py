@@ -414,3 +414,55 @@ def test_an_inline_front_fails_in_flight_when_the_runtime_goes_then_reconnects(
     finally:
         srv.close()
     assert _segments(key) == []
+
+
+def test_a_request_not_sent_yet_when_the_runtime_goes_waits_for_the_next_one(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request placed in the arena but not sent when the runtime goes away never reached it:
+    it waits for the next runtime and succeeds (only the works sent over a lost link fail)."""
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
+    srv.start()
+    answers = Answers()
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(
+        core, GOLDEN / "affine", answers, address=addr, key=key, wait_s=30.0, inline=True
+    )
+    f.start(wait_s=60.0)
+    placed, go = threading.Event(), threading.Event()
+    send_works = f._send_works
+
+    def paused(works: list[dict[str, Any]], ids: list[int]) -> Any:
+        placed.set()
+        assert go.wait(10)
+        return send_works(works, ids)
+
+    monkeypatch.setattr(f, "_send_works", paused)
+    again: RuntimeServer | None = None
+    try:
+        running = threading.Thread(target=f.run, args=([Request("late", {"x": EXPECTED["x"]})],))
+        running.start()
+        assert placed.wait(10) and f.in_flight == 1  # placed, not sent
+        for conn in list(srv._connections):
+            conn.sock.shutdown(2)
+        deadline = time.monotonic() + 10
+        while f._ready.is_set() or f._link is not None:  # the watcher saw the hang-up
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert "late" not in answers.results  # not failed with the runtime it never met
+        srv.close()
+        again = RuntimeServer(RuntimeModel(), address=addr, key=key)
+        again.start()
+        go.set()
+        running.join(30)
+        assert not running.is_alive()
+        np.testing.assert_allclose(answers.results["late"]["y"], EXPECTED["y"], rtol=1e-6)
+        assert f.in_flight == 0
+    finally:
+        go.set()
+        f.close()
+        if again is not None:
+            again.close()
+        srv.close()
+    assert _segments(key) == []

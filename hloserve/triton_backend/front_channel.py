@@ -58,6 +58,8 @@ class _Pending:
     offset: int = -1
     nbytes: int = 0
     overflow: channel.Segment | None = None
+    #: the link it was sent over; None until sent (a lost link fails only its own works)
+    link: _Link | None = None
 
 
 @dataclass
@@ -252,7 +254,10 @@ class ChannelFront:
         with self._lock:
             if self._link is link:
                 self._link = None
-            pending, self._pending = self._pending, {}
+            # only what went over this link: a work placed but not sent yet waits for the
+            # next link (``_send_works``) instead of failing with a runtime it never met
+            lost = [k for k, p in self._pending.items() if p.link is link]
+            pending = {k: self._pending.pop(k) for k in lost}
         with contextlib.suppress(OSError):
             link.sock.shutdown(socket.SHUT_RDWR)  # wakes a run() blocked reading it
         with contextlib.suppress(OSError):
@@ -406,23 +411,43 @@ class ChannelFront:
         return work, work_id
 
     def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> _Link | None:
-        """Send ``works``; the link they went over, or None when they failed (answered)."""
+        """Send ``works``; the link they went over, or None when they failed (answered).
+
+        Waits up to ``wait_s`` for a link. A link that is lost before the works went out over
+        it is waited past: they never reached a runtime, so they go to the next one (only the
+        works sent over a link fail with it, :meth:`_fail_in_flight`).
+        """
+        deadline = time.monotonic() + self.wait_s
         error: HloserveError | None = None
-        if not self._wait_ready(self.wait_s):
-            error = self._load_error or UnavailableError(
-                f"model {self.core.name!r}: runtime not reachable after {self.wait_s:g} s"
-            )
-        else:
+        while True:
+            if not self._wait_ready(deadline - time.monotonic()):
+                error = self._load_error or UnavailableError(
+                    f"model {self.core.name!r}: runtime not reachable after {self.wait_s:g} s"
+                )
+                break
             with self._lock:
                 link = self._link
+                if link is None:  # lost since the wait returned: wait for the next link
+                    continue
+                for work_id in ids:
+                    p = self._pending.get(work_id)
+                    if p is not None:
+                        p.link = link
             try:
-                if link is None:
-                    raise OSError("not connected")
                 with self._send_lock:
                     channel.send(link.sock, {"op": "run", "works": works})
                 return link
-            except OSError as exc:
-                error = UnavailableError(f"model {self.core.name!r}: runtime went away ({exc})")
+            except OSError:  # not sent (a datagram goes whole or not at all)
+                with self._lock:
+                    unsent = [i for i in ids if i in self._pending]
+                    for work_id in unsent:
+                        self._pending[work_id].link = None
+                self._lost(link)  # the link is dead: fail what did go over it, then wait
+                if not unsent:  # the lost link's sweep answered them meanwhile
+                    return None
+                keep = set(unsent)
+                works = [w for w in works if w["id"] in keep]
+                ids = unsent
         for work_id in ids:
             with self._lock:
                 p = self._pending.pop(work_id, None)
