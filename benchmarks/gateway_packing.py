@@ -1,7 +1,7 @@
 """lpt_packing vs round_robin on the same skewed traffic over three real tritonservers (issue 5).
 
     .venv/bin/python benchmarks/gateway_packing.py [--requests 1920] [--threads 64]
-        [--data-plane haproxy|python]
+        [--data-plane haproxy|python] [--client python|perf_analyzer]
 
 Six copies of one tiny exported model (``m0`` .. ``m5``; batch sizes 1, 2, 4, 8; one CPU
 instance each; dynamic batcher queue delay ``--queue-delay-us``) are served by three
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -42,6 +43,7 @@ from hloserve.export import OutputSpec, TensorSpec, export_bundle
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import SchedulingOptions, build_repository
 from hloserve.node.gateway_thread import GatewayThread
+from hloserve.node.perf_analyzer import perf_analyzer_binary, perf_analyzer_env
 from hloserve.node.serve import ServeOptions, server_options
 from hloserve.node.tritonserver import TritonServer, free_ports
 from hloserve.protos import gateway_control_pb2 as pb
@@ -113,6 +115,36 @@ def _traffic(address: str, requests: int, threads: int, seed: int) -> list[str]:
     return errors
 
 
+def _perf_analyzer_traffic(address: str, requests: int, threads: int) -> list[str]:
+    """The same skew from perf_analyzer (C++ clients): one process per model, its concurrency
+    and request count in proportion to the model's weight (``round(threads x weight)``, at
+    least 1). Returns errors (a failed perf_analyzer run is one error per its requests)."""
+    env = perf_analyzer_env()
+    procs = []
+    for name, weight in zip(MODELS, WEIGHTS, strict=True):
+        argv = [
+            str(perf_analyzer_binary()), "-m", name, "-u", address, "-i", "grpc",
+            "--concurrency-range", f"{max(1, round(threads * weight))}",
+            "--request-count", str(max(1, round(requests * weight))),
+            "--shape", "x:1,4",
+        ]  # fmt: skip
+        procs.append(
+            (
+                name,
+                weight,
+                subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                ),
+            )
+        )
+    errors: list[str] = []
+    for name, weight, proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            errors += [f"{name}: perf_analyzer failed: {out[-400:]}"] * round(requests * weight)
+    return errors
+
+
 @dataclasses.dataclass
 class Phase:
     mode: str
@@ -154,14 +186,19 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
     gateway = GatewayThread(config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0}))
     address = f"127.0.0.1:{gateway.port}"
     try:
-        _traffic(address, args.requests // 4, args.threads, seed=1000)  # warm-up
+        traffic = (
+            (lambda n, seed: _traffic(address, n, args.threads, seed))
+            if args.client == "python"
+            else (lambda n, seed: _perf_analyzer_traffic(address, n, args.threads))
+        )
+        traffic(args.requests // 4, 1000)  # warm-up
         time.sleep(2.5)  # discovery ticks: rate and cost estimates
         if mode == "lpt_packing":
             with grpc.insecure_channel(address) as channel:
                 pb_grpc.GatewayControlStub(channel).Repack(pb.RepackRequest(), timeout=10)
         before, routed_before = _stats(servers), _routed(_status(gateway.port))
         start = time.perf_counter()
-        errors = _traffic(address, args.requests, args.threads, seed=0)
+        errors = traffic(args.requests, 0)
         seconds = time.perf_counter() - start
         expected = sum(v[0] for v in before.values()) + args.requests - len(errors)
         deadline = time.monotonic() + 10
@@ -198,6 +235,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--data-plane", choices=("haproxy", "python"), default="haproxy")
     parser.add_argument("--queue-delay-us", type=int, default=2000)
+    parser.add_argument(
+        "--client",
+        choices=("python", "perf_analyzer"),
+        default="python",
+        help="closed-loop load from Python threads (models drawn at random per request) or "
+        "from one perf_analyzer per model (concurrency and count by weight: far less client "
+        "CPU per request, so the workers, not the client, are the bottleneck)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -225,7 +270,8 @@ def main() -> None:
             )
             servers.append(stack.enter_context(TritonServer(opts)))
         print(
-            f"3 workers ready; {args.requests} requests, {args.threads} threads, weights "
+            f"3 workers ready; {args.requests} requests, {args.threads} {args.client} clients, "
+            "weights "
             f"{dict(zip(MODELS, WEIGHTS, strict=True))}, queue delay {args.queue_delay_us} us"
         )
         phases = [run_phase(mode, servers, args) for mode in ("round_robin", "lpt_packing")]
