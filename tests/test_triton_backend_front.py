@@ -10,12 +10,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import GOLDEN
 from test_triton_backend_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
+import hloserve
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend.front import FrontModel, RetryPolicy, Tensors
@@ -357,3 +359,55 @@ def test_damaged_weights_fail_the_front(tiny_bundle: Path) -> None:
     (tiny_bundle / "model.b1.mlirbc").unlink()
     with pytest.raises(InvalidArgumentError, match="cannot read executable"):
         check_bundle_files("tiny", load_bundle(tiny_bundle))
+
+
+def test_the_shim_never_returns_a_request_without_a_response(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A None response makes Triton release the request unanswered (its client waits out its
+    deadline): if the channel ever leaves one unanswered, ``execute`` fails it INTERNAL."""
+    import importlib.util
+    import types
+
+    class TritonError:
+        INTERNAL = "INTERNAL"
+
+        def __init__(self, message: str, code: str) -> None:
+            self.message, self.code = message, code
+
+    class InferenceResponse:
+        def __init__(self, output_tensors: Any = None, error: Any = None) -> None:
+            self.output_tensors, self.error = output_tensors, error
+
+    fake = types.SimpleNamespace(TritonError=TritonError, InferenceResponse=InferenceResponse)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    path = Path(hloserve.__file__).parent / "triton_backend/backends/hloserve_front/model.py"
+    spec = importlib.util.spec_from_file_location("hloserve_front_shim", path)
+    assert spec is not None and spec.loader is not None
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+
+    class Request:
+        def inputs(self) -> list[Any]:
+            return []
+
+        def parameters(self) -> str:
+            return "{}"
+
+        def timeout(self) -> int:
+            return 0
+
+    model = shim.TritonPythonModel()
+    model._slots = None
+
+    class Channel:
+        core = types.SimpleNamespace(name="m")
+
+        def run(self, items: list[Any]) -> None:  # answers the first request only
+            model._respond(items[0].handle, Exception("first"))
+
+    model.channel = Channel()
+    responses = model.execute([Request(), Request(), Request()])
+    assert [r.error.code for r in responses] == ["INTERNAL"] * 3
+    assert responses[0].error.message.endswith("first")  # answered by the channel
+    assert all("left without an answer" in r.error.message for r in responses[1:])

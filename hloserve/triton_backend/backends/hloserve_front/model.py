@@ -13,6 +13,7 @@ at most N batches in flight per instance.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -20,10 +21,13 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from hloserve import names
+from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import channel, pb
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
+
+log = logging.getLogger("hloserve.triton_backend.front")
 
 
 def _tags_errors(request: Any) -> bool:
@@ -114,7 +118,28 @@ class TritonPythonModel:
             self.channel.submit(items)
             return None
         self.channel.run(items)  # every request is answered: by the runtime, or failed
+        if None in batch.responses:  # never: Triton would drop the request without an answer
+            self._answer_missing(batch)
         return batch.responses
+
+    def _answer_missing(self, batch: _Batch) -> None:
+        """Fail INTERNAL every request of ``batch`` left without a response (a bug in the
+        channel: a None response makes Triton release the request unanswered, and its client
+        waits out its deadline)."""
+        missing = [i for i, r in enumerate(batch.responses) if r is None]
+        log.error(
+            "model %r: %d of %d requests were left without an answer; failing them INTERNAL",
+            self.channel.core.name,
+            len(missing),
+            len(batch.responses),
+        )
+        error = HloserveError(
+            f"model {self.channel.core.name!r}: the request was left without an answer "
+            "(an hloserve bug: please report it); retry",
+            status=Status.INTERNAL,
+        )
+        for i in missing:
+            batch.responses[i] = pb.inference_response(pb_utils, error)
 
     def _respond(self, handle: Any, result: Any) -> None:
         batch, index, sender, tagged = handle
