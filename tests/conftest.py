@@ -24,17 +24,17 @@ FAIL_ON_SKIP = os.environ.get("HLOSERVE_FAIL_ON_SKIP") == "1"
 # FAIL_ON_SKIP a missing tritonclient is a collection error instead).
 if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
     collect_ignore_glob = [
-        "test_gateway_admission.py",
-        "test_gateway_aggregate.py",
-        "test_gateway_control.py",
-        "test_gateway_haproxy.py",
-        "test_gateway_http_fleet.py",
-        "test_gateway_http_tritonserver.py",
-        "test_gateway_interceptor.py",
-        "test_gateway_proxy.py",
-        "test_gateway_skew.py",
-        "test_gateway_tritonserver.py",
-        "test_gateway_wire.py",
+        "gateway/test_admission.py",
+        "gateway/test_aggregate.py",
+        "gateway/test_control.py",
+        "gateway/test_haproxy.py",
+        "gateway/test_http_fleet.py",
+        "gateway/test_http_tritonserver.py",
+        "gateway/test_interceptor.py",
+        "gateway/test_proxy.py",
+        "gateway/test_skew.py",
+        "gateway/test_tritonserver.py",
+        "gateway/test_wire.py",
     ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_weight_cache.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_weight_cache.py"
 SMALL = ["--bytes", "1MiB", "--tensors", "2", "--repeats", "2", "--platform", "cpu"]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "plot_weight_cache.py"
 TIMELINE = ROOT / "docs" / "images" / "weight_cache.json"
 

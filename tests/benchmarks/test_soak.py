@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,14 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")  # repo build writes Triton configs
 
-from conftest import GOLDEN
-from echo_bundle import export_echo
-
 from hloserve.bundle import load_bundle
 from hloserve.bundle.front_spec import FrontSpec, front_spec, read_front_spec
 from hloserve.errors import InvalidArgumentError, Status
 from hloserve.model_repository_tools import build_repository, names, validate_repository
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.pb import ModelArgs
+from tests.conftest import GOLDEN
+from tests.echo_bundle import export_echo
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 

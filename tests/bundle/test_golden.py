@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from conftest import GOLDEN
 
 from hloserve.bundle import check_bundle, load_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact, read_signature
 from hloserve.triton_backend.compile import compile_artifact
+from tests.conftest import GOLDEN
 
 AFFINE = GOLDEN / "affine"
 

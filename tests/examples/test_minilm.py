@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import import_example, serving_options
-from echo_bundle import export_echo
-from test_variants_hooks import TRICKY
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import import_example, serving_options
+from tests.echo_bundle import export_echo
+from tests.triton_backend.test_variants_hooks import TRICKY
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

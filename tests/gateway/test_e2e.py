@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import BIG_ITEMS, serving_bundles
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.fleet import LocalFleet
 from hloserve.node.serve import ServeOptions, server_options
 from hloserve.node.tritonserver import free_ports
+from tests.conftest import BIG_ITEMS, serving_bundles
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

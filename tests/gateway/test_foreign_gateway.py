@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from test_serve_cli import run_cli, stop_serve, wait_for_line
 
 from hloserve.node.tritonserver import free_ports
+from tests.conftest import ROOT
+from tests.node.test_serve_cli import run_cli, stop_serve, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-MODELS = Path(__file__).resolve().parent / "foreign_models"
+MODELS = Path(__file__).resolve().parents[1] / "foreign_models"
 HINT = 7 * 2**20
 
 

@@ -2,7 +2,7 @@
 
 ``run_gateway`` with the default ``data_plane: haproxy``: HAProxy carries ModelInfer by the
 model name read from the request body; the Python servicer behind it answers the rest. The
-workers are the fake tritonservers of ``tests/test_gateway_proxy.py``; the client is
+workers are the fake tritonservers of ``tests/gateway/test_proxy.py``; the client is
 tritonclient's stock ``grpc.aio`` client.
 """
 
@@ -21,8 +21,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from test_gateway_admission import SlowWorker, _scrape
-from test_gateway_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -31,6 +29,8 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
 from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
 from hloserve.gateway.routing import ModelRoute, RoutingTable
+from tests.gateway.test_admission import SlowWorker, _scrape
+from tests.gateway.test_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,

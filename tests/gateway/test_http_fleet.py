@@ -1,6 +1,6 @@
 """The control plane's KServe HTTP server alone (issue 12): HAProxy's rule for it, and its own
 answers when no worker can give one. Triton's answers through it, with real tritonservers:
-``tests/test_gateway_http_tritonserver.py``."""
+``tests/gateway/test_http_tritonserver.py``."""
 
 from __future__ import annotations
 

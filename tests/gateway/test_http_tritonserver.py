@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, serving_options
-from test_gateway_haproxy import _self_signed
 
 from hloserve.gateway.config import GatewayConfig, TlsConfig
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.model_control import http_headers, local_key
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import GOLDEN, serving_options
+from tests.gateway.test_haproxy import _self_signed
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

@@ -13,9 +13,8 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc")
 
-from test_gateway_proxy import FakeWorker, fleet, run
-
 from hloserve import names
+from tests.gateway.test_proxy import FakeWorker, fleet, run
 
 
 @dataclass

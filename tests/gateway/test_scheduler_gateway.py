@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("tritonclient.grpc")  # absent from the numpy-2 leg (grpc comes with it)
 
 import grpc
-from test_gateway_proxy import LIMITS, FakeWorker, run
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from hloserve import names
@@ -25,6 +24,7 @@ from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.preconditions import WorkerSchedulingError, check_lpt_workers
 from hloserve.gateway.proxy import Upstreams, channel_options
+from tests.gateway.test_proxy import LIMITS, FakeWorker, run
 
 
 @dataclass

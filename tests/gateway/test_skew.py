@@ -17,13 +17,13 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from test_gateway_proxy import LIMITS, FakeWorker, _start_gateway
 from tritonclient.grpc import service_pb2_grpc
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.proxy import channel_options
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
+from tests.gateway.test_proxy import LIMITS, FakeWorker, _start_gateway
 
 MODELS = ("m0", "m1", "m2", "m3", "m4", "m5")
 WEIGHTS = (0.35, 0.25, 0.15, 0.12, 0.08, 0.05)

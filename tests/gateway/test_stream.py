@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from test_serve_cli import stop_serve, wait_for_line
 
 from hloserve.node.tritonserver import free_ports
+from tests.conftest import ROOT
+from tests.node.test_serve_cli import stop_serve, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -104,7 +104,7 @@ def test_streams_go_through_haproxy_by_their_first_message(
         assert _sessions(admin_port, "m_digits") == before + 2  # HAProxy carried both
 
         # The gateway ends a stream to an unknown model with NOT_FOUND (the aio client, which
-        # half-closes first, sees it: tests/test_gateway_haproxy.py); start_stream keeps its
+        # half-closes first, sees it: tests/gateway/test_haproxy.py); start_stream keeps its
         # side open, and HAProxy 2.6 turns a status sent while the client still streams into
         # RST_STREAM code 8 (haproxy/haproxy#1219): CANCELLED. A fixed HAProxy fails this.
         ((result, error),) = _stream(gateway, "nope", 1)

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, serving_options
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import GOLDEN, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import GOLDEN
 
 from hloserve.bundle import BundleError, load_bundle
 from hloserve.errors import HloserveError, NotFoundError, Status
 from hloserve.meta import Deadline, DeadlineExceededError, MetaCall, MetaGate, MetaModel, load_run
 from hloserve.meta.core import repository_describer
 from hloserve.meta.gate import remove_stale_gates, server_gate_dir
+from tests.conftest import GOLDEN
 
 META: dict[str, Any] = {
     "format_version": 2,

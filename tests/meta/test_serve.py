@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT, import_example, serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import GOLDEN, ROOT, import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 CASCADE_DIR = ROOT / "examples" / "digits_cascade"
-PROBE = Path(__file__).resolve().parent / "meta_probe"
+PROBE = Path(__file__).resolve().parents[1] / "meta_probe"
 X = np.arange(4, dtype=np.float32)[None] / 4  # affine's input, batch 1
 
 

@@ -10,8 +10,6 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
-from conftest import GOLDEN, serving_options
-
 from hloserve.errors import InvalidArgumentError
 from hloserve.meta.core import ForeignCallee, MetaCall, repository_describer
 from hloserve.meta.deadline import Deadline
@@ -23,8 +21,9 @@ from hloserve.model_repository_tools.foreign import (
     repository_backends,
 )
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import GOLDEN, serving_options
 
-MODELS = Path(__file__).resolve().parent / "foreign_models"
+MODELS = Path(__file__).resolve().parents[1] / "foreign_models"
 
 
 def _folder(root: Path, name: str, files: dict[str, str]) -> Path:

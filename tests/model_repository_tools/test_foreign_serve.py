@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import serving_options
 
 pytestmark = [pytest.mark.tritonserver]
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-MODELS = Path(__file__).resolve().parent / "foreign_models"
+MODELS = Path(__file__).resolve().parents[1] / "foreign_models"
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ Golden configs: ``tests/golden/repository/{affine,hloserve_runtime}.config.pbtxt
 ``hloserve repo build`` writes for the checked-in golden bundle ``tests/golden/affine/``.
 Regenerate them on purpose (a contract change in docs/serving.md) with
 
-    HLOSERVE_REGEN_GOLDEN=1 python -m pytest tests/test_model_repository.py -k golden
+    HLOSERVE_REGEN_GOLDEN=1 python -m pytest \
+        tests/model_repository_tools/test_model_repository.py -k golden
 
 and review the diff.
 """
@@ -39,7 +40,7 @@ from hloserve.model_repository_tools import (
 from hloserve.model_repository_tools import build as build_module
 from hloserve.model_repository_tools.config import parse_config_text, pb2
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GOLDEN_REPO = GOLDEN / "repository"
 REGEN = os.environ.get("HLOSERVE_REGEN_GOLDEN") == "1"
 KIND_CPU = pb2().ModelInstanceGroup.KIND_CPU
@@ -81,9 +82,8 @@ def bundles(tiny_bundle: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def odd_bundles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Bundles with a non-leading batch axis (``nonlead``) and without one (``unbatched``)."""
-    from conftest import TINY_PARAMS
-
     from hloserve.export import OutputSpec, TensorSpec, export_bundle
+    from tests.conftest import TINY_PARAMS
 
     root = tmp_path_factory.mktemp("odd")
     export_bundle(
@@ -674,7 +674,7 @@ def test_weight_cache_fraction_is_written_and_validated(bundles: Path, tmp_path:
 def test_residency_of_a_meta_model_is_refused(
     bundles: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_meta_manifest import write_meta
+    from tests.bundle.test_meta_manifest import write_meta
 
     write_meta(bundles, "twice", meta={"calls": ["tiny"]})
     repo = tmp_path / "repo"

@@ -18,7 +18,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = "hloserve-test-rootfs"
 LABEL = "hloserve.content"
 

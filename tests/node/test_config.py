@@ -355,7 +355,7 @@ def test_port_in_use_is_reported_before_anything_starts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["node-gpu.yaml", "node-cpu.yaml"])
 def test_example_node_files_are_valid(name: str) -> None:
-    config = load_node_config(Path(__file__).parent.parent / "containers" / name, environ={})
+    config = load_node_config(Path(__file__).parents[2] / "containers" / name, environ={})
     plan = plan_workers(config, available_gpus=(0, 1))
     assert len(plan) == 2 and gateway_enabled(config, len(plan))
     gateway_config(config, plan)
@@ -368,7 +368,7 @@ def test_example_node_files_are_valid(name: str) -> None:
 def test_missing_image_hint_builds_from_the_images_own_dockerfile(
     name: str, dockerfile: str
 ) -> None:
-    containers = Path(__file__).parent.parent / "containers"
+    containers = Path(__file__).parents[2] / "containers"
     config = load_node_config(containers / name, environ={})
     hint = image_build_command(config)
     assert hint == f"docker build -f containers/{dockerfile} -t {config.docker.image} ."

@@ -1,11 +1,11 @@
 """``hloserve node up|down`` with the docker runtime on a real Docker daemon.
 
 One node for the module: ``hloserve node up`` (a subprocess, as users run it) with two CPU
-worker containers of the local test image (tests/docker_image.py: nothing is pulled) serving the
-digits repository, and the gateway in front. The tests check the answers through the gateway,
-the containers as Docker sees them, a worker killed under load being restarted by Docker while
-traffic recovers, and ``hloserve node down`` leaving no container. Without a daemon the module
-is skipped, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI) makes that a failure.
+worker containers of the local test image (tests/node/docker_image.py: nothing is pulled)
+serving the digits repository, and the gateway in front. The tests check the answers through
+the gateway, the containers as Docker sees them, a worker killed under load being restarted by
+Docker while traffic recovers, and ``hloserve node down`` leaving no container. Without a
+daemon the module is skipped, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI) makes that a failure.
 """
 
 from __future__ import annotations
@@ -23,8 +23,13 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from docker_image import container_env, container_mounts, ensure_test_image
-from node_testing import (
+
+from hloserve.errors import Status
+from hloserve.model_repository_tools import build_repository
+from hloserve.node.plan import NodeError
+from hloserve.node.tritonserver import free_ports
+from tests.node.docker_image import container_env, container_mounts, ensure_test_image
+from tests.node.node_testing import (
     HLOSERVE,
     LoadLoop,
     NodeProcess,
@@ -34,11 +39,6 @@ from node_testing import (
     successes,
     two_worker_ports,
 )
-
-from hloserve.errors import Status
-from hloserve.model_repository_tools import build_repository
-from hloserve.node.plan import NodeError
-from hloserve.node.tritonserver import free_ports
 
 # the node's own bounds: image build, then up to STARTUP_S + 30 s for `node up` (first test)
 pytestmark = [

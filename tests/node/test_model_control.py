@@ -116,8 +116,9 @@ def test_a_load_without_the_key_is_refused_and_the_watchdog_reload_works(
 ) -> None:
     grpcclient = pytest.importorskip("tritonclient.grpc")
     httpclient = pytest.importorskip("tritonclient.http")
-    from test_serve_cli import start_serve, stub_pids, wait_for_line
     from tritonclient.utils import InferenceServerException
+
+    from tests.node.test_serve_cli import start_serve, stub_pids, wait_for_line
 
     monkeypatch.setenv(ENV_KEY, KEY)
     proc, log, grpc = start_serve(tmp_path, "--host", host)

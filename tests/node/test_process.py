@@ -23,7 +23,10 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from node_testing import (
+
+from hloserve.model_repository_tools import build_repository
+from hloserve.node.tritonserver import free_ports
+from tests.node.node_testing import (
     LoadLoop,
     NodeProcess,
     contiguous_free_ports,
@@ -32,9 +35,6 @@ from node_testing import (
     successes,
     two_worker_ports,
 )
-
-from hloserve.model_repository_tools import build_repository
-from hloserve.node.tritonserver import free_ports
 
 # the node's own bound: up to STARTUP_S + 30 s for `node up` in the first test's setup
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT
 
 from hloserve.bundle import load_bundle
 from hloserve.node.ports import free_ports
 from hloserve.node.procfs import session_pids
+from tests.conftest import GOLDEN, ROOT
 
 pytestmark = pytest.mark.tritonserver
 grpcclient = pytest.importorskip("tritonclient.grpc")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT
-from test_serve_cli import run_cli, stop_serve, stub_pids, wait_for_line
 
 from hloserve.node.plan import worker_ports
 from hloserve.node.ports import free_ports
 from hloserve.node.procfs import session_pids
+from tests.conftest import GOLDEN, ROOT
+from tests.node.test_serve_cli import run_cli, stop_serve, stub_pids, wait_for_line
 
 # its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]

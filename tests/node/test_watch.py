@@ -14,8 +14,6 @@ import pytest
 pytest.importorskip("tritonclient.grpc.model_config_pb2")  # the serving env (repositories)
 pytest.importorskip("prometheus_client")  # the admin port
 
-from conftest import GOLDEN
-
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
@@ -39,6 +37,7 @@ from hloserve.node.watch import (
 )
 from hloserve.node.watcher import BundleWatcher
 from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
+from tests.conftest import GOLDEN
 
 GOLDEN_WEIGHTS = GOLDEN / "affine" / "weights.safetensors"
 META_MANIFEST = """\

@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT
-from test_serve_cli import stop_serve
-from test_watch import META_RUN, write_meta
 
 from hloserve.node.status import parse_samples
 from hloserve.node.tritonserver import free_ports
+from tests.conftest import GOLDEN, ROOT
+from tests.node.test_serve_cli import stop_serve
+from tests.node.test_watch import META_RUN, write_meta
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")

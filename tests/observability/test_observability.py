@@ -21,7 +21,7 @@ from hloserve.observability.targets import (
     write_targets,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_targets_dir_follows_the_environment(tmp_path: Path) -> None:

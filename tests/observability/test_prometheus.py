@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, import_example
-from test_serve_cli import wait_for_line
 
 from hloserve.node.tritonserver import free_ports
+from tests.conftest import ROOT, import_example
+from tests.node.test_serve_cli import wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 grpcclient = pytest.importorskip("tritonclient.grpc")

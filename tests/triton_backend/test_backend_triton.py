@@ -28,8 +28,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import serving_options
-from test_triton_backend_bundles import (
+
+from hloserve.bundle import dtypes, load_bundle
+from hloserve.node import tritonserver as ts
+from tests.conftest import serving_options
+from tests.triton_backend.test_bundles import (
     EXECUTABLE_TOKENS,
     TRANSPOSED_W,
     export_dtypes,
@@ -38,9 +41,6 @@ from test_triton_backend_bundles import (
     extreme_values,
 )
 
-from hloserve.bundle import dtypes, load_bundle
-from hloserve.node import tritonserver as ts
-
 pytestmark = [
     pytest.mark.tritonserver,
     pytest.mark.skipif(
@@ -48,7 +48,7 @@ pytestmark = [
     ),
 ]
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 BIG_K = 5 * 1024 * 1024  # f32 items per request: 20 MiB
 
 

@@ -1,6 +1,6 @@
 """Tiny bundles that the backend tests serve, and a check that each is a valid bundle.
 
-Imported by tests/test_triton_backend_*.py and tests/test_backend_triton.py:
+Imported by the tests in tests/triton_backend/ (test_front, test_runtime, test_backend_triton):
     dtypes:      one identity input/output pair per executable dtype (bit-exact transport).
     transposed:  batch axis NOT leading (``shape: "kn"``): served with ``max_batch_size: 0``.
     unbatched:   no batch axis at all (one executable, key 0).

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
 
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
@@ -25,6 +24,7 @@ from hloserve.triton_backend.front_channel import ChannelFront, Request
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_server import RuntimeServer
 from hloserve.triton_backend.scheduler import SchedulerConfig
+from tests.conftest import GOLDEN
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 

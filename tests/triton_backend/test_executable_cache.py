@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, ROOT
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.triton_backend import executable_cache as xc
@@ -40,6 +39,7 @@ from hloserve.triton_backend.executable_cache_settings import (
     executable_cache,
 )
 from hloserve.triton_backend.pb import ModelArgs
+from tests.conftest import GOLDEN, ROOT
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -236,7 +236,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 from hloserve.triton_backend.executable_cache import ExecutableCache
-from test_executable_cache import KEY
+from tests.triton_backend.test_executable_cache import KEY
 directory, fill, count, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 cache = ExecutableCache(directory)
 payload = bytes([fill]) * 400_000
@@ -260,7 +260,7 @@ def _race(tmp_path: Path, mode: str, count: int) -> tuple[dict[bytes, int], int]
     """Two writer processes store different payloads under one key while this one reads."""
     directory = tmp_path / "shared"
     directory.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writers = [
         subprocess.Popen(
             [sys.executable, "-c", WRITER, str(directory), str(fill), str(count), mode], env=env

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, serving_options
 
 from hloserve.node import tritonserver as ts
+from tests.conftest import GOLDEN, serving_options
 
 pytestmark = [
     pytest.mark.tritonserver,

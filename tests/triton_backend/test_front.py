@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
-from test_triton_backend_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend.front import FrontModel, RetryPolicy, Tensors
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
+from tests.conftest import GOLDEN
+from tests.triton_backend.test_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -83,7 +83,7 @@ def test_affine_requests_are_coalesced_and_padded(
 def test_tiny_pads_three_single_requests_to_four(
     paths: dict[str, Path], runtime: RuntimeModel
 ) -> None:
-    from conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS
 
     front, recorder = _front("tiny", paths, runtime)
     xs = [np.full((1, 4), i, np.float32) for i in range(3)]
@@ -96,7 +96,7 @@ def test_tiny_pads_three_single_requests_to_four(
 
 
 def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) -> None:
-    from conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS
 
     front, recorder = _front("tiny", paths, runtime)
     first = {"x": np.ones((2, 4), np.float32)}

@@ -2,7 +2,7 @@
 
 DLPack capsules are produced and consumed by NumPy and by JAX (an independent DLPack
 implementation that knows bfloat16), so the bf16 relabelling is checked against a real consumer.
-The real stub is exercised in tests/test_backend_triton.py.
+The real stub is exercised in tests/triton_backend/test_backend_triton.py.
 """
 
 from __future__ import annotations

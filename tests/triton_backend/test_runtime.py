@@ -9,13 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
-from test_triton_backend_bundles import (
-    EXECUTABLE_TOKENS,
-    export_dtypes,
-    export_transposed,
-    extreme_values,
-)
 
 from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
@@ -23,6 +16,13 @@ from hloserve.triton_backend.compile import compile_artifact
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.weights import ResidentWeightStore
+from tests.conftest import GOLDEN
+from tests.triton_backend.test_bundles import (
+    EXECUTABLE_TOKENS,
+    export_dtypes,
+    export_transposed,
+    extreme_values,
+)
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 

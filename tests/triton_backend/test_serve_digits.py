@@ -17,10 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from conftest import BIG_ITEMS, GOLDEN, serving_bundles, serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import BIG_ITEMS, GOLDEN, serving_bundles, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

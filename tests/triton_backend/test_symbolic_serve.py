@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import import_example, serving_options
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
 from hloserve.node.tritonserver import TritonServer
+from tests.conftest import import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 

@@ -1,7 +1,8 @@
 """Shape variants and hooks without Triton: manifest rules, export, front + in-process runtime.
 
 The front is wired to an in-process RuntimeModel (``call_runtime`` = ``runtime.execute``), the
-path the BLS shim takes minus Triton; tests/test_minilm.py runs the same on a real tritonserver.
+path the BLS shim takes minus Triton; tests/examples/test_minilm.py runs the same on a real
+tritonserver.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from echo_bundle import export_echo
 
 from hloserve.bundle import load_bundle
 from hloserve.bundle.convert import convert_bundle
@@ -23,6 +23,7 @@ from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.triton_backend.front import FrontModel, load_hooks
 from hloserve.triton_backend.runtime import RuntimeModel, variant_label
+from tests.echo_bundle import export_echo
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 

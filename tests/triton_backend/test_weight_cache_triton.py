@@ -21,10 +21,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import serving_options
-from test_weight_cache_runtime import MODEL_BYTES, WEIGHT_ITEMS, expected_y, export_weighted
 
 from hloserve.node import tritonserver as ts
+from tests.conftest import serving_options
+from tests.triton_backend.test_weight_cache_runtime import (
+    MODEL_BYTES,
+    WEIGHT_ITEMS,
+    expected_y,
+    export_weighted,
+)
 
 pytestmark = [
     pytest.mark.tritonserver,
