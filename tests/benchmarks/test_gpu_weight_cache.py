@@ -3,23 +3,18 @@ end run on CPU with a small size (where the ratio and memory goals are not check
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_weight_cache.py"
+from tests.conftest import import_benchmark
+
 SMALL = ["--bytes", "1MiB", "--tensors", "2", "--repeats", "2", "--platform", "cpu"]
 
 
 @pytest.fixture(scope="module")
 def script() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_weight_cache", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_benchmark("gpu_weight_cache")
 
 
 def test_gpu_weight_cache_script_runs_on_cpu(

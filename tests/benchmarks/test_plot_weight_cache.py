@@ -3,15 +3,15 @@ again from the benchmark output checked in beside it (docs/images/weight_cache.j
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import import_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "plot_weight_cache.py"
 TIMELINE = ROOT / "docs" / "images" / "weight_cache.json"
 
 pytest.importorskip("matplotlib")
@@ -19,11 +19,7 @@ pytest.importorskip("matplotlib")
 
 @pytest.fixture(scope="module")
 def plot() -> Any:
-    spec = importlib.util.spec_from_file_location("plot_weight_cache", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_benchmark("plot_weight_cache")
 
 
 def _sample(t: float, loads: float, executions: float) -> dict[str, Any]:

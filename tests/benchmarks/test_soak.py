@@ -4,25 +4,17 @@ open files and shared-memory segments flat (RSS is too noisy over seconds: not c
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+from tests.conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def soak() -> Any:
-    spec = importlib.util.spec_from_file_location("benchmark_soak", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_soak"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return import_benchmark("soak")
 
 
 def test_the_verdict_fails_errors_leaks_and_growth(soak: Any) -> None:

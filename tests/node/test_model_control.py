@@ -12,7 +12,6 @@ import dataclasses
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +117,7 @@ def test_a_load_without_the_key_is_refused_and_the_watchdog_reload_works(
     httpclient = pytest.importorskip("tritonclient.http")
     from tritonclient.utils import InferenceServerException
 
-    from tests.node.test_serve_cli import start_serve, stub_pids, wait_for_line
+    from tests.node.test_serve_cli import start_serve, stop_serve, stub_pids, wait_for_line
 
     monkeypatch.setenv(ENV_KEY, KEY)
     proc, log, grpc = start_serve(tmp_path, "--host", host)
@@ -156,8 +155,4 @@ def test_a_load_without_the_key_is_refused_and_the_watchdog_reload_works(
         http.close()
         client.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc)

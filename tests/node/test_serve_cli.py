@@ -77,12 +77,7 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:  # a failed assertion: stop it the way a user would, then force
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_serve(proc)  # after a failed assertion: as a user would, then force
     assert session_pids(server_pid) == [], "processes of the server's session survived"
     assert "hloserve: stopped" in log.read_text()
 
@@ -214,8 +209,4 @@ def test_serve_reloads_a_model_whose_stub_was_killed(tmp_path: Path) -> None:
             np.testing.assert_allclose(y, expected, rtol=1e-6)
         assert front[0] not in stub_pids(server_pid, "affine")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc)

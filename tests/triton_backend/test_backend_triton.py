@@ -31,7 +31,7 @@ import pytest
 
 from hloserve.bundle import dtypes, load_bundle
 from hloserve.node import tritonserver as ts
-from tests.conftest import serving_options
+from tests.conftest import export_wide, serving_options
 from tests.triton_backend.test_bundles import (
     EXECUTABLE_TOKENS,
     TRANSPOSED_W,
@@ -52,20 +52,6 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 BIG_K = 5 * 1024 * 1024  # f32 items per request: 20 MiB
 
 
-def _export_big(out: Path) -> Path:
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
-
-    export_bundle(
-        lambda p, x: x + 1,
-        {},
-        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_K})],
-        [OutputSpec("y", "nk")],
-        [1],
-        out,
-    )
-    return out
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools.build import build_repository
@@ -78,7 +64,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     export_dtypes(bundles / "dtypes")
     export_transposed(bundles / "transposed")
     export_unbatched(bundles / "unbatched")
-    _export_big(bundles / "big")
+    export_wide(bundles / "big", BIG_K, lambda x: x + 1)
     repo = root / "repo"
     build_repository(bundles, repo)
     (repo / "broken" / "1" / "bundle" / "model.b2.mlirbc").write_bytes(b"ML\xefR corrupted")

@@ -27,7 +27,7 @@ from hloserve.node.model_control import grpc_metadata, http_headers
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, reload_model
 from hloserve.triton_backend import channel
-from tests.conftest import GOLDEN, serving_options
+from tests.conftest import GOLDEN, export_wide, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
@@ -35,20 +35,6 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 HUGE_K = 64 * 1024 * 1024  # f32 items: 256 MiB
-
-
-def _export_huge(out: Path) -> Path:
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
-
-    export_bundle(
-        lambda p, x: x + 1,
-        {},
-        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": HUGE_K})],
-        [OutputSpec("y", "nk")],
-        [1],
-        out,
-    )
-    return out
 
 
 def _namespace() -> int:
@@ -63,7 +49,7 @@ def _repo(root: Path, *, huge: bool) -> Path:
     bundles = root / "bundles"
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
     if huge:
-        _export_huge(bundles / "huge")
+        export_wide(bundles / "huge", HUGE_K, lambda x: x + 1)
     repo = root / "repository"
     build_repository(bundles, repo, front_instances=1)
     # small_limit: built as `hloserve repo build --max-request-bytes 16` builds it

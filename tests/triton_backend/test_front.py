@@ -20,6 +20,7 @@ from hloserve.triton_backend.front import FrontModel, RetryPolicy, Tensors
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 from tests.conftest import GOLDEN
+from tests.triton_backend.front_testing import Recorder, front_over
 from tests.triton_backend.test_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
@@ -41,25 +42,6 @@ def runtime(paths: dict[str, Path]) -> RuntimeModel:
     return RuntimeModel(paths)
 
 
-class Recorder:
-    """call_runtime over an in-process runtime, recording each call's batch."""
-
-    def __init__(self, runtime: RuntimeModel) -> None:
-        self.runtime = runtime
-        self.calls: list[dict[str, tuple[int, ...]]] = []
-
-    def __call__(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        self.calls.append({k: v.shape for k, v in inputs.items()})
-        return {k: np.asarray(v) for k, v in self.runtime.execute(inputs, outputs).items()}
-
-
-def _front(name: str, paths: dict[str, Path], runtime: RuntimeModel) -> tuple[FrontModel, Recorder]:
-    recorder = Recorder(runtime)
-    return FrontModel(name, load_bundle(paths[name]), recorder), recorder
-
-
 def _ok(result: Tensors | Exception) -> Tensors:
     assert not isinstance(result, Exception), result
     return result
@@ -70,7 +52,7 @@ def test_affine_requests_are_coalesced_and_padded(
 ) -> None:
     expected = np.load(GOLDEN / "affine.expected.npz")
     x, y, label = expected["x"], expected["y"], expected["label"]
-    front, recorder = _front("affine", paths, runtime)
+    front, recorder = front_over("affine", paths, runtime)
     results = front.execute([{"x": x[:1]}, {"x": x[1:]}, {"x": x}])
     # compiled [1, 2]: (r0 + r1) at 2, then r2 at 2
     assert recorder.calls == [{"affine__x": (2, 4)}, {"affine__x": (2, 4)}]
@@ -85,7 +67,7 @@ def test_tiny_pads_three_single_requests_to_four(
 ) -> None:
     from tests.conftest import TINY_PARAMS
 
-    front, recorder = _front("tiny", paths, runtime)
+    front, recorder = front_over("tiny", paths, runtime)
     xs = [np.full((1, 4), i, np.float32) for i in range(3)]
     results = front.execute([{"x": x} for x in xs])
     assert recorder.calls == [{"tiny__x": (4, 4)}]
@@ -98,7 +80,7 @@ def test_tiny_pads_three_single_requests_to_four(
 def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) -> None:
     from tests.conftest import TINY_PARAMS
 
-    front, recorder = _front("tiny", paths, runtime)
+    front, recorder = front_over("tiny", paths, runtime)
     first = {"x": np.ones((2, 4), np.float32)}
     last = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}  # unlike the first: order shows
     results = front.execute(
@@ -133,7 +115,7 @@ def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) 
 
 
 def test_non_leading_batch_axis(paths: dict[str, Path], runtime: RuntimeModel) -> None:
-    front, recorder = _front("transposed", paths, runtime)
+    front, recorder = front_over("transposed", paths, runtime)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(2, dtype=np.float32).reshape(2, 1) + 100
     results = front.execute([{"x": a}, {"x": b}, {"x": np.ones((2, 5), np.float32)}])
@@ -149,7 +131,7 @@ def test_non_leading_batch_axis(paths: dict[str, Path], runtime: RuntimeModel) -
 def test_unbatched_runs_one_request_per_execution(
     paths: dict[str, Path], runtime: RuntimeModel
 ) -> None:
-    front, recorder = _front("unbatched", paths, runtime)
+    front, recorder = front_over("unbatched", paths, runtime)
     xs = [np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32)]
     results = front.execute([{"x": x} for x in xs])
     assert recorder.calls == [{"unbatched__x": (3,)}, {"unbatched__x": (3,)}]

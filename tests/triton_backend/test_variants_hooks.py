@@ -7,7 +7,7 @@ tritonserver.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.triton_backend.front import FrontModel, load_hooks
 from hloserve.triton_backend.runtime import RuntimeModel, variant_label
 from tests.echo_bundle import export_echo
+from tests.triton_backend.front_testing import Recorder, front_over
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -64,26 +65,6 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def runtime(bundles: dict[str, Path]) -> RuntimeModel:
     return RuntimeModel(bundles)
-
-
-class Recorder:
-    """call_runtime over the in-process runtime, recording each call's input shapes."""
-
-    def __init__(self, runtime: RuntimeModel) -> None:
-        self.runtime = runtime
-        self.calls: list[dict[str, tuple[int, ...]]] = []
-
-    def __call__(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> dict[str, np.ndarray]:
-        self.calls.append({k: v.shape for k, v in inputs.items()})
-        return {k: np.asarray(v) for k, v in self.runtime.execute(inputs, outputs).items()}
-
-
-def _front(name: str, bundles: dict[str, Path], runtime: RuntimeModel) -> tuple[FrontModel, Any]:
-    recorder = Recorder(runtime)
-    bundle = load_bundle(bundles[name])
-    return FrontModel(name, bundle, recorder, hooks=load_hooks(name, bundle)), recorder
 
 
 # -- manifest and export -------------------------------------------------------------------
@@ -198,7 +179,7 @@ def test_convert_rewrites_variant_text_executables(tmp_path: Path) -> None:
 def test_requests_run_on_the_smallest_fitting_variant_and_coalesce_within_it(
     bundles: dict[str, Path], runtime: RuntimeModel
 ) -> None:
-    front, recorder = _front("seqsum", bundles, runtime)
+    front, recorder = front_over("seqsum", bundles, runtime)
     rng = np.random.default_rng(0)
     lengths = [1, 3, 2, 4, 2, 3]  # variants: s2, s4, s2, s4, s2, s4
     xs = [rng.normal(size=(1, n)).astype(np.float32) for n in lengths]
@@ -215,7 +196,7 @@ def test_requests_run_on_the_smallest_fitting_variant_and_coalesce_within_it(
 def test_a_request_larger_than_every_variant_fails_alone(
     bundles: dict[str, Path], runtime: RuntimeModel
 ) -> None:
-    front, recorder = _front("seqsum", bundles, runtime)
+    front, recorder = front_over("seqsum", bundles, runtime)
     ok, too_long = np.ones((1, 2), np.float32), np.ones((1, 5), np.float32)
     results = front.execute([{"x": too_long}, {"x": ok}])
     assert isinstance(results[0], InvalidArgumentError)
@@ -235,7 +216,7 @@ def test_runtime_refuses_sizes_of_no_variant(runtime: RuntimeModel) -> None:
 def test_bytes_round_trip_byte_exact_through_hooks_and_runtime(
     bundles: dict[str, Path], runtime: RuntimeModel
 ) -> None:
-    front, recorder = _front("echo", bundles, runtime)
+    front, recorder = front_over("echo", bundles, runtime)
     requests = [{"blob": np.array([item], dtype=object)} for item in TRICKY]
     requests.append({"blob": np.array(TRICKY, dtype=object)})  # one request, 8 items
     results = front.execute(requests)
