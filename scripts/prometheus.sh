@@ -1,5 +1,5 @@
 # Sourced by scripts/test.sh: make Debian's Prometheus binary available for the observability
-# test (tests/test_observability_prometheus.py starts its own instance on a free port).
+# test (tests/observability/test_prometheus.py starts its own instance on a free port).
 #   ensure_prometheus   returns 0 when `prometheus --version` works, installing Debian's
 #                       prometheus package first when root (no service is started).
 ensure_prometheus() {

@@ -20,7 +20,7 @@ if ! ensure_docker && [ "${HLOSERVE_REQUIRE_DOCKER:-}" != "1" ]; then
   serving_marks=(-m "not docker")
 fi
 source "$ROOT/scripts/prometheus.sh"
-ensure_prometheus  # tests/test_observability_prometheus.py runs a real Prometheus
+ensure_prometheus  # tests/observability/test_prometheus.py runs a real Prometheus
 
 echo "==> ruff"
 .venv/bin/ruff check .

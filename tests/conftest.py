@@ -24,17 +24,17 @@ FAIL_ON_SKIP = os.environ.get("HLOSERVE_FAIL_ON_SKIP") == "1"
 # FAIL_ON_SKIP a missing tritonclient is a collection error instead).
 if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
     collect_ignore_glob = [
-        "test_gateway_admission.py",
-        "test_gateway_aggregate.py",
-        "test_gateway_control.py",
-        "test_gateway_haproxy.py",
-        "test_gateway_http_fleet.py",
-        "test_gateway_http_tritonserver.py",
-        "test_gateway_interceptor.py",
-        "test_gateway_proxy.py",
-        "test_gateway_skew.py",
-        "test_gateway_tritonserver.py",
-        "test_gateway_wire.py",
+        "gateway/test_admission.py",
+        "gateway/test_aggregate.py",
+        "gateway/test_control.py",
+        "gateway/test_haproxy.py",
+        "gateway/test_http_fleet.py",
+        "gateway/test_http_tritonserver.py",
+        "gateway/test_interceptor.py",
+        "gateway/test_proxy.py",
+        "gateway/test_skew.py",
+        "gateway/test_tritonserver.py",
+        "gateway/test_wire.py",
     ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,20 +166,32 @@ def serving_bundles(bundles: Path, digits_bundle: Path) -> Path:
     Returns:
         ``bundles``, created.
     """
-    from hloserve.export import OutputSpec, TensorSpec, export_bundle
-
     bundles.mkdir(parents=True)
     shutil.copytree(digits_bundle, bundles / "digits")
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    export_wide(bundles / "big", BIG_ITEMS, lambda x: x * 2.0)
+    return bundles
+
+
+def export_wide(out: Path, items: int, fn: Callable[[Any], Any]) -> Path:
+    """An elementwise bundle at ``out``: ``y = fn(x)``, both (1, ``items``) f32, batch size 1.
+
+    The large-tensor tests' bundle (20 MiB and more per request and response).
+
+    Returns:
+        ``out``.
+    """
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
     export_bundle(
-        lambda p, x: x * 2.0,
+        lambda p, x: fn(x),
         {},
-        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": BIG_ITEMS})],
+        [TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": items})],
         [OutputSpec("y", "nk")],
         [1],
-        bundles / "big",
+        out,
     )
-    return bundles
+    return out
 
 
 def import_example(example: str, module: str) -> Any:
@@ -189,14 +201,24 @@ def import_example(example: str, module: str) -> Any:
     one from shadowing another in ``sys.modules``. The example's folder is on ``sys.path`` while
     the module runs, so its own sibling imports work; ``sys.path`` is restored afterwards.
     """
-    name = f"{example}_{module}"
+    return _import_script(ROOT / "examples" / example / f"{module}.py", f"{example}_{module}")
+
+
+def import_benchmark(script: str) -> Any:
+    """``benchmarks/<script>.py``, imported once as ``benchmark_<script>`` (its folder on
+    ``sys.path`` while it runs, as for :func:`import_example`)."""
+    return _import_script(ROOT / "benchmarks" / f"{script}.py", f"benchmark_{script}")
+
+
+def _import_script(path: Path, name: str) -> Any:
+    """The module at ``path`` as ``sys.modules[name]`` (dataclasses look their module up there)."""
     if name in sys.modules:
         return sys.modules[name]
-    folder = ROOT / "examples" / example
+    folder = path.parent
     saved = list(sys.path)
     sys.path.insert(0, str(folder))
     try:
-        spec = importlib.util.spec_from_file_location(name, folder / f"{module}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded
@@ -222,24 +244,29 @@ def digits_params(digits_model: Any) -> Any:
     return digits_model.train()
 
 
-@pytest.fixture(scope="session")
-def digits_bundle(
-    digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The digits bundle exported the way examples/digits/export.py does it."""
+def _export_digits(digits_model: Any, digits_params: Any, batch_sizes: Any, out: Path) -> Path:
+    """The digits bundle at ``out``, exported the way examples/digits/export.py does it."""
     digits_export = import_example("digits", "export")
     from hloserve.export import export_bundle
 
-    out = tmp_path_factory.mktemp("bundles") / "digits"
     export_bundle(
         digits_model.apply,
         digits_params,
         [digits_export.IMAGE],
         [digits_export.LOGITS],
-        digits_export.BATCH_SIZES,
+        digits_export.BATCH_SIZES if batch_sizes is None else batch_sizes,
         out,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def digits_bundle(
+    digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The digits bundle exported the way examples/digits/export.py does it."""
+    out = tmp_path_factory.mktemp("bundles") / "digits"
+    return _export_digits(digits_model, digits_params, None, out)
 
 
 @pytest.fixture(scope="session")
@@ -247,16 +274,5 @@ def symbolic_digits(
     digits_model: Any, digits_params: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """digits exported with batch_sizes='symbolic' (same params as the fixed digits bundle)."""
-    digits_export = import_example("digits", "export")
-    from hloserve.export import export_bundle
-
     out = tmp_path_factory.mktemp("symbolic") / "digits"
-    export_bundle(
-        digits_model.apply,
-        digits_params,
-        [digits_export.IMAGE],
-        [digits_export.LOGITS],
-        "symbolic",
-        out,
-    )
-    return out
+    return _export_digits(digits_model, digits_params, "symbolic", out)

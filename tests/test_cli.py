@@ -9,10 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import GOLDEN, ROOT
-
 from hloserve.bundle import validate_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact, module_text
+from tests.conftest import GOLDEN, ROOT
 
 
 def hloserve(*args: str | Path) -> subprocess.CompletedProcess[str]:

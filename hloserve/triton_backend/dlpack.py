@@ -3,7 +3,8 @@
 Numeric tensors move by DLPack in both directions (docs/notes_tritonserver.md: ``as_numpy()``
 and ``pb_utils.Tensor(name, array)`` corrupt data silently under numpy 2 with the 2.51 stub);
 BYTES tensors by ``as_numpy()`` / ``pb_utils.Tensor(name, array)``. ``pb_utils`` is passed in,
-never imported. Two fixes, both checked against tritonserver 2.51 (tests/test_backend_triton.py):
+never imported. Two fixes, both checked against tritonserver 2.51
+(tests/triton_backend/test_backend_triton.py):
 
 * bfloat16: NumPy cannot export or import DLPack ``kDLBfloat`` (code 4). An incoming bf16
   capsule is relabelled ``kDLUInt``/16 bits and viewed as ``ml_dtypes.bfloat16``; an outgoing

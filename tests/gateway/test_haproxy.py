@@ -1,0 +1,403 @@
+"""The HAProxy data plane over fake gRPC workers on loopback (docs/gateway.md, "Data plane").
+
+``run_gateway`` with the default ``data_plane: haproxy``: HAProxy carries ModelInfer by the
+model name read from the request body; the Python servicer behind it answers the rest. The
+workers are the fake tritonservers of ``tests/gateway/test_proxy.py``; the client is
+tritonclient's stock ``grpc.aio`` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as triton_aio
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from hloserve.errors import UnavailableError
+from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
+from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
+from hloserve.gateway.routing import ModelRoute, RoutingTable
+from tests.gateway.test_admission import SlowWorker, _scrape
+from tests.gateway.test_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
+    reason="HAProxy is not installed (apt-get install haproxy; scripts/env.sh does it)",
+)
+
+
+@dataclass
+class Gateway:
+    workers: list[FakeWorker]
+    servers: list[grpc.aio.Server]
+    endpoints: list[str]
+    client: triton_aio.InferenceServerClient
+    port: int
+    admin: int
+
+
+@asynccontextmanager
+async def gateway(*workers: FakeWorker, **settings: Any) -> AsyncIterator[Gateway]:
+    """run_gateway (HAProxy data plane) over ``workers``; health probes every 60 s unless set."""
+    servers, endpoints = [], []
+    for worker in workers:
+        server = grpc.aio.server(options=channel_options(LIMITS))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        worker.server = server
+        servers.append(server)
+        endpoints.append(f"127.0.0.1:{port}")
+    data = {"workers": endpoints, "health": {"interval_seconds": 60.0}, **settings}
+    config = GatewayConfig.model_validate(data)
+    stop = asyncio.Event()
+    task, port, admin = await _start_gateway(config, stop)
+    client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        yield Gateway(list(workers), servers, endpoints, client, port, admin)
+    finally:
+        await client.close()
+        stop.set()
+        await task
+        for server in servers:
+            await server.stop(None)
+
+
+def run(test: Any) -> None:
+    asyncio.run(asyncio.wait_for(test(), timeout=60))
+
+
+def test_model_infer_goes_through_haproxy_round_robin() -> None:
+    async def body() -> None:
+        async with gateway(FakeWorker("w0"), FakeWorker("w1")) as g:
+            data = np.arange(6, dtype=np.float32).reshape(2, 3)
+            workers = [await _infer(g.client, data, f"r{i}") for i in range(4)]
+            assert sorted(workers) == ["w0", "w0", "w1", "w1"]
+            assert len(g.workers[0].served) == 2
+            text = await asyncio.to_thread(_scrape, g.admin)  # HAProxy's exporter appended
+            assert 'haproxy_server_sessions_total{proxy="m_echo",server="w0"} 2' in text
+            assert "hloserve_gateway_table_swaps_total" in text
+
+    run(body)
+
+
+def test_twenty_mib_tensor_round_trips_through_haproxy() -> None:
+    async def body() -> None:
+        async with gateway(FakeWorker("w0")) as g:
+            data = np.random.default_rng(0).random((1, 5 * 1024 * 1024), dtype=np.float32)
+            assert await _infer(g.client, data, "big") == "w0"
+
+    run(body)
+
+
+def test_unknown_model_is_not_found_and_failed_model_unavailable_with_reasons() -> None:
+    async def body() -> None:
+        w0 = FakeWorker("w0", failed={"broken": "load failed: bad weights"})
+        async with gateway(w0) as g:
+            with pytest.raises(InferenceServerException) as missing:
+                await g.client.infer("nope", [_input(1)])
+            assert missing.value.status() == "StatusCode.NOT_FOUND"
+            assert "'nope' is not served by any worker" in str(missing.value)
+            with pytest.raises(InferenceServerException) as broken:
+                await g.client.infer("broken", [_input(1)])
+            assert broken.value.status() == "StatusCode.UNAVAILABLE"
+            assert "load failed: bad weights" in str(broken.value)
+
+    run(body)
+
+
+def _input(rows: int) -> triton_aio.InferInput:
+    tensor = triton_aio.InferInput("IN", [rows, 3], "FP32")
+    tensor.set_data_from_numpy(np.ones((rows, 3), np.float32))
+    return tensor
+
+
+def test_refused_connection_fails_over_and_no_request_is_lost() -> None:
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0"), FakeWorker("w1")
+        async with gateway(w0, w1) as g:
+            await g.servers[0].stop(None)
+            data = np.ones((1, 2), np.float32)
+            assert [await _infer(g.client, data, f"r{i}") for i in range(4)] == ["w1"] * 4
+            assert w0.served == []
+
+    run(body)
+
+
+def test_worker_dying_mid_request_is_unavailable_and_not_resent() -> None:
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0", dies=True), FakeWorker("w1", dies=True)
+        async with gateway(w0, w1) as g:
+            with pytest.raises(InferenceServerException) as info:
+                await _infer(g.client, np.ones((1, 2), np.float32), "deadly")
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            assert len(w0.served) + len(w1.served) == 1  # the one that died, nobody else
+
+    run(body)
+
+
+def test_a_request_over_the_per_worker_bound_is_refused_naming_the_bound() -> None:
+    async def body() -> None:
+        worker = SlowWorker("w0", release=asyncio.Event())
+        admission = {"max_inflight_requests_per_worker": 2}
+        async with gateway(worker, admission=admission) as g:
+            held = [asyncio.ensure_future(g.client.infer("echo", [_input(1)])) for _ in range(2)]
+            while worker.arrived < 2:
+                await asyncio.sleep(0.02)
+            with pytest.raises(InferenceServerException) as refused:
+                await g.client.infer("echo", [_input(1)])
+            assert refused.value.status() == "StatusCode.UNAVAILABLE"
+            assert "model 'echo'" in str(refused.value)
+            assert "admission.max_inflight_requests_per_worker = 2" in str(refused.value)
+            worker.release.set()
+            assert all(r.as_numpy("OUT").shape == (1, 3) for r in await asyncio.gather(*held))
+            assert (await g.client.infer("echo", [_input(1)])).as_numpy("OUT").shape == (1, 3)
+
+    run(body)
+
+
+def test_a_model_not_ready_on_one_worker_keeps_that_worker_for_the_others() -> None:
+    async def body() -> None:
+        w0 = FakeWorker("w0", models=("echo",), failed={"solo": "load failed"})
+        w1 = FakeWorker("w1", models=("echo", "solo"))
+        async with gateway(w0, w1) as g:
+            data = np.ones((1, 2), np.float32)
+            echo = [await _infer(g.client, data, f"e{i}") for i in range(4)]
+            assert sorted(echo) == ["w0", "w0", "w1", "w1"]
+            for i in range(3):
+                tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+                tensor.set_data_from_numpy(data)
+                answer = await g.client.infer("solo", [tensor], request_id=f"s{i}")
+                assert answer.get_response().parameters["worker"].string_param == "w1"
+
+    run(body)
+
+
+def test_a_new_backend_set_reloads_hitlessly_and_metadata_goes_to_the_control_plane() -> None:
+    async def body() -> None:
+        w0, w1 = FakeWorker("w0", models=("echo",)), FakeWorker("w1", models=("echo",))
+        async with gateway(w0, w1, discovery={"poll_interval_seconds": 0.1}) as g:
+            data = np.ones((1, 2), np.float32)
+            assert await _infer(g.client, data, "a") in ("w0", "w1")
+            w1.models = ("echo", "solo")  # a model on {w1} alone: a new backend, a reload
+            for _ in range(100):
+                try:
+                    tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+                    tensor.set_data_from_numpy(data)
+                    await g.client.infer("solo", [tensor])
+                    break
+                except InferenceServerException:
+                    await asyncio.sleep(0.05)
+            assert [await _infer(g.client, data, f"b{i}") for i in range(2)]
+            metadata = await g.client.get_model_metadata("solo")
+            assert metadata.platform == "w1"
+            index = await g.client.get_model_repository_index()
+            assert sorted(m.name for m in index.models) == ["echo", "solo"]
+
+    run(body)
+
+
+def test_layout_maps_models_to_backends_per_worker_set() -> None:
+    config = GatewayConfig(workers=("h:1", "h:2", "h:3"), mode="lpt_packing")
+    table = RoutingTable(
+        {
+            "a": ModelRoute(("h:1",), max_batch=8),
+            "b": ModelRoute(("h:3", "h:1"), max_batch=4),
+            "c": ModelRoute(("h:1",), max_batch=8),
+            "gone": ModelRoute(()),
+        }
+    )
+    layout = plan_layout(table, config)
+    assert layout.models == {"a": "m_a", "b": "m_b", "c": "m_c"}
+    assert [(b.name, b.servers, b.balance, b.maxconn, b.admit) for b in layout.backends] == [
+        ("m_a", (0,), "first", 8, 64),
+        ("m_b", (0, 2), "first", 4, 128),
+        ("m_c", (0,), "first", 8, 64),
+    ]
+    spread = config.scheduling.model_copy(update={"routing_fill_mode": "spread"})
+    assert plan_layout(table, config, spread).backends[1].balance == "leastconn"
+    assert not layout.same_backends(plan_layout(table, config, spread))
+    items = GatewayConfig.model_validate(
+        {"workers": config.workers, "admission": {"max_inflight_items_per_model": 4}}
+    )
+    assert plan_layout(table, items).models == {}  # the Python data path counts items
+    assert CONTROL_BACKEND not in layout.models.values()
+
+
+def test_missing_haproxy_is_an_error_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HAPROXY_ENV, "/nonexistent/haproxy")
+    with pytest.raises(UnavailableError, match="Install the 'haproxy' package"):
+        find_haproxy()
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_tls_serves_ssl_clients_and_refuses_plaintext(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+
+    async def body() -> None:
+        tls = {"cert": str(cert), "key": str(key)}
+        async with gateway(FakeWorker("w0"), tls=tls) as g:
+            secure = triton_aio.InferenceServerClient(
+                f"localhost:{g.port}", ssl=True, root_certificates=str(cert)
+            )
+            try:
+                assert await _infer(secure, np.ones((1, 2), np.float32), "tls") == "w0"
+                assert (await secure.get_model_metadata("echo")).name == "echo"
+            finally:
+                await secure.close()
+            with pytest.raises(InferenceServerException) as plain:
+                await g.client.is_server_live(client_timeout=5)
+            refused = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+            assert plain.value.status() in refused
+
+    run(body)
+
+
+def test_bytes_requests_take_the_python_path_which_refuses_zero_rows() -> None:
+    """0-row BYTES requests crashed tritonserver's Python backend: HAProxy hands requests
+    whose first input is BYTES to the Python data path, which checks shapes."""
+
+    async def body() -> None:
+        worker = FakeWorker("w0")  # max_batch_size 4
+        async with gateway(worker) as g:
+            tensor = triton_aio.InferInput("IN", [0, 1], "BYTES")
+            tensor.set_data_from_numpy(np.zeros((0, 1), np.object_))
+            with pytest.raises(InferenceServerException, match="batch size 0") as info:
+                await g.client.infer("echo", [tensor])
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert "model 'echo', input 'IN'" in str(info.value)
+            assert worker.served == []
+            ok = triton_aio.InferInput("IN", [1, 1], "BYTES")
+            ok.set_data_from_numpy(np.array([[b"x"]], np.object_))
+            assert (await g.client.infer("echo", [ok])).as_numpy("OUT").shape == (1, 1)
+
+    run(body)
+
+
+def _sessions(text: str, proxy: str) -> int:
+    """Requests HAProxy sent to ``proxy``'s servers so far (its exporter's counters)."""
+    pattern = rf'^haproxy_server_sessions_total{{proxy="{re.escape(proxy)}",server="[^"]+"}} (\d+)'
+    return sum(int(n) for n in re.findall(pattern, text, re.MULTILINE))
+
+
+async def _stream(
+    g: Gateway, model: str, count: int, delay_s: float = 0.0
+) -> list[tuple[str, np.ndarray, str]]:
+    """(id, output, worker) of each answer of one stream of ``count`` messages to ``model``."""
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        await asyncio.sleep(delay_s)
+        for i in range(count):
+            tensor = triton_aio.InferInput("IN", [1, 4], "FP32")
+            tensor.set_data_from_numpy(data * i)
+            yield {"model_name": model, "inputs": [tensor], "request_id": f"s{i}"}
+
+    answers = []
+    async for result, error in g.client.stream_infer(requests()):
+        if error is not None:
+            raise error
+        response = result.get_response()
+        worker = response.parameters["worker"].string_param
+        answers.append((response.id, result.as_numpy("OUT"), worker))
+    return answers
+
+
+def test_a_stream_goes_through_haproxy_where_its_first_message_says() -> None:
+    """HAProxy routes ModelStreamInfer by the first message's model_name (the model's backend
+    counts it); every message of the stream goes to that one worker, answers in order."""
+
+    async def body() -> None:
+        async with gateway(FakeWorker("w0"), FakeWorker("w1")) as g:
+            before = _sessions(await asyncio.to_thread(_scrape, g.admin), "m_echo")
+            first = await _stream(g, "echo", 3)
+            second = await _stream(g, "echo", 2)
+            text = await asyncio.to_thread(_scrape, g.admin)
+            assert _sessions(text, "m_echo") == before + 2  # HAProxy carried both streams
+            data = np.arange(4, dtype=np.float32).reshape(1, 4)
+            for answers, n in ((first, 3), (second, 2)):
+                assert [a[0] for a in answers] == [f"s{i}" for i in range(n)]
+                for i, (_, out, _) in enumerate(answers):
+                    np.testing.assert_array_equal(out, data * i)
+                assert len({a[2] for a in answers}) == 1  # one worker per stream
+            assert {first[0][2], second[0][2]} == {"w0", "w1"}  # round robin across streams
+
+    run(body)
+
+
+def test_a_stream_to_an_unknown_model_is_not_found() -> None:
+    async def body() -> None:
+        async with gateway(FakeWorker("w0")) as g:
+            with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
+                await _stream(g, "nope", 1)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "'nope' is not served by any worker" in (info.value.details() or "")
+
+    run(body)
+
+
+def test_a_stream_whose_first_message_comes_late_is_still_routed_by_it() -> None:
+    """A stream opened well before its first message (HAProxy waits for it, up to the request
+    timeout, instead of routing an empty body)."""
+
+    async def body() -> None:
+        async with gateway(FakeWorker("w0")) as g:
+            answers = await _stream(g, "echo", 2, delay_s=1.5)
+            assert [(a[0], a[2]) for a in answers] == [("s0", "w0"), ("s1", "w0")]
+            text = await asyncio.to_thread(_scrape, g.admin)
+            assert _sessions(text, "m_echo") == 1 and _sessions(text, CONTROL_BACKEND) == 0
+
+    run(body)
+
+
+def test_a_stream_whose_first_input_is_bytes_takes_the_python_path() -> None:
+    """As for ModelInfer: the Python path checks the shapes of every message of such a stream
+    (0 BYTES rows crashed tritonserver's Python backend) and HAProxy's backend sees none."""
+
+    async def body() -> None:
+        worker = FakeWorker("w0")  # max_batch_size 4
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            for i, rows in enumerate((1, 0)):
+                tensor = triton_aio.InferInput("IN", [rows, 1], "BYTES")
+                tensor.set_data_from_numpy(np.full((rows, 1), b"x", np.object_))
+                yield {"model_name": "echo", "inputs": [tensor], "request_id": f"b{i}"}
+
+        async with gateway(worker) as g:
+            seen = []
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for result, error in g.client.stream_infer(requests()):
+                    assert error is None
+                    seen.append(result.get_response().id)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "batch size 0" in (info.value.details() or "")
+            assert seen == ["b0"] and worker.served == ["b0"]
+            text = await asyncio.to_thread(_scrape, g.admin)
+            assert _sessions(text, "m_echo") == 0 and _sessions(text, CONTROL_BACKEND) == 1
+
+    run(body)

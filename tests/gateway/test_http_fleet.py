@@ -1,0 +1,152 @@
+"""The control plane's KServe HTTP server alone (issue 12): HAProxy's rule for it, and its own
+answers when no worker can give one. Triton's answers through it, with real tritonservers:
+``tests/gateway/test_http_tritonserver.py``."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.dataplane import (
+    HTTP_ANY_BACKEND,
+    HTTP_CONTROL_BACKEND,
+    Layout,
+    Listen,
+    render_config,
+)
+from hloserve.gateway.fleet_http import MAX_BODY_BYTES, FleetHttp, FleetHttpServer
+from hloserve.gateway.haproxy import find_haproxy
+from hloserve.node.ports import free_ports
+
+
+@pytest.fixture
+def dead_fleet() -> Iterator[FleetHttpServer]:
+    """The server in front of one worker whose port nobody listens on."""
+    fleet = FleetHttp([f"127.0.0.1:{free_ports(1)[0]}"], request_timeout_s=5, probe_timeout_s=5)
+    server = FleetHttpServer(fleet)
+    server.start()
+    yield server
+    server.close()
+
+
+def _call(
+    address: str, method: str, path: str, body: bytes | None = None, **headers: str
+) -> tuple[int, bytes]:
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        reply = connection.getresponse()
+        return reply.status, reply.read()
+    finally:
+        connection.close()
+
+
+def test_no_worker_answering_is_503_naming_the_worker(dead_fleet: FleetHttpServer) -> None:
+    worker = dead_fleet.fleet.workers[0]
+    for method, path in (
+        ("POST", "/v2/repository/index"),
+        ("POST", "/v2/systemsharedmemory/region/r/register"),
+        ("POST", "/v2/systemsharedmemory/unregister"),
+        ("GET", "/v2/systemsharedmemory/status"),
+    ):
+        status, body = _call(dead_fleet.address, method, path, b"{}")
+        assert status == 503, (path, body)
+        message = json.loads(body)["error"]
+        assert f"worker {worker}: ConnectionRefusedError" in message
+        assert "no worker answered" in message
+
+
+def test_a_body_without_length_or_too_long_is_refused(dead_fleet: FleetHttpServer) -> None:
+    path = "/v2/systemsharedmemory/region/r/register"
+    status, body = _call(
+        dead_fleet.address, "POST", path, iter([b"{}"]), **{"Transfer-Encoding": "chunked"}
+    )
+    assert status == 400
+    assert json.loads(body) == {"error": f"gateway: {path}: send the body with a Content-Length"}
+    status, body = _call(
+        dead_fleet.address, "POST", path, b"", **{"Content-Length": str(MAX_BODY_BYTES + 1)}
+    )
+    assert status == 400 and "Content-Length must be 0 to 1048576 bytes" in body.decode()
+    assert _call(dead_fleet.address, "GET", "/v2/systemsharedmemory/status")[0] == 503
+
+
+def test_a_worker_index_that_is_not_a_list_is_left_out() -> None:
+    """A worker answering 200 with something other than Triton's JSON list is not merged."""
+
+    class Garbage(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"nope")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    worker = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=worker.serve_forever, daemon=True).start()
+    fleet = FleetHttp([f"127.0.0.1:{worker.server_address[1]}"], 5, 5)
+    try:
+        answer = fleet.answer("POST", "/v2/repository/index", b"", {})
+        assert answer.status == 503
+        assert "its repository index is not a JSON list of objects" in answer.body.decode()
+    finally:
+        fleet.close()
+        worker.shutdown()
+        worker.server_close()
+
+
+@pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
+    reason="HAProxy is not installed (apt-get install haproxy; scripts/env.sh does it)",
+)
+def test_haproxy_sends_index_and_shared_memory_paths_to_the_control_plane(tmp_path: Path) -> None:
+    """The rule is in the one KServe HTTP frontend, so the TLS port has it too; ``haproxy -c``
+    accepts the configuration without a warning."""
+    config = GatewayConfig(
+        workers=("127.0.0.1:8101", "127.0.0.1:8104"),
+        worker_http=("127.0.0.1:8100", "127.0.0.1:8103"),
+        http_listen="127.0.0.1:8000",
+    )
+    (tmp_path / "models.map").write_text("")
+    listen = Listen(
+        grpc="127.0.0.1:8001",
+        control="127.0.0.1:9001",
+        runtime_socket=str(tmp_path / "runtime.sock"),
+        map_file=str(tmp_path / "models.map"),
+        http=config.http_listen,
+        http_control="127.0.0.1:9002",
+    )
+    text = render_config(Layout(), config, listen, str(tmp_path / "master.sock"))
+    rule = (
+        f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path /v2/repository/index }}"
+        " || { path_beg /v2/systemsharedmemory }"
+    )
+    frontend = text.split("frontend http\n")[1].split("\nbackend ")[0]
+    assert rule in frontend.splitlines()
+    backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
+    assert backend + "  server control 127.0.0.1:9002\n" in text
+    assert f"default_backend {HTTP_ANY_BACKEND}" in frontend
+    without = render_config(
+        Layout(), config, Listen(**{**listen.__dict__, "http_control": None}), "m"
+    )
+    assert HTTP_CONTROL_BACKEND not in without
+    (tmp_path / "haproxy.cfg").write_text(text)
+    check = subprocess.run(
+        [find_haproxy(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "WARNING" not in check.stdout + check.stderr

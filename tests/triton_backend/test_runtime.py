@@ -1,0 +1,282 @@
+"""The runtime core (hloserve.triton_backend.runtime) in process: load, compile, run, errors."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.bundle import dtypes
+from hloserve.errors import HloserveError, Status
+from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.weights import ResidentWeightStore
+from tests.conftest import GOLDEN
+from tests.triton_backend.test_bundles import (
+    EXECUTABLE_TOKENS,
+    export_dtypes,
+    export_transposed,
+    extreme_values,
+)
+
+pytestmark = pytest.mark.usefixtures("restore_x64")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runtime_bundles")
+    broken = root / "broken"
+    shutil.copytree(GOLDEN / "affine", broken)
+    (broken / "model.b2.mlirbc").write_bytes(b"ML\xefR not a portable artifact")
+    return {
+        "affine": GOLDEN / "affine",
+        "dtypes": export_dtypes(root / "dtypes"),
+        "transposed": export_transposed(root / "transposed"),
+        "broken": broken,
+        "missing": root / "no_such_bundle",
+    }
+
+
+class CountingCompile:
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, artifact: bytes, device: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+        return compile_artifact(artifact, device, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def compiler() -> CountingCompile:
+    return CountingCompile()
+
+
+@pytest.fixture(scope="module")
+def runtime(bundles: dict[str, Path], compiler: CountingCompile) -> RuntimeModel:
+    return RuntimeModel(bundles, compile=compiler)
+
+
+def _status(info: pytest.ExceptionInfo[HloserveError]) -> Status:
+    return info.value.status
+
+
+def test_affine_matches_golden_outputs(runtime: RuntimeModel) -> None:
+    expected = np.load(GOLDEN / "affine.expected.npz")
+    out = runtime.execute({"affine__x": expected["x"]})
+    assert set(out) == {"affine__y", "affine__label"}
+    np.testing.assert_allclose(np.asarray(out["affine__y"]), expected["y"], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out["affine__label"]), expected["label"])
+    one = runtime.execute({"affine__x": expected["x"][:1]}, ["affine__label", "dtypes__y_u8"])
+    assert list(one) == ["affine__label"]  # another bundle's output is ignored
+    np.testing.assert_array_equal(np.asarray(one["affine__label"]), expected["label"][:1])
+
+
+def test_bundle_is_loaded_once_under_concurrency(
+    bundles: dict[str, Path], compiler: CountingCompile
+) -> None:
+    runtime = RuntimeModel(bundles, compile=compiler)
+    before = compiler.calls
+    x = np.zeros((1, 4), np.float32)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            runtime.execute({"affine__x": x})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert compiler.calls - before == 2  # batch sizes 1 and 2, compiled once each
+    assert runtime.load("affine").load_seconds > 0
+    store = runtime.store
+    assert isinstance(store, ResidentWeightStore)
+    assert store.in_use("affine") == 0  # every acquire released
+    assert store.resident_bytes == (4 * 3 + 3) * 4
+    runtime.close()
+    assert store.resident_bytes == 0
+
+
+def test_every_dtype_round_trips_bit_exactly(runtime: RuntimeModel) -> None:
+    inputs = {
+        f"dtypes__x_{t}": extreme_values(t, 4, seed=i) for i, t in enumerate(EXECUTABLE_TOKENS)
+    }
+    sent = {k: v.copy() for k, v in inputs.items()}
+    out = runtime.execute(inputs)
+    for array in inputs.values():  # outputs must not alias the request's memory
+        array[...] = array[::-1]
+    for t in EXECUTABLE_TOKENS:
+        got = np.asarray(out[f"dtypes__y_{t}"])
+        want = sent[f"dtypes__x_{t}"]
+        assert got.dtype == dtypes.from_token(t).numpy, t
+        assert got.tobytes() == want.tobytes(), t
+
+
+def test_non_leading_batch_axis(runtime: RuntimeModel) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = runtime.execute({"transposed__x": x})
+    np.testing.assert_array_equal(np.asarray(out["transposed__y"]), x.T * [2.0, -3.0])
+    np.testing.assert_array_equal(np.asarray(out["transposed__z"]), x + 1)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "requested", "status", "match"),
+    [
+        ({"nobody__x": np.zeros((1, 4), np.float32)}, (), Status.NOT_FOUND, "names no model"),
+        ({"affine_x": np.zeros((1, 4), np.float32)}, (), Status.NOT_FOUND, "'affine_x'"),
+        ({}, (), Status.INVALID_ARGUMENT, "no inputs"),
+        (
+            {"affine__x": np.zeros((1, 4), np.float32), "transposed__x": np.zeros((2, 2))},
+            (),
+            Status.INVALID_ARGUMENT,
+            "two models",
+        ),
+        (
+            {"affine__x": np.zeros((1, 4), np.float64)},
+            (),
+            Status.INVALID_ARGUMENT,
+            r"input 'x': expected dtype FP32 \(f32\), got FP64",
+        ),
+        (
+            {"affine__x": np.zeros((1, 5), np.float32)},
+            (),
+            Status.INVALID_ARGUMENT,
+            r"expected shape \[-1, 4\], got \[1, 5\]",
+        ),
+        (
+            {"affine__x": np.zeros((3, 4), np.float32)},
+            (),
+            Status.INVALID_ARGUMENT,
+            r"no executable for batch size 3; compiled batch sizes \[1, 2\]",
+        ),
+        (
+            {"affine__x": np.zeros((1, 4), np.float32), "affine__q": np.zeros(1)},
+            (),
+            Status.INVALID_ARGUMENT,
+            "unknown input 'q'",
+        ),
+        (
+            {"affine__x": np.zeros((1, 4), np.float32)},
+            ("affine__nope",),
+            Status.INVALID_ARGUMENT,
+            "unknown output 'affine__nope'",
+        ),
+    ],
+)
+def test_bad_requests_get_their_status(
+    runtime: RuntimeModel,
+    inputs: dict[str, np.ndarray],
+    requested: tuple[str, ...],
+    status: Status,
+    match: str,
+) -> None:
+    with pytest.raises(HloserveError, match=match) as info:
+        runtime.execute(inputs, requested)
+    assert _status(info) is status
+
+
+def test_a_bundle_failing_to_load_leaves_others_serving(
+    runtime: RuntimeModel, compiler: CountingCompile
+) -> None:
+    x = np.zeros((1, 4), np.float32)
+    with pytest.raises(HloserveError, match="model 'broken' failed to load") as info:
+        runtime.execute({"broken__x": x})
+    assert _status(info) is Status.INVALID_ARGUMENT
+    calls = compiler.calls
+    with pytest.raises(HloserveError, match="model 'broken' failed to load"):
+        runtime.execute({"broken__x": x})  # the failure is remembered, not retried
+    assert compiler.calls == calls
+    with pytest.raises(HloserveError, match=r"(?s)model 'missing' failed to load.*no manifest"):
+        runtime.execute({"missing__x": x})  # the validator's error and status
+    assert np.asarray(runtime.execute({"affine__x": x})["affine__y"]).shape == (1, 3)
+
+
+def test_load_error_names_the_model_not_the_copys_directory(tmp_path: Path) -> None:
+    copy = tmp_path / "repo" / "digits_fast" / "1" / "bundle"  # the repository's layout
+    shutil.copytree(GOLDEN / "affine", copy)
+    (copy / "model.b2.mlirbc").unlink()
+    runtime = RuntimeModel.from_args(_runtime_args(tmp_path, "2"))
+    with pytest.raises(HloserveError) as info:
+        runtime.acquire("digits_fast", copy)
+    message = info.value.message
+    assert message.startswith("model 'digits_fast' failed to load: bundle 'digits_fast' ("), message
+    assert "'bundle'" not in message and "model.b2.mlirbc" in message
+    assert runtime.bundle_names == []  # a failed load holds nothing
+
+
+def _runtime_args(tmp_path: Path, fmt: str, **params: str) -> ModelArgs:
+    parameters = {"hloserve.repository_format": {"string_value": fmt}}
+    parameters.update({k: {"string_value": v} for k, v in params.items()})
+    return ModelArgs(
+        name="hloserve_runtime",
+        model_dir=tmp_path / "repo" / "hloserve_runtime",
+        version="1",
+        config={"parameters": parameters},
+    )
+
+
+def test_from_args_lists_no_bundles_and_refuses_old_repositories(tmp_path: Path) -> None:
+    runtime = RuntimeModel.from_args(_runtime_args(tmp_path, "2"))
+    assert runtime.bundle_names == []
+    with pytest.raises(HloserveError, match=r"no model 'c'; this runtime serves \[\]"):
+        runtime.load("c")
+    old = _runtime_args(tmp_path, "1", **{"hloserve.bundles": "a,b"})
+    with pytest.raises(
+        HloserveError, match=r"older hloserve.*rebuild it with `hloserve repo build`"
+    ):
+        RuntimeModel.from_args(old)
+    with pytest.raises(HloserveError, match=r"repository format '1' is not supported.*rebuild"):
+        RuntimeModel.from_args(_runtime_args(tmp_path, "1"))
+
+
+def test_acquire_and_release_hold_by_reference_and_generation(tmp_path: Path) -> None:
+    runtime = RuntimeModel()
+    one = runtime.acquire("affine", GOLDEN / "affine")
+    two = runtime.acquire("affine", GOLDEN / "affine")
+    assert one is two and runtime.bundle_names == ["affine"]
+    copy = tmp_path / "affine"
+    shutil.copytree(GOLDEN / "affine", copy)
+    newer = runtime.acquire("affine", copy)  # a reload's new instances: a new generation
+    assert newer.key == "affine#2" and newer is not one
+    assert not runtime.release(one.key)  # one holder left
+    assert runtime.release(two.key)  # the last: unloaded, weights freed
+    assert runtime.load("affine") is newer
+    assert runtime.release(newer.key)
+    assert runtime.bundle_names == []
+
+
+def test_checker_names_the_tensors_that_disagree_on_batch_size() -> None:
+    from hloserve.bundle import TensorSpec
+    from hloserve.errors import InvalidArgumentError
+    from hloserve.triton_backend.tensors import TensorChecker
+
+    check = TensorChecker(
+        "m",
+        "input",
+        [
+            TensorSpec(name="a", dtype="f32", shape="nk", dims={"k": 2}),
+            TensorSpec(name="b", dtype="i64", shape="kn", dims={"k": 3}),
+        ],
+    )
+    ok = {"a": np.zeros((4, 2), np.float32), "b": np.zeros((3, 4), np.int64)}
+    assert check(ok) == 4
+    bad = {"a": np.zeros((4, 2), np.float32), "b": np.zeros((3, 5), np.int64)}
+    with pytest.raises(
+        InvalidArgumentError, match="input 'b' has batch size 5 but input 'a' has 4"
+    ):
+        check(bad)
+    with pytest.raises(
+        InvalidArgumentError, match=r"input 'b': expected shape \[3, -1\], got \[4\]"
+    ):
+        check({"a": ok["a"], "b": np.zeros(4, np.int64)})
