@@ -1,0 +1,234 @@
+"""Explicit model control through the gateway: which workers a load or an unload goes to.
+
+One decision for both protocols (docs/gateway.md, "Model control"): the gRPC servicer
+(:class:`hloserve.gateway.fanout.FleetRpcs`) and the KServe HTTP server
+(:class:`hloserve.gateway.fleet_http.FleetHttp`) call :meth:`ModelControl.run` with a
+:data:`Send` that carries one step to a set of workers in their own protocol and relays the
+workers' own answers. The facts the decision reads (which workers list a model, which hold a
+model READY, a meta's callees) come from the workers' gRPC ``RepositoryIndex`` and
+``ModelConfig``, as discovery reads them (:mod:`hloserve.gateway.discovery`).
+
+- A model some worker's index lists (any state: READY, loading, unavailable after a failed
+  load): loaded or unloaded on exactly those workers.
+- An unload of a model no worker lists: every worker (each answers as Triton does).
+- A load of a model no worker lists goes where the placement mode puts it: ``place`` (under
+  ``lpt_packing``, :meth:`hloserve.gateway.packing.LptController.place_new`), else every
+  worker.
+- A meta model (``hloserve.meta_calls`` in its config) that no worker lists goes with its
+  group: to the workers that hold every callee READY; when none does, where ``place`` puts
+  the whole group (its callees' footprint), else every worker; the callees missing there are
+  loaded first, in ``meta.calls`` order, then the meta. Triton gives a model's config only
+  once it is loaded, so a meta's callees are known from the routing table and from earlier
+  loads; a meta never seen before is loaded where a plain model would go, its config read,
+  and then moved: its callees loaded on the group's workers, the meta loaded there and
+  unloaded from the workers outside them.
+
+After the steps the routing table is rediscovered (forced, not within its interval), so the
+next request finds the model, or NOT_FOUND after an unload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Generic, Literal, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from hloserve.gateway.discovery import SingleFlight
+from hloserve.gateway.routing import Router
+from hloserve.gateway.upstreams import Upstreams
+from hloserve.model_parameters import MetaParameters, string_values
+from hloserve.names import META_BACKEND, PARAM_META_CALLS
+
+log = logging.getLogger("hloserve.gateway")
+
+Action = Literal["load", "unload"]
+
+#: A worker's answer in the caller's protocol (gRPC reply bytes or error; an HTTP answer).
+R = TypeVar("R")
+
+#: Carries one step: ``(action, model, workers)`` -> ``(worker, answer)`` per worker. The
+#: step naming the client's model sends the client's own request; the others (callees, the
+#: undo of a moved meta) a plain one with the client's restricted-API key.
+Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
+
+#: Where a model no worker holds goes: ``(model, callees)`` -> workers (a meta's group is
+#: placed with its callees' footprint); None = every worker.
+Place = Callable[[str, Sequence[str]], Sequence[str]]
+
+
+class Outcome(Generic[R]):
+    """The answers of the step that decides the client's answer.
+
+    Attributes:
+        answers: ``(worker, answer)`` of the last step sent, or of the first step refused.
+        failed: whether some worker refused that step (the first refusal is the answer).
+    """
+
+    def __init__(self, answers: list[tuple[str, R]], failed: bool) -> None:
+        self.answers = answers
+        self.failed = failed
+
+
+class ModelControl:
+    """The model-control decision of the module docstring, on the gateway's event loop.
+
+    Args:
+        router: the routing table (metas' callees known from discovery).
+        upstreams: gRPC channels to the workers (index and config reads).
+        probe_timeout_s: deadline of one index or config read, seconds.
+        refresh: rediscovers the routing table after the steps (forced when a
+            :class:`~hloserve.gateway.discovery.SingleFlight`).
+        place: where a model no worker holds goes (:data:`Place`); None = every worker.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        upstreams: Upstreams,
+        probe_timeout_s: float,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+        place: Place | None = None,
+    ) -> None:
+        self._router = router
+        self._upstreams = upstreams
+        self._timeout = probe_timeout_s
+        self._refresh = refresh
+        self._place = place
+        self._calls: dict[str, tuple[str, ...]] = {}  # metas' callees seen so far
+
+    async def indexes(self) -> dict[str, dict[str, str]]:
+        """worker -> {model: state} of every worker that answers ``RepositoryIndex``, listing
+        only models in some state (loaded, loading or failed; not merely in the repository)."""
+        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
+
+        async def index(worker: str) -> dict[str, str] | None:
+            try:
+                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
+                    raw, timeout=self._timeout, metadata=self._upstreams.repository_metadata
+                )
+            except grpc.aio.AioRpcError:
+                return None
+            models = service_pb2.RepositoryIndexResponse.FromString(reply).models
+            return {m.name: m.state for m in models if m.state}
+
+        found = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
+        return {w: i for w, i in zip(self._upstreams.workers, found, strict=True) if i is not None}
+
+    async def holders(self, model: str) -> list[str]:
+        """The workers whose index lists ``model`` in any state, in worker order."""
+        return [w for w, models in (await self.indexes()).items() if model in models]
+
+    async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
+        """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
+        model that is not a meta; None when the config cannot be read."""
+        request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
+        try:
+            reply = await self._upstreams.raw(worker, "ModelConfig")(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError:
+            return None
+        config = service_pb2.ModelConfigResponse.FromString(reply).config
+        if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
+            return ()
+        params = string_values(config.parameters)
+        calls = tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
+        self._calls[model] = calls
+        return calls
+
+    def known_calls(self, model: str) -> tuple[str, ...] | None:
+        """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
+        route = self._router.table.get(model)
+        if route is not None and route.calls:
+            self._calls[model] = route.calls
+        return self._calls.get(model)
+
+    def _placed(self, model: str, calls: Sequence[str]) -> list[str]:
+        workers = list(self._upstreams.workers)
+        if self._place is None:
+            return workers
+        return list(self._place(model, calls)) or workers
+
+    @staticmethod
+    def _group(calls: Sequence[str], indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """The workers holding every callee READY."""
+        return [w for w, i in indexes.items() if all(i.get(c) == "READY" for c in calls)]
+
+    async def run(
+        self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
+    ) -> Outcome[R]:
+        """Load or unload ``model`` by the rules of the module docstring.
+
+        Args:
+            action: ``load`` or ``unload``.
+            model: the model the client named.
+            send: carries one step in the caller's protocol (:data:`Send`).
+            ok: whether an answer is a success.
+
+        Returns:
+            The answers of the deciding step: the first refused one, else the client's
+            model's last step.
+        """
+        try:
+            return await self._run(action, model, send, ok)
+        finally:
+            if isinstance(self._refresh, SingleFlight):  # now, not within its interval
+                with contextlib.suppress(Exception):  # the next poll tries again
+                    await self._refresh(force=True)
+            elif self._refresh is not None:
+                with contextlib.suppress(Exception):
+                    await self._refresh()
+
+    async def _run(
+        self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
+    ) -> Outcome[R]:
+        async def step(name: str, workers: Sequence[str], how: Action = "load") -> Outcome[R]:
+            answers = await send(how, name, workers) if workers else []
+            return Outcome(answers, not all(ok(a) for _, a in answers))
+
+        indexes = await self.indexes()
+        held = [w for w, i in indexes.items() if model in i]
+        if held or action == "unload":
+            return await step(model, held or list(self._upstreams.workers), action)
+        calls = self.known_calls(model)
+        if calls:
+            return await self._load_group(model, calls, indexes, None, step)
+        first = await step(model, self._placed(model, ()))
+        if first.failed or not first.answers:
+            return first
+        calls = await self.meta_calls(model, first.answers[0][0])
+        if not calls:
+            return first
+        log.info("gateway: %r is a meta calling %s: placing it with them", model, list(calls))
+        return await self._load_group(model, calls, await self.indexes(), first, step)
+
+    async def _load_group(
+        self,
+        model: str,
+        calls: Sequence[str],
+        indexes: Mapping[str, Mapping[str, str]],
+        first: Outcome[R] | None,
+        step: Callable[..., Awaitable[Outcome[R]]],
+    ) -> Outcome[R]:
+        """Load meta ``model``'s group (callees first) on its workers; unload the meta from
+        the workers ``first`` loaded it on (to read its config) outside them."""
+        loaded = [w for w, _ in first.answers] if first is not None else []
+        targets = self._group(calls, indexes) or self._placed(model, calls)
+        log.info("gateway: meta %r goes to %s with %s", model, ", ".join(targets), list(calls))
+        for callee in calls:
+            missing = [w for w in targets if indexes.get(w, {}).get(callee) != "READY"]
+            outcome = await step(callee, missing)
+            if outcome.failed:
+                return outcome
+        outcome = await step(model, [w for w in targets if w not in loaded])
+        if outcome.failed:
+            return outcome
+        extra = [w for w in loaded if w not in targets]
+        if extra:
+            undone = await step(model, extra, "unload")
+            if undone.failed:
+                log.warning("gateway: meta %r stays loaded on %s: %s", model, extra, undone)
+        return first if first is not None and not outcome.answers else outcome
