@@ -177,8 +177,8 @@ async def run_gateway(
         place=(
             None
             if controller is None
-            else lambda model, calls: controller.place_new(
-                model, [w for w in config.workers if w not in health.unhealthy], calls
+            else lambda model, calls, candidates: controller.place_new(
+                model, [w for w in candidates if w not in health.unhealthy], calls
             )
         ),
     )

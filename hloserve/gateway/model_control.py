@@ -8,20 +8,23 @@ workers' own answers. The facts the decision reads (which workers list a model, 
 model READY, a meta's callees) come from the workers' gRPC ``RepositoryIndex`` and
 ``ModelConfig``, as discovery reads them (:mod:`hloserve.gateway.discovery`).
 
-- A model some worker's index lists (any state: READY, loading, unavailable after a failed
-  load): loaded or unloaded on exactly those workers.
-- An unload of a model no worker lists: every worker (each answers as Triton does).
-- A load of a model no worker lists goes where the placement mode puts it: ``place`` (under
-  ``lpt_packing``, :meth:`hloserve.gateway.packing.LptController.place_new`), else every
-  worker.
-- A meta model (``hloserve.meta_calls`` in its config) that no worker lists goes with its
+- A model some worker holds (its index lists it in a state: READY, LOADING, UNLOADING, or
+  UNAVAILABLE after a failed load, but not UNAVAILABLE ``unloaded``, Triton's row for a
+  model unloaded on request): loaded or unloaded on exactly those workers.
+- An unload of a model no worker holds: every worker (each answers as Triton does).
+- A load of a model no worker holds goes to the workers whose repository has it (the index
+  lists a repository's models with no state; every worker when none lists it, so each
+  refuses as Triton does), narrowed by the placement mode: ``place`` (under ``lpt_packing``,
+  :meth:`hloserve.gateway.packing.LptController.place_new`), else all of them.
+- A meta model (``hloserve.meta_calls`` in its config) that no worker holds goes with its
   group: to the workers that hold every callee READY; when none does, where ``place`` puts
-  the whole group (its callees' footprint), else every worker; the callees missing there are
-  loaded first, in ``meta.calls`` order, then the meta. Triton gives a model's config only
-  once it is loaded, so a meta's callees are known from the routing table and from earlier
-  loads; a meta never seen before is loaded where a plain model would go, its config read,
-  and then moved: its callees loaded on the group's workers, the meta loaded there and
-  unloaded from the workers outside them.
+  the whole group (its callees' footprint) among the workers whose repository has the meta
+  and its callees, else all of those; the callees missing there are loaded first, in
+  ``meta.calls`` order, then the meta. Triton gives a model's config only once it is
+  loaded, so a meta's callees are known from the routing table and from earlier loads; a
+  meta never seen before is loaded where a plain model would go, its config read, and then
+  moved: its callees loaded on the group's workers, the meta loaded there and unloaded from
+  the workers outside them.
 
 After the steps the routing table is rediscovered (forced, not within its interval), so the
 next request finds the model, or NOT_FOUND after an unload.
@@ -56,9 +59,16 @@ R = TypeVar("R")
 #: undo of a moved meta) a plain one with the client's restricted-API key.
 Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
 
-#: Where a model no worker holds goes: ``(model, callees)`` -> workers (a meta's group is
-#: placed with its callees' footprint); None = every worker.
-Place = Callable[[str, Sequence[str]], Sequence[str]]
+#: Where a model no worker holds goes: ``(model, callees, candidates)`` -> some of the
+#: candidates (a meta's group is placed with its callees' footprint).
+Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
+
+#: The reason Triton's repository index gives a model unloaded on request (state
+#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model.
+UNLOADED_REASON = "unloaded"
+
+#: The state this module gives an index row with Triton's UNAVAILABLE ``unloaded``.
+_UNLOADED = "unloaded"
 
 
 class Outcome(Generic[R]):
@@ -83,7 +93,7 @@ class ModelControl:
         probe_timeout_s: deadline of one index or config read, seconds.
         refresh: rediscovers the routing table after the steps (forced when a
             :class:`~hloserve.gateway.discovery.SingleFlight`).
-        place: where a model no worker holds goes (:data:`Place`); None = every worker.
+        place: where a model no worker holds goes (:data:`Place`); None = every candidate.
     """
 
     def __init__(
@@ -102,8 +112,9 @@ class ModelControl:
         self._calls: dict[str, tuple[str, ...]] = {}  # metas' callees seen so far
 
     async def indexes(self) -> dict[str, dict[str, str]]:
-        """worker -> {model: state} of every worker that answers ``RepositoryIndex``, listing
-        only models in some state (loaded, loading or failed; not merely in the repository)."""
+        """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
+        model of its repository, "" for one never loaded and ``"unloaded"`` for one
+        unloaded on request."""
         raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
 
         async def index(worker: str) -> dict[str, str] | None:
@@ -114,14 +125,20 @@ class ModelControl:
             except grpc.aio.AioRpcError:
                 return None
             models = service_pb2.RepositoryIndexResponse.FromString(reply).models
-            return {m.name: m.state for m in models if m.state}
+            return {
+                m.name: _UNLOADED
+                if m.state == "UNAVAILABLE" and m.reason == UNLOADED_REASON
+                else m.state
+                for m in models
+            }
 
         found = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
         return {w: i for w, i in zip(self._upstreams.workers, found, strict=True) if i is not None}
 
-    async def holders(self, model: str) -> list[str]:
-        """The workers whose index lists ``model`` in any state, in worker order."""
-        return [w for w, models in (await self.indexes()).items() if model in models]
+    @staticmethod
+    def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """The workers holding ``model`` (module docstring), in worker order."""
+        return [w for w, i in indexes.items() if i.get(model, "") not in ("", _UNLOADED)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
         """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
@@ -146,16 +163,17 @@ class ModelControl:
             self._calls[model] = route.calls
         return self._calls.get(model)
 
-    def _placed(self, model: str, calls: Sequence[str]) -> list[str]:
-        workers = list(self._upstreams.workers)
+    def _placed(
+        self, model: str, calls: Sequence[str], indexes: Mapping[str, Mapping[str, str]]
+    ) -> list[str]:
+        """Where a load of ``model`` (a meta: with ``calls``) no worker holds goes."""
+        names = (model, *calls)
+        candidates = [w for w, i in indexes.items() if all(n in i for n in names)]
+        candidates = candidates or [w for w, i in indexes.items() if model in i]
+        candidates = candidates or list(self._upstreams.workers)
         if self._place is None:
-            return workers
-        return list(self._place(model, calls)) or workers
-
-    @staticmethod
-    def _group(calls: Sequence[str], indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """The workers holding every callee READY."""
-        return [w for w, i in indexes.items() if all(i.get(c) == "READY" for c in calls)]
+            return candidates
+        return list(self._place(model, calls, candidates)) or candidates
 
     async def run(
         self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
@@ -190,13 +208,13 @@ class ModelControl:
             return Outcome(answers, not all(ok(a) for _, a in answers))
 
         indexes = await self.indexes()
-        held = [w for w, i in indexes.items() if model in i]
+        held = self.holders(model, indexes)
         if held or action == "unload":
             return await step(model, held or list(self._upstreams.workers), action)
         calls = self.known_calls(model)
         if calls:
             return await self._load_group(model, calls, indexes, None, step)
-        first = await step(model, self._placed(model, ()))
+        first = await step(model, self._placed(model, (), indexes))
         if first.failed or not first.answers:
             return first
         calls = await self.meta_calls(model, first.answers[0][0])
@@ -216,7 +234,10 @@ class ModelControl:
         """Load meta ``model``'s group (callees first) on its workers; unload the meta from
         the workers ``first`` loaded it on (to read its config) outside them."""
         loaded = [w for w, _ in first.answers] if first is not None else []
-        targets = self._group(calls, indexes) or self._placed(model, calls)
+        whole = [
+            w for w, i in indexes.items() if model in i and all(i.get(c) == "READY" for c in calls)
+        ]
+        targets = whole or self._placed(model, calls, indexes)
         log.info("gateway: meta %r goes to %s with %s", model, ", ".join(targets), list(calls))
         for callee in calls:
             missing = [w for w in targets if indexes.get(w, {}).get(callee) != "READY"]
@@ -230,5 +251,5 @@ class ModelControl:
         if extra:
             undone = await step(model, extra, "unload")
             if undone.failed:
-                log.warning("gateway: meta %r stays loaded on %s: %s", model, extra, undone)
+                log.warning("gateway: meta %r stays loaded on %s: %s", model, extra, undone.answers)
         return first if first is not None and not outcome.answers else outcome
