@@ -152,9 +152,7 @@ class ModelControl:
         if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
             return ()
         params = string_values(config.parameters)
-        calls = tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
-        self._calls[model] = calls
-        return calls
+        return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
 
     def known_calls(self, model: str) -> tuple[str, ...] | None:
         """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
@@ -220,6 +218,7 @@ class ModelControl:
         calls = await self.meta_calls(model, first.answers[0][0])
         if not calls:
             return first
+        self._calls[model] = tuple(calls)
         log.info("gateway: %r is a meta calling %s: placing it with them", model, list(calls))
         return await self._load_group(model, calls, await self.indexes(), first, step)
 
