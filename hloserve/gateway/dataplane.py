@@ -47,7 +47,13 @@ from types import MappingProxyType
 
 from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
-from hloserve.gateway.fleet_http import CUDA_SHM_PREFIX, INDEX_PATH, MODEL_CONTROL_PATH, SHM_PREFIX
+from hloserve.gateway.fleet_http import (
+    CUDA_SHM_PREFIX,
+    INDEX_PATH,
+    MODEL_CONTROL_PATH,
+    MODEL_CONTROL_TIMEOUT_S,
+    SHM_PREFIX,
+)
 from hloserve.gateway.routing import RoutingTable
 
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
@@ -62,14 +68,8 @@ HTTP_ANY_BACKEND = "hloserve_http_any"
 HTTP_CONTROL_BACKEND = "hloserve_http_control"
 
 #: KServe HTTP model load and unload: the same server, waited for longer
-#: (:data:`MODEL_CONTROL_TIMEOUT_S`).
+#: (:data:`hloserve.gateway.fleet_http.MODEL_CONTROL_TIMEOUT_S`).
 HTTP_MODEL_CONTROL_BACKEND = "hloserve_http_model_control"
-
-#: How long HAProxy waits for the control plane's answer to a model load or unload, seconds:
-#: a meta's load takes several steps (callees, then the meta), each bounded by
-#: ``upstream.request_timeout_seconds`` in the control plane, so HAProxy waits as long as it
-#: waits for a client (``timeout client``).
-MODEL_CONTROL_TIMEOUT_S = 3600
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"

@@ -76,6 +76,11 @@ _REGISTER = re.compile(_SHM + r"/region/([^/]+)/register")
 _UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
 _MODEL_CONTROL = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 
+#: How long a model load or unload may take in the control plane, seconds (HAProxy waits as
+#: long): a meta's load takes several steps (callees, then the meta), each bounded by
+#: ``upstream.request_timeout_seconds``, so the bound is HAProxy's ``timeout client``.
+MODEL_CONTROL_TIMEOUT_S = 3600
+
 #: Largest request body taken, bytes (index and shared-memory bodies are a few hundred).
 MAX_BODY_BYTES = 1 << 20
 
@@ -327,7 +332,13 @@ class FleetHttp:
 
             return await control.run(action, model, step, lambda r: isinstance(r, Answer) and r.ok)
 
-        outcome = asyncio.run_coroutine_threadsafe(run(), loop).result()
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            outcome = future.result(MODEL_CONTROL_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            what = f"model {action} {model!r}: not done within {MODEL_CONTROL_TIMEOUT_S} s"
+            return Answer.error(UnavailableError(f"gateway: {what}"))
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
         if outcome.failed:
             refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
