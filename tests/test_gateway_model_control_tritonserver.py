@@ -214,6 +214,26 @@ def test_a_meta_no_worker_holds_is_loaded_with_its_whole_group_over_grpc(fleet: 
             assert time.monotonic() < deadline, "probe not served through the gateway"
             time.sleep(0.1)
     np.testing.assert_array_equal(got, expected)
+    # moved from the other worker (it was loaded there to read its config) or never there
+    other = fleet.servers[1 - home].urls.http
+    deadline = time.monotonic() + 30
+    while (row := _row(other, "probe")).get("state") == "UNLOADING":  # bounded
+        assert time.monotonic() < deadline, row
+        time.sleep(0.1)
+    assert row in ({"name": "probe"}, _UNLOADED_ROW), row
+    # a reload goes to the worker holding it: Triton's "unloaded" row is not a holder
+    client.load_model("probe", headers={GRPC_METADATA_KEY: launcher_key()})
+    states = fleet.states("probe")
+    assert states[home] == "READY" and states[1 - home] != "READY", states
+
+
+#: Triton's index row of a model unloaded on request (tritonserver 2.51).
+_UNLOADED_ROW = {"name": "probe", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+
+
+def _row(address: str, model: str) -> dict[str, str]:
+    (row,) = [r for r in _index(address) if r["name"] == model]
+    return row
 
 
 def test_a_meta_goes_only_to_the_workers_holding_its_callees_over_http(fleet: Fleet) -> None:

@@ -59,7 +59,7 @@ from hloserve.errors import (
     UnavailableError,
 )
 from hloserve.gateway.aggregate import merge_repository_index
-from hloserve.gateway.model_control import Action, ModelControl
+from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.node.model_control import HEADER
 
 log = logging.getLogger("hloserve.gateway")
@@ -304,7 +304,7 @@ class FleetHttp:
         for _, reply in replies:
             if isinstance(reply, Answer) and reply.ok:
                 return reply
-        return self._failed(f"{path.split('?', 1)[0]}", replies)
+        return self._failed(path.split("?", 1)[0], replies)
 
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -321,13 +321,15 @@ class FleetHttp:
             own = how == action and name == model
             where = path if own else f"/v2/repository/models/{urllib.parse.quote(name)}/{how}"
             targets = [self._http_of[w] for w in workers]
-            replies = self._fan_out("POST", where, body if own else b"", headers, self._timeout,
-                                    targets)  # fmt: skip
+            sent = body if own else b""
+            replies = self._fan_out("POST", where, sent, headers, self._timeout, targets)
             by_http = dict(zip(targets, workers, strict=True))
             return [(by_http[w], r) for w, r in replies]
 
-        async def run() -> Any:
-            async def step(how: Action, name: str, workers: Sequence[str]) -> Any:
+        async def run() -> Outcome[Reply]:
+            async def step(
+                how: Action, name: str, workers: Sequence[str]
+            ) -> list[tuple[str, Reply]]:
                 return await asyncio.to_thread(send, how, name, workers)
 
             return await control.run(action, model, step, lambda r: isinstance(r, Answer) and r.ok)

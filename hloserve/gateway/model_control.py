@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 import grpc
@@ -71,6 +72,7 @@ UNLOADED_REASON = "unloaded"
 _UNLOADED = "unloaded"
 
 
+@dataclass(frozen=True)
 class Outcome(Generic[R]):
     """The answers of the step that decides the client's answer.
 
@@ -79,9 +81,8 @@ class Outcome(Generic[R]):
         failed: whether some worker refused that step (the first refusal is the answer).
     """
 
-    def __init__(self, answers: list[tuple[str, R]], failed: bool) -> None:
-        self.answers = answers
-        self.failed = failed
+    answers: list[tuple[str, R]]
+    failed: bool
 
 
 class ModelControl:
