@@ -31,6 +31,8 @@ if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
         "test_gateway_http_fleet.py",
         "test_gateway_http_tritonserver.py",
         "test_gateway_interceptor.py",
+        "test_gateway_model_control.py",
+        "test_gateway_model_control_tritonserver.py",
         "test_gateway_proxy.py",
         "test_gateway_skew.py",
         "test_gateway_tritonserver.py",

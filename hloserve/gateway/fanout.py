@@ -296,7 +296,7 @@ class FleetRpcs:
             return handler
 
         async def status(kind: str, request: bytes) -> bytes:
-            return await self._first_worker(f"{kind}SharedMemoryStatus", request, None)
+            return await self._first_worker(f"{kind}SharedMemoryStatus", request)
 
         handlers = {}
         for kind in _SHM_MESSAGES:
@@ -305,7 +305,7 @@ class FleetRpcs:
             handlers[f"{kind}SharedMemoryStatus"] = bind(status, kind)
         return handlers
 
-    async def _first_worker(self, method: str, request: bytes, context: Any) -> bytes:
+    async def _first_worker(self, method: str, request: bytes) -> bytes:
         """The first worker's answer; UNAVAILABLE moves on to the next worker."""
         errors = []
         for worker in self._upstreams.workers:
@@ -323,4 +323,4 @@ class FleetRpcs:
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        return await self._first_worker("ServerMetadata", request, context)
+        return await self._first_worker("ServerMetadata", request)
