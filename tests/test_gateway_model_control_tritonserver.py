@@ -265,7 +265,7 @@ def test_cuda_shared_memory_follows_the_system_shared_memory_rules(fleet: Fleet)
     body = json.dumps({"raw_handle": {"b64": handle}, "device_id": 0, "byte_size": 64}).encode()
     path = f"{cuda}/region/gwc_r/register"
     own = _call(worker, "POST", path, body)
-    assert own[0] == 400, own
+    assert own == (400, b'{"error":"failed to register shared memory region: invalid args"}')
     assert _call(address, "POST", path, body) == own
     for path in (f"{cuda}/unregister", f"{cuda}/region/gwc_r/unregister"):
         assert _call(address, "POST", path) == (200, b"")
