@@ -31,6 +31,8 @@ if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
         "gateway/test_http_fleet.py",
         "gateway/test_http_tritonserver.py",
         "gateway/test_interceptor.py",
+        "gateway/test_model_control.py",
+        "gateway/test_model_control_tritonserver.py",
         "gateway/test_proxy.py",
         "gateway/test_skew.py",
         "gateway/test_tritonserver.py",

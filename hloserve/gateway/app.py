@@ -20,7 +20,9 @@ With ``data_plane: haproxy`` (the default) HAProxy (:mod:`hloserve.gateway.hapro
 ``listen`` and carries ModelInfer straight to the workers; the servicer above listens on a
 loopback port behind it and answers every other RPC and the models HAProxy's map does not
 route; with ``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`)
-answers the KServe HTTP repository index and system shared memory from every worker. After
+answers the KServe HTTP repository index, model load/unload (the servicer's
+:class:`~hloserve.gateway.model_control.ModelControl`) and system and CUDA shared memory
+from every worker. After
 every table change (discovery, health, repacks, control-plane changes: checked
 every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
 applied to HAProxy.
@@ -44,6 +46,7 @@ from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
+from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
@@ -74,9 +77,12 @@ def _start_haproxy(
     return HAProxy(config, public, f"127.0.0.1:{control_port}", http_control)
 
 
-def _fleet_http(config: GatewayConfig, key: str | None) -> FleetHttpServer | None:
+def _fleet_http(
+    config: GatewayConfig, key: str | None, control: ModelControl
+) -> FleetHttpServer | None:
     """The loopback HTTP server answering the KServe HTTP calls that need every worker
-    (repository index, system shared memory), when the gateway serves KServe HTTP."""
+    (repository index, model load/unload by ``control``, system and CUDA shared memory),
+    when the gateway serves KServe HTTP (called on the gateway's event loop)."""
     if config.http_listen is None:
         return None
     fleet = FleetHttp(
@@ -84,6 +90,9 @@ def _fleet_http(config: GatewayConfig, key: str | None) -> FleetHttpServer | Non
         request_timeout_s=config.upstream.request_timeout_seconds,
         probe_timeout_s=config.upstream.probe_timeout_seconds,
         repository_headers=http_headers(key),
+        control=control,
+        loop=asyncio.get_running_loop(),
+        grpc_workers=config.workers,
     )
     try:
         return FleetHttpServer(fleet)
@@ -168,8 +177,8 @@ async def run_gateway(
         place=(
             None
             if controller is None
-            else lambda model: controller.place_new(
-                model, [w for w in config.workers if w not in health.unhealthy]
+            else lambda model, calls, candidates: controller.place_new(
+                model, [w for w in candidates if w not in health.unhealthy], calls
             )
         ),
     )
@@ -184,7 +193,7 @@ async def run_gateway(
                 http = _public_address(config.http_listen)
                 config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
-            fleet_http = _fleet_http(config, key)
+            fleet_http = _fleet_http(config, key, proxy.model_control)
             http_control = fleet_http.address if fleet_http is not None else None
             # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
             dataplane = _start_haproxy(config, address, control_port, http_control)

@@ -27,7 +27,8 @@ Layout (docs/gateway.md, "Data plane"):
   bytes that arrived, or a BYTES first input, takes the control plane's path;
 - every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
   ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
-  repository index and system shared-memory paths (its HTTP server, ``fleet_http.py``);
+  repository index, model load/unload and system and CUDA shared-memory paths (its HTTP
+  server, ``fleet_http.py``);
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
@@ -46,7 +47,13 @@ from types import MappingProxyType
 
 from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
-from hloserve.gateway.fleet_http import INDEX_PATH, SHM_PREFIX
+from hloserve.gateway.fleet_http import (
+    CUDA_SHM_PREFIX,
+    INDEX_PATH,
+    MODEL_CONTROL_PATH,
+    MODEL_CONTROL_TIMEOUT_S,
+    SHM_PREFIX,
+)
 from hloserve.gateway.routing import RoutingTable
 
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
@@ -56,9 +63,13 @@ CONTROL_BACKEND = "hloserve_control"
 #: models): any worker answers, in Triton's own JSON.
 HTTP_ANY_BACKEND = "hloserve_http_any"
 
-#: KServe HTTP requests that need every worker (repository index, system shared memory):
-#: the control plane's HTTP server (:mod:`hloserve.gateway.fleet_http`) answers them.
+#: KServe HTTP requests that need every worker (repository index, system and CUDA shared
+#: memory): the control plane's HTTP server (:mod:`hloserve.gateway.fleet_http`) answers them.
 HTTP_CONTROL_BACKEND = "hloserve_http_control"
+
+#: KServe HTTP model load and unload: the same server, waited for longer
+#: (:data:`hloserve.gateway.fleet_http.MODEL_CONTROL_TIMEOUT_S`).
+HTTP_MODEL_CONTROL_BACKEND = "hloserve_http_model_control"
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -365,8 +376,9 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
 def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
     """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
     ready) to the model's workers by the name in the path (``h_<model>``, the same map as
-    gRPC); the repository index and system shared memory to the control plane's HTTP server
-    (merged, fanned out) when there is one; everything else to any worker."""
+    gRPC); the repository index, model load/unload and system and CUDA shared memory to the
+    control plane's HTTP server (merged, placed, fanned out) when there is one; everything
+    else to any worker."""
     by_model = "{ path_beg /v2/models/ }"
     lines = [
         "frontend http",
@@ -376,10 +388,11 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
         "regsub(^m_,h_) if { var(txn.model) -m found }",
     ]
     if listen.http_control is not None:
-        lines.append(
-            f"  use_backend {HTTP_CONTROL_BACKEND}"
-            f" if {{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }}"
-        )
+        lines += [
+            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"
+            f" || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
+            f"  use_backend {HTTP_MODEL_CONTROL_BACKEND} if {{ path_reg {MODEL_CONTROL_PATH} }}",
+        ]
     lines += [
         "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
         f"  default_backend {HTTP_ANY_BACKEND}",
@@ -392,6 +405,9 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
         lines += [
             f"backend {HTTP_CONTROL_BACKEND}",
             f"  timeout server {wait_ms}ms",
+            f"  server control {listen.http_control}",
+            f"backend {HTTP_MODEL_CONTROL_BACKEND}",
+            f"  timeout server {MODEL_CONTROL_TIMEOUT_S}s",
             f"  server control {listen.http_control}",
         ]
     lines += [f"backend {HTTP_ANY_BACKEND}", "  balance roundrobin"]

@@ -2,10 +2,12 @@
 
 ``ServerLive`` is the gateway's own; ``ServerReady`` true when any worker is ready;
 ``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
-shared-memory registration fanned out and rolled back on partial failure; ``ServerMetadata``
-and ``...Status`` from the first answering worker; ``ModelReady``, ``ModelMetadata`` and
-``ModelConfig`` forwarded to a replica of the model; ``RepositoryModelLoad`` and
-``RepositoryModelUnload`` sent to the workers that hold the model (docs/gateway.md, "Proxy").
+system and CUDA shared-memory registration fanned out and rolled back on partial failure;
+``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
+``ModelMetadata`` and ``ModelConfig`` forwarded to a replica of the model;
+``RepositoryModelLoad`` and ``RepositoryModelUnload`` sent where
+:class:`hloserve.gateway.model_control.ModelControl` decides (docs/gateway.md, "Model
+control").
 Errors are raised and answered by :class:`hloserve.gateway.interceptor.ErrorInterceptor`.
 """
 
@@ -14,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.aggregate import merge_model_statistics, merge_repository_index
-from hloserve.gateway.discovery import SingleFlight
 from hloserve.gateway.interceptor import relayed
+from hloserve.gateway.model_control import Action, ModelControl
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
 from hloserve.gateway.wire import peek_infer_request
@@ -31,6 +34,20 @@ from hloserve.gateway.wire import peek_infer_request
 #: ``triton-grpc-protocol-<header>``; Triton's docs, "Limit Endpoint Access"). Model control
 #: passes it from the client to the workers, so the workers' own check decides.
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
+
+
+#: Register and unregister request messages of each shared-memory kind (the RPCs are
+#: ``<kind>SharedMemoryRegister``, ``...Unregister``, ``...Status``).
+_SHM_MESSAGES: dict[str, tuple[Any, Any]] = {
+    "System": (
+        service_pb2.SystemSharedMemoryRegisterRequest,
+        service_pb2.SystemSharedMemoryUnregisterRequest,
+    ),
+    "Cuda": (
+        service_pb2.CudaSharedMemoryRegisterRequest,
+        service_pb2.CudaSharedMemoryUnregisterRequest,
+    ),
+}
 
 
 def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
@@ -50,9 +67,7 @@ class FleetRpcs:
         upstreams: channels to the workers.
         request_timeout_s: deadline of one forwarded call, seconds.
         probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
-        refresh: rediscovers the routing table (called after a model load or unload).
-        place: the workers a model that no worker holds should be loaded on (``lpt_packing``:
-            :meth:`hloserve.gateway.packing.LptController.place_new`); None: every worker.
+        control: where model loads and unloads go (shared with the KServe HTTP server).
     """
 
     def __init__(
@@ -61,15 +76,13 @@ class FleetRpcs:
         upstreams: Upstreams,
         request_timeout_s: float,
         probe_timeout_s: float,
-        refresh: Callable[[], Awaitable[None]] | None = None,
-        place: Callable[[str], Sequence[str]] | None = None,
+        control: ModelControl,
     ) -> None:
-        self._place = place
+        self._control = control
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
-        self._refresh = refresh
 
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
@@ -161,58 +174,49 @@ class FleetRpcs:
         targets = self._upstreams.workers if workers is None else workers
         return list(await asyncio.gather(*(one(w) for w in targets)))
 
-    async def holders(self, model: str) -> list[str]:
-        """The workers whose repository index lists ``model`` in any state (READY, loading,
-        unavailable after a failed load), in worker order."""
-        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
-
-        async def lists(worker: str) -> bool:
-            try:
-                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
-                )
-            except grpc.aio.AioRpcError:
-                return False
-            index = service_pb2.RepositoryIndexResponse.FromString(reply)
-            return any(m.name == model and m.state for m in index.models)
-
-        found = await asyncio.gather(*(lists(w) for w in self._upstreams.workers))
-        return [w for w, yes in zip(self._upstreams.workers, found, strict=True) if yes]
-
     async def _model_control(
-        self, method: str, model: str, request: bytes, context: grpc.aio.ServicerContext
+        self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        held = await self.holders(model)
-        targets = held or list(self._upstreams.workers)
-        if not held and method == "RepositoryModelLoad" and self._place is not None:
-            targets = list(self._place(model)) or targets  # where the placement mode puts it
-        answers = await self._fan_out(method, request, targets, restricted_metadata(context))
-        if isinstance(self._refresh, SingleFlight):  # now, not within its interval
-            with contextlib.suppress(Exception):  # the next poll tries again
-                await self._refresh(force=True)
-        elif self._refresh is not None:
-            with contextlib.suppress(Exception):
-                await self._refresh()
-        errors = [r for _, r in answers if not isinstance(r, bytes)]
+        method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
+        key = restricted_metadata(context)
+
+        async def send(
+            how: Action, name: str, workers: Sequence[str]
+        ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
+            if how == action and name == model:  # the client's own request
+                return await self._fan_out(method, request, workers, key)
+            plain = (
+                service_pb2.RepositoryModelLoadRequest(model_name=name)
+                if how == "load"
+                else service_pb2.RepositoryModelUnloadRequest(model_name=name)
+            )
+            rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"
+            return await self._fan_out(rpc, plain.SerializeToString(), workers, key)
+
+        outcome = await self._control.run(action, model, send, lambda r: isinstance(r, bytes))
+        errors = [r for _, r in outcome.answers if not isinstance(r, bytes)]
         if errors:
             raise self._first_error(errors, f"{method} {model!r}")
-        return next(r for _, r in answers if isinstance(r, bytes))
+        replies = [r for _, r in outcome.answers if isinstance(r, bytes)]
+        if not replies:
+            raise UnavailableError(f"{method} {model!r}: no worker")
+        return replies[0]
 
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Load (or reload) a model on every worker that holds it; when none does, where the
-        placement mode puts it (``place``: ``lpt_packing``'s choice) or on every worker
-        (Triton's explicit model control; the workers check the client's restricted-API
-        key). The routing table is rediscovered before the answer, so the next inference
-        request finds the model.
+        """Load (or reload) a model where :class:`~hloserve.gateway.model_control.ModelControl`
+        decides: the workers that hold it; when none does, where the placement mode puts it
+        (a meta with its callees, loaded first). The workers check the client's
+        restricted-API key. The routing table is rediscovered before the answer, so the next
+        inference request finds the model.
 
         Raises:
             UpstreamError: a worker refused (its code and message, e.g. no such model in its
                 repository, or the key missing).
         """
         name = service_pb2.RepositoryModelLoadRequest.FromString(request).model_name
-        return await self._model_control("RepositoryModelLoad", name, request, context)
+        return await self._model_control("load", name, request, context)
 
     async def repository_model_unload(
         self, request: bytes, context: grpc.aio.ServicerContext
@@ -224,7 +228,7 @@ class FleetRpcs:
             UpstreamError: a worker refused (its code and message).
         """
         name = service_pb2.RepositoryModelUnloadRequest.FromString(request).model_name
-        return await self._model_control("RepositoryModelUnload", name, request, context)
+        return await self._model_control("unload", name, request, context)
 
     @staticmethod
     def _first_error(errors: list[grpc.aio.AioRpcError], what: str) -> HloserveError:
@@ -249,37 +253,59 @@ class FleetRpcs:
         )
         return bytes(merged.SerializeToString())
 
-    async def shm_register(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Register a system shared-memory region on every worker, or on none.
-
-        When a worker refuses, the region is unregistered from the workers that accepted it
-        and the refusal is returned.
-        """
-        answers = await self._fan_out("SystemSharedMemoryRegister", request)
+    async def _shm_register(self, kind: str, request: bytes) -> bytes:
+        """Register a shared-memory region (``kind``: ``System`` or ``Cuda``) on every worker,
+        or on none: when a worker refuses, the region is unregistered from the workers that
+        accepted it and the refusal is returned."""
+        register, unregister = _SHM_MESSAGES[kind]
+        answers = await self._fan_out(f"{kind}SharedMemoryRegister", request)
         errors = [r for _, r in answers if not isinstance(r, bytes)]
         if errors:
-            name = service_pb2.SystemSharedMemoryRegisterRequest.FromString(request).name
-            undo = service_pb2.SystemSharedMemoryUnregisterRequest(name=name).SerializeToString()
+            undo = unregister(name=register.FromString(request).name).SerializeToString()
             for worker, reply in answers:
                 if isinstance(reply, bytes):
                     with contextlib.suppress(grpc.aio.AioRpcError):
-                        await self._upstreams.raw(worker, "SystemSharedMemoryUnregister")(
+                        await self._upstreams.raw(worker, f"{kind}SharedMemoryUnregister")(
                             undo, timeout=self._probe_timeout
                         )
-            raise self._first_error(errors, "SystemSharedMemoryRegister")
-        return bytes(service_pb2.SystemSharedMemoryRegisterResponse().SerializeToString())
+            raise self._first_error(errors, f"{kind}SharedMemoryRegister")
+        return next(r for _, r in answers if isinstance(r, bytes))
 
-    async def shm_unregister(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _shm_unregister(self, kind: str, request: bytes) -> bytes:
         """Unregister on every worker; succeeds when any worker succeeds."""
-        answers = await self._fan_out("SystemSharedMemoryUnregister", request)
-        if not any(isinstance(r, bytes) for _, r in answers):
+        answers = await self._fan_out(f"{kind}SharedMemoryUnregister", request)
+        replies = [r for _, r in answers if isinstance(r, bytes)]
+        if not replies:
             errors = [r for _, r in answers if not isinstance(r, bytes)]
-            raise self._first_error(errors, "SystemSharedMemoryUnregister")
-        return bytes(service_pb2.SystemSharedMemoryUnregisterResponse().SerializeToString())
+            raise self._first_error(errors, f"{kind}SharedMemoryUnregister")
+        return replies[0]
 
-    async def _first_worker(
-        self, method: str, request: bytes, context: grpc.aio.ServicerContext
-    ) -> bytes:
+    def shm_handlers(self) -> dict[str, Callable[[bytes, Any], Awaitable[bytes]]]:
+        """Raw handlers of the system and CUDA shared-memory RPCs, by method name: register
+        on every worker or none (rolled back), unregister succeeding when any worker does,
+        status from the first worker (registrations are the same on every worker). A CUDA
+        region is registered on every worker too: each one must open the client's IPC
+        handle on ``device_id``, or the registration fails whole."""
+
+        def bind(
+            how: Callable[[str, bytes], Awaitable[bytes]], kind: str
+        ) -> Callable[[bytes, Any], Awaitable[bytes]]:
+            async def handler(request: bytes, context: Any) -> bytes:
+                return await how(kind, request)
+
+            return handler
+
+        async def status(kind: str, request: bytes) -> bytes:
+            return await self._first_worker(f"{kind}SharedMemoryStatus", request)
+
+        handlers = {}
+        for kind in _SHM_MESSAGES:
+            handlers[f"{kind}SharedMemoryRegister"] = bind(self._shm_register, kind)
+            handlers[f"{kind}SharedMemoryUnregister"] = bind(self._shm_unregister, kind)
+            handlers[f"{kind}SharedMemoryStatus"] = bind(status, kind)
+        return handlers
+
+    async def _first_worker(self, method: str, request: bytes) -> bytes:
         """The first worker's answer; UNAVAILABLE moves on to the next worker."""
         errors = []
         for worker in self._upstreams.workers:
@@ -294,11 +320,7 @@ class FleetRpcs:
                 errors.append(exc)
         raise self._first_error(errors, method)
 
-    async def shm_status(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The first worker's answer (registrations are the same on every worker)."""
-        return await self._first_worker("SystemSharedMemoryStatus", request, context)
-
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        return await self._first_worker("ServerMetadata", request, context)
+        return await self._first_worker("ServerMetadata", request)

@@ -1,7 +1,8 @@
 """KServe HTTP calls that need every worker, answered by the gateway's control plane.
 
-HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repository/index`` and
-every path under ``/v2/systemsharedmemory`` of its KServe HTTP port (plaintext or TLS) to
+HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repository/index``,
+``/v2/repository/models/{name}/load|unload`` and every path under ``/v2/systemsharedmemory``
+and ``/v2/cudasharedmemory`` of its KServe HTTP port (plaintext or TLS) to
 :class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
 library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
 endpoint (``worker_http``) with the rules of the gRPC RPCs
@@ -12,14 +13,18 @@ endpoint (``worker_http``) with the rules of the gRPC RPCs
   workers' model-control key as gRPC discovery does; the rows are the workers' own JSON
   objects (Triton writes ``name``, ``version``, ``state`` and, when there is one, ``reason``).
   Workers that fail are left out; when none answers, the first one's error.
-- ``POST /v2/systemsharedmemory/region/{name}/register``: sent to every worker; succeeds
-  only when every worker accepts, otherwise the region is unregistered from the workers that
-  accepted it and the first refusal is answered.
-- ``POST /v2/systemsharedmemory[/region/{name}]/unregister``: sent to every worker;
+- ``POST /v2/repository/models/{name}/load`` and ``.../unload``: sent where the gRPC
+  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (the one decision
+  of both protocols, run on the gateway's event loop; the steps it takes are sent over
+  HTTP): the first refusal is answered, else the first worker's success.
+- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: sent to every worker;
+  succeeds only when every worker accepts, otherwise the region is unregistered from the
+  workers that accepted it and the first refusal is answered.
+- ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: sent to every worker;
   succeeds when any worker succeeds.
-- ``GET /v2/systemsharedmemory[/region/{name}]/status`` and any other path under it: the
-  first worker that answers (a refused connection or a 503 moves on to the next), as
-  registrations are the same on every worker.
+- ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
+  them: the first worker that answers (a refused connection or a 503 moves on to the next),
+  as registrations are the same on every worker.
 
 A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), so
 errors are Triton's own: e.g. 404 ``{"error":"Unable to find system shared memory region:
@@ -32,12 +37,14 @@ no worker answered, 400 for a body without ``Content-Length`` or over
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
 import logging
 import re
 import threading
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +59,7 @@ from hloserve.errors import (
     UnavailableError,
 )
 from hloserve.gateway.aggregate import merge_repository_index
+from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.node.model_control import HEADER
 
 log = logging.getLogger("hloserve.gateway")
@@ -59,9 +67,19 @@ log = logging.getLogger("hloserve.gateway")
 #: The KServe HTTP paths this module answers (HAProxy's rule: ``path`` and ``path_beg``).
 INDEX_PATH = "/v2/repository/index"
 SHM_PREFIX = "/v2/systemsharedmemory"
+CUDA_SHM_PREFIX = "/v2/cudasharedmemory"
+#: HAProxy ``path_reg`` of the model-control paths (load and unload of one model).
+MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
 
-_REGISTER = re.compile(r"/v2/systemsharedmemory/region/([^/]+)/register")
-_UNREGISTER = re.compile(r"/v2/systemsharedmemory(?:/region/[^/]+)?/unregister")
+_SHM = r"(/v2/(?:system|cuda)sharedmemory)"
+_REGISTER = re.compile(_SHM + r"/region/([^/]+)/register")
+_UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
+_MODEL_CONTROL = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
+
+#: How long a model load or unload may take in the control plane, seconds (HAProxy waits as
+#: long): a meta's load takes several steps (callees, then the meta), each bounded by
+#: ``upstream.request_timeout_seconds``, so the bound is HAProxy's ``timeout client``.
+MODEL_CONTROL_TIMEOUT_S = 3600
 
 #: Largest request body taken, bytes (index and shared-memory bodies are a few hundred).
 MAX_BODY_BYTES = 1 << 20
@@ -125,6 +143,11 @@ class FleetHttp:
         probe_timeout_s: timeout of an index call and of a register's roll-back, seconds.
         repository_headers: headers of every index call (the workers' model-control key:
             :func:`hloserve.node.model_control.http_headers`); None = none.
+        control: decides where a model load or unload goes (the gRPC servicer's own, run on
+            ``loop``); None: those paths go to the first worker.
+        loop: the gateway's event loop, where ``control`` runs.
+        grpc_workers: every worker's gRPC endpoint, in the order of ``workers`` (the names
+            ``control`` decides in).
     """
 
     def __init__(
@@ -133,7 +156,15 @@ class FleetHttp:
         request_timeout_s: float,
         probe_timeout_s: float,
         repository_headers: Mapping[str, str] | None = None,
+        control: ModelControl | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        grpc_workers: Sequence[str] = (),
     ) -> None:
+        if control is not None and (loop is None or len(grpc_workers) != len(workers)):
+            raise ValueError("FleetHttp: control needs the loop and every worker's gRPC endpoint")
+        self._control = control
+        self._loop = loop
+        self._http_of = dict(zip(grpc_workers, workers, strict=False))
         self.workers = tuple(workers)
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
@@ -153,9 +184,13 @@ class FleetHttp:
         if route == INDEX_PATH:
             return self.repository_index(method, path, body, passed)
         if match := _REGISTER.fullmatch(route):
-            return self.register(method, path, body, passed, match.group(1))
+            return self.register(method, path, body, passed, match.group(1), match.group(2))
         if _UNREGISTER.fullmatch(route):
             return self.unregister(method, path, body, passed)
+        if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
+            model = urllib.parse.unquote(match.group(1))
+            action: Action = "load" if match.group(2) == "load" else "unload"
+            return self.model_control(action, model, path, body, passed)
         return self.first_worker(method, path, body, passed)
 
     def _call(
@@ -234,15 +269,22 @@ class FleetHttp:
         return Answer(200, text.encode())
 
     def register(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str], region: str
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        prefix: str,
+        region: str,
     ) -> Answer:
-        """Register on every worker, or on none (roll-back of a partial success)."""
+        """Register on every worker, or on none (roll-back of a partial success); ``prefix``
+        is :data:`SHM_PREFIX` or :data:`CUDA_SHM_PREFIX`."""
         replies = self._fan_out(method, path, body, headers, self._timeout)
         accepted = [(w, r) for w, r in replies if isinstance(r, Answer) and r.ok]
         if len(accepted) == len(replies):
             return accepted[0][1]
         if accepted:
-            undo = f"{SHM_PREFIX}/region/{region}/unregister"
+            undo = f"{prefix}/region/{region}/unregister"
             for worker, reply in self._fan_out(
                 "POST", undo, b"", headers, self._probe_timeout, [w for w, _ in accepted]
             ):
@@ -254,7 +296,7 @@ class FleetHttp:
                         reply.body.decode(errors="replace") if isinstance(reply, Answer) else reply,
                     )
         refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-        return self._failed(f"system shared memory register {region!r}", refused)
+        return self._failed(f"{prefix[4:]} register {region!r}", refused)
 
     def unregister(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Unregister on every worker; the first success when any worker succeeds."""
@@ -262,7 +304,51 @@ class FleetHttp:
         for _, reply in replies:
             if isinstance(reply, Answer) and reply.ok:
                 return reply
-        return self._failed("system shared memory unregister", replies)
+        return self._failed(path.split("?", 1)[0], replies)
+
+    def model_control(
+        self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer:
+        """``POST /v2/repository/models/{model}/load|unload`` where the gRPC servicer's
+        :class:`~hloserve.gateway.model_control.ModelControl` decides (a meta's callees and
+        the undo of a moved meta as bodiless calls with the client's headers); the answer is
+        the first worker's refusal, else the first worker's success."""
+        control, loop = self._control, self._loop
+        if control is None or loop is None:
+            return self.first_worker("POST", path, body, headers)
+
+        def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
+            own = how == action and name == model
+            where = path if own else f"/v2/repository/models/{urllib.parse.quote(name)}/{how}"
+            targets = [self._http_of[w] for w in workers]
+            sent = body if own else b""
+            replies = self._fan_out("POST", where, sent, headers, self._timeout, targets)
+            by_http = dict(zip(targets, workers, strict=True))
+            return [(by_http[w], r) for w, r in replies]
+
+        async def run() -> Outcome[Reply]:
+            async def step(
+                how: Action, name: str, workers: Sequence[str]
+            ) -> list[tuple[str, Reply]]:
+                return await asyncio.to_thread(send, how, name, workers)
+
+            return await control.run(action, model, step, lambda r: isinstance(r, Answer) and r.ok)
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            outcome = future.result(MODEL_CONTROL_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            what = f"model {action} {model!r}: not done within {MODEL_CONTROL_TIMEOUT_S} s"
+            return Answer.error(UnavailableError(f"gateway: {what}"))
+        replies = [(self._http_of[w], r) for w, r in outcome.answers]
+        if outcome.failed:
+            refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
+            return self._failed(f"model {action} {model!r}", refused)
+        for _, reply in replies:
+            if isinstance(reply, Answer):
+                return reply
+        return self._failed(f"model {action} {model!r}", replies)
 
     def first_worker(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]

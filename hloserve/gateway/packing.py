@@ -240,11 +240,14 @@ class LptController:
             self._placed_models, self._placed_workers = models, frozenset(workers)
         return self._restrict(discovered)
 
-    def place_new(self, model: str, workers: Sequence[str]) -> tuple[str, ...]:
+    def place_new(
+        self, model: str, workers: Sequence[str], calls: Sequence[str] = ()
+    ) -> tuple[str, ...]:
         """The workers a model that no worker holds yet should be loaded on (explicit model
         control through the gateway, docs/gateway.md "Model control").
 
-        The current models and ``model`` (no traffic seen: placed by memory, its weight bytes
+        The current models and ``model`` (a meta: its group, placed with the footprint of
+        ``calls``, as a repack places a meta) (no traffic seen: placed by memory, its weight bytes
         if the workers reported them, else 0, so it goes to the least loaded workers; its
         configured replica count) are placed as a repack would, with the current assignment
         and hysteresis; only ``model``'s share of that placement is returned. The next
@@ -253,6 +256,7 @@ class LptController:
         Args:
             model: the model to load.
             workers: the candidate workers (the healthy ones), in fleet order.
+            calls: ``model``'s callees when it is a meta; () for a model.
 
         Returns:
             ``model``'s workers, in placement order; all of ``workers`` when it is internal
@@ -261,10 +265,11 @@ class LptController:
         if model in self._internal or not workers:
             return tuple(workers)
         loads = [load for load in self._loads(self._discovered, self.weights) if load.name != model]
+        names = calls or (model,)
         loads.append(
             ModelLoad(
                 model,
-                weight_bytes=self.weights.model_bytes.get(model, 0),
+                weight_bytes=sum(self.weights.model_bytes.get(n, 0) for n in names),
                 replicas=self._scheduling.replicas_of(model),
             )
         )

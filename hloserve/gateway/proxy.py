@@ -38,13 +38,15 @@ this module registers them beside its own two:
   model, with the same failover; to every worker in turn when the model is not in the table.
 - ``RepositoryIndex``: every worker's index merged, one row per (name, version); READY wins.
 - ``ModelStatistics``: every worker's statistics summed (:mod:`hloserve.gateway.aggregate`).
-- ``SystemSharedMemoryRegister`` fans out to every worker and is rolled back on partial
-  failure; ``...Unregister`` succeeds if any worker succeeds; ``...Status`` comes from the
-  first worker (register and unregister as ReactantServer's gateway).
+- ``SystemSharedMemoryRegister`` and ``CudaSharedMemoryRegister`` fan out to every worker and
+  are rolled back on partial failure; ``...Unregister`` succeeds if any worker succeeds;
+  ``...Status`` comes from the first worker (register and unregister as ReactantServer's
+  gateway).
 - ``ServerMetadata``: the first answering worker's (perf_analyzer needs it).
-- ``RepositoryModelLoad`` / ``RepositoryModelUnload``: to every worker whose index lists the
-  model (every worker when none does), with the client's restricted-API key passed on; the
-  table is rediscovered before the answer.
+- ``RepositoryModelLoad`` / ``RepositoryModelUnload``: where
+  :class:`hloserve.gateway.model_control.ModelControl` decides (the workers whose index lists
+  the model; a model none lists where the placement mode puts it, a meta with its callees),
+  with the client's restricted-API key passed on; the table is rediscovered before the answer.
 - Every other RPC of the service answers UNIMPLEMENTED (not registered yet).
 
 Handlers raise :class:`hloserve.errors.HloserveError` (a worker's error answer relayed as
@@ -64,7 +66,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -77,6 +79,7 @@ from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.fanout import FleetRpcs
 from hloserve.gateway.interceptor import ErrorInterceptor, relayed
+from hloserve.gateway.model_control import ModelControl, Place
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import (
     RECONNECT_OPTIONS,
@@ -132,7 +135,9 @@ class GatewayProxy:
             in the table, e.g. a :class:`SingleFlight` over a discovery pass.
         metrics: where upstream calls of ModelInfer are recorded (none when None).
         admission: bounds on ModelInfer calls and items in flight (none when None).
-        place: where RepositoryModelLoad puts a model no worker holds (:class:`FleetRpcs`).
+        place: where RepositoryModelLoad puts a model no worker holds (``(model, callees)`` ->
+            workers; :class:`~hloserve.gateway.model_control.ModelControl`, shared with the
+            KServe HTTP server as :attr:`model_control`).
     """
 
     def __init__(
@@ -146,7 +151,7 @@ class GatewayProxy:
         refresh: Callable[[], Awaitable[None]] | None = None,
         metrics: GatewayMetrics | None = None,
         admission: Admission | None = None,
-        place: Callable[[str], Sequence[str]] | None = None,
+        place: Place | None = None,
     ) -> None:
         self._admission = admission
         self._refresh = refresh
@@ -157,8 +162,9 @@ class GatewayProxy:
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
         self._batch_inputs = dict(batch_inputs or {})
+        self.model_control = ModelControl(router, upstreams, probe_timeout_s, refresh, place)
         self._fleet = FleetRpcs(
-            router, upstreams, request_timeout_s, probe_timeout_s, refresh, place
+            router, upstreams, request_timeout_s, probe_timeout_s, self.model_control
         )
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -375,9 +381,7 @@ class GatewayProxy:
             "ModelConfig": raw(forward("ModelConfig")),
             "ModelStatistics": raw(fleet.model_statistics),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.model_stream_infer),
-            "SystemSharedMemoryRegister": raw(fleet.shm_register),
-            "SystemSharedMemoryUnregister": raw(fleet.shm_unregister),
-            "SystemSharedMemoryStatus": raw(fleet.shm_status),
+            **{method: raw(handler) for method, handler in fleet.shm_handlers().items()},
             "RepositoryModelLoad": raw(fleet.repository_model_load),
             "RepositoryModelUnload": raw(fleet.repository_model_unload),
             "ServerMetadata": raw(fleet.server_metadata),

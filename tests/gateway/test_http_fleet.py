@@ -19,6 +19,7 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import (
     HTTP_ANY_BACKEND,
     HTTP_CONTROL_BACKEND,
+    HTTP_MODEL_CONTROL_BACKEND,
     Layout,
     Listen,
     render_config,
@@ -58,6 +59,10 @@ def test_no_worker_answering_is_503_naming_the_worker(dead_fleet: FleetHttpServe
         ("POST", "/v2/systemsharedmemory/region/r/register"),
         ("POST", "/v2/systemsharedmemory/unregister"),
         ("GET", "/v2/systemsharedmemory/status"),
+        ("POST", "/v2/cudasharedmemory/region/r/register"),
+        ("POST", "/v2/cudasharedmemory/region/r/unregister"),
+        ("GET", "/v2/cudasharedmemory/status"),
+        ("POST", "/v2/repository/models/m/load"),
     ):
         status, body = _call(dead_fleet.address, method, path, b"{}")
         assert status == 503, (path, body)
@@ -110,9 +115,11 @@ def test_a_worker_index_that_is_not_a_list_is_left_out() -> None:
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
     reason="HAProxy is not installed (apt-get install haproxy; scripts/env.sh does it)",
 )
-def test_haproxy_sends_index_and_shared_memory_paths_to_the_control_plane(tmp_path: Path) -> None:
-    """The rule is in the one KServe HTTP frontend, so the TLS port has it too; ``haproxy -c``
-    accepts the configuration without a warning."""
+def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plane(
+    tmp_path: Path,
+) -> None:
+    """The rules are in the one KServe HTTP frontend, so the TLS port has them too; model
+    load/unload waits longer; ``haproxy -c`` accepts the configuration without a warning."""
     config = GatewayConfig(
         workers=("127.0.0.1:8101", "127.0.0.1:8104"),
         worker_http=("127.0.0.1:8100", "127.0.0.1:8103"),
@@ -128,13 +135,17 @@ def test_haproxy_sends_index_and_shared_memory_paths_to_the_control_plane(tmp_pa
         http_control="127.0.0.1:9002",
     )
     text = render_config(Layout(), config, listen, str(tmp_path / "master.sock"))
-    rule = (
+    rules = [
         f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path /v2/repository/index }}"
-        " || { path_beg /v2/systemsharedmemory }"
-    )
+        " || { path_beg /v2/systemsharedmemory } || { path_beg /v2/cudasharedmemory }",
+        f"  use_backend {HTTP_MODEL_CONTROL_BACKEND}"
+        " if { path_reg ^/v2/repository/models/[^/]+/(load|unload)$ }",
+    ]
     frontend = text.split("frontend http\n")[1].split("\nbackend ")[0]
-    assert rule in frontend.splitlines()
+    assert all(rule in frontend.splitlines() for rule in rules)
     backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
+    assert backend + "  server control 127.0.0.1:9002\n" in text
+    backend = f"backend {HTTP_MODEL_CONTROL_BACKEND}\n  timeout server 3600s\n"
     assert backend + "  server control 127.0.0.1:9002\n" in text
     assert f"default_backend {HTTP_ANY_BACKEND}" in frontend
     without = render_config(

@@ -83,6 +83,20 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
             response.regions[name].name = name
         return response
 
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        await self.SystemSharedMemoryRegister(request, context)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        await self.SystemSharedMemoryUnregister(request, context)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for name in sorted(self.regions):
+            response.regions[name].name = name
+        return response
+
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
@@ -607,22 +621,35 @@ def test_model_statistics_are_summed_over_workers() -> None:
     run(body)
 
 
-def test_shm_register_fans_out_and_rolls_back() -> None:
-    """Register on every worker or on none; unregister succeeds if any worker does."""
+@pytest.mark.parametrize("kind", ["system", "cuda"])
+def test_shm_register_fans_out_and_rolls_back(kind: str) -> None:
+    """Register on every worker or on none; unregister succeeds if any worker does; status is
+    the first worker's. CUDA regions follow the same rules as system ones."""
 
     async def body() -> None:
         w0, w1 = FakeWorker("w0"), FakeWorker("w1")
         async with fleet(w0, w1) as f:
-            await f.client.register_system_shared_memory("region", "/key", 64)
+            client = f.client
+
+            async def register(name: str) -> None:
+                if kind == "system":
+                    await client.register_system_shared_memory(name, f"/{name}", 64)
+                else:
+                    await client.register_cuda_shared_memory(name, bytes(64), 0, 64)
+
+            unregister = getattr(client, f"unregister_{kind}_shared_memory")
+            await register("region")
             assert w0.regions == w1.regions == {"region"}
-            status = await f.client.get_system_shared_memory_status()
+            status = await getattr(client, f"get_{kind}_shared_memory_status")()
             assert list(status.regions) == ["region"]
             w1.regions.clear()
-            await f.client.unregister_system_shared_memory("region")  # w0 succeeds
+            await unregister("region")  # w0 succeeds
             assert w0.regions == set()
+            with pytest.raises(InferenceServerException, match="no region region"):
+                await unregister("region")  # no worker succeeds: the first error
             w1.refuse_shm = True
             with pytest.raises(InferenceServerException, match="w1 cannot map it") as info:
-                await f.client.register_system_shared_memory("other", "/key2", 64)
+                await register("other")
             assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
             assert w0.regions == set()  # rolled back
 

@@ -1,0 +1,255 @@
+"""Explicit model control through the gateway: which workers a load or an unload goes to.
+
+One decision for both protocols (docs/gateway.md, "Model control"): the gRPC servicer
+(:class:`hloserve.gateway.fanout.FleetRpcs`) and the KServe HTTP server
+(:class:`hloserve.gateway.fleet_http.FleetHttp`) call :meth:`ModelControl.run` with a
+:data:`Send` that carries one step to a set of workers in their own protocol and relays the
+workers' own answers. The facts the decision reads (which workers list a model, which hold a
+model READY, a meta's callees) come from the workers' gRPC ``RepositoryIndex`` and
+``ModelConfig``, as discovery reads them (:mod:`hloserve.gateway.discovery`).
+
+- A model some worker holds (its index lists it in a state: READY, LOADING, UNLOADING, or
+  UNAVAILABLE after a failed load, but not UNAVAILABLE ``unloaded``, Triton's row for a
+  model unloaded on request): loaded or unloaded on exactly those workers.
+- An unload of a model no worker holds: every worker (each answers as Triton does).
+- A load of a model no worker holds goes to the workers whose repository has it (the index
+  lists a repository's models with no state; every worker when none lists it, so each
+  refuses as Triton does), narrowed by the placement mode: ``place`` (under ``lpt_packing``,
+  :meth:`hloserve.gateway.packing.LptController.place_new`), else all of them.
+- A meta model (``hloserve.meta_calls`` in its config) that no worker holds goes with its
+  group: to the workers that hold every callee READY; when none does, where ``place`` puts
+  the whole group (its callees' footprint) among the workers whose repository has the meta
+  and its callees, else all of those; the callees missing there are loaded first, in
+  ``meta.calls`` order, then the meta. Triton gives a model's config only once it is
+  loaded, so a meta's callees are known from the routing table and from earlier loads; a
+  meta never seen before is loaded where a plain model would go, its config read, and then
+  moved: its callees loaded on the group's workers, the meta loaded there and unloaded from
+  the workers outside them.
+
+After the steps the routing table is rediscovered (forced, not within its interval), so the
+next request finds the model, or NOT_FOUND after an unload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from hloserve.gateway.discovery import SingleFlight
+from hloserve.gateway.routing import Router
+from hloserve.gateway.upstreams import Upstreams
+from hloserve.model_parameters import MetaParameters, string_values
+from hloserve.names import META_BACKEND, PARAM_META_CALLS
+
+log = logging.getLogger("hloserve.gateway")
+
+Action = Literal["load", "unload"]
+
+#: A worker's answer in the caller's protocol (gRPC reply bytes or error; an HTTP answer).
+R = TypeVar("R")
+
+#: Carries one step: ``(action, model, workers)`` -> ``(worker, answer)`` per worker. The
+#: step naming the client's model sends the client's own request; the others (callees, the
+#: undo of a moved meta) a plain one with the client's restricted-API key.
+Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
+
+#: Where a model no worker holds goes: ``(model, callees, candidates)`` -> some of the
+#: candidates (a meta's group is placed with its callees' footprint).
+Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
+
+#: The reason Triton's repository index gives a model unloaded on request (state
+#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model.
+UNLOADED_REASON = "unloaded"
+
+#: The state this module gives an index row with Triton's UNAVAILABLE ``unloaded``.
+_UNLOADED = "unloaded"
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[R]):
+    """The answers of the step that decides the client's answer.
+
+    Attributes:
+        answers: ``(worker, answer)`` of the last step sent, or of the first step refused.
+        failed: whether some worker refused that step (the first refusal is the answer).
+    """
+
+    answers: list[tuple[str, R]]
+    failed: bool
+
+
+class ModelControl:
+    """The model-control decision of the module docstring, on the gateway's event loop.
+
+    Args:
+        router: the routing table (metas' callees known from discovery).
+        upstreams: gRPC channels to the workers (index and config reads).
+        probe_timeout_s: deadline of one index or config read, seconds.
+        refresh: rediscovers the routing table after the steps (forced when a
+            :class:`~hloserve.gateway.discovery.SingleFlight`).
+        place: where a model no worker holds goes (:data:`Place`); None = every candidate.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        upstreams: Upstreams,
+        probe_timeout_s: float,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+        place: Place | None = None,
+    ) -> None:
+        self._router = router
+        self._upstreams = upstreams
+        self._timeout = probe_timeout_s
+        self._refresh = refresh
+        self._place = place
+        self._calls: dict[str, tuple[str, ...]] = {}  # metas' callees seen so far
+
+    async def indexes(self) -> dict[str, dict[str, str]]:
+        """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
+        model of its repository, "" for one never loaded and ``"unloaded"`` for one
+        unloaded on request."""
+        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
+
+        async def index(worker: str) -> dict[str, str] | None:
+            try:
+                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
+                    raw, timeout=self._timeout, metadata=self._upstreams.repository_metadata
+                )
+            except grpc.aio.AioRpcError:
+                return None
+            models = service_pb2.RepositoryIndexResponse.FromString(reply).models
+            return {
+                m.name: _UNLOADED
+                if m.state == "UNAVAILABLE" and m.reason == UNLOADED_REASON
+                else m.state
+                for m in models
+            }
+
+        found = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
+        return {w: i for w, i in zip(self._upstreams.workers, found, strict=True) if i is not None}
+
+    @staticmethod
+    def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """The workers holding ``model`` (module docstring), in worker order."""
+        return [w for w, i in indexes.items() if i.get(model, "") not in ("", _UNLOADED)]
+
+    async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
+        """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
+        model that is not a meta; None when the config cannot be read."""
+        request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
+        try:
+            reply = await self._upstreams.raw(worker, "ModelConfig")(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError:
+            return None
+        config = service_pb2.ModelConfigResponse.FromString(reply).config
+        if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
+            return ()
+        params = string_values(config.parameters)
+        return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
+
+    def known_calls(self, model: str) -> tuple[str, ...] | None:
+        """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
+        route = self._router.table.get(model)
+        if route is not None and route.calls:
+            self._calls[model] = route.calls
+        return self._calls.get(model)
+
+    def _placed(
+        self, model: str, calls: Sequence[str], indexes: Mapping[str, Mapping[str, str]]
+    ) -> list[str]:
+        """Where a load of ``model`` (a meta: with ``calls``) no worker holds goes."""
+        names = (model, *calls)
+        candidates = [w for w, i in indexes.items() if all(n in i for n in names)]
+        candidates = candidates or [w for w, i in indexes.items() if model in i]
+        candidates = candidates or list(self._upstreams.workers)
+        if self._place is None:
+            return candidates
+        return list(self._place(model, calls, candidates)) or candidates
+
+    async def run(
+        self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
+    ) -> Outcome[R]:
+        """Load or unload ``model`` by the rules of the module docstring.
+
+        Args:
+            action: ``load`` or ``unload``.
+            model: the model the client named.
+            send: carries one step in the caller's protocol (:data:`Send`).
+            ok: whether an answer is a success.
+
+        Returns:
+            The answers of the deciding step: the first refused one, else the client's
+            model's last step.
+        """
+        try:
+            return await self._run(action, model, send, ok)
+        finally:
+            if isinstance(self._refresh, SingleFlight):  # now, not within its interval
+                with contextlib.suppress(Exception):  # the next poll tries again
+                    await self._refresh(force=True)
+            elif self._refresh is not None:
+                with contextlib.suppress(Exception):
+                    await self._refresh()
+
+    async def _run(
+        self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
+    ) -> Outcome[R]:
+        async def step(name: str, workers: Sequence[str], how: Action = "load") -> Outcome[R]:
+            answers = await send(how, name, workers) if workers else []
+            return Outcome(answers, not all(ok(a) for _, a in answers))
+
+        indexes = await self.indexes()
+        held = self.holders(model, indexes)
+        if held or action == "unload":
+            return await step(model, held or list(self._upstreams.workers), action)
+        calls = self.known_calls(model)
+        if calls:
+            return await self._load_group(model, calls, indexes, None, step)
+        first = await step(model, self._placed(model, (), indexes))
+        if first.failed or not first.answers:
+            return first
+        calls = await self.meta_calls(model, first.answers[0][0])
+        if not calls:
+            return first
+        self._calls[model] = tuple(calls)
+        log.info("gateway: %r is a meta calling %s: placing it with them", model, list(calls))
+        return await self._load_group(model, calls, await self.indexes(), first, step)
+
+    async def _load_group(
+        self,
+        model: str,
+        calls: Sequence[str],
+        indexes: Mapping[str, Mapping[str, str]],
+        first: Outcome[R] | None,
+        step: Callable[..., Awaitable[Outcome[R]]],
+    ) -> Outcome[R]:
+        """Load meta ``model``'s group (callees first) on its workers; unload the meta from
+        the workers ``first`` loaded it on (to read its config) outside them."""
+        loaded = [w for w, _ in first.answers] if first is not None else []
+        whole = [
+            w for w, i in indexes.items() if model in i and all(i.get(c) == "READY" for c in calls)
+        ]
+        targets = whole or self._placed(model, calls, indexes)
+        log.info("gateway: meta %r goes to %s with %s", model, ", ".join(targets), list(calls))
+        for callee in calls:
+            missing = [w for w in targets if indexes.get(w, {}).get(callee) != "READY"]
+            outcome = await step(callee, missing)
+            if outcome.failed:
+                return outcome
+        outcome = await step(model, [w for w in targets if w not in loaded])
+        if outcome.failed:
+            return outcome
+        extra = [w for w in loaded if w not in targets]
+        if extra:
+            undone = await step(model, extra, "unload")
+            if undone.failed:
+                log.warning("gateway: meta %r stays loaded on %s: %s", model, extra, undone.answers)
+        return first if first is not None and not outcome.answers else outcome
