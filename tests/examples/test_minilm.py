@@ -190,12 +190,20 @@ def test_requests_land_in_their_bucket_and_coalesce_within_it(
             assert float(got @ reference[i]) >= 0.9999, SENTENCES[i]
         return _delta(executions(server), before)
 
-    only_short = fire(short)
-    assert set(only_short) == {"s32"} and only_short["s32"] < rounds, only_short
-    only_long = fire(long)
-    assert set(only_long) == {"s128"} and only_long["s128"] < rounds, only_long
-    mixed = fire(short + long)
-    assert set(mixed) == {"s32", "s128"} and sum(mixed.values()) < rounds, mixed
+    def coalesced(indices: list[int], buckets: set[str]) -> dict[str, float]:
+        # the buckets every time; coalescing (fewer executions than requests) depends on the
+        # 16 requests meeting in the queue, which a busy machine can spread out: 3 tries
+        for _ in range(3):
+            counts = fire(indices)
+            assert set(counts) == buckets, counts
+            if sum(counts.values()) < rounds:
+                break
+        assert sum(counts.values()) < rounds, counts
+        return counts
+
+    coalesced(short, {"s32"})
+    coalesced(long, {"s128"})
+    coalesced(short + long, {"s32", "s128"})
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
