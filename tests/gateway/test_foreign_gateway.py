@@ -10,11 +10,8 @@ the weight budget.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,9 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.tritonserver import free_ports
-from tests.conftest import ROOT
-from tests.node.test_serve_cli import run_cli, stop_serve, wait_for_line
+from tests.node.test_serve_cli import run_cli, serve_two_workers, stop_serve, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -65,22 +60,12 @@ def test_lpt_packing_places_a_foreign_model_by_its_memory_hint(
     (src / "plus_one" / "hloserve.yaml").write_text(f"memory_bytes: {HINT}\n")
     config = tmp_path / "gateway.yaml"
     config.write_text("mode: lpt_packing\ndiscovery: {poll_interval_seconds: 1}\n")
-    grpc_port, http_port, admin_port = free_ports(3)
     log = tmp_path / "serve.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "HLOSERVE_PROMETHEUS_TARGETS_DIR": str(tmp_path / "targets"),
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(src), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port),
-             "--admin-port", "0", "--scheduling", "fifo", "--front-instances", "1",
-             "--gateway-config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    proc, grpc_port, _, admin_port = serve_two_workers(
+        src, log, "--admin-port", "0", "--scheduling", "fifo", "--front-instances", "1",
+        "--gateway-config", str(config),
+        env={"HLOSERVE_PROMETHEUS_TARGETS_DIR": str(tmp_path / "targets")},
+    )  # fmt: skip
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         x = np.arange(8, dtype=np.float32).reshape(2, 4)

@@ -9,13 +9,10 @@ under HAProxy 2.6, which drops the NOT_FOUND of a stream the client has not half
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,9 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.tritonserver import free_ports
-from tests.conftest import ROOT
-from tests.node.test_serve_cli import stop_serve, wait_for_line
+from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -72,21 +67,11 @@ def test_streams_go_through_haproxy_by_their_first_message(
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     shutil.copytree(digits_bundle, bundles / "digits")
-    grpc_port, http_port, admin_port = free_ports(3)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "HLOSERVE_PROMETHEUS_TARGETS_DIR": str(tmp_path / "targets"),
-    }
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port),
-             "--admin-port", "0", "--front-instances", "1"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    proc, grpc_port, _, admin_port = serve_two_workers(
+        bundles, log, "--admin-port", "0", "--front-instances", "1",
+        env={"HLOSERVE_PROMETHEUS_TARGETS_DIR": str(tmp_path / "targets")},
+    )  # fmt: skip
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         worker = re.findall(r"gRPC (127\.0\.0\.1:\d+)  metrics", log.read_text())[0]

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,33 @@ def wait_for_line(log: Path, pattern: str, proc: subprocess.Popen[bytes], timeou
     raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+def launch_serve(
+    src: Path, log: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``python -m hloserve.cli serve SRC ARGS...`` from this checkout, its output in ``log``;
+    ``env`` is added to this process's environment."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hloserve.cli", "serve", str(src), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        )
+
+
+def serve_two_workers(
+    src: Path, log: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], int, int, int]:
+    """``hloserve serve SRC --workers 2`` (worker ports from the OS) with the gateway on free
+    ports; (process, gateway gRPC, HTTP and metrics ports)."""
+    http, grpc, metrics = free_ports(3)
+    proc = launch_serve(
+        src, log, "--workers", "2", "--worker-port-base", "0", "--grpc-port", str(grpc),
+        "--http-port", str(http), "--metrics-port", str(metrics), *extra, env=env,
+    )  # fmt: skip
+    return proc, grpc, http, metrics
+
+
 def start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path, int]:
     """`hloserve serve` on a bundles dir holding affine, free ports; (process, log, gRPC port)."""
     bundles = tmp_path / "bundles"
@@ -41,13 +69,8 @@ def start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], P
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
     http, grpc, metrics = free_ports(3)
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--http-port", str(http),
-             "--grpc-port", str(grpc), "--metrics-port", str(metrics), *extra],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-    return proc, log, grpc
+    args = ("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
+    return launch_serve(bundles, log, *args, *extra), log, grpc
 
 
 def stop_serve(proc: subprocess.Popen[bytes]) -> None:

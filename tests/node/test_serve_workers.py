@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,10 +18,15 @@ import numpy as np
 import pytest
 
 from hloserve.node.plan import worker_ports
-from hloserve.node.ports import free_ports
 from hloserve.node.procfs import session_pids
-from tests.conftest import GOLDEN, ROOT
-from tests.node.test_serve_cli import run_cli, stop_serve, stub_pids, wait_for_line
+from tests.conftest import GOLDEN
+from tests.node.test_serve_cli import (
+    run_cli,
+    serve_two_workers,
+    stop_serve,
+    stub_pids,
+    wait_for_line,
+)
 
 # its own bounds: up to 300 s for "ready", then a worker restart (the default timeout is 300 s)
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -45,15 +49,7 @@ def _serve_two_workers(
     ``log``; the process and the gateway's gRPC port."""
     from hloserve.node.model_control import ENV_KEY
 
-    http_port, grpc_port, admin_port = free_ports(3)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port), *extra],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
-        )  # fmt: skip
+    proc, grpc_port, _, _ = serve_two_workers(bundles, log, *extra, env={ENV_KEY: key})
     return proc, grpc_port
 
 
@@ -86,18 +82,12 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
-    http_port, grpc_port, admin_port = free_ports(3)
     config = tmp_path / "gateway.yaml"
     config.write_text("health: {interval_seconds: 0.5, failure_threshold: 1}\n")
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--metrics-port", str(admin_port),
-             "--gateway-config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
+    proc, grpc_port, _, admin_port = serve_two_workers(
+        bundles, log, "--gateway-config", str(config)
+    )
     pids: list[int] = []
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)

@@ -13,11 +13,9 @@ result through Prometheus's HTTP API: a panel naming a metric the code does not 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -28,8 +26,8 @@ import numpy as np
 import pytest
 
 from hloserve.node.tritonserver import free_ports
-from tests.conftest import ROOT, import_example
-from tests.node.test_serve_cli import wait_for_line
+from tests.conftest import import_example
+from tests.node.test_serve_cli import serve_two_workers, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -60,21 +58,12 @@ def node(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     cascade.write_meta(bundles)
     weights = (digits_bundle / "weights.safetensors").stat().st_size
     targets = root / "targets"
-    grpc, http, metrics, admin, prom = free_ports(5)
+    admin, prom = free_ports(2)
     log = root / "serve.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "HLOSERVE_PROMETHEUS_TARGETS_DIR": str(targets),
-    }
-    with log.open("wb") as out:
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "hloserve.cli", "serve", str(bundles), "--workers", "2",
-             "--worker-port-base", "0", "--grpc-port", str(grpc), "--http-port", str(http),
-             "--metrics-port", str(metrics),
-             "--admin-port", str(admin), "--weight-cache-bytes", str(int(weights * 1.6))],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    serve, grpc, _, _ = serve_two_workers(
+        bundles, log, "--admin-port", str(admin), "--weight-cache-bytes", str(int(weights * 1.6)),
+        env={"HLOSERVE_PROMETHEUS_TARGETS_DIR": str(targets)},
+    )  # fmt: skip
     config = root / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
