@@ -30,10 +30,11 @@ import contextlib
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,11 @@ class Segment:
             self.path.unlink()
 
 
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`ALIGN` (at least one)."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
 class Arena:
     """A front instance's arena: one :class:`Segment` and a first-fit allocator over it.
 
@@ -208,7 +214,7 @@ class Arena:
 
     def allocate(self, nbytes: int) -> int | None:
         """Offset of ``nbytes`` free bytes, or None when no free run holds them."""
-        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        size = aligned(nbytes)
         with self._lock:
             for i, (offset, run) in enumerate(self._free):
                 if run >= size:
@@ -221,7 +227,7 @@ class Arena:
 
     def free(self, offset: int, nbytes: int) -> None:
         """Give back what :meth:`allocate` returned for ``nbytes``."""
-        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        size = aligned(nbytes)
         with self._lock:
             i = bisect.bisect_left(self._free, (offset, 0))
             self._free.insert(i, (offset, size))
@@ -304,6 +310,25 @@ def remove_segments_of(owner_pid: int, key: str | None = None) -> list[str]:
     return removed
 
 
+@dataclass
+class Link:
+    """One connection of a front to the runtime, and how far its loss has been handled."""
+
+    sock: socket.socket
+    closed: threading.Event = field(default_factory=threading.Event)  # its loss is handled
+    failed: threading.Event = field(default_factory=threading.Event)  # ... and answered all
+
+
+def wait_hangup(link: Link) -> None:
+    """Return once the peer hung up on ``link`` or the link was marked closed, without
+    reading from it (another thread reads the messages)."""
+    poller = select.poll()
+    poller.register(link.sock, select.POLLRDHUP)  # POLLHUP and POLLERR are always reported
+    while not link.closed.is_set():
+        if poller.poll(250):
+            return
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as gone)."""
     try:
@@ -319,9 +344,11 @@ __all__ = [
     "DEFAULT_ARENA_BYTES",
     "Arena",
     "ChannelClosed",
+    "Link",
     "Segment",
     "SegmentName",
     "address",
+    "aligned",
     "connect",
     "listen",
     "peer_uid",
@@ -333,4 +360,5 @@ __all__ = [
     "segment_name",
     "send",
     "server_key",
+    "wait_hangup",
 ]

@@ -25,12 +25,11 @@ import contextlib
 import logging
 import math
 import os
-import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,6 @@ log = logging.getLogger("hloserve.triton_backend.front_channel")
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
 
 
-def _aligned(nbytes: int) -> int:
-    return max(channel.ALIGN, -(-nbytes // channel.ALIGN) * channel.ALIGN)
-
-
 @dataclass
 class _Pending:
     handle: Any
@@ -59,7 +54,7 @@ class _Pending:
     nbytes: int = 0
     overflow: channel.Segment | None = None
     #: the link it was sent over; None until sent (a lost link fails only its own works)
-    link: _Link | None = None
+    link: channel.Link | None = None
 
 
 @dataclass
@@ -75,23 +70,6 @@ class Request:
     handle: Any
     inputs: Mapping[str, np.ndarray] | Exception
     deadline: float | None = None
-
-
-@dataclass
-class _Link:
-    sock: socket.socket
-    closed: threading.Event = field(default_factory=threading.Event)  # _lost has begun
-    failed: threading.Event = field(default_factory=threading.Event)  # ... and answered all
-
-
-def _wait_hangup(link: _Link) -> None:
-    """Return once the runtime hung up on ``link`` or the link was marked lost, without
-    reading from it (another thread reads the answers)."""
-    poller = select.poll()
-    poller.register(link.sock, select.POLLRDHUP)  # POLLHUP and POLLERR are always reported
-    while not link.closed.is_set():
-        if poller.poll(250):
-            return
 
 
 class ChannelFront:
@@ -138,7 +116,7 @@ class ChannelFront:
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
-        self._link: _Link | None = None
+        self._link: channel.Link | None = None
         self._ready = threading.Event()
         self._load_error: HloserveError | None = None
         self._closed = threading.Event()
@@ -191,12 +169,12 @@ class ChannelFront:
                 delay = min(delay * 2, 0.25)
                 continue
             delay = 0.02
-            link = _Link(sock)
+            link = channel.Link(sock)
             try:
                 self._hello(link)
                 if self.inline and self._link is link:
                     # run() reads the answers; this thread only watches for a hang-up
-                    _wait_hangup(link)
+                    channel.wait_hangup(link)
                     continue
                 self._read(link)
             except channel.ChannelClosed:
@@ -206,7 +184,7 @@ class ChannelFront:
             finally:
                 self._lost(link)
 
-    def _hello(self, link: _Link) -> None:
+    def _hello(self, link: channel.Link) -> None:
         if not self.arena.segment.path.exists():  # removed under us: nothing is in flight now
             self.arena.segment.close()
             self.arena = channel.Arena(self._new_segment(self.arena.segment.size))
@@ -235,7 +213,7 @@ class ChannelFront:
             self._link = link
         self._ready.set()
 
-    def _lost(self, link: _Link) -> None:
+    def _lost(self, link: channel.Link) -> None:
         """Fail what is in flight on ``link`` (once per link: a later call, from another
         thread, returns once the first has answered every request it took)."""
         with self._lock:
@@ -249,7 +227,7 @@ class ChannelFront:
         finally:
             link.failed.set()
 
-    def _fail_in_flight(self, link: _Link) -> None:
+    def _fail_in_flight(self, link: channel.Link) -> None:
         self._ready.clear()
         with self._lock:
             if self._link is link:
@@ -323,7 +301,7 @@ class ChannelFront:
         except channel.ChannelClosed:
             self._lost(link)
 
-    def _submit(self, requests: Sequence[Request]) -> tuple[_Link, list[int]] | None:
+    def _submit(self, requests: Sequence[Request]) -> tuple[channel.Link, list[int]] | None:
         works: list[dict[str, Any]] = []
         ids: list[int] = []
         for request in requests:
@@ -368,7 +346,9 @@ class ChannelFront:
             math.prod(shape) * spec.dtype_info.numpy.itemsize
             for spec, shape in zip(out_specs, out_shapes, strict=True)
         ]
-        sizes = [_aligned(a.nbytes) for a in arrays] + [_aligned(n) for n in out_sizes]
+        sizes = [channel.aligned(a.nbytes) for a in arrays] + [
+            channel.aligned(n) for n in out_sizes
+        ]
         total = sum(sizes)
         pending = _Pending(request.handle, prepared, [], nbytes=total)
         base = self.arena.allocate(total)
@@ -410,7 +390,7 @@ class ChannelFront:
         }
         return work, work_id
 
-    def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> _Link | None:
+    def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> channel.Link | None:
         """Send ``works``; the link they went over, or None when they failed (answered).
 
         Waits up to ``wait_s`` for a link. A link that is lost before the works went out over
@@ -458,7 +438,7 @@ class ChannelFront:
 
     # -- answers --------------------------------------------------------------------------------
 
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: channel.Link) -> None:
         while True:
             self._handle(channel.receive(link.sock))
 
