@@ -4,14 +4,20 @@
 # the whole a budget; a failed step does not stop the next. Logs, each step's JSON and
 # summary.json go to $OUT.
 #   OUT=DIR bash scripts/gpu_check.sh
-# Environment: OUT (default ./gpu-check-out), PYTHON (python3), GPU_CHECK_QUICK=1 (small sizes,
-# for a rehearsal on CPU), GPU_CHECK_BUDGET_S (440), GPU_CHECK_WHEELS (./gpu-wheels, from
-# scripts/gpu_wheels.sh).
+# Environment: OUT (default ./gpu-check-out), PYTHON (default: the first of python3, python3.12,
+# python that imports jax), GPU_CHECK_QUICK=1 (small sizes, for a rehearsal on CPU),
+# GPU_CHECK_BUDGET_S (440), GPU_CHECK_WHEELS (./gpu-wheels, from scripts/gpu_wheels.sh).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/gpu-check-out}"
+if [ -z "${PYTHON:-}" ]; then  # the first interpreter that has JAX
+  for candidate in python3 python3.12 python; do
+    if "$candidate" -c "import jax" >/dev/null 2>&1; then PYTHON="$candidate" && break; fi
+  done
+fi
 PYTHON="${PYTHON:-python3}"
+echo "==> $("$PYTHON" --version 2>&1) ($(command -v "$PYTHON")); results in $OUT"
 BUDGET_S="${GPU_CHECK_BUDGET_S:-440}"
 WHEELS="${GPU_CHECK_WHEELS:-$ROOT/gpu-wheels}"
 mkdir -p "$OUT"

@@ -2,13 +2,14 @@
 # Download the wheels the GPU check installs on a device without network into gpu-wheels/
 # (ignored by git; carried to the device with the run's `carry`, docs/gpu_check.md).
 #   bash scripts/gpu_wheels.sh            # CPython 3.12, manylinux2014 x86_64
-#   PY_VERSION=3.11 bash scripts/gpu_wheels.sh
+#   PY_VERSION=3.11 bash scripts/gpu_wheels.sh   # another device Python
+# PYTHON runs pip download (default .venv/bin/python, else python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="$ROOT/gpu-wheels"
 PY_VERSION="${PY_VERSION:-3.12}"
 ABI="cp${PY_VERSION/./}"
-PYTHON="${PYTHON:-python3}"
+PYTHON="${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 rm -rf "$DEST"
 mkdir -p "$DEST"
 # --no-deps: the list is resolved already (pins); NumPy and ml_dtypes stay the device's own.
