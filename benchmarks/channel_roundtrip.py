@@ -1,6 +1,7 @@
 """The channel's per-request round trip, front -> runtime -> front, without Triton.
 
     .venv/bin/python benchmarks/channel_roundtrip.py [--requests 2000] [--concurrency 8]
+        [--seconds 3] [--untrained] [--json PATH]
 
 A runtime (:class:`RuntimeServer` over the digits bundle) runs in a child process, a front
 (:class:`ChannelFront`) in this one, over the real channel (abstract Unix socket, /dev/shm
@@ -11,7 +12,11 @@ arena). Measures, side by side in one run:
     the front's reader thread (``submit``, the in-flight mode) and read by the calling thread
     (``run``, ``inline=True``, what ``execute`` does by default);
 (3) the runtime's execution alone (``RuntimeModel.run`` in the child, same inputs);
-(4) ``--concurrency`` submitters at once: requests/s and the mean executed batch size.
+(4) ``--concurrency`` submitters at once for ``--seconds``: requests/s and the mean executed
+    batch size.
+
+``--untrained``: the digits bundle with untrained weights (no scikit-learn, e.g. on the GPU
+check's device, docs/gpu_check.md); ``--json PATH`` also writes the numbers there.
 
 The Triton-side cost a front adds on top (the response sender's extra stub -> server message)
 is in benchmarks/serve_overhead.py, which runs both inside tritonserver.
@@ -20,6 +25,7 @@ is in benchmarks/serve_overhead.py, which runs both inside tritonserver.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import socket
@@ -44,6 +50,7 @@ def _runtime(address: str, bundle: str, ready: Any, stop: Any, stats: Any) -> No
     from hloserve.triton_backend.scheduler import SchedulerConfig
 
     core = RuntimeModel()
+    stats["device"] = f"{core.device.device_kind} ({core.device.platform})"
     server = RuntimeServer(core, address=address, scheduler_config=SchedulerConfig("fifo"))
     server.start()
     # (3) the execution alone, same shapes as a batch-1 request
@@ -107,6 +114,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="sequential requests (2000)")
     parser.add_argument("--concurrency", type=int, default=8, help="submitters at once (8)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="of (4), seconds (3)")
+    parser.add_argument(
+        "--untrained", action="store_true", help="untrained digits weights (no scikit-learn)"
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="results as JSON")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT / "examples" / "digits"))
@@ -118,7 +130,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles = Path(tmp)
-        digits_export.export_digits(bundles)
+        digits_export.export_digits(bundles, untrained_seed=0 if args.untrained else None)
         bundle = bundles / "digits"
         address = f"\0hloserve.channel-bench-{uuid.uuid4().hex}"
         ctx = mp.get_context("spawn")
@@ -176,7 +188,7 @@ def main() -> int:
 
         count = [0]
         lock = threading.Lock()
-        end = time.perf_counter() + 3.0
+        end = time.perf_counter() + args.seconds
 
         def worker(w: int) -> None:
             n = 0
@@ -200,7 +212,8 @@ def main() -> int:
         del before
 
     run = stats["run_p50_us"]
-    print(f"\nchannel round trip (pid {os.getpid()}), digits batch 1, 2 shared CPU cores")
+    device = stats["device"]
+    print(f"\nchannel round trip (pid {os.getpid()}), digits batch 1, runtime on {device}")
     print(f"(1) transport alone, small JSON message:     p50 {transport:7.1f} us")
     p50, p99 = q[49] * 1e6, q[98] * 1e6
     print(f"(2) one request through the channel:         p50 {p50:7.1f} us, p99 {p99:7.1f} us")
@@ -215,6 +228,21 @@ def main() -> int:
         f"(4) {args.concurrency} submitters: {count[0] / elapsed:7.0f} requests/s, mean "
         f"executed batch {items / max(executions, 1):.2f} ({executions} executions, all phases)"
     )
+    if args.json is not None:
+        result = {
+            "device": device,
+            "transport_p50_us": transport,
+            "request_p50_us": p50,
+            "request_p99_us": p99,
+            "inline_p50_us": qi[49] * 1e6,
+            "inline_p99_us": qi[98] * 1e6,
+            "execution_p50_us": run,
+            "overhead_p50_us": p50 - run,
+            "concurrency": args.concurrency,
+            "requests_per_s": count[0] / elapsed,
+            "mean_executed_batch": items / max(executions, 1),
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

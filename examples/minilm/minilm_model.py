@@ -20,6 +20,11 @@ LAYERS = 6
 LAYER_NORM_EPS = 1e-12
 #: Largest sequence length the example serves (the position table has 512 rows).
 MAX_TOKENS = 128
+#: The rest of the package's ``config.json``: vocabulary, position table, FFN width.
+VOCAB = 30522
+POSITIONS = 512
+TOKEN_TYPES = 2
+INTERMEDIATE = 1536
 
 Params = dict[str, Any]
 
@@ -45,6 +50,43 @@ def load_params(path: Path | None = None) -> Params:
         for name, t in tensors.items()
         if name != "embeddings.position_ids"
     }
+
+
+def random_params(seed: int = 0) -> Params:
+    """Weights of :func:`load_params`'s names and shapes, random (normal, std 0.02, as BERT
+    initializes; layer norms 1 and 0): the same executables without the package, e.g. for the
+    GPU check (docs/gpu_check.md). 22.7 M float32 values (91 MB)."""
+    rng = np.random.default_rng(seed)
+    shapes: dict[str, tuple[int, ...]] = {
+        "embeddings.word_embeddings.weight": (VOCAB, HIDDEN),
+        "embeddings.position_embeddings.weight": (POSITIONS, HIDDEN),
+        "embeddings.token_type_embeddings.weight": (TOKEN_TYPES, HIDDEN),
+        "embeddings.LayerNorm.weight": (HIDDEN,),
+        "embeddings.LayerNorm.bias": (HIDDEN,),
+        "pooler.dense.weight": (HIDDEN, HIDDEN),
+        "pooler.dense.bias": (HIDDEN,),
+    }
+    for i in range(LAYERS):
+        pre = f"encoder.layer.{i}"
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value"):
+            shapes[f"{pre}.{name}.weight"] = (HIDDEN, HIDDEN)
+            shapes[f"{pre}.{name}.bias"] = (HIDDEN,)
+        shapes[f"{pre}.attention.output.dense.weight"] = (HIDDEN, HIDDEN)
+        shapes[f"{pre}.attention.output.dense.bias"] = (HIDDEN,)
+        shapes[f"{pre}.intermediate.dense.weight"] = (INTERMEDIATE, HIDDEN)
+        shapes[f"{pre}.intermediate.dense.bias"] = (INTERMEDIATE,)
+        shapes[f"{pre}.output.dense.weight"] = (HIDDEN, INTERMEDIATE)
+        shapes[f"{pre}.output.dense.bias"] = (HIDDEN,)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[f"{pre}.{norm}.weight"] = (HIDDEN,)
+            shapes[f"{pre}.{norm}.bias"] = (HIDDEN,)
+    params: Params = {}
+    for name, shape in sorted(shapes.items()):
+        if "LayerNorm" in name:
+            params[name] = np.full(shape, 1.0 if name.endswith("weight") else 0.0, np.float32)
+        else:
+            params[name] = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+    return params
 
 
 def _layer_norm(x: Any, scale: Any, bias: Any) -> Any:
