@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, import_example
+
+from tests.conftest import ROOT, import_example
 
 STEPS = (
     "env",
