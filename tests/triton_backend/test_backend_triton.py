@@ -139,8 +139,24 @@ def _batch_counts(client: Any, model: str) -> dict[int, int]:
     return {s.batch_size: s.compute_infer.count for s in stats.model_stats[0].batch_stats}
 
 
+def _settled_counts(client: Any, model: str, rows: int | None = None) -> dict[int, int]:
+    """:func:`_batch_counts` once Triton has counted what it answered (it counts after the
+    response, so a read right after the answers can miss the last executions): two reads
+    0.2 s apart agree and, given ``rows``, they hold that many rows (bounded: 10 s)."""
+    counts = _batch_counts(client, model)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = _batch_counts(client, model)
+        total = sum(n * c for n, c in again.items())
+        if again == counts and (rows is None or total >= rows):
+            break
+        counts = again
+    return counts
+
+
 def test_concurrent_single_requests_are_coalesced(client: Any) -> None:
-    before = _batch_counts(client, "affine")
+    before = _settled_counts(client, "affine")  # an earlier test's last executions counted
     rng = np.random.default_rng(11)
     xs = [rng.standard_normal((1, 4)).astype(np.float32) for _ in range(48)]
     done: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
@@ -159,7 +175,7 @@ def test_concurrent_single_requests_are_coalesced(client: Any) -> None:
         y, label = _affine_reference(x)
         np.testing.assert_allclose(answers[i].as_numpy("y"), y, rtol=1e-5, atol=1e-6)
         assert answers[i].as_numpy("label").reshape(-1).tolist() == label.tolist()
-    after = _batch_counts(client, "affine")
+    after = _settled_counts(client, "affine", sum(n * c for n, c in before.items()) + len(xs))
     grown = {n: after.get(n, 0) - before.get(n, 0) for n in after}
     print(f"affine executions by batch size for 48 concurrent requests: {grown}")
     assert sum(n * c for n, c in grown.items()) == len(xs)
