@@ -167,6 +167,19 @@ class ArtifactError(InvalidArgumentError):
     """An executable file cannot be read as StableHLO or has no usable ``main``."""
 
 
+class ManifestError(InvalidArgumentError):
+    """A manifest breaks a format rule.
+
+    Attributes:
+        problems: one line per problem, each naming the tensor or key and expected vs actual.
+    """
+
+    def __init__(self, path: str, problems: list[str], *, status: Status | None = None) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
+
+
 class BundleError(InvalidArgumentError):
     """A bundle failed validation.
 

@@ -43,7 +43,7 @@ from hloserve.bundle.manifest_sections import (
     _inside_bundle,
 )
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
-from hloserve.errors import InvalidArgumentError, Status
+from hloserve.errors import ManifestError
 
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
@@ -61,19 +61,6 @@ SYMBOLIC_FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.yaml"
 #: Key of the single executable of a model without a batch axis.
 UNBATCHED = 0
-
-
-class ManifestError(InvalidArgumentError):
-    """A manifest breaks a format rule.
-
-    Attributes:
-        problems: one line per problem, each naming the tensor or key and expected vs actual.
-    """
-
-    def __init__(self, path: str, problems: list[str], *, status: Status | None = None) -> None:
-        self.path = path
-        self.problems = problems
-        super().__init__("\n".join(f"{path}: {p}" for p in problems), status=status)
 
 
 class Manifest(BaseModel):
