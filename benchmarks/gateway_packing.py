@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/gateway_packing.py [--requests 1920] [--threads 64]
         [--data-plane haproxy|python] [--client python|perf_analyzer]
+        [--no-preferred]
 
 Six copies of one tiny exported model (``m0`` .. ``m5``; batch sizes 1, 2, 4, 8; one CPU
 instance each; dynamic batcher queue delay ``--queue-delay-us``) are served by three
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import shutil
 import subprocess
 import tempfile
@@ -236,6 +238,13 @@ def main() -> None:
     parser.add_argument("--data-plane", choices=("haproxy", "python"), default="haproxy")
     parser.add_argument("--queue-delay-us", type=int, default=2000)
     parser.add_argument(
+        "--no-preferred",
+        action="store_true",
+        help="drop dynamic_batching.preferred_batch_size from the models' configs (with the "
+        "compiled sizes 1, 2, 4, 8 preferred, Triton executes the largest preferred size the "
+        "queue fills: 4 of 7 queued requests)",
+    )
+    parser.add_argument(
         "--client",
         choices=("python", "perf_analyzer"),
         default="python",
@@ -257,6 +266,11 @@ def main() -> None:
             max_queue_delay_us=args.queue_delay_us,
             scheduling=SchedulingOptions(scheduling="fifo"),
         )
+        if args.no_preferred:  # Triton's batcher then takes every queued request (up to 8)
+            for name in MODELS:
+                config = repo / name / "config.pbtxt"
+                text = re.sub(r"\s*preferred_batch_size: \d+", "", config.read_text())
+                config.write_text(text)
         servers = []
         for i in range(3):
             http, grpc_port, metrics = free_ports(3)
