@@ -1,6 +1,7 @@
 """What the gateway costs: one tritonserver measured directly and through both data planes.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--seconds 2] [--concurrency 1 8] [--rounds 3]
+        [--no-http]
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
 request is as large as it gets: the worst case). Two gateways run in front of it, as
@@ -14,7 +15,10 @@ port and each gateway's port in turn, ``--rounds`` times per concurrency level, 
 (``/proc/<pid>/stat`` of the master and its workers) for ``haproxy``, this Python process for
 ``python``, divided by the requests the worker counted (``ModelStatistics``) during the run,
 warm-up and stabilisation windows included. Then the ratios gateway/direct and the p50 the
-gateway adds. The machine is noisy (2 shared cores): read the ratios, not absolute numbers.
+gateway adds. KServe HTTP too (unless ``--no-http``): perf_analyzer ``-i http`` on the
+worker's HTTP port (``http``) and on the HAProxy gateway's (``haproxy-http``; the ``python``
+data plane has no HTTP), CPU per request again HAProxy's. The machine is noisy (2 shared
+cores): read the ratios, not absolute numbers.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ def main() -> int:
         "--concurrency", type=int, nargs="+", default=[1, 8], help="levels (1 8: saturation)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path and level (3)")
+    parser.add_argument(
+        "--no-http",
+        dest="http",
+        action="store_false",
+        help="skip KServe HTTP (measured by default: the worker's HTTP port and HAProxy's)",
+    )
     args = parser.parse_args()
 
     import tritonclient.grpc as grpcclient
@@ -96,7 +106,7 @@ def main() -> int:
         shutil.copytree(GOLDEN / "affine", bundles / "affine")
         repo = Path(tmp) / "repository"
         build_repository(bundles, repo)
-        http, grpc, metrics, haproxy_port, python_port = free_ports(5)
+        http, grpc, metrics, haproxy_port, python_port, haproxy_http = free_ports(6)
         worker = server_options(
             ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics), repo
         )
@@ -111,7 +121,13 @@ def main() -> int:
             gateways = {}
             for name, port in (("haproxy", haproxy_port), ("python", python_port)):
                 config = GatewayConfig(
-                    listen=f"127.0.0.1:{port}", admin_port=0, workers=(endpoint,), data_plane=name
+                    listen=f"127.0.0.1:{port}",
+                    admin_port=0,
+                    workers=(endpoint,),
+                    data_plane=name,
+                    # KServe HTTP on the HAProxy gateway (the Python data path has none)
+                    http_listen=f"127.0.0.1:{haproxy_http}" if name == "haproxy" else None,
+                    worker_http=(server.urls.http,) if name == "haproxy" else (),
                 )
                 gateways[name] = GatewayThread(config)
             (master,) = haproxy_masters()
@@ -119,20 +135,26 @@ def main() -> int:
                 "direct": None,
                 "haproxy": lambda: haproxy_cpu_seconds(master),
                 "python": lambda: _cpu_seconds("self"),
+                "http": None,
+                "haproxy-http": lambda: haproxy_cpu_seconds(master),
             }
-            paths = {
-                "direct": server.urls.grpc,
-                **{name: g.address for name, g in gateways.items()},
+            paths = {  # name -> (url, protocol)
+                "direct": (server.urls.grpc, "grpc"),
+                **{name: (g.address, "grpc") for name, g in gateways.items()},
             }
+            if args.http:
+                paths["http"] = (server.urls.http, "http")
+                paths["haproxy-http"] = (f"127.0.0.1:{haproxy_http}", "http")
             try:
                 for level in args.concurrency:
                     for _ in range(args.rounds):
-                        for name, url in paths.items():
+                        for name, (url, protocol) in paths.items():
                             meter = cpu[name]
                             cpu_before, count_before = (meter() if meter else 0.0), served()
                             (result,), _ = run_perf_analyzer(
                                 "affine",
                                 url,
+                                protocol=protocol,
                                 concurrency=(level,),
                                 measurement_interval_ms=int(args.seconds * 1000),
                             )
@@ -151,23 +173,26 @@ def main() -> int:
 
     print(f"affine, batch 1, {args.rounds} rounds of {args.seconds:g} s per path (medians)")
     header = ("path", "clients", "infer/s", "p50 us", "p99 us", "CPU us/req")
-    print(f"{header[0]:<8} " + " ".join(f"{h:>9}" for h in header[1:]))
+    print(f"{header[0]:<12} " + " ".join(f"{h:>9}" for h in header[1:]))
     for level in args.concurrency:
         for name in paths:
-            cpu_cell = "-" if name == "direct" else f"{median(name, level, 'cpu_us'):.0f}"
+            cpu_cell = "-" if cpu[name] is None else f"{median(name, level, 'cpu_us'):.0f}"
             print(
-                f"{name:<8} {level:>9} {median(name, level, 'throughput'):>9.0f}"
+                f"{name:<12} {level:>9} {median(name, level, 'throughput'):>9.0f}"
                 f" {median(name, level, 'p50_us'):>9.0f} {median(name, level, 'p99_us'):>9.0f}"
                 f" {cpu_cell:>9}"
             )
+    pairs = [("haproxy", "direct"), ("python", "direct")]
+    if args.http:
+        pairs.append(("haproxy-http", "http"))
     for level in args.concurrency:
-        for name in ("haproxy", "python"):
-            ratio = median(name, level, "throughput") / median("direct", level, "throughput")
-            added = median(name, level, "p50_us") - median("direct", level, "p50_us")
+        for name, base in pairs:
+            ratio = median(name, level, "throughput") / median(base, level, "throughput")
+            added = median(name, level, "p50_us") - median(base, level, "p50_us")
             print(
-                f"{name}/direct at {level} client(s): throughput {ratio:.2f}x, "
+                f"{name}/{base} at {level} client(s): throughput {ratio:.2f}x, "
                 f"p50 +{added:.0f} us, p99 "
-                f"{median(name, level, 'p99_us') / median('direct', level, 'p99_us'):.2f}x"
+                f"{median(name, level, 'p99_us') / median(base, level, 'p99_us'):.2f}x"
             )
     return 0
 
