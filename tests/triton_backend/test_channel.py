@@ -89,6 +89,21 @@ def front(
     return f
 
 
+def _runtime_at(addr: str, key: str) -> RuntimeServer:
+    """A started runtime of the test's own at ``addr`` (the test stops it, starts another)."""
+    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
+    srv.start()
+    return srv
+
+
+def _affine_front(addr: str, key: str, respond: Any, **kwargs: Any) -> ChannelFront:
+    """A started front of the golden affine bundle at ``addr``, waiting up to 30 s for it."""
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(core, GOLDEN / "affine", respond, address=addr, key=key, wait_s=30.0, **kwargs)
+    f.start(wait_s=60.0)
+    return f
+
+
 def test_segments_are_private_and_named_after_their_owner(key: str) -> None:
     name = channel.segment_name(os.getpid(), 99, key)
     seg = channel.Segment(name, 4096, create=True)
@@ -287,12 +302,9 @@ def test_runtime_going_away_fails_in_flight_then_fronts_reconnect(
     key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
-    srv.start()
+    srv = _runtime_at(addr, key)
     answers = Answers()
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
-    f = ChannelFront(core, GOLDEN / "affine", answers, address=addr, key=key, wait_s=30.0)
-    f.start(wait_s=60.0)
+    f = _affine_front(addr, key, answers)
     gate = Gate(srv, monkeypatch)
     try:
         f.submit([Request("lost", {"x": EXPECTED["x"]})])
@@ -302,8 +314,7 @@ def test_runtime_going_away_fails_in_flight_then_fronts_reconnect(
         assert answers.wait(1)["lost"].status is Status.UNAVAILABLE
         gate.open()
         srv.close()
-        again = RuntimeServer(RuntimeModel(), address=addr, key=key)
-        again.start()
+        again = _runtime_at(addr, key)
         try:
             f.submit([Request("after", {"x": EXPECTED["x"]})])  # waits for the reconnect
             np.testing.assert_allclose(answers.wait(2)["after"]["y"], EXPECTED["y"], rtol=1e-6)
@@ -346,17 +357,14 @@ def test_an_inline_run_returns_only_after_the_watcher_answered_its_requests(
     run() must still return only once they are answered (the Triton shim returns the responses
     from execute; a missing one hangs the client)."""
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
-    srv.start()
+    srv = _runtime_at(addr, key)
     answers = Answers()
 
     def slow(handle: Any, result: Any) -> None:
         time.sleep(0.3)  # answering takes a while: run() must wait for it
         answers(handle, result)
 
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
-    f = ChannelFront(core, GOLDEN / "affine", slow, address=addr, key=key, wait_s=30.0, inline=True)
-    f.start(wait_s=60.0)
+    f = _affine_front(addr, key, slow, inline=True)
     gate = Gate(srv, monkeypatch)
     try:
         running = threading.Thread(target=f.run, args=([Request("lost", {"x": EXPECTED["x"]})],))
@@ -381,14 +389,9 @@ def test_an_inline_front_fails_in_flight_when_the_runtime_goes_then_reconnects(
     key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
-    srv.start()
+    srv = _runtime_at(addr, key)
     answers = Answers()
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
-    f = ChannelFront(
-        core, GOLDEN / "affine", answers, address=addr, key=key, wait_s=30.0, inline=True
-    )
-    f.start(wait_s=60.0)
+    f = _affine_front(addr, key, answers, inline=True)
     gate = Gate(srv, monkeypatch)
     try:
         running = threading.Thread(target=f.run, args=([Request("lost", {"x": EXPECTED["x"]})],))
@@ -403,8 +406,7 @@ def test_an_inline_front_fails_in_flight_when_the_runtime_goes_then_reconnects(
         assert answers.results["lost"].status is Status.UNAVAILABLE
         gate.open()
         srv.close()
-        again = RuntimeServer(RuntimeModel(), address=addr, key=key)
-        again.start()
+        again = _runtime_at(addr, key)
         try:
             f.run([Request("after", {"x": EXPECTED["x"]})])  # waits for the reconnect
             np.testing.assert_allclose(answers.results["after"]["y"], EXPECTED["y"], rtol=1e-6)
@@ -422,14 +424,9 @@ def test_a_request_not_sent_yet_when_the_runtime_goes_waits_for_the_next_one(
     """A request placed in the arena but not sent when the runtime goes away never reached it:
     it waits for the next runtime and succeeds (only the works sent over a lost link fail)."""
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    srv = RuntimeServer(RuntimeModel(), address=addr, key=key)
-    srv.start()
+    srv = _runtime_at(addr, key)
     answers = Answers()
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
-    f = ChannelFront(
-        core, GOLDEN / "affine", answers, address=addr, key=key, wait_s=30.0, inline=True
-    )
-    f.start(wait_s=60.0)
+    f = _affine_front(addr, key, answers, inline=True)
     placed, go = threading.Event(), threading.Event()
     send_works = f._send_works
 
@@ -452,8 +449,7 @@ def test_a_request_not_sent_yet_when_the_runtime_goes_waits_for_the_next_one(
             time.sleep(0.01)
         assert "late" not in answers.results  # not failed with the runtime it never met
         srv.close()
-        again = RuntimeServer(RuntimeModel(), address=addr, key=key)
-        again.start()
+        again = _runtime_at(addr, key)
         go.set()
         running.join(30)
         assert not running.is_alive()
