@@ -22,6 +22,7 @@ to ``wait_s`` for it. The front never imports JAX.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -40,6 +41,11 @@ from hloserve.triton_backend import channel
 from hloserve.triton_backend.front import FrontModel, IdentityHooks, Prepared
 
 log = logging.getLogger("hloserve.triton_backend.front_channel")
+
+#: Numbers of this process's shared-memory files, shared by every front of the process: two
+#: fronts in one process (tests, embedders) never make two files of one name, which would let
+#: the runtime map the other front's arena (``next`` on a count is atomic under the GIL).
+_SEGMENT_NUMBERS = itertools.count(1)
 
 #: ``respond(handle, result)``: answer one request (outputs by name, or its error).
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
@@ -110,7 +116,6 @@ class ChannelFront:
         self._respond = respond
         self._key = key or channel.server_key()
         self._pid = os.getpid()
-        self._segments = 0
         self.arena = channel.Arena(self._new_segment(arena_bytes))
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -353,8 +358,7 @@ class ChannelFront:
         pending = _Pending(request.handle, prepared, [], nbytes=total)
         base = self.arena.allocate(total)
         if base is None:
-            self._segments += 1
-            name = channel.segment_name(self._pid, self._segments, self._key)
+            name = channel.segment_name(self._pid, next(_SEGMENT_NUMBERS), self._key)
             pending.overflow = channel.Segment(name, total, create=True)
             segment, segment_name, base = pending.overflow, name, 0
         else:
@@ -490,8 +494,7 @@ class ChannelFront:
             log.exception("model %r: answering a request failed", self.core.name)
 
     def _new_segment(self, size: int) -> channel.Segment:
-        self._segments += 1
-        name = channel.segment_name(self._pid, self._segments, self._key)
+        name = channel.segment_name(self._pid, next(_SEGMENT_NUMBERS), self._key)
         try:
             return channel.Segment(name, size, create=True)
         except FileExistsError:  # left by an earlier process with this pid

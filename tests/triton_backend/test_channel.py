@@ -462,3 +462,22 @@ def test_a_request_not_sent_yet_when_the_runtime_goes_waits_for_the_next_one(
             again.close()
         srv.close()
     assert _segments(key) == []
+
+
+def test_two_fronts_of_one_process_never_share_a_segment_name(
+    server: RuntimeServer, key: str
+) -> None:
+    """Segment names carry the process's pid and a number: the number is the process's, not
+    the front's, so a second front never replaces the first one's arena file (the runtime
+    would then map the wrong arena for the first front's next hello)."""
+    answers = Answers()
+    fronts = [front(server, key, answers) for _ in range(2)]
+    try:
+        first, second = (f.arena.segment for f in fronts)
+        assert first.name != second.name
+        assert first.path.exists() and second.path.exists()
+        assert os.stat(first.path).st_ino != os.stat(second.path).st_ino
+    finally:
+        for f in fronts:
+            f.close()
+    assert _segments(key) == []
