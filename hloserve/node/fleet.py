@@ -3,12 +3,13 @@
 One model repository (built once) is served by N tritonserver processes ("workers"), each on
 three consecutive ports (HTTP, gRPC, metrics) from a base port, or on free ports when the base
 is 0 (:func:`hloserve.node.plan.worker_ports`). The workers are the node's process runtime
-(:class:`~hloserve.node.process_runtime.ProcessWorkers`, restart policy ``no``); the gateway
+(:class:`~hloserve.node.process_runtime.ProcessWorkers`; ``serve`` restarts a worker that
+dies, restart policy ``on-failure``, as ``node up`` does); the gateway
 (:class:`~hloserve.node.gateway_thread.GatewayThread`) runs on its own event loop in a thread of
 this process, listening on the conventional gRPC port, and routes over the workers' gRPC
 endpoints. A worker that dies is left to the gateway's health probes (it leaves the routing
-table); the other workers and the gateway keep serving. :meth:`LocalFleet.close` stops the
-gateway, then every worker.
+table until it is back); the other workers and the gateway keep serving.
+:meth:`LocalFleet.close` stops the gateway, then every worker.
 
 The same class drives the end-to-end tests and ``benchmarks/gateway_overhead.py``, which also
 use :meth:`LocalFleet.kill_worker` and :meth:`LocalFleet.restart_worker`.
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.node.gateway_thread import GatewayThread
+from hloserve.node.node_config import RestartConfig
 from hloserve.node.process_runtime import ProcessWorkers
 from hloserve.node.triton_options import TritonServerOptions
 from hloserve.node.tritonserver import TritonServer
@@ -41,6 +43,8 @@ class LocalFleet:
         die_with_parent: a SIGKILLed parent takes the workers down too (``serve``); this
             forks through a pre-exec hook, which a process that has imported JAX (tests)
             should avoid.
+        restart: what happens to a worker that exits (:class:`RestartConfig`; None = ``no``,
+            it stays down); applied by :func:`supervise`'s polls.
 
     Use as a context manager or call :meth:`start` and :meth:`close`.
     """
@@ -51,12 +55,15 @@ class LocalFleet:
         gateway: GatewayConfig,
         *,
         die_with_parent: bool = True,
+        restart: RestartConfig | None = None,
     ) -> None:
         self.worker_options = [
             dataclasses.replace(w, die_with_parent=die_with_parent) for w in workers
         ]
         self.gateway_config = gateway
-        self.workers = ProcessWorkers(self.worker_options, follow_logs=False, prefix="hloserve")
+        self.workers = ProcessWorkers(
+            self.worker_options, restart=restart, follow_logs=False, prefix="hloserve"
+        )
         self.gateway: GatewayThread | None = None
 
     @property
@@ -135,11 +142,12 @@ def supervise(
 ) -> int:
     """Watch a started fleet until ``stop`` is set (0) or nothing is left to serve (1).
 
-    A worker that exits is reported once and left to the gateway's health probes; the others
-    and the gateway keep running. A model whose Python backend stub dies on a worker is
-    reloaded there (:class:`~hloserve.node.watchdog.StubWatchdog`). Both are the fleet's
+    A worker that exits is reported once, restarted under the fleet's restart policy, and left
+    to the gateway's health probes meanwhile; the others and the gateway keep running. A model
+    whose Python backend stub dies on a worker is reloaded there
+    (:class:`~hloserve.node.watchdog.StubWatchdog`). Both are the fleet's
     :meth:`~hloserve.node.process_runtime.ProcessWorkers.poll`. Returns 1 when the gateway
-    stops by itself or every worker has exited.
+    stops by itself or every worker is down for good.
     """
     fleet.workers.report = report
     if observe is not None:

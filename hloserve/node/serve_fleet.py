@@ -43,6 +43,7 @@ def run_fleet(
     """
     from hloserve.gateway.config import with_tls
     from hloserve.node.fleet import LocalFleet, supervise
+    from hloserve.node.node_config import RestartConfig
     from hloserve.node.plan import fleet_gateway_config, worker_ports
 
     if options.grpc_port == 0:
@@ -72,7 +73,7 @@ def run_fleet(
         options.tls_key,
         options.tls_client_ca,
     )
-    fleet = LocalFleet(workers, gateway)
+    fleet = LocalFleet(workers, gateway, restart=RestartConfig())  # on-failure, as node up
     stack = contextlib.ExitStack()
     try:
         waited = fleet.start(options.startup_timeout_s, stop)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,6 +77,13 @@ def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> N
     assert result.returncode == 1 and "--tls-cert/--tls-key need --workers 2" in result.stderr
 
 
+def _ready(client: Any) -> bool:
+    try:
+        return bool(client.is_server_ready())
+    except Exception:  # not listening yet
+        return False
+
+
 def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     tmp_path: Path,
 ) -> None:
@@ -112,9 +120,17 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
         for _ in range(6):
             np.testing.assert_array_equal(_affine(gateway, x), expected)
 
-        os.kill(pids[1], signal.SIGKILL)  # a worker dies
-        wait_for_line(log, r"worker 1 \(gRPC [^)]*\) was killed by SIGKILL", proc, 60)
-        for _ in range(6):  # every request still succeeds, through worker 0
+        os.kill(pids[1], signal.SIGKILL)  # a worker dies: it is restarted (on-failure)
+        wait_for_line(log, r"worker 1 was killed by SIGKILL; restart 1 in", proc, 60)
+        for _ in range(6):  # every request still succeeds, through worker 0 meanwhile
+            np.testing.assert_array_equal(_affine(gateway, x), expected)
+        restarted = grpcclient.InferenceServerClient(worker_grpc[1])
+        deadline = time.monotonic() + 120
+        while not _ready(restarted):
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        np.testing.assert_array_equal(_affine(worker_grpc[1], x), expected)  # back, same ports
+        for _ in range(6):
             np.testing.assert_array_equal(_affine(gateway, x), expected)
         assert proc.poll() is None
 
