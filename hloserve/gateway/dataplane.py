@@ -102,6 +102,20 @@ Balance = str  # "roundrobin" | "leastconn" | "first"
 
 #: Model names HAProxy can name a backend and a map key after (Triton's model names are
 #: directory names; one with other characters is served by the Python data path).
+#: Largest JSON part of a KServe HTTP inference request the gateway passes on, bytes: the
+#: body, or its first ``Inference-Header-Content-Length`` bytes with the binary data extension.
+#: tritonserver 2.51 dies (SIGSEGV) parsing a JSON body of about 4 MiB or more (measured with
+#: curl: 4,150,000 bytes answered, 4,194,000 crashed the server; binary tensor data after a
+#: small JSON header does not; upstream triton-inference-server/server#5840), so the gateway
+#: refuses larger ones with 400 instead of passing on a request that kills a worker.
+HTTP_MAX_JSON_BYTES = 4_000_000
+#: The gateway's answer to an HTTP request over :data:`HTTP_MAX_JSON_BYTES`.
+HTTP_TOO_LARGE = (
+    f"the request's JSON exceeds the gateway's limit of {HTTP_MAX_JSON_BYTES} bytes "
+    "(tritonserver 2.51 crashes parsing larger JSON bodies); send large tensors with the "
+    "binary data extension, over gRPC, or in shared memory"
+)
+
 BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
@@ -380,9 +394,17 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
     control plane's HTTP server (merged, placed, fanned out) when there is one; everything
     else to any worker."""
     by_model = "{ path_beg /v2/models/ }"
+    infer = f"{by_model} {{ path_end /infer }}"
+    binary = "{ req.hdr(inference-header-content-length) -m found }"
+    too_large = _quote('{"error":' + _quote(HTTP_TOO_LARGE) + "}")
+    refuse = f"  http-request return status 400 content-type application/json string {too_large}"
     lines = [
         "frontend http",
         f"  bind {listen.http}{ssl.replace(' alpn h2', '')}",
+        # the JSON part over the limit: refused here, never sent to a worker
+        f"{refuse} if {infer} !{binary} {{ req.hdr_val(content-length) gt {HTTP_MAX_JSON_BYTES} }}",
+        f"{refuse} if {infer} {{ req.hdr_val(inference-header-content-length)"
+        f" gt {HTTP_MAX_JSON_BYTES} }}",
         f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
         f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
         "regsub(^m_,h_) if { var(txn.model) -m found }",

@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import ssl
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -299,3 +300,55 @@ def test_with_a_worker_stopped_register_fails_whole_and_the_rest_still_answers(
     status, answer = _call(fleet.http, "POST", "/v2/repository/index")
     assert status == 200
     assert [r["name"] for r in json.loads(answer)] == ["affine", "hloserve_runtime", "left"]
+
+
+def _expect_continue(address: str, path: str, length: int) -> tuple[int, bytes]:
+    """POST headers announcing ``length`` bytes with ``Expect: 100-continue``; the answer that
+    comes before any of the body is sent (status, body)."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        return reply.status, reply.read()
+
+
+def test_a_json_body_over_the_limit_is_refused_and_the_workers_keep_serving(
+    fleet: Fleet,
+) -> None:
+    """tritonserver 2.51 dies parsing a JSON body of ~4 MiB: the gateway answers 400 and sends
+    nothing on; a JSON body under the limit, and binary data after a small header, pass."""
+    from hloserve.gateway.dataplane import HTTP_MAX_JSON_BYTES
+
+    request = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    text = json.dumps(request)
+    running = {s.pid: s for s in fleet.servers if s.is_running()}  # an earlier test stops one
+    # the answer comes on the headers (as curl sends a large body: Expect: 100-continue)
+    status, body = _expect_continue(fleet.http, "/v2/models/affine/infer", HTTP_MAX_JSON_BYTES + 1)
+    assert status == 400, body[:300]
+    assert f"limit of {HTTP_MAX_JSON_BYTES} bytes" in json.loads(body)["error"]
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32"}]}
+    ).encode()  # a binary-extension request whose header claims a JSON part over the limit
+    status, body = _call(
+        fleet.http,
+        "POST",
+        "/v2/models/affine/infer",
+        header + bytes(16),
+        headers={"Inference-Header-Content-Length": str(HTTP_MAX_JSON_BYTES + 1)},
+    )
+    assert status == 400 and b"limit of" in body, body[:300]
+    under = (text + " " * (3_000_000 - len(text))).encode()
+    status, body = _call(fleet.http, "POST", "/v2/models/affine/infer", under)
+    assert status == 200, body[:300]
+    assert json.loads(body)["outputs"][0]["name"] == "y"
+    client = fleet.client()
+    x = np.ones((1, 4), np.float32)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
+    client.close()
+    assert running and all(s.is_running() and s.pid == pid for pid, s in running.items())
