@@ -282,6 +282,24 @@ def test_index_and_shared_memory_through_the_tls_port(fleet: Fleet, tmp_path: Pa
         gateway.close()
 
 
+@pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")
+def test_tritonclients_own_shared_memory_helpers_work_through_the_gateway(fleet: Fleet) -> None:
+    """``tritonclient.utils.shared_memory`` imports ``pkg_resources``: the serving extra pins
+    setuptools below 81, which still ships it."""
+    import tritonclient.utils.shared_memory as shm
+
+    handle = shm.create_shared_memory_region("gwh_tc", "/gwh_tc", 64)
+    client = fleet.client()
+    try:
+        client.register_system_shared_memory("gwh_tc", "/gwh_tc", 64)
+        assert "gwh_tc" in {r["name"] for r in client.get_system_shared_memory_status()}
+        assert "gwh_tc" in _regions(fleet.servers[1].urls.http)  # on every worker
+        client.unregister_system_shared_memory("gwh_tc")
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(handle)
+
+
 def test_with_a_worker_stopped_register_fails_whole_and_the_rest_still_answers(
     fleet: Fleet,
 ) -> None:
