@@ -11,7 +11,7 @@ Subcommands:
                                     --watch follows the bundles directory while serving
     status URL                      print a server's weight cache state (metrics endpoint)
     status --models ADMIN_URL       each model's version, state, last reload, error
-    gateway --config FILE           one KServe V2 gRPC endpoint over several tritonservers
+    gateway --config FILE           one KServe V2 endpoint (gRPC, HTTP) over several tritonservers
     gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
 """
 
@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(commands)
     status = commands.add_parser(
         "status",
-        help="print a server's weight cache state (from its metrics endpoint)",
+        help="print a server's weight cache state (from its metrics endpoint), or with "
+        "--models each model's version, state and last reload (from serve's admin port)",
         description="Read the hloserve_weight_* series of a tritonserver's Prometheus endpoint "
         "and print the weight cache as a table: budget, resident total, and per model its "
         "residency, weight bytes, resident bytes, loads, evictions and mean load time "
@@ -290,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_status)
     gateway = commands.add_parser(
         "gateway",
-        help="one KServe V2 gRPC endpoint over several tritonservers (docs/gateway.md)",
+        help="one KServe V2 endpoint (gRPC, and HTTP with http_listen) over several "
+        "tritonservers (docs/gateway.md)",
         description="Forward inference to the workers named in the config file; settings can "
         "be overridden with HLOSERVE_GATEWAY_* variables (docs/gateway.md). Stops on "
         "Ctrl-C/SIGTERM.",

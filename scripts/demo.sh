@@ -3,14 +3,16 @@
 #   set up .venv -> train and export the digits bundle -> build a Triton model repository ->
 #   serve it with tritonserver -> classify the held-out split over gRPC and HTTP ->
 #   short perf_analyzer sweep -> stop the server.
-#   bash scripts/demo.sh            (ports: HTTP 8000, gRPC 8001, metrics 8002; override with
-#                                    HLOSERVE_HTTP_PORT / HLOSERVE_GRPC_PORT / HLOSERVE_METRICS_PORT)
+#   bash scripts/demo.sh            (ports: HTTP 8000, gRPC 8001, metrics 8002, admin 8003;
+#                                    override with HLOSERVE_HTTP_PORT / HLOSERVE_GRPC_PORT /
+#                                    HLOSERVE_METRICS_PORT / HLOSERVE_ADMIN_PORT)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 HTTP_PORT="${HLOSERVE_HTTP_PORT:-8000}"
 GRPC_PORT="${HLOSERVE_GRPC_PORT:-8001}"
 METRICS_PORT="${HLOSERVE_METRICS_PORT:-8002}"
+ADMIN_PORT="${HLOSERVE_ADMIN_PORT:-8003}"
 WORK="$ROOT/demo"
 
 setup_serving_env
@@ -25,7 +27,7 @@ echo "==> 2/5 building the Triton model repository demo/repository/"
 
 echo "==> 3/5 serving it (log: demo/server.log)"
 .venv/bin/hloserve serve "$WORK/repository" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
-  --metrics-port "$METRICS_PORT" > "$WORK/server.log" 2>&1 &
+  --metrics-port "$METRICS_PORT" --admin-port "$ADMIN_PORT" > "$WORK/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
