@@ -144,6 +144,36 @@ def build_arguments(options: ServeOptions) -> dict[str, Any]:
     }
 
 
+#: tritonserver flags ``hloserve serve`` sets itself, with the option that sets each: given
+#: after ``--`` they would make the server listen, load or answer where hloserve does not look.
+MANAGED_FLAGS = {
+    "--http-port": "--http-port",
+    "--grpc-port": "--grpc-port",
+    "--metrics-port": "--metrics-port",
+    "--model-repository": "PATH",
+    "--model-store": "PATH",
+    "--model-control-mode": "--model-control-mode",
+    "--http-address": "--host",
+    "--grpc-address": "--host",
+    "--metrics-address": "--host",
+}
+
+
+def check_passthrough(args: Sequence[str]) -> None:
+    """Refuse tritonserver flags after ``--`` that ``hloserve serve`` sets itself.
+
+    Raises:
+        InvalidArgumentError: names the flag and the ``hloserve serve`` option to use instead.
+    """
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise InvalidArgumentError(
+                f"{flag} after '--' would change what hloserve serve sets and watches: use "
+                f"hloserve serve's {MANAGED_FLAGS[flag]} instead"
+            )
+
+
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models.
 
@@ -231,10 +261,12 @@ def check_options(options: ServeOptions) -> None:
             --front-instances or --max-request-bytes below 1, --gateway-config with one
             worker, a port out of range or shared by two endpoints, a host that does not
             resolve, or a build option (:func:`build_flags_set`) set while PATH is an
-            already-built model repository.
+            already-built model repository, or a flag after ``--`` that hloserve sets itself
+            (:func:`check_passthrough`).
         PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
             (``--workers`` above 1) is already bound on the host.
     """
+    check_passthrough(options.tritonserver_args)
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
     if options.workers < 1:

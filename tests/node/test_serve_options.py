@@ -75,6 +75,15 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
             {"watch": True, "model_control_mode": "explicit", "load_models": ("x",)},
             "leave out --model-control-mode and --load-model",
         ),
+        (
+            {"tritonserver_args": ("--log-info=true", "--http-port=18050")},
+            "--http-port after '--' would change what hloserve serve sets and watches: use "
+            "hloserve serve's --http-port instead",
+        ),
+        (
+            {"tritonserver_args": ("--grpc-address", "0.0.0.0")},
+            "use hloserve serve's --host instead",
+        ),
     ],
 )
 def test_bad_options_are_refused(tmp_path: Path, change: dict[str, object], message: str) -> None:
