@@ -135,6 +135,10 @@ def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
         raise UnavailableError(f"{url}: cannot read metrics: {exc}") from None
 
 
+#: Times :func:`fetch_models` asks when the supervisor answers 503 (1 s apart).
+UNAVAILABLE_TRIES = 3
+
+
 def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL.
 
@@ -149,18 +153,22 @@ def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     if not url.endswith("/models"):
         url += "/models"
     not_models = f"{url} is not the model list of hloserve serve's admin port (--admin-port)"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            rows = json.loads(response.read().decode())["models"]
-    except urllib.error.HTTPError as exc:
-        if exc.code == 503:
-            raise UnavailableError(f"{url}: the server does not answer: {exc.reason}") from None
-        raise InvalidArgumentError(f"{not_models}: HTTP {exc.code} {exc.reason}") from None
-    except (http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
-        raise InvalidArgumentError(f"{not_models}: {type(exc).__name__}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise UnavailableError(f"{url}: cannot read the model list: {exc}") from None
-    return list(rows)
+    for attempt in range(UNAVAILABLE_TRIES):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                rows = json.loads(response.read().decode())["models"]
+            return list(rows)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise InvalidArgumentError(f"{not_models}: HTTP {exc.code} {exc.reason}") from None
+            reason = exc.reason  # tritonserver did not answer the supervisor (busy a moment?)
+        except (http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgumentError(f"{not_models}: {type(exc).__name__}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise UnavailableError(f"{url}: cannot read the model list: {exc}") from None
+        if attempt + 1 < UNAVAILABLE_TRIES:
+            time.sleep(1.0)
+    raise UnavailableError(f"{url}: the server does not answer: {reason}")
 
 
 def render_models(rows: list[dict[str, Any]]) -> str:

@@ -76,3 +76,43 @@ def test_a_reader_that_stops_early_ends_the_output_quietly() -> None:
     assert proc.wait(timeout=60) == 0
     assert proc.stderr.read() == b""
     proc.stderr.close()
+
+
+def test_the_model_list_is_asked_again_while_the_supervisor_answers_503() -> None:
+    """serve's admin port answers 503 while tritonserver does not answer it (busy a moment,
+    e.g. loading a model): ``fetch_models`` asks again, 1 s apart, and then gives up."""
+    import http.server
+    import json
+    import threading
+
+    from hloserve.errors import UnavailableError
+    from hloserve.node.status import UNAVAILABLE_TRIES, fetch_models
+
+    busy = [2]  # 503 this many times, then the list
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if busy[0] > 0:
+                busy[0] -= 1
+                self.send_error(503)
+                return
+            body = json.dumps({"models": [{"name": "a"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        assert fetch_models(address) == [{"name": "a"}]
+        busy[0] = UNAVAILABLE_TRIES
+        with pytest.raises(UnavailableError, match="the server does not answer"):
+            fetch_models(address)
+    finally:
+        server.shutdown()
+        server.server_close()
