@@ -153,6 +153,10 @@ class RuntimeServer:
         if removed:
             log.info("removed %d shared-memory files left by dead processes", len(removed))
         self._wake_r, self._wake_w = socket.socketpair()
+        # listening before start returns, so a front started next finds the runtime there;
+        # when the address is taken (a reload's old runtime), the loop keeps trying
+        with contextlib.suppress(OSError):
+            self._listener = channel.listen(self.address)
         for target, name in (
             (self._loop, "hloserve-runtime"),
             (self._flush_loop, "hloserve-metrics"),
@@ -188,6 +192,8 @@ class RuntimeServer:
         """
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self._listener is not None:  # bound by start()
+            sel.register(self._listener, selectors.EVENT_READ, "listen")
         busy = False
         while not self._stop.is_set():
             if self._listener is None:
