@@ -7,13 +7,16 @@ the gateway answers ``ModelStatistics`` with the sum over workers, one row per
 the latest, ``batch_stats`` rows are matched by ``batch_size``, ``response_stats`` by key, and
 ``memory_usage`` rows are concatenated (one per worker device). The repository index is merged
 by (name, version), a READY row winning over the other states (:func:`merge_repository_index`,
-for the gRPC messages and the KServe HTTP JSON alike).
+for the gRPC messages and the KServe HTTP JSON alike). KServe HTTP statistics (Triton's JSON of
+the same message, ``GET /v2/models[/{name}[/versions/{v}]]/stats``) are summed by the same
+rules (:func:`merge_statistics_json`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -80,6 +83,52 @@ def merge_model_statistics(
     for key in sorted(rows):
         merged.model_stats.append(rows[key])
     return merged
+
+
+def _add_json(dst: dict[str, Any], src: Mapping[str, Any], skip: str = "") -> None:
+    """:func:`_add` on Triton's JSON form of the message (objects, lists, numbers, strings)."""
+    for name, value in src.items():
+        if name == skip:
+            continue
+        if isinstance(value, list):
+            target = dst.setdefault(name, [])
+            if name in _KEYED:
+                key_field = _KEYED[name]
+                for item in value:
+                    key = item.get(key_field)
+                    match = next((t for t in target if t.get(key_field) == key), None)
+                    if match is None:
+                        target.append(copy.deepcopy(item))  # later workers add into it
+                    else:
+                        _add_json(match, item, skip=key_field)
+            else:
+                target.extend(value)
+        elif isinstance(value, Mapping):  # a message, or a map (``response_stats``) by key
+            _add_json(dst.setdefault(name, {}), value)
+        elif type(value) is int and type(current := dst.get(name, 0)) is int:  # not bool
+            dst[name] = max(current, value) if name in _LATEST else current + value
+        elif not dst.get(name):
+            dst[name] = value
+
+
+def merge_statistics_json(responses: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sum several workers' KServe HTTP statistics (``{"model_stats": [...]}`` as Triton writes
+    it) per (name, version), sorted: the rules of :func:`merge_model_statistics`.
+
+    Raises:
+        ValueError: a response is not an object with a ``model_stats`` list of objects.
+    """
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for response in responses:
+        stats = response.get("model_stats") if isinstance(response, Mapping) else None
+        if not isinstance(stats, list) or not all(isinstance(s, Mapping) for s in stats):
+            raise ValueError("statistics are not an object with a 'model_stats' list of objects")
+        for row in stats:
+            key = (str(row.get("name", "")), str(row.get("version", "")))
+            if key not in rows:
+                rows[key] = {"name": key[0], "version": key[1]}
+            _add_json(rows[key], row)
+    return {"model_stats": [rows[k] for k in sorted(rows)]}
 
 
 def merge_repository_index(

@@ -53,6 +53,7 @@ from hloserve.gateway.fleet_http import (
     MODEL_CONTROL_PATH,
     MODEL_CONTROL_TIMEOUT_S,
     SHM_PREFIX,
+    STATS_PATH,
 )
 from hloserve.gateway.routing import RoutingTable
 
@@ -390,9 +391,9 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
 def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
     """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
     ready) to the model's workers by the name in the path (``h_<model>``, the same map as
-    gRPC); the repository index, model load/unload and system and CUDA shared memory to the
-    control plane's HTTP server (merged, placed, fanned out) when there is one; everything
-    else to any worker."""
+    gRPC); the repository index, statistics, model load/unload and system and CUDA shared
+    memory to the control plane's HTTP server (merged, summed, placed, fanned out) when there
+    is one; everything else to any worker."""
     by_model = "{ path_beg /v2/models/ }"
     infer = f"{by_model} {{ path_end /infer }}"
     binary = "{ req.hdr(inference-header-content-length) -m found }"
@@ -414,6 +415,9 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
             f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"
             f" || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
             f"  use_backend {HTTP_MODEL_CONTROL_BACKEND} if {{ path_reg {MODEL_CONTROL_PATH} }}",
+            # statistics summed over the workers (path_end first: an infer request fails it)
+            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
+            f" {{ path_reg {STATS_PATH} }}",
         ]
     lines += [
         "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",

@@ -22,6 +22,11 @@ endpoint (``worker_http``) with the rules of the gRPC RPCs
   workers that accepted it and the first refusal is answered.
 - ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: sent to every worker;
   succeeds when any worker succeeds.
+- ``GET /v2/models/stats`` and ``GET /v2/models/{name}[/versions/{v}]/stats``: every
+  worker's statistics summed per (name, version)
+  (:func:`hloserve.gateway.aggregate.merge_statistics_json`, the rules of gRPC
+  ``ModelStatistics``); workers answering with an error (the model is not on that worker) are
+  left out; when none answers with statistics, the first worker's error.
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
   them: the first worker that answers (a refused connection or a 503 moves on to the next),
   as registrations are the same on every worker.
@@ -58,7 +63,7 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
-from hloserve.gateway.aggregate import merge_repository_index
+from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
 from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.node.model_control import HEADER
 
@@ -70,11 +75,14 @@ SHM_PREFIX = "/v2/systemsharedmemory"
 CUDA_SHM_PREFIX = "/v2/cudasharedmemory"
 #: HAProxy ``path_reg`` of the model-control paths (load and unload of one model).
 MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
+#: HAProxy ``path_reg`` of the statistics paths (every model, or one model [and version]).
+STATS_PATH = r"^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$"
 
 _SHM = r"(/v2/(?:system|cuda)sharedmemory)"
 _REGISTER = re.compile(_SHM + r"/region/([^/]+)/register")
 _UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
 _MODEL_CONTROL = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
+_STATS = re.compile(STATS_PATH.strip("^$"))
 
 #: How long a model load or unload may take in the control plane, seconds (HAProxy waits as
 #: long): a meta's load takes several steps (callees, then the meta), each bounded by
@@ -187,6 +195,8 @@ class FleetHttp:
             return self.register(method, path, body, passed, match.group(1), match.group(2))
         if _UNREGISTER.fullmatch(route):
             return self.unregister(method, path, body, passed)
+        if _STATS.fullmatch(route) and method == "GET":
+            return self.statistics(method, path, body, passed)
         if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
             model = urllib.parse.unquote(match.group(1))
             action: Action = "load" if match.group(2) == "load" else "unload"
@@ -267,6 +277,30 @@ class FleetHttp:
         )
         text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
         return Answer(200, text.encode())
+
+    def statistics(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """Every worker's statistics summed (module docstring)."""
+        responses, failed = [], []
+        for worker, reply in self._fan_out(method, path, body, headers, self._timeout):
+            stats = None
+            if isinstance(reply, Answer) and reply.ok:
+                with contextlib.suppress(ValueError):
+                    stats = json.loads(reply.body)
+                if not isinstance(stats, dict) or not isinstance(stats.get("model_stats"), list):
+                    stats, reply = None, "its statistics are not a JSON object with model_stats"
+                    log.warning("gateway: worker %s: %s", worker, reply)
+            if stats is None:
+                failed.append((worker, reply))
+            else:
+                responses.append(stats)
+        if not responses:
+            return self._failed("statistics", failed)
+        try:
+            merged = merge_statistics_json(responses)
+        except ValueError as exc:
+            log.warning("gateway: %s: %s", path, exc)
+            return Answer.error(UnavailableError(f"statistics: {exc}"))
+        return Answer(200, json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode())
 
     def register(
         self,

@@ -3,9 +3,18 @@ fleet's repository index = the workers' merged (issue 12: the same rule for gRPC
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.aggregate import merge_model_statistics, merge_repository_index
+from hloserve.gateway.aggregate import (
+    merge_model_statistics,
+    merge_repository_index,
+    merge_statistics_json,
+)
 
 
 def _stats(
@@ -70,3 +79,43 @@ def test_repository_index_merges_by_name_and_version_ready_wins() -> None:
     pair = merge_repository_index([rows, rows], lambda r: (r.name, r.version), lambda r: r.state)
     assert pair == rows
     assert merge_repository_index([], lambda r: ("", ""), lambda r: "") == []
+
+
+def _as_triton_json(message: Any) -> Any:
+    """A message as Triton's KServe HTTP JSON: proto field names, integers as numbers
+    (protobuf's JSON form writes 64-bit integers as strings)."""
+
+    def numbers(value: Any) -> Any:
+        if isinstance(value, dict):  # name and version are strings in Triton's JSON too
+            return {k: v if k in ("name", "version") else numbers(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [numbers(v) for v in value]
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+        return value
+
+    return numbers(json_format.MessageToDict(message, preserving_proto_field_name=True))
+
+
+def test_http_statistics_sum_by_the_rules_of_grpc() -> None:
+    """The JSON merge of the workers' HTTP answers is the gRPC merge, written as Triton's JSON;
+    the inputs are left as they were."""
+    responses = [
+        _stats("m", 3, 300, 1000, {1: 2, 4: 1}),
+        _stats("m", 5, 700, 900, {4: 3}),
+        _stats("a", 1, 10, 5, {}),
+    ]
+    as_json = [_as_triton_json(r) for r in responses]
+    before = copy.deepcopy(as_json)
+    merged = merge_statistics_json(as_json)
+    assert merged == _as_triton_json(merge_model_statistics(responses))
+    assert merged["model_stats"][1]["inference_count"] == 8
+    assert merged["model_stats"][1]["batch_stats"][1]["compute_infer"] == {"count": 4, "ns": 40}
+    assert as_json == before
+    assert merge_statistics_json([]) == {"model_stats": []}
+
+
+@pytest.mark.parametrize("bad", [{}, {"model_stats": {}}, {"model_stats": [1]}, []])
+def test_http_statistics_that_are_not_tritons_json_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="model_stats"):
+        merge_statistics_json([bad])

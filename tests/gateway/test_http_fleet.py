@@ -140,9 +140,15 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
         " || { path_beg /v2/systemsharedmemory } || { path_beg /v2/cudasharedmemory }",
         f"  use_backend {HTTP_MODEL_CONTROL_BACKEND}"
         " if { path_reg ^/v2/repository/models/[^/]+/(load|unload)$ }",
+        f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
+        " { path_reg ^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$ }",
     ]
     frontend = text.split("frontend http\n")[1].split("\nbackend ")[0]
     assert all(rule in frontend.splitlines() for rule in rules)
+    lines = frontend.splitlines()  # before the by-model rule, which would take the stats
+    assert lines.index(rules[2]) < lines.index(
+        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }"
+    )
     backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
     assert backend + "  server control 127.0.0.1:9002\n" in text
     backend = f"backend {HTTP_MODEL_CONTROL_BACKEND}\n  timeout server 3600s\n"

@@ -282,6 +282,48 @@ def test_index_and_shared_memory_through_the_tls_port(fleet: Fleet, tmp_path: Pa
         gateway.close()
 
 
+def _stats(address: str, path: str) -> tuple[int, Any]:
+    status, body = _call(address, "GET", path)
+    return status, json.loads(body)
+
+
+def test_http_statistics_are_every_workers_summed(fleet: Fleet) -> None:
+    """``affine`` is on both workers: its counts through the gateway are the two workers'
+    sums; ``left`` is on worker 0 only: its statistics are worker 0's own; the all-models
+    form lists every model of either worker; a model no worker has gets Triton's own error."""
+    client = fleet.client()
+    for i in range(6):  # round robin: both workers serve some
+        _affine(client, np.full((1, 4), i, np.float32))
+    client.close()
+    direct = [_stats(s.urls.http, "/v2/models/affine/stats")[1] for s in fleet.servers]
+    counts = [d["model_stats"][0]["inference_count"] for d in direct]
+    assert all(c > 0 for c in counts), counts
+    for path in ("/v2/models/affine/stats", "/v2/models/affine/versions/1/stats"):
+        status, merged = _stats(fleet.http, path)
+        assert status == 200, merged
+        (row,) = merged["model_stats"]
+        assert (row["name"], row["version"]) == ("affine", "1")
+        assert row["inference_count"] == sum(counts)
+        assert row["execution_count"] == sum(d["model_stats"][0]["execution_count"] for d in direct)
+        success = [d["model_stats"][0]["inference_stats"]["success"] for d in direct]
+        assert row["inference_stats"]["success"] == {
+            "count": sum(s["count"] for s in success),
+            "ns": sum(s["ns"] for s in success),
+        }
+    assert _stats(fleet.http, "/v2/models/left/stats") == _stats(
+        fleet.servers[0].urls.http, "/v2/models/left/stats"
+    )
+    status, every = _stats(fleet.http, "/v2/models/stats")
+    assert status == 200
+    names = [r["name"] for r in every["model_stats"]]
+    assert names == ["affine", "hloserve_runtime", "left", "right"]
+    nope = _call(fleet.http, "GET", "/v2/models/nope/stats")
+    assert nope == _call(fleet.servers[0].urls.http, "GET", "/v2/models/nope/stats")
+    assert nope[0] >= 400
+    grpc_like = fleet.client().get_inference_statistics("affine")  # tritonclient's own call
+    assert grpc_like["model_stats"][0]["inference_count"] == sum(counts)
+
+
 @pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")
 def test_tritonclients_own_shared_memory_helpers_work_through_the_gateway(fleet: Fleet) -> None:
     """``tritonclient.utils.shared_memory`` imports ``pkg_resources``: the serving extra pins
