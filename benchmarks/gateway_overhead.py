@@ -17,8 +17,11 @@ port and each gateway's port in turn, ``--rounds`` times per concurrency level, 
 warm-up and stabilisation windows included. Then the ratios gateway/direct and the p50 the
 gateway adds. KServe HTTP too (unless ``--no-http``): perf_analyzer ``-i http`` on the
 worker's HTTP port (``http``) and on the HAProxy gateway's (``haproxy-http``; the ``python``
-data plane has no HTTP), CPU per request again HAProxy's. The machine is noisy (2 shared
-cores): read the ratios, not absolute numbers.
+data plane has no HTTP), CPU per request again HAProxy's. With ``--pass-through`` a third
+HAProxy (``haproxy-pass``) runs the gateway's own configuration with every ``http-request``
+rule removed and one backend, the worker: HAProxy's own cost of carrying gRPC (HTTP/2 on both
+sides) on this machine, so the routing's share is ``haproxy`` minus ``haproxy-pass``. The
+machine is noisy (2 shared cores): read the ratios, not absolute numbers.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +66,24 @@ def haproxy_cpu_seconds(master: int) -> float:
     return _cpu_seconds(master) + sum(_cpu_seconds(p) for p in _children(master))
 
 
+def pass_through_config(config_text: str, port: int) -> str:
+    """The gateway's HAProxy configuration as a plain proxy on ``port``: gRPC frontend only,
+    no ``http-request`` rule, every request to the one model backend (``m_affine``); no master
+    socket, stats socket or exporter (those belong to the gateway's own HAProxy)."""
+    lines = []
+    for line in (
+        config_text.split("frontend prometheus")[0].split("\nfrontend http\n")[0].splitlines()
+    ):
+        if line.startswith(("  http-request", "  master-worker", "  stats socket")):
+            continue
+        if line.startswith("  bind ") and " proto h2" in line:
+            line = f"  bind 127.0.0.1:{port} proto h2"
+        if line.startswith("  use_backend"):
+            line = "  use_backend m_affine"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def haproxy_masters() -> list[int]:
     """This process's HAProxy children (each gateway's master), oldest first."""
     pids = _children(os.getpid())
@@ -82,6 +105,12 @@ def main() -> int:
         "--concurrency", type=int, nargs="+", default=[1, 8], help="levels (1 8: saturation)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path and level (3)")
+    parser.add_argument(
+        "--pass-through",
+        action="store_true",
+        help="also measure HAProxy as a plain gRPC proxy (haproxy-pass: the gateway's "
+        "configuration without its routing rules)",
+    )
     parser.add_argument(
         "--no-http",
         dest="http",
@@ -131,10 +160,26 @@ def main() -> int:
                 )
                 gateways[name] = GatewayThread(config)
             (master,) = haproxy_masters()
+            plain = None
+            if args.pass_through:  # the gateway's own file, from its master's command line
+                argv = Path(f"/proc/{master}/cmdline").read_bytes().decode().split("\0")
+                (pass_port,) = free_ports(1)
+                pass_cfg = Path(tmp) / "haproxy-pass.cfg"
+                text = Path(argv[argv.index("-f") + 1]).read_text()
+                pass_cfg.write_text(pass_through_config(text, pass_port))
+                plain = subprocess.Popen(
+                    [argv[0], "-db", "-f", str(pass_cfg)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(1.0)
+                if plain.poll() is not None:
+                    raise SystemExit(f"the pass-through HAProxy did not start ({pass_cfg})")
             cpu: dict[str, Callable[[], float] | None] = {
                 "direct": None,
                 "haproxy": lambda: haproxy_cpu_seconds(master),
                 "python": lambda: _cpu_seconds("self"),
+                "haproxy-pass": (lambda: _cpu_seconds(plain.pid)) if plain else None,
                 "http": None,
                 "haproxy-http": lambda: haproxy_cpu_seconds(master),
             }
@@ -142,6 +187,8 @@ def main() -> int:
                 "direct": (server.urls.grpc, "grpc"),
                 **{name: (g.address, "grpc") for name, g in gateways.items()},
             }
+            if plain is not None:
+                paths["haproxy-pass"] = (f"127.0.0.1:{pass_port}", "grpc")
             if args.http:
                 paths["http"] = (server.urls.http, "http")
                 paths["haproxy-http"] = (f"127.0.0.1:{haproxy_http}", "http")
@@ -166,6 +213,9 @@ def main() -> int:
             finally:
                 for gateway in gateways.values():
                     gateway.close()
+                if plain is not None:
+                    plain.terminate()
+                    plain.wait(10)
 
     def median(name: str, level: int, field: str) -> float:
         values = [getattr(r, field) for r in rows[(name, level)]]
@@ -183,6 +233,8 @@ def main() -> int:
                 f" {cpu_cell:>9}"
             )
     pairs = [("haproxy", "direct"), ("python", "direct")]
+    if args.pass_through:
+        pairs += [("haproxy-pass", "direct"), ("haproxy", "haproxy-pass")]
     if args.http:
         pairs.append(("haproxy-http", "http"))
     for level in args.concurrency:

@@ -313,9 +313,10 @@ async def run_gateway(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # drain: HAProxy answers what it holds while the servicer behind it still runs
         if dataplane is not None:
-            await asyncio.to_thread(dataplane.close)
-        await server.stop(grace=2.0)
+            await asyncio.to_thread(dataplane.close, config.exit_timeout_seconds)
+        await server.stop(grace=config.exit_timeout_seconds if dataplane is None else 2.0)
         admin.close()
         if fleet_http is not None:
             fleet_http.close()

@@ -266,6 +266,10 @@ class GatewayConfig(_Section):
             the Python ``grpc.aio`` proxy carries everything (the earlier data path, kept for
             comparison).
         tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
+        exit_timeout_seconds: on stop, how long requests in flight may take to finish, seconds
+            (Triton's ``--exit-timeout-secs``, default 30): the public ports stop taking new
+            connections at once (HAProxy's soft stop; the ``python`` data plane's grace), and
+            the gateway stops when the last request in flight is answered or this runs out.
     """
 
     listen: str = "127.0.0.1:8001"
@@ -283,6 +287,7 @@ class GatewayConfig(_Section):
     worker_http: tuple[str, ...] = ()
     data_plane: DataPlane = "haproxy"
     tls: TlsConfig | None = None
+    exit_timeout_seconds: float = Field(default=30.0, ge=0)
 
     @field_validator("listen")
     @classmethod

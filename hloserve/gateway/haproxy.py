@@ -311,11 +311,56 @@ class HAProxy:
                 f"{self._dir / 'haproxy.log'}"
             )
 
-    def close(self) -> None:
-        """Stop HAProxy (SIGTERM to the master, then SIGKILL) and remove its files
-        (idempotent)."""
+    def _drain(self, drain_s: float) -> None:
+        """Refuse new connections on the public frontends (``disable frontend``), then wait
+        up to ``drain_s`` seconds until no request is in flight: ``show stat``'s ``scur`` +
+        ``qcur`` of every backend is 0 (HAProxy's own soft stop, SIGUSR1, is not used: a
+        master that re-executed itself for a reload does not pass it on, HAProxy 2.6.12)."""
+        log.info("gateway: HAProxy drains: new connections refused, up to %.0f s", drain_s)
+        try:
+            for frontend in ("grpc", "http"):
+                if frontend == "grpc" or self.listen.http is not None:
+                    self.runtime(f"disable frontend {frontend}")
+        except OSError as exc:
+            log.warning("gateway: HAProxy did not stop listening (%s); stopping it", exc)
+            return
+        deadline = time.monotonic() + drain_s
+        while (busy := self._in_flight()) > 0:
+            if time.monotonic() > deadline:
+                log.warning(
+                    "gateway: %d requests still in flight after %.0f s "
+                    "(exit_timeout_seconds); stopping HAProxy",
+                    busy,
+                    drain_s,
+                )
+                return
+            time.sleep(0.05)
+
+    def _in_flight(self) -> int:
+        """Requests HAProxy holds now (being served or queued), over every backend; 0 when
+        its runtime socket does not answer."""
+        try:
+            text = self.runtime("show stat").lstrip("# ")
+        except OSError:
+            return 0
+        return sum(
+            int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+            for row in csv.DictReader(io.StringIO(text))
+            if row.get("svname") == "BACKEND"
+        )
+
+    def close(self, drain_s: float = 0.0) -> None:
+        """Stop HAProxy and remove its files (idempotent).
+
+        Args:
+            drain_s: with > 0, a drain first (:meth:`_drain`: new connections refused, the
+                requests in flight answered, up to this many seconds); then (or at once with
+                0) SIGTERM to the master, then SIGKILL.
+        """
         process, self._process = self._process, None
         atexit.unregister(self.close)
+        if process is not None and process.poll() is None and drain_s > 0:
+            self._drain(drain_s)
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)

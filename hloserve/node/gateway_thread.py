@@ -83,8 +83,9 @@ class GatewayThread:
             self._loop.close()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the gateway and wait for its thread (idempotent)."""
+        """Stop the gateway and wait for its thread (idempotent): up to ``timeout_s`` seconds
+        beyond the drain (``exit_timeout_seconds``: requests in flight are answered first)."""
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # loop already closed
                 self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout_s)
+            self._thread.join(timeout_s + self.config.exit_timeout_seconds)

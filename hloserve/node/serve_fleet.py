@@ -117,7 +117,18 @@ def run_fleet(
             + " (Ctrl-C to stop)",
             flush=True,
         )
-        if watched is not None:
+        if watched is None:  # /models on the admin port: the workers' index alone
+            from hloserve.node.model_control_client import FleetModelControl, TritonModelControl
+            from hloserve.node.watcher import serve_model_list
+
+            controls = [
+                TritonModelControl(s.urls.http, s.options.model_control_key, 30.0)
+                for s in fleet.servers
+            ]
+            serve_model_list(
+                observe, FleetModelControl(controls, lambda i: fleet.servers[i].is_running())
+            )
+        else:
             from hloserve.node.watcher import watching
 
             stack.enter_context(

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -142,6 +144,82 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     while any(session_pids(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(session_pids(p) == [] for p in pids), "processes of a worker's session survived"
+    assert "hloserve: stopped" in log.read_text()
+
+
+#: ``affine`` with a ``preprocess`` hook that holds a request whose first value is over 100
+#: for 3 s (in the front, so the request is in flight at the gateway and at a worker).
+SLOW_HOOK = """
+import time
+
+
+def preprocess(inputs):
+    if float(inputs["x"].reshape(-1)[0]) > 100:
+        time.sleep(3)
+    return inputs
+"""
+
+
+def test_sigterm_answers_the_requests_in_flight_before_stopping(tmp_path: Path) -> None:
+    """``status --models`` lists the workers' models (before: no model list with --workers);
+    SIGTERM while a gRPC and an HTTP request are in flight: both are answered (before, the
+    gateway stopped at once and they failed with "Socket closed"), new connections are
+    refused meanwhile (a client's open connection may still send), and serve exits 0."""
+    import threading
+
+    import tritonclient.http as httpclient
+
+    bundles = tmp_path / "bundles"
+    shutil.copytree(GOLDEN / "affine", bundles / "affine")
+    (bundles / "affine" / "model.py").write_text(SLOW_HOOK)
+    log = tmp_path / "serve.log"
+    proc, grpc_port, http_port, _ = serve_two_workers(bundles, log, "--admin-port", "0")
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 300)
+        # the supervisor's /models lists the workers' models (hloserve status --models)
+        admin = re.search(r"\n  admin +http://([0-9.:]+)/metrics \(supervisor\)", log.read_text())
+        assert admin is not None, log.read_text()[-3000:]
+        status = run_cli("status", "--models", admin.group(1))
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = {line.split()[0]: line.split()[1:3] for line in status.stdout.splitlines()[1:]}
+        assert rows["affine"] == ["1", "READY"], status.stdout
+        gateway = f"127.0.0.1:{grpc_port}"
+        x = np.full((1, 4), 1000, np.float32)
+        expected = _affine(gateway, x)  # held 3 s too
+        answers: dict[str, Any] = {}
+
+        def slow_grpc() -> None:
+            try:
+                answers["grpc"] = _affine(gateway, x)
+            except Exception as exc:
+                answers["grpc"] = exc
+
+        def slow_http() -> None:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+            tensor = httpclient.InferInput("x", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            try:
+                answers["http"] = client.infer("affine", [tensor]).as_numpy("y")
+            except Exception as exc:
+                answers["http"] = exc
+
+        threads = [threading.Thread(target=f) for f in (slow_grpc, slow_http)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # both are in the hook now (3 s)
+        proc.send_signal(signal.SIGTERM)
+        wait_for_line(log, r"HAProxy drains", proc, 10)
+        for port in (grpc_port, http_port):  # new connections: refused
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        for thread in threads:
+            thread.join(30)
+        for protocol in ("grpc", "http"):
+            assert isinstance(answers.get(protocol), np.ndarray), (answers, log.read_text()[-3000:])
+            np.testing.assert_allclose(answers[protocol], expected, rtol=1e-5)
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        stop_serve(proc)
     assert "hloserve: stopped" in log.read_text()
 
 
