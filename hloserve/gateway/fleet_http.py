@@ -50,7 +50,7 @@ import logging
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -249,25 +249,39 @@ class FleetHttp:
         reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
         return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
 
+    @staticmethod
+    def _json_answers(
+        replies: Sequence[tuple[str, Reply]], valid: Callable[[Any], bool], invalid: str
+    ) -> tuple[list[Any], list[tuple[str, Reply]]]:
+        """(the JSON of every 2xx reply that is ``valid``, the other replies); a 2xx reply
+        that is not becomes the reason ``invalid`` (logged)."""
+        answers: list[Any] = []
+        failed: list[tuple[str, Reply]] = []
+        for worker, reply in replies:
+            value = None
+            if isinstance(reply, Answer) and reply.ok:
+                with contextlib.suppress(ValueError):
+                    value = json.loads(reply.body)
+                if not valid(value):
+                    value, reply = None, invalid
+                    log.warning("gateway: worker %s: %s", worker, reply)
+            if value is None:
+                failed.append((worker, reply))
+            else:
+                answers.append(value)
+        return answers, failed
+
     def repository_index(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
         """Every answering worker's index merged (module docstring)."""
         keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
         keyed |= self._repository_headers
-        indexes, failed = [], []
-        for worker, reply in self._fan_out(method, path, body, keyed, self._probe_timeout):
-            rows = None
-            if isinstance(reply, Answer) and reply.ok:
-                with contextlib.suppress(ValueError):
-                    rows = json.loads(reply.body)
-                if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
-                    rows, reply = None, "its repository index is not a JSON list of objects"
-                    log.warning("gateway: worker %s: %s", worker, reply)
-            if rows is None:
-                failed.append((worker, reply))
-            else:
-                indexes.append(rows)
+        indexes, failed = self._json_answers(
+            self._fan_out(method, path, body, keyed, self._probe_timeout),
+            lambda rows: isinstance(rows, list) and all(isinstance(r, dict) for r in rows),
+            "its repository index is not a JSON list of objects",
+        )
         if not indexes:
             return self._failed("repository index", failed)
         merged = merge_repository_index(
@@ -280,19 +294,11 @@ class FleetHttp:
 
     def statistics(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Every worker's statistics summed (module docstring)."""
-        responses, failed = [], []
-        for worker, reply in self._fan_out(method, path, body, headers, self._timeout):
-            stats = None
-            if isinstance(reply, Answer) and reply.ok:
-                with contextlib.suppress(ValueError):
-                    stats = json.loads(reply.body)
-                if not isinstance(stats, dict) or not isinstance(stats.get("model_stats"), list):
-                    stats, reply = None, "its statistics are not a JSON object with model_stats"
-                    log.warning("gateway: worker %s: %s", worker, reply)
-            if stats is None:
-                failed.append((worker, reply))
-            else:
-                responses.append(stats)
+        responses, failed = self._json_answers(
+            self._fan_out(method, path, body, headers, self._timeout),
+            lambda stats: isinstance(stats, dict) and isinstance(stats.get("model_stats"), list),
+            "its statistics are not a JSON object with model_stats",
+        )
         if not responses:
             return self._failed("statistics", failed)
         try:
