@@ -268,8 +268,9 @@ class GatewayConfig(_Section):
         tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
         exit_timeout_seconds: on stop, how long requests in flight may take to finish, seconds
             (Triton's ``--exit-timeout-secs``, default 30): the public ports stop taking new
-            connections at once (HAProxy's soft stop; the ``python`` data plane's grace), and
-            the gateway stops when the last request in flight is answered or this runs out.
+            connections at once (HAProxy's frontends disabled; the ``python`` data plane's
+            grace), and the gateway stops when the last request in flight is answered or this
+            runs out.
     """
 
     listen: str = "127.0.0.1:8001"

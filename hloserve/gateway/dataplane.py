@@ -101,8 +101,6 @@ BYTES_DATATYPE_HEX = "1205" + b"BYTES".hex().upper()
 
 Balance = str  # "roundrobin" | "leastconn" | "first"
 
-#: Model names HAProxy can name a backend and a map key after (Triton's model names are
-#: directory names; one with other characters is served by the Python data path).
 #: Largest JSON part of a KServe HTTP inference request the gateway passes on, bytes: the
 #: body, or its first ``Inference-Header-Content-Length`` bytes with the binary data extension.
 #: tritonserver 2.51 dies (SIGSEGV) parsing a JSON body of about 4 MiB or more (measured with
@@ -117,6 +115,8 @@ HTTP_TOO_LARGE = (
     "binary data extension, over gRPC, or in shared memory"
 )
 
+#: Model names HAProxy can name a backend and a map key after (Triton's model names are
+#: directory names; one with other characters is served by the Python data path).
 BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 
 

@@ -260,10 +260,9 @@ class HAProxy:
         totals are carried over reloads (a new worker process starts from zero)."""
         routed = dict(self._carried)
         inflight: dict[tuple[str, str], int] = {}
-        text = self.runtime("show stat").lstrip("# ")
         model_of = {backend: model for model, backend in self.layout.models.items()}
         model_of |= {"h_" + b[2:]: m for b, m in model_of.items()}  # KServe HTTP backends
-        for row in csv.DictReader(io.StringIO(text)):
+        for row in self._stat_rows():
             backend, server = row.get("pxname", ""), row.get("svname", "")
             if backend not in model_of or not server.startswith("w") or not server[1:].isdigit():
                 continue
@@ -271,6 +270,10 @@ class HAProxy:
             routed[key] = routed.get(key, 0) + int(row.get("stot") or 0)
             inflight[key] = inflight.get(key, 0) + int(row.get("scur") or 0)
         return routed, inflight
+
+    def _stat_rows(self) -> list[dict[str, str]]:
+        """``show stat`` as one dict per proxy row (CSV, management guide 9.1)."""
+        return list(csv.DictReader(io.StringIO(self.runtime("show stat").lstrip("# "))))
 
     def apply(self, layout: Layout) -> None:
         """Serve ``layout``: map edits at runtime, or a hitless reload for new backends.
@@ -317,10 +320,10 @@ class HAProxy:
         ``qcur`` of every backend is 0 (HAProxy's own soft stop, SIGUSR1, is not used: a
         master that re-executed itself for a reload does not pass it on, HAProxy 2.6.12)."""
         log.info("gateway: HAProxy drains: new connections refused, up to %.0f s", drain_s)
+        frontends = ["grpc"] + (["http"] if self.listen.http is not None else [])
         try:
-            for frontend in ("grpc", "http"):
-                if frontend == "grpc" or self.listen.http is not None:
-                    self.runtime(f"disable frontend {frontend}")
+            for frontend in frontends:
+                self.runtime(f"disable frontend {frontend}")
         except OSError as exc:
             log.warning("gateway: HAProxy did not stop listening (%s); stopping it", exc)
             return
@@ -340,12 +343,12 @@ class HAProxy:
         """Requests HAProxy holds now (being served or queued), over every backend; 0 when
         its runtime socket does not answer."""
         try:
-            text = self.runtime("show stat").lstrip("# ")
+            rows = self._stat_rows()
         except OSError:
             return 0
         return sum(
             int(row.get("scur") or 0) + int(row.get("qcur") or 0)
-            for row in csv.DictReader(io.StringIO(text))
+            for row in rows
             if row.get("svname") == "BACKEND"
         )
 

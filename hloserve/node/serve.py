@@ -146,8 +146,7 @@ def run_serve(options: ServeOptions) -> int:
                     )
                     if observe.admin:
                         print(f"  admin   http://{observe.admin}/metrics (supervisor)")
-                from hloserve.node.model_control_client import TritonModelControl
-                from hloserve.node.watcher import serve_model_list, watching
+                from hloserve.node.watcher import serve_model_list, server_model_control, watching
 
                 if watched is not None:
                     stack.enter_context(
@@ -163,8 +162,7 @@ def run_serve(options: ServeOptions) -> int:
                         )
                     )
                 else:  # /models on the admin port: Triton's index alone
-                    key = server.options.model_control_key
-                    serve_model_list(observe, TritonModelControl(urls.http, key, 30.0))
+                    serve_model_list(observe, server_model_control([server], 30.0))
                 while not stop.wait(0.5):
                     observe.workers_up(int(server.is_running()))
                     watchdog.check()

@@ -118,16 +118,9 @@ def run_fleet(
             flush=True,
         )
         if watched is None:  # /models on the admin port: the workers' index alone
-            from hloserve.node.model_control_client import FleetModelControl, TritonModelControl
-            from hloserve.node.watcher import serve_model_list
+            from hloserve.node.watcher import serve_model_list, server_model_control
 
-            controls = [
-                TritonModelControl(s.urls.http, s.options.model_control_key, 30.0)
-                for s in fleet.servers
-            ]
-            serve_model_list(
-                observe, FleetModelControl(controls, lambda i: fleet.servers[i].is_running())
-            )
+            serve_model_list(observe, server_model_control(fleet.servers, 30.0))
         else:
             from hloserve.node.watcher import watching
 

@@ -339,14 +339,7 @@ def watching(
         observe: the supervisor's admin port.
         timeout_s: seconds one load may take.
     """
-    controls = [
-        TritonModelControl(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
-    ]
-    control: TritonModelControl | FleetModelControl = (
-        controls[0]
-        if len(controls) == 1
-        else FleetModelControl(controls, lambda i: servers[i].is_running())
-    )
+    control = server_model_control(servers, timeout_s)
     watcher = BundleWatcher(
         bundles_dir,
         repository,
@@ -372,6 +365,20 @@ def watching(
         thread.join(10.0)  # a load in flight ends with the server
 
 
+def server_model_control(
+    servers: Sequence[TritonServer], timeout_s: float
+) -> TritonModelControl | FleetModelControl:
+    """Model control of running servers of one repository: one server's
+    :class:`TritonModelControl`, or a :class:`FleetModelControl` over the workers of ``serve
+    --workers N``; ``timeout_s`` bounds each call."""
+    controls = [
+        TritonModelControl(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
+    ]
+    if len(controls) == 1:
+        return controls[0]
+    return FleetModelControl(controls, lambda i: servers[i].is_running())
+
+
 def serve_model_list(
     observe: NodeObservability,
     control: TritonModelControl | FleetModelControl,
@@ -390,5 +397,6 @@ __all__ = [
     "ModelControl",
     "TritonModelControl",
     "serve_model_list",
+    "server_model_control",
     "watching",
 ]
