@@ -191,7 +191,9 @@ def plan_layout(
             continue
         balance = _balance(config.mode, scheduling, model)
         maxconn = per_worker
-        if balance == "first":
+        # a run of Q requests per replica; one replica has no next to open, and a cap
+        # would hold requests in HAProxy rather than in the worker's dynamic batcher
+        if balance == "first" and len(servers) > 1:
             quantum = (route.max_batch or 1) * scheduling.fill_factor_of(model)
             quantum_requests = max(1, math.ceil(quantum))
             maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests

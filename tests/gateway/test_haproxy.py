@@ -222,9 +222,9 @@ def test_layout_maps_models_to_backends_per_worker_set() -> None:
     layout = plan_layout(table, config)
     assert layout.models == {"a": "m_a", "b": "m_b", "c": "m_c"}
     assert [(b.name, b.servers, b.balance, b.maxconn, b.admit) for b in layout.backends] == [
-        ("m_a", (0,), "first", 8, 64),
-        ("m_b", (0, 2), "first", 4, 128),
-        ("m_c", (0,), "first", 8, 64),
+        ("m_a", (0,), "first", 64, 64),  # one replica: no run to end, only admission
+        ("m_b", (0, 2), "first", 4, 128),  # a run of Q = max batch 4 x 1.0 per replica
+        ("m_c", (0,), "first", 64, 64),
     ]
     spread = config.scheduling.model_copy(update={"routing_fill_mode": "spread"})
     assert plan_layout(table, config, spread).backends[1].balance == "leastconn"
