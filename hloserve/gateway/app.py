@@ -72,9 +72,12 @@ def _public_address(address: str) -> str:
 
 
 def _start_haproxy(
-    config: GatewayConfig, public: str, control_port: int, http_control: str | None
+    config: GatewayConfig, public: str, control_port: int, fleet_http: FleetHttpServer | None
 ) -> HAProxy:
-    return HAProxy(config, public, f"127.0.0.1:{control_port}", http_control)
+    control = f"127.0.0.1:{control_port}"
+    if fleet_http is None:
+        return HAProxy(config, public, control)
+    return HAProxy(config, public, control, fleet_http.address, fleet_http.fleet.checked)
 
 
 def _fleet_http(
@@ -93,6 +96,7 @@ def _fleet_http(
         control=control,
         loop=asyncio.get_running_loop(),
         grpc_workers=config.workers,
+        checked=_public_address("127.0.0.1:0"),  # HAProxy's http_checked frontend
     )
     try:
         return FleetHttpServer(fleet)
@@ -194,9 +198,8 @@ async def run_gateway(
                 config = config.model_copy(update={"http_listen": http})
             server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
             fleet_http = _fleet_http(config, key, proxy.model_control)
-            http_control = fleet_http.address if fleet_http is not None else None
             # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
-            dataplane = _start_haproxy(config, address, control_port, http_control)
+            dataplane = _start_haproxy(config, address, control_port, fleet_http)
             metrics.extra = dataplane.prometheus_text
             port = int(address.rpartition(":")[2])
         else:

@@ -28,7 +28,10 @@ Layout (docs/gateway.md, "Data plane"):
 - every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
   ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
   repository index, model load/unload and system and CUDA shared-memory paths (its HTTP
-  server, ``fleet_http.py``);
+  server, ``fleet_http.py``), and KServe HTTP inference requests whose tensors are all JSON
+  (no binary data extension): the control plane checks each input's ``shape`` against its
+  ``data`` (tritonserver 2.51 aborts on a JSON request declaring a shape it cannot allocate)
+  and re-sends those it passes to a loopback frontend that routes them like the public one;
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
@@ -215,6 +218,9 @@ class Listen:
         control: host:port of the Python control plane's gRPC server (loopback).
         http_control: host:port of the control plane's HTTP server (loopback) answering the
             KServe HTTP repository index and system shared memory; None: any worker does.
+        http_checked: loopback host:port of a second HTTP frontend routing like ``http``,
+            where the control plane re-sends the JSON inference requests it checked; None:
+            JSON inference requests go to the workers unchecked.
         runtime_socket: path of the runtime API's Unix socket.
         map_file: path of the model -> backend map.
         pem: certificate chain and key in one PEM (TLS on), or None.
@@ -230,6 +236,7 @@ class Listen:
     pem: str | None = None
     client_ca: str | None = None
     http_control: str | None = None
+    http_checked: str | None = None
 
 
 #: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
@@ -395,36 +402,13 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
     ready) to the model's workers by the name in the path (``h_<model>``, the same map as
     gRPC); the repository index, statistics, model load/unload and system and CUDA shared
     memory to the control plane's HTTP server (merged, summed, placed, fanned out) when there
-    is one; everything else to any worker."""
-    by_model = "{ path_beg /v2/models/ }"
-    infer = f"{by_model} {{ path_end /infer }}"
-    binary = "{ req.hdr(inference-header-content-length) -m found }"
-    too_large = _quote('{"error":' + _quote(HTTP_TOO_LARGE) + "}")
-    refuse = f"  http-request return status 400 content-type application/json string {too_large}"
-    lines = [
-        "frontend http",
-        f"  bind {listen.http}{ssl.replace(' alpn h2', '')}",
-        # the JSON part over the limit: refused here, never sent to a worker
-        f"{refuse} if {infer} !{binary} {{ req.hdr_val(content-length) gt {HTTP_MAX_JSON_BYTES} }}",
-        f"{refuse} if {infer} {{ req.hdr_val(inference-header-content-length)"
-        f" gt {HTTP_MAX_JSON_BYTES} }}",
-        f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
-        f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
-        "regsub(^m_,h_) if { var(txn.model) -m found }",
-    ]
-    if listen.http_control is not None:
-        lines += [
-            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"
-            f" || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
-            f"  use_backend {HTTP_MODEL_CONTROL_BACKEND} if {{ path_reg {MODEL_CONTROL_PATH} }}",
-            # statistics summed over the workers (path_end first: an infer request fails it)
-            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
-            f" {{ path_reg {STATS_PATH} }}",
-        ]
-    lines += [
-        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
-        f"  default_backend {HTTP_ANY_BACKEND}",
-    ]
+    is one; everything else to any worker. With ``listen.http_checked``, an inference request
+    without the binary data extension goes to the control plane first, which checks it and
+    re-sends it to the ``http_checked`` frontend (loopback, the same routes but that one)."""
+    checked = listen.http_checked is not None and listen.http_control is not None
+    lines = _http_frontend("http", f"{listen.http}{ssl.replace(' alpn h2', '')}", listen, checked)
+    if checked:
+        lines += _http_frontend("http_checked", str(listen.http_checked), listen, False)
     if listen.http_control is not None:
         # a register waits for every worker (request timeout), then rolls back (probe
         # timeout): HAProxy waits longer, so the control plane's own answer comes back
@@ -445,6 +429,43 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
         for i in backend.servers:
             limit = f" maxconn {backend.maxconn}" if backend.maxconn else ""
             lines.append(f"  server w{i} {config.worker_http[i]}{limit}")
+    return lines
+
+
+def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) -> list[str]:
+    """One KServe HTTP frontend's rules (:func:`_render_http`); ``json_to_control``: an
+    inference request without the binary data extension goes to the control plane."""
+    by_model = "{ path_beg /v2/models/ }"
+    infer = f"{by_model} {{ path_end /infer }}"
+    binary = "{ req.hdr(inference-header-content-length) -m found }"
+    too_large = _quote('{"error":' + _quote(HTTP_TOO_LARGE) + "}")
+    refuse = f"  http-request return status 400 content-type application/json string {too_large}"
+    lines = [
+        f"frontend {name}",
+        f"  bind {bind}",
+        # the JSON part over the limit: refused here, never sent to a worker
+        f"{refuse} if {infer} !{binary} {{ req.hdr_val(content-length) gt {HTTP_MAX_JSON_BYTES} }}",
+        f"{refuse} if {infer} {{ req.hdr_val(inference-header-content-length)"
+        f" gt {HTTP_MAX_JSON_BYTES} }}",
+        f"  http-request set-var(txn.model) path,field(4,/) if {by_model}",
+        f"  http-request set-var(txn.hbe) var(txn.model),map({listen.map_file}),"
+        "regsub(^m_,h_) if { var(txn.model) -m found }",
+    ]
+    if json_to_control:
+        lines.append(f"  use_backend {HTTP_CONTROL_BACKEND} if {infer} !{binary}")
+    if listen.http_control is not None:
+        lines += [
+            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"
+            f" || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
+            f"  use_backend {HTTP_MODEL_CONTROL_BACKEND} if {{ path_reg {MODEL_CONTROL_PATH} }}",
+            # statistics summed over the workers (path_end first: an infer request fails it)
+            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
+            f" {{ path_reg {STATS_PATH} }}",
+        ]
+    lines += [
+        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",
+        f"  default_backend {HTTP_ANY_BACKEND}",
+    ]
     return lines
 
 

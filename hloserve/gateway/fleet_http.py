@@ -30,6 +30,15 @@ endpoint (``worker_http``) with the rules of the gRPC RPCs
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
   them: the first worker that answers (a refused connection or a 503 moves on to the next),
   as registrations are the same on every worker.
+- ``POST /v2/models/{name}[/versions/{v}]/infer`` without the binary data extension (every
+  tensor in the JSON), when HAProxy has a checked frontend: each input's ``data`` is counted
+  against its ``shape`` (:func:`json_data_mismatch`) before any worker reads the request,
+  since tritonserver 2.51's HTTP frontend allocates the declared shape while it parses the
+  data and aborts (``std::bad_alloc``, every request in flight on that worker lost) when it
+  cannot; a mismatch is answered as Triton answers a small one (500 ``Unable to parse
+  'data': Shape does not match true shape of 'data' field``, here naming the model, the
+  input and both counts). A request that passes is re-sent unchanged to HAProxy's loopback
+  ``http_checked`` frontend, which routes it as the public port would.
 
 A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), so
 errors are Triton's own: e.g. 404 ``{"error":"Unable to find system shared memory region:
@@ -47,6 +56,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import re
 import threading
 import urllib.parse
@@ -89,8 +99,15 @@ _STATS = re.compile(STATS_PATH.strip("^$"))
 #: ``upstream.request_timeout_seconds``, so the bound is HAProxy's ``timeout client``.
 MODEL_CONTROL_TIMEOUT_S = 3600
 
-#: Largest request body taken, bytes (index and shared-memory bodies are a few hundred).
-MAX_BODY_BYTES = 1 << 20
+#: Largest request body taken, bytes: a JSON inference request (HAProxy refuses one over
+#: :data:`hloserve.gateway.dataplane.HTTP_MAX_JSON_BYTES`, 4,000,000, before it comes here);
+#: index and shared-memory bodies are a few hundred.
+MAX_BODY_BYTES = 4 << 20
+
+#: An inference path: the model's name and version (KServe V2 HTTP/REST, "Inference").
+_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+#: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
+_RELAYED = ("Inference-Header-Content-Length",)
 
 #: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
 #: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
@@ -119,11 +136,13 @@ class Answer:
         status: HTTP status code.
         body: the body bytes (Triton's JSON, or empty).
         content_type: the ``Content-Type`` header.
+        headers: other headers of a worker's answer that are relayed (:data:`_RELAYED`).
     """
 
     status: int
     body: bytes = b""
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -141,6 +160,59 @@ class Answer:
 Reply = Answer | str
 
 
+def _leaves(data: Any) -> int:
+    """How many elements a JSON ``data`` value holds: its non-list leaves, at any nesting
+    (Triton accepts flat and nested arrays; a BYTES element is one string)."""
+    count, pending = 0, [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        else:
+            count += 1
+    return count
+
+
+def json_data_mismatch(model: str, body: bytes) -> str | None:
+    """Why a KServe HTTP inference request in JSON cannot be parsed, or None when every input
+    whose ``data`` is in the JSON holds as many elements as its ``shape`` declares.
+
+    Only what tritonserver 2.51 would trip on is judged here: an input with ``data`` and a
+    ``shape`` of non-negative integers whose product differs from the element count. Anything
+    else (JSON that does not parse, another shape, inputs in shared memory or binary data) is
+    left to the worker, which answers it cleanly.
+
+    Args:
+        model: the model named by the path (for the message).
+        body: the request body, UTF-8 JSON.
+
+    Returns:
+        The error message (Triton's text, then the model, the input and both counts), or None.
+    """
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    inputs = request.get("inputs") if isinstance(request, dict) else None
+    for tensor in inputs if isinstance(inputs, list) else ():
+        if not isinstance(tensor, dict) or "data" not in tensor:
+            continue
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            continue
+        declared = math.prod(shape)
+        held = _leaves(tensor["data"])
+        if declared != held:
+            return (
+                "Unable to parse 'data': Shape does not match true shape of 'data' field: "
+                f"model '{model}', input '{tensor.get('name')}': shape {shape} declares "
+                f"{declared} elements, 'data' holds {held}"
+            )
+    return None
+
+
 class FleetHttp:
     """The fleet's answers to the KServe HTTP calls of the module docstring (no server).
 
@@ -156,6 +228,9 @@ class FleetHttp:
         loop: the gateway's event loop, where ``control`` runs.
         grpc_workers: every worker's gRPC endpoint, in the order of ``workers`` (the names
             ``control`` decides in).
+        checked: loopback host:port of HAProxy's ``http_checked`` frontend, where a JSON
+            inference request that passes :func:`json_data_mismatch` is re-sent; None: such
+            requests do not come here.
     """
 
     def __init__(
@@ -167,12 +242,14 @@ class FleetHttp:
         control: ModelControl | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         grpc_workers: Sequence[str] = (),
+        checked: str | None = None,
     ) -> None:
         if control is not None and (loop is None or len(grpc_workers) != len(workers)):
             raise ValueError("FleetHttp: control needs the loop and every worker's gRPC endpoint")
         self._control = control
         self._loop = loop
         self._http_of = dict(zip(grpc_workers, workers, strict=False))
+        self.checked = checked
         self.workers = tuple(workers)
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
@@ -191,6 +268,9 @@ class FleetHttp:
         passed = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
         if route == INDEX_PATH:
             return self.repository_index(method, path, body, passed)
+        if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
+            model = urllib.parse.unquote(match.group(1))
+            return self.infer_json(checked, model, method, path, body, passed)
         if match := _REGISTER.fullmatch(route):
             return self.register(method, path, body, passed, match.group(1), match.group(2))
         if _UNREGISTER.fullmatch(route):
@@ -218,7 +298,8 @@ class FleetHttp:
             connection.request(method, path, body=body or None, headers=dict(headers))
             reply = connection.getresponse()
             kind = reply.getheader("Content-Type") or "application/json"
-            return Answer(reply.status, reply.read(), kind)
+            relayed = tuple((h, v) for h in _RELAYED if (v := reply.getheader(h)) is not None)
+            return Answer(reply.status, reply.read(), kind, relayed)
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
@@ -390,6 +471,28 @@ class FleetHttp:
                 return reply
         return self._failed(f"model {action} {model!r}", replies)
 
+    def infer_json(
+        self,
+        checked: str,
+        model: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> Answer:
+        """A JSON inference request: refused (500, Triton's text) when
+        :func:`json_data_mismatch` finds an input whose data does not fill its shape, else
+        the answer routed by HAProxy's ``checked`` frontend (503 when it cannot be reached)."""
+        if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
+            log.warning("gateway: %s refused before any worker: %s", path, problem)
+            return Answer.error(HloserveError(problem, status=Status.INTERNAL))
+        reply = self._call(checked, method, path, body, headers, self._timeout)
+        if isinstance(reply, str):
+            return Answer.error(
+                UnavailableError(f"model '{model}': the gateway's routing frontend: {reply}")
+            )
+        return reply
+
     def first_worker(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
@@ -429,6 +532,8 @@ class FleetHttpServer:
                 self.send_response(reply.status)
                 self.send_header("Content-Type", reply.content_type)
                 self.send_header("Content-Length", str(len(reply.body)))
+                for name, value in reply.headers:
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(reply.body)
 

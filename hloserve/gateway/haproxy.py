@@ -124,6 +124,9 @@ class HAProxy:
         control: host:port of the Python control plane (the fallback backend).
         http_control: host:port of the control plane's HTTP server (the KServe HTTP
             repository index and system shared memory), or None.
+        http_checked: loopback host:port of the frontend where the control plane re-sends
+            the JSON inference requests it checked (:class:`~hloserve.gateway.dataplane.Listen`),
+            or None.
 
     With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
     reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
@@ -138,7 +141,12 @@ class HAProxy:
     """
 
     def __init__(
-        self, config: GatewayConfig, grpc: str, control: str, http_control: str | None = None
+        self,
+        config: GatewayConfig,
+        grpc: str,
+        control: str,
+        http_control: str | None = None,
+        http_checked: str | None = None,
     ) -> None:
         self.binary = find_haproxy()
         self.config = config
@@ -163,6 +171,7 @@ class HAProxy:
             control=control,
             http=config.http_listen,
             http_control=http_control,
+            http_checked=http_checked,
             prometheus=f"127.0.0.1:{free_ports(1)[0]}",
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),

@@ -24,7 +24,12 @@ from hloserve.gateway.dataplane import (
     Listen,
     render_config,
 )
-from hloserve.gateway.fleet_http import MAX_BODY_BYTES, FleetHttp, FleetHttpServer
+from hloserve.gateway.fleet_http import (
+    MAX_BODY_BYTES,
+    FleetHttp,
+    FleetHttpServer,
+    json_data_mismatch,
+)
 from hloserve.gateway.haproxy import find_haproxy
 from hloserve.node.ports import free_ports
 
@@ -81,7 +86,7 @@ def test_a_body_without_length_or_too_long_is_refused(dead_fleet: FleetHttpServe
     status, body = _call(
         dead_fleet.address, "POST", path, b"", **{"Content-Length": str(MAX_BODY_BYTES + 1)}
     )
-    assert status == 400 and "Content-Length must be 0 to 1048576 bytes" in body.decode()
+    assert status == 400 and f"Content-Length must be 0 to {MAX_BODY_BYTES} bytes" in body.decode()
     assert _call(dead_fleet.address, "GET", "/v2/systemsharedmemory/status")[0] == 503
 
 
@@ -133,6 +138,7 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
         map_file=str(tmp_path / "models.map"),
         http=config.http_listen,
         http_control="127.0.0.1:9002",
+        http_checked="127.0.0.1:9003",
     )
     text = render_config(Layout(), config, listen, str(tmp_path / "master.sock"))
     rules = [
@@ -143,12 +149,22 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
         f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
         " { path_reg ^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$ }",
     ]
-    frontend = text.split("frontend http\n")[1].split("\nbackend ")[0]
-    assert all(rule in frontend.splitlines() for rule in rules)
-    lines = frontend.splitlines()  # before the by-model rule, which would take the stats
-    assert lines.index(rules[2]) < lines.index(
-        "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }"
+    frontend, checked = (
+        text.split("frontend http\n")[1].split("\nbackend ")[0].split("frontend http_checked\n")
     )
+    assert all(rule in frontend.splitlines() for rule in rules)
+    by_model = "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }"
+    lines = frontend.splitlines()  # before the by-model rule, which would take the stats
+    assert lines.index(rules[2]) < lines.index(by_model)
+    # an inference request without the binary data extension: checked by the control plane
+    json_rule = (
+        f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_beg /v2/models/ }} {{ path_end /infer }}"
+        " !{ req.hdr(inference-header-content-length) -m found }"
+    )
+    assert lines.index(json_rule) < lines.index(by_model)
+    # which re-sends it to the loopback frontend: the same routes, that one rule left out
+    assert checked.splitlines()[0] == "  bind 127.0.0.1:9003"
+    assert checked.splitlines()[1:] == [line for line in lines[1:] if line != json_rule]
     backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
     assert backend + "  server control 127.0.0.1:9002\n" in text
     backend = f"backend {HTTP_MODEL_CONTROL_BACKEND}\n  timeout server 3600s\n"
@@ -157,7 +173,7 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
     without = render_config(
         Layout(), config, Listen(**{**listen.__dict__, "http_control": None}), "m"
     )
-    assert HTTP_CONTROL_BACKEND not in without
+    assert HTTP_CONTROL_BACKEND not in without and "http_checked" not in without
     (tmp_path / "haproxy.cfg").write_text(text)
     check = subprocess.run(
         [find_haproxy(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
@@ -167,3 +183,54 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "WARNING" not in check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(
+    ("inputs", "problem"),
+    [
+        ([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}], None),
+        ([{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]}], None),
+        ([{"name": "s", "shape": [2], "datatype": "BYTES", "data": ["ab", "c"]}], None),
+        ([{"name": "e", "shape": [0, 4], "datatype": "FP32", "data": []}], None),
+        # the worker answers these cleanly: not judged here
+        ([{"name": "x", "shape": [1, 1e12], "datatype": "FP32", "data": [1]}], None),
+        ([{"name": "x", "shape": [-1, 4], "datatype": "FP32", "data": [1]}], None),
+        ([{"name": "x", "shape": [1, 10**12], "datatype": "FP32"}], None),
+        (
+            [
+                {
+                    "name": "x",
+                    "shape": [1, 10**12],
+                    "datatype": "FP32",
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16},
+                }
+            ],
+            None,
+        ),
+        (
+            [{"name": "x", "shape": [1, 10**12], "datatype": "FP32", "data": [1.0, 2.0]}],
+            "input 'x': shape [1, 1000000000000] declares 1000000000000 elements, 'data' holds 2",
+        ),
+        (
+            [
+                {"name": "a", "shape": [1], "datatype": "INT32", "data": [1]},
+                {"name": "b", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3]]},
+            ],
+            "input 'b': shape [2, 2] declares 4 elements, 'data' holds 3",
+        ),
+    ],
+)
+def test_json_data_is_counted_against_its_shape(inputs: list[Any], problem: str | None) -> None:
+    body = json.dumps({"inputs": inputs}).encode()
+    found = json_data_mismatch("m", body)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert found.startswith("Unable to parse 'data': Shape does not match true shape")
+        assert f"model 'm', {problem}" in found
+
+
+def test_bodies_that_are_not_inference_json_are_left_to_the_worker() -> None:
+    for body in (b"", b"{", b"[]", b'{"inputs": 3}', b'{"inputs": [3]}', b"[" * 100_000):
+        assert json_data_mismatch("m", body) is None

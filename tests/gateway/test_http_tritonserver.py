@@ -412,3 +412,42 @@ def test_a_json_body_over_the_limit_is_refused_and_the_workers_keep_serving(
     assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
     client.close()
     assert running and all(s.is_running() and s.pid == pid for pid, s in running.items())
+
+
+def test_a_json_request_whose_data_does_not_fill_its_shape_never_reaches_a_worker(
+    fleet: Fleet,
+) -> None:
+    """tritonserver 2.51 aborts (std::bad_alloc) on a JSON request declaring a shape it cannot
+    allocate: the gateway answers it as Triton answers a small mismatch (500, naming the
+    model, the input and both counts) and the workers keep serving; a JSON request that fills
+    its shape is answered as a worker answers it, binary outputs included."""
+    running = {s.pid: s for s in fleet.servers if s.is_running()}  # an earlier test stops one
+    absurd = {"inputs": [{"name": "x", "shape": [1, 10**12], "datatype": "FP32", "data": [1, 2]}]}
+    for path in ("/v2/models/affine/infer", "/v2/models/affine/versions/1/infer"):
+        status, body = _call(fleet.http, "POST", path, json.dumps(absurd).encode())
+        assert status == 500, body[:300]
+        error = json.loads(body)["error"]
+        assert error.startswith("Unable to parse 'data': Shape does not match true shape")
+        assert "model 'affine', input 'x': shape [1, 1000000000000] declares" in error
+        assert "1000000000000 elements, 'data' holds 2" in error
+    assert running and all(s.is_running() and s.pid == pid for pid, s in running.items())
+    worker = next(i for i, s in enumerate(fleet.servers) if s.is_running())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 7
+    answers = []
+    for client in (fleet.client(), fleet.direct(worker)):
+        tensor = httpclient.InferInput("x", [2, 4], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=False)  # the tensor in the JSON
+        wanted = [
+            httpclient.InferRequestedOutput("y", binary_data=True),  # a binary output
+            httpclient.InferRequestedOutput("label", binary_data=False),
+        ]
+        result = client.infer("affine", [tensor], outputs=wanted)
+        answers.append((result.as_numpy("y"), result.as_numpy("label")))
+        client.close()
+    (y, label), (y_direct, label_direct) = answers
+    assert y.shape == (2, 3) and y.tobytes() == y_direct.tobytes()
+    assert label.tolist() == label_direct.tolist()
+    unknown = json.dumps({"inputs": []}).encode()
+    status, body = _call(fleet.http, "POST", "/v2/models/nope/infer", unknown)
+    direct = _call(fleet.servers[worker].urls.http, "POST", "/v2/models/nope/infer", unknown)
+    assert (status, body) == direct
