@@ -452,7 +452,14 @@ def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) 
         "regsub(^m_,h_) if { var(txn.model) -m found }",
     ]
     if json_to_control:
-        lines.append(f"  use_backend {HTTP_CONTROL_BACKEND} if {infer} !{binary}")
+        # every tensor in the JSON: no binary data extension, or one whose JSON part is the
+        # whole body (tritonclient's C++ client and perf_analyzer send the header so)
+        whole = "{ req.hdr_val(content-length),sub(txn.json_bytes) -m int le 0 }"
+        lines += [
+            f"  http-request set-var(txn.json_bytes) req.hdr_val(inference-header-content-length)"
+            f" if {infer} {binary}",
+            f"  use_backend {HTTP_CONTROL_BACKEND} if {infer} !{binary} || {infer} {whole}",
+        ]
     if listen.http_control is not None:
         lines += [
             f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"

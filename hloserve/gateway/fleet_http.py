@@ -30,8 +30,9 @@ endpoint (``worker_http``) with the rules of the gRPC RPCs
 - ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
   them: the first worker that answers (a refused connection or a 503 moves on to the next),
   as registrations are the same on every worker.
-- ``POST /v2/models/{name}[/versions/{v}]/infer`` without the binary data extension (every
-  tensor in the JSON), when HAProxy has a checked frontend: each input's ``data`` is counted
+- ``POST /v2/models/{name}[/versions/{v}]/infer`` with every tensor in the JSON (no binary
+  data extension, or an ``Inference-Header-Content-Length`` that is the whole body), when
+  HAProxy has a checked frontend: each input's ``data`` is counted
   against its ``shape`` (:func:`json_data_mismatch`) before any worker reads the request,
   since tritonserver 2.51's HTTP frontend allocates the declared shape while it parses the
   data and aborts (``std::bad_alloc``, every request in flight on that worker lost) when it
@@ -58,7 +59,9 @@ import json
 import logging
 import math
 import re
+import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -106,8 +109,14 @@ MAX_BODY_BYTES = 4 << 20
 
 #: An inference path: the model's name and version (KServe V2 HTTP/REST, "Inference").
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+#: Seconds a kept-alive connection to HAProxy's checked frontend may idle before it is opened
+#: again (HAProxy's keep-alive timeout there is ``timeout http-request``, 3600 s).
+KEEP_ALIVE_S = 60.0
+
+#: The binary data extension's header: the length of the body's JSON part, bytes.
+_JSON_BYTES_HEADER = "Inference-Header-Content-Length"
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
-_RELAYED = ("Inference-Header-Content-Length",)
+_RELAYED = (_JSON_BYTES_HEADER,)
 
 #: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
 #: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
@@ -158,6 +167,33 @@ class Answer:
 
 #: A worker's answer, or why it gave none (the connection failed or broke).
 Reply = Answer | str
+
+
+def _connection(address: str, timeout_s: float) -> http.client.HTTPConnection:
+    host, _, port = address.rpartition(":")
+    return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
+
+
+def _exchange(
+    connection: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> Answer:
+    """One request on ``connection`` and its answer, read whole.
+
+    Raises:
+        OSError, http.client.HTTPException: the connection failed or broke.
+    """
+    connection.request(method, path, body=body or None, headers=dict(headers))
+    reply = connection.getresponse()
+    kind = reply.getheader("Content-Type") or "application/json"
+    relayed = tuple((h, v) for h in _RELAYED if (v := reply.getheader(h)) is not None)
+    answer = Answer(reply.status, reply.read(), kind, relayed)
+    if reply.will_close:
+        connection.close()  # opened again by the next request
+    return answer
 
 
 def _leaves(data: Any) -> int:
@@ -250,6 +286,7 @@ class FleetHttp:
         self._loop = loop
         self._http_of = dict(zip(grpc_workers, workers, strict=False))
         self.checked = checked
+        self._local = threading.local()  # each server thread's connection to ``checked``
         self.workers = tuple(workers)
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
@@ -292,18 +329,36 @@ class FleetHttp:
         headers: Mapping[str, str],
         timeout_s: float,
     ) -> Reply:
-        host, _, port = worker.rpartition(":")
-        connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
+        connection = _connection(worker, timeout_s)
         try:
-            connection.request(method, path, body=body or None, headers=dict(headers))
-            reply = connection.getresponse()
-            kind = reply.getheader("Content-Type") or "application/json"
-            relayed = tuple((h, v) for h in _RELAYED if (v := reply.getheader(h)) is not None)
-            return Answer(reply.status, reply.read(), kind, relayed)
+            return _exchange(connection, method, path, body, headers)
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
+
+    def _call_checked(
+        self, checked: str, method: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Reply:
+        """:meth:`_call` to HAProxy's ``checked`` frontend on this thread's kept-alive
+        connection (one per connection HAProxy holds to this server), opened again after
+        :data:`KEEP_ALIVE_S` idle, well inside HAProxy's keep-alive timeout, so a failure
+        is never a connection HAProxy closed while it was idle."""
+        local = self._local
+        connection: http.client.HTTPConnection | None = getattr(local, "connection", None)
+        if connection is not None and time.monotonic() - local.used > KEEP_ALIVE_S:
+            connection.close()
+            connection = None
+        if connection is None:
+            connection = local.connection = _connection(checked, self._timeout)
+        try:
+            answer = _exchange(connection, method, path, body, headers)
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            local.connection = None
+            return f"{type(exc).__name__}: {exc}"
+        local.used = time.monotonic()
+        return answer
 
     def _fan_out(
         self,
@@ -483,15 +538,27 @@ class FleetHttp:
         """A JSON inference request: refused (500, Triton's text) when
         :func:`json_data_mismatch` finds an input whose data does not fill its shape, else
         the answer routed by HAProxy's ``checked`` frontend (503 when it cannot be reached)."""
-        if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
+        json_part = body  # HAProxy sends only requests whose JSON part is the whole body
+        declared = [v for k, v in headers.items() if k.lower() == _JSON_BYTES_HEADER.lower()]
+        with contextlib.suppress(ValueError):
+            json_part = body[: int(declared[0])] if declared else body
+        if method == "POST" and (problem := json_data_mismatch(model, json_part)) is not None:
             log.warning("gateway: %s refused before any worker: %s", path, problem)
             return Answer.error(HloserveError(problem, status=Status.INTERNAL))
-        reply = self._call(checked, method, path, body, headers, self._timeout)
+        reply = self._call_checked(checked, method, path, body, headers)
         if isinstance(reply, str):
             return Answer.error(
                 UnavailableError(f"model '{model}': the gateway's routing frontend: {reply}")
             )
         return reply
+
+    def end_thread(self) -> None:
+        """Close this thread's connection to the checked frontend (its HAProxy connection
+        ended)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
 
     def first_worker(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -504,6 +571,18 @@ class FleetHttp:
                 return reply
             replies.append((worker, reply))
         return self._failed(f"{method} {path}", replies)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A kept-alive connection HAProxy closed or reset is logged at debug, not printed."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("gateway: fleet HTTP: %s: %s", client_address, error)
+        else:
+            log.exception("gateway: fleet HTTP: connection from %s failed", client_address)
 
 
 class FleetHttpServer:
@@ -520,10 +599,16 @@ class FleetHttpServer:
 
     def __init__(self, fleet: FleetHttp, host: str = "127.0.0.1", port: int = 0) -> None:
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: HAProxy reuses its connection
+            disable_nagle_algorithm = True  # headers and body written apart: no 40 ms wait
+
             def _handle(self) -> None:
                 try:
                     headers = dict(self.headers.items())
                     reply = fleet.answer(self.command, self.path, self._body(), headers)
+                except InvalidArgumentError as exc:  # the body was not read: close after
+                    self.close_connection = True
+                    reply = Answer.error(exc)
                 except HloserveError as exc:
                     reply = Answer.error(exc)
                 except Exception as exc:  # answered, logged, and the server keeps serving
@@ -534,6 +619,8 @@ class FleetHttpServer:
                 self.send_header("Content-Length", str(len(reply.body)))
                 for name, value in reply.headers:
                     self.send_header(name, value)
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(reply.body)
 
@@ -555,12 +642,17 @@ class FleetHttpServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    fleet.end_thread()
+
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("gateway: fleet HTTP: " + format, *args)
 
         self.fleet = fleet
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         self.address = f"{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="hloserve-gateway-fleet-http", daemon=True

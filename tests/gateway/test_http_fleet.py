@@ -156,15 +156,20 @@ def test_haproxy_sends_index_shared_memory_and_model_control_to_the_control_plan
     by_model = "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }"
     lines = frontend.splitlines()  # before the by-model rule, which would take the stats
     assert lines.index(rules[2]) < lines.index(by_model)
-    # an inference request without the binary data extension: checked by the control plane
-    json_rule = (
-        f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_beg /v2/models/ }} {{ path_end /infer }}"
-        " !{ req.hdr(inference-header-content-length) -m found }"
-    )
-    assert lines.index(json_rule) < lines.index(by_model)
-    # which re-sends it to the loopback frontend: the same routes, that one rule left out
+    # an inference request whose tensors are all in the JSON (no binary data extension, or
+    # a JSON part as long as the body): checked by the control plane
+    infer = "{ path_beg /v2/models/ } { path_end /infer }"
+    binary = "{ req.hdr(inference-header-content-length) -m found }"
+    json_rules = [
+        "  http-request set-var(txn.json_bytes) req.hdr_val(inference-header-content-length)"
+        f" if {infer} {binary}",
+        f"  use_backend {HTTP_CONTROL_BACKEND} if {infer} !{binary} || {infer}"
+        " { req.hdr_val(content-length),sub(txn.json_bytes) -m int le 0 }",
+    ]
+    assert lines.index(json_rules[0]) < lines.index(json_rules[1]) < lines.index(by_model)
+    # which re-sends it to the loopback frontend: the same routes, those rules left out
     assert checked.splitlines()[0] == "  bind 127.0.0.1:9003"
-    assert checked.splitlines()[1:] == [line for line in lines[1:] if line != json_rule]
+    assert checked.splitlines()[1:] == [line for line in lines[1:] if line not in json_rules]
     backend = f"backend {HTTP_CONTROL_BACKEND}\n  timeout server 73000ms\n"  # 60 + 8 + 5 s
     assert backend + "  server control 127.0.0.1:9002\n" in text
     backend = f"backend {HTTP_MODEL_CONTROL_BACKEND}\n  timeout server 3600s\n"

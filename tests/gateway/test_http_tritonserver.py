@@ -423,8 +423,14 @@ def test_a_json_request_whose_data_does_not_fill_its_shape_never_reaches_a_worke
     its shape is answered as a worker answers it, binary outputs included."""
     running = {s.pid: s for s in fleet.servers if s.is_running()}  # an earlier test stops one
     absurd = {"inputs": [{"name": "x", "shape": [1, 10**12], "datatype": "FP32", "data": [1, 2]}]}
-    for path in ("/v2/models/affine/infer", "/v2/models/affine/versions/1/infer"):
-        status, body = _call(fleet.http, "POST", path, json.dumps(absurd).encode())
+    text = json.dumps(absurd).encode()
+    whole = {"Inference-Header-Content-Length": str(len(text))}  # as tritonclient C++ sends
+    for path, headers in (
+        ("/v2/models/affine/infer", None),
+        ("/v2/models/affine/versions/1/infer", None),
+        ("/v2/models/affine/infer", whole),
+    ):
+        status, body = _call(fleet.http, "POST", path, text, headers=headers)
         assert status == 500, body[:300]
         error = json.loads(body)["error"]
         assert error.startswith("Unable to parse 'data': Shape does not match true shape")
