@@ -113,6 +113,9 @@ _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 #: again (HAProxy's keep-alive timeout there is ``timeout http-request``, 3600 s).
 KEEP_ALIVE_S = 60.0
 
+#: How a kept-alive connection the server had closed fails on the next request.
+_CLOSED_UNANSWERED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
 #: The binary data extension's header: the length of the body's JSON part, bytes.
 _JSON_BYTES_HEADER = "Inference-Header-Content-Length"
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
@@ -342,23 +345,32 @@ class FleetHttp:
     ) -> Reply:
         """:meth:`_call` to HAProxy's ``checked`` frontend on this thread's kept-alive
         connection (one per connection HAProxy holds to this server), opened again after
-        :data:`KEEP_ALIVE_S` idle, well inside HAProxy's keep-alive timeout, so a failure
-        is never a connection HAProxy closed while it was idle."""
+        :data:`KEEP_ALIVE_S` idle, well inside HAProxy's keep-alive timeout.
+
+        A kept-alive connection that ends without an answer (HAProxy closes idle ones when
+        it reloads) is tried once more on a new one: HAProxy answers every request it took
+        (a worker's failure is its 502), so such a request was never read. A new connection
+        that fails is the answer (503), never re-sent."""
         local = self._local
         connection: http.client.HTTPConnection | None = getattr(local, "connection", None)
         if connection is not None and time.monotonic() - local.used > KEEP_ALIVE_S:
             connection.close()
             connection = None
-        if connection is None:
-            connection = local.connection = _connection(checked, self._timeout)
-        try:
-            answer = _exchange(connection, method, path, body, headers)
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
-            local.connection = None
-            return f"{type(exc).__name__}: {exc}"
-        local.used = time.monotonic()
-        return answer
+        reused = connection is not None
+        while True:
+            if connection is None:
+                connection = local.connection = _connection(checked, self._timeout)
+            try:
+                answer = _exchange(connection, method, path, body, headers)
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                connection = local.connection = None
+                if reused and isinstance(exc, _CLOSED_UNANSWERED):
+                    reused = False
+                    continue
+                return f"{type(exc).__name__}: {exc}"
+            local.used = time.monotonic()
+            return answer
 
     def _fan_out(
         self,

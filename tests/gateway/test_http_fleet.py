@@ -8,7 +8,8 @@ import http.client
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,61 @@ def test_json_data_is_counted_against_its_shape(inputs: list[Any], problem: str 
 def test_bodies_that_are_not_inference_json_are_left_to_the_worker() -> None:
     for body in (b"", b"{", b"[]", b'{"inputs": 3}', b'{"inputs": [3]}', b"[" * 100_000):
         assert json_data_mismatch("m", body) is None
+
+
+@contextmanager
+def _closing_frontend(answered: Callable[[int], bool]) -> Iterator[tuple[str, list[int]]]:
+    """A stand-in for HAProxy's checked frontend that closes every connection after one
+    request, without saying so (HTTP/1.1, no ``Connection: close``), as an idle kept-alive
+    connection is closed by a reload; connection n answers only when ``answered(n)``.
+    Yields its address and the connections it took."""
+    taken: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            taken.append(len(taken) + 1)
+            self.close_connection = True
+            if answered(taken[-1]):
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", taken
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _infer_json(fleet: FleetHttp) -> Any:
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    return fleet.answer("POST", "/v2/models/m/infer", body.encode(), {})
+
+
+def test_a_kept_alive_connection_closed_unanswered_is_tried_once_on_a_new_one() -> None:
+    with _closing_frontend(lambda n: True) as (address, taken):
+        fleet = FleetHttp([], request_timeout_s=5, probe_timeout_s=5, checked=address)
+        first, second = _infer_json(fleet), _infer_json(fleet)
+        fleet.end_thread()
+    assert (first.status, first.body, second.status, second.body) == (200, b"{}", 200, b"{}")
+    assert taken == [1, 2]  # the second request: the kept-alive connection, then a new one
+    with _closing_frontend(lambda n: n == 1) as (address, taken):
+        fleet = FleetHttp([], request_timeout_s=5, probe_timeout_s=5, checked=address)
+        assert _infer_json(fleet).status == 200
+        refused = _infer_json(fleet)  # kept-alive, then one new connection: never more
+    assert refused.status == 503 and taken == [1, 2]
+    assert "the gateway's routing frontend: RemoteDisconnected" in json.loads(refused.body)["error"]
+    with _closing_frontend(lambda n: False) as (address, taken):
+        fleet = FleetHttp([], request_timeout_s=5, probe_timeout_s=5, checked=address)
+        assert _infer_json(fleet).status == 503  # a new connection that fails: not re-sent
+    assert taken == [1]
