@@ -1,7 +1,7 @@
 """What the gateway costs: one tritonserver measured directly and through both data planes.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--seconds 2] [--concurrency 1 8] [--rounds 3]
-        [--no-http]
+        [--no-http] [--pass-through] [--http-json]
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
 request is as large as it gets: the worst case). Two gateways run in front of it, as
@@ -20,8 +20,13 @@ worker's HTTP port (``http``) and on the HAProxy gateway's (``haproxy-http``; th
 data plane has no HTTP), CPU per request again HAProxy's. With ``--pass-through`` a third
 HAProxy (``haproxy-pass``) runs the gateway's own configuration with every ``http-request``
 rule removed and one backend, the worker: HAProxy's own cost of carrying gRPC (HTTP/2 on both
-sides) on this machine, so the routing's share is ``haproxy`` minus ``haproxy-pass``. The
-machine is noisy (2 shared cores): read the ratios, not absolute numbers.
+sides) on this machine, so the routing's share is ``haproxy`` minus ``haproxy-pass``. With
+``--http-json`` perf_analyzer also sends KServe HTTP with every tensor in the JSON
+(``--input-tensor-format json --output-tensor-format json``) to the worker (``http-json``) and
+to the gateway (``haproxy-http-json``), where each request takes the control plane's shape
+check (docs/gateway.md, "KServe HTTP"); CPU per request is HAProxy's plus this process's
+(the control plane). The machine is noisy (2 shared cores): read the ratios, not absolute
+numbers.
 """
 
 from __future__ import annotations
@@ -117,6 +122,11 @@ def main() -> int:
         action="store_false",
         help="skip KServe HTTP (measured by default: the worker's HTTP port and HAProxy's)",
     )
+    parser.add_argument(
+        "--http-json",
+        action="store_true",
+        help="also KServe HTTP with the tensors in the JSON (the gateway's shape-checked path)",
+    )
     args = parser.parse_args()
 
     import tritonclient.grpc as grpcclient
@@ -182,20 +192,26 @@ def main() -> int:
                 "haproxy-pass": (lambda: _cpu_seconds(plain.pid)) if plain else None,
                 "http": None,
                 "haproxy-http": lambda: haproxy_cpu_seconds(master),
+                "http-json": None,
+                "haproxy-http-json": lambda: haproxy_cpu_seconds(master) + _cpu_seconds("self"),
             }
-            paths = {  # name -> (url, protocol)
-                "direct": (server.urls.grpc, "grpc"),
-                **{name: (g.address, "grpc") for name, g in gateways.items()},
+            paths = {  # name -> (url, protocol, perf_analyzer flags)
+                "direct": (server.urls.grpc, "grpc", ()),
+                **{name: (g.address, "grpc", ()) for name, g in gateways.items()},
             }
             if plain is not None:
-                paths["haproxy-pass"] = (f"127.0.0.1:{pass_port}", "grpc")
+                paths["haproxy-pass"] = (f"127.0.0.1:{pass_port}", "grpc", ())
             if args.http:
-                paths["http"] = (server.urls.http, "http")
-                paths["haproxy-http"] = (f"127.0.0.1:{haproxy_http}", "http")
+                paths["http"] = (server.urls.http, "http", ())
+                paths["haproxy-http"] = (f"127.0.0.1:{haproxy_http}", "http", ())
+            if args.http_json:
+                json_flags = ("--input-tensor-format", "json", "--output-tensor-format", "json")
+                paths["http-json"] = (server.urls.http, "http", json_flags)
+                paths["haproxy-http-json"] = (f"127.0.0.1:{haproxy_http}", "http", json_flags)
             try:
                 for level in args.concurrency:
                     for _ in range(args.rounds):
-                        for name, (url, protocol) in paths.items():
+                        for name, (url, protocol, flags) in paths.items():
                             meter = cpu[name]
                             cpu_before, count_before = (meter() if meter else 0.0), served()
                             (result,), _ = run_perf_analyzer(
@@ -204,6 +220,7 @@ def main() -> int:
                                 protocol=protocol,
                                 concurrency=(level,),
                                 measurement_interval_ms=int(args.seconds * 1000),
+                                extra_args=flags,
                             )
                             requests = max(1, served() - count_before)
                             used = (meter() - cpu_before) / requests * 1e6 if meter else None
@@ -223,12 +240,12 @@ def main() -> int:
 
     print(f"affine, batch 1, {args.rounds} rounds of {args.seconds:g} s per path (medians)")
     header = ("path", "clients", "infer/s", "p50 us", "p99 us", "CPU us/req")
-    print(f"{header[0]:<12} " + " ".join(f"{h:>9}" for h in header[1:]))
+    print(f"{header[0]:<17} " + " ".join(f"{h:>9}" for h in header[1:]))
     for level in args.concurrency:
         for name in paths:
             cpu_cell = "-" if cpu[name] is None else f"{median(name, level, 'cpu_us'):.0f}"
             print(
-                f"{name:<12} {level:>9} {median(name, level, 'throughput'):>9.0f}"
+                f"{name:<17} {level:>9} {median(name, level, 'throughput'):>9.0f}"
                 f" {median(name, level, 'p50_us'):>9.0f} {median(name, level, 'p99_us'):>9.0f}"
                 f" {cpu_cell:>9}"
             )
@@ -237,6 +254,8 @@ def main() -> int:
         pairs += [("haproxy-pass", "direct"), ("haproxy", "haproxy-pass")]
     if args.http:
         pairs.append(("haproxy-http", "http"))
+    if args.http_json:
+        pairs.append(("haproxy-http-json", "http-json"))
     for level in args.concurrency:
         for name, base in pairs:
             ratio = median(name, level, "throughput") / median(base, level, "throughput")
