@@ -369,6 +369,8 @@ class FleetHttp:
                     reused = False
                     continue
                 return f"{type(exc).__name__}: {exc}"
+            if connection.sock is None:  # closed after its answer (``Connection: close``)
+                local.connection = None
             local.used = time.monotonic()
             return answer
 
