@@ -29,9 +29,10 @@ Layout (docs/gateway.md, "Data plane"):
   ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
   repository index, model load/unload and system and CUDA shared-memory paths (its HTTP
   server, ``fleet_http.py``), and KServe HTTP inference requests whose tensors are all JSON
-  (no binary data extension): the control plane checks each input's ``shape`` against its
-  ``data`` (tritonserver 2.51 aborts on a JSON request declaring a shape it cannot allocate)
-  and re-sends those it passes to a loopback frontend that routes them like the public one;
+  (no binary data extension, or a JSON part as long as the body): the control plane checks
+  each input's ``shape`` against its ``data`` (tritonserver 2.51 aborts on a JSON request
+  declaring a shape it cannot allocate) and re-sends those it passes to a loopback frontend
+  that routes them like the public one;
 - failover only when the connection to a worker could not be made (``retry-on
   conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
@@ -403,7 +404,7 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
     gRPC); the repository index, statistics, model load/unload and system and CUDA shared
     memory to the control plane's HTTP server (merged, summed, placed, fanned out) when there
     is one; everything else to any worker. With ``listen.http_checked``, an inference request
-    without the binary data extension goes to the control plane first, which checks it and
+    with every tensor in the JSON goes to the control plane first, which checks it and
     re-sends it to the ``http_checked`` frontend (loopback, the same routes but that one)."""
     checked = listen.http_checked is not None and listen.http_control is not None
     lines = _http_frontend("http", f"{listen.http}{ssl.replace(' alpn h2', '')}", listen, checked)
@@ -434,7 +435,7 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
 
 def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) -> list[str]:
     """One KServe HTTP frontend's rules (:func:`_render_http`); ``json_to_control``: an
-    inference request without the binary data extension goes to the control plane."""
+    inference request with every tensor in the JSON goes to the control plane."""
     by_model = "{ path_beg /v2/models/ }"
     infer = f"{by_model} {{ path_end /infer }}"
     binary = "{ req.hdr(inference-header-content-length) -m found }"

@@ -116,10 +116,8 @@ KEEP_ALIVE_S = 60.0
 #: How a kept-alive connection the server had closed fails on the next request.
 _CLOSED_UNANSWERED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
-#: The binary data extension's header: the length of the body's JSON part, bytes.
-_JSON_BYTES_HEADER = "Inference-Header-Content-Length"
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
-_RELAYED = (_JSON_BYTES_HEADER,)
+_RELAYED = ("Inference-Header-Content-Length",)
 
 #: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
 #: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
@@ -193,10 +191,7 @@ def _exchange(
     reply = connection.getresponse()
     kind = reply.getheader("Content-Type") or "application/json"
     relayed = tuple((h, v) for h in _RELAYED if (v := reply.getheader(h)) is not None)
-    answer = Answer(reply.status, reply.read(), kind, relayed)
-    if reply.will_close:
-        connection.close()  # opened again by the next request
-    return answer
+    return Answer(reply.status, reply.read(), kind, relayed)
 
 
 def _leaves(data: Any) -> int:
@@ -369,7 +364,7 @@ class FleetHttp:
                     reused = False
                     continue
                 return f"{type(exc).__name__}: {exc}"
-            if connection.sock is None:  # closed after its answer (``Connection: close``)
+            if connection.sock is None:  # http.client closed it: ``Connection: close``
                 local.connection = None
             local.used = time.monotonic()
             return answer
@@ -552,11 +547,8 @@ class FleetHttp:
         """A JSON inference request: refused (500, Triton's text) when
         :func:`json_data_mismatch` finds an input whose data does not fill its shape, else
         the answer routed by HAProxy's ``checked`` frontend (503 when it cannot be reached)."""
-        json_part = body  # HAProxy sends only requests whose JSON part is the whole body
-        declared = [v for k, v in headers.items() if k.lower() == _JSON_BYTES_HEADER.lower()]
-        with contextlib.suppress(ValueError):
-            json_part = body[: int(declared[0])] if declared else body
-        if method == "POST" and (problem := json_data_mismatch(model, json_part)) is not None:
+        # HAProxy sends only requests whose JSON part is the whole body
+        if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
             log.warning("gateway: %s refused before any worker: %s", path, problem)
             return Answer.error(HloserveError(problem, status=Status.INTERNAL))
         reply = self._call_checked(checked, method, path, body, headers)
