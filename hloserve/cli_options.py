@@ -177,7 +177,8 @@ def executable_cache_options(args: argparse.Namespace) -> Any:
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     """Every flag that shapes the repository built from bundles (docs/serving.md, "Layout").
 
-    --front-instances, --meta-concurrency, --max-queue-delay-us, --max-request-bytes and the
+    --front-instances, --meta-concurrency, --max-queue-delay-us, --max-request-bytes,
+    --max-queue-size and the
     weight cache, batch
     size, scheduling and executable cache groups; ``when`` ends the first three helps (e.g.
     ``" when building"`` for ``serve``, whose PATH may be a built repository).
@@ -213,6 +214,16 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
         "larger one gets INVALID_ARGUMENT naming the limit (default: "
         f"{names.DEFAULT_MAX_REQUEST_BYTES} = 1 GiB; docs/serving.md)",
     )
+    parser.add_argument(
+        "--max-queue-size",
+        action="append",
+        default=[],
+        metavar="[MODEL=]N",
+        help=f"requests Triton's queue in front of each front model holds{when}; more are "
+        "refused UNAVAILABLE 'Exceeds maximum queue size' (default: "
+        f"{names.DEFAULT_QUEUE_BATCHES} x the model's largest batch size); MODEL=N for one "
+        "model, repeatable; docs/serving.md",
+    )
     add_weight_cache_options(parser)
     add_batch_size_option(parser)
     add_scheduling_options(parser)
@@ -236,7 +247,32 @@ def build_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_request_bytes": args.max_request_bytes,
         "scheduling": scheduling_options(args),
         "executable_cache": executable_cache_options(args),
+        "queue": queue_options(args.max_queue_size),
     }
+
+
+def queue_options(values: list[str]) -> Any:
+    """The ``QueueOptions`` of repeated ``--max-queue-size`` values (``N`` or ``MODEL=N``).
+
+    Raises:
+        InvalidArgumentError: a value that is not an integer, or a default or model given twice.
+    """
+    from hloserve.model_repository_tools import QueueOptions
+
+    default, per_model = 0, {}
+    for value in values:
+        model, sep, number = value.rpartition("=")
+        try:
+            size = int(number)
+        except ValueError:
+            raise InvalidArgumentError(f"--max-queue-size {value}: expected N or MODEL=N") from None
+        if (sep and model in per_model) or (not sep and default):
+            raise InvalidArgumentError(f"--max-queue-size {value}: given twice")
+        if sep:
+            per_model[model] = size
+        else:
+            default = size
+    return QueueOptions(max_queue_size=default, per_model=per_model)
 
 
 def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:

@@ -61,6 +61,14 @@ DEFAULT_RUNTIME_WAIT_S = 120.0
 DEFAULT_FRONT_INSTANCES = 1
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB (256 MiB requests are tested).
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
+#: Default bound of Triton's queue in front of a front model (``default_queue_policy``
+#: ``max_queue_size``), in largest batches: this many times the model's largest compiled batch
+#: size (1 for an unbatched model) requests wait; more are refused UNAVAILABLE by Triton
+#: (docs/serving.md, "Queue bounds and deadlines").
+DEFAULT_QUEUE_BATCHES = 16
+#: ``default_queue_policy.default_timeout_microseconds`` of every front: 1 hour, so only a
+#: request's own KServe ``timeout`` (``allow_timeout_override``) expires it in Triton's queue.
+QUEUE_TIMEOUT_US = 3_600_000_000
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
 PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
 #: Request parameter (bool) a meta model sets on its BLS sub-requests: the front answers errors

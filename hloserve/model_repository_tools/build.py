@@ -35,6 +35,7 @@ from hloserve.model_repository_tools.repository_plan import (
     ExecutableCacheOptions,
     FrontModel,
     Progress,
+    QueueOptions,
     RepositoryPlan,
     SchedulingOptions,
     WeightCacheOptions,
@@ -95,6 +96,7 @@ def build_repository(
     overwrite: bool = False,
     progress: Progress | None = None,
     executable_cache: ExecutableCacheOptions | None = None,
+    queue: QueueOptions | None = None,
 ) -> RepositoryPlan:
     """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
 
@@ -120,6 +122,7 @@ def build_repository(
         scheduling=scheduling,
         progress=progress,
         executable_cache=executable_cache,
+        queue=queue,
     )
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan
@@ -239,6 +242,7 @@ __all__ = [
     "ExecutableCacheOptions",
     "FrontModel",
     "Progress",
+    "QueueOptions",
     "RepositoryError",
     "RepositoryPlan",
     "SchedulingOptions",

@@ -63,8 +63,15 @@ def front_config(
     front_instances: int,
     max_queue_delay_us: int,
     max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
+    max_queue_size: int = 0,
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle.
+
+    Every front gets a ``dynamic_batching`` block (``max_batch_size: 0`` ones too) whose
+    ``default_queue_policy`` bounds Triton's queue (``max_queue_size``: Triton refuses more
+    with UNAVAILABLE "Exceeds maximum queue size") and lets a request's KServe ``timeout``
+    expire it there (``allow_timeout_override``, a :data:`~hloserve.names.QUEUE_TIMEOUT_US`
+    default); Triton's ``model_config.proto``, ``ModelQueuePolicy``.
 
     Args:
         name: the model name (the bundle's directory name).
@@ -73,12 +80,15 @@ def front_config(
         max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``, >= 0 (unused
             when the model is served with ``max_batch_size: 0``).
         max_request_bytes: the largest request's input bytes (``hloserve.max_request_bytes``).
+        max_queue_size: requests Triton's queue holds, >= 1; 0 = the default,
+            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size.
 
     Returns:
         An ``inference.ModelConfig`` message.
 
     Raises:
-        InvalidArgumentError: a tensor Triton cannot declare (a scalar of an unbatched model).
+        InvalidArgumentError: a tensor Triton cannot declare (a scalar of an unbatched model),
+            a negative ``max_queue_size``.
     """
     m = pb2()
     leading = manifest.batch_leading
@@ -97,6 +107,13 @@ def front_config(
         # No reshape on inputs: Triton 2.51 skips its size check for a reshaped input and
         # crashes (SIGSEGV) on a 0-row request; the front drops the trailing 1 itself.
     config.instance_group.add(count=front_instances, kind=m.ModelInstanceGroup.KIND_CPU)
+    if max_queue_size < 0:
+        raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")
+    largest = max(manifest.batching.compiled_batch_sizes, default=1)
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = max_queue_size or names.DEFAULT_QUEUE_BATCHES * largest
+    policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
+    policy.allow_timeout_override = True
     if max_batch > 0:
         config.dynamic_batching.preferred_batch_size.extend(manifest.batching.compiled_batch_sizes)
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us

@@ -89,6 +89,47 @@ class ExecutableCacheOptions:
     max_bytes: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class QueueOptions:
+    """Bounds of Triton's queue in front of each front model, written to its config
+    (docs/serving.md, "Queue bounds and deadlines").
+
+    Attributes:
+        max_queue_size: requests a front's queue holds before Triton refuses more with
+            UNAVAILABLE "Exceeds maximum queue size"; 0 (default) =
+            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the model's largest batch size.
+        per_model: model name -> its own bound (>= 1), over ``max_queue_size``.
+    """
+
+    max_queue_size: int = 0
+    per_model: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def given(self) -> bool:
+        """Whether any bound was given (else every front gets its default)."""
+        return bool(self.max_queue_size or self.per_model)
+
+    def check(self, fronts: Sequence[str]) -> None:
+        """Refuse a negative bound, a per-model bound below 1 or for a model not in ``fronts``.
+
+        Raises:
+            RepositoryError: every problem, naming the model.
+        """
+        problems = []
+        if self.max_queue_size < 0:
+            problems.append(f"max queue size must be >= 0 (0 = default), got {self.max_queue_size}")
+        for model, size in sorted(self.per_model.items()):
+            if size < 1:
+                problems.append(f"max queue size of model {model!r} must be >= 1, got {size}")
+            if model not in fronts:
+                problems.append(
+                    f"max queue size for {model!r}, which is not a bundle with a queue; those "
+                    f"are {sorted(fronts)}"
+                )
+        if problems:
+            raise RepositoryError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class FrontModel:
     """One front model (or meta model) of a planned repository.
@@ -148,6 +189,7 @@ def plan_repository(
     scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
     executable_cache: ExecutableCacheOptions | None = None,
+    queue: QueueOptions | None = None,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
 
@@ -163,6 +205,8 @@ def plan_repository(
         scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
         progress: called with one line per bundle.
         executable_cache: the runtime's executable cache settings (default: its defaults).
+        queue: the bounds of Triton's queue in front of each front (default: each sized
+            from its model's largest batch).
 
     Raises:
         BundleError: the first invalid bundle (every bundle is checked and reported to
@@ -204,6 +248,8 @@ def plan_repository(
     if errors:
         raise errors[0]
     check_names(bundles)
+    queue = queue or QueueOptions()
+    queue.check([b.name for b in bundles if not b.manifest.is_meta])
     bundles, rewritten = _with_batch_sizes(bundles, batch_sizes or BatchSizeOptions(), progress)
     models = tuple(
         FrontModel(
@@ -218,6 +264,7 @@ def plan_repository(
                     front_instances=front_instances,
                     max_queue_delay_us=max_queue_delay_us,
                     max_request_bytes=max_request_bytes,
+                    max_queue_size=queue.per_model.get(b.name, queue.max_queue_size),
                 )
             ),
             text_executables=_text_executables(b),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
     from hloserve.model_repository_tools.build import (
         ExecutableCacheOptions,
+        QueueOptions,
         SchedulingOptions,
         WeightCacheOptions,
     )
@@ -80,6 +81,8 @@ class ServeOptions:
             (``--batch-sizes``; docs/bundles.md, "Symbolic batch").
         scheduling: the runtime scheduler's settings when building (docs/scheduling.md);
             None = fair, every weight 1.0.
+        queue: bounds of Triton's queue in front of each front model when building
+            (``--max-queue-size``; docs/serving.md); None = each sized from its largest batch.
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -116,6 +119,7 @@ class ServeOptions:
     meta_concurrency: int = 2
     batch_sizes: BatchSizeOptions | None = None
     scheduling: SchedulingOptions | None = None
+    queue: QueueOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -141,6 +145,7 @@ def build_arguments(options: ServeOptions) -> dict[str, Any]:
         "batch_sizes": options.batch_sizes,
         "scheduling": options.scheduling,
         "executable_cache": options.executable_cache,
+        "queue": options.queue,
     }
 
 
@@ -249,6 +254,7 @@ def build_flags_set(options: ServeOptions) -> list[str]:
         "--model-weight": sched is not None and bool(sched.model_weights),
         "--executable-cache": executables is not None and bool(executables.directory),
         "--executable-cache-bytes": executables is not None and bool(executables.max_bytes),
+        "--max-queue-size": options.queue is not None and options.queue.given,
     }
     return [flag for flag, set_ in given.items() if set_]
 

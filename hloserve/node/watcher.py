@@ -300,8 +300,8 @@ def _kind(bundle: Path) -> str:
 
 
 def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
-    """``build`` with the per-model runtime settings (residency, scheduling weights) cut down
-    to ``models``: they shape the runtime's config, which a watch never rewrites."""
+    """``build`` with the per-model settings (residency, scheduling weights, queue bounds) cut
+    down to ``models``: they shape the runtime's config, which a watch never rewrites."""
     import dataclasses
 
     options = dict(build)
@@ -313,6 +313,10 @@ def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
     if sched is not None:
         weights = {k: v for k, v in sched.model_weights.items() if k in models}
         options["scheduling"] = dataclasses.replace(sched, model_weights=weights)
+    queue = options.get("queue")
+    if queue is not None:
+        sizes = {k: v for k, v in queue.per_model.items() if k in models}
+        options["queue"] = dataclasses.replace(queue, per_model=sizes)
     return options
 
 

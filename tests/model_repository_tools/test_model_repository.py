@@ -207,7 +207,8 @@ def test_non_leading_batch_axis_gets_max_batch_size_0(odd_bundles: Path) -> None
     [nonlead] = [m for m in plan.models if m.name == "nonlead"]
     config = parse_config_text(nonlead.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")
+    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
+    assert config.dynamic_batching.default_queue_policy.max_queue_size > 0
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4, -1])]
     assert [(o.name, list(o.dims), o.HasField("reshape")) for o in config.output] == [
         ("y", [-1, 3], False),
@@ -220,7 +221,8 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     [unbatched] = [m for m in plan.models if m.name == "unbatched"]
     config = parse_config_text(unbatched.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")
+    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 16  # 16 x batch 1
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4])]
     runtime = parse_config_text(plan.runtime_config_text)
     assert list(runtime.input) == []  # the runtime declares no tensors (repository format 2)

@@ -1,0 +1,49 @@
+"""``--max-queue-size`` -> ``QueueOptions`` -> the front's ``default_queue_policy`` (issue 28)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hloserve.cli_options import queue_options
+from hloserve.errors import InvalidArgumentError, RepositoryError
+from hloserve.model_repository_tools import QueueOptions, parse_config_text, plan_repository
+
+
+def test_values_parse_into_one_typed_option() -> None:
+    assert queue_options(["8", "tiny=2"]) == QueueOptions(max_queue_size=8, per_model={"tiny": 2})
+    assert not queue_options([]).given
+    for bad in (["x"], ["4", "5"], ["m=1", "m=2"]):
+        with pytest.raises(InvalidArgumentError):
+            queue_options(bad)
+
+
+def _queue(plan: object, name: str) -> object:
+    model = next(m for m in plan.models if m.name == name)  # type: ignore[attr-defined]
+    return parse_config_text(model.config_text).dynamic_batching.default_queue_policy
+
+
+def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
+    tiny_bundle: Path,
+) -> None:
+    bundles = tiny_bundle.parent
+    assert _queue(plan_repository(bundles), "tiny").max_queue_size == 16 * 4
+    assert (
+        _queue(
+            plan_repository(bundles, queue=QueueOptions(max_queue_size=3)), "tiny"
+        ).max_queue_size
+        == 3
+    )
+    options = QueueOptions(max_queue_size=3, per_model={"tiny": 7})
+    assert _queue(plan_repository(bundles, queue=options), "tiny").max_queue_size == 7
+
+
+def test_bad_bounds_are_refused_naming_the_model(tiny_bundle: Path) -> None:
+    for options, text in (
+        (QueueOptions(per_model={"nope": 2}), "'nope', which is not a bundle"),
+        (QueueOptions(per_model={"tiny": 0}), "of model 'tiny' must be >= 1"),
+        (QueueOptions(max_queue_size=-1), "must be >= 0"),
+    ):
+        with pytest.raises(RepositoryError, match=text):
+            plan_repository(tiny_bundle.parent, queue=options)

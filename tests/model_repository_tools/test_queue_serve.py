@@ -1,0 +1,126 @@
+"""Queue bounds and deadlines of front models, answered by a real tritonserver (issue 28).
+
+The ``slow`` bundle is ``tiny`` with a ``preprocess`` hook that sleeps :data:`HOOK_S` seconds,
+so its one front instance stays busy while more requests arrive. Its queue is bounded to one
+request (``QueueOptions(per_model={"slow": 1})``): under a burst Triton refuses the overflow
+itself, and a request whose KServe ``timeout`` passes in the queue is dropped there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.model_repository_tools import QueueOptions, build_repository, parse_config
+from hloserve.node.tritonserver import TritonServer
+from tests.conftest import TINY_PARAMS, serving_options
+
+pytestmark = [pytest.mark.tritonserver]
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
+
+#: Seconds the slow bundle's hook sleeps per request.
+HOOK_S = 0.6
+HOOK = f"import time\n\n\ndef preprocess(inputs):\n    time.sleep({HOOK_S})\n    return inputs\n"
+
+
+def make_slow(tiny_bundle_src: Path, out: Path, edit: Callable[..., None]) -> Path:
+    """``tiny`` with a sleeping ``preprocess`` hook (format 2) at ``out``."""
+    shutil.copytree(tiny_bundle_src, out)
+    (out / "model.py").write_text(HOOK)
+    edit(out, lambda data: data.update(format_version=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_bundle_src: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonServer]:
+    import yaml
+
+    def edit(bundle: Path, change: Callable[[dict[str, Any]], None]) -> None:
+        data = yaml.safe_load((bundle / "manifest.yaml").read_text())
+        change(data)
+        (bundle / "manifest.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+    src = tmp_path_factory.mktemp("queue") / "src"
+    src.mkdir()
+    make_slow(tiny_bundle_src, src / "slow", edit)
+    shutil.copytree(tiny_bundle_src, src / "tiny")
+    repo = src.parent / "repository"
+    build_repository(src, repo, front_instances=1, queue=QueueOptions(per_model={"slow": 1}))
+    with TritonServer(serving_options(repo, src.parent / "server.log")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def grpc(server: TritonServer) -> Any:
+    return grpcclient.InferenceServerClient(server.urls.grpc)
+
+
+def _infer(client: Any, x: np.ndarray, **kwargs: Any) -> Any:
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer("slow", [tensor], client_timeout=30.0, **kwargs)
+
+
+def _expected(x: np.ndarray) -> np.ndarray:
+    return x @ TINY_PARAMS["w"] + TINY_PARAMS["b"]
+
+
+def test_every_front_gets_a_bounded_queue_and_timeouts(server: TritonServer) -> None:
+    repo = server.options.model_repository
+    slow = parse_config(repo / "slow" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert slow.max_queue_size == 1
+    assert slow.allow_timeout_override and slow.default_timeout_microseconds > 0
+    tiny = parse_config(repo / "tiny" / "config.pbtxt").dynamic_batching.default_queue_policy
+    assert tiny.max_queue_size == 16 * 4  # DEFAULT_QUEUE_BATCHES x the largest batch size
+
+
+def test_a_burst_past_the_bound_is_refused_by_triton(grpc: Any) -> None:
+    xs = [np.full((1, 4), i, np.float32) for i in range(10)]
+
+    def call(x: np.ndarray) -> Any:
+        try:
+            return _infer(grpc, x)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(xs)) as pool:
+        results = list(pool.map(call, xs))
+    refused = [r for r in results if isinstance(r, InferenceServerException)]
+    assert refused, "no request was refused"
+    for error in refused:
+        assert error.status() == "StatusCode.UNAVAILABLE"
+        assert "Exceeds maximum queue size" in error.message()
+    answered = [(x, r) for x, r in zip(xs, results, strict=True) if r not in refused]
+    assert answered, "every request was refused"
+    for x, result in answered:
+        np.testing.assert_allclose(result.as_numpy("y"), _expected(x), rtol=1e-6)
+
+
+def test_a_request_whose_timeout_passes_in_the_queue_is_dropped(grpc: Any) -> None:
+    busy = threading.Thread(target=_infer, args=(grpc, np.ones((1, 4), np.float32)))
+    busy.start()
+    time.sleep(HOOK_S / 4)  # the first request is executing: the next one waits in the queue
+    started = time.monotonic()
+    try:
+        with pytest.raises(InferenceServerException) as caught:
+            _infer(grpc, np.zeros((1, 4), np.float32), timeout=100_000)  # 100 ms, microseconds
+    finally:
+        busy.join(timeout=30)
+    assert time.monotonic() - started < HOOK_S * 2
+    assert caught.value.status() == "StatusCode.UNAVAILABLE", caught.value
+    assert "Request timeout expired" in caught.value.message()
+    # without a timeout the same request waits its turn and runs
+    x = np.full((1, 4), 2, np.float32)
+    np.testing.assert_allclose(_infer(grpc, x).as_numpy("y"), _expected(x), rtol=1e-6)
