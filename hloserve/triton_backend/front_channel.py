@@ -71,11 +71,14 @@ class Request:
         handle: passed back to ``respond`` (the shim's response sender).
         inputs: client tensors by name, or the exception it already failed with.
         deadline: ``time.monotonic()`` seconds by which it must have run, or None.
+        cancelled: whether its client gave up (the shim's ``request.is_cancelled``), asked
+            once the request is prepared, just before it is sent; None = never.
     """
 
     handle: Any
     inputs: Mapping[str, np.ndarray] | Exception
     deadline: float | None = None
+    cancelled: Callable[[], bool] | None = None
 
 
 class ChannelFront:
@@ -319,6 +322,12 @@ class ChannelFront:
                     prepared.inputs = {
                         k: np.array(v, copy=True) for k, v in prepared.inputs.items()
                     }
+                if request.cancelled is not None and request.cancelled():
+                    raise HloserveError(
+                        f"model {self.core.name!r}: the request was cancelled before it was "
+                        "sent to the runtime",
+                        status=Status.CANCELLED,
+                    )
                 work, work_id = self._place(request, prepared)
             except Exception as exc:
                 self._answer(request.handle, exc)

@@ -48,8 +48,10 @@ __all__ = [
     "deadline_from_parameters",
 ]
 
-#: Shed reason of a work whose deadline passed before its execution started.
-REASON_EXPIRED = "the request's deadline passed before it could be executed"
+#: Shed reason of a work whose deadline passed before its execution started: Triton's own
+#: text for a request whose ``timeout`` passed in its queue (tritonserver 2.51, checked by
+#: tests/model_repository_tools/test_queue_serve.py), answered UNAVAILABLE as there.
+REASON_EXPIRED = "Request timeout expired"
 
 _log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -124,3 +125,33 @@ def test_a_request_whose_timeout_passes_in_the_queue_is_dropped(grpc: Any) -> No
     # without a timeout the same request waits its turn and runs
     x = np.full((1, 4), 2, np.float32)
     np.testing.assert_allclose(_infer(grpc, x).as_numpy("y"), _expected(x), rtol=1e-6)
+
+
+def _executions(server: TritonServer) -> float:
+    """hloserve_executions_total of model ``slow``, once the runtime has published its counts
+    (once a second, docs/serving.md)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    time.sleep(1.5)
+    with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "hloserve_executions_total" and sample.labels["model"] == "slow"
+    )
+
+
+def test_a_request_cancelled_before_it_is_sent_never_runs(server: TritonServer, grpc: Any) -> None:
+    before = _executions(server)
+    x = np.ones((1, 4), np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as caught:
+        grpc.infer("slow", [tensor], client_timeout=HOOK_S / 3)  # a gRPC deadline
+    assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED", caught.value
+    time.sleep(HOOK_S)  # its hook ends; the front finds it cancelled and does not send it
+    assert _executions(server) == before
+    np.testing.assert_allclose(_infer(grpc, x).as_numpy("y"), _expected(x), rtol=1e-6)
+    assert _executions(server) == before + 1

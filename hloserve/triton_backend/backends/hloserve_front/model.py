@@ -112,6 +112,7 @@ class TritonPythonModel:
                     (batch, i, sender, _tags_errors(request)),
                     inputs,
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
+                    request.is_cancelled,
                 )
             )
         if self._slots is not None:
