@@ -59,6 +59,8 @@ META_FORMAT_VERSION = 2
 SYMBOLIC_FORMAT_VERSION = 3
 
 MANIFEST_FILE = "manifest.yaml"
+#: What each classification key of a tensor is for (docs/bundles.md, "Classification").
+_ROLE = {"labels": "an output clients receive", "format": "an input clients send"}
 #: Key of the single executable of a model without a batch axis.
 UNBATCHED = 0
 
@@ -97,6 +99,7 @@ class Manifest(BaseModel):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 problems.append(f"{section} repeat a tensor name: {dup}")
+        problems += self._wire_rules()
         if self.kind == "meta":
             problems += self._meta_rules()
         else:
@@ -104,6 +107,25 @@ class Manifest(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _wire_rules(self) -> list[str]:
+        """``labels`` only on outputs clients receive, ``format`` only on inputs they send."""
+        problems = []
+        ins, outs = map(id, self.wire_inputs), map(id, self.wire_outputs)
+        wire = {"inputs": set(ins), "outputs": set(outs)}
+        for section in ("inputs", "outputs", "client_inputs", "client_outputs"):
+            side = "outputs" if section.endswith("outputs") else "inputs"
+            for spec in getattr(self, section) or []:
+                key = "labels" if side == "outputs" else "format"
+                other = "format" if key == "labels" else "labels"
+                if getattr(spec, other) is not None:
+                    problems.append(f"{section} {spec.name!r}: {other} is for {_ROLE[other]}")
+                if getattr(spec, key) is not None and id(spec) not in wire[side]:
+                    problems.append(
+                        f"{section} {spec.name!r}: {key} is for {_ROLE[key]}: put it on "
+                        f"client_{side}, which clients {'receive' if key == 'labels' else 'send'}"
+                    )
+        return problems
 
     def _version_rules(self) -> list[str]:
         problems = []

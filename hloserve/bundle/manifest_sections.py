@@ -54,6 +54,11 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     dtype: str
     shape: str
     dims: dict[str, int] = Field(default_factory=dict)
+    #: a classification output's label file in the bundle, one label per line, one line per
+    #: class (the tensor's one non-batch axis); Triton's ``label_filename``.
+    labels: str | None = None
+    #: an image input's layout (three non-batch axes); Triton's ``format``.
+    format: Literal["NHWC", "NCHW"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -103,9 +108,27 @@ class TensorSpec(BaseModel, notation.TensorNotation):
                 pass  # the manifest checks that variants list its sizes (or: a client tensor)
             elif size <= 0:
                 problems.append(f"dims {letter}: size must be positive, got {size}")
+        problems += self._classification_rules()
         if problems:
             raise ValueError(f"tensor {self.name!r}: " + "; ".join(problems))
         return self
+
+    def _classification_rules(self) -> list[str]:
+        problems = []
+        axes = [c for c in self.shape if c not in BATCH_LETTERS]
+        if self.labels is not None:
+            problems += [f"labels: {p}" for p in [_inside_bundle(self.labels)] if p]
+            if len(axes) != 1 or self.dims.get(axes[0], VARIABLE) == VARIABLE:
+                problems.append(
+                    f"labels need one non-batch axis of a fixed size (the classes); shape "
+                    f"{self.shape!r} has {len(axes)} non-batch axes"
+                )
+        if self.format is not None and len(axes) != 3:
+            problems.append(
+                f"format {self.format} needs three non-batch axes (an image); shape "
+                f"{self.shape!r} has {len(axes)}"
+            )
+        return problems
 
     @property
     def nbytes_per_item(self) -> int:

@@ -14,6 +14,7 @@ itself. A model's ``model.py`` (hooks) is parsed and compiled the same way.
 from __future__ import annotations
 
 import ast
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,8 +74,8 @@ def validate_bundle(
     except HloserveError as exc:
         return [Problem(MANIFEST_FILE, exc.message.removeprefix(f"{path}: "))]
     if bundle.manifest.is_meta:
-        return _check_meta(bundle, models)
-    problems = _check_weights(bundle) + _check_hooks(bundle)
+        return _check_meta(bundle, models) + _check_labels(bundle)
+    problems = _check_weights(bundle) + _check_hooks(bundle) + _check_labels(bundle)
     if bundle.manifest.is_symbolic:
         for variant in sorted(bundle.manifest.symbolic_executables):
             problems += _check_symbolic(bundle, variant)
@@ -97,6 +98,42 @@ def check_bundle(
     if errors:
         raise BundleError(path, errors, name)
     return load_bundle(path, name=name)
+
+
+def read_labels(path: Path) -> list[str]:
+    """The labels of a label file: one per line (Triton's ``label_filename`` format).
+
+    Raises:
+        InvalidArgumentError: the file cannot be read as UTF-8 text.
+    """
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"cannot read: {exc}") from None
+
+
+def _check_labels(bundle: Bundle) -> list[Problem]:
+    """Each labelled output's file: readable, one non-empty label per class."""
+    problems = []
+    for spec in bundle.manifest.wire_outputs:
+        if spec.labels is None:
+            continue
+        try:
+            labels = read_labels(bundle.path / spec.labels)
+        except InvalidArgumentError as exc:
+            problems.append(Problem(spec.labels, exc.message))
+            continue
+        classes = math.prod(spec.shape_at(1))
+        if len(labels) != classes or not all(label.strip() for label in labels):
+            problems.append(
+                Problem(
+                    spec.labels,
+                    f"labels of output {spec.name!r}: expected {classes} non-empty lines, one "
+                    f"per class (its shape {spec.shape!r}), got {len(labels)} lines"
+                    + ("" if all(label.strip() for label in labels) else ", some empty"),
+                )
+            )
+    return problems
 
 
 def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Problem]:

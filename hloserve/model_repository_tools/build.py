@@ -27,6 +27,7 @@ from hloserve.errors import RepositoryError, Status
 from hloserve.model_repository_tools.batch_sizes import (
     BatchSizeOptions,
 )
+from hloserve.model_repository_tools.config import label_file
 from hloserve.model_repository_tools.foreign import (
     write_foreign,
 )
@@ -175,6 +176,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
             )  # the converted copy must still match the manifest
             line += f"; converted {', '.join(converted)} to portable artifacts"
         manifest = load_bundle(bundle_copy, name=model.name).manifest
+        for spec in manifest.wire_outputs:  # Triton reads labels from the model directory
+            if spec.labels is not None:
+                shutil.copyfile(bundle_copy / spec.labels, model_dir / label_file(spec))
         if not manifest.is_meta:  # what the front reads instead of the manifest (its memory)
             (model_dir / names.FRONT_SPEC).write_text(front_spec(manifest).to_json())
         (model_dir / CONFIG_FILE).write_text(model.config_text)

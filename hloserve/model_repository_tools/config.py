@@ -101,6 +101,7 @@ def front_config(
     for spec, field in tensors:
         _check_declarable(name, spec)
         io = field.add(name=spec.name, data_type=_data_type(spec), dims=_front_dims(spec, leading))
+        _classification(io, spec)
         scalar = leading and spec.batch_axis is not None and len(spec.shape) == 1
         if scalar and field is config.output:
             io.reshape.SetInParent()  # per-item scalar: dims [1], the front returns [batch]
@@ -149,7 +150,8 @@ def meta_config(name: str, manifest: Manifest, *, meta_concurrency: int) -> Any:
     tensors += [(s, config.output) for s in manifest.wire_outputs]
     for spec, field in tensors:
         _check_declarable(name, spec)
-        field.add(name=spec.name, data_type=_data_type(spec), dims=_full_dims(spec))
+        io = field.add(name=spec.name, data_type=_data_type(spec), dims=_full_dims(spec))
+        _classification(io, spec)
     config.instance_group.add(count=meta_concurrency, kind=m.ModelInstanceGroup.KIND_CPU)
     _set_parameters(
         config,
@@ -238,6 +240,21 @@ def runtime_config(
     )
     _set_parameters(config, values)
     return config
+
+
+def label_file(spec: TensorSpec) -> str:
+    """The model-directory file name of a labelled output's labels (``label_filename``)."""
+    return f"{spec.name}.labels.txt"
+
+
+def _classification(io: Any, spec: TensorSpec) -> None:
+    """Triton's classification fields of a ``ModelInput``/``ModelOutput``: ``label_filename``
+    for a labelled output (Triton then answers ``class_count`` itself), ``format`` for an image
+    input (``model_config.proto``)."""
+    if spec.labels is not None:
+        io.label_filename = label_file(spec)
+    if spec.format is not None:
+        io.format = getattr(pb2().ModelInput, f"FORMAT_{spec.format}")
 
 
 def check_scheduling_options(

@@ -1,0 +1,67 @@
+"""Manifest ``labels:`` (a classification output's label file) and ``format:`` (an image
+input's layout): where each is allowed, and the label file's count (docs/bundles.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hloserve.bundle import validate_bundle
+from hloserve.model_repository_tools import parse_config_text, plan_repository
+
+Edit = Callable[[Path, Callable[[dict[str, Any]], None]], None]
+
+
+def errors(bundle: Path) -> list[str]:
+    return [str(p) for p in validate_bundle(bundle) if not p.warning]
+
+
+def test_a_label_file_with_one_line_per_class_is_written_as_label_filename(
+    tiny_bundle: Path, edit_manifest: Edit
+) -> None:
+    (tiny_bundle / "classes.txt").write_text("cat\ndog\nbird\n")
+    edit_manifest(tiny_bundle, lambda d: d["outputs"][0].update(labels="classes.txt"))
+    assert errors(tiny_bundle) == []
+    [front] = plan_repository(tiny_bundle.parent).models
+    config = parse_config_text(front.config_text)
+    assert [o.label_filename for o in config.output] == ["y.labels.txt", ""]
+
+
+@pytest.mark.parametrize(
+    ("text", "found"), [("cat\ndog\n", "got 2 lines"), ("cat\n\nbird\n", "some empty")]
+)
+def test_a_label_count_other_than_the_class_axis_is_refused(
+    tiny_bundle: Path, edit_manifest: Edit, text: str, found: str
+) -> None:
+    (tiny_bundle / "classes.txt").write_text(text)
+    edit_manifest(tiny_bundle, lambda d: d["outputs"][0].update(labels="classes.txt"))
+    [problem] = errors(tiny_bundle)
+    assert problem.startswith("classes.txt: labels of output 'y': expected 3 non-empty lines")
+    assert found in problem
+
+
+def test_a_missing_label_file_is_refused(tiny_bundle: Path, edit_manifest: Edit) -> None:
+    edit_manifest(tiny_bundle, lambda d: d["outputs"][0].update(labels="none.txt"))
+    [problem] = errors(tiny_bundle)
+    assert problem.startswith("none.txt: cannot read")
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        (lambda d: d["inputs"][0].update(labels="l.txt"), "inputs 'x': labels is for an output"),
+        (lambda d: d["outputs"][0].update(format="NHWC"), "'y': format NHWC needs three"),
+        (lambda d: d["outputs"][1].update(labels="l.txt"), "labels need one non-batch axis"),
+        (lambda d: d["inputs"][0].update(format="NCHW"), "format NCHW needs three non-batch"),
+        (lambda d: d["inputs"][0].update(format="CHW"), "NHWC"),
+        (lambda d: d["outputs"][0].update(labels="../l.txt"), "relative path inside the bundle"),
+    ],
+)
+def test_misplaced_keys_are_refused_naming_the_tensor(
+    tiny_bundle: Path, edit_manifest: Edit, change: Callable[[dict[str, Any]], None], found: str
+) -> None:
+    edit_manifest(tiny_bundle, change)
+    assert any(found in e for e in errors(tiny_bundle)), errors(tiny_bundle)
