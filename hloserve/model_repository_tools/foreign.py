@@ -33,7 +33,7 @@ from __future__ import annotations
 import ast
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ BACKEND_FILES: Mapping[str, str] = {
 }
 #: Backends whose tensors Triton's auto-complete fills in from the model file itself.
 AUTO_COMPLETE_BACKENDS = frozenset({"onnxruntime", "tensorrt", "tensorflow"})
+#: Platforms tritonserver runs in its core, without a backend: an ensemble's steps run on
+#: their own models' backends (Triton docs, "Ensemble Models").
+BUILTIN_PLATFORMS = frozenset({"ensemble"})
 #: Version directory the files of a flat foreign model are copied into.
 FLAT_VERSION = "1"
 
@@ -230,16 +233,9 @@ def write_foreign(model: ForeignModel, model_dir: Path) -> None:
     (model_dir / CONFIG_FILE).write_text(model.config_text)
 
 
-def backends_needed(models: Sequence[ForeignModel]) -> dict[str, list[str]]:
-    """Backend -> the models that need it, sorted."""
-    needed: dict[str, list[str]] = {}
-    for model in models:
-        needed.setdefault(model.backend, []).append(model.name)
-    return {b: sorted(ms) for b, ms in sorted(needed.items())}
-
-
 def repository_backends(repository: Path) -> dict[str, list[str]]:
-    """Backend -> models that need it, from every ``config.pbtxt`` of a model repository.
+    """Backend -> models that need it, from every ``config.pbtxt`` of a model repository
+    (an ensemble needs none: :data:`BUILTIN_PLATFORMS`).
 
     A config that does not parse is skipped (tritonserver reports it when it loads the model).
     """
@@ -255,7 +251,7 @@ def repository_backends(repository: Path) -> dict[str, list[str]]:
         except (text_format.ParseError, OSError, UnicodeDecodeError):
             continue
         backend = config.backend or _backend_of_platform(config.platform)
-        if backend:
+        if backend and backend not in BUILTIN_PLATFORMS:
             needed.setdefault(backend, []).append(file.parent.name)
     return needed
 
