@@ -26,6 +26,7 @@ import itertools
 import logging
 import math
 import os
+import select
 import socket
 import threading
 import time
@@ -47,6 +48,9 @@ log = logging.getLogger("hloserve.triton_backend.front_channel")
 #: the runtime map the other front's arena (``next`` on a count is atomic under the GIL).
 _SEGMENT_NUMBERS = itertools.count(1)
 
+#: Seconds between two looks at ``is_cancelled()`` of the requests ``run()`` waits for.
+CANCEL_POLL_S = 0.05
+
 #: ``respond(handle, result)``: answer one request (outputs by name, or its error).
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
 
@@ -61,6 +65,8 @@ class _Pending:
     overflow: channel.Segment | None = None
     #: the link it was sent over; None until sent (a lost link fails only its own works)
     link: channel.Link | None = None
+    #: whether its client gave up (:attr:`Request.cancelled`)
+    cancelled: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -302,12 +308,29 @@ class ChannelFront:
             return
         link, ids = sent
         left = set(ids)
+        with self._lock:
+            probes = {i: p.cancelled for i in ids if (p := self._pending.get(i)) and p.cancelled}
         try:
             while left:
+                if probes and not select.select([link.sock], [], [], CANCEL_POLL_S)[0]:
+                    self._cancel(link, probes, left)
+                    continue
                 for work_id in self._handle(channel.receive(link.sock)):
                     left.discard(work_id)
         except channel.ChannelClosed:
             self._lost(link)
+
+    def _cancel(
+        self, link: channel.Link, probes: dict[int, Callable[[], bool]], left: set[int]
+    ) -> None:
+        """Tell the runtime which of ``left`` its clients gave up on (each once); it sheds
+        those still queued (docs/serving.md, "Queue bounds and deadlines")."""
+        gone = [i for i in left if i in probes and probes[i]()]
+        for work_id in gone:
+            del probes[work_id]
+        if gone:
+            with self._send_lock, contextlib.suppress(OSError):  # a lost link fails them anyway
+                channel.send(link.sock, {"op": "cancel", "ids": gone})
 
     def _submit(self, requests: Sequence[Request]) -> tuple[channel.Link, list[int]] | None:
         works: list[dict[str, Any]] = []
@@ -364,7 +387,7 @@ class ChannelFront:
             channel.aligned(n) for n in out_sizes
         ]
         total = sum(sizes)
-        pending = _Pending(request.handle, prepared, [], nbytes=total)
+        pending = _Pending(request.handle, prepared, [], nbytes=total, cancelled=request.cancelled)
         base = self.arena.allocate(total)
         if base is None:
             name = channel.segment_name(self._pid, next(_SEGMENT_NUMBERS), self._key)

@@ -256,10 +256,11 @@ class TritonRuntimeMetrics:
       recent-compute EMA (docs/scheduling.md);
     - ``hloserve_scheduler_cost_seconds{model,variant,batch_size}`` (gauge): learned cost;
     - ``hloserve_scheduler_shed_total{model,reason}`` (counter): requests shed, ``reason`` =
-      ``deadline`` (passed), ``laxity`` (cannot be met) or ``stopping``.
+      ``deadline`` (passed), ``laxity`` (cannot be met), ``cancelled`` (its client gave up)
+      or ``stopping``.
     """
 
-    _SHED_REASONS = ("deadline", "laxity", "stopping")
+    _SHED_REASONS = ("deadline", "laxity", "cancelled", "stopping")
 
     def __init__(self, pb_utils: Any) -> None:
         family = pb_utils.MetricFamily

@@ -12,6 +12,8 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
   the :class:`~hloserve.triton_backend.scheduler.Scheduler`.
+* front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
+  queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
   "failed", "ids", "status", "message"}``: a failed execution fails only its own works.
 
@@ -47,7 +49,13 @@ from hloserve.triton_backend import batching, channel
 from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
-from hloserve.triton_backend.scheduler import Batch, Scheduler, SchedulerConfig, Work
+from hloserve.triton_backend.scheduler import (
+    REASON_CANCELLED,
+    Batch,
+    Scheduler,
+    SchedulerConfig,
+    Work,
+)
 from hloserve.triton_backend.scheduler_config import scheduler_config_from_args
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
@@ -248,6 +256,13 @@ class RuntimeServer:
         op = message.get("op")
         if op == "run":
             self._submit(conn, message["works"])
+        elif op == "cancel":  # the front's clients gave up: shed what still waits
+            ids = set(message["ids"])
+            self.scheduler.cancel(
+                lambda w: (
+                    isinstance(w.payload, _Job) and w.payload.conn is conn and w.payload.id in ids
+                )
+            )
         elif op == "hello":
             threading.Thread(
                 target=self._hello, args=(conn, message), name="hloserve-load", daemon=True
@@ -386,18 +401,18 @@ class RuntimeServer:
     def _shed(self, work: Work, reason: str) -> None:
         job = work.payload
         assert isinstance(job, _Job)
+        cancelled = reason == REASON_CANCELLED
         kind = (
             "laxity"
             if "cannot be met" in reason
             else "stopping"
             if "stopping" in reason
-            else ("deadline")
+            else ("cancelled" if cancelled else "deadline")
         )
         with self._counts_lock:
             self._shed_counts[(self._name_of(work.model), kind)] += 1
-        job.conn.send(
-            {"op": "failed", "ids": [job.id], "status": Status.UNAVAILABLE.name, "message": reason}
-        )
+        status = Status.CANCELLED if cancelled else Status.UNAVAILABLE
+        job.conn.send({"op": "failed", "ids": [job.id], "status": status.name, "message": reason})
         _close_segments([job])
 
     # -- execution ------------------------------------------------------------------------------

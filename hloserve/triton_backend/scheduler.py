@@ -36,6 +36,7 @@ from hloserve.triton_backend.scheduler_config import (
 __all__ = [
     "DEFAULT_WEIGHT",
     "DISCIPLINES",
+    "REASON_CANCELLED",
     "REASON_EXPIRED",
     "Batch",
     "Discipline",
@@ -52,6 +53,8 @@ __all__ = [
 #: text for a request whose ``timeout`` passed in its queue (tritonserver 2.51, checked by
 #: tests/model_repository_tools/test_queue_serve.py), answered UNAVAILABLE as there.
 REASON_EXPIRED = "Request timeout expired"
+#: Shed reason of a queued work whose client gave up (the front saw ``is_cancelled()``).
+REASON_CANCELLED = "the request was cancelled by its client before it was executed"
 
 _log = logging.getLogger(__name__)
 
@@ -264,6 +267,24 @@ class Scheduler:
             entry.queue.append(work)
             entry.plan = None
             self._ready.notify()
+
+    def cancel(self, match: Callable[[Work], bool]) -> int:
+        """Shed every queued work ``match`` accepts, with :data:`REASON_CANCELLED`.
+
+        Returns:
+            How many were shed (a work already in a batch is not: it runs).
+        """
+        with self._lock:
+            shed: list[tuple[Work, str]] = []
+            for entry in self._models.values():
+                hit = {id(w) for w in entry.queue if match(w)}
+                if hit:
+                    shed += [(w, REASON_CANCELLED) for w in entry.queue if id(w) in hit]
+                    keep = collections.deque(w for w in entry.queue if id(w) not in hit)
+                    entry.queue, entry.plan = keep, None
+            self._shed += len(shed)
+        self._report(shed)
+        return len(shed)
 
     def next(self, timeout: float | None = None) -> Batch | None:
         """The next batch to execute; blocks until there is one.

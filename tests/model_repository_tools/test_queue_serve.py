@@ -42,6 +42,23 @@ def make_slow(tiny_bundle_src: Path, out: Path, edit: Callable[..., None]) -> Pa
     return out
 
 
+def export_heavy(out: Path) -> Path:
+    """A bundle whose one execution keeps the runtime busy for seconds on a CPU
+    (600000 dependent 256x256 steps: 2 to 4 s here): ``y = f(x)``, f32 ``(1, 256)``."""
+    import jax
+    import jax.numpy as jnp
+
+    from hloserve.export import OutputSpec, TensorSpec, export_bundle
+
+    def heavy(_params: Any, x: Any) -> Any:
+        step = jnp.eye(256, dtype=jnp.float32) * 1.0001
+        return jax.lax.fori_loop(0, 600_000, lambda _, y: jnp.tanh(y @ step), x)
+
+    x = TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": 256})
+    export_bundle(heavy, {}, [x], [OutputSpec("y", "nk")], [1], out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def server(
     tiny_bundle_src: Path, tmp_path_factory: pytest.TempPathFactory
@@ -56,6 +73,7 @@ def server(
     src = tmp_path_factory.mktemp("queue") / "src"
     src.mkdir()
     make_slow(tiny_bundle_src, src / "slow", edit)
+    export_heavy(src / "heavy")
     shutil.copytree(tiny_bundle_src, src / "tiny")
     repo = src.parent / "repository"
     build_repository(src, repo, front_instances=1, queue=QueueOptions(per_model={"slow": 1}))
@@ -127,11 +145,12 @@ def test_a_request_whose_timeout_passes_in_the_queue_is_dropped(grpc: Any) -> No
     np.testing.assert_allclose(_infer(grpc, x).as_numpy("y"), _expected(x), rtol=1e-6)
 
 
-def _executions(server: TritonServer) -> float:
-    """hloserve_executions_total of model ``slow``, once the runtime has published its counts
-    (once a second, docs/serving.md)."""
+def _executions(server: TritonServer, model: str = "slow", **labels: str) -> float:
+    """hloserve_executions_total (or another runtime counter, ``name=``) of ``model``, once the
+    runtime has published its counts (once a second, docs/serving.md)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    name = labels.pop("name", "hloserve_executions_total")
     time.sleep(1.5)
     with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -139,7 +158,9 @@ def _executions(server: TritonServer) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "hloserve_executions_total" and sample.labels["model"] == "slow"
+        if sample.name == name
+        and sample.labels.get("model") == model
+        and all(sample.labels.get(k) == v for k, v in labels.items())
     )
 
 
@@ -155,3 +176,28 @@ def test_a_request_cancelled_before_it_is_sent_never_runs(server: TritonServer, 
     assert _executions(server) == before
     np.testing.assert_allclose(_infer(grpc, x).as_numpy("y"), _expected(x), rtol=1e-6)
     assert _executions(server) == before + 1
+
+
+def test_a_request_cancelled_in_the_runtimes_queue_is_shed(server: TritonServer, grpc: Any) -> None:
+    shed = {"name": "hloserve_scheduler_shed_total", "reason": "cancelled"}
+    before = (_executions(server, "tiny"), _executions(server, "tiny", **shed))
+    x = np.ones((1, 4), np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    heavy = grpcclient.InferInput("x", [1, 256], "FP32")
+    heavy.set_data_from_numpy(np.full((1, 256), 0.01, np.float32))
+    grpc.infer("heavy", [heavy], client_timeout=60.0)  # compiled and warm
+    busy = threading.Thread(target=grpc.infer, args=("heavy", [heavy]))
+    started = time.monotonic()
+    busy.start()
+    time.sleep(0.3)  # the runtime executes heavy: tiny's work waits in its queue
+    try:
+        with pytest.raises(InferenceServerException) as caught:
+            grpc.infer("tiny", [tensor], client_timeout=0.3)
+    finally:
+        busy.join(timeout=60)
+    heavy_s = time.monotonic() - started
+    assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED", caught.value
+    assert heavy_s > 1.0, f"heavy ran {heavy_s:.2f} s: too short to keep tiny queued"
+    after = (_executions(server, "tiny"), _executions(server, "tiny", **shed))
+    assert after == (before[0], before[1] + 1)  # shed as cancelled, never executed
