@@ -65,3 +65,31 @@ def test_misplaced_keys_are_refused_naming_the_tensor(
 ) -> None:
     edit_manifest(tiny_bundle, change)
     assert any(found in e for e in errors(tiny_bundle)), errors(tiny_bundle)
+
+
+def test_a_meta_models_client_tensors_take_labels_and_format_too(tmp_path: Path) -> None:
+    import yaml
+
+    from hloserve.model_repository_tools import build_repository, parse_config
+
+    meta = tmp_path / "src" / "pick"
+    meta.mkdir(parents=True)
+    image = {"name": "image", "dtype": "f32", "shape": "nhwc", "dims": {"h": 2, "w": 2, "c": 1}}
+    scores = {"name": "scores", "dtype": "f32", "shape": "nk", "dims": {"k": 2}}
+    manifest = {
+        "format_version": 2,
+        "kind": "meta",
+        "meta": {"calls": []},
+        "client_inputs": [{**image, "format": "NCHW"}],
+        "client_outputs": [{**scores, "labels": "yes_no.txt"}],
+    }
+    (meta / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    (meta / "model.py").write_text("def run(inputs, call):\n    return {}\n")
+    (meta / "yes_no.txt").write_text("yes\nno\n")
+    assert errors(meta) == []
+    repo = tmp_path / "repo"
+    build_repository(meta.parent, repo)
+    config = parse_config(repo / "pick" / "config.pbtxt")
+    assert config.input[0].format == config.input[0].FORMAT_NCHW
+    assert config.output[0].label_filename == "scores.labels.txt"
+    assert (repo / "pick" / "scores.labels.txt").read_text() == "yes\nno\n"
