@@ -18,15 +18,13 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 from hloserve import names
 from hloserve.bundle import check_bundle, load_bundle
 from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.errors import RepositoryError, Status
-from hloserve.model_repository_tools.batch_sizes import (
-    BatchSizeOptions,
-)
 from hloserve.model_repository_tools.config import label_file
 from hloserve.model_repository_tools.foreign import (
     write_foreign,
@@ -35,6 +33,7 @@ from hloserve.model_repository_tools.repository_plan import (
     CONFIG_FILE,
     ExecutableCacheOptions,
     FrontModel,
+    PlanOptions,
     Progress,
     QueueOptions,
     RepositoryPlan,
@@ -87,22 +86,15 @@ def build_repository(
     bundles_dir: Path | str,
     out_dir: Path | str,
     *,
-    front_instances: int = names.DEFAULT_FRONT_INSTANCES,
-    max_queue_delay_us: int = 500,
-    weight_cache: WeightCacheOptions | None = None,
-    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
-    batch_sizes: BatchSizeOptions | None = None,
-    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
-    scheduling: SchedulingOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
-    executable_cache: ExecutableCacheOptions | None = None,
-    queue: QueueOptions | None = None,
+    **options: Unpack[PlanOptions],
 ) -> RepositoryPlan:
     """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
 
-    :func:`plan_repository` then :func:`write_repository`; nothing is written unless every
-    bundle is valid and the names do not collide.
+    :func:`plan_repository` (with ``options``, its keyword arguments) then
+    :func:`write_repository`; nothing is written unless every bundle is valid and the names
+    do not collide.
 
     Returns:
         The plan that was written.
@@ -112,19 +104,7 @@ def build_repository(
     """
     out = Path(out_dir).absolute()
     _check_target(out, [], overwrite)  # fail before validating when the answer is known
-    plan = plan_repository(
-        bundles_dir,
-        front_instances=front_instances,
-        max_queue_delay_us=max_queue_delay_us,
-        weight_cache=weight_cache,
-        meta_concurrency=meta_concurrency,
-        batch_sizes=batch_sizes,
-        max_request_bytes=max_request_bytes,
-        scheduling=scheduling,
-        progress=progress,
-        executable_cache=executable_cache,
-        queue=queue,
-    )
+    plan = plan_repository(bundles_dir, progress=progress, **options)
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan
 

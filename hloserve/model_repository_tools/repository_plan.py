@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from hloserve import names
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
@@ -128,6 +129,21 @@ class QueueOptions:
                 )
         if problems:
             raise RepositoryError("; ".join(problems))
+
+
+class PlanOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`plan_repository` that shape a repository: the build
+    options (``hloserve.cli_options.build_options``), passed on by ``build_repository``."""
+
+    front_instances: int
+    max_queue_delay_us: int
+    weight_cache: WeightCacheOptions | None
+    meta_concurrency: int
+    batch_sizes: BatchSizeOptions | None
+    max_request_bytes: int
+    scheduling: SchedulingOptions | None
+    executable_cache: ExecutableCacheOptions | None
+    queue: QueueOptions | None
 
 
 @dataclass(frozen=True)
