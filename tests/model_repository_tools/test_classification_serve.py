@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools import build_repository, validate_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import serving_options
 
@@ -58,6 +58,7 @@ def test_the_config_carries_the_format_and_the_label_file(server: TritonServer) 
     assert config["output"][0]["label_filename"] == "logits.labels.txt"
     labels = server.options.model_repository / "digits" / "logits.labels.txt"
     assert labels.read_text().splitlines() == LABELS
+    assert validate_repository(server.options.model_repository) == []
 
 
 @pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
