@@ -4,7 +4,7 @@ Nothing in this package imports ``triton_python_backend_utils``; the ``model.py`
 ``backends/`` adapt ``pb_utils`` objects and call into it (docs/serving.md is the contract).
 
 Modules:
-    batching: the coalescing plan (whole requests, padded to compiled sizes) and array helpers.
+    batching: array helpers: concatenate with zero padding, split, variable-axis pad/cut.
     tensors:  checking tensors against a manifest's specs (shared by front and runtime).
     front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
     runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.

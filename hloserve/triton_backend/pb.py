@@ -255,7 +255,6 @@ __all__ = [
     "DL_UINT",
     "TRITON_ERROR_CODE",
     "ModelArgs",
-    "ServerStartingError",
     "capsule_dtype",
     "configure_logging",
     "error_code",

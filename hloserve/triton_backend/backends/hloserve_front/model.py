@@ -42,10 +42,6 @@ def _tags_errors(request: Any) -> bool:
     return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
 
 
-def _no_bls(*_: Any) -> Any:
-    raise AssertionError("the channel front never calls the runtime through FrontModel.execute")
-
-
 class _Batch:
     """One ``execute`` call's requests: their responses, and a slot freed once all are in."""
 
@@ -74,7 +70,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
         model_args = pb.ModelArgs.from_triton(args)
-        core = FrontModel.from_args(model_args, _no_bls)
+        core = FrontModel.from_args(model_args)
         params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
         self._slots = (
@@ -85,11 +81,11 @@ class TritonPythonModel:
             model_args.model_dir / params.bundle,
             self._respond,
             address=channel.address(core.runtime_model),
-            wait_s=core.retry.total_s,
+            wait_s=core.runtime_wait_s,
             max_request_bytes=params.max_request_bytes,
             inline=self._slots is None,
         )
-        self.channel.start(wait_s=core.retry.total_s)
+        self.channel.start(wait_s=core.runtime_wait_s)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         # In flight mode, wait while this instance has its most batches unanswered: Triton's
