@@ -70,12 +70,12 @@ def server_key() -> str:
 
 
 @contextmanager
-def runtime_server(**kwargs: Any) -> Iterator[RuntimeServer]:
-    """A started :class:`RuntimeServer` over a :class:`RecordingRuntime` (fifo) at an address
-    of its own; closed on exit."""
+def runtime_server(address: str | None = None, **kwargs: Any) -> Iterator[RuntimeServer]:
+    """A started :class:`RuntimeServer` over a :class:`RecordingRuntime` (fifo) at ``address``
+    (default an address of its own); closed on exit."""
     server = RuntimeServer(
         RecordingRuntime(**kwargs),
-        address=f"\0hloserve.channel-test-{uuid.uuid4().hex}",
+        address=address or f"\0hloserve.channel-test-{uuid.uuid4().hex}",
         scheduler_config=SchedulerConfig(discipline="fifo"),
         key=server_key(),
         flush_interval_s=0.05,
