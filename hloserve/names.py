@@ -63,10 +63,6 @@ DEFAULT_FRONT_INSTANCES = 1
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
 PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
-#: Request parameter (bool) a meta model sets on its BLS sub-requests: the front answers errors
-#: with their status tagged in the message (``hloserve.triton_backend.pb.tag_status``), since
-#: BLS responses lose the error code (they arrive as INTERNAL on 2.51).
-REQUEST_PARAM_TAG_ERRORS = "hloserve.tag_errors"
 #: Meta parameter: the worker's gate size, the most meta runs (with calls) at once across
 #: every meta model of one tritonserver, as a decimal integer (docs/meta_models.md).
 PARAM_META_CONCURRENCY = "hloserve.meta_concurrency"

@@ -57,6 +57,17 @@ class _Callee:
         handle.append(result)
 
 
+def _shed_for_deadline(result: Any, deadline: float | None) -> bool:
+    """Whether ``result`` is the scheduler shedding a work for its deadline (UNAVAILABLE with
+    a reason naming the deadline, :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`)."""
+    return (
+        deadline is not None
+        and isinstance(result, HloserveError)
+        and result.status is Status.UNAVAILABLE
+        and "deadline" in result.message
+    )
+
+
 def front_args(repository: Path, model: str) -> ModelArgs | None:
     """The ``initialize`` args of ``model``'s front model in ``repository``, read from its
     ``config.pbtxt``; None when ``model`` is not a bundle there (a foreign model, or absent).
@@ -131,15 +142,9 @@ class ChannelCalls:
         with callee.lock:
             callee.front.run([Request(answer, inputs, deadline)])
         [result] = answer
+        if _shed_for_deadline(result, deadline):  # never executed
+            raise HloserveError(str(result), status=Status.DEADLINE_EXCEEDED)
         if isinstance(result, Exception):
-            shed = (  # the scheduler's shed reasons name the deadline
-                isinstance(result, HloserveError)
-                and result.status is Status.UNAVAILABLE
-                and deadline is not None
-                and "deadline" in result.message
-            )
-            if shed:
-                raise HloserveError(result.message, status=Status.DEADLINE_EXCEEDED)
             raise result
         unknown = [n for n in outputs if n not in result]
         if unknown:

@@ -16,7 +16,7 @@ Modules:
     metrics:  weight cache events -> Triton custom metrics (pb_utils passed in).
     transfer: host <-> device weight copies with JAX (per array, or packed in chunks).
     pb:       pb_utils adapters: the Status -> TritonError code table, responses, the
-              runtime's status tags, ``initialize`` args (re-exports dlpack's names).
+              ``initialize`` args (re-exports dlpack's names).
     dlpack:   DLPack tensor moves between pb_utils and NumPy/JAX (bf16 included).
     residency: residency tiers and the weight budget rule (dependency-free).
     compile:  the one compile path (StableHLO portable artifact -> loaded executable).

@@ -12,7 +12,6 @@ at most N batches in flight per instance.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,7 +19,6 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from hloserve import names
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import channel, pb
@@ -28,18 +26,6 @@ from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
 
 log = logging.getLogger("hloserve.triton_backend.front")
-
-
-def _tags_errors(request: Any) -> bool:
-    """Whether the request (a meta model's BLS sub-request) asks for status-tagged errors."""
-    text = request.parameters()
-    if not text or text == "{}":  # the common case: no parameters, nothing to parse
-        return False
-    try:
-        params = json.loads(text)
-    except (TypeError, ValueError):
-        return False
-    return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
 
 
 class _Batch:
@@ -105,7 +91,7 @@ class TritonPythonModel:
             sender = request.get_response_sender() if self._slots is not None else None
             items.append(
                 Request(
-                    (batch, i, sender, _tags_errors(request)),
+                    (batch, i, sender),
                     inputs,
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
                 )
@@ -138,9 +124,9 @@ class TritonPythonModel:
             batch.responses[i] = pb.inference_response(pb_utils, error)
 
     def _respond(self, handle: Any, result: Any) -> None:
-        batch, index, sender, tagged = handle
+        batch, index, sender = handle
         try:
-            response = pb.inference_response(pb_utils, result, tagged=tagged)
+            response = pb.inference_response(pb_utils, result)
             if sender is None:
                 batch.responses[index] = response
             else:
