@@ -40,6 +40,8 @@ class _Callee:
 
     def __init__(self, args: ModelArgs, key: str | None) -> None:
         core = FrontModel.from_args(args)
+        #: how long a sub-call without a deadline waits for the runtime, seconds
+        self.wait_s = core.runtime_wait_s
         self.lock = threading.Lock()
         self.front = ChannelFront(
             core,
@@ -57,14 +59,16 @@ class _Callee:
         handle.append(result)
 
 
-def _shed_for_deadline(result: Any, deadline: float | None) -> bool:
-    """Whether ``result`` is the scheduler shedding a work for its deadline (UNAVAILABLE with
-    a reason naming the deadline, :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`)."""
+def _out_of_time(result: Any, deadline: float | None) -> bool:
+    """Whether ``result`` is a sub-call that ran out of time unexecuted: shed by the scheduler
+    (UNAVAILABLE with a reason naming the deadline,
+    :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the deadline
+    has passed (no runtime reachable in time)."""
     return (
         deadline is not None
         and isinstance(result, HloserveError)
         and result.status is Status.UNAVAILABLE
-        and "deadline" in result.message
+        and ("deadline" in result.message or time.monotonic() >= deadline)
     )
 
 
@@ -130,19 +134,24 @@ class ChannelCalls:
         """One sub-call (:data:`hloserve.meta.core.Send`): ``model``'s outputs (``outputs``
         only, when given).
 
+        A sub-call waits for a runtime that is not there (restarting) up to the callee's
+        ``hloserve.runtime_wait_s``, and never past ``timeout_us``.
+
         Raises:
             InvalidArgumentError: ``outputs`` names an output the callee does not have.
-            HloserveError: the callee's error with its status; DEADLINE_EXCEEDED when the
-                runtime shed the work because its deadline (``timeout_us``) passed or cannot
-                be met.
+            HloserveError: the callee's error with its status; DEADLINE_EXCEEDED when it ran
+                out of time (``timeout_us``) unexecuted: shed by the runtime's scheduler, or no
+                runtime reachable in time.
         """
         callee = self._callees[model]
         deadline = time.monotonic() + timeout_us / 1e6 if timeout_us > 0 else None
         answer: list[Any] = []
-        with callee.lock:
+        with callee.lock:  # one run at a time: wait_s is this call's
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            callee.front.wait_s = callee.wait_s if left is None else min(callee.wait_s, left)
             callee.front.run([Request(answer, inputs, deadline)])
         [result] = answer
-        if _shed_for_deadline(result, deadline):  # never executed
+        if _out_of_time(result, deadline):  # never executed
             raise HloserveError(str(result), status=Status.DEADLINE_EXCEEDED)
         if isinstance(result, Exception):
             raise result

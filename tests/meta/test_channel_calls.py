@@ -7,6 +7,7 @@ front_testing.py); the repository is built by ``build_repository``, as on a work
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -127,3 +128,17 @@ def test_a_sub_call_shed_for_its_deadline_is_deadline_exceeded(
         go.set()
         first.close()
         second.close()
+
+
+def test_no_runtime_fails_a_sub_call_at_its_deadline(repo: Path) -> None:
+    """A runtime that is not there (restarting) holds a sub-call up to its deadline only."""
+    key = f"{os.getpid()}-999"  # no runtime listens at this key's address
+    calls = ChannelCalls(repo, ["affine"], key=key)
+    try:
+        started = time.monotonic()
+        with pytest.raises(HloserveError, match="runtime not reachable") as info:
+            calls.send("affine", {"x": EXPECTED["x"]}, [], 200_000)
+        assert time.monotonic() - started < 5  # not the callee's runtime_wait_s (120 s)
+        assert info.value.status is Status.DEADLINE_EXCEEDED
+    finally:
+        calls.close()
