@@ -147,10 +147,7 @@ def main() -> int:
                 raise result
             done[handle].set()
 
-        def _unused(*_: Any) -> Any:
-            raise AssertionError
-
-        core = FrontModel("digits", load_bundle(bundle), _unused)
+        core = FrontModel("digits", load_bundle(bundle))
         front = ChannelFront(core, bundle, respond, address=address)
         front.start(wait_s=120)
         x = np.random.default_rng(0).standard_normal((1, 8, 8, 1)).astype(np.float32)

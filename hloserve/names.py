@@ -71,10 +71,6 @@ DEFAULT_QUEUE_BATCHES = 16
 QUEUE_TIMEOUT_US = 3_600_000_000
 #: Front parameter: :data:`REPOSITORY_FORMAT` as text.
 PARAM_REPOSITORY_FORMAT = "hloserve.repository_format"
-#: Request parameter (bool) a meta model sets on its BLS sub-requests: the front answers errors
-#: with their status tagged in the message (``hloserve.triton_backend.pb.tag_status``), since
-#: BLS responses lose the error code (they arrive as INTERNAL on 2.51).
-REQUEST_PARAM_TAG_ERRORS = "hloserve.tag_errors"
 #: Meta parameter: the worker's gate size, the most meta runs (with calls) at once across
 #: every meta model of one tritonserver, as a decimal integer (docs/meta_models.md).
 PARAM_META_CONCURRENCY = "hloserve.meta_concurrency"

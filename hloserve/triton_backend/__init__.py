@@ -4,7 +4,7 @@ Nothing in this package imports ``triton_python_backend_utils``; the ``model.py`
 ``backends/`` adapt ``pb_utils`` objects and call into it (docs/serving.md is the contract).
 
 Modules:
-    batching: the coalescing plan (whole requests, padded to compiled sizes) and array helpers.
+    batching: array helpers: concatenate with zero padding, split, variable-axis pad/cut.
     tensors:  checking tensors against a manifest's specs (shared by front and runtime).
     front:    :class:`~hloserve.triton_backend.front.FrontModel`, one per bundle; no JAX.
     runtime:  :class:`~hloserve.triton_backend.runtime.RuntimeModel`, the one JAX process.
@@ -16,7 +16,7 @@ Modules:
     metrics:  weight cache events -> Triton custom metrics (pb_utils passed in).
     transfer: host <-> device weight copies with JAX (per array, or packed in chunks).
     pb:       pb_utils adapters: the Status -> TritonError code table, responses, the
-              runtime's status tags, ``initialize`` args (re-exports dlpack's names).
+              ``initialize`` args (re-exports dlpack's names).
     dlpack:   DLPack tensor moves between pb_utils and NumPy/JAX (bf16 included).
     residency: residency tiers and the weight budget rule (dependency-free).
     compile:  the one compile path (StableHLO portable artifact -> loaded executable).

@@ -1,9 +1,11 @@
-"""Coalescing requests into executions at compiled batch sizes, and the array helpers it needs.
+"""The array helpers of coalescing and shape variants: concatenate with zero padding, split,
+pad and cut variable axes.
 
-The rule is docs/serving.md, "Coalescing rule": requests are never split; an execution takes
-whole requests in arrival order up to the largest compiled batch size, and its item count is
-padded (zeros) up to the smallest compiled batch size that holds it. Outputs are sliced back
-per request, in order.
+The runtime (:mod:`hloserve.triton_backend.runtime_server`) joins the requests of one execution
+along the batch axis, padded (zeros) up to its compiled batch size, and slices the outputs back
+per request; the scheduler (:mod:`hloserve.triton_backend.scheduler`) decides which requests
+join (docs/scheduling.md, "Coalescing"). The front (:mod:`hloserve.triton_backend.front`) pads a
+request's variable axes up to its shape variant and cuts its outputs back.
 
 Everything here is pure NumPy. The batch axis is an argument everywhere: models served with
 ``max_batch_size: 0`` may carry their batch axis anywhere (``shape: "kn"``).
@@ -11,126 +13,13 @@ Everything here is pure NumPy. The batch axis is an argument everywhere: models 
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     from hloserve.bundle.front_spec import SpecTensor
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One call of a compiled executable, made of whole requests.
-
-    Attributes:
-        requests: indices into the planned request list, consecutive and in arrival order.
-        offsets: where each request's items start in the batch (same order as ``requests``).
-        sizes: each request's item count (same order as ``requests``).
-        batch_size: the compiled batch size the execution runs at (``>= items``).
-    """
-
-    requests: tuple[int, ...]
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    batch_size: int
-
-    @property
-    def items(self) -> int:
-        """Real items (the rest, ``batch_size - items``, is zero padding)."""
-        return sum(self.sizes)
-
-    @property
-    def padding(self) -> int:
-        """Padded items: ``batch_size - items``."""
-        return self.batch_size - self.items
-
-
-def smallest_holding(items: int, compiled_sizes: Sequence[int]) -> int:
-    """The smallest compiled batch size ``>= items``.
-
-    Args:
-        items: item count, at least 1.
-        compiled_sizes: the compiled batch sizes, ascending.
-
-    Raises:
-        ValueError: ``items`` is below 1 or above the largest compiled size.
-    """
-    if items < 1:
-        raise ValueError(f"item count must be at least 1, got {items}")
-    i = bisect.bisect_left(compiled_sizes, items)
-    if i == len(compiled_sizes):
-        raise ValueError(
-            f"{items} items exceed the largest compiled batch size {compiled_sizes[-1]}"
-        )
-    return compiled_sizes[i]
-
-
-def plan_executions(
-    request_batch_sizes: Sequence[int], compiled_sizes: Sequence[int]
-) -> list[Execution]:
-    """Group requests into executions by docs/serving.md's coalescing rule.
-
-    Greedy in arrival order: a request joins the current execution while the execution's item
-    count stays within the largest compiled size; otherwise it starts the next one. Each
-    execution then runs at the smallest compiled size holding its items.
-
-    Args:
-        request_batch_sizes: each request's item count (batch size), in arrival order.
-        compiled_sizes: the compiled batch sizes (any order, no duplicates, all positive).
-
-    Returns:
-        The executions, in order; every request appears in exactly one. Empty for no requests.
-
-    Raises:
-        ValueError: no compiled size, or a request's size is below 1 or above the largest
-            compiled size (the caller rejects such requests before planning).
-
-    Example:
-        sizes ``[1, 3, 2, 1]`` with compiled ``[1, 4]`` -> ``[(0, 1) at 4, (2, 3) at 4]``.
-    """
-    sizes = sorted(compiled_sizes)
-    if not sizes:
-        raise ValueError("no compiled batch size to plan executions for")
-    largest = sizes[-1]
-    for i, n in enumerate(request_batch_sizes):
-        if not 1 <= n <= largest:
-            raise ValueError(
-                f"request {i} has batch size {n}; allowed 1 to {largest} (largest compiled size)"
-            )
-    plan: list[Execution] = []
-    members: list[int] = []
-    offsets: list[int] = []
-    items = 0
-
-    def close() -> None:
-        plan.append(
-            Execution(
-                requests=tuple(members),
-                offsets=tuple(offsets),
-                sizes=tuple(request_batch_sizes[j] for j in members),
-                batch_size=smallest_holding(items, sizes),
-            )
-        )
-
-    for i, n in enumerate(request_batch_sizes):
-        if members and items + n > largest:
-            close()
-            members, offsets, items = [], [], 0
-        members.append(i)
-        offsets.append(items)
-        items += n
-    if members:
-        close()
-    return plan
-
-
-def batch_size_of(array: np.ndarray, axis: int) -> int:
-    """Size of ``array`` along the batch axis ``axis``."""
-    return int(array.shape[axis])
 
 
 def pad(array: np.ndarray, axis: int, size: int) -> np.ndarray:
@@ -243,13 +132,9 @@ def unpad_outputs(
 
 
 __all__ = [
-    "Execution",
-    "batch_size_of",
     "concatenate",
     "pad",
     "pad_variable",
-    "plan_executions",
-    "smallest_holding",
     "split",
     "unpad_outputs",
 ]

@@ -1,13 +1,11 @@
-"""The front model's core: validate, preprocess, coalesce, call the runtime, slice, postprocess.
+"""The front model's core: validate, preprocess, pick the variant, pad; then cut, postprocess.
 
 One front model serves one bundle (docs/serving.md, "The generated model repository"). The
 Triton shim sends each request through the runtime's channel
 (:mod:`hloserve.triton_backend.front_channel`), using :meth:`FrontModel.prepare`,
-:meth:`~FrontModel.runtime_inputs` and :meth:`~FrontModel.finish` per request;
-:meth:`FrontModel.execute` (executions at compiled batch sizes through an injected
-``call_runtime``) serves the in-process tests and benchmarks. A request's own problem (bad
-tensor, hook error) fails only that request; a runtime error fails the requests of that
-execution.
+:meth:`~FrontModel.runtime_inputs` and :meth:`~FrontModel.finish` per request; the runtime's
+scheduler coalesces requests into executions (docs/serving.md, "Coalescing rule"). A request's
+own problem (bad tensor, hook error) fails only that request.
 
 Hooks (docs/bundles.md, "Hooks"; :mod:`hloserve.triton_backend.hooks`): a bundle's ``model.py``
 may define ``preprocess`` and ``postprocess``; they run here, per request, in the front's
@@ -24,8 +22,7 @@ typed manifest (pydantic, PyYAML): it reads the front spec the repository builde
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,13 +30,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hloserve import names
-from hloserve.bundle.front_spec import FrontBundle, SpecTensor, check_bundle_files, read_front_spec
-from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.bundle.front_spec import FrontBundle, check_bundle_files, read_front_spec
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend import batching
 from hloserve.triton_backend.batching import pad_variable, unpad_outputs
 from hloserve.triton_backend.hooks import Hooks, IdentityHooks, ModuleHooks, load_hooks
-from hloserve.triton_backend.pb import ModelArgs, ServerStartingError
+from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 
 if TYPE_CHECKING:
@@ -48,27 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("hloserve.triton_backend.front")
 
 Tensors = dict[str, np.ndarray]
-#: One request's outcome: its output tensors by name, or the error it gets.
-Result = Tensors | Exception
-#: ``call_runtime(inputs, output_names) -> outputs``: one runtime execution. Names are the
-#: runtime's namespaced names (``<bundle>__<tensor>``). Raises HloserveError; UNAVAILABLE means
-#: "not ready, retry".
-CallRuntime = Callable[[Mapping[str, np.ndarray], Sequence[str]], Mapping[str, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long the front waits for a runtime that answers UNAVAILABLE (e.g. still loading).
-
-    Attributes:
-        total_s: give up after this many seconds (then the request gets UNAVAILABLE).
-        first_delay_s: first wait between attempts, seconds; doubled after each attempt.
-        max_delay_s: longest wait between attempts, seconds.
-    """
-
-    total_s: float = names.DEFAULT_RUNTIME_WAIT_S
-    first_delay_s: float = 0.05
-    max_delay_s: float = 1.0
 
 
 @dataclass
@@ -92,44 +67,36 @@ class Prepared:
 
 
 class FrontModel:
-    """Serves one bundle by calling the runtime model.
+    """Checks, pre/postprocesses and pads one bundle's requests for the runtime.
 
     Args:
-        name: the model (= bundle) name: the prefix of its tensors in the runtime model.
+        name: the model (= bundle) name.
         bundle: the bundle: its front spec (a typed :class:`~hloserve.bundle.Bundle` is
             turned into one, :meth:`FrontBundle.of`).
-        call_runtime: runs one execution on the runtime (see :data:`CallRuntime`).
         hooks: pre/post processing; identity by default.
-        retry: waiting for a runtime that is not ready.
-        sleep: ``time.sleep`` (injectable for tests).
-        clock: ``time.monotonic`` (injectable for tests).
+        runtime_model: the runtime model whose channel serves this front.
+        runtime_wait_s: how long a request waits for a runtime that is not (yet) there,
+            seconds (``hloserve.runtime_wait_s``).
     """
 
     def __init__(
         self,
         name: str,
         bundle: Bundle | FrontBundle,
-        call_runtime: CallRuntime,
         *,
         hooks: Hooks | None = None,
-        retry: RetryPolicy | None = None,
         runtime_model: str = names.RUNTIME_MODEL,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        runtime_wait_s: float = names.DEFAULT_RUNTIME_WAIT_S,
     ) -> None:
         self.name = name
         self.bundle = FrontBundle.of(bundle)
         #: what the front reads of the bundle's manifest (a FrontSpec; same attribute names)
         self.manifest = self.bundle.spec
         self.runtime_model = runtime_model
+        self.runtime_wait_s = runtime_wait_s
         self.hooks: Hooks = hooks if hooks is not None else IdentityHooks()
-        self.retry = retry or RetryPolicy()
-        self._call_runtime = call_runtime
-        self._sleep = sleep
-        self._clock = clock
         self._compiled = list(self.manifest.compiled_batch_sizes)
         self._check_inputs = TensorChecker(name, "input", self.manifest.inputs)
-        self._check_outputs = TensorChecker(name, "output", self.manifest.outputs)
         self._check_client_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
         self._check_client_outputs = TensorChecker(name, "output", self.manifest.wire_outputs)
         self._has_client_outputs = self.manifest.client_outputs is not None
@@ -148,17 +115,9 @@ class FrontModel:
         self._variant_order = sorted(
             range(len(self._variants)), key=lambda i: (sum(self._variants[i].values()), i)
         )
-        self._runtime_inputs = {
-            s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.inputs
-        }
-        self._runtime_outputs = {
-            s.name: names.runtime_tensor_name(name, s.name) for s in self.manifest.outputs
-        }
 
     @classmethod
-    def from_args(
-        cls, args: ModelArgs, call_runtime: CallRuntime, *, hooks: Hooks | None = None
-    ) -> FrontModel:
+    def from_args(cls, args: ModelArgs, *, hooks: Hooks | None = None) -> FrontModel:
         """Build from the model's Triton config (docs/serving.md, "Front model config").
 
         Reads ``hloserve.bundle`` (bundle directory relative to the model directory),
@@ -190,49 +149,12 @@ class FrontModel:
         return cls(
             args.name,
             bundle,
-            call_runtime,
             hooks=hooks,
-            retry=RetryPolicy(total_s=params.runtime_wait_s),
             runtime_model=params.runtime_model,
+            runtime_wait_s=params.runtime_wait_s,
         )
 
     # -- serving ------------------------------------------------------------------------------
-
-    def execute(self, requests: Sequence[Mapping[str, np.ndarray] | Exception]) -> list[Result]:
-        """Serve a list of requests; one result per request, in order.
-
-        Args:
-            requests: each request's input tensors by name (client-facing names), or the
-                exception a request already failed with (e.g. an unreadable tensor), which
-                is passed through as its result.
-
-        Returns:
-            For each request, its output tensors by name or the exception it gets (an
-            :class:`~hloserve.errors.HloserveError` carries the status to answer with).
-        """
-        results: list[Result | None] = [None] * len(requests)
-        prepared: list[Prepared] = []
-        for i, request in enumerate(requests):
-            if isinstance(request, Exception):
-                results[i] = request
-                continue
-            try:
-                prepared.append(self.prepare(request, i))
-            except Exception as exc:
-                results[i] = exc
-        for execution, members in self._plan(prepared):
-            try:
-                outputs = self._run(execution, members)
-            except Exception as exc:
-                for m in members:
-                    results[m.index] = exc
-                continue
-            for m, request_outputs in zip(members, outputs, strict=True):
-                try:
-                    results[m.index] = self._postprocess(request_outputs, m.inputs)
-                except Exception as exc:
-                    results[m.index] = exc
-        return [r if r is not None else HloserveError("request was not served") for r in results]
 
     def prepare(self, request: Mapping[str, np.ndarray], index: int = 0) -> Prepared:
         """Check and preprocess one request; pick its variant (its own problem raises).
@@ -367,139 +289,13 @@ class FrontModel:
             )
         return batch
 
-    def _plan(self, prepared: list[Prepared]) -> list[tuple[batching.Execution, list[Prepared]]]:
-        if not self.manifest.batched:
-            return [(batching.Execution((i,), (0,), (0,), 0), [p]) for i, p in enumerate(prepared)]
-        planned = []
-        for variant in dict.fromkeys(p.variant for p in prepared):  # first-arrival order
-            group = [p for p in prepared if p.variant == variant]
-            sizes = [p.batch_size or 1 for p in group]
-            plan = batching.plan_executions(sizes, self._compiled)
-            planned += [(e, [group[j] for j in e.requests]) for e in plan]
-        return planned
-
-    def _run(self, execution: batching.Execution, members: list[Prepared]) -> list[Tensors]:
-        """One runtime call for ``members``; their outputs, sliced per request."""
-        variant = self._variants[members[0].variant]
-        inputs: dict[str, np.ndarray] = {}
-        for spec in self.manifest.inputs:
-            arrays = [pad_variable(spec, m.inputs[spec.name], variant) for m in members]
-            inputs[self._runtime_inputs[spec.name]] = self._assemble(spec, arrays, execution)
-        wanted = list(self._runtime_outputs.values())
-        raw = self._call_with_retry(inputs, wanted)
-        outputs = {
-            spec.name: raw.get(self._runtime_outputs[spec.name]) for spec in self.manifest.outputs
-        }
-        missing = [n for n, a in outputs.items() if a is None]
-        if missing:
-            raise HloserveError(
-                f"model {self.name!r}: runtime model {self.runtime_model!r} returned no "
-                f"output {self._runtime_outputs[missing[0]]!r}",
-                status=Status.INTERNAL,
-            )
-        present = {n: np.asarray(a) for n, a in outputs.items()}
-        try:
-            batch = self._check_outputs(present)
-        except InvalidArgumentError as exc:
-            raise HloserveError(
-                f"runtime model {self.runtime_model!r} broke the contract: {exc.message}",
-                status=Status.INTERNAL,
-            ) from None
-        for spec in self.manifest.outputs:
-            got = present[spec.name].shape
-            want = spec.shape_at(
-                got[spec.batch_axis] if spec.batch_axis is not None else 0, variant
-            )
-            if tuple(got) != want:
-                raise HloserveError(
-                    f"model {self.name!r}: runtime returned output {spec.name!r} with shape "
-                    f"{list(got)}, expected {list(want)} for variant {variant}",
-                    status=Status.INTERNAL,
-                )
-        if self.manifest.batched and batch != execution.batch_size:
-            raise HloserveError(
-                f"model {self.name!r}: runtime returned batch size {batch}, "
-                f"expected {execution.batch_size}",
-                status=Status.INTERNAL,
-            )
-        if not self.manifest.batched:
-            return [unpad_outputs(self.manifest.outputs, present, members[0].sizes)]
-        per_request: list[Tensors] = [{} for _ in members]
-        for spec in self.manifest.outputs:
-            axis = spec.batch_axis
-            assert axis is not None  # batched manifests have a batch axis on every tensor
-            for out, part in zip(
-                per_request, batching.split(present[spec.name], axis, execution.sizes), strict=True
-            ):
-                out[spec.name] = part
-        return [
-            unpad_outputs(self.manifest.outputs, out, m.sizes)
-            for out, m in zip(per_request, members, strict=True)
-        ]
-
-    @staticmethod
-    def _assemble(
-        spec: SpecTensor, arrays: list[np.ndarray], execution: batching.Execution
-    ) -> np.ndarray:
-        if spec.batch_axis is None:
-            return arrays[0]
-        return batching.concatenate(arrays, spec.batch_axis, execution.batch_size)
-
-    def _call_with_retry(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> Mapping[str, np.ndarray]:
-        """``call_runtime`` again while it answers UNAVAILABLE, with backoff, bounded in time.
-
-        Raises:
-            UnavailableError: still unavailable after ``retry.total_s`` seconds.
-            ServerStartingError: Triton refuses BLS because the server is starting (no retry:
-                the server cannot become ready while this model is still loading).
-            HloserveError: any other error of the runtime, unchanged.
-        """
-        policy = self.retry
-        deadline = self._clock() + policy.total_s
-        delay = policy.first_delay_s
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return self._call_runtime(inputs, outputs)
-            except ServerStartingError as exc:
-                raise ServerStartingError(
-                    f"model {self.name!r}: cannot call runtime model {self.runtime_model!r}: "
-                    f"the server is starting or shutting down ({exc.message})"
-                ) from None
-            except HloserveError as exc:
-                if exc.status is not Status.UNAVAILABLE:
-                    raise
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    raise UnavailableError(
-                        f"model {self.name!r}: runtime model {self.runtime_model!r} still "
-                        f"unavailable after {policy.total_s:g} s ({attempts} attempts): "
-                        f"{exc.message}"
-                    ) from None
-                if attempts == 1:
-                    log.warning(
-                        "model %r: runtime model %r unavailable (%s); retrying for up to %g s",
-                        self.name,
-                        self.runtime_model,
-                        exc.message,
-                        policy.total_s,
-                    )
-                self._sleep(min(delay, remaining))
-                delay = min(delay * 2, policy.max_delay_s)
-
 
 __all__ = [
-    "CallRuntime",
     "FrontModel",
     "Hooks",
     "IdentityHooks",
     "ModuleHooks",
     "Prepared",
-    "Result",
-    "RetryPolicy",
     "check_bundle_files",
     "load_hooks",
 ]  # Hooks, IdentityHooks, ModuleHooks, load_hooks: hooks.py; check_bundle_files: front_spec

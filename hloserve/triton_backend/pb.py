@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,25 +90,6 @@ def error_code(error: BaseException) -> tuple[str, str]:
     return f"internal error: {type(error).__name__}: {error}", TRITON_ERROR_CODE[Status.INTERNAL]
 
 
-#: BLS responses reach the caller with code INTERNAL whatever code the callee answered
-#: (measured on 2.51), but with the message intact. The runtime therefore prefixes its error
-#: messages with this tag, and the front reads the status back from it.
-_STATUS_TAG = re.compile(r"^\[hloserve ([A-Z_]+)\] ")
-
-
-def tag_status(message: str, status: Status) -> str:
-    """``message`` prefixed with ``status`` in the form :func:`untag_status` reads back."""
-    return f"[hloserve {status.name}] {message}"
-
-
-def untag_status(message: str) -> tuple[Status | None, str]:
-    """The status tagged on ``message`` (or None) and the message without the tag."""
-    match = _STATUS_TAG.match(message)
-    if match is None or match.group(1) not in Status.__members__:
-        return None, message
-    return Status[match.group(1)], message[match.end() :]
-
-
 def status_of_code(code_name: str, message: str = "") -> Status:
     """The Status of a Triton error code name (inverse of :data:`TRITON_ERROR_CODE`).
 
@@ -127,13 +107,11 @@ def status_of_code(code_name: str, message: str = "") -> Status:
 def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
     """An :class:`HloserveError` from a ``pb_utils.TritonError`` (e.g. a BLS response's).
 
-    The status comes from a :func:`tag_status` tag when the message has one, else from the
-    message's not-ready texts, else from the error code.
+    The status comes from the message's not-ready texts, else from the error code (Triton 2.51
+    hands a BLS caller every callee error as INTERNAL, measured; a meta's sub-calls to bundles
+    go over the channel instead, with their status).
     """
     message = str(error.message())
-    tagged, text = untag_status(message)
-    if tagged is not None:
-        return HloserveError(text, status=tagged)
     if triton_messages.server_not_ready(message):
         return ServerStartingError(message)
     code = error.code()
@@ -144,34 +122,20 @@ def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
     return HloserveError(message, status=status_of_code(name, message))
 
 
-def triton_error(pb_utils: Any, error: BaseException, *, tagged: bool = False) -> Any:
-    """A ``pb_utils.TritonError`` for an exception (see :func:`error_code`).
-
-    Args:
-        tagged: prefix the message with the status (:func:`tag_status`), for errors that travel
-            back over BLS (the runtime's).
-    """
+def triton_error(pb_utils: Any, error: BaseException) -> Any:
+    """A ``pb_utils.TritonError`` for an exception (see :func:`error_code`)."""
     message, code = error_code(error)
-    if tagged:
-        status = error.status if isinstance(error, HloserveError) else Status.INTERNAL
-        message = tag_status(message, status)
     return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
 
 
-def inference_response(
-    pb_utils: Any, result: Mapping[str, Any] | BaseException, *, tagged: bool = False
-) -> Any:
-    """A ``pb_utils.InferenceResponse`` holding ``result``'s tensors, or its error.
-
-    Args:
-        tagged: tag error messages with their status (see :func:`triton_error`).
-    """
+def inference_response(pb_utils: Any, result: Mapping[str, Any] | BaseException) -> Any:
+    """A ``pb_utils.InferenceResponse`` holding ``result``'s tensors, or its error."""
     if isinstance(result, BaseException):
-        return pb_utils.InferenceResponse(error=triton_error(pb_utils, result, tagged=tagged))
+        return pb_utils.InferenceResponse(error=triton_error(pb_utils, result))
     try:
         tensors = [to_triton_tensor(pb_utils, n, a) for n, a in result.items()]
     except Exception as exc:
-        return pb_utils.InferenceResponse(error=triton_error(pb_utils, exc, tagged=tagged))
+        return pb_utils.InferenceResponse(error=triton_error(pb_utils, exc))
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
@@ -255,7 +219,6 @@ __all__ = [
     "DL_UINT",
     "TRITON_ERROR_CODE",
     "ModelArgs",
-    "ServerStartingError",
     "capsule_dtype",
     "configure_logging",
     "error_code",
@@ -266,10 +229,8 @@ __all__ = [
     "relabel_capsule",
     "request_inputs",
     "status_of_code",
-    "tag_status",
     "to_capsule",
     "to_numpy",
     "to_triton_tensor",
     "triton_error",
-    "untag_status",
 ]

@@ -9,10 +9,8 @@ checks the bundle, compiles every (shape variant, batch size) through
 :func:`~hloserve.triton_backend.compile.compile_artifact` and hands the weights to the
 :class:`~hloserve.triton_backend.weights.WeightStore`, once, under a per-bundle lock; only that
 bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
-bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`).
-
-A runtime built with a ``registry`` (tests, benchmarks) also serves requests whose tensors are
-namespaced ``<bundle>__<tensor>`` (:meth:`RuntimeModel.execute`).
+bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`), called by the
+channel's :class:`~hloserve.triton_backend.runtime_server.RuntimeServer`.
 """
 
 from __future__ import annotations
@@ -21,14 +19,13 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hloserve import names
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
@@ -47,7 +44,6 @@ from hloserve.triton_backend.runtime_config import (
     ObserverFactory,
     weight_cache_from_args,
 )
-from hloserve.triton_backend.tensors import TensorChecker
 from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
@@ -65,21 +61,17 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: LoadedBundle | None = None
     error: HloserveError | None = None
-    #: holders (front instances); a registry entry is held for the runtime's life
+    #: holders (front instances)
     refs: int = 0
-    static: bool = False
 
 
 class RuntimeModel:
     """Runs the executables of the bundles its fronts load, on one device.
 
     Args:
-        registry: bundle (model) name -> bundle directory, served for the runtime's life
-            (namespaced requests, :meth:`execute`); fronts add theirs with :meth:`acquire`.
         store: where weights live; default :class:`ResidentWeightStore`.
         device: the ``jax.Device`` to run on; default JAX's first device.
         compile: the compile function (``compile_artifact``; injectable for tests).
-        preload: load every registry bundle now (see :meth:`preload`) instead of on first use.
         on_execute: called after each execution with (model, variant label as given by
             :func:`variant_label`, compiled batch size), e.g. to count executions.
         on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
@@ -91,12 +83,10 @@ class RuntimeModel:
 
     def __init__(
         self,
-        registry: Mapping[str, Path] | None = None,
         *,
         store: WeightStore | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
-        preload: bool = False,
         on_execute: Callable[[str, str, int], None] | None = None,
         on_load: Callable[[str], None] | None = None,
     ) -> None:
@@ -113,12 +103,8 @@ class RuntimeModel:
         self._on_execute = on_execute
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        for name, path in (registry or {}).items():
-            self._entries[name] = _Entry(name, name, Path(path), static=True)
         self._execute_lock = threading.Lock()
         self._place = _placer(self.device)
-        if preload:
-            self.preload()
 
     @classmethod
     def from_args(
@@ -158,35 +144,17 @@ class RuntimeModel:
         cache = None if "compile" in kwargs else executable_cache_from_args(args, executables)
         if cache is not None:
             kwargs["compile"] = functools.partial(compile_artifact, cache=cache)
-        runtime = cls(None, **kwargs)
+        runtime = cls(**kwargs)
         runtime.executable_cache = cache
         return runtime
 
     @property
     def bundle_names(self) -> list[str]:
-        """The names of the bundles registered or held, sorted."""
+        """The names of the bundles held, sorted."""
         with self._lock:
             return sorted({e.name for e in self._entries.values()})
 
     # -- loading ------------------------------------------------------------------------------
-
-    def preload(self) -> dict[str, HloserveError]:
-        """Load every registry bundle now: those the store pins first, each group by name.
-
-        A bundle that fails keeps its error (requests naming it get it); the others load.
-
-        Returns:
-            The errors of the bundles that failed, by name.
-        """
-        failed = {}
-        static = sorted(k for k, e in self._entries.items() if e.static)
-        for name in sorted(static, key=lambda n: (not self.store.pinned(n), n)):
-            try:
-                self.load(name)
-            except HloserveError as exc:
-                log.error("%s", exc.message)
-                failed[name] = exc
-        return failed
 
     def acquire(self, name: str, path: Path) -> LoadedBundle:
         """Hold bundle ``name`` at ``path`` (loading it if no one holds this generation).
@@ -228,7 +196,7 @@ class RuntimeModel:
         """
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry.static:
+            if entry is None:
                 return False
             entry.refs -= 1
             if entry.refs > 0:
@@ -242,11 +210,11 @@ class RuntimeModel:
         return True
 
     def load(self, name: str) -> LoadedBundle:
-        """The loaded bundle ``name`` (a registry bundle, or the newest held generation),
-        loading it on first use (once; thread-safe).
+        """The loaded bundle ``name`` (its newest held generation), loading it on first use
+        (once; thread-safe).
 
         Raises:
-            NotFoundError: ``name`` is neither registered nor held.
+            NotFoundError: no one holds ``name``.
             HloserveError: the bundle failed to load (now or before): its error, naming it.
         """
         with self._lock:
@@ -311,45 +279,9 @@ class RuntimeModel:
         )
         if self.executable_cache is not None:
             log.info("%s", self.executable_cache.summary())
-        checker = TensorChecker(name, "input", bundle.manifest.inputs)
-        return LoadedBundle(name, key, bundle, executables, seconds, checker)
+        return LoadedBundle(name, key, bundle, executables, seconds)
 
     # -- serving ------------------------------------------------------------------------------
-
-    def execute(
-        self, inputs: Mapping[str, Any], requested_outputs: Sequence[str] = ()
-    ) -> dict[str, Any]:
-        """Run one request: inputs of one bundle at one compiled batch size.
-
-        Args:
-            inputs: namespaced input tensors (``<bundle>__<tensor>``), host NumPy arrays.
-            requested_outputs: namespaced output names to return; empty for all of them.
-
-        Returns:
-            Namespaced outputs: JAX arrays in host memory on a CPU device, else host NumPy
-            arrays (both DLPack-exportable; ``np.asarray`` gives NumPy).
-
-        Raises:
-            NotFoundError: a tensor name that no registered bundle prefixes.
-            InvalidArgumentError: no inputs, inputs of two bundles, a missing/unknown/bad
-                tensor, a batch size without an executable, an unknown requested output.
-            HloserveError: the bundle failed to load (its status).
-        """
-        if not inputs:
-            raise InvalidArgumentError("runtime: the request has no inputs")
-        name, tensors = self._split(inputs)
-        loaded = self.load(name)
-        manifest = loaded.bundle.manifest
-        batch = loaded.check_inputs(tensors)
-        variant = loaded.variant_of(tensors)
-        key = UNBATCHED if batch is None else batch
-        wanted = self._wanted(name, manifest.outputs, requested_outputs)
-        results = self.run(loaded, variant, key, [tensors[spec.name] for spec in manifest.inputs])
-        out = {}
-        for spec, result in zip(manifest.outputs, results, strict=True):
-            if spec.name in wanted:
-                out[names.runtime_tensor_name(name, spec.name)] = _to_host(result)
-        return out
 
     def run(
         self, loaded: LoadedBundle, variant: int, batch_size: int, inputs: Sequence[np.ndarray]
@@ -382,49 +314,6 @@ class RuntimeModel:
             self._on_execute(loaded.name, variant_label(manifest.variant_dims[variant]), batch_size)
         return list(results)
 
-    def _split(self, inputs: Mapping[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
-        bundle: str | None = None
-        tensors: dict[str, np.ndarray] = {}
-        known = frozenset(self.bundle_names)
-        for full in inputs:
-            try:
-                owner, tensor = names.split_runtime_tensor_name(full, known)
-            except KeyError:
-                raise NotFoundError(
-                    f"runtime: input {full!r} names no model this runtime serves "
-                    f"(expected '<model>__<tensor>' with a model of {self.bundle_names})"
-                ) from None
-            if bundle is not None and owner != bundle:
-                raise InvalidArgumentError(
-                    f"runtime: one request names two models, {bundle!r} and {owner!r}"
-                )
-            bundle = owner
-            tensors[tensor] = inputs[full]
-        assert bundle is not None
-        return bundle, tensors
-
-    def _wanted(self, name: str, specs: Sequence[Any], requested: Sequence[str]) -> set[str]:
-        """Names (un-namespaced) of the outputs of ``name`` to return.
-
-        Triton requests every output of the runtime's config when a client names none, so
-        requested outputs of other bundles are ignored; none of this bundle means all of them.
-        """
-        available = {names.runtime_tensor_name(name, s.name): s.name for s in specs}
-        wanted = set()
-        for full in requested:
-            if full in available:
-                wanted.add(available[full])
-                continue
-            try:
-                owner, _ = names.split_runtime_tensor_name(full, frozenset(self.bundle_names))
-            except KeyError:
-                owner = name
-            if owner == name:
-                raise InvalidArgumentError(
-                    f"model {name!r}: unknown output {full!r}; outputs are {sorted(available)}"
-                )
-        return wanted or set(available.values())
-
     def close(self) -> None:
         """Drop every loaded bundle and its weights."""
         with self._lock:
@@ -455,14 +344,6 @@ def _placer(device: Any) -> Callable[[np.ndarray], Any]:
         return client.buffer_from_pyval(np.ascontiguousarray(array), device)
 
     return place
-
-
-def _to_host(array: Any) -> Any:
-    """A result in host memory: the JAX array itself on a CPU device, else a NumPy copy."""
-    devices = array.devices() if hasattr(array, "devices") else set()
-    if devices and all(d.platform == "cpu" for d in devices):
-        return array
-    return np.asarray(array)
 
 
 __all__ = [

@@ -97,9 +97,9 @@ def _args(repo: Path, model: str) -> ModelArgs:
 
 @pytest.mark.parametrize("model", FRONTS)
 def test_the_front_from_its_spec_is_the_front_from_the_manifest(repo: Path, model: str) -> None:
-    front = FrontModel.from_args(_args(repo, model), lambda i, o: {})
+    front = FrontModel.from_args(_args(repo, model))
     bundle = load_bundle(repo / model / names.BUNDLE_SUBDIR)
-    assert front.manifest == FrontModel(model, bundle, lambda i, o: {}).manifest
+    assert front.manifest == FrontModel(model, bundle).manifest
     assert front.bundle.path == repo / model / names.BUNDLE_SUBDIR
 
 
@@ -107,7 +107,7 @@ def test_a_repository_without_spec_files_still_serves(repo: Path, tmp_path: Path
     old = tmp_path / "repository"
     shutil.copytree(repo, old)
     (old / "tiny" / names.FRONT_SPEC).unlink()  # built before the builder wrote one
-    front = FrontModel.from_args(_args(old, "tiny"), lambda i, o: {})
+    front = FrontModel.from_args(_args(old, "tiny"))
     assert front.manifest == read_front_spec(repo / "tiny" / names.FRONT_SPEC)
     assert validate_repository(old) == []
 
@@ -126,7 +126,7 @@ def test_a_stale_or_damaged_spec_is_reported(repo: Path, tmp_path: Path) -> None
     data["format"] = 99
     path.write_text(json.dumps(data))
     with pytest.raises(InvalidArgumentError, match="front spec format 99 is not 1") as info:
-        FrontModel.from_args(_args(copy, "affine"), lambda i, o: {})
+        FrontModel.from_args(_args(copy, "affine"))
     assert info.value.status is Status.INVALID_ARGUMENT and "hloserve repo build" in str(info.value)
     del data["inputs"]
     data["format"] = 1
@@ -148,7 +148,7 @@ from hloserve.triton_backend.pb import ModelArgs
 for model in ("affine", "echo"):
     config = {{"parameters": {params!r}}}
     args = ModelArgs(model, Path({str(repo)!r}) / model, "1", config=config)
-    FrontModel.from_args(args, lambda i, o: {{}})
+    FrontModel.from_args(args)
 bad = ("pydantic", "yaml", "hloserve.bundle.manifest", "hloserve.bundle.bundle", "jax")
 print(sorted(m for m in bad if m in sys.modules))
 """

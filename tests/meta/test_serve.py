@@ -221,3 +221,18 @@ def test_gate_runs_two_metas_one_after_the_other_while_models_answer(
     assert end1 <= start2, f"the two meta runs overlapped: {windows}"
     inside = [t for t in answered if start1 <= t <= end2]
     assert inside, f"no plain request answered while the metas ran ({len(answered)} in all)"
+
+
+def test_sub_calls_to_bundles_bypass_the_callees_triton_statistics(server: TritonServer) -> None:
+    """A meta reaches a bundle over the runtime's channel, not through Triton: the callee's
+    Triton statistics count client requests only (docs/meta_models.md)."""
+    client = grpcclient.InferenceServerClient(server.urls.grpc)
+
+    def successes() -> int:
+        stats = client.get_inference_statistics("affine", as_json=True)
+        [model] = [m for m in stats["model_stats"] if m["name"] == "affine"]
+        return int(model["inference_stats"]["success"].get("count", 0))
+
+    before = successes()
+    np.testing.assert_array_equal(probe(grpcclient, client, 0)["y"], affine(grpcclient, client))
+    assert successes() == before + 1  # the direct request only, not the probe's sub-call

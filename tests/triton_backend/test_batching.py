@@ -1,4 +1,7 @@
-"""Coalescing plan and array helpers (hloserve.triton_backend.batching): pure NumPy."""
+"""The array helpers of coalescing and variants (hloserve.triton_backend.batching): pure NumPy.
+
+Which requests join an execution is the scheduler's rule (test_scheduler.py, ``coalescing``).
+"""
 
 from __future__ import annotations
 
@@ -6,94 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hloserve.triton_backend.batching import (
-    Execution,
-    concatenate,
-    pad,
-    plan_executions,
-    smallest_holding,
-    split,
-)
-
-
-def _groups(plan: list[Execution]) -> list[tuple[tuple[int, ...], int]]:
-    return [(e.requests, e.batch_size) for e in plan]
-
-
-@pytest.mark.parametrize(
-    ("sizes", "compiled", "expected"),
-    [
-        ([], [1, 8], []),
-        ([1], [1, 8], [((0,), 1)]),
-        ([5], [1, 8, 32], [((0,), 8)]),  # not compiled: padded to 8
-        ([1] * 8, [1, 8], [((0, 1, 2, 3, 4, 5, 6, 7), 8)]),
-        ([1] * 9, [1, 8], [(tuple(range(8)), 8), ((8,), 1)]),
-        ([1, 3, 2, 1], [1, 4], [((0, 1), 4), ((2, 3), 4)]),
-        ([3, 3, 3], [2, 4], [((0,), 4), ((1,), 4), ((2,), 4)]),  # never split a request
-        ([2, 5, 1], [8], [((0, 1, 2), 8)]),
-        ([8, 1], [1, 2, 8], [((0,), 8), ((1,), 1)]),
-        ([4, 4, 1], [1, 2, 4, 8], [((0, 1), 8), ((2,), 1)]),
-        ([1, 2], [4, 1, 2], [((0, 1), 4)]),  # compiled sizes in any order
-        ([3], [3], [((0,), 3)]),
-    ],
-)
-def test_plan_table(sizes: list[int], compiled: list[int], expected: list[object]) -> None:
-    assert _groups(plan_executions(sizes, compiled)) == expected
-
-
-def test_plan_offsets_and_sizes() -> None:
-    plan = plan_executions([1, 3, 2, 1, 4], [1, 2, 4, 8])
-    assert plan == [
-        Execution(requests=(0, 1, 2, 3), offsets=(0, 1, 4, 6), sizes=(1, 3, 2, 1), batch_size=8),
-        Execution(requests=(4,), offsets=(0,), sizes=(4,), batch_size=4),
-    ]
-    assert plan[0].items == 7 and plan[0].padding == 1
-    assert plan[1].items == 4 and plan[1].padding == 0
-
-
-@pytest.mark.parametrize(
-    ("sizes", "compiled", "match"),
-    [
-        ([9], [1, 8], "request 0 has batch size 9"),
-        ([1, 0], [1, 8], "request 1 has batch size 0"),
-        ([1], [], "no compiled batch size"),
-    ],
-)
-def test_plan_rejects(sizes: list[int], compiled: list[int], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        plan_executions(sizes, compiled)
-
-
-def test_plan_properties_on_random_inputs() -> None:
-    """Invariants of the rule on 2,000 random cases (a table-free property check)."""
-    rng = np.random.default_rng(0)
-    for _ in range(2000):
-        compiled = sorted(
-            int(s) for s in rng.choice(np.arange(1, 40), size=rng.integers(1, 5), replace=False)
-        )
-        largest = compiled[-1]
-        sizes = [int(s) for s in rng.integers(1, largest + 1, size=rng.integers(0, 30))]
-        plan = plan_executions(sizes, compiled)
-        flat = [i for e in plan for i in e.requests]
-        assert flat == list(range(len(sizes)))  # whole requests, arrival order, each once
-        for k, e in enumerate(plan):
-            assert e.sizes == tuple(sizes[i] for i in e.requests)
-            assert list(e.offsets) == list(np.cumsum((0, *e.sizes))[:-1])
-            assert e.items <= largest
-            assert e.batch_size in compiled
-            assert e.batch_size == min(s for s in compiled if s >= e.items)  # smallest holding
-            if k + 1 < len(plan):  # greedy: the next request did not fit
-                assert e.items + sizes[plan[k + 1].requests[0]] > largest
-
-
-def test_smallest_holding() -> None:
-    assert smallest_holding(1, [1, 8]) == 1
-    assert smallest_holding(2, [1, 8]) == 8
-    assert smallest_holding(8, [1, 8]) == 8
-    with pytest.raises(ValueError, match="exceed the largest compiled batch size 8"):
-        smallest_holding(9, [1, 8])
-    with pytest.raises(ValueError, match="at least 1"):
-        smallest_holding(0, [1, 8])
+from hloserve.triton_backend.batching import concatenate, pad, split
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
@@ -155,3 +71,47 @@ def test_split_returns_views_and_drops_padding() -> None:
     parts = split(a, 1, [1, 2])
     assert [p.shape for p in parts] == [(2, 1), (2, 2)]
     assert all(np.shares_memory(p, a) for p in parts)
+
+
+def _documented_rule(rows: list[int], sizes: list[int]) -> list[tuple[int, ...]]:
+    """docs/scheduling.md, "Coalescing", steps 1-3, for one model and variant: the works
+    (indices) of each batch, and its batch size last."""
+    queue = list(range(len(rows)))
+    batches = []
+    while queue:
+        total = sum(rows[i] for i in queue)
+        fitting = [s for s in sizes if s <= total]
+        target = fitting[-1] if fitting else sizes[0]
+        head = rows[queue[0]]
+        if head > target:
+            target = min(s for s in sizes if s >= head)
+        taken, items = [], 0
+        for i in queue:
+            if items + rows[i] > target:
+                break
+            taken.append(i)
+            items += rows[i]
+        queue = queue[len(taken) :]
+        batches.append((*taken, min(s for s in sizes if s >= items)))
+    return batches
+
+
+def test_the_scheduler_applies_the_documented_coalescing_rule() -> None:
+    """The scheduler's batches equal docs/scheduling.md's three steps on 1,000 random cases
+    (whole requests, arrival order, each once; docs/serving.md, "Coalescing rule")."""
+    from hloserve.triton_backend.scheduler import Scheduler, SchedulerConfig, Work
+
+    rng = np.random.default_rng(0)
+    for _ in range(1000):
+        sizes = sorted(
+            int(s) for s in rng.choice(np.arange(1, 40), size=rng.integers(1, 5), replace=False)
+        )
+        rows = [int(r) for r in rng.integers(1, sizes[-1] + 1, size=rng.integers(1, 30))]
+        scheduler = Scheduler(SchedulerConfig(discipline="fifo"), lambda w, r: None)
+        scheduler.register("m", 0, sizes)
+        for i, n in enumerate(rows):
+            scheduler.submit(Work("m", 0, n, payload=i))
+        got = []
+        while (batch := scheduler.next(timeout=0)) is not None:
+            got.append((*(w.payload for w in batch.works), batch.batch_size))
+        assert got == _documented_rule(rows, sizes), (rows, sizes)

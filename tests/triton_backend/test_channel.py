@@ -31,10 +31,6 @@ pytestmark = pytest.mark.usefixtures("restore_x64")
 EXPECTED = dict(np.load(GOLDEN / "affine.expected.npz"))
 
 
-def _no_bls(*_: Any) -> Any:
-    raise AssertionError("not used")
-
-
 class Answers:
     """Collects ``respond`` calls; ``wait(n)`` blocks until n answers arrived."""
 
@@ -83,7 +79,7 @@ def front(
     name: str = "affine",
     **kwargs: Any,
 ) -> ChannelFront:
-    core = FrontModel(name, load_bundle(bundle), _no_bls)
+    core = FrontModel(name, load_bundle(bundle))
     f = ChannelFront(core, bundle, answers, address=server.address, key=key, wait_s=20.0, **kwargs)
     f.start(wait_s=60.0)
     return f
@@ -98,7 +94,7 @@ def _runtime_at(addr: str, key: str) -> RuntimeServer:
 
 def _affine_front(addr: str, key: str, respond: Any, **kwargs: Any) -> ChannelFront:
     """A started front of the golden affine bundle at ``addr``, waiting up to 30 s for it."""
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
     f = ChannelFront(core, GOLDEN / "affine", respond, address=addr, key=key, wait_s=30.0, **kwargs)
     f.start(wait_s=60.0)
     return f

@@ -1,14 +1,19 @@
-"""The front core (hloserve.triton_backend.front): coalescing, validation, retries, hooks.
+"""The front over the channel (hloserve.triton_backend.front, front_channel): validation,
+coalescing and padding by the runtime's scheduler, hooks, errors, waiting for the runtime.
 
-Most tests wire the front to an in-process RuntimeModel (``call_runtime`` = ``runtime.execute``),
-the same path the BLS shim takes minus Triton.
+The fronts are inline :class:`ChannelFront` instances over an in-process :class:`RuntimeServer`
+(tests/triton_backend/front_testing.py), the path the ``hloserve_front`` shim takes minus
+Triton; the recorded executions show what the scheduler coalesced (docs/scheduling.md,
+"Coalescing").
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +23,18 @@ import pytest
 import hloserve
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend.front import FrontModel, RetryPolicy, Tensors
+from hloserve.triton_backend.front import FrontModel, Tensors
 from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime import RuntimeModel
-from tests.conftest import GOLDEN
-from tests.triton_backend.front_testing import Recorder, front_over
+from hloserve.triton_backend.runtime_server import RuntimeServer
+from tests.conftest import GOLDEN, TINY_PARAMS
+from tests.triton_backend.front_testing import (
+    Front,
+    RecordingRuntime,
+    front,
+    ok,
+    runtime_server,
+    server_key,
+)
 from tests.triton_backend.test_bundles import TRANSPOSED_W, export_transposed, export_unbatched
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
@@ -40,68 +52,85 @@ def paths(tmp_path_factory: pytest.TempPathFactory, tiny_bundle_src: Path) -> di
 
 
 @pytest.fixture(scope="module")
-def runtime(paths: dict[str, Path]) -> RuntimeModel:
-    return RuntimeModel(paths)
+def server() -> Iterator[RuntimeServer]:
+    with runtime_server() as srv:
+        yield srv
 
 
-def _ok(result: Tensors | Exception) -> Tensors:
-    assert not isinstance(result, Exception), result
-    return result
+def _calls(server: RuntimeServer) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
+    """(batch size, input shapes) of each execution since the front started."""
+    runtime = server.core
+    assert isinstance(runtime, RecordingRuntime)
+    return [(e.batch_size, e.shapes) for e in runtime.calls]
+
+
+def _tiny(x: np.ndarray) -> Tensors:
+    return {"y": x @ TINY_PARAMS["w"] + TINY_PARAMS["b"], "s": x.sum(axis=-1)}
 
 
 def test_affine_requests_are_coalesced_and_padded(
-    paths: dict[str, Path], runtime: RuntimeModel
+    paths: dict[str, Path], server: RuntimeServer
 ) -> None:
     expected = np.load(GOLDEN / "affine.expected.npz")
     x, y, label = expected["x"], expected["y"], expected["label"]
-    front, recorder = front_over("affine", paths, runtime)
-    results = front.execute([{"x": x[:1]}, {"x": x[1:]}, {"x": x}])
-    # compiled [1, 2]: (r0 + r1) at 2, then r2 at 2
-    assert recorder.calls == [{"affine__x": (2, 4)}, {"affine__x": (2, 4)}]
-    np.testing.assert_allclose(_ok(results[0])["y"], y[:1], rtol=1e-6)
-    np.testing.assert_allclose(_ok(results[1])["y"], y[1:], rtol=1e-6)
-    np.testing.assert_allclose(_ok(results[2])["y"], y, rtol=1e-6)
-    assert _ok(results[2])["label"].tolist() == label.tolist()
+    with front(server, "affine", paths["affine"]) as f:
+        results = f.execute([{"x": x[:1]}, {"x": x[1:]}, {"x": x}])
+        # compiled [1, 2]: (r0 + r1) at 2, then r2 at 2
+        assert _calls(server) == [(2, ((2, 4),)), (2, ((2, 4),))]
+    np.testing.assert_allclose(ok(results[0])["y"], y[:1], rtol=1e-6)
+    np.testing.assert_allclose(ok(results[1])["y"], y[1:], rtol=1e-6)
+    np.testing.assert_allclose(ok(results[2])["y"], y, rtol=1e-6)
+    assert ok(results[2])["label"].tolist() == label.tolist()
 
 
-def test_tiny_pads_three_single_requests_to_four(
-    paths: dict[str, Path], runtime: RuntimeModel
+@pytest.mark.parametrize(
+    ("rows", "executions"),
+    [
+        # compiled [1, 4]: 3 queued rows fill size 1 only, never padded up to 4
+        ([1, 1, 1], [(1, ((1, 4),))] * 3),
+        # a head of 2 rows grows the target to 4; the next request rides along, 1 row padded
+        ([2, 1], [(4, ((4, 4),))]),
+        ([2, 2, 1], [(4, ((4, 4),)), (1, ((1, 4),))]),
+    ],
+)
+def test_tiny_coalesces_by_the_schedulers_rule(
+    paths: dict[str, Path],
+    server: RuntimeServer,
+    rows: list[int],
+    executions: list[tuple[int, tuple[tuple[int, ...], ...]]],
 ) -> None:
-    from tests.conftest import TINY_PARAMS
-
-    front, recorder = front_over("tiny", paths, runtime)
-    xs = [np.full((1, 4), i, np.float32) for i in range(3)]
-    results = front.execute([{"x": x} for x in xs])
-    assert recorder.calls == [{"tiny__x": (4, 4)}]
+    xs = [np.full((n, 4), i, np.float32) for i, n in enumerate(rows)]
+    with front(server, "tiny", paths["tiny"]) as f:
+        results = f.execute([{"x": x} for x in xs])
+        assert _calls(server) == executions
     for x, result in zip(xs, results, strict=True):
-        out = _ok(result)
-        np.testing.assert_allclose(out["y"], x @ TINY_PARAMS["w"] + TINY_PARAMS["b"], rtol=1e-6)
-        np.testing.assert_allclose(out["s"], x.sum(axis=-1))
+        np.testing.assert_allclose(ok(result)["y"], _tiny(x)["y"], rtol=1e-6)
+        np.testing.assert_allclose(ok(result)["s"], _tiny(x)["s"])
 
 
-def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) -> None:
-    from tests.conftest import TINY_PARAMS
-
-    front, recorder = front_over("tiny", paths, runtime)
+def test_bad_requests_fail_alone(paths: dict[str, Path], server: RuntimeServer) -> None:
     first = {"x": np.ones((2, 4), np.float32)}
     last = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}  # unlike the first: order shows
-    results = front.execute(
-        [
-            first,
-            {"x": np.ones((1, 4), np.float64)},
-            {"x": np.ones((1, 3), np.float32)},
-            {},
-            {"x": np.ones((1, 4), np.float32), "extra": np.ones(1)},
-            {"x": np.ones((5, 4), np.float32)},
-            {"x": np.ones((0, 4), np.float32)},
-            InvalidArgumentError("unreadable tensor"),
-            last,
-        ]
-    )
-    assert recorder.calls == [{"tiny__x": (4, 4)}]  # the two good requests, together
-    messages = [str(r) for r in results[1:8]]
-    assert all(isinstance(r, InvalidArgumentError) for r in results[1:8]), results
-    assert "model 'tiny': input 'x': expected dtype FP32 (f32), got FP64 (f64)" in messages[0]
+    with front(server, "tiny", paths["tiny"]) as f:
+        results = f.execute(
+            [
+                first,
+                {"x": np.ones((1, 4), np.float64)},
+                {"x": np.ones((1, 3), np.float32)},
+                {},
+                {"x": np.ones((1, 4), np.float32), "extra": np.ones(1)},
+                {"x": np.ones((5, 4), np.float32)},
+                {"x": np.ones((0, 4), np.float32)},
+                InvalidArgumentError("unreadable tensor"),
+                last,
+            ]
+        )
+        assert _calls(server) == [(4, ((4, 4),))]  # the two good requests, together
+    errors = results[1:8]
+    assert all(isinstance(r, HloserveError) for r in errors), results
+    assert all(r.status is Status.INVALID_ARGUMENT for r in errors)  # type: ignore[union-attr]
+    messages = [str(r) for r in errors]
+    assert messages[0] == "model 'tiny': input 'x': expected dtype FP32 (f32), got FP64 (f64)"
     assert "expected shape [-1, 4], got [1, 3]" in messages[1]
     assert "missing input 'x'" in messages[2]
     assert "unknown input 'extra'" in messages[3]
@@ -109,145 +138,97 @@ def test_bad_requests_fail_alone(paths: dict[str, Path], runtime: RuntimeModel) 
     assert "batch size 0 is outside 1 to 4" in messages[5]
     assert messages[6] == "unreadable tensor"
     for good, result in ((first, results[0]), (last, results[8])):  # the expected answers
-        x = good["x"]
-        np.testing.assert_allclose(
-            _ok(result)["y"], x @ TINY_PARAMS["w"] + TINY_PARAMS["b"], rtol=1e-6
-        )
-        np.testing.assert_array_equal(_ok(result)["s"], x.sum(axis=-1))
+        want = _tiny(good["x"])
+        np.testing.assert_allclose(ok(result)["y"], want["y"], rtol=1e-6)
+        np.testing.assert_array_equal(ok(result)["s"], want["s"])
 
 
-def test_non_leading_batch_axis(paths: dict[str, Path], runtime: RuntimeModel) -> None:
-    front, recorder = front_over("transposed", paths, runtime)
+def test_non_leading_batch_axis(paths: dict[str, Path], server: RuntimeServer) -> None:
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(2, dtype=np.float32).reshape(2, 1) + 100
-    results = front.execute([{"x": a}, {"x": b}, {"x": np.ones((2, 5), np.float32)}])
-    assert recorder.calls == [{"transposed__x": (2, 4)}]  # 3 + 1 items, padded on axis 1
+    with front(server, "transposed", paths["transposed"]) as f:
+        results = f.execute([{"x": a}, {"x": b}, {"x": np.ones((2, 5), np.float32)}])
+        assert _calls(server) == [(4, ((2, 4),))]  # 3 + 1 items, joined on axis 1
     for x, result in zip((a, b), results[:2], strict=True):
-        out = _ok(result)
-        np.testing.assert_array_equal(out["y"], x.T * TRANSPOSED_W)
-        np.testing.assert_array_equal(out["z"], x + 1)
+        np.testing.assert_array_equal(ok(result)["y"], x.T * TRANSPOSED_W)
+        np.testing.assert_array_equal(ok(result)["z"], x + 1)
     assert isinstance(results[2], InvalidArgumentError)
     assert "batch size 5 is outside 1 to 4" in str(results[2])
 
 
 def test_unbatched_runs_one_request_per_execution(
-    paths: dict[str, Path], runtime: RuntimeModel
+    paths: dict[str, Path], server: RuntimeServer
 ) -> None:
-    front, recorder = front_over("unbatched", paths, runtime)
     xs = [np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32)]
-    results = front.execute([{"x": x} for x in xs])
-    assert recorder.calls == [{"unbatched__x": (3,)}, {"unbatched__x": (3,)}]
+    with front(server, "unbatched", paths["unbatched"]) as f:
+        results = f.execute([{"x": x} for x in xs])
+        assert _calls(server) == [(0, ((3,),)), (0, ((3,),))]
     for x, result in zip(xs, results, strict=True):
-        np.testing.assert_array_equal(_ok(result)["y"], x * 2 + [1.0, 2.0, 3.0])
+        np.testing.assert_array_equal(ok(result)["y"], x * 2 + [1.0, 2.0, 3.0])
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    def __call__(self) -> float:
-        return self.now
-
-
-Call = Callable[[Mapping[str, np.ndarray], Sequence[str]], Mapping[str, np.ndarray]]
-
-
-@pytest.fixture
-def make_front(tiny_bundle_src: Path) -> Callable[..., FrontModel]:
-    """``make_front(call, clock, total_s=120)``: a ``tiny`` front over a fake runtime."""
-    bundle = load_bundle(tiny_bundle_src)
-
-    def make(call: Call, clock: FakeClock, total_s: float = 120.0) -> FrontModel:
-        return FrontModel(
-            "tiny",
-            bundle,
-            call,
-            retry=RetryPolicy(total_s=total_s, first_delay_s=0.05, max_delay_s=0.2),
-            sleep=clock.sleep,
-            clock=clock,
-        )
-
-    return make
-
-
-def _tiny_outputs(n: int) -> dict[str, np.ndarray]:
-    return {"tiny__y": np.zeros((n, 3), np.float32), "tiny__s": np.zeros(n, np.float32)}
-
-
-def test_retries_while_the_runtime_is_not_ready(make_front: Callable[..., FrontModel]) -> None:
-    clock = FakeClock()
-    attempts = []
-
-    def call(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        attempts.append(clock.now)
-        if len(attempts) < 5:
-            raise HloserveError("Model 'hloserve_runtime' is not ready.", status=Status.UNAVAILABLE)
-        return _tiny_outputs(1)
-
-    [result] = make_front(call, clock).execute([{"x": np.zeros((1, 4), np.float32)}])
-    assert _ok(result)["y"].shape == (1, 3)
-    assert clock.sleeps == [0.05, 0.1, 0.2, 0.2]  # doubling, capped
-
-
-def test_gives_up_after_the_total_wait(make_front: Callable[..., FrontModel]) -> None:
-    clock = FakeClock()
-
-    def call(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        raise HloserveError("is not ready", status=Status.UNAVAILABLE)
-
-    [result] = make_front(call, clock, total_s=1.0).execute([{"x": np.zeros((1, 4), np.float32)}])
-    assert isinstance(result, UnavailableError)
-    assert "runtime model 'hloserve_runtime' still unavailable after 1 s" in str(result)
-    assert sum(clock.sleeps) == pytest.approx(1.0)
-    assert clock.now <= 1.0 + 1e-9
-
-
-def test_runtime_errors_fail_only_their_execution(make_front: Callable[..., FrontModel]) -> None:
-    clock = FakeClock()
-
-    def call(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        x = inputs["tiny__x"]
-        if (x < 0).any():
-            raise HloserveError("boom", status=Status.INVALID_ARGUMENT)
-        return _tiny_outputs(x.shape[0])
-
-    front = make_front(call, clock)
-    results = front.execute(
-        [{"x": -np.ones((4, 4), np.float32)}, {"x": np.ones((4, 4), np.float32)}]
-    )
-    assert isinstance(results[0], HloserveError) and str(results[0]) == "boom"
-    assert _ok(results[1])["y"].shape == (4, 3)
-    assert clock.sleeps == []  # not UNAVAILABLE: no retry
-
-
-def test_runtime_breaking_the_contract_is_internal(
-    make_front: Callable[..., FrontModel],
+def test_runtime_errors_fail_only_their_execution(
+    paths: dict[str, Path], server: RuntimeServer
 ) -> None:
-    clock = FakeClock()
+    runtime = server.core
+    assert isinstance(runtime, RecordingRuntime)
 
-    def wrong_shape(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> Tensors:
-        return {"tiny__y": np.zeros((1, 2), np.float32), "tiny__s": np.zeros(1, np.float32)}
+    def fail(inputs: Sequence[np.ndarray]) -> Exception | None:
+        bad = (inputs[0] < 0).any()
+        return HloserveError("boom", status=Status.INVALID_ARGUMENT) if bad else None
 
-    def missing(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> Tensors:
-        return {"tiny__y": np.zeros((1, 3), np.float32)}
+    with front(server, "tiny", paths["tiny"]) as f:
+        runtime.fail = fail
+        try:
+            results = f.execute(
+                [{"x": -np.ones((4, 4), np.float32)}, {"x": np.ones((4, 4), np.float32)}]
+            )
+        finally:
+            runtime.fail = None
+        assert len(_calls(server)) == 2
+    assert isinstance(results[0], HloserveError) and results[0].message == "boom"
+    assert results[0].status is Status.INVALID_ARGUMENT  # the runtime's status reaches it
+    np.testing.assert_allclose(ok(results[1])["y"], _tiny(np.ones((4, 4), np.float32))["y"], 1e-6)
 
-    def wrong_batch(inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> Tensors:
-        return _tiny_outputs(2)
 
-    x = {"x": np.zeros((1, 4), np.float32)}
-    for call, text in [
-        (wrong_shape, "broke the contract"),
-        (missing, "returned no output 'tiny__s'"),
-        (wrong_batch, "returned batch size 2, expected 1"),
-    ]:
-        [result] = make_front(call, clock).execute([x])
-        assert isinstance(result, HloserveError) and result.status is Status.INTERNAL
-        assert text in str(result)
+def test_requests_wait_for_a_runtime_that_comes_late(paths: dict[str, Path]) -> None:
+    """Triton loads models in parallel: a front may start before the runtime listens; its
+    requests wait for it (up to ``hloserve.runtime_wait_s``) and succeed."""
+    address = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    late: list[RuntimeServer] = []
+    f = Front(None, "tiny", paths["tiny"], wait_s=60.0, address=address)
+    try:
+        results: list[Any] = []
+        sending = threading.Thread(
+            target=lambda: results.extend(f.execute([{"x": np.ones((1, 4), np.float32)}]))
+        )
+        sending.start()
+        sending.join(0.3)
+        assert sending.is_alive()  # waiting: nothing listens yet
+        srv = RuntimeServer(
+            RecordingRuntime(), address=address, key=server_key(), flush_interval_s=0.05
+        )
+        late.append(srv)
+        srv.start()
+        sending.join(60)
+        assert not sending.is_alive()
+        want = _tiny(np.ones((1, 4), np.float32))["y"]
+        np.testing.assert_allclose(ok(results[0])["y"], want, rtol=1e-6)
+    finally:
+        f.close()
+        for srv in late:
+            srv.close()
+
+
+def test_gives_up_after_the_wait_with_unavailable(paths: dict[str, Path]) -> None:
+    address = f"\0hloserve.channel-test-{uuid.uuid4().hex}"  # no runtime ever listens here
+    f = Front(None, "tiny", paths["tiny"], wait_s=0.3, address=address)
+    try:
+        [result] = f.execute([{"x": np.ones((1, 4), np.float32)}])
+    finally:
+        f.close()
+    assert isinstance(result, UnavailableError)
+    assert str(result) == "model 'tiny': runtime not reachable after 0.3 s"
 
 
 class ScaleHooks:
@@ -264,17 +245,17 @@ class ScaleHooks:
         return {**outputs, "twice_s": outputs["s"] * 2}
 
 
-def test_hooks_wrap_each_request(paths: dict[str, Path], runtime: RuntimeModel) -> None:
-    recorder = Recorder(runtime)
-    front = FrontModel("tiny", load_bundle(paths["tiny"]), recorder, hooks=ScaleHooks())
+def test_hooks_wrap_each_request(paths: dict[str, Path], server: RuntimeServer) -> None:
     one = np.ones((1, 4), np.float32)
-    results = front.execute([{"x": one}, {"x": -one}, {"x": np.zeros((1, 4), np.float32)}])
-    out = _ok(results[0])
+    with front(server, "tiny", paths["tiny"], hooks=ScaleHooks()) as f:
+        results = f.execute([{"x": one}, {"x": -one}, {"x": np.zeros((1, 4), np.float32)}])
+        # requests 0 and 2: 2 rows fill size 1 only (compiled [1, 4])
+        assert _calls(server) == [(1, ((1, 4),)), (1, ((1, 4),))]
+    out = ok(results[0])
     np.testing.assert_array_equal(out["s"], [8.0])  # sum of 2 * ones(4)
     np.testing.assert_array_equal(out["twice_s"], [16.0])
     assert str(results[1]) == "preprocess refused"
     assert str(results[2]) == "postprocess refused"
-    assert recorder.calls == [{"tiny__x": (4, 4)}]  # requests 0 and 2, padded to 4
 
 
 def _args(tmp_path: Path, **params: str) -> ModelArgs:
@@ -292,16 +273,14 @@ def test_from_args(tmp_path: Path, tiny_bundle_src: Path) -> None:
             tiny_bundle_src.parent,
             **{"hloserve.bundle": "tiny", "hloserve.runtime_wait_s": "2.5"},
         ),
-        lambda i, o: {},
     )
-    assert front.bundle.path == tiny_bundle_src and front.retry.total_s == 2.5
+    assert front.bundle.path == tiny_bundle_src and front.runtime_wait_s == 2.5
     assert front.runtime_model == "hloserve_runtime"
     with pytest.raises(InvalidArgumentError, match=r"lacks parameter 'hloserve\.bundle'"):
-        FrontModel.from_args(_args(tmp_path), lambda i, o: {})
+        FrontModel.from_args(_args(tmp_path))
     with pytest.raises(InvalidArgumentError, match="repository format '9' is not supported"):
         FrontModel.from_args(
-            _args(tmp_path, **{"hloserve.repository_format": "9", "hloserve.bundle": "x"}),
-            lambda i, o: {},
+            _args(tmp_path, **{"hloserve.repository_format": "9", "hloserve.bundle": "x"})
         )
     with pytest.raises(InvalidArgumentError, match="must be a number of seconds"):
         FrontModel.from_args(
@@ -309,13 +288,12 @@ def test_from_args(tmp_path: Path, tiny_bundle_src: Path) -> None:
                 tiny_bundle_src.parent,
                 **{"hloserve.bundle": "tiny", "hloserve.runtime_wait_s": "soon"},
             ),
-            lambda i, o: {},
         )
 
 
 def test_front_does_not_import_jax() -> None:
     code = (
-        "import sys; import hloserve.triton_backend.front, hloserve.triton_backend.pb; "
+        "import sys; import hloserve.triton_backend.front_channel, hloserve.triton_backend.pb; "
         "bad = [m for m in ('jax', 'jaxlib', 'triton_python_backend_utils') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

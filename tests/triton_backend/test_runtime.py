@@ -1,9 +1,14 @@
-"""The runtime core (hloserve.triton_backend.runtime) in process: load, compile, run, errors."""
+"""The runtime core (hloserve.triton_backend.runtime) in process: load, compile, run, errors.
+
+Requests reach it as they do on a server: through a front over the channel
+(tests/triton_backend/front_testing.py); loading and holding are driven directly.
+"""
 
 from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +18,16 @@ import pytest
 from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
 from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.loaded_bundle import LoadedBundle
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.runtime_server import RuntimeServer
 from hloserve.triton_backend.weights import ResidentWeightStore
 from tests.conftest import GOLDEN
+from tests.triton_backend.front_testing import Front, front, ok, runtime_server
 from tests.triton_backend.test_bundles import (
     EXECUTABLE_TOKENS,
     export_dtypes,
-    export_transposed,
     extreme_values,
 )
 
@@ -36,7 +43,6 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "affine": GOLDEN / "affine",
         "dtypes": export_dtypes(root / "dtypes"),
-        "transposed": export_transposed(root / "transposed"),
         "broken": broken,
         "missing": root / "no_such_bundle",
     }
@@ -58,148 +64,101 @@ def compiler() -> CountingCompile:
     return CountingCompile()
 
 
-@pytest.fixture(scope="module")
-def runtime(bundles: dict[str, Path], compiler: CountingCompile) -> RuntimeModel:
-    return RuntimeModel(bundles, compile=compiler)
-
-
 def _status(info: pytest.ExceptionInfo[HloserveError]) -> Status:
     return info.value.status
 
 
-def test_affine_matches_golden_outputs(runtime: RuntimeModel) -> None:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RuntimeServer]:
+    with runtime_server() as srv:
+        yield srv
+
+
+def test_affine_matches_golden_outputs(server: RuntimeServer) -> None:
     expected = np.load(GOLDEN / "affine.expected.npz")
-    out = runtime.execute({"affine__x": expected["x"]})
-    assert set(out) == {"affine__y", "affine__label"}
-    np.testing.assert_allclose(np.asarray(out["affine__y"]), expected["y"], rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(out["affine__label"]), expected["label"])
-    one = runtime.execute({"affine__x": expected["x"][:1]}, ["affine__label", "dtypes__y_u8"])
-    assert list(one) == ["affine__label"]  # another bundle's output is ignored
-    np.testing.assert_array_equal(np.asarray(one["affine__label"]), expected["label"][:1])
+    with front(server, "affine", GOLDEN / "affine") as f:
+        [out, one] = map(ok, f.execute([{"x": expected["x"]}, {"x": expected["x"][:1]}]))
+    assert set(out) == {"y", "label"}
+    np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-6)
+    np.testing.assert_array_equal(out["label"], expected["label"])
+    np.testing.assert_array_equal(one["label"], expected["label"][:1])
 
 
-def test_bundle_is_loaded_once_under_concurrency(
-    bundles: dict[str, Path], compiler: CountingCompile
-) -> None:
-    runtime = RuntimeModel(bundles, compile=compiler)
+def test_bundle_is_loaded_once_under_concurrency(compiler: CountingCompile) -> None:
+    runtime = RuntimeModel(compile=compiler)
     before = compiler.calls
-    x = np.zeros((1, 4), np.float32)
+    held: list[LoadedBundle] = []
     errors: list[BaseException] = []
 
-    def call() -> None:
+    def hold() -> None:
         try:
-            runtime.execute({"affine__x": x})
+            held.append(runtime.acquire("affine", GOLDEN / "affine"))
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=call) for _ in range(6)]
+    threads = [threading.Thread(target=hold) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert not errors
+    assert not errors and len(held) == 6 and all(h is held[0] for h in held)
     assert compiler.calls - before == 2  # batch sizes 1 and 2, compiled once each
-    assert runtime.load("affine").load_seconds > 0
+    assert held[0].load_seconds > 0
+    [y, _] = runtime.run(held[0], 0, 2, [np.zeros((2, 4), np.float32)])
+    assert np.asarray(y).shape == (2, 3)
     store = runtime.store
     assert isinstance(store, ResidentWeightStore)
-    assert store.in_use("affine") == 0  # every acquire released
+    assert store.in_use("affine") == 0  # every execution's acquire released
     assert store.resident_bytes == (4 * 3 + 3) * 4
     runtime.close()
     assert store.resident_bytes == 0
 
 
-def test_every_dtype_round_trips_bit_exactly(runtime: RuntimeModel) -> None:
-    inputs = {
-        f"dtypes__x_{t}": extreme_values(t, 4, seed=i) for i, t in enumerate(EXECUTABLE_TOKENS)
-    }
+def test_every_dtype_round_trips_bit_exactly(
+    bundles: dict[str, Path], server: RuntimeServer
+) -> None:
+    inputs = {f"x_{t}": extreme_values(t, 4, seed=i) for i, t in enumerate(EXECUTABLE_TOKENS)}
     sent = {k: v.copy() for k, v in inputs.items()}
-    out = runtime.execute(inputs)
+    with front(server, "dtypes", bundles["dtypes"]) as f:
+        [result] = f.execute([inputs])
+    out = ok(result)
     for array in inputs.values():  # outputs must not alias the request's memory
         array[...] = array[::-1]
     for t in EXECUTABLE_TOKENS:
-        got = np.asarray(out[f"dtypes__y_{t}"])
-        want = sent[f"dtypes__x_{t}"]
+        got = out[f"y_{t}"]
+        want = sent[f"x_{t}"]
         assert got.dtype == dtypes.from_token(t).numpy, t
         assert got.tobytes() == want.tobytes(), t
 
 
-def test_non_leading_batch_axis(runtime: RuntimeModel) -> None:
-    x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    out = runtime.execute({"transposed__x": x})
-    np.testing.assert_array_equal(np.asarray(out["transposed__y"]), x.T * [2.0, -3.0])
-    np.testing.assert_array_equal(np.asarray(out["transposed__z"]), x + 1)
-
-
-@pytest.mark.parametrize(
-    ("inputs", "requested", "status", "match"),
-    [
-        ({"nobody__x": np.zeros((1, 4), np.float32)}, (), Status.NOT_FOUND, "names no model"),
-        ({"affine_x": np.zeros((1, 4), np.float32)}, (), Status.NOT_FOUND, "'affine_x'"),
-        ({}, (), Status.INVALID_ARGUMENT, "no inputs"),
-        (
-            {"affine__x": np.zeros((1, 4), np.float32), "transposed__x": np.zeros((2, 2))},
-            (),
-            Status.INVALID_ARGUMENT,
-            "two models",
-        ),
-        (
-            {"affine__x": np.zeros((1, 4), np.float64)},
-            (),
-            Status.INVALID_ARGUMENT,
-            r"input 'x': expected dtype FP32 \(f32\), got FP64",
-        ),
-        (
-            {"affine__x": np.zeros((1, 5), np.float32)},
-            (),
-            Status.INVALID_ARGUMENT,
-            r"expected shape \[-1, 4\], got \[1, 5\]",
-        ),
-        (
-            {"affine__x": np.zeros((3, 4), np.float32)},
-            (),
-            Status.INVALID_ARGUMENT,
-            r"no executable for batch size 3; compiled batch sizes \[1, 2\]",
-        ),
-        (
-            {"affine__x": np.zeros((1, 4), np.float32), "affine__q": np.zeros(1)},
-            (),
-            Status.INVALID_ARGUMENT,
-            "unknown input 'q'",
-        ),
-        (
-            {"affine__x": np.zeros((1, 4), np.float32)},
-            ("affine__nope",),
-            Status.INVALID_ARGUMENT,
-            "unknown output 'affine__nope'",
-        ),
-    ],
-)
-def test_bad_requests_get_their_status(
-    runtime: RuntimeModel,
-    inputs: dict[str, np.ndarray],
-    requested: tuple[str, ...],
-    status: Status,
-    match: str,
-) -> None:
-    with pytest.raises(HloserveError, match=match) as info:
-        runtime.execute(inputs, requested)
-    assert _status(info) is status
+def test_run_refuses_a_batch_size_without_an_executable() -> None:
+    runtime = RuntimeModel()
+    loaded = runtime.acquire("affine", GOLDEN / "affine")
+    with pytest.raises(
+        HloserveError,
+        match=r"no executable for batch size 3; compiled batch "
+        r"sizes \[1, 2\]",
+    ) as info:
+        runtime.run(loaded, 0, 3, [np.zeros((3, 4), np.float32)])
+    assert _status(info) is Status.INVALID_ARGUMENT
+    runtime.close()
 
 
 def test_a_bundle_failing_to_load_leaves_others_serving(
-    runtime: RuntimeModel, compiler: CountingCompile
+    bundles: dict[str, Path], server: RuntimeServer
 ) -> None:
-    x = np.zeros((1, 4), np.float32)
+    runtime = server.core
     with pytest.raises(HloserveError, match="model 'broken' failed to load") as info:
-        runtime.execute({"broken__x": x})
+        runtime.acquire("broken", bundles["broken"])
     assert _status(info) is Status.INVALID_ARGUMENT
-    calls = compiler.calls
-    with pytest.raises(HloserveError, match="model 'broken' failed to load"):
-        runtime.execute({"broken__x": x})  # the failure is remembered, not retried
-    assert compiler.calls == calls
     with pytest.raises(HloserveError, match=r"(?s)model 'missing' failed to load.*no manifest"):
-        runtime.execute({"missing__x": x})  # the validator's error and status
-    assert np.asarray(runtime.execute({"affine__x": x})["affine__y"]).shape == (1, 3)
+        runtime.acquire("missing", bundles["missing"])  # the validator's error and status
+    assert runtime.bundle_names == []  # a failed load holds nothing
+    with pytest.raises(HloserveError, match="failed to load"):  # a front of it fails to load
+        Front(server, "broken", bundles["broken"])
+    with front(server, "affine", GOLDEN / "affine") as f:
+        [result] = f.execute([{"x": np.zeros((1, 4), np.float32)}])
+    assert ok(result)["y"].shape == (1, 3)
 
 
 def test_load_error_names_the_model_not_the_copys_directory(tmp_path: Path) -> None:

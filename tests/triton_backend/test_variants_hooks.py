@@ -1,13 +1,13 @@
 """Shape variants and hooks without Triton: manifest rules, export, front + in-process runtime.
 
-The front is wired to an in-process RuntimeModel (``call_runtime`` = ``runtime.execute``), the
-path the BLS shim takes minus Triton; tests/examples/test_minilm.py runs the same on a real
-tritonserver.
+The fronts are inline ChannelFronts over an in-process RuntimeServer
+(tests/triton_backend/front_testing.py), the path the ``hloserve_front`` shim takes minus
+Triton; tests/examples/test_minilm.py runs the same on a real tritonserver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,11 @@ from hloserve.bundle.manifest import ManifestError, parse_manifest
 from hloserve.bundle.validate import validate_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
-from hloserve.triton_backend.front import FrontModel, load_hooks
-from hloserve.triton_backend.runtime import RuntimeModel, variant_label
+from hloserve.triton_backend.hooks import load_hooks
+from hloserve.triton_backend.loaded_bundle import variant_label
+from hloserve.triton_backend.runtime_server import RuntimeServer
 from tests.echo_bundle import export_echo
-from tests.triton_backend.front_testing import Recorder, front_over
+from tests.triton_backend.front_testing import Execution, RecordingRuntime, front, runtime_server
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -63,8 +64,15 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def runtime(bundles: dict[str, Path]) -> RuntimeModel:
-    return RuntimeModel(bundles)
+def server() -> Iterator[RuntimeServer]:
+    with runtime_server() as srv:
+        yield srv
+
+
+def _calls(server: RuntimeServer) -> list[Execution]:
+    runtime = server.core
+    assert isinstance(runtime, RecordingRuntime)
+    return list(runtime.calls)
 
 
 # -- manifest and export -------------------------------------------------------------------
@@ -177,15 +185,18 @@ def test_convert_rewrites_variant_text_executables(tmp_path: Path) -> None:
 
 
 def test_requests_run_on_the_smallest_fitting_variant_and_coalesce_within_it(
-    bundles: dict[str, Path], runtime: RuntimeModel
+    bundles: dict[str, Path], server: RuntimeServer
 ) -> None:
-    front, recorder = front_over("seqsum", bundles, runtime)
     rng = np.random.default_rng(0)
-    lengths = [1, 3, 2, 4, 2, 3]  # variants: s2, s4, s2, s4, s2, s4
+    lengths = [1, 3, 2, 4, 2, 3, 1, 4]  # variants: s2, s4, s2, s4, s2, s4, s2, s4
     xs = [rng.normal(size=(1, n)).astype(np.float32) for n in lengths]
-    results = front.execute([{"x": x} for x in xs])
-    # s2 group (requests 0, 2, 4: 3 items) first, then s4 (1, 3, 5); each padded to batch 4
-    assert recorder.calls == [{"seqsum__x": (4, 2)}, {"seqsum__x": (4, 4)}]
+    with front(server, "seqsum", bundles["seqsum"]) as f:
+        results = f.execute([{"x": x} for x in xs])
+        # variant 1 (s2: requests 0, 2, 4, 6) first, then variant 0 (s4); 4 rows each
+        assert [(e.variant, e.batch_size, e.shapes) for e in _calls(server)] == [
+            (1, 4, ((4, 2),)),
+            (0, 4, ((4, 4),)),
+        ]
     for x, result in zip(xs, results, strict=True):
         assert not isinstance(result, Exception), result
         assert result["y"].shape == x.shape  # sliced back to the request's own length
@@ -194,38 +205,34 @@ def test_requests_run_on_the_smallest_fitting_variant_and_coalesce_within_it(
 
 
 def test_a_request_larger_than_every_variant_fails_alone(
-    bundles: dict[str, Path], runtime: RuntimeModel
+    bundles: dict[str, Path], server: RuntimeServer
 ) -> None:
-    front, recorder = front_over("seqsum", bundles, runtime)
     ok, too_long = np.ones((1, 2), np.float32), np.ones((1, 5), np.float32)
-    results = front.execute([{"x": too_long}, {"x": ok}])
+    with front(server, "seqsum", bundles["seqsum"]) as f:
+        results = f.execute([{"x": too_long}, {"x": ok}])
+        assert [e.shapes for e in _calls(server)] == [((1, 2),)]
     assert isinstance(results[0], InvalidArgumentError)
     assert "no shape variant holds sizes {'s': 5}" in str(results[0])
     assert not isinstance(results[1], Exception)
-    assert recorder.calls == [{"seqsum__x": (1, 2)}]
-
-
-def test_runtime_refuses_sizes_of_no_variant(runtime: RuntimeModel) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"no executable for variable axis sizes"):
-        runtime.execute({"seqsum__x": np.ones((1, 3), np.float32)})
 
 
 # -- hooks and BYTES -------------------------------------------------------------------------
 
 
 def test_bytes_round_trip_byte_exact_through_hooks_and_runtime(
-    bundles: dict[str, Path], runtime: RuntimeModel
+    bundles: dict[str, Path], server: RuntimeServer
 ) -> None:
-    front, recorder = front_over("echo", bundles, runtime)
     requests = [{"blob": np.array([item], dtype=object)} for item in TRICKY]
     requests.append({"blob": np.array(TRICKY, dtype=object)})  # one request, 8 items
-    results = front.execute(requests)
+    with front(server, "echo", bundles["echo"]) as f:
+        results = f.execute(requests)
+        calls = _calls(server)
     for request, result in zip(requests, results, strict=True):
         assert not isinstance(result, Exception), result
         assert result["blob"].dtype == object
         assert list(result["blob"]) == list(request["blob"])  # bytes ==: exact, NULs included
     # short items (<= 8 bytes) ran at l=8, the rest at l=64, each group coalesced
-    widths = sorted({shape["echo__data"][1] for shape in recorder.calls})
+    widths = sorted({e.shapes[0][1] for e in calls})
     assert widths == [8, 64]
 
 
@@ -242,7 +249,7 @@ def test_hook_errors_name_the_model(tmp_path: Path, bundles: dict[str, Path]) ->
         load_hooks("echo", load_bundle(bundle_dir))
 
 
-def test_hook_exceptions_become_statuses(bundles: dict[str, Path], runtime: RuntimeModel) -> None:
+def test_hook_exceptions_become_statuses(bundles: dict[str, Path], server: RuntimeServer) -> None:
     class Broken:
         def __init__(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
             self.pre, self.post = pre, post
@@ -261,21 +268,20 @@ def test_hook_exceptions_become_statuses(bundles: dict[str, Path], runtime: Runt
     def refuse(inputs: Any) -> Any:
         raise ValueError("bad text")
 
-    front = FrontModel("echo", bundle, Recorder(runtime), hooks=Broken(refuse, lambda o: o))
-    [result] = front.execute([{"blob": np.array([b"x"], dtype=object)}])
+    with front(server, "echo", bundles["echo"], hooks=Broken(refuse, lambda o: o)) as f:
+        [result] = f.execute([{"blob": np.array([b"x"], dtype=object)}])
     assert isinstance(result, InvalidArgumentError)
     assert "model 'echo': preprocess failed: ValueError: bad text" in str(result)
 
-    front = FrontModel(
-        "echo", bundle, Recorder(runtime), hooks=Broken(good.preprocess, lambda o: {"nope": 1})
-    )
-    [result] = front.execute([{"blob": np.array([b"x"], dtype=object)}])
+    broken = Broken(good.preprocess, lambda o: {"nope": 1})
+    with front(server, "echo", bundles["echo"], hooks=broken) as f:
+        [result] = f.execute([{"blob": np.array([b"x"], dtype=object)}])
     assert isinstance(result, HloserveError) and result.status is Status.INTERNAL
     assert "postprocess broke the client_outputs contract" in str(result)
 
     # the client-facing inputs are checked before preprocess
-    front = FrontModel("echo", bundle, Recorder(runtime), hooks=good)
-    [result] = front.execute([{"blob": np.zeros((1,), np.float32)}])
+    with front(server, "echo", bundles["echo"], hooks=good) as f:
+        [result] = f.execute([{"blob": np.zeros((1,), np.float32)}])
     assert isinstance(result, InvalidArgumentError)
     assert "input 'blob': expected dtype BYTES" in str(result)
 

@@ -120,7 +120,7 @@ def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> Non
     for _ in range(40):
         i = int(rng.integers(0, 4))
         x = rng.integers(-8, 8, (1, 4)).astype(np.float32)
-        y = np.asarray(runtime.execute({f"m{i}__x": x})[f"m{i}__y"])
+        y = np.asarray(runtime.run(runtime.load(f"m{i}"), 0, 1, [x])[0])
         np.testing.assert_array_equal(y, expected_y(x, i + 1))
         assert cache.resident_bytes <= 3 * MODEL_BYTES
     stats = cache.stats()
@@ -130,7 +130,7 @@ def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> Non
     assert stats.evictions > 0 and stats.loads > 4
     assert ("evict", "m0") not in events
     with pytest.raises(HloserveError) as info:
-        runtime.execute({"huge__x": np.zeros((1, 4), np.float32)})
+        runtime.load("huge")
     assert info.value.status is Status.NOT_FOUND  # its load failed: nothing holds it
     runtime.close()
     assert cache.resident_bytes == 0
@@ -144,7 +144,7 @@ def test_no_budget_keeps_every_model_resident(repo: Path) -> None:
     assert cache.resident_bytes == 2 * MODEL_BYTES
     x = np.ones((1, 4), np.float32)
     np.testing.assert_array_equal(
-        np.asarray(runtime.execute({"m1__x": x})["m1__y"]), expected_y(x, 2)
+        np.asarray(runtime.run(runtime.load("m1"), 0, 1, [x])[0]), expected_y(x, 2)
     )
     runtime.close()
 

@@ -12,7 +12,6 @@ at most N batches in flight per instance.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,7 +19,6 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from hloserve import names
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import channel, pb
@@ -28,22 +26,6 @@ from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
 
 log = logging.getLogger("hloserve.triton_backend.front")
-
-
-def _tags_errors(request: Any) -> bool:
-    """Whether the request (a meta model's BLS sub-request) asks for status-tagged errors."""
-    text = request.parameters()
-    if not text or text == "{}":  # the common case: no parameters, nothing to parse
-        return False
-    try:
-        params = json.loads(text)
-    except (TypeError, ValueError):
-        return False
-    return bool(params.get(names.REQUEST_PARAM_TAG_ERRORS))
-
-
-def _no_bls(*_: Any) -> Any:
-    raise AssertionError("the channel front never calls the runtime through FrontModel.execute")
 
 
 class _Batch:
@@ -74,7 +56,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
         model_args = pb.ModelArgs.from_triton(args)
-        core = FrontModel.from_args(model_args, _no_bls)
+        core = FrontModel.from_args(model_args)
         params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
         self._slots = (
@@ -85,11 +67,11 @@ class TritonPythonModel:
             model_args.model_dir / params.bundle,
             self._respond,
             address=channel.address(core.runtime_model),
-            wait_s=core.retry.total_s,
+            wait_s=core.runtime_wait_s,
             max_request_bytes=params.max_request_bytes,
             inline=self._slots is None,
         )
-        self.channel.start(wait_s=core.retry.total_s)
+        self.channel.start(wait_s=core.runtime_wait_s)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         # In flight mode, wait while this instance has its most batches unanswered: Triton's
@@ -109,7 +91,7 @@ class TritonPythonModel:
             sender = request.get_response_sender() if self._slots is not None else None
             items.append(
                 Request(
-                    (batch, i, sender, _tags_errors(request)),
+                    (batch, i, sender),
                     inputs,
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
                     request.is_cancelled,
@@ -143,9 +125,9 @@ class TritonPythonModel:
             batch.responses[i] = pb.inference_response(pb_utils, error)
 
     def _respond(self, handle: Any, result: Any) -> None:
-        batch, index, sender, tagged = handle
+        batch, index, sender = handle
         try:
-            response = pb.inference_response(pb_utils, result, tagged=tagged)
+            response = pb.inference_response(pb_utils, result)
             if sender is None:
                 batch.responses[index] = response
             else:

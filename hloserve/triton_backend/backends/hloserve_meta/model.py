@@ -1,11 +1,12 @@
-"""Triton backend ``hloserve_meta``: a shim over the typed core ``MetaModel``.
+"""Triton backend ``hloserve_meta``: a shim over the typed cores ``MetaModel`` and
+``ChannelCalls``.
 
-Adapts ``pb_utils`` objects only; the behaviour lives in ``hloserve.meta``. ``call`` is BLS to
-the sub-model's front model on this tritonserver, with the time left as the request's
-``timeout`` and the parameter that makes the front tag its errors with their status.
+Adapts ``pb_utils`` objects only; the behaviour lives in ``hloserve.meta``. ``call`` to a
+bundle goes over the runtime's channel from this process (``ChannelCalls``: the callee's hooks
+run here); ``call`` to a foreign model is BLS, with the time left as the request's ``timeout``.
 Counters ``hloserve_meta_runs_total{model}`` and ``hloserve_meta_calls_total{model}`` (sub-calls
 sent) count on Triton's metrics port: two synchronous stub -> server messages per meta request
-(~50 us each), next to the sub-calls' own BLS round trips (~1 ms each).
+(~50 us each).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from hloserve import names
 from hloserve.meta import MetaModel
+from hloserve.meta.channel_calls import ChannelCalls
 from hloserve.triton_backend import pb
 
 
@@ -28,6 +29,7 @@ class TritonPythonModel:
         pb.configure_logging()
         model_args = pb.ModelArgs.from_triton(args)
         self.core = MetaModel.from_args(model_args, self._send)
+        self.channel = ChannelCalls(model_args.model_dir.parent, self.core.calls)
         family = pb_utils.MetricFamily
         self._families = [
             family(name=n, description=d, kind=family.COUNTER)
@@ -67,14 +69,15 @@ class TritonPythonModel:
         outputs: Sequence[str],
         timeout_us: int,
     ) -> dict[str, np.ndarray]:
+        self._sent += 1
+        if self.channel.serves(model):
+            return self.channel.send(model, inputs, outputs, timeout_us)
         request = pb_utils.InferenceRequest(
             model_name=model,
             requested_output_names=list(outputs),
             inputs=[pb.to_triton_tensor(pb_utils, n, np.asarray(a)) for n, a in inputs.items()],
             timeout=timeout_us,
-            parameters={names.REQUEST_PARAM_TAG_ERRORS: True},
         )
-        self._sent += 1
         response = request.exec()
         if response.has_error():
             raise pb.error_from_triton(pb_utils, response.error())
@@ -82,5 +85,6 @@ class TritonPythonModel:
         return {t.name(): pb.to_numpy(t).copy() for t in response.output_tensors()}
 
     def finalize(self) -> None:
+        self.channel.close()
         del self._runs, self._calls
         self._families.clear()

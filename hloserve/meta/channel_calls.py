@@ -1,0 +1,172 @@
+"""A meta's sub-calls to bundle models over the runtime's channel, from the meta's own process.
+
+docs/meta_models.md, "On a worker": for each callee in ``meta.calls`` that is a bundle of the
+same repository (its ``config.pbtxt`` names backend ``hloserve_front``), the meta instance
+holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.FrontModel`
+(its checks, variants and hooks, which then run in the meta's process) and an inline
+:class:`~hloserve.triton_backend.front_channel.ChannelFront` to the runtime. A sub-call is one
+work in the runtime's scheduler, coalesced with the callee's other traffic, without a BLS round
+trip through tritonserver and the callee's front stub (two copies of every tensor). Sub-calls
+to foreign models (other backends) are not served here (:meth:`ChannelCalls.serves` is False):
+the Triton shim keeps BLS for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloserve import names
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.front import FrontModel
+from hloserve.triton_backend.front_channel import ChannelFront, Request
+from hloserve.triton_backend.pb import ModelArgs
+
+log = logging.getLogger("hloserve.meta")
+
+#: The backend of a bundle's front model (model_repository_tools writes it).
+FRONT_BACKEND = "hloserve_front"
+
+
+class _Callee:
+    """One callee's front in this process; sub-calls to it take turns (inline reads)."""
+
+    def __init__(self, args: ModelArgs, key: str | None) -> None:
+        core = FrontModel.from_args(args)
+        #: how long a sub-call without a deadline waits for the runtime, seconds
+        self.wait_s = core.runtime_wait_s
+        self.lock = threading.Lock()
+        self.front = ChannelFront(
+            core,
+            core.bundle.path,
+            self._respond,
+            address=channel.address(core.runtime_model, key),
+            wait_s=core.runtime_wait_s,
+            key=key,
+            inline=True,
+        )
+        self.front.start()  # connects and loads in the background
+
+    @staticmethod
+    def _respond(handle: Any, result: Any) -> None:
+        handle.append(result)
+
+
+def _out_of_time(result: Any, deadline: float | None) -> bool:
+    """Whether ``result`` is a sub-call that ran out of time unexecuted: shed by the scheduler
+    (UNAVAILABLE with a reason naming the deadline,
+    :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the deadline
+    has passed (no runtime reachable in time)."""
+    return (
+        deadline is not None
+        and isinstance(result, HloserveError)
+        and result.status is Status.UNAVAILABLE
+        and ("deadline" in result.message or time.monotonic() >= deadline)
+    )
+
+
+def front_args(repository: Path, model: str) -> ModelArgs | None:
+    """The ``initialize`` args of ``model``'s front model in ``repository``, read from its
+    ``config.pbtxt``; None when ``model`` is not a bundle there (a foreign model, or absent).
+
+    Raises:
+        InvalidArgumentError: the config does not parse.
+    """
+    path = repository / model / "config.pbtxt"
+    if not path.is_file():
+        return None
+    from hloserve.model_repository_tools.config import parse_config
+
+    config = parse_config(path)
+    if config.backend != FRONT_BACKEND:
+        return None
+    parameters = {k: {"string_value": v.string_value} for k, v in config.parameters.items()}
+    return ModelArgs(
+        name=model,
+        model_dir=repository / model,
+        version=names.MODEL_VERSION,
+        config={"parameters": parameters},
+    )
+
+
+class ChannelCalls:
+    """The bundle callees of one meta instance, each reached over the channel.
+
+    Args:
+        repository: the model repository the meta and its callees are in.
+        calls: the meta's ``meta.calls``.
+        key: the server key of the channel's names (default :func:`channel.server_key`).
+
+    Raises:
+        HloserveError: a callee's config or bundle copy cannot be read (its front would not
+            load either).
+    """
+
+    def __init__(self, repository: Path, calls: Sequence[str], *, key: str | None = None) -> None:
+        self._callees: dict[str, _Callee] = {}
+        try:
+            for model in calls:
+                args = front_args(repository, model)
+                if args is not None:
+                    self._callees[model] = _Callee(args, key)
+        except BaseException:
+            self.close()
+            raise
+
+    def serves(self, model: str) -> bool:
+        """Whether sub-calls to ``model`` go over the channel (it is a bundle)."""
+        return model in self._callees
+
+    def send(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        timeout_us: int,
+    ) -> dict[str, np.ndarray]:
+        """One sub-call (:data:`hloserve.meta.core.Send`): ``model``'s outputs (``outputs``
+        only, when given).
+
+        A sub-call waits for a runtime that is not there (restarting) up to the callee's
+        ``hloserve.runtime_wait_s``, and never past ``timeout_us``.
+
+        Raises:
+            InvalidArgumentError: ``outputs`` names an output the callee does not have.
+            HloserveError: the callee's error with its status; DEADLINE_EXCEEDED when it ran
+                out of time (``timeout_us``) unexecuted: shed by the runtime's scheduler, or no
+                runtime reachable in time.
+        """
+        callee = self._callees[model]
+        deadline = time.monotonic() + timeout_us / 1e6 if timeout_us > 0 else None
+        answer: list[Any] = []
+        with callee.lock:  # one run at a time: wait_s is this call's
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            callee.front.wait_s = callee.wait_s if left is None else min(callee.wait_s, left)
+            callee.front.run([Request(answer, inputs, deadline)])
+        [result] = answer
+        if _out_of_time(result, deadline):  # never executed
+            raise HloserveError(str(result), status=Status.DEADLINE_EXCEEDED)
+        if isinstance(result, Exception):
+            raise result
+        unknown = [n for n in outputs if n not in result]
+        if unknown:
+            raise InvalidArgumentError(
+                f"model {model!r}: unknown output {unknown[0]!r}; outputs are {sorted(result)}"
+            )
+        return {n: result[n] for n in outputs} if outputs else dict(result)
+
+    def close(self) -> None:
+        """Disconnect every callee's front (the runtime releases its holds)."""
+        for callee in self._callees.values():
+            callee.front.close()
+        self._callees.clear()
+
+
+__all__ = ["FRONT_BACKEND", "ChannelCalls", "front_args"]
