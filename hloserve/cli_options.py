@@ -221,7 +221,8 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
         metavar="[MODEL=]N",
         help=f"requests Triton's queue in front of each front model holds{when}; more are "
         "refused UNAVAILABLE 'Exceeds maximum queue size' (default: "
-        f"{names.DEFAULT_QUEUE_BATCHES} x the model's largest batch size); MODEL=N for one "
+        f"{names.DEFAULT_QUEUE_BATCHES} x the model's largest batch size, at least "
+        f"{names.DEFAULT_QUEUE_MIN}); MODEL=N for one "
         "model, repeatable; docs/serving.md",
     )
     add_weight_cache_options(parser)

@@ -66,6 +66,11 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: size (1 for an unbatched model) requests wait; more are refused UNAVAILABLE by Triton
 #: (docs/serving.md, "Queue bounds and deadlines").
 DEFAULT_QUEUE_BATCHES = 16
+#: The default ``max_queue_size`` is never below this many requests: twice the gateway's
+#: default admission bound (``admission.max_inflight_requests_per_worker``, 64), so a queue
+#: never refuses what the gateway admitted, and a burst of tens of clients on a small-batch
+#: model waits instead of failing.
+DEFAULT_QUEUE_MIN = 128
 #: ``default_queue_policy.default_timeout_microseconds`` of every front: 1 hour, so only a
 #: request's own KServe ``timeout`` (``allow_timeout_override``) expires it in Triton's queue.
 QUEUE_TIMEOUT_US = 3_600_000_000

@@ -81,7 +81,8 @@ def front_config(
             when the model is served with ``max_batch_size: 0``).
         max_request_bytes: the largest request's input bytes (``hloserve.max_request_bytes``).
         max_queue_size: requests Triton's queue holds, >= 1; 0 = the default,
-            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size.
+            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size,
+            at least :data:`~hloserve.names.DEFAULT_QUEUE_MIN`.
 
     Returns:
         An ``inference.ModelConfig`` message.
@@ -112,7 +113,9 @@ def front_config(
         raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")
     largest = max(manifest.batching.compiled_batch_sizes, default=1)
     policy = config.dynamic_batching.default_queue_policy
-    policy.max_queue_size = max_queue_size or names.DEFAULT_QUEUE_BATCHES * largest
+    policy.max_queue_size = max_queue_size or max(
+        names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest
+    )
     policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
     policy.allow_timeout_override = True
     if max_batch > 0:

@@ -98,7 +98,8 @@ class QueueOptions:
     Attributes:
         max_queue_size: requests a front's queue holds before Triton refuses more with
             UNAVAILABLE "Exceeds maximum queue size"; 0 (default) =
-            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the model's largest batch size.
+            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the model's largest batch size, at
+            least :data:`~hloserve.names.DEFAULT_QUEUE_MIN`.
         per_model: model name -> its own bound (>= 1), over ``max_queue_size``.
     """
 

@@ -222,7 +222,9 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     config = parse_config_text(unbatched.config_text)
     assert config.max_batch_size == 0
     assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == 16  # 16 x batch 1
+    assert (
+        config.dynamic_batching.default_queue_policy.max_queue_size == 128
+    )  # max(128, 16 x batch 1)
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4])]
     runtime = parse_config_text(plan.runtime_config_text)
     assert list(runtime.input) == []  # the runtime declares no tensors (repository format 2)

@@ -28,7 +28,7 @@ def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
     tiny_bundle: Path,
 ) -> None:
     bundles = tiny_bundle.parent
-    assert _queue(plan_repository(bundles), "tiny").max_queue_size == 16 * 4
+    assert _queue(plan_repository(bundles), "tiny").max_queue_size == 128  # max(128, 16 x 4)
     assert (
         _queue(
             plan_repository(bundles, queue=QueueOptions(max_queue_size=3)), "tiny"

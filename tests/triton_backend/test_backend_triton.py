@@ -169,7 +169,7 @@ def test_concurrent_single_requests_are_coalesced(client: Any) -> None:
     answers = {}
     for _ in xs:
         i, result, error = done.get(timeout=60)
-        assert error is None, error
+        assert error is None, str(error)
         answers[i] = result
     for i, x in enumerate(xs):
         y, label = _affine_reference(x)

@@ -357,6 +357,9 @@ def test_the_shim_never_returns_a_request_without_a_response(
         def timeout(self) -> int:
             return 0
 
+        def is_cancelled(self) -> bool:
+            return False
+
     model = shim.TritonPythonModel()
     model._slots = None
 
