@@ -6,7 +6,11 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
 * front -> runtime ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the front's arena,
   hold its bundle (:meth:`RuntimeModel.acquire`: compiled now unless this generation is held
   already), register its queues with the scheduler. Answer ``{"op": "ready", "key"}`` or
-  ``{"op": "error", "status", "message"}``.
+  ``{"op": "error", "status", "message"}``. Until then, ``{"op": "progress", "executables"}``
+  after each executable this hello compiles (or loads from the executable cache) and every
+  ``flush_interval_s``: ``executables`` counts every executable the runtime has finished, so a
+  front waiting in line behind other bundles' compiles sees the runtime moving too (its wait
+  follows this count, ``ChannelFront.start``).
 * front -> runtime ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in",
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
@@ -135,6 +139,10 @@ class RuntimeServer:
         self._loaded: dict[str, LoadedBundle] = {}
         self._holds_lock = threading.Lock()
         self._connections: set[_Connection] = set()
+        #: connections whose hello is loading, and executables finished (compiled or loaded
+        #: from the executable cache) by every hello so far: the ``progress`` messages
+        self._loading: set[_Connection] = set()
+        self._executables_done = 0
         self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -256,13 +264,24 @@ class RuntimeServer:
             log.warning("unknown channel message %r", op)
 
     def _hello(self, conn: _Connection, message: dict[str, Any]) -> None:
+        def progress() -> None:
+            with self._holds_lock:
+                self._executables_done += 1
+                done = self._executables_done
+            conn.send({"op": "progress", "executables": done})
+
+        with self._holds_lock:
+            self._loading.add(conn)
         try:
             conn.pid = int(message["pid"])
             conn.arena = channel.Segment(str(message["arena"]))
-            loaded = self.core.acquire(str(message["model"]), Path(message["bundle"]))
+            loaded = self.core.acquire(str(message["model"]), Path(message["bundle"]), progress)
         except Exception as exc:
             conn.send({"op": "error", **error_message(exc)})
             return
+        finally:
+            with self._holds_lock:
+                self._loading.discard(conn)
         self._hold(loaded)
         conn.loaded = loaded
         conn.send({"op": "ready", "key": loaded.key})
@@ -458,6 +477,10 @@ class RuntimeServer:
             self._flush()
 
     def _flush(self) -> None:
+        with self._holds_lock:
+            loading, done = list(self._loading), self._executables_done
+        for conn in loading:  # fronts waiting in line: the runtime is still compiling
+            conn.send({"op": "progress", "executables": done})
         with self._counts_lock:
             counts, self._counts = self._counts, defaultdict(int)
             rows, self._rows = self._rows, defaultdict(lambda: [0, 0])

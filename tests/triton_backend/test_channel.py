@@ -481,3 +481,73 @@ def test_two_fronts_of_one_process_never_share_a_segment_name(
         for f in fronts:
             f.close()
     assert _segments(key) == []
+
+
+def _slow_runtime(addr: str, key: str, seconds: float) -> RuntimeServer:
+    """A started runtime whose every compile takes ``seconds`` longer (a big graph's compile)."""
+    from hloserve.triton_backend.compile import compile_artifact
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return compile_artifact(*args, **kwargs)
+
+    srv = RuntimeServer(RuntimeModel(compile=slow), address=addr, key=key, flush_interval_s=0.05)
+    srv.start()
+    return srv
+
+
+def test_start_waits_for_a_runtime_that_listens_later_and_returns_loaded(key: str) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    servers: list[RuntimeServer] = []
+    later = threading.Timer(0.5, lambda: servers.append(_runtime_at(addr, key)))
+    later.start()
+    begun = time.monotonic()
+    f = _affine_front(addr, key, Answers())
+    try:
+        assert time.monotonic() - begun >= 0.4
+        assert f._ready.is_set()  # start returned with the bundle accepted: servable now
+    finally:
+        f.close()
+        later.join()
+        for srv in servers:
+            srv.close()
+
+
+def test_start_follows_compile_progress_beyond_its_wait_and_fails_when_it_stalls(
+    key: str,
+) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = _slow_runtime(addr, key, 0.4)  # two executables: 0.8 s of compile, progress each 0.4 s
+    try:
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        begun = time.monotonic()
+        f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+        f.start(wait_s=0.6)
+        try:
+            assert 0.8 <= time.monotonic() - begun < 10  # longer than wait_s: it moved on
+            assert f._ready.is_set()
+        finally:
+            f.close()
+    finally:
+        srv.close()
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = _slow_runtime(addr, key, 1.5)  # no progress for 1.5 s: the wait of 0.5 s runs out
+    try:
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+        with pytest.raises(HloserveError, match=r"no compile progress for 0\.5 s") as info:
+            f.start(wait_s=0.5)
+        assert info.value.status == Status.UNAVAILABLE
+    finally:
+        srv.close()
+
+
+def test_start_without_a_runtime_fails_unavailable_naming_the_wait(key: str) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+    begun = time.monotonic()
+    with pytest.raises(HloserveError, match=r"not listening after 0\.3 s") as info:
+        f.start(wait_s=0.3)
+    assert info.value.status == Status.UNAVAILABLE
+    assert 0.25 <= time.monotonic() - begun < 5
