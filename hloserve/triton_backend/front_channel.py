@@ -50,6 +50,11 @@ log = logging.getLogger("hloserve.triton_backend.front_channel")
 #: the runtime map the other front's arena (``next`` on a count is atomic under the GIL).
 _SEGMENT_NUMBERS = itertools.count(1)
 
+#: How long a starting front waits for its runtime's stub to appear before it stops waiting
+#: for the runtime (seconds): Triton starts a model's stub within milliseconds of taking it
+#: on a load thread, so a runtime that has none after this is queued behind the fronts.
+RUNTIME_GRACE_S = 2.0
+
 #: ``respond(handle, result)``: answer one request (outputs by name, or its error).
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
 
@@ -144,23 +149,21 @@ class ChannelFront:
         The wait has two bounded parts: up to ``wait_s`` for the runtime to listen, then for
         the bundle, a deadline ``wait_s`` after the runtime's latest compile progress (its
         ``progress`` messages count every executable it finishes, this bundle's or others'): a
-        large repository compiling in line never times out while the runtime moves. After
-        start, a lost runtime is reconnected in the background (and the bundle loaded again).
+        large repository compiling in line never times out while the runtime moves. When no
+        runtime stub has started within :data:`RUNTIME_GRACE_S` (Triton loading every model at
+        once, its load threads all taken by fronts: waiting would deadlock them), the front
+        warns and returns, loading in the background as before. After start, a lost runtime
+        is reconnected in the background (and the bundle loaded again).
 
         Raises:
             HloserveError: the runtime answered that the bundle failed to load (its status and
-                reason), or UNAVAILABLE: no runtime listened, or it made no compile progress,
-                for ``wait_s`` seconds.
+                reason), or UNAVAILABLE: its runtime started but did not listen, or made no
+                compile progress, for ``wait_s`` seconds.
         """
-        if wait_s > 0 and not self._wait_listening(wait_s):
-            self.close()
-            raise UnavailableError(
-                f"model {self.core.name!r}: the runtime ({self.core.runtime_model!r}) was not "
-                f"listening after {wait_s:g} s ({names.PARAM_RUNTIME_WAIT_S}); load it first"
-            )
+        listening = wait_s > 0 and self._wait_listening(wait_s)
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
         self._thread.start()
-        if wait_s > 0 and not self._wait_ready(wait_s):
+        if listening and not self._wait_ready(wait_s):
             error = self._load_error or UnavailableError(
                 f"model {self.core.name!r}: the runtime made no compile progress for "
                 f"{wait_s:g} s while loading the bundle ({names.PARAM_RUNTIME_WAIT_S})"
@@ -169,19 +172,42 @@ class ChannelFront:
             raise error
 
     def _wait_listening(self, seconds: float) -> bool:
-        """Whether the runtime listens within ``seconds`` (an empty connection; it closes it)."""
-        deadline = time.monotonic() + seconds
+        """Whether the runtime listens (an empty connection; it closes it), waiting up to
+        ``seconds`` once its stub runs; False when no stub ran within the grace.
+
+        Raises:
+            UnavailableError: its stub ran but nothing listened for ``seconds``.
+        """
+        begun = time.monotonic()
+        grace = min(RUNTIME_GRACE_S, seconds)
+        seen = False
         delay = 0.02
         while True:
             try:
                 channel.connect(self.address, timeout=5).close()
                 return True
             except OSError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                time.sleep(min(delay, remaining))
-                delay = min(delay * 2, 0.25)
+                pass
+            seen = seen or channel.runtime_stub_running(self.core.runtime_model)
+            waited = time.monotonic() - begun
+            if not seen and waited >= grace:
+                log.warning(
+                    "model %r: no runtime (%r) started within %g s; loading the bundle in the "
+                    "background, so this model may report READY before it is compiled (load "
+                    "the runtime model first, as hloserve serve and node up do)",
+                    self.core.name,
+                    self.core.runtime_model,
+                    grace,
+                )
+                return False
+            if waited >= seconds:
+                self.close()
+                raise UnavailableError(
+                    f"model {self.core.name!r}: the runtime ({self.core.runtime_model!r}) "
+                    f"was not listening after {seconds:g} s ({names.PARAM_RUNTIME_WAIT_S})"
+                )
+            time.sleep(min(delay, max(seconds - waited, 0.001)))
+            delay = min(delay * 2, 0.25)
 
     def _wait_ready(self, seconds: float) -> bool:
         """Wait until loaded; False once the runtime refused the bundle, or when ``seconds``

@@ -48,6 +48,7 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import batching, channel
+from hloserve.triton_backend.device_memory import DeviceMemory
 from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
@@ -111,6 +112,8 @@ class RuntimeServer:
         publish_state: receives a :class:`RuntimeState` at the same cadence.
         flush_interval_s: seconds between ``publish`` rounds.
         key: the server key segment names carry (default :func:`channel.server_key`).
+        memory: device memory accounting: every bundle taken re-sizes the weight budget (and
+            may be refused there), its figures are published with the state.
     """
 
     def __init__(
@@ -123,8 +126,10 @@ class RuntimeServer:
         publish_state: Callable[[RuntimeState], None] | None = None,
         flush_interval_s: float = 1.0,
         key: str | None = None,
+        memory: DeviceMemory | None = None,
     ) -> None:
         self.core = core
+        self.memory = memory
         self.address = address
         self.key = key or channel.server_key()
         self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self._shed)
@@ -282,6 +287,13 @@ class RuntimeServer:
         finally:
             with self._holds_lock:
                 self._loading.discard(conn)
+        try:
+            if self.memory is not None:  # re-size the weight budget, or refuse the bundle
+                self.memory.admit(loaded.key, loaded.name, loaded.executables)
+        except Exception as exc:
+            self.core.release(loaded.key)
+            conn.send({"op": "error", **error_message(exc)})
+            return
         self._hold(loaded)
         conn.loaded = loaded
         conn.send({"op": "ready", "key": loaded.key})
@@ -313,6 +325,8 @@ class RuntimeServer:
                     del self._holds[loaded.key]
                     del self._loaded[loaded.key]
                     self.scheduler.unregister(loaded.key)
+                    if self.memory is not None:
+                        self.memory.forget(loaded.key)
             self.core.release(loaded.key)
         if conn.arena is not None:
             conn.arena.close()
@@ -509,7 +523,8 @@ class RuntimeServer:
         snapshot = self.scheduler.snapshot()
         with self._holds_lock:
             loaded = dict(self._loaded)
-        return runtime_state(snapshot, loaded, rows, shed)
+        memory = self.memory.figures() if self.memory is not None else None
+        return runtime_state(snapshot, loaded, rows, shed, memory)
 
 
 def _invalid(exc: ValueError) -> HloserveError:

@@ -166,3 +166,24 @@ def test_six_bundles_with_two_load_threads_all_load_compiled_without_a_stall(
         client.close()
     # no stall: nowhere near the front's flat wait (names.DEFAULT_RUNTIME_WAIT_S)
     assert seconds < names.DEFAULT_RUNTIME_WAIT_S / 2, seconds
+
+
+def test_fronts_taking_every_load_thread_before_the_runtime_do_not_deadlock(
+    tmp_path: Path,
+) -> None:
+    # six fronts named before hloserve_runtime, every model at once on Triton's 4 load
+    # threads: the fronts take them all first, and waiting for the runtime would hold them
+    # until hloserve.runtime_wait_s; without a runtime stub they stop waiting after the grace
+    bundles = tmp_path / "bundles"
+    models = [f"a{i}" for i in range(6)]
+    for model in models:
+        shutil.copytree(GOLDEN / "affine", bundles / model)
+    repo = tmp_path / "repository"
+    build_repository(bundles, repo, front_instances=1)
+    begun = time.monotonic()
+    with _server(repo, tmp_path / "server.log", load="*") as server:
+        seconds = time.monotonic() - begun
+        client = grpcclient.InferenceServerClient(server.urls.grpc)
+        assert all(client.is_model_ready(m) for m in models)
+        client.close()
+    assert seconds < names.DEFAULT_RUNTIME_WAIT_S / 2, seconds

@@ -82,6 +82,9 @@ class Events:
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         self.log.append(("evict", name, resident_bytes))
 
+    def resized(self, budget_bytes: int) -> None:
+        self.log.append(("resize", "", budget_bytes))
+
 
 def make(
     budget: int | None, sizes: dict[str, int], **kwargs: Any
@@ -117,6 +120,26 @@ def test_lru_order_and_eviction() -> None:
     use(cache, "b")  # reload
     assert cache.stats().models["b"].loads == 2
     assert cache.stats().loads == 5 and cache.stats().evictions == 2
+
+
+def test_resize_evicts_the_least_recently_used_until_the_weights_fit() -> None:
+    events = Events()
+    cache, transfer, _ = make(
+        4 * KIB,
+        {"a": KIB, "b": KIB, "c": KIB, "p": KIB},
+        residency={"p": Residency.DEVICE},
+        observer=events,
+    )
+    for name in "abc":
+        use(cache, name)
+    cache.acquire("c")  # in use: never evicted
+    cache.resize(2 * KIB)  # p (pinned) and c fit: a then b go
+    assert cache.lru_order() == ["c"] and transfer.on_device == 2 * KIB
+    assert cache.budget_bytes == 2 * KIB and events.log[-1] == ("resize", "", 2 * KIB)
+    cache.release("c")
+    with pytest.raises(InvalidArgumentError, match="pinned"):
+        cache.resize(KIB // 2)  # less than the pinned weights: refused, unchanged
+    assert cache.budget_bytes == 2 * KIB
 
 
 def test_resident_hit_does_not_transfer() -> None:
