@@ -208,3 +208,50 @@ def test_on_cpu_nothing_changes_and_no_device_figures_are_published(
     f = runtime.front()
     f.close()
     assert runtime.memory() is None
+
+
+def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+    import shutil
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from hloserve.model_repository_tools import build_repository
+    from hloserve.node.status import cache_status, fetch_metrics, render_status
+    from hloserve.node.tritonserver import TritonServer
+    from tests.conftest import serving_options
+
+    _fake(tmp_path / "stats.json", monkeypatch)  # the server and its stubs inherit it
+    shutil.copytree(GOLDEN / "affine", tmp_path / "bundles" / "affine")
+    repo = tmp_path / "repository"
+    build_repository(tmp_path / "bundles", repo, front_instances=1)
+    options = serving_options(repo)
+    options = dataclasses.replace(
+        options, env={**options.env, FAKE_STATS_ENV: os.environ[FAKE_STATS_ENV]}
+    )
+    url = f"http://127.0.0.1:{options.metrics_port}/metrics"
+
+    def device(weights: int) -> dict[str, float]:
+        end = time.monotonic() + 30
+        while True:  # published once a second
+            status = cache_status(fetch_metrics(url))
+            if status.device.get("weights") == weights or time.monotonic() > end:
+                return status.device
+
+    with TritonServer(options) as server:
+        before = device(0)
+        client = grpcclient.InferenceServerClient(server.urls.grpc)
+        x = grpcclient.InferInput("x", [1, 4], "FP32")
+        x.set_data_from_numpy(np.ones((1, 4), np.float32))
+        client.infer("affine", [x])
+        client.close()
+        after = device(AFFINE_WEIGHT_BYTES)
+        table = render_status(cache_status(fetch_metrics(url)))
+    for figures in (before, after):
+        assert figures["limit"] == LIMIT and figures["in_use"] == IN_USE
+        assert figures["peak"] == PEAK and figures["headroom"] == LIMIT - IN_USE
+        assert figures["total"] == int(LIMIT / names.DEFAULT_DEVICE_MEMORY_FRACTION)
+    assert after["weights"] - before["weights"] == AFFINE_WEIGHT_BYTES
+    assert 0 < after["budget"] < LIMIT * (1 - MARGIN)  # on by default, less the scratch
+    assert "device memory: total 1.1 GiB, limit 1.0 GiB, in use 300.0 MiB" in table, table

@@ -530,6 +530,15 @@ def test_status_table_from_prometheus_text() -> None:
         "load",
     ]
     assert table[3].split() == ["b", "unpinned", "3.0", "KiB", "-", "4", "3", "5.00", "ms"]
+    assert status.device == {}  # no device series (CPU): no device line
+    assert not any(line.startswith("device memory") for line in table)
+    device = cache_status(
+        PROMETHEUS_TEXT
+        + 'hloserve_device_memory_bytes{kind="limit"} 1073741824\n'
+        + 'hloserve_device_memory_bytes{kind="scratch"} 2048\n'
+    )
+    assert device.device == {"limit": 1 << 30, "scratch": 2048}
+    assert render_status(device).splitlines()[1] == "device memory: limit 1.0 GiB, scratch 2.0 KiB"
     with pytest.raises(HloserveError) as info:
         cache_status("nv_inference_count 1\n")
     assert info.value.status is Status.INVALID_ARGUMENT
