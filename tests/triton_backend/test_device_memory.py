@@ -255,3 +255,32 @@ def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserv
     assert after["weights"] - before["weights"] == AFFINE_WEIGHT_BYTES
     assert 0 < after["budget"] < LIMIT * (1 - MARGIN)  # on by default, less the scratch
     assert "device memory: total 1.1 GiB, limit 1.0 GiB, in use 300.0 MiB" in table, table
+
+
+def test_device_memory_fraction_travels_from_the_flag_to_the_runtime_config(
+    tmp_path: Path,
+) -> None:
+    import argparse
+    import shutil
+
+    from hloserve.cli_options import add_weight_cache_options, weight_cache_options
+    from hloserve.model_parameters import RuntimeParameters
+    from hloserve.model_repository_tools import build_repository
+
+    parser = argparse.ArgumentParser()
+    add_weight_cache_options(parser)
+    options = weight_cache_options(parser.parse_args(["--device-memory-fraction", "0.7"]))
+    shutil.copytree(GOLDEN / "affine", tmp_path / "bundles" / "affine")
+    build_repository(tmp_path / "bundles", tmp_path / "repo", weight_cache=options)
+    config = (tmp_path / "repo" / names.RUNTIME_MODEL / "config.pbtxt").read_text()
+    assert f'key: "{names.PARAM_DEVICE_MEMORY_FRACTION}"' in config
+    args = _args(**{names.PARAM_DEVICE_MEMORY_FRACTION: "0.7"})
+    read = RuntimeParameters.from_parameters(args.name, args.parameters)
+    assert read.device_memory_fraction == 0.7
+    env: dict[str, str] = {}
+    allocator_environment(read.device_memory_fraction, env)
+    assert env["XLA_CLIENT_MEM_FRACTION"] == "0.7"
+    with pytest.raises(HloserveError, match=r"in \(0, 1\]"):
+        RuntimeParameters.from_parameters(
+            args.name, _args(**{names.PARAM_DEVICE_MEMORY_FRACTION: "1.5"}).parameters
+        )
