@@ -135,6 +135,7 @@ class DeviceMemory:
             return
         sizes = [executable_memory(getattr(e, "loaded", e)) for e in executables.values()]
         with self._lock:
+            new = key not in self._executables  # else another front holds it: it stays
             self._executables[key] = (
                 sum(c for c, _ in sizes),
                 max((t for _, t in sizes), default=0),
@@ -142,7 +143,8 @@ class DeviceMemory:
             try:
                 self._resize(name, stats["bytes_limit"])
             except InvalidArgumentError:
-                del self._executables[key]
+                if new:
+                    del self._executables[key]
                 raise
 
     def forget(self, key: str) -> None:

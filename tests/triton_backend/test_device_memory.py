@@ -23,6 +23,7 @@ import pytest
 from hloserve import names
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
+from hloserve.metric_names import DEVICE_MEMORY_KINDS
 from hloserve.triton_backend.device_memory import (
     FAKE_STATS_ENV,
     MARGIN,
@@ -236,7 +237,8 @@ def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserv
         end = time.monotonic() + 30
         while True:  # published once a second
             status = cache_status(fetch_metrics(url))
-            if status.device.get("weights") == weights or time.monotonic() > end:
+            complete = set(DEVICE_MEMORY_KINDS) <= set(status.device)  # all published
+            if (complete and status.device["weights"] == weights) or time.monotonic() > end:
                 return status.device
 
     with TritonServer(options) as server:
