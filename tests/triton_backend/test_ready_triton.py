@@ -87,6 +87,14 @@ def cold_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     yield directory
 
 
+def _affine_repo(root: Path, models: list[str], *, front_instances: int) -> Path:
+    """A repository of copies of the golden affine bundle named ``models``, under ``root``."""
+    for model in models:
+        shutil.copytree(GOLDEN / "affine", root / "bundles" / model)
+    build_repository(root / "bundles", root / "repository", front_instances=front_instances)
+    return root / "repository"
+
+
 def _loaded_seconds(log: Path, model: str) -> float | None:
     """The runtime's "model 'm' loaded in X s" time for ``model``, or None before it."""
     found = re.search(rf"model '{model}' loaded in ([0-9.]+) s", log.read_text(errors="replace"))
@@ -131,12 +139,8 @@ def test_the_first_request_at_ready_is_answered_without_compiling(
 def test_six_bundles_with_two_load_threads_all_load_compiled_without_a_stall(
     tmp_path: Path, cold_cache: Path
 ) -> None:
-    bundles = tmp_path / "bundles"
     models = [f"affine{i}" for i in range(6)]
-    for model in models:
-        shutil.copytree(GOLDEN / "affine", bundles / model)
-    repo = tmp_path / "repository"
-    build_repository(bundles, repo, front_instances=2)
+    repo = _affine_repo(tmp_path, models, front_instances=2)
     log = tmp_path / "server.log"
     x = grpcclient.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -174,12 +178,8 @@ def test_fronts_taking_every_load_thread_before_the_runtime_do_not_deadlock(
     # six fronts named before hloserve_runtime, every model at once on Triton's 4 load
     # threads: the fronts take them all first, and waiting for the runtime would hold them
     # until hloserve.runtime_wait_s; without a runtime stub they stop waiting after the grace
-    bundles = tmp_path / "bundles"
     models = [f"a{i}" for i in range(6)]
-    for model in models:
-        shutil.copytree(GOLDEN / "affine", bundles / model)
-    repo = tmp_path / "repository"
-    build_repository(bundles, repo, front_instances=1)
+    repo = _affine_repo(tmp_path, models, front_instances=1)
     begun = time.monotonic()
     with _server(repo, tmp_path / "server.log", load="*") as server:
         seconds = time.monotonic() - begun
