@@ -26,7 +26,8 @@ def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="byte budget of the runtime's device weight cache, pinned models included "
-        "(default: 0 = no budget, every model's weights stay on the device); "
+        "(default: 0 = sized from the card: what --device-memory-fraction allows less the "
+        "executables, the largest scratch and a 10%% margin; no budget on CPU); "
         "docs/on_demand_weights.md",
     )
     parser.add_argument(
@@ -37,6 +38,15 @@ def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
         help="instead of --weight-cache-bytes: the budget as a fraction in (0, 1] of the device "
         "memory free when the runtime starts (no budget on CPU); execution scratch is not "
         "reserved, so leave room",
+    )
+    parser.add_argument(
+        "--device-memory-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="the fraction in (0, 1] of the card's memory the runtime's JAX allocator may take "
+        f"(default {names.DEFAULT_DEVICE_MEMORY_FRACTION}: room for tritonserver's CUDA "
+        "context and pools); no preallocation; docs/on_demand_weights.md",
     )
     parser.add_argument(
         "--residency",
@@ -92,6 +102,7 @@ def weight_cache_options(args: argparse.Namespace) -> Any:
     return WeightCacheOptions(
         weight_cache_bytes=args.weight_cache_bytes,
         weight_cache_fraction=args.weight_cache_fraction,
+        device_memory_fraction=args.device_memory_fraction,
         residency=residency,
         compaction_interval=args.compaction_interval,
     )

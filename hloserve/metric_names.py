@@ -28,8 +28,27 @@ WEIGHT_LOAD_SECONDS = "hloserve_weight_load_seconds"
 WEIGHT_LOAD_BYTES = "hloserve_weight_load_bytes_total"
 #: Counter per (model, variant, batch_size): executions.
 EXECUTIONS = "hloserve_executions_total"
+#: Gauge ``{kind}``: the runtime's device memory, bytes, by kind (:data:`DEVICE_MEMORY_KINDS`);
+#: absent where the device reports no statistics (CPU). docs/observability.md.
+DEVICE_MEMORY_BYTES = "hloserve_device_memory_bytes"
+#: The ``kind`` labels of :data:`DEVICE_MEMORY_BYTES`: the card's total, the allocator's limit,
+#: in use and peak (``memory_stats()``), resident weights, compiled executables, the largest
+#: scratch of a loaded executable, headroom (limit - in use), the weight budget.
+DEVICE_MEMORY_KINDS = (
+    "total",
+    "limit",
+    "in_use",
+    "peak",
+    "weights",
+    "executables",
+    "scratch",
+    "headroom",
+    "budget",
+)
 
 __all__ = [
+    "DEVICE_MEMORY_BYTES",
+    "DEVICE_MEMORY_KINDS",
     "EXECUTIONS",
     "WEIGHT_BYTES",
     "WEIGHT_CACHE_BUDGET_BYTES",

@@ -331,6 +331,8 @@ class RuntimeParameters(ModelParameters):
             (docs/on_demand_weights.md).
         weight_cache_fraction: instead, the budget as this fraction of the device memory free
             at start, in (0, 1]; 0.0 = unused.
+        device_memory_fraction: the fraction of the card's memory the runtime's allocator may
+            take, in (0, 1]; 0.0 = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
         residency: model -> residency (one of ``names.RESIDENCIES``), defaults left out.
         compaction_interval: free on-demand buffers every N on-demand loads; 0 = off.
         scheduling: the discipline, one of ``names.SCHEDULING_DISCIPLINES``
@@ -346,6 +348,7 @@ class RuntimeParameters(ModelParameters):
     repository_format: int = names.REPOSITORY_FORMAT
     weight_cache_bytes: int = 0
     weight_cache_fraction: float = 0.0
+    device_memory_fraction: float = 0.0
     residency: Mapping[str, str] = field(default_factory=dict)
     compaction_interval: int = 0
     scheduling: str = names.SCHEDULING_DISCIPLINES[0]
@@ -365,6 +368,13 @@ class RuntimeParameters(ModelParameters):
         Parameter(
             names.PARAM_WEIGHT_CACHE_FRACTION,
             "weight_cache_fraction",
+            "a number in (0, 1]",
+            _number(0.0, 1.0, low_open=True),
+            write=repr,
+        ),
+        Parameter(
+            names.PARAM_DEVICE_MEMORY_FRACTION,
+            "device_memory_fraction",
             "a number in (0, 1]",
             _number(0.0, 1.0, low_open=True),
             write=repr,

@@ -98,6 +98,13 @@ PARAM_WEIGHT_CACHE_BYTES = "hloserve.weight_cache_bytes"
 #: (``bytes_limit - bytes_in_use`` of ``Device.memory_stats()``); no budget where the device
 #: reports no statistics (CPU).
 PARAM_WEIGHT_CACHE_FRACTION = "hloserve.weight_cache_fraction"
+#: Runtime parameter: the fraction (0 < f <= 1, decimal text) of the card's memory the
+#: runtime's JAX allocator may take (``XLA_CLIENT_MEM_FRACTION``, no preallocation); absent =
+#: :data:`DEFAULT_DEVICE_MEMORY_FRACTION`. docs/on_demand_weights.md, "Device memory".
+PARAM_DEVICE_MEMORY_FRACTION = "hloserve.device_memory_fraction"
+#: Default of :data:`PARAM_DEVICE_MEMORY_FRACTION`; the reasoning with numbers is in
+#: :func:`hloserve.triton_backend.device_memory.allocator_environment`.
+DEFAULT_DEVICE_MEMORY_FRACTION = 0.9
 #: Runtime parameter: residency of the models that do not use :data:`DEFAULT_RESIDENCY`, as
 #: ``"<model>=<residency>,..."`` sorted by model (:func:`format_residency`); absent = all default.
 PARAM_RESIDENCY = "hloserve.residency"

@@ -1,6 +1,7 @@
-"""The two Python steps of scripts/gpu_check.sh (docs/gpu_check.md): ``env`` and ``summary``.
+"""The Python steps of scripts/gpu_check.sh (docs/gpu_check.md): ``env``, ``memory``, ``summary``.
 
     python scripts/gpu_check.py env --wheels gpu-wheels --site DIR --json OUT/env.json
+    python scripts/gpu_check.py memory --json OUT/memory.json [--mib 256]
     python scripts/gpu_check.py summary OUT
 
 ``env`` installs every wheel of ``--wheels`` into ``--site`` (``pip install --no-index
@@ -9,6 +10,13 @@ that gpu_check.sh puts first on ``PYTHONPATH``, so the check runs on the wheels'
 resolved set: pydantic-core matches pydantic) whatever the device has; NumPy, JAX and ml_dtypes
 stay the device's. Then it imports hloserve's core in a fresh interpreter and records the
 interpreter, the versions, JAX's devices and ``nvidia-smi``'s view.
+
+``memory`` (issue 26) starts two runtime-like processes at once, each setting JAX's allocator as
+the runtime does (:func:`hloserve.triton_backend.device_memory.allocator_environment`) and
+placing ``--mib`` of data: both must run, and neither may hold 75% of the card (JAX's
+preallocating default, under which the second failed); then, in a fresh process, it compares
+the scratch XLA's compiled memory analysis gives for an executable (``temp_size_in_bytes``, what
+the runtime's budget reserves) with the peak its execution adds on the device.
 
 ``summary`` merges ``steps.tsv`` and each step's JSON under OUT into ``OUT/summary.json``, with
 the figures the issues ask for and their targets (docs/gpu_check.md, "The summary").
@@ -133,6 +141,88 @@ def env(args: argparse.Namespace) -> int:
     return 0
 
 
+_RUNTIME_PROBE = """
+import json, os, subprocess, sys, time
+from hloserve.triton_backend.device_memory import allocator_environment
+settings = allocator_environment()
+import jax, jax.numpy as jnp
+device = jax.devices()[0]
+x = jax.device_put(jnp.ones((int(sys.argv[1]) << 18,), jnp.float32), device).block_until_ready()
+stats = device.memory_stats() or {}
+time.sleep(float(sys.argv[2]))  # both processes hold their memory at once
+smi = None
+try:
+    smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         timeout=20).stdout
+except (OSError, subprocess.SubprocessError):
+    pass
+used = [int(l.split(",")[1]) << 20 for l in (smi or "").splitlines()
+        if l.split(",")[0].strip() == str(os.getpid())]
+print(json.dumps({"settings": settings, "bytes_limit": stats.get("bytes_limit"),
+                  "bytes_in_use": stats.get("bytes_in_use"),
+                  "nvidia_smi_bytes": used[0] if used else None}))
+"""
+
+_SCRATCH_PROBE = """
+import json
+from hloserve.triton_backend.device_memory import allocator_environment, executable_memory
+allocator_environment()
+import jax, jax.numpy as jnp
+device = jax.devices()[0]
+n = 4096
+def f(a):  # an (n, n) f32 intermediate (64 MiB) that is neither an argument nor the output
+    s = jax.nn.softmax(a @ a.T, axis=-1)
+    return (s @ a).sum(axis=0)
+a = jax.device_put(jnp.ones((n, 256), jnp.float32) * 1e-3, device).block_until_ready()
+compiled = jax.jit(f).lower(a).compile()
+code, temp = executable_memory(compiled.runtime_executable())
+stats = device.memory_stats() or {}
+before, peak_before = stats.get("bytes_in_use"), stats.get("peak_bytes_in_use")
+out = compiled(a).block_until_ready()
+stats = device.memory_stats() or {}
+peak = stats.get("peak_bytes_in_use")
+added = None if peak is None or before is None else peak - max(before, peak_before or 0)
+print(json.dumps({"temp_bytes": temp, "code_bytes": code, "peak_added_bytes": added,
+                  "output_bytes": int(out.nbytes)}))
+"""
+
+
+def memory(args: argparse.Namespace) -> int:
+    """Two runtimes on one card, and compile-time scratch against the measured peak."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RUNTIME_PROBE, str(args.mib), "5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    runtimes = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        lines = out.strip().splitlines()
+        runtimes.append(
+            json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": err[-2000:]}
+        )
+    scratch_run = subprocess.run(
+        [sys.executable, "-c", _SCRATCH_PROBE], capture_output=True, text=True, env=env, timeout=180
+    )
+    lines = scratch_run.stdout.strip().splitlines()
+    scratch = json.loads(lines[-1]) if scratch_run.returncode == 0 and lines else None
+    result: dict[str, Any] = {
+        "runtimes": runtimes,
+        "both_ran": all("error" not in r for r in runtimes),
+        "scratch": scratch or {"error": scratch_run.stderr[-2000:]},
+    }
+    print(json.dumps(result, indent=2))
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["both_ran"] else 1
+
+
 def _load(path: Path) -> dict[str, Any] | None:
     try:
         loaded: dict[str, Any] = json.loads(path.read_text())
@@ -218,6 +308,37 @@ def summarize(out: Path) -> dict[str, Any]:
                 ratio >= goal,
             )
         summary["executable_cache"] = xc
+    mem = _load(out / "memory.json")
+    if mem is not None:
+        # each would hold 75% of the card under JAX's preallocating default; the card is the
+        # allocator's limit over the runtime's default fraction (0.9)
+        held = [r.get("nvidia_smi_bytes") or r.get("bytes_in_use") for r in mem["runtimes"]]
+        cards = [(r.get("bytes_limit") or 0) / 0.9 for r in mem["runtimes"]]
+        under: bool | None = mem["both_ran"] and all(
+            h is not None and h < 0.25 * card for h, card in zip(held, cards, strict=True)
+        )
+        if not on_gpu:
+            under = None if mem["both_ran"] else False
+        checks["two_runtimes_on_one_card"] = _check(
+            [_mib(h) for h in held],
+            "both run, each holding what it placed (MiB), under 25% of the card (issue 26)",
+            under,
+        )
+        sc = mem["scratch"]
+        if "temp_bytes" in sc and sc.get("peak_added_bytes"):
+            checks["scratch_figure_vs_peak"] = _check(
+                round(sc["temp_bytes"] / sc["peak_added_bytes"], 3),
+                "reported: XLA temp bytes / peak added by one execution (issue 26)",
+                None,
+            )
+        summary["memory"] = mem
+    if wc is not None and wc.get("pinned_gb_s"):
+        gbs = wc["cache_gb_s"] / wc["pinned_gb_s"]
+        checks["cold_load_gb_s_vs_pinned_put"] = _check(
+            round(gbs, 3),
+            ">= 0.8x (issue 26)",
+            gbs >= 0.8 if wc["host_tier"] == "pinned_host" else None,
+        )
     ch = _load(out / "channel_roundtrip.json")
     if ch is not None:
         checks["channel_overhead_p50_us"] = _check(
@@ -246,6 +367,10 @@ def main() -> int:
     p.add_argument("--site", type=Path, required=True)
     p.add_argument("--json", type=Path, required=True)
     p.set_defaults(run=env)
+    p = sub.add_parser("memory", help="two runtimes on one card; scratch figure vs peak")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--mib", type=int, default=256, help="MiB each runtime places")
+    p.set_defaults(run=memory)
     p = sub.add_parser("summary", help="write OUT/summary.json")
     p.add_argument("out", type=Path)
     p.set_defaults(run=summary)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check of the runtime channel (issue 11) and the executable cache (issue 13), in one
+# The GPU check of the runtime channel (issue 11), the executable cache (issue 13) and the
+# runtime's device memory (issue 26: two runtimes on one card, scratch figure vs peak), in one
 # command for a device without network (docs/gpu_check.md). Every step has its own timeout and
 # the whole a budget; a failed step does not stop the next. Logs, each step's JSON and
 # summary.json go to $OUT.
@@ -66,6 +67,7 @@ fi
 # Most wanted first: a later step may meet the end of the budget.
 step env 90 "$PYTHON" scripts/gpu_check.py env --wheels "$WHEELS" --site "$SITE" \
   --json "$OUT/env.json"
+step memory 120 "$PYTHON" scripts/gpu_check.py memory --json "$OUT/memory.json"
 step device_models 150 "$PYTHON" benchmarks/device_models.py "${models[@]}" \
   --json "$OUT/device_models.json"
 step weight_cache 120 "$PYTHON" benchmarks/gpu_weight_cache.py "${weights[@]}" \

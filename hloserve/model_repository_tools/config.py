@@ -172,6 +172,7 @@ def runtime_config(
     *,
     weight_cache_bytes: int = 0,
     weight_cache_fraction: float = 0.0,
+    device_memory_fraction: float = 0.0,
     residency: Mapping[str, str] | None = None,
     compaction_interval: int = 0,
     scheduling: str = names.SCHEDULING_DISCIPLINES[0],
@@ -192,6 +193,9 @@ def runtime_config(
         weight_cache_fraction: instead of bytes, the budget as a fraction of the device memory
             free at the runtime's start, in (0, 1]; 0 = unused. Written as
             ``hloserve.weight_cache_fraction`` when > 0.
+        device_memory_fraction: the fraction of the card's memory the runtime's allocator may
+            take, in (0, 1]; 0 = the default. Written as ``hloserve.device_memory_fraction``
+            when > 0 (docs/on_demand_weights.md, "Device memory").
         residency: model -> one of ``names.RESIDENCIES``; non-default ones are written as
             ``hloserve.residency``.
         compaction_interval: on-demand loads between compactions; 0 = off. Written as
@@ -223,6 +227,10 @@ def runtime_config(
     _check_cache_options(
         models, weight_cache_bytes, weight_cache_fraction, residency, compaction_interval
     )
+    if not 0.0 <= device_memory_fraction <= 1.0:
+        raise InvalidArgumentError(
+            f"device memory fraction must be in (0, 1], got {device_memory_fraction}"
+        )
     check_scheduling_options([n for n, _ in models], scheduling, model_weights)
     _check_executable_cache(executable_cache, executable_cache_bytes)
     m = pb2()
@@ -233,6 +241,7 @@ def runtime_config(
     values = RuntimeParameters(
         weight_cache_bytes=weight_cache_bytes,
         weight_cache_fraction=weight_cache_fraction,
+        device_memory_fraction=device_memory_fraction,
         residency=residency,
         compaction_interval=compaction_interval,
         scheduling=scheduling,

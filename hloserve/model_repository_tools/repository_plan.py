@@ -52,12 +52,15 @@ class WeightCacheOptions:
             budget, every model's weights stay on the device.
         weight_cache_fraction: instead of bytes, the budget as a fraction in (0, 1] of the
             device memory free at the runtime's start; 0 (default) = unused.
+        device_memory_fraction: the fraction in (0, 1] of the card's memory the runtime's
+            allocator may take; 0 (default) = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
         residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
         compaction_interval: on-demand loads between compactions; 0 (default) = off.
     """
 
     weight_cache_bytes: int = 0
     weight_cache_fraction: float = 0.0
+    device_memory_fraction: float = 0.0
     residency: Mapping[str, str] = field(default_factory=dict)
     compaction_interval: int = 0
 
@@ -305,6 +308,7 @@ def plan_repository(
             [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],
             weight_cache_bytes=cache.weight_cache_bytes,
             weight_cache_fraction=cache.weight_cache_fraction,
+            device_memory_fraction=cache.device_memory_fraction,
             residency=cache.residency,
             compaction_interval=cache.compaction_interval,
             scheduling=sched.scheduling,

@@ -248,6 +248,7 @@ def build_flags_set(options: ServeOptions) -> list[str]:
         "--batch-sizes": options.batch_sizes is not None and options.batch_sizes.given,
         "--weight-cache-bytes": cache is not None and bool(cache.weight_cache_bytes),
         "--weight-cache-fraction": cache is not None and bool(cache.weight_cache_fraction),
+        "--device-memory-fraction": cache is not None and bool(cache.device_memory_fraction),
         "--residency": cache is not None and bool(cache.residency),
         "--compaction-interval": cache is not None and bool(cache.compaction_interval),
         "--scheduling": sched is not None and sched.scheduling != "fair",

@@ -3,8 +3,9 @@
 read from the ``/models`` page of ``hloserve serve``'s admin port
 (:mod:`hloserve.observability.node_metrics`).
 
-Reads the ``hloserve_weight_*`` series the runtime model exports (docs/on_demand_weights.md,
-"Metrics"; :mod:`hloserve.triton_backend.metrics`) and renders them as a table. The parser
+Reads the ``hloserve_weight_*`` and ``hloserve_device_memory_bytes`` series the runtime model
+exports (docs/on_demand_weights.md, "Metrics" and "Device memory";
+:mod:`hloserve.triton_backend.metrics`) and renders them as a table. The parser
 covers the Prometheus text exposition format as Triton writes it (one sample per line,
 ``name{label="value",...} value``; prometheus.io/docs/instrumenting/exposition_formats).
 """
@@ -45,11 +46,13 @@ class ModelCacheRow:
 
 @dataclass
 class CacheStatus:
-    """The cache of one runtime: budget (0 = none), resident total, rows by model name."""
+    """The cache of one runtime: budget (0 = none), resident total, rows by model name, and its
+    device memory by kind (``hloserve_device_memory_bytes``; empty on CPU)."""
 
     budget_bytes: float = 0.0
     resident_bytes: float = 0.0
     models: dict[str, ModelCacheRow] = field(default_factory=dict)
+    device: dict[str, float] = field(default_factory=dict)
 
 
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -80,6 +83,9 @@ def cache_status(text: str) -> CacheStatus:
     status = CacheStatus()
     seen = False
     for name, labels, value in parse_samples(text):
+        if name == metric_names.DEVICE_MEMORY_BYTES and "kind" in labels:
+            status.device[labels["kind"]] = value
+            continue
         if not name.startswith(metric_names.WEIGHT_PREFIX):
             continue
         seen = True
@@ -212,10 +218,20 @@ def print_quietly(text: str) -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+#: The device memory kinds ``hloserve status`` prints, in order (the scratch is the largest of
+#: any loaded executable).
+_DEVICE_KINDS = tuple(k for k in metric_names.DEVICE_MEMORY_KINDS if k != "budget")
+
+
 def render_status(status: CacheStatus) -> str:
     """The cache state as a text table, models by name."""
     budget = format_bytes(status.budget_bytes) if status.budget_bytes else "none (all resident)"
     lines = [f"weight cache: budget {budget}, resident {format_bytes(status.resident_bytes)}"]
+    if status.device:  # absent on CPU
+        shown = [
+            (k.replace("_", " "), status.device[k]) for k in _DEVICE_KINDS if k in status.device
+        ]
+        lines.append("device memory: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in shown))
     header = ("model", "residency", "weights", "resident", "loads", "evictions", "mean load")
     rows = [header]
     for name in sorted(status.models):

@@ -329,6 +329,26 @@ def wait_hangup(link: Link) -> None:
             return
 
 
+def runtime_stub_running(runtime_model: str) -> bool:
+    """Whether a stub of ``runtime_model`` runs beside this process: a child of the same
+    parent (tritonserver) whose command line names ``<repository>/<runtime_model>/<version>/
+    model.py`` (the Python backend stub's first argument)."""
+    parent = os.getppid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) != parent:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if len(argv) > 1 and Path(os.fsdecode(argv[1])).parent.parent.name == runtime_model:
+            return True
+    return False
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as gone)."""
     try:
@@ -357,6 +377,7 @@ __all__ = [
     "receive_ready",
     "remove_segments_of",
     "remove_stale_segments",
+    "runtime_stub_running",
     "segment_name",
     "send",
     "server_key",

@@ -14,6 +14,8 @@ to ``respond(handle, result)``. Two ways to wait:
   keeps many requests in flight (the Triton shim returns ``None`` from ``execute`` and answers
   through each request's response sender).
 
+``start`` returns once the runtime has compiled and accepted the bundle (the front's
+``initialize``: READY means servable), waiting as long as the runtime makes compile progress.
 When the runtime goes away (killed, reloaded) every request in flight fails UNAVAILABLE at once
 and the front reconnects in the background (and loads its bundle again); new requests wait up
 to ``wait_s`` for it. The front never imports JAX.
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.front import FrontModel, IdentityHooks, Prepared
@@ -50,6 +53,11 @@ _SEGMENT_NUMBERS = itertools.count(1)
 
 #: Seconds between two looks at ``is_cancelled()`` of the requests ``run()`` waits for.
 CANCEL_POLL_S = 0.05
+
+#: How long a starting front waits for its runtime's stub to appear before it stops waiting
+#: for the runtime (seconds): Triton starts a model's stub within milliseconds of taking it
+#: on a load thread, so a runtime that has none after this is queued behind the fronts.
+RUNTIME_GRACE_S = 2.0
 
 #: ``respond(handle, result)``: answer one request (outputs by name, or its error).
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
@@ -133,6 +141,9 @@ class ChannelFront:
         self._link: channel.Link | None = None
         self._ready = threading.Event()
         self._load_error: HloserveError | None = None
+        #: the runtime's latest executables-finished count, and when it last grew (monotonic s)
+        self._progress = -1
+        self._progress_at = 0.0
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._keep_inputs = not isinstance(core.hooks, IdentityHooks)
@@ -140,34 +151,81 @@ class ChannelFront:
     # -- connection -----------------------------------------------------------------------------
 
     def start(self, wait_s: float = 0.0) -> None:
-        """Connect and load the bundle in the background. With ``wait_s`` > 0 and the runtime
-        listening now, wait up to that long for the load to finish (without a runtime yet,
-        return at once: Triton loads models in parallel, the runtime may come later).
+        """Connect and load the bundle; with ``wait_s`` > 0, return only once the runtime has
+        compiled (or loaded from its executable cache) and accepted the bundle, so the model is
+        servable when Triton marks it READY (docs/serving.md, "READY means servable").
+
+        The wait has two bounded parts: up to ``wait_s`` for the runtime to listen, then for
+        the bundle, a deadline ``wait_s`` after the runtime's latest compile progress (its
+        ``progress`` messages count every executable it finishes, this bundle's or others'): a
+        large repository compiling in line never times out while the runtime moves. When no
+        runtime stub has started within :data:`RUNTIME_GRACE_S` (Triton loading every model at
+        once, its load threads all taken by fronts: waiting would deadlock them), the front
+        warns and returns, loading in the background as before. After start, a lost runtime
+        is reconnected in the background (and the bundle loaded again).
 
         Raises:
-            HloserveError: the runtime answered that the bundle failed to load.
+            HloserveError: the runtime answered that the bundle failed to load (its status and
+                reason), or UNAVAILABLE: its runtime started but did not listen, or made no
+                compile progress, for ``wait_s`` seconds.
         """
-        listening = False
-        if wait_s > 0:  # is the runtime there? (an empty connection; it just closes it)
-            try:
-                channel.connect(self.address, timeout=5).close()
-                listening = True
-            except OSError:
-                listening = False
+        listening = wait_s > 0 and self._wait_listening(wait_s)
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
         self._thread.start()
-        if listening and not self._wait_ready(wait_s) and self._load_error is not None:
-            error = self._load_error
+        if listening and not self._wait_ready(wait_s):
+            error = self._load_error or UnavailableError(
+                f"model {self.core.name!r}: the runtime made no compile progress for "
+                f"{wait_s:g} s while loading the bundle ({names.PARAM_RUNTIME_WAIT_S})"
+            )
             self.close()
             raise error
 
+    def _wait_listening(self, seconds: float) -> bool:
+        """Whether the runtime listens (an empty connection; it closes it), waiting up to
+        ``seconds`` once its stub runs; False when no stub ran within the grace.
+
+        Raises:
+            UnavailableError: its stub ran but nothing listened for ``seconds``.
+        """
+        begun = time.monotonic()
+        grace = min(RUNTIME_GRACE_S, seconds)
+        seen = False
+        delay = 0.02
+        while True:
+            try:
+                channel.connect(self.address, timeout=5).close()
+                return True
+            except OSError:
+                pass
+            seen = seen or channel.runtime_stub_running(self.core.runtime_model)
+            waited = time.monotonic() - begun
+            if not seen and waited >= grace:
+                log.warning(
+                    "model %r: no runtime (%r) started within %g s; loading the bundle in the "
+                    "background, so this model may report READY before it is compiled (load "
+                    "the runtime model first, as hloserve serve and node up do)",
+                    self.core.name,
+                    self.core.runtime_model,
+                    grace,
+                )
+                return False
+            if waited >= seconds:
+                self.close()
+                raise UnavailableError(
+                    f"model {self.core.name!r}: the runtime ({self.core.runtime_model!r}) "
+                    f"was not listening after {seconds:g} s ({names.PARAM_RUNTIME_WAIT_S})"
+                )
+            time.sleep(min(delay, max(seconds - waited, 0.001)))
+            delay = min(delay * 2, 0.25)
+
     def _wait_ready(self, seconds: float) -> bool:
-        """Wait until loaded; False after ``seconds`` or once the runtime refused the bundle."""
-        deadline = time.monotonic() + seconds
+        """Wait until loaded; False once the runtime refused the bundle, or when ``seconds``
+        passed since the later of now and the runtime's latest compile progress."""
+        start = time.monotonic()
         while not self._ready.is_set():
             if self._load_error is not None or self._closed.is_set():
                 return False
-            remaining = deadline - time.monotonic()
+            remaining = max(start, self._progress_at) + seconds - time.monotonic()
             if remaining <= 0:
                 return False
             self._ready.wait(min(remaining, 0.05))
@@ -213,6 +271,11 @@ class ChannelFront:
             },
         )
         answer = channel.receive(link.sock)
+        while answer.get("op") == "progress":  # compiling: the wait's deadline moves on
+            if int(answer.get("executables", 0)) > self._progress:
+                self._progress = int(answer.get("executables", 0))
+                self._progress_at = time.monotonic()
+            answer = channel.receive(link.sock)
         if answer.get("op") != "ready":
             # requests get this error; the connection stays (idle) so a new runtime is asked
             # again, but this one does not compile the bundle again and again

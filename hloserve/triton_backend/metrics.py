@@ -203,6 +203,11 @@ class TritonCacheMetrics:
                 self._evictions[name].increment(1.0)
             self._total.set(float(resident_bytes))
 
+    def resized(self, budget_bytes: int) -> None:
+        with self._lock:
+            if self._budget is not None:
+                self._budget.set(float(budget_bytes))
+
 
 class TritonExecutionMetrics:
     """``hloserve_executions_total{model,variant,batch_size}``: the runtime's executions.
@@ -257,7 +262,9 @@ class TritonRuntimeMetrics:
     - ``hloserve_scheduler_cost_seconds{model,variant,batch_size}`` (gauge): learned cost;
     - ``hloserve_scheduler_shed_total{model,reason}`` (counter): requests shed, ``reason`` =
       ``deadline`` (passed), ``laxity`` (cannot be met), ``cancelled`` (its client gave up)
-      or ``stopping``.
+      or ``stopping``;
+    - ``hloserve_device_memory_bytes{kind}`` (gauge): the runtime's device memory by kind
+      (``metric_names.DEVICE_MEMORY_KINDS``); absent on CPU.
     """
 
     _SHED_REASONS = ("deadline", "laxity", "cancelled", "stopping")
@@ -280,6 +287,11 @@ class TritonRuntimeMetrics:
                 family.GAUGE,
             ),
             ("hloserve_scheduler_shed_total", "Requests shed before device work", family.COUNTER),
+            (
+                metric_names.DEVICE_MEMORY_BYTES,
+                "The runtime's device memory by kind, bytes",
+                family.GAUGE,
+            ),
         )
         self._families = {n: family(name=n, description=d, kind=k) for n, d, k in specs}
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
@@ -320,6 +332,8 @@ class TritonRuntimeMetrics:
                     variant=variant,
                     batch_size=str(size),
                 ).set(float(seconds))
+            for kind, nbytes in (state.memory or {}).items():
+                self._metric(metric_names.DEVICE_MEMORY_BYTES, kind=kind).set(float(nbytes))
             for (model, reason), n in state.shed.items():
                 self._metric("hloserve_scheduler_shed_total", model=model, reason=reason).increment(
                     float(n)

@@ -156,10 +156,14 @@ class RuntimeModel:
 
     # -- loading ------------------------------------------------------------------------------
 
-    def acquire(self, name: str, path: Path) -> LoadedBundle:
+    def acquire(
+        self, name: str, path: Path, progress: Callable[[], None] | None = None
+    ) -> LoadedBundle:
         """Hold bundle ``name`` at ``path`` (loading it if no one holds this generation).
 
         Each call must be paired with one :meth:`release` of the returned bundle's ``key``.
+        ``progress()`` is called after each executable this call compiles or loads from the
+        executable cache.
 
         Raises:
             HloserveError: the bundle failed to load (its status); nothing is held then.
@@ -183,7 +187,7 @@ class RuntimeModel:
                 entry = self._entries[key] = _Entry(name, key, path, gen)
             entry.refs += 1
         try:
-            return self._load_entry(entry)
+            return self._load_entry(entry, progress)
         except HloserveError:
             self.release(entry.key)
             raise
@@ -228,14 +232,16 @@ class RuntimeModel:
             )
         return self._load_entry(entry)
 
-    def _load_entry(self, entry: _Entry) -> LoadedBundle:
+    def _load_entry(
+        self, entry: _Entry, progress: Callable[[], None] | None = None
+    ) -> LoadedBundle:
         if entry.loaded is not None:
             return entry.loaded
         name = entry.name
         with entry.lock:
             if entry.loaded is None and entry.error is None:
                 try:
-                    entry.loaded = self._load(name, entry.key, entry.path)
+                    entry.loaded = self._load(name, entry.key, entry.path, progress)
                 except HloserveError as exc:
                     entry.error = HloserveError(
                         f"model {name!r} failed to load: {exc.message}", status=exc.status
@@ -251,22 +257,27 @@ class RuntimeModel:
             assert entry.loaded is not None
             return entry.loaded
 
-    def _load(self, name: str, key: str, path: Path) -> LoadedBundle:
+    def _load(
+        self, name: str, key: str, path: Path, progress: Callable[[], None] | None
+    ) -> LoadedBundle:
         if self._on_load is not None:
             self._on_load(key)
         start = time.perf_counter()
         bundle = check_bundle(path, name=name)
         sizes = bundle.manifest.batching.compiled_batch_sizes or [UNBATCHED]
         variants = range(len(bundle.manifest.variant_dims))
-        executables = {
-            (v, size): self._compile(
-                bundle.read_artifact(size, v),
-                self.device,
-                label=ExecutableLabel(name, variant_label(bundle.manifest.variant_dims[v]), size),
-            )
-            for v in variants
-            for size in sizes
-        }
+        executables = {}
+        for v in variants:
+            for size in sizes:
+                executables[(v, size)] = self._compile(
+                    bundle.read_artifact(size, v),
+                    self.device,
+                    label=ExecutableLabel(
+                        name, variant_label(bundle.manifest.variant_dims[v]), size
+                    ),
+                )
+                if progress is not None:
+                    progress()
         self.store.add(key, bundle, self.device)
         seconds = time.perf_counter() - start
         log.info(

@@ -15,6 +15,12 @@ from typing import Any
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_parameters import RuntimeParameters, check_one_budget
+from hloserve.triton_backend.device_memory import (
+    MARGIN,
+    DeviceMemory,
+    allocator_environment,
+    memory_stats,
+)
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
 
@@ -73,20 +79,49 @@ def weight_cache_from_args(
     )
 
 
+def allocator_from_args(args: ModelArgs) -> dict[str, str]:
+    """Set JAX's allocator from ``hloserve.device_memory_fraction`` (before JAX opens the
+    device; :func:`~.device_memory.allocator_environment`) and log it; the variables set."""
+    settings = allocator_environment(_read(args, names.PARAM_DEVICE_MEMORY_FRACTION))
+    log.info("device memory: %s", " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+    return settings
+
+
+def device_memory_from_args(args: ModelArgs, device: Any, cache: Any) -> DeviceMemory:
+    """The runtime's :class:`~.device_memory.DeviceMemory` over its weight cache: the budget is
+    sized from the card unless ``hloserve.weight_cache_bytes`` or ``_fraction`` gives it."""
+    explicit = bool(
+        _read(args, names.PARAM_WEIGHT_CACHE_BYTES)
+        or _read(args, names.PARAM_WEIGHT_CACHE_FRACTION)
+    )
+    fraction = _read(args, names.PARAM_DEVICE_MEMORY_FRACTION)
+    return DeviceMemory(device, cache, explicit=explicit, fraction=fraction)
+
+
 def _budget(args: ModelArgs, device: Any) -> int:
     """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
-    ``device``'s free memory (``bytes_limit - bytes_in_use``); 0 = no budget."""
+    ``device``'s free memory (``bytes_limit - bytes_in_use``); neither given: sized from the
+    card (``bytes_limit`` less the :data:`~.device_memory.MARGIN`, re-sized on every bundle
+    load by :class:`~.device_memory.DeviceMemory`); 0 = no budget (a device without memory
+    statistics: CPU)."""
     budget: int = _read(args, names.PARAM_WEIGHT_CACHE_BYTES)
     fraction: float = _read(args, names.PARAM_WEIGHT_CACHE_FRACTION)
+    stats = memory_stats(device)
+    if not fraction and not budget and stats is not None:
+        budget = int(stats["bytes_limit"] * (1 - MARGIN))
+        log.info(
+            "weight cache: budget sized from the device: %d bytes = bytes_limit %d less the "
+            "%g margin, less executables and scratch as bundles load",
+            budget,
+            stats["bytes_limit"],
+            MARGIN,
+        )
+        return budget
     if not fraction:
         return budget
     check_one_budget(args.name, budget, fraction)
     key, text = names.PARAM_WEIGHT_CACHE_FRACTION, repr(fraction)
-    try:
-        stats = device.memory_stats() if device is not None else None
-    except (AttributeError, RuntimeError):
-        stats = None
-    if not stats or "bytes_limit" not in stats:
+    if stats is None:
         log.info("weight cache: %s = %s but %s reports no memory statistics", key, text, device)
         return 0
     limit, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))

@@ -6,7 +6,11 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
 * front -> runtime ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the front's arena,
   hold its bundle (:meth:`RuntimeModel.acquire`: compiled now unless this generation is held
   already), register its queues with the scheduler. Answer ``{"op": "ready", "key"}`` or
-  ``{"op": "error", "status", "message"}``.
+  ``{"op": "error", "status", "message"}``. Until then, ``{"op": "progress", "executables"}``
+  after each executable this hello compiles (or loads from the executable cache) and every
+  ``flush_interval_s``: ``executables`` counts every executable the runtime has finished, so a
+  front waiting in line behind other bundles' compiles sees the runtime moving too (its wait
+  follows this count, ``ChannelFront.start``).
 * front -> runtime ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in",
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
@@ -46,6 +50,7 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import batching, channel
+from hloserve.triton_backend.device_memory import DeviceMemory
 from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
@@ -115,6 +120,8 @@ class RuntimeServer:
         publish_state: receives a :class:`RuntimeState` at the same cadence.
         flush_interval_s: seconds between ``publish`` rounds.
         key: the server key segment names carry (default :func:`channel.server_key`).
+        memory: device memory accounting: every bundle taken re-sizes the weight budget (and
+            may be refused there), its figures are published with the state.
     """
 
     def __init__(
@@ -127,8 +134,10 @@ class RuntimeServer:
         publish_state: Callable[[RuntimeState], None] | None = None,
         flush_interval_s: float = 1.0,
         key: str | None = None,
+        memory: DeviceMemory | None = None,
     ) -> None:
         self.core = core
+        self.memory = memory
         self.address = address
         self.key = key or channel.server_key()
         self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self._shed)
@@ -143,6 +152,10 @@ class RuntimeServer:
         self._loaded: dict[str, LoadedBundle] = {}
         self._holds_lock = threading.Lock()
         self._connections: set[_Connection] = set()
+        #: connections whose hello is loading, and executables finished (compiled or loaded
+        #: from the executable cache) by every hello so far: the ``progress`` messages
+        self._loading: set[_Connection] = set()
+        self._executables_done = 0
         self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -271,11 +284,29 @@ class RuntimeServer:
             log.warning("unknown channel message %r", op)
 
     def _hello(self, conn: _Connection, message: dict[str, Any]) -> None:
+        def progress() -> None:
+            with self._holds_lock:
+                self._executables_done += 1
+                done = self._executables_done
+            conn.send({"op": "progress", "executables": done})
+
+        with self._holds_lock:
+            self._loading.add(conn)
         try:
             conn.pid = int(message["pid"])
             conn.arena = channel.Segment(str(message["arena"]))
-            loaded = self.core.acquire(str(message["model"]), Path(message["bundle"]))
+            loaded = self.core.acquire(str(message["model"]), Path(message["bundle"]), progress)
         except Exception as exc:
+            conn.send({"op": "error", **error_message(exc)})
+            return
+        finally:
+            with self._holds_lock:
+                self._loading.discard(conn)
+        try:
+            if self.memory is not None:  # re-size the weight budget, or refuse the bundle
+                self.memory.admit(loaded.key, loaded.name, loaded.executables)
+        except Exception as exc:
+            self.core.release(loaded.key)
             conn.send({"op": "error", **error_message(exc)})
             return
         self._hold(loaded)
@@ -309,6 +340,8 @@ class RuntimeServer:
                     del self._holds[loaded.key]
                     del self._loaded[loaded.key]
                     self.scheduler.unregister(loaded.key)
+                    if self.memory is not None:
+                        self.memory.forget(loaded.key)
             self.core.release(loaded.key)
         if conn.arena is not None:
             conn.arena.close()
@@ -473,6 +506,10 @@ class RuntimeServer:
             self._flush()
 
     def _flush(self) -> None:
+        with self._holds_lock:
+            loading, done = list(self._loading), self._executables_done
+        for conn in loading:  # fronts waiting in line: the runtime is still compiling
+            conn.send({"op": "progress", "executables": done})
         with self._counts_lock:
             counts, self._counts = self._counts, defaultdict(int)
             rows, self._rows = self._rows, defaultdict(lambda: [0, 0])
@@ -501,7 +538,8 @@ class RuntimeServer:
         snapshot = self.scheduler.snapshot()
         with self._holds_lock:
             loaded = dict(self._loaded)
-        return runtime_state(snapshot, loaded, rows, shed)
+        memory = self.memory.figures() if self.memory is not None else None
+        return runtime_state(snapshot, loaded, rows, shed, memory)
 
 
 def _invalid(exc: ValueError) -> HloserveError:

@@ -26,12 +26,14 @@ class RuntimeState:
             ``stopping``).
         models: model -> its scheduler snapshot (queue depth, share, recent compute).
         costs: (model, variant label, batch size) -> learned cost, seconds.
+        memory: device memory by kind, bytes (``DeviceMemory.figures``); None on CPU.
     """
 
     rows: dict[tuple[str, str], tuple[int, int]]
     shed: dict[tuple[str, str], int]
     models: dict[str, Any]
     costs: dict[tuple[str, str, int], float]
+    memory: dict[str, int] | None = None
 
 
 def runtime_state(
@@ -39,6 +41,7 @@ def runtime_state(
     loaded: Mapping[str, LoadedBundle],
     rows: Mapping[tuple[str, str], Sequence[int]],
     shed: Mapping[tuple[str, str], int],
+    memory: dict[str, int] | None = None,
 ) -> RuntimeState:
     """The :class:`RuntimeState` of one publishing round.
 
@@ -48,6 +51,7 @@ def runtime_state(
         loaded: key -> the bundle held under it (names the model and its variants).
         rows: (model, variant label) -> ``[real items, padding items]`` since the last round.
         shed: (model, reason) -> requests shed since the last round.
+        memory: device memory by kind, bytes; None on CPU.
     """
     models: dict[str, Any] = {}
     costs: dict[tuple[str, str, int], float] = {}
@@ -58,4 +62,5 @@ def runtime_state(
         for (variant, size), seconds in snap.costs.items():
             dims = bundle.bundle.manifest.variant_dims[variant] if bundle is not None else {}
             costs[(name, variant_label(dims), size)] = seconds
-    return RuntimeState({k: (v[0], v[1]) for k, v in rows.items()}, dict(shed), models, costs)
+    rows_out = {k: (v[0], v[1]) for k, v in rows.items()}
+    return RuntimeState(rows_out, dict(shed), models, costs, memory)

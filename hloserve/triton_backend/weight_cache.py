@@ -102,6 +102,10 @@ class CacheObserver(Protocol):
         """``name``'s weights left the device; ``resident_bytes`` is the new total."""
         ...
 
+    def resized(self, budget_bytes: int) -> None:
+        """The budget became ``budget_bytes`` (:meth:`WeightCache.resize`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ModelStats:
@@ -314,6 +318,33 @@ class WeightCache:
         return residency is Residency.DEVICE or self.budget_bytes is None
 
     # -- control ------------------------------------------------------------------------------
+
+    def resize(self, budget_bytes: int) -> None:
+        """Set the budget (the runtime re-sizes it on every bundle it takes,
+        :mod:`~hloserve.triton_backend.device_memory`) and evict least-recently-used models not
+        in use until the resident weights fit it.
+
+        Raises:
+            InvalidArgumentError: a cache without a budget, or pinned weights that exceed the new
+                one (both sizes named); the budget is left unchanged.
+        """
+        with self._lock:
+            if self.budget_bytes is None:
+                raise InvalidArgumentError("a weight cache without a budget cannot be re-sized")
+            pinned = self._pinned_bytes()
+            if pinned > budget_bytes:
+                raise InvalidArgumentError(
+                    f"the pinned (residency=device) weights take {format_size(pinned)}, more "
+                    f"than the weight cache budget of {format_size(budget_bytes)}"
+                )
+            self.budget_bytes = budget_bytes
+            for name in list(self._lru):
+                if self._resident_bytes() <= budget_bytes:
+                    break
+                if self._models[name].in_use == 0:
+                    self._evict(self._models[name])
+            if self._observer is not None:
+                self._observer.resized(budget_bytes)
 
     def compact(self) -> int:
         """Free every resident on-demand model not in use (pinned ones stay).

@@ -20,6 +20,7 @@ from tests.conftest import ROOT, import_example
 
 STEPS = (
     "env",
+    "memory",
     "device_models",
     "weight_cache",
     "executable_cache",
@@ -50,12 +51,19 @@ def _outputs(out: Path, *, devices: list[str], minilm_ratio: float, cache_ratio:
                 "ratio_cache_to_pinned": cache_ratio,
                 "host_tier": "pinned_host",
                 "cache_gb_s": 40.0,
+                "pinned_gb_s": 45.0,
                 "memory_back_after_eviction": True,
             }
         )
     )
     (out / "executable_cache.json").write_text(
         json.dumps({"ratio_min": {"digits": 300.0, "minilm": minilm_ratio}})
+    )
+    card = 141 * 10**9  # each runtime holds 800 MiB of it (JAX's default took 75%)
+    runtime = {"bytes_limit": int(0.9 * card), "nvidia_smi_bytes": 800 * 2**20}
+    scratch = {"temp_bytes": 64 * 2**20, "peak_added_bytes": 80 * 2**20}
+    (out / "memory.json").write_text(
+        json.dumps({"runtimes": [runtime, runtime], "both_ran": True, "scratch": scratch})
     )
     per_extra = {"device_bytes": 3 * 2**20, "rss_bytes": 5 * 2**20, "pss_bytes": None}
     (out / "device_models.json").write_text(
@@ -74,6 +82,14 @@ def test_summary_applies_the_gpu_targets(gpu_check: Any, tmp_path: Path) -> None
     assert checks["cold_load_vs_pinned_put"]["met"] is True
     assert checks["device_mib_per_extra_model"]["value"] == 3.0
     assert checks["models_answer_right"]["met"] is True
+    assert checks["cold_load_gb_s_vs_pinned_put"] == {
+        "value": 0.889,
+        "target": ">= 0.8x (issue 26)",
+        "met": True,
+    }
+    assert checks["two_runtimes_on_one_card"]["value"] == [800.0, 800.0]
+    assert checks["two_runtimes_on_one_card"]["met"] is True
+    assert checks["scratch_figure_vs_peak"]["value"] == 0.8
     assert "weight_cache_packed" not in summary  # a step without its JSON is left out
     assert summary["verdict"] == {
         "missed": ["compile_over_load_minilm_min"],
@@ -90,6 +106,7 @@ def test_summary_on_cpu_uses_the_cpu_target_and_lists_failed_steps(
     summary = gpu_check.summarize(tmp_path)
     assert not summary["on_gpu"]
     assert summary["checks"]["compile_over_load_minilm_min"]["met"] is True  # >= 25x on CPU
+    assert summary["checks"]["two_runtimes_on_one_card"]["met"] is None  # no card to share
     assert summary["verdict"]["missed"] == ["cold_load_vs_pinned_put"]
     assert summary["verdict"]["failed_steps"] == ["channel_roundtrip", "weight_cache_packed"]
     assert summary["steps"]["channel_roundtrip"]["rc"] == 124

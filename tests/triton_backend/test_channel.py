@@ -477,3 +477,124 @@ def test_two_fronts_of_one_process_never_share_a_segment_name(
         for f in fronts:
             f.close()
     assert _segments(key) == []
+
+
+def _slow_runtime(addr: str, key: str, seconds: float) -> RuntimeServer:
+    """A started runtime whose every compile takes ``seconds`` longer (a big graph's compile)."""
+    from hloserve.triton_backend.compile import compile_artifact
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return compile_artifact(*args, **kwargs)
+
+    srv = RuntimeServer(RuntimeModel(compile=slow), address=addr, key=key, flush_interval_s=0.05)
+    srv.start()
+    return srv
+
+
+def test_start_waits_for_a_runtime_that_listens_later_and_returns_loaded(key: str) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    servers: list[RuntimeServer] = []
+    later = threading.Timer(0.5, lambda: servers.append(_runtime_at(addr, key)))
+    later.start()
+    begun = time.monotonic()
+    f = _affine_front(addr, key, Answers())
+    try:
+        assert time.monotonic() - begun >= 0.4
+        assert f._ready.is_set()  # start returned with the bundle accepted: servable now
+    finally:
+        f.close()
+        later.join()
+        for srv in servers:
+            srv.close()
+
+
+def test_start_follows_compile_progress_beyond_its_wait_and_fails_when_it_stalls(
+    key: str,
+) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = _slow_runtime(addr, key, 1.5)  # two executables: 3 s of compile, progress each 1.5 s
+    try:
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        begun = time.monotonic()
+        f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+        f.start(wait_s=2.5)
+        try:
+            assert 3.0 <= time.monotonic() - begun < 20  # longer than wait_s: it moved on
+            assert f._ready.is_set()
+        finally:
+            f.close()
+    finally:
+        srv.close()
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    srv = _slow_runtime(addr, key, 3.0)  # no progress for 3 s: the wait of 1 s runs out
+    try:
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+        with pytest.raises(HloserveError, match=r"no compile progress for 1 s") as info:
+            f.start(wait_s=1.0)
+        assert info.value.status == Status.UNAVAILABLE
+    finally:
+        srv.close()
+
+
+def test_start_without_a_runtime_stub_stops_waiting_after_the_grace_and_loads_later(
+    key: str,
+) -> None:
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+    begun = time.monotonic()
+    f.start(wait_s=0.3)  # no runtime stub beside this process: waiting could deadlock Triton
+    try:
+        assert 0.25 <= time.monotonic() - begun < 5
+        assert not f._ready.is_set()
+        srv = _runtime_at(addr, key)
+        try:
+            assert f._wait_ready(30)  # loaded in the background once the runtime came
+        finally:
+            srv.close()
+    finally:
+        f.close()
+
+
+def test_start_with_a_runtime_stub_that_never_listens_fails_unavailable_naming_the_wait(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel, "runtime_stub_running", lambda model: model == "hloserve_runtime")
+    addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
+    begun = time.monotonic()
+    with pytest.raises(HloserveError, match=r"not listening after 0\.3 s") as info:
+        f.start(wait_s=0.3)
+    assert info.value.status == Status.UNAVAILABLE
+    assert 0.25 <= time.monotonic() - begun < 5
+
+
+def test_runtime_stub_running_finds_only_a_sibling_stub_of_that_model(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    model_py = tmp_path / "hloserve_runtime" / "1" / "model.py"
+    model_py.parent.mkdir(parents=True)
+    model_py.write_text("import time\ntime.sleep(30)\n")
+    # a child that starts a "stub" child of its own and asks whether it runs beside itself
+    probe = (
+        "import subprocess, sys, time\n"
+        "from hloserve.triton_backend import channel\n"
+        "before = channel.runtime_stub_running('hloserve_runtime')\n"
+        f"stub = subprocess.Popen([sys.executable, {str(model_py)!r}])\n"
+        "time.sleep(0.2)\n"
+        "# the probe is the stub's parent, not its sibling: a grandchild asks\n"
+        "code = 'from hloserve.triton_backend import channel; "
+        'print(channel.runtime_stub_running("hloserve_runtime"), '
+        'channel.runtime_stub_running("other"))\'\n'
+        "out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+        "stub.kill()\n"
+        "print(before, out.stdout.strip(), out.stderr[-500:])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split()[:3] == ["False", "True", "False"], out

@@ -82,6 +82,9 @@ class Events:
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         self.log.append(("evict", name, resident_bytes))
 
+    def resized(self, budget_bytes: int) -> None:
+        self.log.append(("resize", "", budget_bytes))
+
 
 def make(
     budget: int | None, sizes: dict[str, int], **kwargs: Any
@@ -117,6 +120,26 @@ def test_lru_order_and_eviction() -> None:
     use(cache, "b")  # reload
     assert cache.stats().models["b"].loads == 2
     assert cache.stats().loads == 5 and cache.stats().evictions == 2
+
+
+def test_resize_evicts_the_least_recently_used_until_the_weights_fit() -> None:
+    events = Events()
+    cache, transfer, _ = make(
+        4 * KIB,
+        {"a": KIB, "b": KIB, "c": KIB, "p": KIB},
+        residency={"p": Residency.DEVICE},
+        observer=events,
+    )
+    for name in "abc":
+        use(cache, name)
+    cache.acquire("c")  # in use: never evicted
+    cache.resize(2 * KIB)  # p (pinned) and c fit: a then b go
+    assert cache.lru_order() == ["c"] and transfer.on_device == 2 * KIB
+    assert cache.budget_bytes == 2 * KIB and events.log[-1] == ("resize", "", 2 * KIB)
+    cache.release("c")
+    with pytest.raises(InvalidArgumentError, match="pinned"):
+        cache.resize(KIB // 2)  # less than the pinned weights: refused, unchanged
+    assert cache.budget_bytes == 2 * KIB
 
 
 def test_resident_hit_does_not_transfer() -> None:
@@ -507,6 +530,15 @@ def test_status_table_from_prometheus_text() -> None:
         "load",
     ]
     assert table[3].split() == ["b", "unpinned", "3.0", "KiB", "-", "4", "3", "5.00", "ms"]
+    assert status.device == {}  # no device series (CPU): no device line
+    assert not any(line.startswith("device memory") for line in table)
+    device = cache_status(
+        PROMETHEUS_TEXT
+        + 'hloserve_device_memory_bytes{kind="limit"} 1073741824\n'
+        + 'hloserve_device_memory_bytes{kind="scratch"} 2048\n'
+    )
+    assert device.device == {"limit": 1 << 30, "scratch": 2048}
+    assert render_status(device).splitlines()[1] == "device memory: limit 1.0 GiB, scratch 2.0 KiB"
     with pytest.raises(HloserveError) as info:
         cache_status("nv_inference_count 1\n")
     assert info.value.status is Status.INVALID_ARGUMENT

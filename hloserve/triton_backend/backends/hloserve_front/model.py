@@ -7,7 +7,9 @@ answers itself (``ChannelFront.run``, no reader thread) and returns the response
 server message per batch); with N > 0 it
 returns ``None`` and each request is answered through its response sender from the channel's
 reader thread (allowed for a non-decoupled model in Triton 2.51; one message per request), with
-at most N batches in flight per instance.
+at most N batches in flight per instance. ``initialize`` returns once the runtime has compiled
+and accepted the bundle (``ChannelFront.start``: READY means servable), or fails the model's
+load with the runtime's reason.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ cache events and execution counts become metrics on Triton's :8002 endpoint
 (hloserve.triton_backend.metrics), and so do executables compiled or loaded from the
 executable cache (hloserve.triton_backend.executable_cache); the foreign models' memory hints
 (``hloserve.foreign_memory_bytes``) become ``hloserve_weight_bytes{residency="foreign"}``.
+It owns its device memory (hloserve.triton_backend.device_memory): JAX's allocator is set before
+JAX opens the device, and the weight budget is sized from the card on every bundle load.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from hloserve.triton_backend.metrics import (
     foreign_bytes_from_args,
 )
 from hloserve.triton_backend.runtime import RuntimeModel
+from hloserve.triton_backend.runtime_config import allocator_from_args, device_memory_from_args
 from hloserve.triton_backend.runtime_server import RuntimeServer, scheduler_config_from_args
 
 
@@ -37,6 +40,7 @@ class TritonPythonModel:
         pb.configure_logging()
         self.metrics: TritonCacheMetrics | None = None
         model_args = pb.ModelArgs.from_triton(args)
+        allocator_from_args(model_args)  # before JAX opens the device (from_args below)
         foreign = foreign_bytes_from_args(model_args)
 
         def metrics(budget: int | None, models: Sequence[str]) -> TritonCacheMetrics:
@@ -58,6 +62,7 @@ class TritonPythonModel:
             scheduler_config=scheduler_config_from_args(model_args),
             publish=self.executions.publish,
             publish_state=self.state.publish,
+            memory=device_memory_from_args(model_args, self.core.device, self.core.store),
         )
         self.server.start()
 

@@ -1,0 +1,218 @@
+"""The runtime owns its device memory: JAX's allocator settings, the weight budget sized from the
+card, and the figures it publishes (docs/on_demand_weights.md, "Device memory").
+
+- :func:`allocator_environment` sets, before JAX opens the device, no preallocation and the
+  memory fraction of ``hloserve.device_memory_fraction``.
+- :class:`DeviceMemory` re-sizes the weight cache's budget on every bundle the runtime takes:
+  what the allocator allows (``bytes_limit``), minus the compiled executables, minus the largest
+  scratch any loaded executable needs (XLA's compiled memory analysis, ``temp_size_in_bytes``),
+  minus a margin of :data:`MARGIN` of the limit; a bundle that leaves no room for the largest
+  model's weights is refused with the numbers. An explicit budget (``--weight-cache-bytes``)
+  stays as given, refused when it and the executables and scratch exceed the limit.
+- Where the device reports no statistics (CPU: ``memory_stats()`` is None) nothing changes and
+  no device figures are published.
+
+Tests fake the statistics at JAX's device only: :data:`FAKE_STATS_ENV` names a JSON file read
+in place of ``memory_stats()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from hloserve import names
+from hloserve.errors import InvalidArgumentError
+from hloserve.units import format_size
+
+log = logging.getLogger("hloserve.triton_backend.runtime")
+
+#: Share of the allocator's limit kept free beyond executables and scratch (fragmentation,
+#: cuBLAS/cuDNN workspaces, requests' inputs and outputs): ReactantServer's "wiggle" of 0.1.
+MARGIN = 0.1
+#: Environment variable naming a JSON file of ``memory_stats()`` figures that the runtime reads
+#: instead of asking the device (tests on CPU; never set in production).
+FAKE_STATS_ENV = "HLOSERVE_FAKE_MEMORY_STATS"
+
+
+def allocator_environment(
+    fraction: float = 0.0, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Set JAX's GPU allocator for the runtime; call before JAX opens the device.
+
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``: the pool grows on demand instead of taking its
+    whole limit at start, so ``bytes_in_use`` is what the runtime holds. The limit is the
+    memory fraction: jaxlib 0.7.1's ``generate_pjrt_gpu_plugin_options`` reads
+    ``XLA_CLIENT_MEM_FRACTION`` first and the older ``XLA_PYTHON_CLIENT_MEM_FRACTION`` only
+    as a fallback, and refuses the two together (ValueError); newer JAX reads the first only.
+    So the first is set and the second removed.
+
+    The default, :data:`~hloserve.names.DEFAULT_DEVICE_MEMORY_FRACTION` = 0.9, leaves 10% of
+    the card to what is not the runtime's allocator: tritonserver's CUDA context (~0.3-0.5 GiB)
+    and its CUDA memory pool (``--cuda-memory-pool-byte-size``, 64 MiB per GPU by default; the
+    pinned pool, 256 MiB, is host memory), and the runtime's own CUDA context, cuBLAS/cuDNN
+    handles and module images outside the pool (~0.5-1 GiB). On a 16 GiB card that is 1.6 GiB
+    for ~1.1-1.6 GiB of needs; on an 80 GiB card 8 GiB, on a 141 GB H200 14 GB: room to spare,
+    raise it there. JAX's own default, 0.75 with preallocation, takes a quarter more.
+
+    Args:
+        fraction: in (0, 1]; 0 = the default.
+        environ: the environment to set (default ``os.environ``).
+
+    Returns:
+        The variables set.
+    """
+    env = os.environ if environ is None else environ
+    value = fraction or names.DEFAULT_DEVICE_MEMORY_FRACTION
+    settings = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": repr(value)}
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    env.update(settings)
+    return settings
+
+
+def memory_stats(device: Any) -> dict[str, int] | None:
+    """``device.memory_stats()`` when it reports ``bytes_limit`` (a GPU), else None (CPU).
+
+    With :data:`FAKE_STATS_ENV` set, the figures of that JSON file instead (read every call).
+    """
+    fake = os.environ.get(FAKE_STATS_ENV)
+    if fake:
+        stats: Any = json.loads(Path(fake).read_text())
+    else:
+        try:
+            stats = device.memory_stats() if device is not None else None
+        except (AttributeError, RuntimeError):
+            stats = None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return {str(k): int(v) for k, v in stats.items()}
+
+
+def executable_memory(executable: Any) -> tuple[int, int]:
+    """(code bytes, scratch bytes) of a loaded executable from XLA's compiled memory analysis
+    (``generated_code_size_in_bytes``, ``temp_size_in_bytes``); (0, 0) where XLA has none."""
+    try:
+        stats = executable.get_compiled_memory_stats()
+    except Exception:  # a backend without the analysis
+        return 0, 0
+    return int(stats.generated_code_size_in_bytes), int(stats.temp_size_in_bytes)
+
+
+class DeviceMemory:
+    """The runtime's device memory accounting over its weight cache (thread-safe).
+
+    Args:
+        device: the runtime's JAX device.
+        cache: the weight cache (``budget_bytes``, ``resize``, ``stats``); its budget is sized
+            here unless ``explicit``.
+        explicit: the budget was given (``--weight-cache-bytes`` or ``--weight-cache-fraction``).
+        fraction: the allocator's memory fraction (for the card's total: limit / fraction).
+    """
+
+    def __init__(self, device: Any, cache: Any, *, explicit: bool, fraction: float) -> None:
+        self.device = device
+        self.cache = cache
+        self.explicit = explicit
+        self.fraction = fraction or names.DEFAULT_DEVICE_MEMORY_FRACTION
+        self._lock = threading.Lock()
+        #: key -> (code bytes, largest scratch bytes) of its executables
+        self._executables: dict[str, tuple[int, int]] = {}
+
+    def admit(self, key: str, name: str, executables: Mapping[Any, Any]) -> None:
+        """Account ``key``'s executables and re-size the budget (evicting to fit).
+
+        Raises:
+            InvalidArgumentError: the budget cannot hold the largest model's weights besides the
+                executables and the largest scratch (all numbers named); ``key`` is not kept.
+        """
+        stats = memory_stats(self.device)
+        if stats is None or getattr(self.cache, "budget_bytes", None) is None:
+            return
+        sizes = [executable_memory(getattr(e, "loaded", e)) for e in executables.values()]
+        with self._lock:
+            new = key not in self._executables  # else another front holds it: it stays
+            self._executables[key] = (
+                sum(c for c, _ in sizes),
+                max((t for _, t in sizes), default=0),
+            )
+            try:
+                self._resize(name, stats["bytes_limit"])
+            except InvalidArgumentError:
+                if new:
+                    del self._executables[key]
+                raise
+
+    def forget(self, key: str) -> None:
+        """``key`` was unloaded: its executables no longer count."""
+        with self._lock:
+            self._executables.pop(key, None)
+
+    def _resize(self, name: str, limit: int) -> None:
+        code = sum(c for c, _ in self._executables.values())
+        scratch = max((t for _, t in self._executables.values()), default=0)
+        margin = int(MARGIN * limit)
+        models = self.cache.stats().models
+        largest, heaviest = max(((m.nbytes, n) for n, m in models.items()), default=(0, ""))
+        numbers = (
+            f"bytes_limit {format_size(limit)} - executables {format_size(code)} - largest "
+            f"scratch {format_size(scratch)} - margin {format_size(margin)} ({MARGIN:g})"
+        )
+        if self.explicit:
+            budget = int(self.cache.budget_bytes)
+            room = limit - code - scratch - margin
+            if budget > room:
+                raise InvalidArgumentError(
+                    f"model {name!r}: the weight cache budget of {format_size(budget)} does not "
+                    f"fit the device: {numbers} leaves {format_size(room)}"
+                    f" (lower {names.PARAM_WEIGHT_CACHE_BYTES} or raise "
+                    f"{names.PARAM_DEVICE_MEMORY_FRACTION})"
+                )
+            return
+        budget = limit - code - scratch - margin
+        if budget < largest:
+            raise InvalidArgumentError(
+                f"model {name!r}: the device cannot hold the weights of {heaviest!r} "
+                f"({format_size(largest)}) beside the executables and the largest scratch: "
+                f"weight budget {format_size(max(budget, 0))} = {numbers}"
+            )
+        self.cache.resize(budget)
+        log.info("weight cache: budget %d bytes = %s", budget, numbers)
+
+    def figures(self) -> dict[str, int] | None:
+        """Device memory by kind, bytes: ``total`` (the card: limit / fraction), ``limit``,
+        ``in_use``, ``peak``, ``weights`` (resident), ``executables``, ``scratch`` (the largest
+        of any loaded executable), ``headroom`` (limit - in use), ``budget`` (the weight
+        budget); None on CPU (:data:`~hloserve.metric_names.DEVICE_MEMORY_KINDS`)."""
+        stats = memory_stats(self.device)
+        if stats is None:
+            return None
+        limit, in_use = stats["bytes_limit"], stats.get("bytes_in_use", 0)
+        with self._lock:
+            code = sum(c for c, _ in self._executables.values())
+            scratch = max((t for _, t in self._executables.values()), default=0)
+        return {
+            "total": int(limit / self.fraction),
+            "limit": limit,
+            "in_use": in_use,
+            "peak": stats.get("peak_bytes_in_use", in_use),
+            "weights": int(self.cache.resident_bytes),
+            "executables": code,
+            "scratch": scratch,
+            "headroom": limit - in_use,
+            "budget": int(self.cache.budget_bytes or 0),
+        }
+
+
+__all__ = [
+    "FAKE_STATS_ENV",
+    "MARGIN",
+    "DeviceMemory",
+    "allocator_environment",
+    "executable_memory",
+    "memory_stats",
+]
