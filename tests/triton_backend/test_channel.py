@@ -515,7 +515,7 @@ def test_start_follows_compile_progress_beyond_its_wait_and_fails_when_it_stalls
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
     srv = _slow_runtime(addr, key, 1.5)  # two executables: 3 s of compile, progress each 1.5 s
     try:
-        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
         begun = time.monotonic()
         f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
         f.start(wait_s=2.5)
@@ -529,7 +529,7 @@ def test_start_follows_compile_progress_beyond_its_wait_and_fails_when_it_stalls
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
     srv = _slow_runtime(addr, key, 3.0)  # no progress for 3 s: the wait of 1 s runs out
     try:
-        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
         f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
         with pytest.raises(HloserveError, match=r"no compile progress for 1 s") as info:
             f.start(wait_s=1.0)
@@ -542,7 +542,7 @@ def test_start_without_a_runtime_stub_stops_waiting_after_the_grace_and_loads_la
     key: str,
 ) -> None:
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
     f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
     begun = time.monotonic()
     f.start(wait_s=0.3)  # no runtime stub beside this process: waiting could deadlock Triton
@@ -563,7 +563,7 @@ def test_start_with_a_runtime_stub_that_never_listens_fails_unavailable_naming_t
 ) -> None:
     monkeypatch.setattr(channel, "runtime_stub_running", lambda model: model == "hloserve_runtime")
     addr = f"\0hloserve.channel-test-{uuid.uuid4().hex}"
-    core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+    core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
     f = ChannelFront(core, GOLDEN / "affine", Answers(), address=addr, key=key)
     begun = time.monotonic()
     with pytest.raises(HloserveError, match=r"not listening after 0\.3 s") as info:

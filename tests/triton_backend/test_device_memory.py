@@ -46,10 +46,6 @@ LIMIT, IN_USE, PEAK = 1 << 30, 300 << 20, 400 << 20
 AFFINE_WEIGHT_BYTES = load_bundle(GOLDEN / "affine").weight_nbytes
 
 
-def _no_bls(*_: Any) -> Any:
-    raise AssertionError("not used")
-
-
 def _args(**params: str) -> ModelArgs:
     values = {names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT), **params}
     return ModelArgs(
@@ -85,7 +81,7 @@ class Runtime:
         self.server.start()
 
     def front(self) -> ChannelFront:
-        core = FrontModel("affine", load_bundle(GOLDEN / "affine"), _no_bls)
+        core = FrontModel("affine", load_bundle(GOLDEN / "affine"))
         answers: dict[Any, Any] = {}
         f = ChannelFront(
             core,
