@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +65,15 @@ def build(overlay: Path) -> list[dict[str, Any]]:
 def schema_errors(objects: list[dict[str, Any]], version: str | None = None) -> list[str]:
     """One line per object that does not validate (strict: unknown fields are errors)."""
     errors = []
-    version = version or kubernetes_validate.utils.latest_version()
+    version = version or kubernetes_validate.latest_version()
     for obj in objects:
         name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
         try:
             kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(f"{name}: {exc.path}: {exc.message}")
+        except kubernetes_validate.ValidationError as exc:  # the object's first error
+            errors.append(f"{name}: {'.'.join(map(str, exc.path))}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            errors.append(f"{name}: {exc.message}")
     return errors
 
 
@@ -110,11 +111,9 @@ def built() -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture
-def broken_copy(tmp_path: Path) -> Iterator[Path]:
+def broken_copy(tmp_path: Path) -> Path:
     """A copy of deploy/kubernetes to break."""
-    copy = tmp_path / "kubernetes"
-    shutil.copytree(DEPLOY, copy)
-    yield copy
+    return Path(shutil.copytree(DEPLOY, tmp_path / "kubernetes"))
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -142,8 +141,8 @@ def test_overlay_builds_the_whole_deployment(
 ) -> None:
     objects = built[overlay]
     assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects) == [
-        "ConfigMap/hloserve-grafana-dashboards",
         f"ConfigMap/{gateway_config_name(objects)}",
+        "ConfigMap/hloserve-grafana-dashboards",
         "Deployment/hloserve-gateway",
         "Namespace/hloserve",
         "NetworkPolicy/hloserve-gateway",
@@ -217,32 +216,31 @@ def test_dashboards_config_map_is_generated() -> None:
     assert drift(generated) == []
     kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     (generator,) = [
-        g
-        for g in kustomization["configMapGenerator"]
-        if g["name"] == "hloserve-grafana-dashboards"
+        g for g in kustomization["configMapGenerator"] if g["name"] == "hloserve-grafana-dashboards"
     ]
-    assert generator["files"] == sorted(
-        f"dashboards/{p.name}" for p in generated.glob("*.json")
-    )
+    assert generator["files"] == sorted(f"dashboards/{p.name}" for p in generated.glob("*.json"))
 
 
 def test_a_broken_kustomization_fails_the_build(broken_copy: Path) -> None:
     patch = broken_copy / "overlays" / "gpu" / "workers.yaml"
     patch.write_text(patch.read_text().replace("name: hloserve-worker", "name: no-such-set"))
-    with pytest.raises(subprocess.CalledProcessError, match="no-such-set"):
+    with pytest.raises(subprocess.CalledProcessError) as refused:
         build(broken_copy / "overlays" / "gpu")
+    assert "no-such-set" in refused.value.stderr
 
 
 def test_a_schema_violation_fails_validation(broken_copy: Path) -> None:
+    """A value of the wrong type and a misspelt field each fail (one error per object)."""
     workers = broken_copy / "base" / "workers.yaml"
-    text = workers.read_text()
-    text = text.replace("  replicas: 2\n", '  replicas: "two"\n')
-    text = text.replace("podManagementPolicy:", "podManagmentPolicy:")
-    workers.write_text(text)
+    workers.write_text(workers.read_text().replace("  replicas: 2\n", '  replicas: "two"\n'))
+    gateway = broken_copy / "base" / "gateway.yaml"
+    gateway.write_text(
+        gateway.read_text().replace("terminationGracePeriodSeconds:", "terminationGracePeriod:")
+    )
     errors = schema_errors(build(broken_copy / "overlays" / "cpu"))
     assert len(errors) == 2, errors
-    assert any("replicas" in e and "'two'" in e for e in errors), errors
-    assert any("podManagmentPolicy" in e for e in errors), errors
+    assert any(e.startswith("StatefulSet/") and "'two'" in e for e in errors), errors
+    assert any(e.startswith("Deployment/") and "terminationGracePeriod" in e for e in errors)
 
 
 def test_policy_violations_fail_the_policy_check(broken_copy: Path, tmp_path: Path) -> None:
@@ -264,7 +262,10 @@ def test_policy_violations_fail_the_policy_check(broken_copy: Path, tmp_path: Pa
     out = tmp_path / "policy"
     out.mkdir()
     failed = policy_failures({"gpu": build(broken_copy / "overlays" / "gpu")}, out)
-    assert set(failed) == {"StatefulSet.hloserve.hloserve-worker", "Deployment.hloserve.hloserve-gateway"}
+    assert set(failed) == {
+        "StatefulSet.hloserve.hloserve-worker",
+        "Deployment.hloserve.hloserve-gateway",
+    }
     assert {"CKV_K8S_16", "CKV_K8S_20"} <= failed["StatefulSet.hloserve.hloserve-worker"]
     assert {"CKV_K8S_11", "CKV_K8S_13", "CKV_K8S_23"} <= failed[
         "Deployment.hloserve.hloserve-gateway"
