@@ -22,7 +22,13 @@ from tests.conftest import ROOT
 kubernetes_validate = pytest.importorskip("kubernetes_validate")  # the test extra
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("cpu", "gpu")
+#: What the tests build: each overlay, and the gpu overlay with the component that serves a
+#: prebuilt repository from a volume (name -> overlay, component or None).
+BUILDS = {
+    "cpu": ("cpu", None),
+    "gpu": ("gpu", None),
+    "gpu-prebuilt": ("gpu", "prebuilt-repository"),
+}
 #: The oldest Kubernetes minor the manifests are checked against, and the newest that
 #: kubernetes-validate ships schemas for (its default).
 OLDEST_KUBERNETES = "1.29"
@@ -106,8 +112,26 @@ def policy_failures(manifests: dict[str, list[dict[str, Any]]], tmp: Path) -> di
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, list[dict[str, Any]]]:
-    return {overlay: build(DEPLOY / "overlays" / overlay) for overlay in OVERLAYS}
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Every build of BUILDS; a component is added by an overlay of the overlay, written into
+    a copy of deploy/kubernetes (kustomize takes relative paths only)."""
+    copy = Path(shutil.copytree(DEPLOY, tmp_path_factory.mktemp("deploy") / "kubernetes"))
+    objects = {}
+    for name, (overlay, component) in BUILDS.items():
+        path = copy / "overlays" / overlay
+        if component is not None:
+            path = copy / "overlays" / name
+            path.mkdir()
+            (path / "kustomization.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "resources": [f"../{overlay}"],
+                        "components": [f"../../components/{component}"],
+                    }
+                )
+            )
+        objects[name] = build(path)
+    return objects
 
 
 @pytest.fixture
@@ -135,11 +159,13 @@ def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("name", BUILDS)
 def test_overlay_builds_the_whole_deployment(
-    built: dict[str, list[dict[str, Any]]], overlay: str
+    built: dict[str, list[dict[str, Any]]], name: str
 ) -> None:
-    objects = built[overlay]
+    overlay, component = BUILDS[name]
+    objects = built[name]
+    claim = "hloserve-repository" if component else "hloserve-bundles"
     assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects) == [
         f"ConfigMap/{gateway_config_name(objects)}",
         "ConfigMap/hloserve-grafana-dashboards",
@@ -147,7 +173,7 @@ def test_overlay_builds_the_whole_deployment(
         "Namespace/hloserve",
         "NetworkPolicy/hloserve-gateway",
         "NetworkPolicy/hloserve-workers",
-        "PersistentVolumeClaim/hloserve-bundles",
+        f"PersistentVolumeClaim/{claim}",
         "Service/hloserve-gateway",
         "Service/hloserve-workers",
         "StatefulSet/hloserve-worker",
@@ -166,9 +192,27 @@ def test_overlay_builds_the_whole_deployment(
     assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     (services,) = [s for s in by_kind(objects, "Service") if s["spec"].get("clusterIP") == "None"]
     assert workers["spec"]["serviceName"] == services["metadata"]["name"]
+    # the repository: built from the bundles claim by the init container, or a prebuilt claim
+    pod = workers["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    inits = [c["command"][:3] for c in pod.get("initContainers", [])]
+    if component:
+        assert inits == []
+        assert volumes["repository"] == {
+            "name": "repository",
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+        }
+        assert "bundles" not in volumes
+    else:
+        assert inits == [["hloserve", "repo", "build"]]
+        assert "emptyDir" in volumes["repository"]
+        assert volumes["bundles"]["persistentVolumeClaim"]["claimName"] == claim
+    assert {"name": "repository", "mountPath": "/models", "readOnly": True} in worker[
+        "volumeMounts"
+    ]
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", BUILDS)
 def test_gateway_config_lists_every_worker_pod(
     built: dict[str, list[dict[str, Any]]], overlay: str, tmp_path: Path
 ) -> None:
@@ -194,7 +238,7 @@ def test_gateway_config_lists_every_worker_pod(
     assert {"name": "config", "configMap": {"name": config_map["metadata"]["name"]}} in volumes
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", BUILDS)
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, None])
 def test_every_object_validates_against_the_schemas(
     built: dict[str, list[dict[str, Any]]], overlay: str, version: str | None
