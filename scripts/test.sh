@@ -8,6 +8,8 @@ cd "$ROOT"
 
 setup_serving_env
 setup_numpy2_env
+setup_policy_env  # checkov, for tests/deploy
+ensure_kubectl    # kubectl kustomize, for tests/deploy
 source "$ROOT/scripts/haproxy.sh"
 ensure_haproxy
 source "$ROOT/scripts/docker.sh"
