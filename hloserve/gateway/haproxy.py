@@ -166,13 +166,15 @@ class HAProxy:
             fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(text)
+        prometheus_port, checked_port = free_ports(2)
         self.listen = Listen(
             grpc=grpc,
             control=control,
             http=config.http_listen,
             http_control=http_control,
             http_checked=http_checked,
-            prometheus=f"127.0.0.1:{free_ports(1)[0]}",
+            prometheus=f"127.0.0.1:{prometheus_port}",
+            grpc_checked=f"127.0.0.1:{checked_port}",
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),
             pem=pem,
