@@ -187,8 +187,8 @@ class ModelScheduling(_Section):
         replicas: distinct workers holding the model: a positive integer or ``"all"``
             (1 when the entry is present).
         fill_mode: ``run`` or ``spread``; None inherits ``scheduling.routing_fill_mode``.
-        fill_factor: multiplier of the max batch giving the fill quantum, > 0; None inherits
-            ``scheduling.routing_fill_factor``.
+        fill_factor: multiplier of the max batch giving the fill quantum (requests), > 0;
+            None inherits ``scheduling.routing_fill_factor``.
     """
 
     replicas: Replicas = 1
@@ -216,8 +216,8 @@ class SchedulingConfig(_Section):
             traffic-driven repacks, seconds > 0 (300).
         first_rebalance_compute_seconds: budget of the first traffic-driven repack, seconds
             (60; 0 means use ``rebalance_compute_seconds``).
-        routing_fill_factor: fill quantum = worker-reported max batch x this factor, in
-            items (1.0, > 0).
+        routing_fill_factor: fill quantum = worker-reported max batch x this factor, rounded
+            up, in requests: HAProxy counts requests, not items (1.0, > 0).
         routing_fill_mode: ``run`` fills one replica up to the quantum (in requests at
             once) before the next (HAProxy ``balance first``); ``spread`` sends each request
             to the replica with the fewest in flight (``leastconn``) (``run``).

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -377,7 +377,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
         " { req.body_size,sub(txn.need) -m int lt 0 }",
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
-        # A BYTES first input goes to the Python data path, which refuses shapes no model
+        # A BYTES first input goes to the control plane, which refuses shapes no model
         # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
         # protobuf converter finds only the first field of a nested message (5.1 works,
         # 5.2 and 5.3 do not), so the first input (field 5) is searched for its datatype
@@ -532,9 +532,3 @@ def map_changes(
             edits.append(("set", key, value))
     edits += [("del", key, None) for key in sorted(before) if key not in after]
     return edits
-
-
-def workers_of(layout: Layout, config: GatewayConfig) -> Sequence[str]:
-    """Every worker endpoint some backend of ``layout`` routes to."""
-    used = sorted({i for b in layout.backends for i in b.servers})
-    return [config.workers[i] for i in used]

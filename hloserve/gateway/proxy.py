@@ -170,7 +170,7 @@ class GatewayProxy:
             raise refused[0]
 
     async def _checked_head(self, request: bytes) -> InferHead:
-        """The request's head with its batch extent, after its shapes were checked against
+        """The request's head, after its shapes were checked against
         its model's route (a discovery pass first when the model is unknown).
 
         Raises:
