@@ -18,6 +18,19 @@ from types import MappingProxyType
 from hloserve.errors import NotFoundError, UnavailableError
 from hloserve.gateway.config import SchedulingConfig
 
+#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) to an inference request for a model
+#: it does not know (``model_lifecycle.cc``; compared with a real tritonserver's in
+#: tests/gateway/test_tritonserver.py).
+TRITON_UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"
+
+#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) for a model it lists but has no
+#: version of loaded (failed, unloaded, still loading).
+TRITON_NO_VERSIONS = "Request for unknown model: '{model}' has no available versions"
+
+#: How discovery starts the reason of a worker that lists a model not READY
+#: (:func:`hloserve.gateway.discovery.discover_table`).
+REPORTS = "reports "
+
 
 @dataclass(frozen=True)
 class ModelRoute:
@@ -92,14 +105,21 @@ class RoutingTable:
         return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
 
     def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
-        """The error for a request of ``model`` that no replica can take.
+        """The error for a request of ``model`` that no replica can take, in Triton's words
+        where one tritonserver has the same condition.
 
-        UNAVAILABLE with every worker's reason when some worker lists the model (or a worker
-        that did not answer might); NOT_FOUND when every worker answered and none lists it.
+        NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when every worker answered and none lists the
+        model; NOT_FOUND :data:`TRITON_NO_VERSIONS` (every worker's reason after it) when the
+        workers that list it all report it not ready (failed, unloaded, loading); UNAVAILABLE
+        naming the workers when a worker that holds (or might hold) it is unreachable: no
+        single tritonserver has that condition.
         """
-        reasons = [f"worker {w} {why}" for w, why in sorted(self.unready.get(model, {}).items())]
+        unready = sorted(self.unready.get(model, {}).items())
+        reasons = "; ".join(f"worker {w} {why}" for w, why in unready)
+        if unready and all(why.startswith(REPORTS) for _, why in unready):
+            return NotFoundError(f"{TRITON_NO_VERSIONS.format(model=model)} ({reasons})")
         if reasons:
-            return UnavailableError(f"model {model!r} has no ready replica: {'; '.join(reasons)}")
+            return UnavailableError(f"model {model!r} has no ready replica: {reasons}")
         if model in self._routes:
             return UnavailableError(f"model {model!r} has no ready replica")
         if self.unreachable:
@@ -107,7 +127,7 @@ class RoutingTable:
             return UnavailableError(
                 f"model {model!r} is not listed by any reachable worker; unreachable: {down}"
             )
-        return NotFoundError(f"model {model!r} is not served by any worker")
+        return NotFoundError(TRITON_UNKNOWN_MODEL.format(model=model))
 
 
 class Router:

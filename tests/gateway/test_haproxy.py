@@ -69,10 +69,11 @@ def test_unknown_model_is_not_found_and_failed_model_unavailable_with_reasons() 
             with pytest.raises(InferenceServerException) as missing:
                 await g.client.infer("nope", [_input(1)])
             assert missing.value.status() == "StatusCode.NOT_FOUND"
-            assert "'nope' is not served by any worker" in str(missing.value)
+            assert "Request for unknown model: 'nope' is not found" in str(missing.value)
             with pytest.raises(InferenceServerException) as broken:
                 await g.client.infer("broken", [_input(1)])
-            assert broken.value.status() == "StatusCode.UNAVAILABLE"
+            assert broken.value.status() == "StatusCode.NOT_FOUND"
+            assert "'broken' has no available versions" in str(broken.value)
             assert "load failed: bad weights" in str(broken.value)
 
     run(body)
@@ -312,7 +313,7 @@ def test_a_stream_to_an_unknown_model_is_not_found() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
                 await _stream(g, "nope", 1)
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
-            assert "'nope' is not served by any worker" in (info.value.details() or "")
+            assert "Request for unknown model: 'nope' is not found" in (info.value.details() or "")
 
     run(body)
 

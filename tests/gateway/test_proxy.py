@@ -319,9 +319,9 @@ def test_impossible_shapes_are_refused_not_forwarded() -> None:
     run(body)
 
 
-def test_model_failed_everywhere_is_unavailable_with_reasons() -> None:
-    """NOT_FOUND only for a name no worker lists; a model that failed to load on every
-    worker is UNAVAILABLE, with each worker's reason."""
+def test_model_failed_everywhere_is_not_found_in_tritons_words_with_reasons() -> None:
+    """A model that failed to load on every worker gets what one tritonserver answers for it
+    (NOT_FOUND "... has no available versions"), then each worker's reason."""
 
     async def body() -> None:
         w0 = FakeWorker("w0", failed={"digits": "load failed: boom"})
@@ -331,12 +331,12 @@ def test_model_failed_everywhere_is_unavailable_with_reasons() -> None:
             tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
             with pytest.raises(InferenceServerException) as info:
                 await g.client.infer("digits", [tensor])
-            assert info.value.status() == "StatusCode.UNAVAILABLE"
+            assert info.value.status() == "StatusCode.NOT_FOUND"  # as one tritonserver answers
             message = str(info.value)
-            assert "model 'digits' has no ready replica: worker 127.0.0.1:" in message
+            assert "Request for unknown model: 'digits' has no available versions" in message
             assert "reports UNAVAILABLE: load failed: boom" in message
             assert "reports UNAVAILABLE: load failed: bang" in message
-            with pytest.raises(InferenceServerException, match="not served") as info:
+            with pytest.raises(InferenceServerException, match="is not found") as info:
                 await g.client.infer("nope", [tensor])
             assert info.value.status() == "StatusCode.NOT_FOUND"
 
@@ -448,7 +448,7 @@ def test_run_gateway_discovers_models_loaded_later() -> None:
             assert await _http(admin, "/healthz") == (200, "ok\n")
             assert await _http(admin, "/readyz") == (503, "not ready\n")
             assert (await _http(admin, "/nope"))[0] == 404
-            with pytest.raises(InferenceServerException, match="not served"):
+            with pytest.raises(InferenceServerException, match="is not found"):
                 await _infer(client, np.ones((1, 2), np.float32), "early")
             worker.models = ("echo",)
             for _ in range(100):

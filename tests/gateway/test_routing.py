@@ -14,7 +14,7 @@ def test_unknown_model_is_not_found_and_empty_route_unavailable() -> None:
     """No replica -> an error whose status maps to the gRPC code."""
     table = RoutingTable({"m": ModelRoute(())})
     missing = table.no_route_error("nope")
-    assert "not served by any worker" in missing.message
+    assert missing.message == "Request for unknown model: 'nope' is not found"  # Triton's
     assert GRPC_CODE[missing.status] == 5
     empty = table.no_route_error("m")
     assert "no ready replica" in empty.message and empty.status is Status.UNAVAILABLE
@@ -29,10 +29,13 @@ def test_no_route_error_names_each_workers_reason() -> None:
     assert "model 'm' has no ready replica: worker a unreachable" in (
         healthy.no_route_error("m").message
     )
-    assert (
-        "'f' has no ready replica: worker a reports UNAVAIL" in healthy.no_route_error("f").message
+    failed = healthy.no_route_error("f")  # not ready wherever listed: Triton's words
+    assert failed.status is Status.NOT_FOUND
+    assert failed.message == (
+        "Request for unknown model: 'f' has no available versions"
+        " (worker a reports UNAVAILABLE: load failed)"
     )
-    assert "not served by any worker" in healthy.no_route_error("nope").message
+    assert "'nope' is not found" in healthy.no_route_error("nope").message
     down = RoutingTable(unreachable={"c": "RepositoryIndex failed: UNAVAILABLE"})
     error = down.no_route_error("nope")
     assert error.status is Status.UNAVAILABLE
