@@ -1,7 +1,7 @@
 """What the gateway costs: one tritonserver measured directly and through the gateway.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--seconds 2] [--concurrency 1 8] [--rounds 3]
-        [--no-http] [--pass-through] [--http-json]
+        [--no-http] [--pass-through] [--http-json] [--stability-percentage 10]
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
 request is as large as it gets: the worst case). A gateway runs in front of it, as
@@ -125,6 +125,13 @@ def main() -> int:
         action="store_true",
         help="also KServe HTTP with the tensors in the JSON (the gateway's shape-checked path)",
     )
+    parser.add_argument(
+        "--stability-percentage",
+        type=float,
+        default=10.0,
+        help="perf_analyzer's --stability-percentage (10, its default); a busy machine may need"
+        " more for perf_analyzer to settle",
+    )
     args = parser.parse_args()
 
     import tritonclient.grpc as grpcclient
@@ -213,7 +220,10 @@ def main() -> int:
                                 protocol=protocol,
                                 concurrency=(level,),
                                 measurement_interval_ms=int(args.seconds * 1000),
-                                extra_args=flags,
+                                extra_args=(
+                                    *flags,
+                                    f"--stability-percentage={args.stability_percentage:g}",
+                                ),
                             )
                             requests = max(1, served() - count_before)
                             used = (meter() - cpu_before) / requests * 1e6 if meter else None

@@ -101,9 +101,10 @@ class GatewayProxy:
         bind (module docstring).
 
         Raises:
-            NotFoundError: no worker lists the model.
-            UnavailableError: no ready replica (each worker's reason), a name HAProxy cannot
-                route, or HAProxy unreachable.
+            NotFoundError: no worker lists the model, or none has a version of it loaded
+                (Triton's texts, :meth:`~hloserve.gateway.routing.RoutingTable.no_route_error`).
+            UnavailableError: a replica unreachable (each worker's reason), a name HAProxy
+                cannot route, or HAProxy unreachable.
             InvalidArgumentError: shapes no model can run.
         """
         model = (await self._checked_head(request)).model_name
