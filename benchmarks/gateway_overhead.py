@@ -1,23 +1,21 @@
-"""What the gateway costs: one tritonserver measured directly and through both data planes.
+"""What the gateway costs: one tritonserver measured directly and through the gateway.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--seconds 2] [--concurrency 1 8] [--rounds 3]
-        [--no-http] [--pass-through] [--http-json]
+        [--no-http] [--pass-through] [--http-json] [--stability-percentage 10]
 
 One worker serves the golden ``affine`` bundle (a tiny model, so the gateway's share of each
-request is as large as it gets: the worst case). Two gateways run in front of it, as
+request is as large as it gets: the worst case). A gateway runs in front of it, as
 ``hloserve serve --workers`` runs one (:class:`hloserve.node.gateway_thread.GatewayThread`, mode
-``round_robin``, default admission bounds): ``haproxy`` (the default data plane: HAProxy
-carries ModelInfer) and ``python`` (``data_plane: python``: the ``grpc.aio`` proxy, the data
-path before HAProxy). perf_analyzer (gRPC, random batch-1 data) measures the worker's own
-port and each gateway's port in turn, ``--rounds`` times per concurrency level, each a
-``--seconds`` window. Prints the median throughput (inferences/s), latency p50/p99
-(microseconds) and the data plane's CPU per request (microseconds): HAProxy's processes
-(``/proc/<pid>/stat`` of the master and its workers) for ``haproxy``, this Python process for
-``python``, divided by the requests the worker counted (``ModelStatistics``) during the run,
+``round_robin``, default admission bounds): ``haproxy`` (HAProxy carries ModelInfer).
+perf_analyzer (gRPC, random batch-1 data) measures the worker's own port and the gateway's
+in turn, ``--rounds`` times per concurrency level, each a ``--seconds`` window. Prints the
+median throughput (inferences/s), latency p50/p99 (microseconds) and the data plane's CPU per
+request (microseconds): HAProxy's processes (``/proc/<pid>/stat`` of the master and its
+workers) divided by the requests the worker counted (``ModelStatistics``) during the run,
 warm-up and stabilisation windows included. Then the ratios gateway/direct and the p50 the
 gateway adds. KServe HTTP too (unless ``--no-http``): perf_analyzer ``-i http`` on the
-worker's HTTP port (``http``) and on the HAProxy gateway's (``haproxy-http``; the ``python``
-data plane has no HTTP), CPU per request again HAProxy's. With ``--pass-through`` a third
+worker's HTTP port (``http``) and on the gateway's (``haproxy-http``), CPU per request again
+HAProxy's. With ``--pass-through`` a third
 HAProxy (``haproxy-pass``) runs the gateway's own configuration with every ``http-request``
 rule removed and one backend, the worker: HAProxy's own cost of carrying gRPC (HTTP/2 on both
 sides) on this machine, so the routing's share is ``haproxy`` minus ``haproxy-pass``. With
@@ -127,6 +125,13 @@ def main() -> int:
         action="store_true",
         help="also KServe HTTP with the tensors in the JSON (the gateway's shape-checked path)",
     )
+    parser.add_argument(
+        "--stability-percentage",
+        type=float,
+        default=10.0,
+        help="perf_analyzer's --stability-percentage (10, its default); a busy machine may need"
+        " more for perf_analyzer to settle",
+    )
     args = parser.parse_args()
 
     import tritonclient.grpc as grpcclient
@@ -145,7 +150,7 @@ def main() -> int:
         shutil.copytree(GOLDEN / "affine", bundles / "affine")
         repo = Path(tmp) / "repository"
         build_repository(bundles, repo)
-        http, grpc, metrics, haproxy_port, python_port, haproxy_http = free_ports(6)
+        http, grpc, metrics, haproxy_port, haproxy_http = free_ports(5)
         worker = server_options(
             ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics), repo
         )
@@ -157,18 +162,14 @@ def main() -> int:
                 stats = direct.get_inference_statistics("affine").model_stats[0]
                 return int(stats.inference_stats.success.count)
 
-            gateways = {}
-            for name, port in (("haproxy", haproxy_port), ("python", python_port)):
-                config = GatewayConfig(
-                    listen=f"127.0.0.1:{port}",
-                    admin_port=0,
-                    workers=(endpoint,),
-                    data_plane=name,
-                    # KServe HTTP on the HAProxy gateway (the Python data path has none)
-                    http_listen=f"127.0.0.1:{haproxy_http}" if name == "haproxy" else None,
-                    worker_http=(server.urls.http,) if name == "haproxy" else (),
-                )
-                gateways[name] = GatewayThread(config)
+            config = GatewayConfig(
+                listen=f"127.0.0.1:{haproxy_port}",
+                admin_port=0,
+                workers=(endpoint,),
+                http_listen=f"127.0.0.1:{haproxy_http}",
+                worker_http=(server.urls.http,),
+            )
+            gateways = {"haproxy": GatewayThread(config)}
             (master,) = haproxy_masters()
             plain = None
             if args.pass_through:  # the gateway's own file, from its master's command line
@@ -188,7 +189,6 @@ def main() -> int:
             cpu: dict[str, Callable[[], float] | None] = {
                 "direct": None,
                 "haproxy": lambda: haproxy_cpu_seconds(master),
-                "python": lambda: _cpu_seconds("self"),
                 "haproxy-pass": (lambda: _cpu_seconds(plain.pid)) if plain else None,
                 "http": None,
                 "haproxy-http": lambda: haproxy_cpu_seconds(master),
@@ -220,7 +220,10 @@ def main() -> int:
                                 protocol=protocol,
                                 concurrency=(level,),
                                 measurement_interval_ms=int(args.seconds * 1000),
-                                extra_args=flags,
+                                extra_args=(
+                                    *flags,
+                                    f"--stability-percentage={args.stability_percentage:g}",
+                                ),
                             )
                             requests = max(1, served() - count_before)
                             used = (meter() - cpu_before) / requests * 1e6 if meter else None
@@ -249,7 +252,7 @@ def main() -> int:
                 f" {median(name, level, 'p50_us'):>9.0f} {median(name, level, 'p99_us'):>9.0f}"
                 f" {cpu_cell:>9}"
             )
-    pairs = [("haproxy", "direct"), ("python", "direct")]
+    pairs = [("haproxy", "direct")]
     if args.pass_through:
         pairs += [("haproxy-pass", "direct"), ("haproxy", "haproxy-pass")]
     if args.http:

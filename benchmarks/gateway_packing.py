@@ -1,7 +1,7 @@
 """lpt_packing vs round_robin on the same skewed traffic over three real tritonservers (issue 5).
 
     .venv/bin/python benchmarks/gateway_packing.py [--requests 1920] [--threads 64]
-        [--data-plane haproxy|python] [--client python|perf_analyzer]
+        [--client python|perf_analyzer]
         [--no-preferred]
 
 Six copies of one tiny exported model (``m0`` .. ``m5``; batch sizes 1, 2, 4, 8; one CPU
@@ -17,10 +17,8 @@ Prints, per phase, the mean batch size Triton executed (sum of ``inference_count
 ``execution_count`` over every worker and model, deltas over the measured part) and, for
 lpt_packing, the requests the gateway routed to each replica of ``m0`` (from the control
 plane's ``GetSchedulingStatus``) against the fill quantum. Then the ratios lpt_packing /
-round_robin of mean batch sizes and of throughput (requests/s of the measured part). The
-gateway's data plane is ``--data-plane`` (HAProxy by default; ``python`` = the ``grpc.aio``
-path, whose ~770 requests/s capped both modes at the same throughput). The machine is noisy:
-read the ratios, not absolute numbers.
+round_robin of mean batch sizes and of throughput (requests/s of the measured part), through
+HAProxy. The machine is noisy: read the ratios, not absolute numbers.
 """
 
 from __future__ import annotations
@@ -176,7 +174,6 @@ def run_phase(mode: str, servers: list[TritonServer], args: argparse.Namespace) 
             "workers": [s.urls.grpc for s in servers],
             "mode": mode,
             "discovery": {"poll_interval_seconds": 1.0},
-            "data_plane": args.data_plane,
             "scheduling": {
                 "first_rebalance_compute_seconds": 1e6,  # only the operator repack below
                 "rebalance_compute_seconds": 1e6,
@@ -235,7 +232,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1920)
     parser.add_argument("--threads", type=int, default=64)
-    parser.add_argument("--data-plane", choices=("haproxy", "python"), default="haproxy")
     parser.add_argument("--queue-delay-us", type=int, default=2000)
     parser.add_argument(
         "--no-preferred",
@@ -307,7 +303,7 @@ def main() -> None:
     )
     rr = phases[0]
     print(
-        f"lpt_packing / round_robin ({args.data_plane} data plane): mean batch "
+        "lpt_packing / round_robin: mean batch "
         f"{lpt.mean_batch / rr.mean_batch:.2f}x, throughput "
         f"{(lpt.inferences / lpt.seconds) / (rr.inferences / rr.seconds):.2f}x"
     )

@@ -2,24 +2,23 @@
 
 Transport-neutral core (no gRPC, no process):
     config: typed settings (:class:`~hloserve.gateway.config.GatewayConfig`), YAML + env.
-    routing: :class:`~hloserve.gateway.routing.Router` (leases, failover, in-flight load).
-    routing_table: the routing table, leases and the in-flight load.
-    schedulers: ``round_robin``, ``least_outstanding``, ``lpt_packing`` replica choice.
+    routing: the routing table and :class:`~hloserve.gateway.routing.Router`, its holder
+        (with the live knobs and HAProxy's routed and in-flight counts).
     placement: ``lpt_packing`` bin packing and the repack clock.
     packing: the ``lpt_packing`` control loop (statistics -> placement -> table) and the
         scheduling state the control plane reads and changes.
     preconditions: ``lpt_packing``'s check that every worker schedules ``fifo`` or ``edf``.
     health: consecutive probe failures and the table restricted to healthy workers.
-    admission: bounds on the requests and items the gateway holds in flight.
     aggregate: fleet ``ModelStatistics`` from the workers'.
     wire: partial decoding of raw ``ModelInferRequest`` bytes.
-    dataplane: the HAProxy layout (backends per model, model map) and its configuration.
+    dataplane: the HAProxy layout (backends per model, model map) and its configuration:
+        where balance, fill quanta, admission and failover are defined.
 
 Data plane and transport:
-    haproxy: the HAProxy process that carries ModelInfer (the default ``data_plane``): map
-        edits over its runtime API, hitless reloads, counters.
+    haproxy: the HAProxy process, the only data plane for unary inference: map edits over
+        its runtime API, hitless reloads, counters.
     proxy: the ``grpc.aio`` servicer of ``inference.GRPCInferenceService`` behind HAProxy
-        (every other RPC, unrouted models; with ``data_plane: python`` every RPC).
+        (every other RPC, unrouted models and BYTES inputs checked, unrouted streams).
     fanout: that service's RPCs answered from every worker (index, statistics, shm, ...).
     upstreams: the channels to the workers, health probes, statistics polls.
     discovery: the routing table from the workers' answers; single-flight refreshes.

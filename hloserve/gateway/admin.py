@@ -2,15 +2,12 @@
 
 Metrics (own registry, prefix ``hloserve_gateway_``; docs/gateway.md, "Admin port"):
 
-- ``requests_total{model, worker, outcome}``: upstream calls by outcome (``ok``, ``failover``
-  for UNAVAILABLE answers that moved the request on, ``error`` for other upstream codes).
-- ``upstream_seconds{model, worker}``: histogram of upstream call latency, seconds.
-- ``outstanding_items{model, worker}``: items in flight now (read from the router on scrape).
+- ``outstanding_items{model, worker}``: requests in flight now (HAProxy's, read from the
+  router on scrape; requests, not items, since HAProxy counts requests).
 - ``replicas{model}``: replicas of each model in the current routing table.
 - ``placement{model, worker}``: 1 for each worker the current routing table routes a model to.
 - ``table_swaps_total``: routing tables installed (discovery passes).
 - ``repacks_total``: ``lpt_packing`` placements computed (startup, fleet changes, budget).
-- ``admission_refused_total{model}``: ModelInfer calls refused over an admission bound.
 - ``worker_healthy{worker}``: 1 while a worker is in the routing table, 0 while its health
   probes keep it out.
 
@@ -25,7 +22,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -43,7 +40,7 @@ class _RouterCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         outstanding = GaugeMetricFamily(
             PREFIX + "outstanding_items",
-            "Items in flight per model and worker.",
+            "Requests in flight per model and worker (HAProxy's counts).",
             labels=["model", "worker"],
         )
         for (model, worker), items in sorted(self._router.outstanding_all().items()):
@@ -78,29 +75,11 @@ class GatewayMetrics:
 
     def __init__(self, router: Router) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            PREFIX + "requests",
-            "Upstream calls by model, worker and outcome (ok, failover, error).",
-            ["model", "worker", "outcome"],
-            registry=self.registry,
-        )
-        self.upstream_seconds = Histogram(
-            PREFIX + "upstream_seconds",
-            "Upstream call latency, seconds.",
-            ["model", "worker"],
-            registry=self.registry,
-        )
         self.table_swaps = Counter(
             PREFIX + "table_swaps", "Routing tables installed.", registry=self.registry
         )
         self.repacks = Counter(
             PREFIX + "repacks", "lpt_packing placements computed.", registry=self.registry
-        )
-        self.refused = Counter(
-            PREFIX + "admission_refused",
-            "ModelInfer calls refused by an admission bound, by model.",
-            ["model"],
-            registry=self.registry,
         )
         self.worker_healthy = Gauge(
             PREFIX + "worker_healthy",
@@ -109,11 +88,6 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_RouterCollector(router))
-
-    def observe(self, model: str, worker: str, outcome: str, seconds: float) -> None:
-        """Record one upstream call."""
-        self.requests.labels(model, worker, outcome).inc()
-        self.upstream_seconds.labels(model, worker).observe(seconds)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format, then :attr:`extra`'s text (HAProxy's

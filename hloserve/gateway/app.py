@@ -1,4 +1,4 @@
-"""Run a gateway: HAProxy (by default), the Python servicer and a discovery loop, until stopped.
+"""Run a gateway: HAProxy, the Python servicer and a discovery loop, until stopped.
 
 :func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
 :mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
@@ -8,21 +8,20 @@ pass (at most one per second) before it is answered NOT_FOUND (no worker lists i
 UNAVAILABLE (some worker lists it but not READY, or a worker did not answer). Health probes
 (``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a
 worker out of the table after ``health.failure_threshold`` failures in a row and bring it back
-(after a forced discovery pass) when it answers ready again. Admission bounds
-(:mod:`hloserve.gateway.admission`) refuse ModelInfer calls over ``admission.*`` with
-UNAVAILABLE. In ``lpt_packing`` mode each
+(after a forced discovery pass) when it answers ready again. In ``lpt_packing`` mode each
 pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
 restrict the table to the placement (repacked at startup, on fleet changes and per the
 rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
 gRPC port.
 
-With ``data_plane: haproxy`` (the default) HAProxy (:mod:`hloserve.gateway.haproxy`) listens on
-``listen`` and carries ModelInfer straight to the workers; the servicer above listens on a
-loopback port behind it and answers every other RPC and the models HAProxy's map does not
-route; with ``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`)
-answers the KServe HTTP repository index, model load/unload (the servicer's
-:class:`~hloserve.gateway.model_control.ModelControl`) and system and CUDA shared memory
-from every worker. After
+HAProxy (:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer
+straight to the workers, with the admission and failover rules of
+:mod:`hloserve.gateway.dataplane`; the servicer above listens on a loopback port behind it and
+answers every other RPC and the ModelInfer requests HAProxy's map does not route (sent back
+to HAProxy's checked bind once routable); with ``http_listen`` a loopback HTTP server
+(:mod:`hloserve.gateway.fleet_http`) answers the KServe HTTP repository index, model
+load/unload (the servicer's :class:`~hloserve.gateway.model_control.ModelControl`) and system
+and CUDA shared memory from every worker. After
 every table change (discovery, health, repacks, control-plane changes: checked
 every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
 applied to HAProxy.
@@ -38,7 +37,6 @@ from collections.abc import Callable
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
-from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
 from hloserve.gateway.dataplane import plan_layout
@@ -49,7 +47,7 @@ from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
-from hloserve.gateway.routing import Router, RoutingTable, make_scheduler
+from hloserve.gateway.routing import Router, RoutingTable
 from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.node.model_control import grpc_metadata, http_headers, local_key
@@ -139,7 +137,7 @@ async def run_gateway(
     secret = config.upstream.model_control_key
     key = local_key() if secret is None else secret.get_secret_value()
     upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
-    router = Router(make_scheduler(config))
+    router = Router()
     timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
 
@@ -173,11 +171,6 @@ async def run_gateway(
         request_timeout_s=config.upstream.request_timeout_seconds,
         probe_timeout_s=timeout,
         refresh=refresh,
-        metrics=metrics,
-        admission=Admission(
-            config.admission.max_inflight_requests_per_worker * len(config.workers),
-            config.admission.max_inflight_items_per_model,
-        ),
         place=(
             None
             if controller is None
@@ -188,27 +181,24 @@ async def run_gateway(
     )
     # Both ports are bound before the first discovery pass, so a taken port fails at once.
     address = listen or config.listen
-    dataplane: HAProxy | None = None
     fleet_http: FleetHttpServer | None = None
     try:
-        if config.data_plane == "haproxy":
-            address = _public_address(address)
-            if config.http_listen is not None:
-                http = _public_address(config.http_listen)
-                config = config.model_copy(update={"http_listen": http})
-            server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
-            fleet_http = _fleet_http(config, key, proxy.model_control)
-            # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
-            dataplane = _start_haproxy(config, address, control_port, fleet_http)
-            metrics.extra = dataplane.prometheus_text
-            port = int(address.rpartition(":")[2])
-        else:
-            server, port = make_server(proxy, address, config.grpc)
+        address = _public_address(address)
+        if config.http_listen is not None:
+            http = _public_address(config.http_listen)
+            config = config.model_copy(update={"http_listen": http})
+        server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
+        fleet_http = _fleet_http(config, key, proxy.model_control)
+        # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
+        dataplane = _start_haproxy(config, address, control_port, fleet_http)
+        metrics.extra = dataplane.prometheus_text
+        port = int(address.rpartition(":")[2])
     except HloserveError:
         if fleet_http is not None:
             fleet_http.close()
         await upstreams.close()
         raise
+    checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
     control = SchedulingControl(
         config.mode, config.scheduling, config.workers, router, controller, metrics.repacks.inc
     )
@@ -224,8 +214,8 @@ async def run_gateway(
         )
     except OSError as exc:
         await upstreams.close()
-        if dataplane is not None:
-            dataplane.close()
+        await checked.close()
+        dataplane.close()
         if fleet_http is not None:
             fleet_http.close()
         raise UnavailableError(
@@ -237,10 +227,17 @@ async def run_gateway(
 
     async def sync() -> None:
         """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
-        if dataplane is not None:
-            layout = plan_layout(router.table, config, router.scheduling)
-            await asyncio.to_thread(dataplane.apply, layout)
-            router.record_external(*await asyncio.to_thread(dataplane.counts))
+        layout = plan_layout(router.table, config, router.scheduling)
+        await asyncio.to_thread(dataplane.apply, layout)
+        router.record_counts(*await asyncio.to_thread(dataplane.counts))
+
+    async def routable(model: str) -> None:
+        """Bring HAProxy's map up to the table when it lacks ``model`` (a model discovery
+        just found: the periodic sync has not run yet)."""
+        if model not in dataplane.layout.models:
+            await sync()
+
+    proxy.send_checked_to(checked, routable)
 
     try:
         if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
@@ -255,8 +252,8 @@ async def run_gateway(
         if fleet_http is not None:
             fleet_http.close()
         await upstreams.close()
-        if dataplane is not None:
-            dataplane.close()
+        await checked.close()
+        dataplane.close()
         raise
     log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
     log.info(
@@ -317,10 +314,10 @@ async def run_gateway(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         # drain: HAProxy answers what it holds while the servicer behind it still runs
-        if dataplane is not None:
-            await asyncio.to_thread(dataplane.close, config.exit_timeout_seconds)
-        await server.stop(grace=config.exit_timeout_seconds if dataplane is None else 2.0)
+        await asyncio.to_thread(dataplane.close, config.exit_timeout_seconds)
+        await server.stop(grace=2.0)
         admin.close()
         if fleet_http is not None:
             fleet_http.close()
         await upstreams.close()
+        await checked.close()

@@ -50,8 +50,6 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 FillMode = Literal["run", "spread"]
-DataPlane = Literal["haproxy", "python"]
-RoutingPolicy = Literal["fill_least", "fill_rr"]
 Replicas = int | Literal["all"]
 
 
@@ -62,8 +60,36 @@ def _check_host_port(value: str) -> str:
     return value
 
 
+#: Keys of the Python data plane, removed when HAProxy became the only one for unary inference
+#: (docs/gateway.md, "Removed settings"): key -> what to use instead.
+REMOVED_KEYS: dict[str, dict[str, str]] = {
+    "GatewayConfig": {
+        "data_plane": "HAProxy is the only data plane; remove the key (docs/gateway.md, "
+        '"Removed settings")',
+    },
+    "AdmissionConfig": {
+        "max_inflight_items_per_model": "HAProxy counts requests, not items: use "
+        "admission.max_inflight_requests_per_worker (a bound per model and replica)",
+    },
+    "SchedulingConfig": {
+        "routing_policy": "HAProxy's balance algorithm follows routing_fill_mode (run: "
+        "'first', spread: 'leastconn'); remove the key",
+    },
+}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_removed(cls, data: object) -> object:
+        """A removed key is refused with what to use instead (:data:`REMOVED_KEYS`)."""
+        if isinstance(data, Mapping):
+            for key, instead in REMOVED_KEYS.get(cls.__name__, {}).items():
+                if key in data:
+                    raise ValueError(f"{key} was removed: {instead}")
+        return data
 
 
 class GrpcLimits(_Section):
@@ -127,19 +153,16 @@ class HealthConfig(_Section):
 class AdmissionConfig(_Section):
     """Bounds on the requests the gateway holds at once (docs/gateway.md, "Admission").
 
-    A request over a bound is refused at once with UNAVAILABLE (Triton's answer when a
-    model's queue is full; ReactantServer sheds with RESOURCE_EXHAUSTED) and a message naming
-    the model and the bound; nothing is queued in the gateway.
+    HAProxy applies the bound where :func:`hloserve.gateway.dataplane.render_config` writes
+    it: a request over it is refused at once with UNAVAILABLE (Triton's answer when a model's
+    queue is full) and a message naming the model and the bound; nothing is queued.
 
     Attributes:
-        max_inflight_requests_per_worker: gateway-wide bound on ModelInfer calls in flight =
-            this x the number of configured workers (64; 0 = unbounded).
-        max_inflight_items_per_model: bound on the items (batch extent) of one model in
-            flight over all its replicas (0 = unbounded, the default).
+        max_inflight_requests_per_worker: requests of one model in flight on one of its
+            replicas (64; 0 = unbounded); HAProxy counts requests, not items.
     """
 
     max_inflight_requests_per_worker: int = Field(default=64, ge=0)
-    max_inflight_items_per_model: int = Field(default=0, ge=0)
 
 
 class TlsConfig(_Section):
@@ -164,8 +187,8 @@ class ModelScheduling(_Section):
         replicas: distinct workers holding the model: a positive integer or ``"all"``
             (1 when the entry is present).
         fill_mode: ``run`` or ``spread``; None inherits ``scheduling.routing_fill_mode``.
-        fill_factor: multiplier of the max batch giving the fill quantum, > 0; None inherits
-            ``scheduling.routing_fill_factor``.
+        fill_factor: multiplier of the max batch giving the fill quantum (requests), > 0;
+            None inherits ``scheduling.routing_fill_factor``.
     """
 
     replicas: Replicas = 1
@@ -193,12 +216,11 @@ class SchedulingConfig(_Section):
             traffic-driven repacks, seconds > 0 (300).
         first_rebalance_compute_seconds: budget of the first traffic-driven repack, seconds
             (60; 0 means use ``rebalance_compute_seconds``).
-        routing_fill_factor: fill quantum = worker-reported max batch x this factor, in
-            items (1.0, > 0).
-        routing_fill_mode: ``run`` spends one quantum on a replica before opening another;
-            ``spread`` equalizes in-flight items (``run``).
-        routing_policy: which replica opens a run: ``fill_least`` (least in-flight work) or
-            ``fill_rr`` (rotation) (``fill_least``).
+        routing_fill_factor: fill quantum = worker-reported max batch x this factor, rounded
+            up, in requests: HAProxy counts requests, not items (1.0, > 0).
+        routing_fill_mode: ``run`` fills one replica up to the quantum (in requests at
+            once) before the next (HAProxy ``balance first``); ``spread`` sends each request
+            to the replica with the fewest in flight (``leastconn``) (``run``).
         models: per-model overrides, keyed by model name (no environment form).
     """
 
@@ -209,7 +231,6 @@ class SchedulingConfig(_Section):
     first_rebalance_compute_seconds: float = Field(default=60.0, ge=0)
     routing_fill_factor: float = Field(default=1.0, gt=0)
     routing_fill_mode: FillMode = "run"
-    routing_policy: RoutingPolicy = "fill_least"
     models: dict[str, ModelScheduling] = Field(default_factory=dict)
 
     @field_validator("default_replicas")
@@ -258,19 +279,14 @@ class GatewayConfig(_Section):
         grpc: message-size limits.
         health: worker health probes.
         admission: bounds on requests in flight.
-        http_listen: host:port of the KServe V2 HTTP endpoint (Triton's 8000; ``haproxy`` data
-            plane and ``worker_http`` needed); None (default) = gRPC only.
+        http_listen: host:port of the KServe V2 HTTP endpoint (Triton's 8000; ``worker_http``
+            needed); None (default) = gRPC only.
         worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
-        data_plane: ``haproxy`` (default): HAProxy carries ModelInfer, the Python process
-            answers every other RPC behind it (docs/gateway.md, "Data plane"); ``python``:
-            the Python ``grpc.aio`` proxy carries everything (the earlier data path, kept for
-            comparison).
-        tls: TLS on the public port (``haproxy`` data plane only); None = plaintext.
+        tls: TLS on the public ports (HAProxy terminates it); None = plaintext.
         exit_timeout_seconds: on stop, how long requests in flight may take to finish, seconds
             (Triton's ``--exit-timeout-secs``, default 30): the public ports stop taking new
-            connections at once (HAProxy's frontends disabled; the ``python`` data plane's
-            grace), and the gateway stops when the last request in flight is answered or this
-            runs out.
+            connections at once (HAProxy's frontends disabled), and the gateway stops when the
+            last request in flight is answered or this runs out.
     """
 
     listen: str = "127.0.0.1:8001"
@@ -286,7 +302,6 @@ class GatewayConfig(_Section):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     http_listen: str | None = None
     worker_http: tuple[str, ...] = ()
-    data_plane: DataPlane = "haproxy"
     tls: TlsConfig | None = None
     exit_timeout_seconds: float = Field(default=30.0, ge=0)
 
@@ -319,15 +334,11 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _same_length(self) -> GatewayConfig:
-        if self.tls is not None and self.data_plane != "haproxy":
-            raise ValueError("tls needs data_plane: haproxy (HAProxy terminates TLS)")
         if self.http_listen is not None and len(self.worker_http) != len(self.workers):
             raise ValueError(
                 f"http_listen needs worker_http: one HTTP endpoint per worker, in the order of"
                 f" workers ({len(self.workers)}), got {len(self.worker_http)}"
             )
-        if self.http_listen is not None and self.data_plane != "haproxy":
-            raise ValueError("http_listen needs data_plane: haproxy")
         if self.worker_metrics and len(self.worker_metrics) != len(self.workers):
             raise ValueError(
                 f"worker_metrics names {len(self.worker_metrics)} endpoints for"

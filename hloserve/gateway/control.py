@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from hloserve.errors import InvalidArgumentError
-from hloserve.gateway.config import SchedulingConfig
+from hloserve.gateway.config import REMOVED_KEYS, SchedulingConfig
 from hloserve.gateway.scheduling_control import KNOBS, ModelRow, RepackRow, SchedulingControl
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
@@ -56,7 +56,7 @@ def knobs_to_proto(scheduling: SchedulingConfig) -> pb.Knobs:
 def knobs_from_proto(message: pb.Knobs) -> dict[str, Any]:
     """The knobs present in ``message``, as ``SchedulingConfig`` field values."""
     changes: dict[str, Any] = {}
-    for name in KNOBS:
+    for name in (*KNOBS, *REMOVED_KEYS["SchedulingConfig"]):  # a removed one is refused
         if message.HasField(name):
             changes[name] = getattr(message, name)
     if "default_replicas" in changes:

@@ -20,7 +20,10 @@ Layout (docs/gateway.md, "Data plane"):
   ``ModelInferRequest`` message (``req.body,bytes(5),protobuf(1)`` after the 5-byte gRPC
   prefix); a name missing from the map (unknown, not ready anywhere, no healthy replica) goes
   to the Python control plane, which runs discovery and answers NOT_FOUND or UNAVAILABLE
-  with every worker's reason (or serves the request itself once it is routable);
+  with every worker's reason, or, once the model is routable, sends the request back to
+  HAProxy on a loopback port of the same frontend (``Listen.grpc_checked``), where it is
+  routed by the map like any other (a request with a BYTES first input takes the same way
+  after the control plane checked its shapes);
 - a ModelStreamInfer stream goes where its first message says, by the same map: the first
   message's ``model_name`` is read once :data:`STREAM_ROUTE_AFTER_BYTES` of the stream have
   arrived (HAProxy waits for them up to the request timeout); a name not wholly among the
@@ -34,18 +37,24 @@ Layout (docs/gateway.md, "Data plane"):
   declaring a shape it cannot allocate) and re-sends those it passes to a loopback frontend
   that routes them like the public one;
 - failover only when the connection to a worker could not be made (``retry-on
-  conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent;
+  conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent
+  (a worker's NOT_FOUND or UNAVAILABLE answer is relayed; discovery and the health probes
+  take such a replica out);
 - admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
   requests per replica at once; a request over it is answered UNAVAILABLE at once with a
   ``grpc-message`` naming the model and the bound (HAProxy counts requests per backend, so
-  the bound is per model and replica, not per worker over every model).
+  the bound is per model and replica, not per worker over every model, and requests, not
+  items).
+
+Failover and admission are defined here only: every unary ModelInfer passes HAProxy's
+frontend, the control plane's checked ones included.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -120,8 +129,15 @@ HTTP_TOO_LARGE = (
 )
 
 #: Model names HAProxy can name a backend and a map key after (Triton's model names are
-#: directory names; one with other characters is served by the Python data path).
+#: directory names; one with other characters is refused by the control plane,
+#: :data:`UNROUTABLE_NAME`).
 BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+#: The answer to a request for a model whose name :data:`BACKEND_NAME` rejects.
+UNROUTABLE_NAME = (
+    "model {model!r}: the gateway routes model names of letters, digits and '_.:-' only; "
+    "rename the model's directory"
+)
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,14 @@ class Layout:
         return self.backends == other.backends
 
 
+def fill_quantum(max_batch: int | None, fill_factor: float) -> int:
+    """Fill quantum of fill mode ``run``, in requests one replica takes at once (HAProxy
+    ``maxconn`` under ``balance first``): ``max_batch x fill_factor`` rounded up, at least 1;
+    an unknown max batch (or a model that does not batch) counts as 1. HAProxy counts
+    requests, not items: ReactantServer's item quantum approximated by concurrency."""
+    return max(1, math.ceil((max_batch or 1) * fill_factor))
+
+
 def _balance(mode: str, scheduling: SchedulingConfig, model: str) -> Balance:
     if mode == "round_robin":
         return "roundrobin"
@@ -178,12 +202,9 @@ def plan_layout(
         scheduling: the live scheduling knobs (control plane changes); default the config's.
 
     Returns:
-        The layout; models whose replicas are all unknown endpoints are left out. With
-        ``admission.max_inflight_items_per_model`` set, no model is mapped: HAProxy counts
-        requests, not items, so the Python data path carries ModelInfer and enforces it.
+        The layout; models whose replicas are all unknown endpoints, and names HAProxy cannot
+        key a map by (:data:`BACKEND_NAME`), are left out.
     """
-    if config.admission.max_inflight_items_per_model:
-        return Layout()
     scheduling = scheduling or config.scheduling
     index = {w: i for i, w in enumerate(config.workers)}
     per_worker = config.admission.max_inflight_requests_per_worker
@@ -198,8 +219,7 @@ def plan_layout(
         # a run of Q requests per replica; one replica has no next to open, and a cap
         # would hold requests in HAProxy rather than in the worker's dynamic batcher
         if balance == "first" and len(servers) > 1:
-            quantum = (route.max_batch or 1) * scheduling.fill_factor_of(model)
-            quantum_requests = max(1, math.ceil(quantum))
+            quantum_requests = fill_quantum(route.max_batch, scheduling.fill_factor_of(model))
             maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests
         name = f"m_{model}"
         backends[name] = Backend(name, servers, balance, maxconn, per_worker * len(servers))
@@ -217,6 +237,9 @@ class Listen:
         http: host:port of the public KServe HTTP endpoint, or None.
         prometheus: loopback host:port of HAProxy's Prometheus exporter, or None.
         control: host:port of the Python control plane's gRPC server (loopback).
+        grpc_checked: loopback host:port of a second bind of the gRPC frontend, where the
+            control plane sends the ModelInfer requests it checked (never back to the
+            control plane: a name the map lacks is refused there); None: no such bind.
         http_control: host:port of the control plane's HTTP server (loopback) answering the
             KServe HTTP repository index and system shared memory; None: any worker does.
         http_checked: loopback host:port of a second HTTP frontend routing like ``http``,
@@ -238,6 +261,7 @@ class Listen:
     client_ca: str | None = None
     http_control: str | None = None
     http_checked: str | None = None
+    grpc_checked: str | None = None
 
 
 #: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
@@ -326,9 +350,13 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
     infer = f"{{ path {MODEL_INFER_PATH} }}"
     stream = f"{{ path {MODEL_STREAM_INFER_PATH} }}"
     routed = f"{{ path {MODEL_INFER_PATH} {MODEL_STREAM_INFER_PATH} }}"
+    checked = ""
+    if listen.grpc_checked is not None:
+        checked = f"{{ dst_port {listen.grpc_checked.rpartition(':')[2]} }}"
     lines += [
         "frontend grpc",
         f"  bind {listen.grpc} proto h2{ssl}",
+        *([f"  bind {listen.grpc_checked} proto h2"] if listen.grpc_checked else []),
         f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
         # a stream may open long before its first message (tritonclient's start_stream):
         # wait for it up to the request timeout (HAProxy answers 408 when none came)
@@ -349,15 +377,24 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
         " { req.body_size,sub(txn.need) -m int lt 0 }",
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
-        # A BYTES first input goes to the Python data path, which refuses shapes no model
+        # A BYTES first input goes to the control plane, which refuses shapes no model
         # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
         # protobuf converter finds only the first field of a nested message (5.1 works,
         # 5.2 and 5.3 do not), so the first input (field 5) is searched for its datatype
         # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
         # check (Triton answers INVALID_ARGUMENT).
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
-        f" if {routed} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}",
+        f" if {routed} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
+        + (f" !{checked}" if checked else ""),
     ]
+    if checked:  # the control plane checked it: never back to the control plane
+        lines.append(
+            _refuse(
+                GRPC_UNAVAILABLE,
+                "model '%[var(txn.model)]' has no ready replica",
+                f"{checked} {{ var(txn.be) -m str {CONTROL_BACKEND} }}",
+            )
+        )
     per_worker = config.admission.max_inflight_requests_per_worker
     for backend in layout.backends:
         if not backend.admit:
@@ -495,9 +532,3 @@ def map_changes(
             edits.append(("set", key, value))
     edits += [("del", key, None) for key in sorted(before) if key not in after]
     return edits
-
-
-def workers_of(layout: Layout, config: GatewayConfig) -> Sequence[str]:
-    """Every worker endpoint some backend of ``layout`` routes to."""
-    used = sorted({i for b in layout.backends for i in b.servers})
-    return [config.workers[i] for i in used]

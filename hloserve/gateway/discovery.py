@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.routing import ModelRoute, RoutingTable
+from hloserve.gateway.routing import REPORTS, ModelRoute, RoutingTable
 from hloserve.gateway.upstreams import Upstreams
 from hloserve.model_parameters import MetaParameters, string_values
 from hloserve.names import META_BACKEND, PARAM_META_CALLS
@@ -85,7 +85,7 @@ async def discover_table(
                     replicas[model.name].append(worker)
             else:
                 state = model.state or "not loaded"
-                why = f"reports {state}: {model.reason}" if model.reason else f"reports {state}"
+                why = f"{REPORTS}{state}: {model.reason}" if model.reason else f"{REPORTS}{state}"
                 unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:

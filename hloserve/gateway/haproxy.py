@@ -106,15 +106,6 @@ def master_ready(path: str, timeout_s: float) -> bool:
     return False
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat``, fields 14-15)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class HAProxy:
     """One HAProxy master-worker process serving a :class:`Layout`.
 
@@ -166,13 +157,15 @@ class HAProxy:
             fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(text)
+        prometheus_port, checked_port = free_ports(2)
         self.listen = Listen(
             grpc=grpc,
             control=control,
             http=config.http_listen,
             http_control=http_control,
             http_checked=http_checked,
-            prometheus=f"127.0.0.1:{free_ports(1)[0]}",
+            prometheus=f"127.0.0.1:{prometheus_port}",
+            grpc_checked=f"127.0.0.1:{checked_port}",
             runtime_socket=str(self._dir / "runtime.sock"),
             map_file=str(self._dir / "models.map"),
             pem=pem,
@@ -232,22 +225,6 @@ class HAProxy:
     def pid(self) -> int | None:
         """The master's process id (None once stopped)."""
         return self._process.pid if self._process is not None else None
-
-    def worker_pids(self) -> list[int]:
-        """Process ids of the master's children (the current and any old workers)."""
-        if self.pid is None:
-            return []
-        pids = []
-        for task in Path(f"/proc/{self.pid}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                pids += [int(p) for p in task.read_text().split()]
-        return pids
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds used so far by the master and its live workers (``/proc``)."""
-        if self.pid is None:
-            return 0.0
-        return _cpu_seconds(self.pid) + sum(_cpu_seconds(p) for p in self.worker_pids())
 
     def prometheus_text(self, timeout_s: float = 2.0) -> bytes:
         """HAProxy's own metrics (its Prometheus exporter: per backend and server requests,

@@ -1,61 +1,148 @@
-"""Transport-neutral request routing: :class:`Router` over the table, the load and a scheduler.
+"""The gateway's routing table and :class:`Router`, its holder; transport-neutral, no gRPC.
 
-The gRPC servicer calls :class:`Router` and nothing here imports gRPC. A request is routed
-with :meth:`Router.acquire`, which picks a replica, charges the request's items to it and
-returns a :class:`Lease` carrying the failover order; :meth:`Router.fail_over` moves the charge
-to the next replica after an UNAVAILABLE answer; :meth:`Router.release` frees it when the
-answer is back (on every path, idempotent). The table is replaced whole by
-:meth:`Router.swap_table` (discovery builds a new one; requests never see half a table).
-
-Every method takes the router's lock for a short, non-blocking section, so a router can be
-shared by threads and by coroutines of one event loop alike.
-
-The table and the load are in :mod:`hloserve.gateway.routing_table`, the schedulers in
-:mod:`hloserve.gateway.schedulers`; this module re-exports both, the import path every caller
-uses. Rules come from ReactantServer's gateway (docs/gateway.md, "ReactantServer's gateway";
-hloserve's rules under "Routing"): the table swapped whole, failover in the scheduler's order.
+:class:`RoutingTable` maps each model to its :class:`ModelRoute` (replicas, max batch, measured
+cost, a meta's callees) and is replaced whole by :meth:`Router.swap_table` (discovery, health
+and the ``lpt_packing`` placement build a new one; readers never see half a table). HAProxy
+routes the requests (:mod:`hloserve.gateway.dataplane`); the router keeps the table, the live
+scheduling knobs and HAProxy's routed and in-flight counts per (model, worker), which the
+control plane (``GetSchedulingStatus``) and the admin port's ``/metrics`` read.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
+from hloserve.errors import NotFoundError, UnavailableError
 from hloserve.gateway.config import SchedulingConfig
-from hloserve.gateway.routing_table import (
-    WORK_QUANTUM_SECONDS,
-    Lease,
-    Load,
-    ModelRoute,
-    RoutingTable,
-)
-from hloserve.gateway.schedulers import (
-    LeastOutstandingScheduler,
-    LptPackingScheduler,
-    RoundRobinScheduler,
-    Scheduler,
-    fill_quantum,
-    make_scheduler,
-)
+
+#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) to an inference request for a model
+#: it does not know (``model_lifecycle.cc``; compared with a real tritonserver's in
+#: tests/gateway/test_tritonserver.py).
+TRITON_UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"
+
+#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) for a model it lists but has no
+#: version of loaded (failed, unloaded, still loading).
+TRITON_NO_VERSIONS = "Request for unknown model: '{model}' has no available versions"
+
+#: How discovery starts the reason of a worker that lists a model not READY
+#: (:func:`hloserve.gateway.discovery.discover_table`).
+REPORTS = "reports "
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """Where one model can be served.
+
+    Attributes:
+        replicas: worker endpoints holding the model, distinct, in table order.
+        max_batch: effective max batch of the model in items (Triton ``max_batch_size``);
+            None when unknown or when the model does not batch.
+        cost_per_item_seconds: measured compute seconds per item; None when not measured yet.
+        calls: for a meta model, the models it calls (its placement group,
+            docs/meta_models.md); empty for a plain model.
+    """
+
+    replicas: tuple[str, ...]
+    max_batch: int | None = None
+    cost_per_item_seconds: float | None = None
+    calls: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"replicas must be distinct, got {self.replicas}")
+
+
+class RoutingTable:
+    """Immutable map of model name -> :class:`ModelRoute`; build a new one to change it.
+
+    Besides the routes it keeps why a model cannot be routed, for the error a client gets
+    (UNAVAILABLE naming each worker's reason, NOT_FOUND only for a name no reachable worker
+    lists).
+
+    Args:
+        routes: model name -> route.
+        unready: model name -> {worker: why the model cannot be routed there}, e.g.
+            ``"reports UNAVAILABLE: load failed"`` (RepositoryIndex) or ``"unreachable
+            (failed its health probes)"``.
+        unreachable: worker -> why it did not answer discovery; a model it might serve is
+            unknown, not absent.
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, ModelRoute] | None = None,
+        *,
+        unready: Mapping[str, Mapping[str, str]] | None = None,
+        unreachable: Mapping[str, str] | None = None,
+    ) -> None:
+        self._routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
+        self.unready: Mapping[str, Mapping[str, str]] = MappingProxyType(
+            {m: MappingProxyType(dict(w)) for m, w in (unready or {}).items()}
+        )
+        self.unreachable: Mapping[str, str] = MappingProxyType(dict(unreachable or {}))
+
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]:
+        """Read-only view of every route."""
+        return self._routes
+
+    def get(self, model: str) -> ModelRoute | None:
+        """The route of ``model``, or None."""
+        return self._routes.get(model)
+
+    def with_routes(
+        self,
+        routes: Mapping[str, ModelRoute],
+        unready: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> RoutingTable:
+        """A table with other routes, this one's notes and ``unready`` merged into them."""
+        merged = {m: dict(w) for m, w in self.unready.items()}
+        for model, workers in (unready or {}).items():
+            merged.setdefault(model, {}).update(workers)
+        return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
+
+    def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
+        """The error for a request of ``model`` that no replica can take, in Triton's words
+        where one tritonserver has the same condition.
+
+        NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when every worker answered and none lists the
+        model; NOT_FOUND :data:`TRITON_NO_VERSIONS` (every worker's reason after it) when the
+        workers that list it all report it not ready (failed, unloaded, loading); UNAVAILABLE
+        naming the workers when a worker that holds (or might hold) it is unreachable: no
+        single tritonserver has that condition.
+        """
+        unready = sorted(self.unready.get(model, {}).items())
+        reasons = "; ".join(f"worker {w} {why}" for w, why in unready)
+        if unready and all(why.startswith(REPORTS) for _, why in unready):
+            return NotFoundError(f"{TRITON_NO_VERSIONS.format(model=model)} ({reasons})")
+        if reasons:
+            return UnavailableError(f"model {model!r} has no ready replica: {reasons}")
+        if model in self._routes:
+            return UnavailableError(f"model {model!r} has no ready replica")
+        if self.unreachable:
+            down = "; ".join(f"{w} ({why})" for w, why in sorted(self.unreachable.items()))
+            return UnavailableError(
+                f"model {model!r} is not listed by any reachable worker; unreachable: {down}"
+            )
+        return NotFoundError(TRITON_UNKNOWN_MODEL.format(model=model))
 
 
 class Router:
-    """Thread-safe routing: the current table, in-flight load and a scheduler.
+    """Thread-safe holder of the current table, the live knobs and HAProxy's counts.
 
     Args:
-        scheduler: picks replicas; owned by this router from now on.
         table: the initial table (empty when None).
     """
 
-    def __init__(self, scheduler: Scheduler, table: RoutingTable | None = None) -> None:
+    def __init__(self, table: RoutingTable | None = None) -> None:
         self._lock = threading.Lock()
-        self._scheduler = scheduler
         self._table = table or RoutingTable()
-        self._load = Load()
-        self._routed: dict[tuple[str, str], int] = {}
         self._scheduling: SchedulingConfig | None = None
-        self._external_routed: Mapping[tuple[str, str], int] = {}
-        self._external_outstanding: Mapping[tuple[str, str], int] = {}
+        self._routed: Mapping[tuple[str, str], int] = {}
+        self._outstanding: Mapping[tuple[str, str], int] = {}
 
     @property
     def scheduling(self) -> SchedulingConfig | None:
@@ -68,122 +155,40 @@ class Router:
         return self._table
 
     def swap_table(self, table: RoutingTable) -> None:
-        """Replace the table atomically; in-flight leases still release correctly."""
+        """Replace the table atomically."""
         with self._lock:
             self._table = table
-            self._scheduler.on_table(table)
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
-        """Hand new knobs to the scheduler (the control plane's knob and per-model changes)."""
+        """Keep new knobs (the control plane's changes; the next HAProxy layout uses them)."""
         with self._lock:
             self._scheduling = scheduling
-            self._scheduler.update_scheduling(scheduling)
 
-    def acquire(self, model: str, items: int = 1) -> Lease:
-        """Pick a replica for a request of ``items`` items and charge it.
-
-        Args:
-            model: model name from the request.
-            items: batch extent of the request; values below 1 count as 1.
-
-        Raises:
-            NotFoundError: every worker answered discovery and none lists the model.
-            UnavailableError: the model is known (or a worker that might serve it did not
-                answer) but no replica can take it; the message gives each worker's reason.
-        """
-        items = max(1, items)
-        with self._lock:
-            route = self._table.get(model)
-            if route is None or not route.replicas:
-                raise self._table.no_route_error(model)
-            chosen = self._scheduler.choose(model, route, items, self._load)
-            order = self._scheduler.order(model, route, chosen, self._load)
-            work = items * self._table.cost_per_item(model)
-            self._load.add(model, chosen, items, work)
-            key = (model, chosen)
-            self._routed[key] = self._routed.get(key, 0) + 1
-            return Lease(model=model, items=items, order=order, worker=chosen, work=work)
-
-    def fail_over(self, lease: Lease) -> str | None:
-        """Move the lease's charge to the next replica of its order; None when none is left.
-
-        When None is returned the lease is released.
-        """
-        with self._lock:
-            if lease.released:
-                return None
-            self._load.add(lease.model, lease.worker, -lease.items, -lease.work)
-            lease._position += 1
-            if lease._position >= len(lease.order):
-                lease.released = True
-                return None
-            lease.worker = lease.order[lease._position]
-            self._load.add(lease.model, lease.worker, lease.items, lease.work)
-            key = (lease.model, lease.worker)
-            self._routed[key] = self._routed.get(key, 0) + 1
-            return lease.worker
-
-    def release(self, lease: Lease) -> None:
-        """Free the lease's charge; a second call does nothing."""
-        with self._lock:
-            if lease.released:
-                return
-            lease.released = True
-            self._load.add(lease.model, lease.worker, -lease.items, -lease.work)
-
-    def outstanding(self, model: str, worker: str) -> int:
-        """Items of ``model`` in flight on ``worker``."""
-        with self._lock:
-            return self._load.outstanding(model, worker)
-
-    def outstanding_all(self) -> dict[tuple[str, str], int]:
-        """Items in flight per (model, worker), only the non-zero ones (the data plane's
-        requests in flight included, one item each)."""
-        with self._lock:
-            merged = self._load.snapshot()
-            for key, count in self._external_outstanding.items():
-                if count:
-                    merged[key] = merged.get(key, 0) + count
-            return merged
-
-    def record_external(
+    def record_counts(
         self,
         routed: Mapping[tuple[str, str], int],
         outstanding: Mapping[tuple[str, str], int],
     ) -> None:
-        """Counts of requests another data plane (HAProxy) routed and holds, per (model,
-        worker); they replace the previous ones and are added to :meth:`routed` and
-        :meth:`outstanding_all`."""
+        """HAProxy's requests routed so far and in flight per (model, worker); they replace
+        the previous ones."""
         with self._lock:
-            self._external_routed = dict(routed)
-            self._external_outstanding = dict(outstanding)
-
-    def worker_items(self, workers: Iterable[str]) -> dict[str, int]:
-        """In-flight items per worker, every model together."""
-        with self._lock:
-            return {w: self._load.worker_items(w) for w in workers}
+            self._routed = dict(routed)
+            self._outstanding = dict(outstanding)
 
     def routed(self) -> dict[tuple[str, str], int]:
-        """Requests routed so far per (model, worker), failovers included (the data
-        plane's included)."""
+        """Requests routed so far per (model, worker)."""
         with self._lock:
-            merged = dict(self._routed)
-            for key, count in self._external_routed.items():
-                merged[key] = merged.get(key, 0) + count
-            return merged
+            return dict(self._routed)
 
+    def outstanding_all(self) -> dict[tuple[str, str], int]:
+        """Requests in flight per (model, worker), only the non-zero ones."""
+        with self._lock:
+            return {k: v for k, v in self._outstanding.items() if v}
 
-__all__ = [
-    "WORK_QUANTUM_SECONDS",
-    "Lease",
-    "LeastOutstandingScheduler",
-    "Load",
-    "LptPackingScheduler",
-    "ModelRoute",
-    "RoundRobinScheduler",
-    "Router",
-    "RoutingTable",
-    "Scheduler",
-    "fill_quantum",
-    "make_scheduler",
-]
+    def worker_items(self, workers: Iterable[str]) -> dict[str, int]:
+        """Requests in flight per worker, every model together."""
+        totals = dict.fromkeys(workers, 0)
+        for (_, worker), count in self.outstanding_all().items():
+            if worker in totals:
+                totals[worker] += count
+        return totals

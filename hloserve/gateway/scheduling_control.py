@@ -16,9 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.gateway.config import SchedulingConfig
+from hloserve.gateway.config import REMOVED_KEYS, SchedulingConfig
+from hloserve.gateway.dataplane import fill_quantum
 from hloserve.gateway.packing import LptController
-from hloserve.gateway.routing import ModelRoute, Router, fill_quantum
+from hloserve.gateway.routing import ModelRoute, Router
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,9 @@ class ReplicaRow:
 
     Attributes:
         worker: worker gRPC endpoint (host:port).
-        routed_total: requests routed there since start, failovers included.
-        outstanding_items: items of the model in flight there now.
+        routed_total: requests HAProxy routed there since start.
+        outstanding_items: requests of the model in flight there now (HAProxy counts
+            requests, not items).
     """
 
     worker: str
@@ -46,7 +48,8 @@ class ModelRow:
         effective_replicas: replicas in the routing table now.
         fill_mode: ``run`` or ``spread``.
         fill_factor: multiplier of the max batch.
-        fill_quantum: items; None when the max batch is unknown.
+        fill_quantum: requests one replica takes at once under fill mode ``run``
+            (:func:`hloserve.gateway.dataplane.fill_quantum`).
         max_batch: worker-reported ``max_batch_size``; None when unknown or 0.
         arrival_rate: items per second (EWMA; 0 outside ``lpt_packing``).
         cost_per_item_seconds: seconds per item (EWMA or table value; 0 when unmeasured).
@@ -59,7 +62,7 @@ class ModelRow:
     effective_replicas: int
     fill_mode: str
     fill_factor: float
-    fill_quantum: int | None
+    fill_quantum: int
     max_batch: int | None
     arrival_rate: float
     cost_per_item_seconds: float
@@ -140,7 +143,6 @@ KNOBS = (
     "first_rebalance_compute_seconds",
     "routing_fill_factor",
     "routing_fill_mode",
-    "routing_policy",
 )
 
 
@@ -160,7 +162,7 @@ class SchedulingControl:
     """The gateway's live scheduling state, as the control plane reads and changes it.
 
     Changes are validated by the same pydantic model as the config file, then handed to the
-    router's scheduler and to the ``lpt_packing`` controller. They are not persisted.
+    router (HAProxy's next layout) and to the ``lpt_packing`` controller. They are not persisted.
     Call from the gateway's event loop (the controller is not thread-safe).
 
     Args:
@@ -253,7 +255,7 @@ class SchedulingControl:
                 ``scheduling.<knob>``); nothing is changed then.
         """
         self._require_lpt("set")
-        unknown = sorted(set(changes) - set(KNOBS))
+        unknown = sorted(set(changes) - set(KNOBS) - set(REMOVED_KEYS["SchedulingConfig"]))
         if unknown:
             raise InvalidArgumentError(
                 f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}"

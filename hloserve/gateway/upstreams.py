@@ -78,51 +78,6 @@ class Upstreams:
         """A bidirectional-streaming callable carrying bytes both ways."""
         return self._channels[worker].stream_stream(method_path(method))
 
-    async def connect(self, worker: str, timeout_s: float) -> str | None:
-        """Bring the channel to ``worker`` to READY before a request is sent on it.
-
-        A call started on a channel that is not connected yet cannot tell a connect failure
-        (nothing was sent) from a connection lost mid-request; connecting first separates
-        the two (:meth:`hloserve.gateway.proxy.GatewayProxy.model_infer`).
-
-        Args:
-            worker: the worker endpoint.
-            timeout_s: longest wait for the connection, seconds.
-
-        Returns:
-            None when the channel is READY, else why not (the request was not sent).
-        """
-        channel = self._channels[worker]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        state = channel.get_state(try_to_connect=True)
-        while state != grpc.ChannelConnectivity.READY:
-            if state in (
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                grpc.ChannelConnectivity.SHUTDOWN,
-            ):
-                return "connection failed"
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return f"no connection within {timeout_s:g} s"
-            try:
-                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
-            except TimeoutError:
-                return f"no connection within {timeout_s:g} s"
-            state = channel.get_state(try_to_connect=True)
-        return None
-
-    async def alive(self, worker: str, timeout_s: float) -> bool:
-        """Whether ``worker`` is still connected and answers ``ServerLive`` with live: true."""
-        if self._channels[worker].get_state() != grpc.ChannelConnectivity.READY:
-            return False
-        request = service_pb2.ServerLiveRequest().SerializeToString()
-        try:
-            reply = await self.raw(worker, "ServerLive")(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(service_pb2.ServerLiveResponse.FromString(reply).live)
-
     async def close(self) -> None:
         """Close every channel."""
         await asyncio.gather(*(c.close() for c in self._channels.values()))

@@ -2,7 +2,8 @@
 
 The gateway forwards inference requests as the bytes the client sent and never re-marshals
 tensor payloads (as ReactantServer's gateway: it decodes the model name and id, plus one
-input's shape for lpt_packing; docs/gateway.md, "ReactantServer's gateway"). The bytes are
+input's shape for lpt_packing; hloserve reads the input shapes for its shape check;
+docs/gateway.md, "ReactantServer's gateway"). The bytes are
 parsed by protobuf against ``InferRequestHead`` (hloserve/protos/infer_head.proto): the field
 numbers of Triton's ``inference.ModelInferRequest`` with tensor payloads, parameters and
 requested outputs declared as opaque bytes, so those are kept as byte strings and never
@@ -12,7 +13,6 @@ a small request, 2.7 ms for a 20 MiB one (one copy of the payload bytes).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -29,8 +29,6 @@ class InferHead:
         model_name: ``model_name`` (field 1).
         model_version: ``model_version`` (field 2), "" when absent.
         request_id: ``id`` (field 3), "" when absent.
-        batch: leading extent of the batch input's shape, None when there is no such input
-            or it has no dimensions (then the request counts as 1 item).
         inputs: (name, shape) of every input tensor, in request order (shapes only; the
             tensor contents are never read).
     """
@@ -38,30 +36,20 @@ class InferHead:
     model_name: str
     model_version: str
     request_id: str
-    batch: int | None
     inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
-    def batch_of(self, batch_input: str | None) -> int | None:
-        """Leading extent of input ``batch_input`` (None: the first input); None if absent."""
-        for name, shape in self.inputs:
-            if batch_input is None or name == batch_input:
-                return shape[0] if shape else None
-        return None
 
-
-def peek_infer_request(data: bytes, batch_input: str | None = None) -> InferHead:
-    """Read model name, version, id, input shapes and batch extent from a ModelInferRequest.
+def peek_infer_request(data: bytes) -> InferHead:
+    """Read model name, version, id and input shapes from a ModelInferRequest.
 
     ``ModelReadyRequest``, ``ModelMetadataRequest`` and ``ModelConfigRequest`` carry the model
     name and version in the same fields (1 and 2), so their heads read the same way.
 
     Args:
         data: the request exactly as received.
-        batch_input: name of the input whose leading axis is the batch (Triton batches on
-            the leading axis of every input); None takes the first input.
 
     Returns:
-        The head of the request; ``batch`` is None when the input is absent or scalar.
+        The head of the request.
 
     Raises:
         InvalidArgumentError: the bytes are not a well-formed protobuf message.
@@ -71,8 +59,7 @@ def peek_infer_request(data: bytes, batch_input: str | None = None) -> InferHead
     except DecodeError as exc:
         raise InvalidArgumentError(f"inference request: malformed protobuf ({exc})") from None
     inputs = tuple((tensor.name, tuple(tensor.shape)) for tensor in message.inputs)
-    head = InferHead(message.model_name, message.model_version, message.id, None, inputs)
-    return dataclasses.replace(head, batch=head.batch_of(batch_input))
+    return InferHead(message.model_name, message.model_version, message.id, inputs)
 
 
 def check_shapes(head: InferHead, max_batch: int | None) -> None:

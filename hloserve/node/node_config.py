@@ -190,8 +190,7 @@ class NodeGatewayConfig(_Section):
             force it on or off.
         listen: its KServe V2 gRPC endpoint, host:port ("127.0.0.1:8001").
         http_listen: its KServe V2 HTTP endpoint, host:port ("127.0.0.1:8000", Triton's HTTP
-            port); null: gRPC only (needed with ``settings.data_plane: python``, which has no
-            HTTP).
+            port); null: gRPC only.
         admin_port: its /healthz, /readyz, /metrics port on the listen host (8002).
         settings: further :class:`hloserve.gateway.config.GatewayConfig` keys (``mode``,
             ``scheduling``, ``discovery``, ``upstream``, ``grpc``, ``tls``); ``workers``,

@@ -1,10 +1,9 @@
-"""Admission bounds and worker health probes of the gateway (docs/gateway.md, "Admission",
-"Health probes").
+"""Worker health probes of the gateway (docs/gateway.md, "Health probes"); the admission
+bound is HAProxy's (tests/gateway/test_haproxy.py).
 
-Pure logic first (Admission, HealthTracker, restrict_to_healthy), then the whole gateway
-(run_gateway) over fake gRPC workers on loopback: a request over a bound is refused with
-UNAVAILABLE naming the model; a worker failing its ServerReady probes leaves the table (its
-only model answers UNAVAILABLE, not NOT_FOUND) and returns when ready again.
+Pure logic first (HealthTracker, restrict_to_healthy), then the whole gateway (run_gateway)
+over fake gRPC workers on loopback: a worker failing its ServerReady probes leaves the table
+(its only model answers UNAVAILABLE, not NOT_FOUND) and returns when ready again.
 """
 
 from __future__ import annotations
@@ -21,34 +20,12 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from hloserve.errors import UnavailableError
-from hloserve.gateway.admission import Admission
 from hloserve.gateway.config import GatewayConfig
+from hloserve.gateway.discovery import discover_table
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
-from hloserve.gateway.proxy import Upstreams, channel_options, discover_table
 from hloserve.gateway.routing import ModelRoute, RoutingTable
+from hloserve.gateway.upstreams import Upstreams, channel_options
 from tests.gateway.test_proxy import LIMITS, FakeWorker, _start_gateway
-
-
-def test_admission_bounds_requests_and_items_per_model() -> None:
-    admission = Admission(max_requests=3, max_items_per_model=4)
-    a = admission.admit("m", 3)
-    with pytest.raises(UnavailableError, match=r"model 'm': request of 2 items exceeds .* 4 items"):
-        admission.admit("m", 2)
-    b = admission.admit("m", 1)  # exactly at the bound
-    c = admission.admit("other", 8)  # nothing of 'other' in flight: admitted alone
-    with pytest.raises(UnavailableError, match=r"model 'x'.*limit of 3 requests in flight"):
-        admission.admit("x", 1)
-    assert admission.refused == 2
-    admission.release(a)
-    admission.release(a)  # idempotent
-    assert admission.in_flight() == (2, {"m": 1, "other": 8})
-    for ticket in (b, c):
-        admission.release(ticket)
-    assert admission.in_flight() == (0, {})
-    unbounded = Admission()
-    tickets = [unbounded.admit("m", 100) for _ in range(50)]
-    assert unbounded.in_flight()[0] == len(tickets)
 
 
 def test_health_tracker_needs_consecutive_failures_and_one_success() -> None:
@@ -107,38 +84,6 @@ def _input(rows: int) -> triton_aio.InferInput:
     tensor = triton_aio.InferInput("IN", [rows, 3], "FP32")
     tensor.set_data_from_numpy(np.ones((rows, 3), np.float32))
     return tensor
-
-
-def test_gateway_refuses_over_the_item_bound_with_unavailable() -> None:
-    async def body() -> None:
-        worker = SlowWorker("w0", release=asyncio.Event())
-        server, endpoint = await _serve(worker)
-        config = GatewayConfig(workers=(endpoint,), admission={"max_inflight_items_per_model": 4})
-        stop = asyncio.Event()
-        task, port, admin = await _start_gateway(config, stop)
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            held = asyncio.ensure_future(client.infer("echo", [_input(4)]))
-            while worker.arrived == 0:  # admitted and forwarded (bounded by the timeout)
-                await asyncio.sleep(0.02)
-            with pytest.raises(InferenceServerException) as refused:
-                await client.infer("echo", [_input(1)])
-            assert refused.value.status() == "StatusCode.UNAVAILABLE"
-            assert "model 'echo'" in str(refused.value) and "4 items" in str(refused.value)
-            metrics = await asyncio.to_thread(_scrape, admin)
-            assert 'hloserve_gateway_admission_refused_total{model="echo"} 1.0' in metrics
-            worker.release.set()
-            assert (await held).as_numpy("OUT").shape == (4, 3)
-            ok = await client.infer("echo", [_input(4)])  # the bound frees with the answer
-            assert ok.as_numpy("OUT").shape == (4, 3)
-        finally:
-            worker.release.set()
-            await client.close()
-            stop.set()
-            await task
-            await server.stop(None)
-
-    asyncio.run(asyncio.wait_for(body(), timeout=60))
 
 
 def test_a_worker_failing_probes_leaves_the_table_and_returns() -> None:

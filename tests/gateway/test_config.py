@@ -34,7 +34,6 @@ def test_defaults_follow_reactantserver(tmp_path: Path) -> None:
     assert s.first_rebalance_compute_seconds == 60.0  # repack cadence
     assert s.routing_fill_factor == 1.0  # fill quantum
     assert s.routing_fill_mode == "run"  # fill mode
-    assert s.routing_policy == "fill_least"  # routing policy
     assert config.discovery.poll_interval_seconds == 10.0  # discovery interval
     assert config.upstream.request_timeout_seconds == 60.0  # per-call timeout
     assert config.grpc.max_recv_msg_bytes == MAX_GRPC_MESSAGE_BYTES == 2**31 - 1
@@ -53,7 +52,6 @@ scheduling:
   default_replicas: all
   hysteresis: 0.25
   routing_fill_mode: spread
-  routing_policy: fill_rr
   models:
     resnet: {replicas: 2, fill_mode: run, fill_factor: 2.0}
 discovery: {poll_interval_seconds: 1.5}
@@ -138,7 +136,7 @@ def test_env_typos_are_errors(name: str, expected: str) -> None:
         ("workers: [a:1]\nmode: fastest\n", "mode: "),
         ("workers: [a:1]\nscheduling: {hysteresis: 1.0}\n", "scheduling.hysteresis: "),
         ("workers: [a:1]\nscheduling: {default_replicas: 0}\n", "positive integer or 'all'"),
-        ("workers: [a:1]\nscheduling: {routing_policy: least_outstanding}\n", "routing_policy"),
+        ("workers: [a:1]\nscheduling: {routing_fill_mode: fill}\n", "routing_fill_mode"),
         ("workers: [a:1]\nscheduling: {routing_fill_factor: 0}\n", "routing_fill_factor"),
         ("workers: [a:1]\nscheduling: {rebalance_compute_seconds: 0}\n", "rebalance_compute"),
         ("workers: [a:1]\nlisten: 127.0.0.1:0\n", "listen: expected host:port"),
@@ -210,7 +208,6 @@ def test_docs_example_config_matches_the_code() -> None:
         "upstream",
         "grpc",
         "health",
-        "data_plane",
         "tls",
     ):
         assert shown[key] == defaults[key], key
@@ -228,8 +225,32 @@ def test_tls_and_http_settings_are_checked(tmp_path: Path) -> None:
         with_tls(config, tmp_path / "c.pem", None)
     tls = with_tls(config, tmp_path / "c.pem", tmp_path / "k.pem").tls
     assert tls is not None and tls.cert == tmp_path / "c.pem" and tls.client_ca is None
-    python = GatewayConfig(workers=("h:1",), data_plane="python")
-    with pytest.raises(GatewayConfigError, match="tls needs data_plane: haproxy"):
-        with_tls(python, tmp_path / "c.pem", tmp_path / "k.pem")
     with pytest.raises(ValueError, match="http_listen needs worker_http"):
         GatewayConfig(workers=("h:1",), http_listen="127.0.0.1:8000")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "data_plane: python\n",
+            "data_plane was removed: HAProxy is the only data plane",
+        ),
+        (
+            "admission: {max_inflight_items_per_model: 4}\n",
+            "admission: max_inflight_items_per_model was removed: HAProxy counts requests, not"
+            " items: use admission.max_inflight_requests_per_worker",
+        ),
+        (
+            "scheduling: {routing_policy: fill_rr}\n",
+            "scheduling: routing_policy was removed: HAProxy's balance algorithm follows"
+            " routing_fill_mode",
+        ),
+    ],
+)
+def test_keys_of_the_removed_python_data_plane_are_refused_naming_what_to_use(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    with pytest.raises(GatewayConfigError) as info:
+        load_config(_write(tmp_path, "workers: [a:1]\n" + text), environ={})
+    assert expected in str(info.value)

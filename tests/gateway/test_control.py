@@ -168,10 +168,13 @@ def test_fill_mode_and_knobs_change_live(
     assert status.knobs.routing_fill_factor == 2.0 and status.knobs.default_replicas.all
     b = next(m for m in status.models if m.name == "b")
     assert (b.fill_mode, b.fill_quantum) == ("spread", 8)
-    reply = lpt.SetKnobs(
-        pb.SetKnobsRequest(knobs=pb.Knobs(hysteresis=0.25, routing_policy="fill_rr"))
-    )
-    assert (reply.knobs.hysteresis, reply.knobs.routing_policy) == (0.25, "fill_rr")
+    reply = lpt.SetKnobs(pb.SetKnobsRequest(knobs=pb.Knobs(hysteresis=0.25)))
+    assert reply.knobs.hysteresis == 0.25
+    with pytest.raises(grpc.RpcError) as info:  # removed with the Python data plane
+        lpt.SetKnobs(pb.SetKnobsRequest(knobs=pb.Knobs(routing_policy="fill_rr")))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "routing_policy was removed" in info.value.details()
+    assert "routing_fill_mode" in info.value.details()
 
 
 def test_invalid_values_are_invalid_argument_naming_the_field(
@@ -182,9 +185,9 @@ def test_invalid_values_are_invalid_argument_naming_the_field(
     err = capsys.readouterr().err
     assert "error (INVALID_ARGUMENT): scheduling.hysteresis:" in err and "less than 1" in err
     with pytest.raises(grpc.RpcError) as info:  # all or nothing: the valid change is dropped
-        lpt.SetKnobs(pb.SetKnobsRequest(knobs=pb.Knobs(hysteresis=0.5, routing_policy="nope")))
+        lpt.SetKnobs(pb.SetKnobsRequest(knobs=pb.Knobs(hysteresis=0.5, routing_fill_mode="x")))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "scheduling.routing_policy" in info.value.details()
+    assert "scheduling.routing_fill_mode" in info.value.details()
     assert lpt.GetSchedulingStatus(pb.GetSchedulingStatusRequest()).knobs == before
     with pytest.raises(grpc.RpcError) as info:
         lpt.SetModelFillMode(pb.SetModelFillModeRequest(model="a", fill_mode="inflight"))

@@ -1,6 +1,6 @@
 """The HAProxy data plane over fake gRPC workers on loopback (docs/gateway.md, "Data plane").
 
-``run_gateway`` with the default ``data_plane: haproxy``: HAProxy carries ModelInfer by the
+``run_gateway``: HAProxy carries ModelInfer by the
 model name read from the request body; the Python servicer behind it answers the rest. The
 workers are the fake tritonservers of ``tests/gateway/test_proxy.py``; the client is
 tritonclient's stock ``grpc.aio`` client.
@@ -12,8 +12,6 @@ import asyncio
 import re
 import subprocess
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from hloserve.errors import UnavailableError
@@ -30,49 +27,12 @@ from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
 from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from tests.gateway.test_admission import SlowWorker, _scrape
-from tests.gateway.test_proxy import LIMITS, FakeWorker, _infer, _start_gateway, channel_options
+from tests.gateway.test_proxy import FakeWorker, Gateway, _infer, gateway
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
     reason="HAProxy is not installed (apt-get install haproxy; scripts/env.sh does it)",
 )
-
-
-@dataclass
-class Gateway:
-    workers: list[FakeWorker]
-    servers: list[grpc.aio.Server]
-    endpoints: list[str]
-    client: triton_aio.InferenceServerClient
-    port: int
-    admin: int
-
-
-@asynccontextmanager
-async def gateway(*workers: FakeWorker, **settings: Any) -> AsyncIterator[Gateway]:
-    """run_gateway (HAProxy data plane) over ``workers``; health probes every 60 s unless set."""
-    servers, endpoints = [], []
-    for worker in workers:
-        server = grpc.aio.server(options=channel_options(LIMITS))
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(worker, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        worker.server = server
-        servers.append(server)
-        endpoints.append(f"127.0.0.1:{port}")
-    data = {"workers": endpoints, "health": {"interval_seconds": 60.0}, **settings}
-    config = GatewayConfig.model_validate(data)
-    stop = asyncio.Event()
-    task, port, admin = await _start_gateway(config, stop)
-    client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        yield Gateway(list(workers), servers, endpoints, client, port, admin)
-    finally:
-        await client.close()
-        stop.set()
-        await task
-        for server in servers:
-            await server.stop(None)
 
 
 def run(test: Any) -> None:
@@ -109,10 +69,11 @@ def test_unknown_model_is_not_found_and_failed_model_unavailable_with_reasons() 
             with pytest.raises(InferenceServerException) as missing:
                 await g.client.infer("nope", [_input(1)])
             assert missing.value.status() == "StatusCode.NOT_FOUND"
-            assert "'nope' is not served by any worker" in str(missing.value)
+            assert "Request for unknown model: 'nope' is not found" in str(missing.value)
             with pytest.raises(InferenceServerException) as broken:
                 await g.client.infer("broken", [_input(1)])
-            assert broken.value.status() == "StatusCode.UNAVAILABLE"
+            assert broken.value.status() == "StatusCode.NOT_FOUND"
+            assert "'broken' has no available versions" in str(broken.value)
             assert "load failed: bad weights" in str(broken.value)
 
     run(body)
@@ -229,10 +190,6 @@ def test_layout_maps_models_to_backends_per_worker_set() -> None:
     spread = config.scheduling.model_copy(update={"routing_fill_mode": "spread"})
     assert plan_layout(table, config, spread).backends[1].balance == "leastconn"
     assert not layout.same_backends(plan_layout(table, config, spread))
-    items = GatewayConfig.model_validate(
-        {"workers": config.workers, "admission": {"max_inflight_items_per_model": 4}}
-    )
-    assert plan_layout(table, items).models == {}  # the Python data path counts items
     assert CONTROL_BACKEND not in layout.models.values()
 
 
@@ -356,7 +313,7 @@ def test_a_stream_to_an_unknown_model_is_not_found() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
                 await _stream(g, "nope", 1)
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
-            assert "'nope' is not served by any worker" in (info.value.details() or "")
+            assert "Request for unknown model: 'nope' is not found" in (info.value.details() or "")
 
     run(body)
 

@@ -14,7 +14,10 @@ import pytest
 pytest.importorskip("tritonclient.grpc")
 
 from hloserve import names
-from tests.gateway.test_proxy import FakeWorker, fleet, run
+from hloserve.gateway.discovery import discover_table
+from hloserve.gateway.routing import RoutingTable
+from hloserve.gateway.upstreams import Upstreams
+from tests.gateway.test_proxy import LIMITS, FakeWorker, gateway, run
 
 
 @dataclass
@@ -30,27 +33,49 @@ class MetaWorker(FakeWorker):
         return response
 
 
+async def _discovered(endpoints: list[str]) -> RoutingTable:
+    upstreams = Upstreams(endpoints, LIMITS)
+    try:
+        return await discover_table(upstreams, 5.0)
+    finally:
+        await upstreams.close()
+
+
 def test_meta_is_routed_only_to_workers_with_its_whole_group() -> None:
     async def body() -> None:
-        async with fleet(
+        async with gateway(
             MetaWorker("w0", ("cascade", "fast")),  # lacks strong
             MetaWorker("w1", ("cascade", "fast", "strong")),
             MetaWorker("w2", ("cascade", "fast", "strong")),
-        ) as f:
-            table = f.router.table
+        ) as g:
+            table = await _discovered(g.endpoints)
             _, w1, w2 = table.get("fast").replicas  # plain models keep every replica
             assert table.get("cascade").replicas == (w1, w2)
             assert table.get("cascade").max_batch is None
+            for _ in range(4):  # HAProxy's backend for cascade holds w1 and w2 only
+                answer = await g.client.infer("cascade", [_input()])
+                assert answer.get_response().parameters["worker"].string_param in ("w1", "w2")
 
     run(body)
 
 
 def test_meta_without_a_whole_group_anywhere_keeps_its_replicas() -> None:
     async def body() -> None:
-        async with fleet(MetaWorker("w0", ("cascade", "fast"))) as f:
-            assert len(f.router.table.get("cascade").replicas) == 1
+        async with gateway(MetaWorker("w0", ("cascade", "fast"))) as g:
+            assert len((await _discovered(g.endpoints)).get("cascade").replicas) == 1
+            answer = await g.client.infer("cascade", [_input()])
+            assert answer.get_response().parameters["worker"].string_param == "w0"
 
     run(body)
+
+
+def _input() -> Any:
+    import numpy as np
+    import tritonclient.grpc.aio as triton_aio
+
+    tensor = triton_aio.InferInput("IN", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    return tensor
 
 
 def test_lpt_packing_places_a_meta_with_its_group_footprint_and_callees() -> None:

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("tritonclient.grpc")
 
 from hloserve.gateway.model_control import Action, ModelControl
-from hloserve.gateway.routing import ModelRoute, RoundRobinScheduler, Router, RoutingTable
+from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 
 WORKERS = ("w0", "w1", "w2")
 
@@ -35,7 +35,7 @@ class Given(ModelControl):
             workers = WORKERS
 
         upstreams: Any = Workers()
-        super().__init__(Router(RoundRobinScheduler(), table), upstreams, 1.0, None, place)
+        super().__init__(Router(table), upstreams, 1.0, None, place)
         self.given = {w: dict(i) for w, i in indexes.items()}
         self.metas = dict(metas or {})
         self.refuse = set(refuse)

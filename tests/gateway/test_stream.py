@@ -85,7 +85,9 @@ def test_streams_go_through_haproxy_by_their_first_message(
             assert [error for _, error in answers] == [None] * 4
             assert [r.get_response().id for r, _ in answers] == ["s0", "s1", "s2", "s3"]
             for (result, _), logits in zip(answers, expected, strict=True):
-                np.testing.assert_array_equal(result.as_numpy("logits"), logits)
+                # a message the worker's dynamic batcher runs together with the next one is
+                # computed by another batch size's executable: equal up to float rounding
+                np.testing.assert_allclose(result.as_numpy("logits"), logits, rtol=1e-4)
         assert _sessions(admin_port, "m_digits") == before + 2  # HAProxy carried both
 
         # The gateway ends a stream to an unknown model with NOT_FOUND (the aio client, which
@@ -97,7 +99,7 @@ def test_streams_go_through_haproxy_by_their_first_message(
         assert error.status() == "StatusCode.CANCELLED", error
         assert "RST_STREAM with error code 8" in str(error)
         answers = _stream(gateway, "digits", 1)  # the gateway serves on
-        np.testing.assert_array_equal(answers[0][0].as_numpy("logits"), expected[0])
+        np.testing.assert_allclose(answers[0][0].as_numpy("logits"), expected[0], rtol=1e-4)
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]

@@ -188,6 +188,72 @@ def test_system_shared_memory_end_to_end_through_the_gateway(
             region.unlink()
 
 
+def _refusal(client: Any, model: str, tensor: Any, version: str = "") -> tuple[str, str]:
+    """(status, message) of the InferenceServerException ``client.infer`` raises."""
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(model, [tensor], model_version=version)
+    return str(info.value.status()), str(info.value.message())
+
+
+def test_the_gateways_own_errors_are_in_tritons_words(
+    fleet: tuple[list[TritonServer], Any, str],
+) -> None:
+    """An unknown model, an unknown version (gRPC and KServe HTTP) and a model unloaded on
+    every worker (gRPC): the gateway answers with the status and text a real tritonserver
+    gives for the same condition, read from one of the workers in this run (the unloaded
+    model's text is followed by the workers' reasons). Runs before the stopped worker."""
+    import tritonclient.http as httpclient
+
+    from hloserve.node.model_control import grpc_metadata, local_key
+
+    servers, gateway, http = fleet
+    direct = grpcclient.InferenceServerClient(servers[0].urls.grpc)
+    clients = {
+        "grpc": (gateway, direct),
+        "http": (
+            httpclient.InferenceServerClient(http),
+            httpclient.InferenceServerClient(servers[0].urls.http),
+        ),
+    }
+    modules = {"grpc": grpcclient, "http": httpclient}
+    for protocol, (through, worker) in clients.items():
+        tensor = modules[protocol].InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        for model, version in (("nope", ""), ("affine", "7")):
+            triton = _refusal(worker, model, tensor, version)
+            assert _refusal(through, model, tensor, version) == triton, (protocol, model)
+        assert _refusal(through, "nope", tensor)[1] == (
+            "Request for unknown model: 'nope' is not found"
+        )
+    key = dict(grpc_metadata(local_key()))
+    tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    gateway.unload_model("affine", headers=key)  # every worker; the gateway rediscovers
+    try:
+        triton = _refusal(direct, "affine", tensor)
+        assert triton == (
+            "StatusCode.NOT_FOUND",
+            "Request for unknown model: 'affine' has no available versions",
+        )
+        deadline = time.monotonic() + 10.0
+        while True:  # a worker answers until HAProxy's map drops the model (0.5 s sync)
+            status, message = _refusal(gateway, "affine", tensor)
+            assert status == triton[0] and message.startswith(triton[1]), message
+            if message != triton[1] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert message.startswith(triton[1] + " (worker "), message  # the gateway's own
+    finally:
+        gateway.load_model("affine", headers=key)
+        deadline = time.monotonic() + 60.0
+        while not gateway.is_model_ready("affine") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(_affine(gateway, x), _affine(direct, x))  # served again
+
+
 def test_a_stopped_worker_fails_over(fleet: tuple[list[TritonServer], Any, str]) -> None:
     """With one worker stopped every request still succeeds (runs last: it stops one)."""
     servers, gateway, _ = fleet

@@ -19,20 +19,12 @@ def _request(**inputs: list[int]) -> bytes:
     return request.SerializeToString()
 
 
-def test_reads_name_version_id_and_batch() -> None:
+def test_reads_name_version_id_and_input_shapes() -> None:
     head = peek_infer_request(_request(x=[5, 28, 28], y=[7, 2]))
     assert (head.model_name, head.model_version, head.request_id) == ("digits", "3", "r-7")
-    assert head.batch == 5
-
-
-def test_batch_by_input_name() -> None:
-    assert peek_infer_request(_request(x=[5, 28], y=[7, 2]), batch_input="y").batch == 7
-    assert peek_infer_request(_request(x=[5, 28]), batch_input="z").batch is None
-
-
-def test_no_inputs_or_scalar_input() -> None:
-    assert peek_infer_request(_request()).batch is None
-    assert peek_infer_request(_request(x=[])).batch is None
+    assert head.inputs == (("x", (5, 28, 28)), ("y", (7, 2)))
+    assert peek_infer_request(_request()).inputs == ()
+    assert peek_infer_request(_request(x=[])).inputs == (("x", ()),)
 
 
 def test_unpacked_shape_is_read_too() -> None:
@@ -40,13 +32,13 @@ def test_unpacked_shape_is_read_too() -> None:
     tensor = b"\x0a\x01x" + b"\x18\x04" + b"\x18\x09"
     data = b"\x0a\x01m" + b"\x2a" + bytes([len(tensor)]) + tensor
     head = peek_infer_request(data)
-    assert head.model_name == "m" and head.batch == 4
+    assert head.model_name == "m" and head.inputs == (("x", (4, 9)),)
 
 
 def test_large_payload_is_skipped() -> None:
     request = _request(x=[1, 20 * 1024 * 1024 // 4])
     assert len(request) > 20 * 1024 * 1024
-    assert peek_infer_request(request).batch == 1
+    assert peek_infer_request(request).inputs == (("x", (1, 20 * 1024 * 1024 // 4)),)
 
 
 @pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\x0a", b"\x0f", b"\x08\xff"])
@@ -102,4 +94,4 @@ def test_model_ready_metadata_and_config_requests_read_the_same_way() -> None:
         service_pb2.ModelConfigRequest(name="digits", version="2"),
     ):
         head = peek_infer_request(message.SerializeToString())
-        assert (head.model_name, head.model_version, head.batch) == ("digits", "2", None)
+        assert (head.model_name, head.model_version, head.inputs) == ("digits", "2", ())

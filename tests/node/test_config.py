@@ -433,7 +433,7 @@ def test_node_gateway_gets_every_worker_http_endpoint(tmp_path: Path) -> None:
         {
             "repository": tmp_path,
             "cpu_workers": 2,
-            "gateway": {"http_listen": None, "settings": {"data_plane": "python"}},
+            "gateway": {"http_listen": None},
         }
     )
     assert gateway_config(off, plan_workers(off)).http_listen is None
