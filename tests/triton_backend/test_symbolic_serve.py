@@ -86,11 +86,13 @@ def test_digits_symbolic_equals_fixed(grpc: Any, digits_model: Any, digits_param
         images = rng.random((rows, 8, 8, 1), dtype=np.float32)
         got = _logits(grpc, "digits_sym", images)
         if rows <= 32:  # the fixed bundle pads 5 rows to 8
+            # rtol: the scheduler may run these rows as other compiled sizes in each bundle
+            # (docs/serving.md, coalescing rule): float32 sums in another order, ~1 ULP
             want = _logits(grpc, "digits", images)
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         else:  # only the symbolic bundle has 64; the JAX model is the reference
             want = np.asarray(digits_model.apply(digits_params, images))
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert got.shape == (rows, 10)
 
 
