@@ -106,8 +106,8 @@ def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
 class ProcessWorkers:
     """Local tritonservers, one per planned worker, watched and restarted by this process.
 
-    The process runtime of ``hloserve node up`` and of ``hloserve serve --workers N``
-    (:class:`~hloserve.node.fleet.LocalFleet`).
+    The process runtime of ``hloserve node up`` and ``hloserve serve``
+    (:class:`~hloserve.node.supervisor.Node`).
 
     Args:
         options: each worker's server options (distinct ports), used as given except the log
@@ -185,7 +185,12 @@ class ProcessWorkers:
                 follower.start()
                 self._logs.append(follower)
             if self.devices is not None:
-                self.report(f"{self._prefix}: worker {i} pid {server.pid} ({self.devices[i]})")
+                u = server.urls
+                self.report(
+                    f"{self._prefix}: worker {i} tritonserver (pid {server.pid}) on "
+                    f"{self.devices[i]}: HTTP http://{u.http}  gRPC {u.grpc}  "
+                    f"metrics http://{u.metrics}/metrics"
+                )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
         """Wait until every worker answers ``/v2/health/ready``; then the stub watchdogs start.

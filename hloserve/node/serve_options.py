@@ -1,12 +1,14 @@
 """The settings of ``hloserve serve`` (:class:`ServeOptions`), their checks, and the
 tritonserver options they make (:func:`server_options`).
 
-Pure planning: nothing here starts a process; :mod:`hloserve.node.serve` runs the server and
-:mod:`hloserve.node.serve_fleet` the ``--workers N`` fleet (docs/serving.md).
+Pure planning: nothing here starts a process. :func:`serve_plan` makes the node plan that
+:func:`hloserve.node.supervisor.run_node` runs, as for ``hloserve node up`` (docs/serving.md,
+docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.node.plan import SERVING_FLAGS, with_dependencies
-from hloserve.node.ports import check_ports_free
+from hloserve.node.plan import SERVING_FLAGS, NodePlan, with_dependencies
+from hloserve.node.ports import check_ports_free, free_port
 from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
@@ -85,6 +87,9 @@ class ServeOptions:
         startup_timeout_s: seconds to wait for every model to load and warm up.
         workers: tritonserver processes; above 1 the gateway listens on ``grpc_port`` (its
             admin HTTP port on ``metrics_port``) and the workers on ``worker_port_base``.
+            None = one per GPU of ``gpus`` (:func:`~hloserve.node.plan.assign_gpus`).
+        gpus: ``"all"``, ``"none"`` (CPU workers) or GPU indices ``"0,1"``; None = every
+            visible GPU, or the first ``workers`` of them.
         worker_port_base: worker i binds HTTP, gRPC and metrics on ``base + 3i`` .. ``+ 2``;
             0 = free ports. Used only with ``workers`` > 1.
         gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
@@ -119,7 +124,8 @@ class ServeOptions:
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    workers: int = 1
+    workers: int | None = None
+    gpus: str | None = None
     worker_port_base: int = 8100
     gateway_config: Path | None = None
     tls_cert: Path | None = None
@@ -253,8 +259,85 @@ def build_flags_set(options: ServeOptions) -> list[str]:
     return [flag for flag, set_ in given.items() if set_]
 
 
-def check_options(options: ServeOptions) -> None:
+def serve_gpus(options: ServeOptions) -> list[int | None]:
+    """Each worker's GPU (None: CPU) from ``--gpus``, ``--workers`` and the visible GPUs.
+
+    Raises:
+        InvalidArgumentError, GpuNotFoundError: see :func:`~hloserve.node.plan.assign_gpus`.
+    """
+    from hloserve.node.plan import assign_gpus, detect_gpus
+
+    return assign_gpus(options.gpus, options.workers, detect_gpus())
+
+
+def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | None]) -> NodePlan:
+    """The node ``serve`` runs: one tritonserver per entry of ``gpus`` (:func:`serve_gpus`),
+    on the public ports when there is one, else on the worker ports behind the gateway.
+
+    Raises:
+        InvalidArgumentError: a worker port clashes with the gateway's, or leaves 1..65535.
+        GatewayConfigError: ``--gateway-config`` is invalid.
+    """
+    from hloserve.node.model_control import launcher_key
+    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_env
+
+    if options.model_control_key is None:  # one key for every worker
+        options = dataclasses.replace(options, model_control_key=launcher_key())
+    gateway = None
+    if len(gpus) == 1:
+        ports = [(options.http_port, options.grpc_port, options.metrics_port)]
+    else:
+        from hloserve.node.plan import worker_ports
+
+        if options.grpc_port == 0:
+            options = dataclasses.replace(options, grpc_port=free_port(options.host))
+        if options.http_port == 0:
+            options = dataclasses.replace(options, http_port=free_port(options.host))
+        planned = worker_ports(len(gpus), options.worker_port_base, options.host)
+        check_worker_ports(options, planned)
+        ports = [(p.http, p.grpc, p.metrics) for p in planned]
+    servers = []
+    for i, ((http, grpc, metrics), gpu) in enumerate(zip(ports, gpus, strict=True)):
+        worker = dataclasses.replace(options, http_port=http, grpc_port=grpc, metrics_port=metrics)
+        servers.append(
+            dataclasses.replace(
+                server_options(worker, repository),
+                env=worker_env(WorkerPlan(i, gpu, http, grpc, metrics), docker=False),
+                die_with_parent=True,
+            )
+        )
+    if len(gpus) > 1:
+        from hloserve.gateway.config import with_tls
+
+        gateway = with_tls(
+            fleet_gateway_config(
+                servers,
+                f"{options.host}:{options.grpc_port}",
+                options.metrics_port,
+                options.gateway_config,
+                http_listen=f"{options.host}:{options.http_port}",
+            ),
+            options.tls_cert,
+            options.tls_key,
+            options.tls_client_ca,
+        )
+    return NodePlan(
+        servers=tuple(servers),
+        gateway=gateway,
+        devices=tuple(device_name(g) for g in gpus),
+        name=f"serve-{options.grpc_port}",
+        host=options.host,
+        admin_port=options.admin_port,
+        startup_timeout_s=options.startup_timeout_s,
+    )
+
+
+def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = None) -> None:
     """Refuse bad settings before anything is built or started.
+
+    Args:
+        options: the settings.
+        gpus: each worker's GPU (:func:`serve_gpus`); None works it out.
 
     Raises:
         InvalidArgumentError: --load-model without explicit mode, --workers,
@@ -269,8 +352,7 @@ def check_options(options: ServeOptions) -> None:
     check_passthrough(options.tritonserver_args)
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
-    if options.workers < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
+    workers = len(serve_gpus(options) if gpus is None else gpus)
     if options.front_instances < 1:
         raise InvalidArgumentError(
             f"--front-instances must be at least 1, got {options.front_instances}"
@@ -279,9 +361,9 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError(
             f"--max-request-bytes must be at least 1, got {options.max_request_bytes}"
         )
-    if options.gateway_config is not None and options.workers == 1:
+    if options.gateway_config is not None and workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
-    if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
+    if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     if options.watch:
         from hloserve.node.watch import check_watch_options
@@ -315,7 +397,7 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError(
             f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
         )
-    if options.workers == 1:
+    if workers == 1:
         ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
         ports["metrics"] = options.metrics_port
         for endpoint, port in ports.items():
@@ -344,9 +426,9 @@ def check_options(options: ServeOptions) -> None:
     if options.worker_port_base:
         from hloserve.node.plan import worker_ports
 
-        workers = worker_ports(options.workers, options.worker_port_base, options.host)
-        check_worker_ports(options, workers)
-        for i, w in enumerate(workers):
+        planned = worker_ports(workers, options.worker_port_base, options.host)
+        check_worker_ports(options, planned)
+        for i, w in enumerate(planned):
             endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
             check_ports_free(options.host, endpoints, f"worker {i} ")
 

@@ -71,7 +71,7 @@ GOLDEN_WORKER_2 = {
         "--backend-config=python,shm-region-prefix-name=hloserve-gpunode-w2-",
     ],
     "labels": {"hloserve.node": "gpunode", "hloserve.worker": "2", "hloserve.gpu": "2"},
-    "environment": {"HLOSERVE_LOG": "info"},
+    "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HLOSERVE_LOG": "info"},
     "network_mode": "host",
     "ipc_mode": "private",
     "shm_size": "2g",
@@ -145,7 +145,11 @@ def test_cpu_worker_spec_has_no_device_request_and_hides_gpus(tmp_path: Path) ->
     config = NodeConfig(repository=tmp_path, runtime="docker", cpu_workers=2)
     spec = container_spec(config, plan_workers(config)[1])
     assert spec["device_requests"] == []
-    assert spec["environment"] == {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    assert spec["environment"] == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "",
+        "JAX_PLATFORMS": "cpu",
+    }
     assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 5}
 
 
@@ -237,8 +241,11 @@ def test_gpu_asked_for_but_none_present(gpu_node: NodeConfig) -> None:
 
 
 def test_process_workers_see_only_their_gpu() -> None:
-    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=False) == {"CUDA_VISIBLE_DEVICES": "3"}
-    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {}
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=False) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "3",
+    }
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_env_overrides_use_the_gateway_scheme(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_a_load_without_the_key_is_refused_and_the_watchdog_reload_works(
     try:
         pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
         server_pid = int(re.findall(r"\d+", pid_line)[0])
-        http_line = wait_for_line(log, r"HTTP    http://\S+", proc, 10)
+        http_line = wait_for_line(log, r"HTTP +http://\S+", proc, 10)
         http_port = int(http_line.rsplit(":", 1)[1])
         wait_for_line(log, r"hloserve: ready after", proc, 240)
         # Clients reach the server over loopback only, whatever address it binds.

@@ -82,8 +82,10 @@ def test_split(digits_model: Any, digits_params: Any) -> tuple[np.ndarray, np.nd
 
 
 def worker_pid(node: NodeProcess, index: int) -> int:
-    lines = [ln for ln in node.log_text().splitlines() if f"worker {index} pid " in ln]
-    return int(lines[-1].split(" pid ")[1].split()[0])
+    lines = [
+        ln for ln in node.log_text().splitlines() if f"worker {index} tritonserver (pid " in ln
+    ]
+    return int(lines[-1].split("(pid ")[1].split(")")[0])
 
 
 def test_two_process_workers_serve_digits_through_the_gateway(

@@ -102,7 +102,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         text = log.read_text()
-        pids = [int(p) for p in re.findall(r"worker \d \(pid (\d+)\)", text)]
+        pids = [int(p) for p in re.findall(r"worker \d tritonserver \(pid (\d+)\)", text)]
         assert len(pids) == 2, text
         assert f"gateway gRPC    127.0.0.1:{grpc_port}" in text
         assert f"http://127.0.0.1:{admin_port}/metrics" in text
@@ -298,7 +298,10 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         workers = [
-            m.group(1) for m in re.finditer(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", log.read_text())
+            m.group(1)
+            for m in re.finditer(
+                r"worker \d+ tritonserver \(pid \d+\).*gRPC (\S+)", log.read_text()
+            )
         ]
         assert len(workers) == 2, log.read_text()[-3000:]
         gateway = f"127.0.0.1:{grpc_port}"

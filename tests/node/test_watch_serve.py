@@ -264,7 +264,7 @@ def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
     try:
         serve.wait_for(r"hloserve: ready after", 300)
         serve.wait_for(r"watching .* every 0.5 s", 10)
-        workers = re.findall(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", serve.text())
+        workers = re.findall(r"worker \d+ tritonserver \(pid \d+\).*gRPC (\S+)", serve.text())
         assert len(workers) == 2, serve.text()[-3000:]
         clients = [grpcclient.InferenceServerClient(w) for w in workers]
         old_y = infer(clients[0], "a")

@@ -1,0 +1,110 @@
+"""GPU assignment of ``serve`` and ``node up``: one worker per GPU, each seeing only its GPU.
+
+GPU detection is faked only at the ``nvidia-smi`` boundary: a script on PATH answering
+``--query-gpu=index,uuid`` as the real one does (NVML's ``pynvml`` is not installed here).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from hloserve.errors import GpuNotFoundError, InvalidArgumentError
+from hloserve.node.plan import assign_gpus, detect_gpus
+from hloserve.node.procfs import session_pids
+
+UUIDS = ("GPU-0a1b2c3d-0000-0000-0000-000000000000", "GPU-0a1b2c3d-1111-1111-1111-111111111111")
+
+
+def fake_nvidia_smi(directory: Path, count: int = 2) -> Path:
+    """An ``nvidia-smi`` in ``directory`` listing ``count`` (at most 2) GPUs: index, uuid."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    lines = "".join(f"{i}, {UUIDS[i]}\\n" for i in range(count))
+    script.write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return directory
+
+
+@pytest.fixture
+def two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = fake_nvidia_smi(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    return bin_dir
+
+
+def test_detection_reads_nvidia_smi_and_inherited_visible_devices(two_gpus: Path) -> None:
+    assert detect_gpus({}) == (0, 1)
+    assert detect_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == (1,)
+    assert detect_gpus({"CUDA_VISIBLE_DEVICES": f"{UUIDS[1]},0"}) == (1, 0)
+    assert detect_gpus({"CUDA_VISIBLE_DEVICES": ""}) == ()
+    assert detect_gpus({"CUDA_VISIBLE_DEVICES": "0,7,1"}) == (0,)  # CUDA stops at 7
+
+
+def test_assignment_follows_gpus_and_workers() -> None:
+    assert assign_gpus(None, None, (0, 1)) == [0, 1]  # one worker per visible GPU
+    assert assign_gpus(None, None, ()) == [None]  # no GPU: one CPU worker
+    assert assign_gpus(None, 1, (0, 1)) == [0]  # --workers alone: the first N
+    assert assign_gpus(None, 3, ()) == [None] * 3
+    assert assign_gpus("all", None, (2, 3)) == [2, 3]
+    assert assign_gpus("1", None, (0, 1)) == [1]
+    assert assign_gpus("none", 2, (0, 1)) == [None, None]
+    assert assign_gpus("0,1", 2, (0, 1)) == [0, 1]
+    with pytest.raises(InvalidArgumentError, match=r"--workers 3 and --gpus 0,1 .* disagree"):
+        assign_gpus("0,1", 3, (0, 1))
+    with pytest.raises(InvalidArgumentError, match=r"--workers 3 but 2 GPU\(s\) visible"):
+        assign_gpus(None, 3, (0, 1))
+    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but the visible GPUs are 0,1"):
+        assign_gpus("0,5", None, (0, 1))
+    with pytest.raises(GpuNotFoundError, match="no GPU visible"):
+        assign_gpus("all", None, ())
+    with pytest.raises(InvalidArgumentError, match="all, none or indices"):
+        assign_gpus("first", None, (0,))
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+
+
+@pytest.mark.tritonserver
+@pytest.mark.timeout(420)
+def test_each_worker_and_every_stub_sees_only_its_gpu(two_gpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient.grpc")
+    from tests.conftest import GOLDEN
+    from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
+
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
+    log = tmp_path / "serve.log"
+    proc, *_ = serve_two_workers(bundles, log, "--gpus", "0,1")
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 360)
+        text = log.read_text()
+        workers = dict(re.findall(r"worker (\d) tritonserver \(pid (\d+)\) on GPU", text))
+        assert sorted(workers) == ["0", "1"], text
+        for index, server in workers.items():
+            members = session_pids(int(server))
+            stubs = [p for p in members if b"python_backend_stub" in _cmdline(p)]
+            assert len(stubs) >= 2, (index, members)  # the runtime and the front at least
+            for pid in members:
+                env = _environ(pid)
+                assert env.get("CUDA_VISIBLE_DEVICES") == index, (index, pid, _cmdline(pid))
+                assert env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", (index, pid)
+                assert "JAX_PLATFORMS" not in env, (index, pid)  # GPU workers: the runtime's GPU
+    finally:
+        stop_serve(proc)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
