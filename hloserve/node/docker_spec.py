@@ -70,13 +70,13 @@ def worker_command(
             f"--grpc-port={worker.grpc_port}",
             f"--metrics-port={worker.metrics_port}",
             f"--model-control-mode={t.model_control_mode}",
-            *(f"--load-model={m}" for m in t.load_models),
+            *(f"--load-model={m}" for m in t.loads),
             f"--log-verbose={t.log_verbose}",
             f"--startup-timeout={t.startup_timeout_s:g}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
-    if t.load_models and "*" not in t.load_models:
-        loads = with_dependencies(config.repository, t.load_models)
+    if t.loads and "*" not in t.loads:
+        loads = with_dependencies(config.repository, t.loads)
         config = config.model_copy(
             update={"tritonserver": t.model_copy(update={"load_models": loads})}
         )

@@ -58,7 +58,7 @@ def process_options(
             metrics_port=worker.metrics_port,
             host=config.host,
             model_control_mode=t.model_control_mode,
-            load_models=t.load_models,
+            load_models=t.loads,
             model_control_key=model_control_key,
             tritonserver_args=t.args,
             log_verbose=t.log_verbose,

@@ -294,7 +294,7 @@ def tritonserver_flags(
     from hloserve import names
 
     t = config.tritonserver
-    load = tuple(t.load_models)
+    load = t.loads
     if load and "*" not in load and names.RUNTIME_MODEL not in load:
         load += (names.RUNTIME_MODEL,)
     explicit = t.model_control_mode == "explicit"

@@ -104,8 +104,16 @@ def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path:
         key = gateway_config(config, plan, KEY).upstream.model_control_key
         assert key.get_secret_value() == KEY
     default = NodeConfig.model_validate({"repository": tmp_path, "cpu_workers": 1})
-    worker = plan_workers(default)[0]
-    assert not [f for f in tritonserver_flags(default, worker, KEY) if "restricted" in f]
+    worker = plan_workers(default)[0]  # node up's default is serve's: explicit, restricted
+    assert set(restricted_flags(KEY)) | {"--load-model=*"} <= set(
+        tritonserver_flags(default, worker, KEY)
+    )
+    none = default.model_copy(
+        update={
+            "tritonserver": default.tritonserver.model_copy(update={"model_control_mode": "none"})
+        }
+    )
+    assert not [f for f in tritonserver_flags(none, worker, KEY) if "restricted" in f]
 
 
 @pytest.mark.tritonserver
