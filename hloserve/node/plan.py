@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -503,6 +503,19 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
     if names.RUNTIME_MODEL not in result:
         result.append(names.RUNTIME_MODEL)
     return tuple(result)
+
+
+def runtime_first(options: TritonServerOptions) -> tuple[TritonServerOptions, tuple[str, ...]]:
+    """Explicit-mode options that load only the runtime model at start, and the models to
+    load through the repository API once the server is ready (so every front finds the runtime
+    serving when it initializes). Other options are returned as they are, with nothing after.
+    """
+    from hloserve.names import RUNTIME_MODEL
+
+    later = tuple(m for m in options.load_models if m != RUNTIME_MODEL)
+    if options.model_control_mode != "explicit" or not later:
+        return options, ()
+    return replace(options, load_models=(RUNTIME_MODEL,)), later
 
 
 def describe_exit(code: int) -> str:

@@ -22,12 +22,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
 from hloserve.errors import HloserveError, TritonServerError
 from hloserve.node.node_config import RestartConfig
-from hloserve.node.plan import describe_exit, restart_allowed
+from hloserve.node.plan import describe_exit, restart_allowed, runtime_first
 from hloserve.node.triton_options import TritonServerOptions
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
@@ -153,7 +154,8 @@ class ProcessWorkers:
         self.on_restart = on_restart
         self.on_stub_reload = on_stub_reload
         self._run_dir: Path | None = None
-        self.options = list(options)
+        self.options = [runtime_first(o)[0] for o in options]
+        self._then_load = [runtime_first(o)[1] for o in options]
         if follow_logs:
             self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
             self.options = [
@@ -193,7 +195,9 @@ class ProcessWorkers:
                 )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
-        """Wait until every worker answers ``/v2/health/ready``; then the stub watchdogs start.
+        """Wait until every worker answers ``/v2/health/ready``, load the models each loads
+        through the repository API (:func:`~hloserve.node.plan.runtime_first`: the runtime
+        model came first), then start the stub watchdogs.
 
         Returns:
             Seconds waited, or None when ``stop`` was set first.
@@ -201,10 +205,21 @@ class ProcessWorkers:
         Raises:
             TritonServerError: a worker exited or did not get ready in time (its log tail).
         """
-        waited = wait_all_ready(self.servers, self.startup_timeout_s, stop)
-        if waited is not None:
-            self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
-        return waited
+        start = time.monotonic()
+        if wait_all_ready(self.servers, self.startup_timeout_s, stop) is None:
+            return None
+        with ThreadPoolExecutor(len(self.servers)) as pool:  # every worker at once
+            list(pool.map(self._load_rest, range(len(self.servers)), self.servers))
+        self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
+        return time.monotonic() - start
+
+    def _load_rest(self, i: int, server: TritonServer) -> None:
+        """Load what worker ``i`` loads once ready (:func:`~hloserve.node.plan.runtime_first`)."""
+        if self._then_load[i]:
+            from hloserve.node.model_control_client import load_all
+
+            key = server.options.model_control_key
+            load_all(server.urls.http, key, self._then_load[i], self.startup_timeout_s)
 
     def _watchdog(self, i: int, server: TritonServer) -> StubWatchdog:
         def reloaded(model: str) -> None:
@@ -307,6 +322,7 @@ class ProcessWorkers:
             return 0.0
         if wait:
             waited = replacement.wait_ready(timeout_s)
+            self._load_rest(i, replacement)
             self._watchdogs[i] = self._watchdog(i, replacement)
             return waited
         threading.Thread(target=self._watch_when_ready, args=(i, replacement), daemon=True).start()
@@ -315,6 +331,7 @@ class ProcessWorkers:
     def _watch_when_ready(self, i: int, server: TritonServer) -> None:
         with contextlib.suppress(HloserveError):
             server.wait_ready(self.startup_timeout_s)
+            self._load_rest(i, server)
             if i < len(self.servers) and self.servers[i] is server and server.is_running():
                 self._watchdogs[i] = self._watchdog(i, server)
 

@@ -108,3 +108,46 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _documented_commands() -> list[tuple[dict[str, str], list[str], str]]:
+    """docs/deployment.md's "GPUs and workers" table: (environment, serve's arguments, workers)."""
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    table = text.split("<!-- gpu-table:", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[3:]:
+        command, workers = (cell.strip().strip("`") for cell in line.strip("|").split("|"))
+        words = command.split()
+        env = dict(w.split("=", 1) for w in words[: words.index("hloserve")])
+        rows.append((env, words[words.index("serve") + 1 :], workers))
+    return rows
+
+
+def test_the_documented_gpu_commands_give_the_documented_workers(
+    two_gpus: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from hloserve.cli import build_parser
+    from hloserve.errors import HloserveError
+    from hloserve.node.plan import device_name
+    from hloserve.node.serve_options import ServeOptions, serve_gpus
+
+    rows = _documented_commands()
+    assert len(rows) >= 6
+    for env, args, expected in rows:
+        with monkeypatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            parsed = build_parser().parse_args(["serve", *args])
+            options = ServeOptions(path=tmp_path, workers=parsed.workers, gpus=parsed.gpus)
+            try:
+                gpus = serve_gpus(options)
+            except HloserveError as exc:
+                assert expected.startswith("error: "), (args, str(exc))
+                assert expected[len("error: ") :] in str(exc), (args, str(exc))
+                continue
+            shown = ", ".join(device_name(g) for g in gpus)
+            if len(gpus) > 1:
+                shown += " (gateway in front)"
+            assert shown == expected, (env, args)

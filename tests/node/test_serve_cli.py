@@ -92,6 +92,9 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
         server_pid = int(re.findall(r"\d+", pid_line)[0])
         wait_for_line(log, r"hloserve: ready after", proc, 240)
         assert "model affine: READY" in log.read_text()
+        argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+        loads = [a for a in argv if a.startswith(b"--load-model")]
+        assert loads == [b"--load-model=hloserve_runtime"]  # the rest once the runtime serves
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
         tensor = grpcclient.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
