@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import WorkerPlan, tritonserver_flags, with_dependencies, worker_env
+from hloserve.node.plan import WorkerPlan, worker_env
+from hloserve.node.serve_options import node_server_options
+from hloserve.node.triton_options import server_flags
 
 #: Label holding the node name on every container of a node.
 LABEL_NODE = "hloserve.node"
@@ -45,8 +47,9 @@ def worker_command(
     """The container's command line for ``docker.launcher``.
 
     In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.plan.tritonserver_flags`); ``hloserve serve``
-    takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
+    ``model_control_key`` (:func:`~hloserve.node.serve_options.node_server_options`);
+    ``hloserve serve`` takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY``
+    (:func:`container_spec`).
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
     ``docker.backend_directory``; an explicit load list gets what its models need, as with
@@ -75,12 +78,7 @@ def worker_command(
             f"--startup-timeout={t.startup_timeout_s:g}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
-    if t.loads and "*" not in t.loads:
-        loads = with_dependencies(config.repository, t.loads)
-        config = config.model_copy(
-            update={"tritonserver": t.model_copy(update={"load_models": loads})}
-        )
-    flags = tritonserver_flags(config, worker, model_control_key)
+    flags = server_flags(node_server_options(config, worker, model_control_key))
     if not any("shm-region-prefix-name" in flag for flag in flags):
         # the Python backend's stub regions are named by this prefix; with ipc: host every
         # worker's lie in the host's /dev/shm, so each worker needs its own

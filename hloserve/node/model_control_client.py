@@ -123,7 +123,7 @@ def load_all(http_url: str, key: str | None, models: Sequence[str], timeout_s: f
     the repository API, 4 at a time as Triton loads at start (``--model-load-thread-count``).
 
     A model that fails to load stays UNAVAILABLE with its reason in the index (reported by
-    :func:`~hloserve.node.model_control.model_states`); the others are loaded all the same.
+    the supervisor's ready report); the others are loaded all the same.
     """
     from concurrent.futures import ThreadPoolExecutor
 

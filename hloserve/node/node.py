@@ -11,7 +11,6 @@ docs/deployment.md describes the node file and the deployment shapes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -31,47 +30,12 @@ from hloserve.node.plan import (
     gateway_enabled,
     plan_workers,
     planned_ports,
-    worker_env,
 )
 from hloserve.node.ports import check_ports_free
+from hloserve.node.serve_options import node_server_options
 from hloserve.node.supervisor import Workers, run_node, stop_on_signals
-from hloserve.node.triton_options import TritonServerOptions
 
 log = logging.getLogger("hloserve.node")
-
-
-def process_options(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> list[TritonServerOptions]:
-    """Each worker's tritonserver options for the process runtime, as ``hloserve serve`` sets
-    them (:func:`hloserve.node.serve_options.server_options`) on the worker's ports and
-    environment."""
-    from hloserve.node.serve_options import ServeOptions, server_options
-
-    t = config.tritonserver
-    options = []
-    for worker in plan:
-        serve = ServeOptions(
-            path=config.repository,
-            http_port=worker.http_port,
-            grpc_port=worker.grpc_port,
-            metrics_port=worker.metrics_port,
-            host=config.host,
-            model_control_mode=t.model_control_mode,
-            load_models=t.loads,
-            model_control_key=model_control_key,
-            tritonserver_args=t.args,
-            log_verbose=t.log_verbose,
-            startup_timeout_s=t.startup_timeout_s,
-        )
-        options.append(
-            dataclasses.replace(
-                server_options(serve, config.repository),
-                env=worker_env(worker, docker=False),
-                die_with_parent=True,
-            )
-        )
-    return options
 
 
 def _pid_file(name: str) -> Path:
@@ -90,7 +54,7 @@ def node_plan(
     """
     use_gateway = gateway_enabled(config, len(plan))
     return NodePlan(
-        servers=tuple(process_options(config, plan, model_control_key)),
+        servers=tuple(node_server_options(config, w, model_control_key) for w in plan),
         gateway=gateway_config(config, plan, model_control_key) if use_gateway else None,
         devices=tuple(device_name(w.gpu) for w in plan),
         restart=config.restart,

@@ -4,8 +4,8 @@ A node is N tritonservers ("workers") and, with two or more, the gateway in fron
 node up`` plans from a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
 (:func:`plan_workers`, :func:`planned_ports`, :func:`gateway_config`); ``hloserve serve
 --workers N`` from its base port (:func:`worker_ports`, :func:`fleet_gateway_config`). Both
-runtimes beside this module use the same worker environment (:func:`worker_env`), tritonserver
-flags (:func:`tritonserver_flags`), load list completion (:func:`with_dependencies`), exit
+runtimes beside this module use the same worker environment (:func:`worker_env`), load list
+completion (:func:`with_dependencies`), exit
 description (:func:`describe_exit`) and restart policy (:func:`restart_allowed`).
 
 docs/deployment.md describes the node file and the deployment shapes.
@@ -28,7 +28,7 @@ from hloserve.errors import NodeError as NodeError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
 from hloserve.node.ports import free_ports
-from hloserve.node.triton_options import TritonServerOptions, server_flags
+from hloserve.node.triton_options import TritonServerOptions
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
 #: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
@@ -190,8 +190,9 @@ def assign_gpus(
         gpus = [int(p) for p in parts]
     if not visible:
         raise GpuNotFoundError(
-            f"--gpus {_ids(gpus)}: no GPU visible (NVML and nvidia-smi found none, or "
-            "CUDA_VISIBLE_DEVICES hides them); use --gpus none for CPU workers"
+            f"--gpus {_ids(gpus)}: GPU asked for but none is visible (NVML and nvidia-smi "
+            "found none, or CUDA_VISIBLE_DEVICES hides them); use --gpus none (node file: "
+            "cpu_workers) for CPU workers"
         )
     chosen: list[int] = list(visible) if gpus == "all" else [int(g) for g in gpus]
     if len(set(chosen)) != len(chosen):
@@ -224,25 +225,17 @@ def plan_workers(
             asked for.
 
     Raises:
-        GpuNotFoundError: GPUs asked for but none present, or an index the machine lacks.
+        GpuNotFoundError: GPUs asked for but none visible, or an index not visible
+            (:func:`assign_gpus`).
     """
     if config.cpu_workers:
-        gpus: list[int | None] = [None] * config.cpu_workers
+        gpus = assign_gpus("none", config.cpu_workers, ())
     else:
         found = tuple(detect_gpus() if available_gpus is None else available_gpus)
-        asked = found if config.gpus == "all" else tuple(config.gpus)
-        if not found:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU asked for (gpus: {_show(config.gpus)}) but none present"
-                " (NVML and nvidia-smi found no NVIDIA GPU); use cpu_workers for a CPU node"
-            )
-        missing = sorted(set(asked) - set(found))
-        if missing:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU {', '.join(map(str, missing))} asked for but this "
-                f"machine has GPUs {', '.join(map(str, found))}"
-            )
-        gpus = list(asked)
+        try:
+            gpus = assign_gpus(config.gpus, None, found)
+        except GpuNotFoundError as exc:
+            raise GpuNotFoundError(f"node {config.name}: {exc}") from None
     plans = []
     for i, gpu in enumerate(gpus):
         http, grpc, metrics = config.ports.of_worker(i)
@@ -250,10 +243,6 @@ def plan_workers(
             raise NodeConfigError(f"node {config.name}: worker {i}'s ports pass 65535")
         plans.append(WorkerPlan(i, gpu, http, grpc, metrics))
     return plans
-
-
-def _show(gpus: Any) -> str:
-    return gpus if isinstance(gpus, str) else "[" + ", ".join(map(str, gpus)) + "]"
 
 
 def connect_host(host: str) -> str:
@@ -279,38 +268,6 @@ def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
     if worker.gpu is None:
         return {**env, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
     return env if docker else {**env, "CUDA_VISIBLE_DEVICES": str(worker.gpu)}
-
-
-def tritonserver_flags(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> list[str]:
-    """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
-
-    :data:`SERVING_FLAGS` keep a worker serving when one model fails to load; in explicit mode
-    the runtime model is loaded with the named models and, given ``model_control_key``, the
-    repository API is restricted to it (:mod:`hloserve.node.model_control`). Built by
-    :func:`~hloserve.node.tritonserver.server_flags`, as for a local tritonserver.
-    """
-    from hloserve import names
-
-    t = config.tritonserver
-    load = t.loads
-    if load and "*" not in load and names.RUNTIME_MODEL not in load:
-        load += (names.RUNTIME_MODEL,)
-    explicit = t.model_control_mode == "explicit"
-    options = TritonServerOptions(
-        model_repository=config.repository,
-        http_port=worker.http_port,
-        grpc_port=worker.grpc_port,
-        metrics_port=worker.metrics_port,
-        host=config.host,
-        model_control_mode=t.model_control_mode,
-        load_models=load,
-        model_control_key=model_control_key if explicit else None,
-        extra_args=(*SERVING_FLAGS, *t.args),
-        log_verbose=t.log_verbose,
-    )
-    return server_flags(options)
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:

@@ -236,10 +236,6 @@ class ProcessWorkers:
         """The workers that stay down (the restart policy allows no more restarts)."""
         return set(self._down)
 
-    def exit_codes(self) -> list[int | None]:
-        """Each worker's exit status, None while it runs (or was never started)."""
-        return [s.exit_code() for s in self.servers]
-
     def poll(self) -> str | None:
         """Reload models whose stub died; restart workers that exited, under the restart
         policy and after the backoff; report the ones that stay down. Never asks to stop."""

@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
         SchedulingOptions,
         WeightCacheOptions,
     )
-    from hloserve.node.plan import WorkerPorts
+    from hloserve.node.node_config import NodeConfig
+    from hloserve.node.plan import WorkerPlan, WorkerPorts
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -185,7 +186,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
 
     :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
     fails to load, so the others keep serving (the failure is reported by
-    :func:`~hloserve.node.model_control.model_states`). In explicit mode the runtime model is
+    the supervisor's ready report). In explicit mode the runtime model is
     loaded with the named models and the repository API is restricted to
     ``options.model_control_key`` (a new :func:`~hloserve.node.model_control.launcher_key`
     when None).
@@ -225,6 +226,40 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         extra_args=(*SERVING_FLAGS, *options.tritonserver_args),
         log_verbose=options.log_verbose,
         startup_timeout_s=options.startup_timeout_s,
+    )
+
+
+def node_server_options(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> TritonServerOptions:
+    """A ``node up`` worker's tritonserver options, as ``hloserve serve`` sets them
+    (:func:`server_options`), on its ports and with its environment; the docker runtime runs
+    their flags (:func:`~hloserve.node.triton_options.server_flags`) in its container.
+
+    Without ``model_control_key`` the repository API stays open (no key is made).
+    """
+    from hloserve.node.plan import worker_env
+
+    t = config.tritonserver
+    serve = ServeOptions(
+        path=config.repository,
+        http_port=worker.http_port,
+        grpc_port=worker.grpc_port,
+        metrics_port=worker.metrics_port,
+        host=config.host,
+        model_control_mode=t.model_control_mode,
+        load_models=t.loads,
+        model_control_key=model_control_key,
+        tritonserver_args=t.args,
+        log_verbose=t.log_verbose,
+        startup_timeout_s=t.startup_timeout_s,
+    )
+    options = server_options(serve, config.repository)
+    return dataclasses.replace(
+        options,
+        model_control_key=model_control_key and options.model_control_key,
+        env=worker_env(worker, docker=False),
+        die_with_parent=True,
     )
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
 from hloserve.node.gateway_thread import GatewayThread
-from hloserve.node.model_control import model_states
+from hloserve.node.model_control_client import TritonModelControl
 from hloserve.node.plan import NodePlan, connect_host
 from hloserve.node.process_runtime import ProcessWorkers
 from hloserve.node.tritonserver import TritonServer
@@ -236,11 +236,12 @@ def run_node(
             lines.append(f"  admin http://{observe.admin}/metrics (supervisor)")
         failed = 0
         for i, options in enumerate(plan.servers):
-            states = model_states(f"{host}:{options.http_port}", options.model_control_key)
-            for name, (state, reason) in states.items():
+            url = f"{host}:{options.http_port}"
+            for model in TritonModelControl(url, options.model_control_key, 30.0).index():
+                state, reason = model.get("state", "UNKNOWN"), model.get("reason", "")
                 failed += state != "READY"
                 why = f" - {reason}" if reason else ""
-                lines.append(f"  worker {i} model {name}: {state}{why}")
+                lines.append(f"  worker {i} model {model['name']}: {state}{why}")
         lines.append(
             f"{plan.prefix}: ready after {waited:.1f} s, {len(plan.servers)} worker(s) ready"
             + (f", {failed} model(s) NOT ready" if failed else "")

@@ -234,10 +234,12 @@ def test_to_sdk_builds_the_sdk_types(gpu_node: NodeConfig) -> None:
 
 
 def test_gpu_asked_for_but_none_present(gpu_node: NodeConfig) -> None:
-    with pytest.raises(GpuNotFoundError, match=r"GPU asked for .*but none present"):
+    with pytest.raises(
+        GpuNotFoundError, match=r"node .*: --gpus all: GPU asked for but none is visible"
+    ):
         plan_workers(gpu_node, available_gpus=())
     listed = gpu_node.model_copy(update={"gpus": (0, 5)})
-    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but this machine has GPUs 0, 1"):
+    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but the visible GPUs are 0,1"):
         plan_workers(listed, available_gpus=(0, 1))
     assert GpuNotFoundError("x").status is Status.FAILED_PRECONDITION
 

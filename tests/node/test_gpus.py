@@ -62,7 +62,7 @@ def test_assignment_follows_gpus_and_workers() -> None:
         assign_gpus(None, 3, (0, 1))
     with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but the visible GPUs are 0,1"):
         assign_gpus("0,5", None, (0, 1))
-    with pytest.raises(GpuNotFoundError, match="no GPU visible"):
+    with pytest.raises(GpuNotFoundError, match="GPU asked for but none is visible"):
         assign_gpus("all", None, ())
     with pytest.raises(InvalidArgumentError, match="all, none or indices"):
         assign_gpus("first", None, (0,))

@@ -80,7 +80,12 @@ def test_serve_restricts_explicit_mode_and_hands_the_key_to_its_gateway(tmp_path
 def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path: Path) -> None:
     from hloserve.node.docker_runtime import container_spec
     from hloserve.node.node_config import NodeConfig
-    from hloserve.node.plan import gateway_config, plan_workers, tritonserver_flags
+    from hloserve.node.plan import WorkerPlan, gateway_config, plan_workers
+    from hloserve.node.serve_options import node_server_options
+    from hloserve.node.triton_options import server_flags
+
+    def tritonserver_flags(config: NodeConfig, worker: WorkerPlan, key: str) -> list[str]:
+        return server_flags(node_server_options(config, worker, key))
 
     for launcher in ("tritonserver", "hloserve"):
         config = NodeConfig.model_validate(
