@@ -131,7 +131,7 @@ def container_spec(
     env = {**worker_env(worker, docker=True), **d.env}
     explicit = config.tritonserver.model_control_mode == "explicit"
     if model_control_key and explicit and d.launcher == "hloserve":
-        from hloserve.node.model_control import ENV_KEY
+        from hloserve.model_control import ENV_KEY
 
         env[ENV_KEY] = model_control_key
     policy: dict[str, Any] = {"Name": config.restart.policy}

@@ -1,7 +1,7 @@
 """Triton's repository API (load, reload, unload, index) as ``serve --watch`` calls it.
 
 :class:`TritonModelControl` is one server's HTTP endpoint with the restricted-API key
-(:mod:`hloserve.node.model_control`); :class:`FleetModelControl` makes each call on every
+(:mod:`hloserve.model_control`); :class:`FleetModelControl` makes each call on every
 running worker of ``serve --workers N``. Used by :mod:`hloserve.node.watcher`.
 """
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hloserve.node.model_control import http_headers
+from hloserve.model_control import http_headers
 
 
 class TritonModelControl:
@@ -20,7 +20,7 @@ class TritonModelControl:
 
     Args:
         http_url: ``host:port``.
-        key: the restricted repository API's key (:mod:`hloserve.node.model_control`).
+        key: the restricted repository API's key (:mod:`hloserve.model_control`).
         timeout_s: seconds a load may take (compiling included).
     """
 

@@ -31,9 +31,9 @@ from hloserve.node.plan import (
     plan_workers,
     planned_ports,
 )
-from hloserve.node.ports import check_ports_free
 from hloserve.node.serve_options import node_server_options
 from hloserve.node.supervisor import Workers, run_node, stop_on_signals
+from hloserve.ports import check_ports_free
 
 log = logging.getLogger("hloserve.node")
 
@@ -99,7 +99,7 @@ def run_node_up(
         )
     key = None
     if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
-        from hloserve.node.model_control import launcher_key
+        from hloserve.model_control import launcher_key
 
         key = launcher_key()
     node = node_plan(config, plan, key)

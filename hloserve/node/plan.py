@@ -27,8 +27,8 @@ from hloserve.errors import GpuNotFoundError, InvalidArgumentError
 from hloserve.errors import NodeError as NodeError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
-from hloserve.node.ports import free_ports
 from hloserve.node.triton_options import TritonServerOptions
+from hloserve.ports import free_ports
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
 #: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others

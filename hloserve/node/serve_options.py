@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
 from hloserve.node.plan import SERVING_FLAGS, NodePlan, with_dependencies
-from hloserve.node.ports import check_ports_free, free_port
 from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
+from hloserve.ports import check_ports_free, free_port
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
@@ -65,8 +65,8 @@ class ServeOptions:
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
             the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
         model_control_key: in explicit mode, the key Triton's repository API (index, load,
-            unload) requires (:mod:`hloserve.node.model_control`); None = one from
-            :func:`~hloserve.node.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
+            unload) requires (:mod:`hloserve.model_control`); None = one from
+            :func:`~hloserve.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
             or random).
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
@@ -188,7 +188,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     fails to load, so the others keep serving (the failure is reported by
     the supervisor's ready report). In explicit mode the runtime model is
     loaded with the named models and the repository API is restricted to
-    ``options.model_control_key`` (a new :func:`~hloserve.node.model_control.launcher_key`
+    ``options.model_control_key`` (a new :func:`~hloserve.model_control.launcher_key`
     when None).
 
     Raises:
@@ -210,7 +210,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         load_models = with_dependencies(repository, load_models)
     key = None
     if mode == "explicit":
-        from hloserve.node.model_control import launcher_key
+        from hloserve.model_control import launcher_key
 
         key = options.model_control_key or launcher_key()
     return TritonServerOptions(
@@ -313,7 +313,7 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         InvalidArgumentError: a worker port clashes with the gateway's, or leaves 1..65535.
         GatewayConfigError: ``--gateway-config`` is invalid.
     """
-    from hloserve.node.model_control import launcher_key
+    from hloserve.model_control import launcher_key
     from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_env
 
     if options.model_control_key is None:  # one key for every worker
@@ -490,7 +490,7 @@ def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
     ``none``) and the stub watchdog can reload a model whose process died. Explicit mode opens
     Triton's repository API, whose load call accepts model files (a Python model is code), so
     :func:`server_options` restricts that API to the launcher's key
-    (:mod:`hloserve.node.model_control`) on loopback and non-loopback hosts alike.
+    (:mod:`hloserve.model_control`) on loopback and non-loopback hosts alike.
 
     Args:
         host: the address the server binds (the answer no longer depends on it).

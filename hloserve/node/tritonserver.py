@@ -38,7 +38,6 @@ from types import TracebackType
 from typing import IO
 
 from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
-from hloserve.node.ports import check_ports_free, free_port, free_ports
 from hloserve.node.procfs import (
     die_with_parent,
     kill_session,
@@ -60,6 +59,7 @@ from hloserve.node.triton_options import (
     TritonServerUrls,
     server_flags,
 )
+from hloserve.ports import check_ports_free, free_port, free_ports
 
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1

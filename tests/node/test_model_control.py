@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hloserve import model_control
 from hloserve.errors import InvalidArgumentError
-from hloserve.node import model_control
-from hloserve.node.model_control import (
+from hloserve.model_control import (
     ENV_KEY,
     GRPC_METADATA_KEY,
     HEADER,

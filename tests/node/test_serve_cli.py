@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from hloserve.bundle import load_bundle
-from hloserve.node.ports import free_ports
 from hloserve.node.procfs import session_pids
+from hloserve.ports import free_ports
 from tests.conftest import GOLDEN, ROOT
 
 pytestmark = pytest.mark.tritonserver

@@ -50,7 +50,7 @@ def _serve_two_workers(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """``hloserve serve BUNDLES --workers 2`` with the model-control key, its output in
     ``log``; the process and the gateway's gRPC port."""
-    from hloserve.node.model_control import ENV_KEY
+    from hloserve.model_control import ENV_KEY
 
     proc, grpc_port, _, _ = serve_two_workers(bundles, log, *extra, env={ENV_KEY: key})
     return proc, grpc_port
@@ -226,7 +226,7 @@ def test_sigterm_answers_the_requests_in_flight_before_stopping(tmp_path: Path) 
 def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
     tmp_path: Path,
 ) -> None:
-    from hloserve.node.model_control import GRPC_METADATA_KEY
+    from hloserve.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()
@@ -281,7 +281,7 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
     """Explicit model control through the gateway in ``lpt_packing`` mode: a model in the
     repository that no worker has loaded goes where the placement puts it (one replica by
     default: one worker), not to every worker; it is served through the gateway after."""
-    from hloserve.node.model_control import GRPC_METADATA_KEY
+    from hloserve.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()

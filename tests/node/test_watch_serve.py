@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.status import parse_samples
 from hloserve.node.tritonserver import free_ports
+from hloserve.prometheus_text import parse_samples
 from tests.conftest import GOLDEN, ROOT
 from tests.node.test_serve_cli import stop_serve
 from tests.node.test_watch import META_RUN, write_meta
