@@ -70,8 +70,6 @@ class NodePlan:
         host: the address the workers and the supervisor's admin port bind.
         admin_port: the supervisor's admin port; None = 8003, off with a warning when taken.
         startup_timeout_s: seconds the workers may take to get ready.
-        follow_logs: each worker's output to ``<run dir>/worker<i>.log``, copied to stdout with
-            a ``[worker i]`` prefix (False: straight to this process's stdout; tests).
     """
 
     servers: tuple[TritonServerOptions, ...]
@@ -83,7 +81,6 @@ class NodePlan:
     host: str = "127.0.0.1"
     admin_port: int | None = None
     startup_timeout_s: float | None = None
-    follow_logs: bool = True
 
 
 def device_name(gpu: int | None) -> str:

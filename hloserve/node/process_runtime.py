@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import HloserveError, TritonServerError
-from hloserve.node.node_config import RestartConfig
-from hloserve.node.plan import describe_exit, restart_allowed, runtime_first
-from hloserve.node.triton_options import TritonServerOptions
+from hloserve.node.plan import NodePlan, describe_exit, restart_allowed, runtime_first
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
@@ -111,57 +109,33 @@ class ProcessWorkers:
     (:class:`~hloserve.node.supervisor.Node`).
 
     Args:
-        options: each worker's server options (distinct ports), used as given except the log
-            file with ``follow_logs``.
-        restart: the restart policy; None = ``no`` (a worker that exits stays down and is left
-            to the gateway's health probes).
-        startup_timeout_s: seconds the workers may take to get ready; None = the largest of
-            their ``startup_timeout_s``.
-        devices: a word per worker for the start line ("GPU 0", "CPU"); None prints none.
-        follow_logs: send each worker's output to ``<run dir>/worker<i>.log`` and copy it to
-            stdout with a ``[worker i]`` prefix; False leaves it on this process's stdout.
-        name: the run directory's prefix (the node's name).
-        prefix: the first word of each report line ("hloserve node", "hloserve").
+        plan: the node: each worker's server options (distinct ports; each worker's output goes
+            to ``<run dir>/worker<i>.log`` and is copied to stdout with a ``[worker i]``
+            prefix), the restart policy, the start-up timeout (None = the largest of the
+            servers' ``startup_timeout_s``), the devices, the name and the report prefix.
         report: receives one line per event (start, exit, restart, stub reload); an attribute
-            too, like the two hooks, so a supervisor can set them after the start.
-        on_restart: called with the worker index after each restart (metrics).
-        on_stub_reload: called with the worker index and the model after each stub reload.
+            too, like the hooks ``on_restart`` (worker index, after each restart) and
+            ``on_stub_reload`` (worker index and model), which a supervisor sets.
     """
 
     def __init__(
-        self,
-        options: Sequence[TritonServerOptions],
-        *,
-        restart: RestartConfig | None = None,
-        startup_timeout_s: float | None = None,
-        devices: Sequence[str] | None = None,
-        follow_logs: bool = True,
-        name: str = "node",
-        prefix: str = "hloserve node",
-        report: Callable[[str], None] = lambda line: print(line, flush=True),
-        on_restart: Callable[[int], None] | None = None,
-        on_stub_reload: Callable[[int, str], None] | None = None,
+        self, plan: NodePlan, report: Callable[[str], None] = lambda line: print(line, flush=True)
     ) -> None:
-        self.restart = restart or RestartConfig(policy="no")
-        self.startup_timeout_s = (
-            max(o.startup_timeout_s for o in options)
-            if startup_timeout_s is None
-            else startup_timeout_s
+        self.plan = plan
+        self.restart = plan.restart
+        self.startup_timeout_s = plan.startup_timeout_s or max(
+            o.startup_timeout_s for o in plan.servers
         )
-        self.devices = devices
-        self._prefix = prefix
+        self._prefix = plan.prefix
         self.report = report
-        self.on_restart = on_restart
-        self.on_stub_reload = on_stub_reload
-        self._run_dir: Path | None = None
-        self.options = [runtime_first(o)[0] for o in options]
-        self._then_load = [runtime_first(o)[1] for o in options]
-        if follow_logs:
-            self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
-            self.options = [
-                dataclasses.replace(o, log_file=self._run_dir / f"worker{i}.log")
-                for i, o in enumerate(self.options)
-            ]
+        self.on_restart: Callable[[int], None] | None = None
+        self.on_stub_reload: Callable[[int, str], None] | None = None
+        self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{plan.name}-"))
+        self.options = [
+            dataclasses.replace(runtime_first(o)[0], log_file=self._run_dir / f"worker{i}.log")
+            for i, o in enumerate(plan.servers)
+        ]
+        self._then_load = [runtime_first(o)[1] for o in plan.servers]
         count = len(self.options)
         self.servers = [TritonServer(o) for o in self.options]
         self._watchdogs: list[StubWatchdog | None] = [None] * count
@@ -173,26 +147,24 @@ class ProcessWorkers:
         self._logs: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Launch every worker (no waiting); with ``follow_logs`` their logs are followed."""
+        """Launch every worker (no waiting) and follow their logs."""
         for i, server in enumerate(self.servers):
             server.start()
             self._started_at[i] = time.monotonic()
-            if self._run_dir is not None:
-                follower = threading.Thread(
-                    target=follow_log,
-                    args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
-                    kwargs={"stop": self._logs_stop},
-                    daemon=True,
-                )
-                follower.start()
-                self._logs.append(follower)
-            if self.devices is not None:
-                u = server.urls
-                self.report(
-                    f"{self._prefix}: worker {i} tritonserver (pid {server.pid}) on "
-                    f"{self.devices[i]}: HTTP http://{u.http}  gRPC {u.grpc}  "
-                    f"metrics http://{u.metrics}/metrics"
-                )
+            follower = threading.Thread(
+                target=follow_log,
+                args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
+                kwargs={"stop": self._logs_stop},
+                daemon=True,
+            )
+            follower.start()
+            self._logs.append(follower)
+            on = f" on {self.plan.devices[i]}" if self.plan.devices else ""
+            u = server.urls
+            self.report(
+                f"{self._prefix}: worker {i} tritonserver (pid {server.pid}){on}: HTTP "
+                f"http://{u.http}  gRPC {u.grpc}  metrics http://{u.metrics}/metrics"
+            )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
         """Wait until every worker answers ``/v2/health/ready``, load the models each loads
@@ -344,7 +316,6 @@ class ProcessWorkers:
         self._logs_stop.set()
         for follower in self._logs:
             follower.join(timeout=5.0)
-        if self._run_dir is not None:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
+        shutil.rmtree(self._run_dir, ignore_errors=True)
         if errors:
             raise errors[0]

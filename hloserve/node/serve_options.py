@@ -196,12 +196,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     """
     from hloserve.triton_backend.backends import backend_dirs
 
-    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
-    for endpoint, port in ports.items():
-        if not 1 <= port <= 65535:
-            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
-    if len(set(ports.values())) != len(ports):
-        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    _check_ports(options)
     mode = options.model_control_mode
     load_models = tuple(options.load_models)
     if mode is None:
@@ -261,6 +256,21 @@ def node_server_options(
         env=worker_env(worker, docker=False),
         die_with_parent=True,
     )
+
+
+def _check_ports(options: ServeOptions) -> dict[str, int]:
+    """The server's ports by endpoint, each in 1..65535 and all different.
+
+    Raises:
+        InvalidArgumentError: a port out of range, or two endpoints on one port.
+    """
+    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
+    for endpoint, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+    if len(set(ports.values())) != len(ports):
+        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    return ports
 
 
 def build_flags_set(options: ServeOptions) -> list[str]:
@@ -433,16 +443,7 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
             f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
         )
     if workers == 1:
-        ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
-        ports["metrics"] = options.metrics_port
-        for endpoint, port in ports.items():
-            if not 1 <= port <= 65535:
-                raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
-        if len(set(ports.values())) != len(ports):
-            raise InvalidArgumentError(
-                f"HTTP, gRPC and metrics need three different ports: {ports}"
-            )
-        check_ports_free(options.host, ports)
+        check_ports_free(options.host, _check_ports(options))
         return
     gateway = {
         "HTTP": options.http_port,

@@ -70,16 +70,7 @@ class Node:
         report: Callable[[str], None] = lambda line: print(line, flush=True),
     ) -> None:
         self.plan = plan
-        self.workers: Workers = workers or ProcessWorkers(
-            plan.servers,
-            restart=plan.restart,
-            startup_timeout_s=plan.startup_timeout_s,
-            devices=plan.devices or None,
-            follow_logs=plan.follow_logs,
-            name=plan.name,
-            prefix=plan.prefix,
-            report=report,
-        )
+        self.workers: Workers = workers or ProcessWorkers(plan, report)
         self.report = report
         self.gateway: GatewayThread | None = None
 

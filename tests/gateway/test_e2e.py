@@ -61,7 +61,7 @@ def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         health={"interval_seconds": 0.5, "failure_threshold": 1},
         discovery={"poll_interval_seconds": 2.0},
     )
-    with Node(NodePlan(tuple(workers), config, follow_logs=False)) as running:
+    with Node(NodePlan(tuple(workers), config)) as running:
         yield running
 
 
