@@ -16,6 +16,7 @@ Modules:
     cli_serve: the ``serve`` subcommand's flags.
     errors: the one error root and its gRPC / HTTP status table.
     metric_names: the names of the runtime's metrics, shared by their writer and readers.
+    jax_on_cpu: imported first by the front and meta shims: their JAX runs on the CPU.
     model_control: the key restricting Triton's repository API to hloserve's own clients.
     model_parameters: the config.pbtxt parameters, typed and declared once for their writer
         and readers.

@@ -130,6 +130,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "hloserve.model_control",
             "hloserve.ports",
             "hloserve.prometheus_text",
+            "hloserve.jax_on_cpu",
         }
     ),
     frozenset({"hloserve.bundle", "hloserve.observability"}),

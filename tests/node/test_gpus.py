@@ -151,3 +151,25 @@ def test_the_documented_gpu_commands_give_the_documented_workers(
             if len(gpus) > 1:
                 shown += " (gateway in front)"
             assert shown == expected, (env, args)
+
+
+@pytest.mark.parametrize("backend", ["hloserve_front", "hloserve_meta"])
+def test_front_and_meta_shims_put_jax_on_the_cpu_before_any_hloserve_import(backend: str) -> None:
+    """A front or meta stub inherits its worker's GPU; its JAX must not open it (the runtime's
+    stub, which never imports :mod:`hloserve.jax_on_cpu`, keeps it)."""
+    import ast
+
+    import hloserve
+
+    root = Path(hloserve.__file__).parent / "triton_backend" / "backends"
+    tree = ast.parse((root / backend / "model.py").read_text())
+    imported = [
+        alias.name if isinstance(node, ast.Import) else (node.module or "")
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    ours = [name for name in imported if name.startswith("hloserve")]
+    assert ours[0] == "hloserve.jax_on_cpu", ours
+    runtime = (root / "hloserve_runtime" / "model.py").read_text()
+    assert "jax_on_cpu" not in runtime
