@@ -25,12 +25,10 @@ from typing import TYPE_CHECKING, Any
 from hloserve import names
 from hloserve.errors import FailedPreconditionError, NotFoundError
 from hloserve.node.serve_options import (
-    DEFAULT_STARTUP_TIMEOUT_S,
     ServeOptions,
     build_arguments,
     build_flags_set,
     check_options,
-    default_control_mode,
     is_repository,
     serve_gpus,
     serve_plan,
@@ -129,15 +127,5 @@ def run_serve(options: ServeOptions) -> int:
             return run_node(plan, stop, serving=serving)
 
 
-__all__ = [
-    "DEFAULT_STARTUP_TIMEOUT_S",
-    "ServeOptions",
-    "build_arguments",
-    "build_flags_set",
-    "check_options",
-    "default_control_mode",
-    "is_repository",
-    "prepared_repository",
-    "run_serve",
-    "server_options",
-]
+# imported from here by benchmarks and tests
+__all__ = ["ServeOptions", "build_flags_set", "check_options", "run_serve", "server_options"]

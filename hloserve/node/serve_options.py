@@ -58,10 +58,10 @@ class ServeOptions:
         metrics_port: Prometheus metrics port (Triton's default 8002).
         host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
         model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
-            None = :func:`default_control_mode`: explicit with ``--load-model=*`` on every
-            host (everything loads at start, as with none, and a model whose Python backend
-            stub dies is reloaded, :mod:`.watchdog`), the repository API restricted to
-            ``model_control_key``.
+            None = explicit with ``--load-model=*`` on every host (everything loads at start,
+            as with none, and a model whose Python backend stub dies is reloaded,
+            :mod:`.watchdog`), the repository API restricted to ``model_control_key`` (Triton's
+            load call accepts model files, and a Python model is code).
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
             the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
         model_control_key: in explicit mode, the key Triton's repository API (index, load,
@@ -199,8 +199,8 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     _check_ports(options)
     mode = options.model_control_mode
     load_models = tuple(options.load_models)
-    if mode is None:
-        mode, load_models = default_control_mode(options.host)
+    if mode is None:  # explicit on every host: everything loads, a dead stub is reloaded
+        mode, load_models = "explicit", ("*",)
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
     key = None
@@ -482,22 +482,3 @@ def check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) ->
             f"worker ports from --worker-port-base {options.worker_port_base} include the "
             f"gateway's port(s) {clash}; choose another base"
         )
-
-
-def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
-    """The model control mode (and ``--load-model`` names) when the user named none.
-
-    ``explicit`` with ``--load-model=*`` on every host: everything loads at start (as in
-    ``none``) and the stub watchdog can reload a model whose process died. Explicit mode opens
-    Triton's repository API, whose load call accepts model files (a Python model is code), so
-    :func:`server_options` restricts that API to the launcher's key
-    (:mod:`hloserve.model_control`) on loopback and non-loopback hosts alike.
-
-    Args:
-        host: the address the server binds (the answer no longer depends on it).
-
-    Returns:
-        ``(mode, load_models)``.
-    """
-    del host
-    return "explicit", ("*",)
