@@ -82,6 +82,12 @@ class NodePlan:
     admin_port: int | None = None
     startup_timeout_s: float | None = None
 
+    @property
+    def ready_timeout_s(self) -> float:
+        """Seconds the workers may take to get ready: ``startup_timeout_s``, else the largest
+        of the servers' own."""
+        return self.startup_timeout_s or max(o.startup_timeout_s for o in self.servers)
+
 
 def device_name(gpu: int | None) -> str:
     """ "GPU 3" or "CPU"."""

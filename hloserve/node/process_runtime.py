@@ -123,9 +123,7 @@ class ProcessWorkers:
     ) -> None:
         self.plan = plan
         self.restart = plan.restart
-        self.startup_timeout_s = plan.startup_timeout_s or max(
-            o.startup_timeout_s for o in plan.servers
-        )
+        self.startup_timeout_s = plan.ready_timeout_s
         self._prefix = plan.prefix
         self.report = report
         self.on_restart: Callable[[int], None] | None = None

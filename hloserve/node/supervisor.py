@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -90,11 +91,31 @@ class Node:
             TritonServerError: a worker exited or was not ready in time.
             NodeError: a container or the gateway did not start.
         """
+        stop = stop or threading.Event()
+        started = time.monotonic()
         self.workers.start()
-        waited = self.workers.wait_ready(stop or threading.Event())
-        if waited is not None and self.plan.gateway is not None:
+        if self.workers.wait_ready(stop) is None:
+            return None
+        self._wait_loaded(stop, started)
+        if self.plan.gateway is not None:
             self.gateway = GatewayThread(self.plan.gateway)
-        return waited
+        return time.monotonic() - started
+
+    def _wait_loaded(self, stop: threading.Event, started: float) -> None:
+        """Wait until every model of a worker that loads everything (``*``) is READY or
+        UNAVAILABLE (failed), within the start-up timeout: a docker worker's own ``hloserve
+        serve`` loads them after the runtime model, once its tritonserver already answers
+        ready (the process workers here have loaded them already)."""
+        timeout_s = self.plan.ready_timeout_s
+        host = connect_host(self.plan.host)
+        for o in self.plan.servers:
+            if "*" not in o.load_models:
+                continue
+            control = TritonModelControl(f"{host}:{o.http_port}", o.model_control_key, 30.0)
+            while not stop.is_set() and time.monotonic() - started < timeout_s:
+                if all(m.get("state") in ("READY", "UNAVAILABLE") for m in control.index()):
+                    break
+                stop.wait(0.2)
 
     def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send ``sig`` to process worker ``index`` and clean up after it (tests)."""
@@ -109,8 +130,9 @@ class Node:
     def supervise(
         self, stop: threading.Event, observe: NodeObservability | None = None, poll_s: float = 0.5
     ) -> int:
-        """Poll the workers until ``stop`` is set (0) or nothing is left to serve (1): every
-        worker down for good, the gateway stopped by itself, or the runtime giving a reason."""
+        """Poll the workers until ``stop`` is set or the runtime says the node was stopped
+        (``node down`` removed the containers): 0; or until nothing is left to serve (every
+        worker down for good, the gateway stopped by itself): 1."""
         workers = self.workers
         if isinstance(workers, ProcessWorkers):
             workers.report = self.report
@@ -118,7 +140,7 @@ class Node:
             reason = workers.poll()
             if reason is not None:
                 self.report(f"{self.plan.prefix}: {reason}; stopping")
-                return 1
+                return 0
             if observe is not None:
                 observe.workers_up(workers.running())
             if isinstance(workers, ProcessWorkers) and len(workers.down()) == len(self.servers):
