@@ -80,8 +80,10 @@ def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> N
 
 
 def _ready(client: Any) -> bool:
+    """Whether ``affine`` is ready there (a restarted worker answers server-ready once its
+    runtime model is loaded, then loads the others through the repository API)."""
     try:
-        return bool(client.is_server_ready())
+        return bool(client.is_server_ready() and client.is_model_ready("affine"))
     except Exception:  # not listening yet
         return False
 
