@@ -90,7 +90,7 @@ class Sampler:
         self._thread.start()
 
     def sample(self) -> None:
-        from hloserve.node.status import parse_samples
+        from hloserve.prometheus_text import parse_samples
 
         with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as response:
             text = response.read().decode()

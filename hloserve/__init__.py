@@ -16,12 +16,20 @@ Modules:
     cli_serve: the ``serve`` subcommand's flags.
     errors: the one error root and its gRPC / HTTP status table.
     metric_names: the names of the runtime's metrics, shared by their writer and readers.
+    jax_on_cpu: imported first by the front and meta shims: their JAX runs on the CPU.
+    model_control: the key restricting Triton's repository API to hloserve's own clients.
     model_parameters: the config.pbtxt parameters, typed and declared once for their writer
         and readers.
     names: the names every layer shares (config.pbtxt and request parameters, defaults).
+    ports: free TCP ports and the check that a server's ports are free.
+    prometheus_text: Prometheus text fetched and parsed; the weight cache state read from it.
     settings: typed settings from YAML plus environment overrides (gateway and node files).
     triton_messages: the Triton error texts hloserve recognises, in one place.
     units: the one byte-count formatter.
+
+Layers, bottom first (``tests/test_import_graph.py`` enforces them: no upward import): the
+modules above; bundle, observability; export; meta, triton_backend, model_repository_tools;
+gateway; node; the command line.
 """
 
 __version__ = "0.1.0"

@@ -164,7 +164,8 @@ def _repo_validate(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hloserve.node.status import cache_status, fetch_metrics, print_quietly, render_status
+    from hloserve.node.status import print_quietly, render_status
+    from hloserve.prometheus_text import cache_status, fetch_metrics
 
     if args.models:
         from hloserve.node.status import fetch_models, render_models

@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
             workers=args.workers,
+            gpus=args.gpus,
             worker_port_base=args.worker_port_base,
             gateway_config=args.gateway_config,
             admin_port=args.admin_port,
@@ -103,10 +104,19 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="tritonservers to run; above 1 the gateway listens on --grpc-port (admin HTTP on "
-        "--metrics-port) and routes over them (docs/gateway.md) (1)",
+        help="tritonservers to run, each on its own GPU: the first N visible GPUs (default: one "
+        "per visible GPU, one CPU worker without GPUs); above 1 the gateway listens on "
+        "--grpc-port/--http-port (admin HTTP on --metrics-port) and routes over them "
+        "(docs/deployment.md)",
+    )
+    serve.add_argument(
+        "--gpus",
+        default=None,
+        metavar="all|none|0,1,...",
+        help="the GPUs to serve on, one worker each (NVML / nvidia-smi indices, PCI bus order; "
+        "CUDA_VISIBLE_DEVICES restricts them); none = CPU workers (--workers of them)",
     )
     serve.add_argument(
         "--worker-port-base",

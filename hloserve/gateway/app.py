@@ -50,8 +50,8 @@ from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable
 from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
-from hloserve.node.model_control import grpc_metadata, http_headers, local_key
-from hloserve.node.status import fetch_metrics
+from hloserve.model_control import grpc_metadata, http_headers, local_key
+from hloserve.prometheus_text import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -61,7 +61,7 @@ SYNC_INTERVAL_S = 0.5
 
 def _public_address(address: str) -> str:
     """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
-    from hloserve.node.ports import free_ports
+    from hloserve.ports import free_ports
 
     host, _, port = address.rpartition(":")
     if port == "0":

@@ -78,7 +78,7 @@ from hloserve.errors import (
 )
 from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
 from hloserve.gateway.model_control import Action, ModelControl, Outcome
-from hloserve.node.model_control import HEADER
+from hloserve.model_control import HEADER
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -256,7 +256,7 @@ class FleetHttp:
         request_timeout_s: timeout of a register, unregister or status call, seconds.
         probe_timeout_s: timeout of an index call and of a register's roll-back, seconds.
         repository_headers: headers of every index call (the workers' model-control key:
-            :func:`hloserve.node.model_control.http_headers`); None = none.
+            :func:`hloserve.model_control.http_headers`); None = none.
         control: decides where a model load or unload goes (the gRPC servicer's own, run on
             ``loop``); None: those paths go to the first worker.
         loop: the gateway's event loop, where ``control`` runs.

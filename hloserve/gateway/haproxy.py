@@ -43,7 +43,7 @@ from hloserve.gateway.dataplane import (
     render_config,
     render_map,
 )
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 
 log = logging.getLogger("hloserve.gateway")
 

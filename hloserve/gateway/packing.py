@@ -35,7 +35,7 @@ from hloserve.gateway.placement import (
 )
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from hloserve.names import RUNTIME_MODEL
-from hloserve.node.status import cache_status
+from hloserve.prometheus_text import cache_status
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -76,7 +76,7 @@ def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
 
     Source: the runtime's series ``hloserve_weight_cache_budget_bytes`` and
     ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.metrics), parsed with
-    :func:`hloserve.node.status.cache_status`.
+    :func:`hloserve.prometheus_text.cache_status`.
     """
     models: dict[str, int] = {}
     budgets: dict[str, int] = {}

@@ -50,7 +50,7 @@ class Upstreams:
         limits: message-size limits of every channel.
         repository_metadata: gRPC metadata of every ``RepositoryIndex`` call: the workers'
             model-control key when their repository API is restricted
-            (:func:`hloserve.node.model_control.grpc_metadata`).
+            (:func:`hloserve.model_control.grpc_metadata`).
     """
 
     def __init__(

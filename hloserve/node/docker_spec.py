@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import WorkerPlan, tritonserver_flags, with_dependencies, worker_env
+from hloserve.node.plan import WorkerPlan, worker_env
+from hloserve.node.serve_options import node_server_options
+from hloserve.node.triton_options import server_flags
 
 #: Label holding the node name on every container of a node.
 LABEL_NODE = "hloserve.node"
@@ -45,8 +47,9 @@ def worker_command(
     """The container's command line for ``docker.launcher``.
 
     In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.plan.tritonserver_flags`); ``hloserve serve``
-    takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY`` (:func:`container_spec`).
+    ``model_control_key`` (:func:`~hloserve.node.serve_options.node_server_options`);
+    ``hloserve serve`` takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY``
+    (:func:`container_spec`).
 
     ``tritonserver``: the image's tritonserver with hloserve's backends in
     ``docker.backend_directory``; an explicit load list gets what its models need, as with
@@ -70,17 +73,12 @@ def worker_command(
             f"--grpc-port={worker.grpc_port}",
             f"--metrics-port={worker.metrics_port}",
             f"--model-control-mode={t.model_control_mode}",
-            *(f"--load-model={m}" for m in t.load_models),
+            *(f"--load-model={m}" for m in t.loads),
             f"--log-verbose={t.log_verbose}",
             f"--startup-timeout={t.startup_timeout_s:g}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
-    if t.load_models and "*" not in t.load_models:
-        loads = with_dependencies(config.repository, t.load_models)
-        config = config.model_copy(
-            update={"tritonserver": t.model_copy(update={"load_models": loads})}
-        )
-    flags = tritonserver_flags(config, worker, model_control_key)
+    flags = server_flags(node_server_options(config, worker, model_control_key))
     if not any("shm-region-prefix-name" in flag for flag in flags):
         # the Python backend's stub regions are named by this prefix; with ipc: host every
         # worker's lie in the host's /dev/shm, so each worker needs its own
@@ -133,7 +131,7 @@ def container_spec(
     env = {**worker_env(worker, docker=True), **d.env}
     explicit = config.tritonserver.model_control_mode == "explicit"
     if model_control_key and explicit and d.launcher == "hloserve":
-        from hloserve.node.model_control import ENV_KEY
+        from hloserve.model_control import ENV_KEY
 
         env[ENV_KEY] = model_control_key
     policy: dict[str, Any] = {"Name": config.restart.policy}

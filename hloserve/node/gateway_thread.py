@@ -13,7 +13,7 @@ import threading
 
 from hloserve.errors import NodeError
 from hloserve.gateway.config import GatewayConfig
-from hloserve.node.ports import free_ports
+from hloserve.ports import free_ports
 
 log = logging.getLogger("hloserve.serve")
 

@@ -1,17 +1,18 @@
 """Triton's repository API (load, reload, unload, index) as ``serve --watch`` calls it.
 
 :class:`TritonModelControl` is one server's HTTP endpoint with the restricted-API key
-(:mod:`hloserve.node.model_control`); :class:`FleetModelControl` makes each call on every
+(:mod:`hloserve.model_control`); :class:`FleetModelControl` makes each call on every
 running worker of ``serve --workers N``. Used by :mod:`hloserve.node.watcher`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hloserve.node.model_control import http_headers
+from hloserve.model_control import http_headers
 
 
 class TritonModelControl:
@@ -19,7 +20,7 @@ class TritonModelControl:
 
     Args:
         http_url: ``host:port``.
-        key: the restricted repository API's key (:mod:`hloserve.node.model_control`).
+        key: the restricted repository API's key (:mod:`hloserve.model_control`).
         timeout_s: seconds a load may take (compiling included).
     """
 
@@ -117,6 +118,29 @@ class FleetModelControl:
         return []
 
 
+def load_all(http_url: str, key: str | None, models: Sequence[str], timeout_s: float) -> None:
+    """Load ``models`` (``*``: every model of the repository index but the runtime) through
+    the repository API, 4 at a time as Triton loads at start (``--model-load-thread-count``).
+
+    A model that fails to load stays UNAVAILABLE with its reason in the index (reported by
+    the supervisor's ready report); the others are loaded all the same.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hloserve.names import RUNTIME_MODEL
+
+    control = TritonModelControl(http_url, key, timeout_s)
+    if "*" in models:
+        models = [m["name"] for m in control.index() if m["name"] != RUNTIME_MODEL]
+
+    def load(model: str) -> None:
+        with contextlib.suppress(Exception):  # Triton keeps the reason in its index
+            control.load(model)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(load, models))
+
+
 def error_text(exc: Exception) -> str:
     """An error's message without the Python backend's traceback (``"\n\nAt:\n  ..."``)."""
     message = getattr(exc, "message", None)
@@ -124,4 +148,4 @@ def error_text(exc: Exception) -> str:
     return text.split("\n\nAt:\n", 1)[0].strip()
 
 
-__all__ = ["FleetModelControl", "TritonModelControl", "error_text"]
+__all__ = ["FleetModelControl", "TritonModelControl", "error_text", "load_all"]

@@ -1,23 +1,16 @@
 """``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front.
 
-:func:`run_node_up` plans the node (:mod:`hloserve.node.plan`), starts the workers with the
-configured runtime (``process``: :class:`~hloserve.node.process_runtime.ProcessWorkers`,
-local tritonservers from the nvidia-pytriton wheel, stub watchdog and restart backoff
-included; ``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per
-GPU), waits until each answers ``/v2/health/ready``, starts the gateway in this process when
-there are two or more workers (:class:`~hloserve.node.gateway_thread.GatewayThread`), watches
-the workers and stops everything on Ctrl-C/SIGTERM. Like ``hloserve serve`` it writes the
-node's Prometheus scrape targets and serves the supervisor's own metrics on ``admin_port``
-(:mod:`hloserve.observability.supervisor`, docs/observability.md). :func:`run_node_down`
-stops a node from another shell.
+:func:`run_node_up` plans the node (:mod:`hloserve.node.plan`, :func:`node_plan`) and runs
+it with the supervisor ``hloserve serve`` uses too (:mod:`hloserve.node.supervisor`), with the
+configured runtime (``process``: local tritonservers from the nvidia-pytriton wheel;
+``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per GPU).
+:func:`run_node_down` stops a node from another shell.
 
 docs/deployment.md describes the node file and the deployment shapes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -26,84 +19,51 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
 
-from hloserve.errors import HloserveError
-from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodeError,
+    NodePlan,
     WorkerPlan,
-    connect_host,
+    device_name,
     gateway_config,
     gateway_enabled,
     plan_workers,
     planned_ports,
-    worker_env,
 )
-from hloserve.node.ports import check_ports_free
-from hloserve.node.process_runtime import ProcessWorkers
-from hloserve.node.triton_options import TritonServerOptions
-
-if TYPE_CHECKING:
-    from hloserve.observability.supervisor import NodeObservability
+from hloserve.node.serve_options import node_server_options
+from hloserve.node.supervisor import Workers, run_node, stop_on_signals
+from hloserve.ports import check_ports_free
 
 log = logging.getLogger("hloserve.node")
-
-
-class Workers(Protocol):
-    """What :func:`run_node_up` needs of a runtime."""
-
-    def start(self) -> None: ...
-
-    def wait_ready(self, stop: threading.Event) -> float | None: ...
-
-    def poll(self) -> str | None: ...
-
-    def running(self) -> int: ...
-
-    def stop(self) -> None: ...
-
-
-def process_options(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> list[TritonServerOptions]:
-    """Each worker's tritonserver options for the process runtime, as ``hloserve serve`` sets
-    them (:func:`hloserve.node.serve_options.server_options`) on the worker's ports and
-    environment."""
-    from hloserve.node.serve_options import ServeOptions, server_options
-
-    t = config.tritonserver
-    options = []
-    for worker in plan:
-        serve = ServeOptions(
-            path=config.repository,
-            http_port=worker.http_port,
-            grpc_port=worker.grpc_port,
-            metrics_port=worker.metrics_port,
-            host=config.host,
-            model_control_mode=t.model_control_mode,
-            load_models=t.load_models,
-            model_control_key=model_control_key,
-            tritonserver_args=t.args,
-            log_verbose=t.log_verbose,
-            startup_timeout_s=t.startup_timeout_s,
-        )
-        options.append(
-            dataclasses.replace(
-                server_options(serve, config.repository),
-                env=worker_env(worker, docker=False),
-                die_with_parent=True,
-            )
-        )
-    return options
 
 
 def _pid_file(name: str) -> Path:
     """Where a process-runtime ``node up`` records its pid for ``node down``."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"hloserve-node-{name}.pid"
+
+
+def node_plan(
+    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
+) -> NodePlan:
+    """The node the supervisor runs for ``config``'s workers (:func:`plan_workers`).
+
+    Raises:
+        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
+    """
+    use_gateway = gateway_enabled(config, len(plan))
+    return NodePlan(
+        servers=tuple(node_server_options(config, w, model_control_key) for w in plan),
+        gateway=gateway_config(config, plan, model_control_key) if use_gateway else None,
+        devices=tuple(device_name(w.gpu) for w in plan),
+        restart=config.restart,
+        name=config.name,
+        prefix=f"hloserve node {config.name}",
+        host=config.host,
+        admin_port=config.admin_port,
+        startup_timeout_s=config.tritonserver.startup_timeout_s,
+    )
 
 
 def run_node_up(
@@ -120,7 +80,7 @@ def run_node_up(
         available_gpus: the machine's GPUs; None detects them (:func:`detect_gpus`).
 
     Returns:
-        0 after a requested stop or ``node down``.
+        0 after a requested stop or ``node down``; 1 when nothing is left to serve.
 
     Raises:
         NodeError: no Docker daemon, image missing, containers already there, a worker not
@@ -137,112 +97,26 @@ def run_node_up(
             "node: ",
             "; stop what holds it or change ports in the node file",
         )
-    use_gateway = gateway_enabled(config, len(plan))
     key = None
     if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
-        from hloserve.node.model_control import launcher_key
+        from hloserve.model_control import launcher_key
 
         key = launcher_key()
-    gw_config = gateway_config(config, plan, key) if use_gateway else None
+    node = node_plan(config, plan, key)
     stop = stop or threading.Event()
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            print(f"hloserve node: {signal.Signals(signum).name}: stopping", flush=True)
-            stop.set()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    workers: Workers
+    workers: Workers | None = None
     if config.runtime == "docker":
         from hloserve.node.docker_runtime import DockerWorkers
 
         workers = DockerWorkers(config, plan, key)
     else:
-        workers = ProcessWorkers(
-            process_options(config, plan, key),
-            restart=config.restart,
-            startup_timeout_s=config.tritonserver.startup_timeout_s,
-            devices=["CPU" if w.gpu is None else f"GPU {w.gpu}" for w in plan],
-            name=config.name,
-        )
         _pid_file(config.name).write_text(str(os.getpid()))
-    gateway: GatewayThread | None = None
-    observe: NodeObservability | None = None
     try:
-        workers.start()
-        if workers.wait_ready(stop) is None:
-            return 0
-        if gw_config is not None:
-            gateway = GatewayThread(gw_config)
-        host = connect_host(config.host)
-        observe = _observability(config, plan, workers, gateway)
-        lines = [f"hloserve node {config.name}: {len(plan)} worker(s) ready ({config.runtime})"]
-        for w in plan:
-            lines.append(
-                f"  worker {w.index} {'CPU' if w.gpu is None else 'GPU ' + str(w.gpu)}: "
-                f"http {host}:{w.http_port} grpc {host}:{w.grpc_port} "
-                f"metrics {host}:{w.metrics_port}"
-            )
-        if gateway is not None:
-            gw_host = config.gateway.listen.rpartition(":")[0]
-            grpc_port, admin_port = gateway.port, gateway.admin_port
-            http = f"http {gateway.http_address} " if gateway.http_address else ""
-            lines.append(
-                f"  gateway grpc {gw_host}:{grpc_port} {http}"
-                f"admin http://{gw_host}:{admin_port} (/healthz /readyz /metrics) (Ctrl-C to stop)"
-            )
-        if observe.admin:
-            lines.append(f"  admin http://{observe.admin}/metrics (supervisor)")
-        print("\n".join(lines), flush=True)
-        while not stop.wait(1.0):
-            reason = workers.poll()
-            if reason is not None:
-                print(f"hloserve node: {reason}: stopping", flush=True)
-                break
-            observe.workers_up(workers.running())
-        return 0
+        with stop_on_signals(stop, node.prefix):
+            return run_node(node, stop, workers=workers)
     finally:
-        if observe is not None:
-            observe.close()
-        if gateway is not None:
-            gateway.close()
-        with contextlib.suppress(HloserveError):  # reported by the workers' own stop
-            workers.stop()
         if config.runtime == "process":
             _pid_file(config.name).unlink(missing_ok=True)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        print(f"hloserve node {config.name}: stopped", flush=True)
-
-
-def _observability(
-    config: NodeConfig, plan: Sequence[WorkerPlan], workers: Any, gateway: GatewayThread | None
-) -> NodeObservability:
-    """The supervisor's admin port and the node's scrape targets, started, with the workers'
-    restart (and, for processes, stub reload) hooks wired to its counters
-    (docs/observability.md, "Scrape configuration")."""
-    from hloserve.observability.supervisor import NodeObservability
-
-    host = connect_host(config.host)
-    gateway_admin = None
-    if gateway is not None and gateway.admin_port:
-        gw_host = connect_host(config.gateway.listen.rpartition(":")[0].strip("[]"))
-        gateway_admin = f"{gw_host}:{gateway.admin_port}"
-    observe = NodeObservability(
-        config.name,
-        config.host,
-        config.admin_port,
-        [f"{host}:{w.metrics_port}" for w in plan],
-        gateway_admin,
-        target_host=host,
-    )
-    workers.on_restart = observe.worker_restarted
-    if isinstance(workers, ProcessWorkers):
-        workers.on_stub_reload = observe.stub_reloaded
-    observe.workers_up(len(plan))
-    observe.start()
-    return observe
 
 
 def _alive(pid: int) -> bool:

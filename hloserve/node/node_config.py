@@ -104,19 +104,27 @@ class TritonConfig(_Section):
     """tritonserver settings shared by every worker.
 
     Attributes:
-        model_control_mode: ``--model-control-mode`` (none: load the whole repository).
-        load_models: ``--load-model`` names (explicit mode only).
+        model_control_mode: ``--model-control-mode``; explicit (default, as ``hloserve
+            serve``): the repository API restricted to the node's key, and a model whose
+            Python backend stub dies is reloaded; none: load the whole repository.
+        load_models: ``--load-model`` names (explicit mode only; default every model).
         args: further tritonserver flags, appended last (e.g.
             ``--backend-config=python,shm-default-byte-size=16777216``).
         log_verbose: ``--log-verbose`` level.
         startup_timeout_s: seconds a worker may take to become ready (600).
     """
 
-    model_control_mode: ModelControlMode = "none"
+    model_control_mode: ModelControlMode = "explicit"
     load_models: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     log_verbose: int = Field(default=0, ge=0)
     startup_timeout_s: float = Field(default=600.0, gt=0)
+
+    @property
+    def loads(self) -> tuple[str, ...]:
+        """The models loaded at start: ``load_models``, or every one (``*``) in explicit mode."""
+        explicit = self.model_control_mode == "explicit"
+        return self.load_models or (("*",) if explicit else ())
 
 
 class DockerConfig(_Section):

@@ -4,8 +4,8 @@ A node is N tritonservers ("workers") and, with two or more, the gateway in fron
 node up`` plans from a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
 (:func:`plan_workers`, :func:`planned_ports`, :func:`gateway_config`); ``hloserve serve
 --workers N`` from its base port (:func:`worker_ports`, :func:`fleet_gateway_config`). Both
-runtimes beside this module use the same worker environment (:func:`worker_env`), tritonserver
-flags (:func:`tritonserver_flags`), load list completion (:func:`with_dependencies`), exit
+runtimes beside this module use the same worker environment (:func:`worker_env`), load list
+completion (:func:`with_dependencies`), exit
 description (:func:`describe_exit`) and restart policy (:func:`restart_allowed`).
 
 docs/deployment.md describes the node file and the deployment shapes.
@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ from hloserve.errors import GpuNotFoundError, InvalidArgumentError
 from hloserve.errors import NodeError as NodeError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
 from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
-from hloserve.node.ports import free_ports
-from hloserve.node.triton_options import TritonServerOptions, server_flags
+from hloserve.node.triton_options import TritonServerOptions
+from hloserve.ports import free_ports
 
 #: Flags every hloserve worker runs with: one model that fails to load neither stops the server
 #: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
@@ -55,18 +55,56 @@ class WorkerPlan:
     metrics_port: int
 
 
-def detect_gpus() -> tuple[int, ...]:
-    """Indices of the NVIDIA GPUs of this machine: NVML (``nvidia-ml-py``), else ``nvidia-smi``.
+@dataclass(frozen=True)
+class NodePlan:
+    """What the node's supervisor runs (:func:`hloserve.node.supervisor.run_node`): made by
+    ``hloserve serve`` (1 or N workers) and by ``hloserve node up`` alike.
 
-    Returns:
-        ``(0, 1, ...)``, or ``()`` when neither NVML nor ``nvidia-smi`` finds a GPU.
+    Attributes:
+        servers: each worker's tritonserver options (ports, flags, environment with its GPU).
+        gateway: the gateway's settings, or None to run without one (one worker).
+        devices: a word per worker for the report ("GPU 0", "CPU").
+        restart: what happens to a worker that exits (``on-failure`` by default).
+        name: the node's name (admin port's ``node`` label, run directory, target file).
+        prefix: the first words of each report line ("hloserve", "hloserve node NAME").
+        host: the address the workers and the supervisor's admin port bind.
+        admin_port: the supervisor's admin port; None = 8003, off with a warning when taken.
+        startup_timeout_s: seconds the workers may take to get ready.
     """
+
+    servers: tuple[TritonServerOptions, ...]
+    gateway: GatewayConfig | None = None
+    devices: tuple[str, ...] = ()
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    name: str = "hloserve"
+    prefix: str = "hloserve"
+    host: str = "127.0.0.1"
+    admin_port: int | None = None
+    startup_timeout_s: float | None = None
+
+    @property
+    def ready_timeout_s(self) -> float:
+        """Seconds the workers may take to get ready: ``startup_timeout_s``, else the largest
+        of the servers' own."""
+        return self.startup_timeout_s or max(o.startup_timeout_s for o in self.servers)
+
+
+def device_name(gpu: int | None) -> str:
+    """ "GPU 3" or "CPU"."""
+    return "CPU" if gpu is None else f"GPU {gpu}"
+
+
+def _query_gpus() -> tuple[tuple[int, str], ...]:
+    """``(index, uuid)`` of each NVIDIA GPU in PCI bus order: NVML, else ``nvidia-smi``."""
     with contextlib.suppress(Exception):
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            return tuple(range(int(pynvml.nvmlDeviceGetCount())))
+            count = int(pynvml.nvmlDeviceGetCount())
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+            return tuple((i, u if isinstance(u, str) else u.decode()) for i, u in enumerate(uuids))
         finally:
             pynvml.nvmlShutdown()
     smi = shutil.which("nvidia-smi")
@@ -74,7 +112,7 @@ def detect_gpus() -> tuple[int, ...]:
         return ()
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -82,7 +120,101 @@ def detect_gpus() -> tuple[int, ...]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
-    return tuple(int(line) for line in out.split() if line.strip().isdigit())
+    found = []
+    for line in out.splitlines():
+        index, _, uuid = (part.strip() for part in line.partition(","))
+        if index.isdigit():
+            found.append((int(index), uuid))
+    return tuple(found)
+
+
+def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """Indices (NVML's, PCI bus order) of the NVIDIA GPUs this process may use.
+
+    NVML (``nvidia-ml-py``) lists the machine's GPUs, else ``nvidia-smi``; an inherited
+    ``CUDA_VISIBLE_DEVICES`` (indices in PCI bus order, or ``GPU-...`` UUIDs, CUDA's syntax)
+    restricts them, in its order; an empty one hides every GPU.
+
+    Returns:
+        e.g. ``(0, 1)``, or ``()`` when no GPU is found or visible.
+    """
+    found = _query_gpus()
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return tuple(i for i, _ in found)
+    by_name = {str(i): i for i, _ in found} | {u: i for i, u in found if u}
+    chosen: list[int] = []
+    for name in (n.strip() for n in visible.split(",")):
+        index = by_name.get(name)
+        if index is None:
+            break  # CUDA stops at the first entry it cannot resolve
+        if index not in chosen:
+            chosen.append(index)
+    return tuple(chosen)
+
+
+def assign_gpus(
+    gpus: str | Sequence[int] | None, workers: int | None, visible: Sequence[int]
+) -> list[int | None]:
+    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``.
+
+    Args:
+        gpus: ``"all"``, ``"none"``, GPU indices (a list or ``"0,1"``), or None (not given).
+        workers: the number of workers, or None (not given).
+        visible: the GPUs this process may use (:func:`detect_gpus`).
+
+    Returns:
+        Neither given: one worker per visible GPU, or one CPU worker when none is visible.
+        ``workers`` alone: the first ``workers`` GPUs (CPU workers when no GPU is visible).
+        ``gpus``: those GPUs; ``"none"``: ``workers`` (default 1) CPU workers.
+
+    Raises:
+        InvalidArgumentError: ``--workers`` below 1, disagreeing with ``--gpus``, or above the
+            visible GPUs; an index not visible; a malformed ``--gpus``.
+        GpuNotFoundError: ``--gpus`` asks for GPUs but none is visible.
+    """
+    if workers is not None and workers < 1:
+        raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")
+    if gpus == "none":
+        return [None] * (workers or 1)
+    if gpus is None:
+        if not visible:
+            return [None] * (workers or 1)
+        if workers is not None and workers > len(visible):
+            raise InvalidArgumentError(
+                f"--workers {workers} but {len(visible)} GPU(s) visible "
+                f"({_ids(visible)}); use --gpus none for CPU workers"
+            )
+        return list(visible[: workers or len(visible)])
+    if isinstance(gpus, str) and gpus != "all":
+        parts = [p.strip() for p in gpus.split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise InvalidArgumentError(f"--gpus takes all, none or indices like 0,1, got {gpus!r}")
+        gpus = [int(p) for p in parts]
+    if not visible:
+        raise GpuNotFoundError(
+            f"--gpus {_ids(gpus)}: GPU asked for but none is visible (NVML and nvidia-smi "
+            "found none, or CUDA_VISIBLE_DEVICES hides them); use --gpus none (node file: "
+            "cpu_workers) for CPU workers"
+        )
+    chosen: list[int] = list(visible) if gpus == "all" else [int(g) for g in gpus]
+    if len(set(chosen)) != len(chosen):
+        raise InvalidArgumentError(f"--gpus {_ids(chosen)} names a GPU twice")
+    missing = [g for g in chosen if g not in visible]
+    if missing:
+        raise GpuNotFoundError(
+            f"GPU {_ids(missing)} asked for but the visible GPUs are {_ids(visible)}"
+        )
+    if workers is not None and workers != len(chosen):
+        raise InvalidArgumentError(
+            f"--workers {workers} and --gpus {_ids(gpus)} ({len(chosen)} GPU(s)) disagree; "
+            "give one of them, or both matching"
+        )
+    return [*chosen]
+
+
+def _ids(values: Any) -> str:
+    return values if isinstance(values, str) else ",".join(map(str, values))
 
 
 def plan_workers(
@@ -96,25 +228,17 @@ def plan_workers(
             asked for.
 
     Raises:
-        GpuNotFoundError: GPUs asked for but none present, or an index the machine lacks.
+        GpuNotFoundError: GPUs asked for but none visible, or an index not visible
+            (:func:`assign_gpus`).
     """
     if config.cpu_workers:
-        gpus: list[int | None] = [None] * config.cpu_workers
+        gpus = assign_gpus("none", config.cpu_workers, ())
     else:
         found = tuple(detect_gpus() if available_gpus is None else available_gpus)
-        asked = found if config.gpus == "all" else tuple(config.gpus)
-        if not found:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU asked for (gpus: {_show(config.gpus)}) but none present"
-                " (NVML and nvidia-smi found no NVIDIA GPU); use cpu_workers for a CPU node"
-            )
-        missing = sorted(set(asked) - set(found))
-        if missing:
-            raise GpuNotFoundError(
-                f"node {config.name}: GPU {', '.join(map(str, missing))} asked for but this "
-                f"machine has GPUs {', '.join(map(str, found))}"
-            )
-        gpus = list(asked)
+        try:
+            gpus = assign_gpus(config.gpus, None, found)
+        except GpuNotFoundError as exc:
+            raise GpuNotFoundError(f"node {config.name}: {exc}") from None
     plans = []
     for i, gpu in enumerate(gpus):
         http, grpc, metrics = config.ports.of_worker(i)
@@ -122,10 +246,6 @@ def plan_workers(
             raise NodeConfigError(f"node {config.name}: worker {i}'s ports pass 65535")
         plans.append(WorkerPlan(i, gpu, http, grpc, metrics))
     return plans
-
-
-def _show(gpus: Any) -> str:
-    return gpus if isinstance(gpus, str) else "[" + ", ".join(map(str, gpus)) + "]"
 
 
 def connect_host(host: str) -> str:
@@ -140,46 +260,17 @@ def gateway_enabled(config: NodeConfig, workers: int) -> bool:
 
 
 def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
-    """Environment of a worker beyond its image's or the parent's.
+    """Environment of a worker beyond its image's or the parent's (every stub inherits it).
 
-    A GPU worker process sees only its GPU (``CUDA_VISIBLE_DEVICES``); a GPU container gets its
-    GPU from the device request instead. A CPU worker hides every GPU and runs JAX on the CPU.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number GPUs as NVML and ``nvidia-smi`` do (CUDA's
+    default puts the fastest first). A GPU worker process sees only its GPU
+    (``CUDA_VISIBLE_DEVICES``); a GPU container gets its GPU from the device request instead. A
+    CPU worker hides every GPU and runs JAX on the CPU.
     """
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if worker.gpu is None:
-        return {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
-    return {} if docker else {"CUDA_VISIBLE_DEVICES": str(worker.gpu)}
-
-
-def tritonserver_flags(
-    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
-) -> list[str]:
-    """tritonserver flags of a worker, as ``hloserve serve`` sets them (docs/serving.md).
-
-    :data:`SERVING_FLAGS` keep a worker serving when one model fails to load; in explicit mode
-    the runtime model is loaded with the named models and, given ``model_control_key``, the
-    repository API is restricted to it (:mod:`hloserve.node.model_control`). Built by
-    :func:`~hloserve.node.tritonserver.server_flags`, as for a local tritonserver.
-    """
-    from hloserve import names
-
-    t = config.tritonserver
-    load = tuple(t.load_models)
-    if load and "*" not in load and names.RUNTIME_MODEL not in load:
-        load += (names.RUNTIME_MODEL,)
-    explicit = t.model_control_mode == "explicit"
-    options = TritonServerOptions(
-        model_repository=config.repository,
-        http_port=worker.http_port,
-        grpc_port=worker.grpc_port,
-        metrics_port=worker.metrics_port,
-        host=config.host,
-        model_control_mode=t.model_control_mode,
-        load_models=load,
-        model_control_key=model_control_key if explicit else None,
-        extra_args=(*SERVING_FLAGS, *t.args),
-        log_verbose=t.log_verbose,
-    )
-    return server_flags(options)
+        return {**env, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    return env if docker else {**env, "CUDA_VISIBLE_DEVICES": str(worker.gpu)}
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
@@ -372,6 +463,19 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
     if names.RUNTIME_MODEL not in result:
         result.append(names.RUNTIME_MODEL)
     return tuple(result)
+
+
+def runtime_first(options: TritonServerOptions) -> tuple[TritonServerOptions, tuple[str, ...]]:
+    """Explicit-mode options that load only the runtime model at start, and the models to
+    load through the repository API once the server is ready (so every front finds the runtime
+    serving when it initializes). Other options are returned as they are, with nothing after.
+    """
+    from hloserve.names import RUNTIME_MODEL
+
+    later = tuple(m for m in options.load_models if m != RUNTIME_MODEL)
+    if options.model_control_mode != "explicit" or not later:
+        return options, ()
+    return replace(options, load_models=(RUNTIME_MODEL,)), later
 
 
 def describe_exit(code: int) -> str:

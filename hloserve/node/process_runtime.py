@@ -22,13 +22,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
 from hloserve.errors import HloserveError, TritonServerError
-from hloserve.node.node_config import RestartConfig
-from hloserve.node.plan import describe_exit, restart_allowed
-from hloserve.node.triton_options import TritonServerOptions
+from hloserve.node.plan import NodePlan, describe_exit, restart_allowed, runtime_first
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
@@ -106,60 +105,35 @@ def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
 class ProcessWorkers:
     """Local tritonservers, one per planned worker, watched and restarted by this process.
 
-    The process runtime of ``hloserve node up`` and of ``hloserve serve --workers N``
-    (:class:`~hloserve.node.fleet.LocalFleet`).
+    The process runtime of ``hloserve node up`` and ``hloserve serve``
+    (:class:`~hloserve.node.supervisor.Node`).
 
     Args:
-        options: each worker's server options (distinct ports), used as given except the log
-            file with ``follow_logs``.
-        restart: the restart policy; None = ``no`` (a worker that exits stays down and is left
-            to the gateway's health probes).
-        startup_timeout_s: seconds the workers may take to get ready; None = the largest of
-            their ``startup_timeout_s``.
-        devices: a word per worker for the start line ("GPU 0", "CPU"); None prints none.
-        follow_logs: send each worker's output to ``<run dir>/worker<i>.log`` and copy it to
-            stdout with a ``[worker i]`` prefix; False leaves it on this process's stdout.
-        name: the run directory's prefix (the node's name).
-        prefix: the first word of each report line ("hloserve node", "hloserve").
+        plan: the node: each worker's server options (distinct ports; each worker's output goes
+            to ``<run dir>/worker<i>.log`` and is copied to stdout with a ``[worker i]``
+            prefix), the restart policy, the start-up timeout (None = the largest of the
+            servers' ``startup_timeout_s``), the devices, the name and the report prefix.
         report: receives one line per event (start, exit, restart, stub reload); an attribute
-            too, like the two hooks, so a supervisor can set them after the start.
-        on_restart: called with the worker index after each restart (metrics).
-        on_stub_reload: called with the worker index and the model after each stub reload.
+            too, like the hooks ``on_restart`` (worker index, after each restart) and
+            ``on_stub_reload`` (worker index and model), which a supervisor sets.
     """
 
     def __init__(
-        self,
-        options: Sequence[TritonServerOptions],
-        *,
-        restart: RestartConfig | None = None,
-        startup_timeout_s: float | None = None,
-        devices: Sequence[str] | None = None,
-        follow_logs: bool = True,
-        name: str = "node",
-        prefix: str = "hloserve node",
-        report: Callable[[str], None] = lambda line: print(line, flush=True),
-        on_restart: Callable[[int], None] | None = None,
-        on_stub_reload: Callable[[int, str], None] | None = None,
+        self, plan: NodePlan, report: Callable[[str], None] = lambda line: print(line, flush=True)
     ) -> None:
-        self.restart = restart or RestartConfig(policy="no")
-        self.startup_timeout_s = (
-            max(o.startup_timeout_s for o in options)
-            if startup_timeout_s is None
-            else startup_timeout_s
-        )
-        self.devices = devices
-        self._prefix = prefix
+        self.plan = plan
+        self.restart = plan.restart
+        self.startup_timeout_s = plan.ready_timeout_s
+        self._prefix = plan.prefix
         self.report = report
-        self.on_restart = on_restart
-        self.on_stub_reload = on_stub_reload
-        self._run_dir: Path | None = None
-        self.options = list(options)
-        if follow_logs:
-            self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{name}-"))
-            self.options = [
-                dataclasses.replace(o, log_file=self._run_dir / f"worker{i}.log")
-                for i, o in enumerate(self.options)
-            ]
+        self.on_restart: Callable[[int], None] | None = None
+        self.on_stub_reload: Callable[[int, str], None] | None = None
+        self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{plan.name}-"))
+        self.options = [
+            dataclasses.replace(runtime_first(o)[0], log_file=self._run_dir / f"worker{i}.log")
+            for i, o in enumerate(plan.servers)
+        ]
+        self._then_load = [runtime_first(o)[1] for o in plan.servers]
         count = len(self.options)
         self.servers = [TritonServer(o) for o in self.options]
         self._watchdogs: list[StubWatchdog | None] = [None] * count
@@ -171,24 +145,29 @@ class ProcessWorkers:
         self._logs: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Launch every worker (no waiting); with ``follow_logs`` their logs are followed."""
+        """Launch every worker (no waiting) and follow their logs."""
         for i, server in enumerate(self.servers):
             server.start()
             self._started_at[i] = time.monotonic()
-            if self._run_dir is not None:
-                follower = threading.Thread(
-                    target=follow_log,
-                    args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
-                    kwargs={"stop": self._logs_stop},
-                    daemon=True,
-                )
-                follower.start()
-                self._logs.append(follower)
-            if self.devices is not None:
-                self.report(f"{self._prefix}: worker {i} pid {server.pid} ({self.devices[i]})")
+            follower = threading.Thread(
+                target=follow_log,
+                args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
+                kwargs={"stop": self._logs_stop},
+                daemon=True,
+            )
+            follower.start()
+            self._logs.append(follower)
+            on = f" on {self.plan.devices[i]}" if self.plan.devices else ""
+            u = server.urls
+            self.report(
+                f"{self._prefix}: worker {i} tritonserver (pid {server.pid}){on}: HTTP "
+                f"http://{u.http}  gRPC {u.grpc}  metrics http://{u.metrics}/metrics"
+            )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
-        """Wait until every worker answers ``/v2/health/ready``; then the stub watchdogs start.
+        """Wait until every worker answers ``/v2/health/ready``, load the models each loads
+        through the repository API (:func:`~hloserve.node.plan.runtime_first`: the runtime
+        model came first), then start the stub watchdogs.
 
         Returns:
             Seconds waited, or None when ``stop`` was set first.
@@ -196,10 +175,21 @@ class ProcessWorkers:
         Raises:
             TritonServerError: a worker exited or did not get ready in time (its log tail).
         """
-        waited = wait_all_ready(self.servers, self.startup_timeout_s, stop)
-        if waited is not None:
-            self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
-        return waited
+        start = time.monotonic()
+        if wait_all_ready(self.servers, self.startup_timeout_s, stop) is None:
+            return None
+        with ThreadPoolExecutor(len(self.servers)) as pool:  # every worker at once
+            list(pool.map(self._load_rest, range(len(self.servers)), self.servers))
+        self._watchdogs = [self._watchdog(i, s) for i, s in enumerate(self.servers)]
+        return time.monotonic() - start
+
+    def _load_rest(self, i: int, server: TritonServer) -> None:
+        """Load what worker ``i`` loads once ready (:func:`~hloserve.node.plan.runtime_first`)."""
+        if self._then_load[i]:
+            from hloserve.node.model_control_client import load_all
+
+            key = server.options.model_control_key
+            load_all(server.urls.http, key, self._then_load[i], self.startup_timeout_s)
 
     def _watchdog(self, i: int, server: TritonServer) -> StubWatchdog:
         def reloaded(model: str) -> None:
@@ -215,10 +205,6 @@ class ProcessWorkers:
     def down(self) -> set[int]:
         """The workers that stay down (the restart policy allows no more restarts)."""
         return set(self._down)
-
-    def exit_codes(self) -> list[int | None]:
-        """Each worker's exit status, None while it runs (or was never started)."""
-        return [s.exit_code() for s in self.servers]
 
     def poll(self) -> str | None:
         """Reload models whose stub died; restart workers that exited, under the restart
@@ -302,6 +288,7 @@ class ProcessWorkers:
             return 0.0
         if wait:
             waited = replacement.wait_ready(timeout_s)
+            self._load_rest(i, replacement)
             self._watchdogs[i] = self._watchdog(i, replacement)
             return waited
         threading.Thread(target=self._watch_when_ready, args=(i, replacement), daemon=True).start()
@@ -310,6 +297,7 @@ class ProcessWorkers:
     def _watch_when_ready(self, i: int, server: TritonServer) -> None:
         with contextlib.suppress(HloserveError):
             server.wait_ready(self.startup_timeout_s)
+            self._load_rest(i, server)
             if i < len(self.servers) and self.servers[i] is server and server.is_running():
                 self._watchdogs[i] = self._watchdog(i, server)
 
@@ -326,7 +314,6 @@ class ProcessWorkers:
         self._logs_stop.set()
         for follower in self._logs:
             follower.join(timeout=5.0)
-        if self._run_dir is not None:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
+        shutil.rmtree(self._run_dir, ignore_errors=True)
         if errors:
             raise errors[0]

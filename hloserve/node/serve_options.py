@@ -1,12 +1,14 @@
 """The settings of ``hloserve serve`` (:class:`ServeOptions`), their checks, and the
 tritonserver options they make (:func:`server_options`).
 
-Pure planning: nothing here starts a process; :mod:`hloserve.node.serve` runs the server and
-:mod:`hloserve.node.serve_fleet` the ``--workers N`` fleet (docs/serving.md).
+Pure planning: nothing here starts a process. :func:`serve_plan` makes the node plan that
+:func:`hloserve.node.supervisor.run_node` runs, as for ``hloserve node up`` (docs/serving.md,
+docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.node.plan import SERVING_FLAGS, with_dependencies
-from hloserve.node.ports import check_ports_free
+from hloserve.node.plan import SERVING_FLAGS, NodePlan, with_dependencies
 from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
+from hloserve.ports import check_ports_free, free_port
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
@@ -27,7 +29,8 @@ if TYPE_CHECKING:  # the build code is imported when a repository is built
         SchedulingOptions,
         WeightCacheOptions,
     )
-    from hloserve.node.plan import WorkerPorts
+    from hloserve.node.node_config import NodeConfig
+    from hloserve.node.plan import WorkerPlan, WorkerPorts
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -56,15 +59,15 @@ class ServeOptions:
         metrics_port: Prometheus metrics port (Triton's default 8002).
         host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
         model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
-            None = :func:`default_control_mode`: explicit with ``--load-model=*`` on every
-            host (everything loads at start, as with none, and a model whose Python backend
-            stub dies is reloaded, :mod:`.watchdog`), the repository API restricted to
-            ``model_control_key``.
+            None = explicit with ``--load-model=*`` on every host (everything loads at start,
+            as with none, and a model whose Python backend stub dies is reloaded,
+            :mod:`.watchdog`), the repository API restricted to ``model_control_key`` (Triton's
+            load call accepts model files, and a Python model is code).
         load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
             the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
         model_control_key: in explicit mode, the key Triton's repository API (index, load,
-            unload) requires (:mod:`hloserve.node.model_control`); None = one from
-            :func:`~hloserve.node.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
+            unload) requires (:mod:`hloserve.model_control`); None = one from
+            :func:`~hloserve.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
             or random).
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
@@ -88,6 +91,9 @@ class ServeOptions:
         startup_timeout_s: seconds to wait for every model to load and warm up.
         workers: tritonserver processes; above 1 the gateway listens on ``grpc_port`` (its
             admin HTTP port on ``metrics_port``) and the workers on ``worker_port_base``.
+            None = one per GPU of ``gpus`` (:func:`~hloserve.node.plan.assign_gpus`).
+        gpus: ``"all"``, ``"none"`` (CPU workers) or GPU indices ``"0,1"``; None = every
+            visible GPU, or the first ``workers`` of them.
         worker_port_base: worker i binds HTTP, gRPC and metrics on ``base + 3i`` .. ``+ 2``;
             0 = free ports. Used only with ``workers`` > 1.
         gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
@@ -123,7 +129,8 @@ class ServeOptions:
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    workers: int = 1
+    workers: int | None = None
+    gpus: str | None = None
     worker_port_base: int = 8100
     gateway_config: Path | None = None
     tls_cert: Path | None = None
@@ -184,9 +191,9 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
 
     :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
     fails to load, so the others keep serving (the failure is reported by
-    :func:`~hloserve.node.model_control.model_states`). In explicit mode the runtime model is
+    the supervisor's ready report). In explicit mode the runtime model is
     loaded with the named models and the repository API is restricted to
-    ``options.model_control_key`` (a new :func:`~hloserve.node.model_control.launcher_key`
+    ``options.model_control_key`` (a new :func:`~hloserve.model_control.launcher_key`
     when None).
 
     Raises:
@@ -194,21 +201,16 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     """
     from hloserve.triton_backend.backends import backend_dirs
 
-    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
-    for endpoint, port in ports.items():
-        if not 1 <= port <= 65535:
-            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
-    if len(set(ports.values())) != len(ports):
-        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    _check_ports(options)
     mode = options.model_control_mode
     load_models = tuple(options.load_models)
-    if mode is None:
-        mode, load_models = default_control_mode(options.host)
+    if mode is None:  # explicit on every host: everything loads, a dead stub is reloaded
+        mode, load_models = "explicit", ("*",)
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
     key = None
     if mode == "explicit":
-        from hloserve.node.model_control import launcher_key
+        from hloserve.model_control import launcher_key
 
         key = options.model_control_key or launcher_key()
     return TritonServerOptions(
@@ -225,6 +227,55 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
         log_verbose=options.log_verbose,
         startup_timeout_s=options.startup_timeout_s,
     )
+
+
+def node_server_options(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> TritonServerOptions:
+    """A ``node up`` worker's tritonserver options, as ``hloserve serve`` sets them
+    (:func:`server_options`), on its ports and with its environment; the docker runtime runs
+    their flags (:func:`~hloserve.node.triton_options.server_flags`) in its container.
+
+    Without ``model_control_key`` the repository API stays open (no key is made).
+    """
+    from hloserve.node.plan import worker_env
+
+    t = config.tritonserver
+    serve = ServeOptions(
+        path=config.repository,
+        http_port=worker.http_port,
+        grpc_port=worker.grpc_port,
+        metrics_port=worker.metrics_port,
+        host=config.host,
+        model_control_mode=t.model_control_mode,
+        load_models=t.loads,
+        model_control_key=model_control_key,
+        tritonserver_args=t.args,
+        log_verbose=t.log_verbose,
+        startup_timeout_s=t.startup_timeout_s,
+    )
+    options = server_options(serve, config.repository)
+    return dataclasses.replace(
+        options,
+        model_control_key=model_control_key and options.model_control_key,
+        env=worker_env(worker, docker=False),
+        die_with_parent=True,
+    )
+
+
+def _check_ports(options: ServeOptions) -> dict[str, int]:
+    """The server's ports by endpoint, each in 1..65535 and all different.
+
+    Raises:
+        InvalidArgumentError: a port out of range, or two endpoints on one port.
+    """
+    ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
+    for endpoint, port in ports.items():
+        if not 1 <= port <= 65535:
+            raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
+    if len(set(ports.values())) != len(ports):
+        raise InvalidArgumentError(f"HTTP, gRPC and metrics need three different ports: {ports}")
+    return ports
 
 
 def build_flags_set(options: ServeOptions) -> list[str]:
@@ -260,8 +311,85 @@ def build_flags_set(options: ServeOptions) -> list[str]:
     return [flag for flag, set_ in given.items() if set_]
 
 
-def check_options(options: ServeOptions) -> None:
+def serve_gpus(options: ServeOptions) -> list[int | None]:
+    """Each worker's GPU (None: CPU) from ``--gpus``, ``--workers`` and the visible GPUs.
+
+    Raises:
+        InvalidArgumentError, GpuNotFoundError: see :func:`~hloserve.node.plan.assign_gpus`.
+    """
+    from hloserve.node.plan import assign_gpus, detect_gpus
+
+    return assign_gpus(options.gpus, options.workers, detect_gpus())
+
+
+def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | None]) -> NodePlan:
+    """The node ``serve`` runs: one tritonserver per entry of ``gpus`` (:func:`serve_gpus`),
+    on the public ports when there is one, else on the worker ports behind the gateway.
+
+    Raises:
+        InvalidArgumentError: a worker port clashes with the gateway's, or leaves 1..65535.
+        GatewayConfigError: ``--gateway-config`` is invalid.
+    """
+    from hloserve.model_control import launcher_key
+    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_env
+
+    if options.model_control_key is None:  # one key for every worker
+        options = dataclasses.replace(options, model_control_key=launcher_key())
+    gateway = None
+    if len(gpus) == 1:
+        ports = [(options.http_port, options.grpc_port, options.metrics_port)]
+    else:
+        from hloserve.node.plan import worker_ports
+
+        if options.grpc_port == 0:
+            options = dataclasses.replace(options, grpc_port=free_port(options.host))
+        if options.http_port == 0:
+            options = dataclasses.replace(options, http_port=free_port(options.host))
+        planned = worker_ports(len(gpus), options.worker_port_base, options.host)
+        check_worker_ports(options, planned)
+        ports = [(p.http, p.grpc, p.metrics) for p in planned]
+    servers = []
+    for i, ((http, grpc, metrics), gpu) in enumerate(zip(ports, gpus, strict=True)):
+        worker = dataclasses.replace(options, http_port=http, grpc_port=grpc, metrics_port=metrics)
+        servers.append(
+            dataclasses.replace(
+                server_options(worker, repository),
+                env=worker_env(WorkerPlan(i, gpu, http, grpc, metrics), docker=False),
+                die_with_parent=True,
+            )
+        )
+    if len(gpus) > 1:
+        from hloserve.gateway.config import with_tls
+
+        gateway = with_tls(
+            fleet_gateway_config(
+                servers,
+                f"{options.host}:{options.grpc_port}",
+                options.metrics_port,
+                options.gateway_config,
+                http_listen=f"{options.host}:{options.http_port}",
+            ),
+            options.tls_cert,
+            options.tls_key,
+            options.tls_client_ca,
+        )
+    return NodePlan(
+        servers=tuple(servers),
+        gateway=gateway,
+        devices=tuple(device_name(g) for g in gpus),
+        name=f"serve-{options.grpc_port}",
+        host=options.host,
+        admin_port=options.admin_port,
+        startup_timeout_s=options.startup_timeout_s,
+    )
+
+
+def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = None) -> None:
     """Refuse bad settings before anything is built or started.
+
+    Args:
+        options: the settings.
+        gpus: each worker's GPU (:func:`serve_gpus`); None works it out.
 
     Raises:
         InvalidArgumentError: --load-model without explicit mode, --workers,
@@ -276,8 +404,7 @@ def check_options(options: ServeOptions) -> None:
     check_passthrough(options.tritonserver_args)
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
-    if options.workers < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {options.workers}")
+    workers = len(serve_gpus(options) if gpus is None else gpus)
     if options.front_instances < 1:
         raise InvalidArgumentError(
             f"--front-instances must be at least 1, got {options.front_instances}"
@@ -286,9 +413,9 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError(
             f"--max-request-bytes must be at least 1, got {options.max_request_bytes}"
         )
-    if options.gateway_config is not None and options.workers == 1:
+    if options.gateway_config is not None and workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
-    if options.workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
+    if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     if options.watch:
         from hloserve.node.watch import check_watch_options
@@ -322,17 +449,8 @@ def check_options(options: ServeOptions) -> None:
         raise InvalidArgumentError(
             f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
         )
-    if options.workers == 1:
-        ports = {"HTTP": options.http_port, "gRPC": options.grpc_port}
-        ports["metrics"] = options.metrics_port
-        for endpoint, port in ports.items():
-            if not 1 <= port <= 65535:
-                raise InvalidArgumentError(f"{endpoint} port {port} is not in 1..65535")
-        if len(set(ports.values())) != len(ports):
-            raise InvalidArgumentError(
-                f"HTTP, gRPC and metrics need three different ports: {ports}"
-            )
-        check_ports_free(options.host, ports)
+    if workers == 1:
+        check_ports_free(options.host, _check_ports(options))
         return
     gateway = {
         "HTTP": options.http_port,
@@ -351,9 +469,9 @@ def check_options(options: ServeOptions) -> None:
     if options.worker_port_base:
         from hloserve.node.plan import worker_ports
 
-        workers = worker_ports(options.workers, options.worker_port_base, options.host)
-        check_worker_ports(options, workers)
-        for i, w in enumerate(workers):
+        planned = worker_ports(workers, options.worker_port_base, options.host)
+        check_worker_ports(options, planned)
+        for i, w in enumerate(planned):
             endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
             check_ports_free(options.host, endpoints, f"worker {i} ")
 
@@ -371,22 +489,3 @@ def check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) ->
             f"worker ports from --worker-port-base {options.worker_port_base} include the "
             f"gateway's port(s) {clash}; choose another base"
         )
-
-
-def default_control_mode(host: str) -> tuple[ModelControlMode, tuple[str, ...]]:
-    """The model control mode (and ``--load-model`` names) when the user named none.
-
-    ``explicit`` with ``--load-model=*`` on every host: everything loads at start (as in
-    ``none``) and the stub watchdog can reload a model whose process died. Explicit mode opens
-    Triton's repository API, whose load call accepts model files (a Python model is code), so
-    :func:`server_options` restricts that API to the launcher's key
-    (:mod:`hloserve.node.model_control`) on loopback and non-loopback hosts alike.
-
-    Args:
-        host: the address the server binds (the answer no longer depends on it).
-
-    Returns:
-        ``(mode, load_models)``.
-    """
-    del host
-    return "explicit", ("*",)

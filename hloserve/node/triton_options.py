@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hloserve.node.ports import free_ports
 from hloserve.node.triton_install import TritonInstall
+from hloserve.ports import free_ports
 
 ModelControlMode = Literal["none", "poll", "explicit"]
 
@@ -31,7 +31,7 @@ class TritonServerOptions:
             the repository. Default "none".
         load_models: ``--load-model`` names at start ("*" for all); only with "explicit".
         model_control_key: with "explicit", the key a client must send to reach Triton's
-            repository API (:mod:`hloserve.node.model_control`); None leaves that API open.
+            repository API (:mod:`hloserve.model_control`); None leaves that API open.
         extra_backend_dirs: Python-based backends by backend name: each directory holds a
             ``model.py`` and is selected in ``config.pbtxt`` by ``backend: "<name>"``. Linked
             beside ``python/`` in the composed ``--backend-directory``.
@@ -120,7 +120,7 @@ def server_flags(o: TritonServerOptions) -> list[str]:
     Model control (``--model-control-mode``, ``--load-model``), the three endpoints on
     ``o.host`` (metrics off with ``--allow-metrics=false`` when ``o.metrics_port`` is None),
     ``--log-verbose``, the repository API restricted to ``o.model_control_key`` in explicit mode
-    (:func:`hloserve.node.model_control.restricted_flags`), then ``o.extra_args``. The one
+    (:func:`hloserve.model_control.restricted_flags`), then ``o.extra_args``. The one
     builder of these flags: :class:`TritonServer` puts the install's paths in front, the docker
     runtime the container's.
     """
@@ -138,7 +138,7 @@ def server_flags(o: TritonServerOptions) -> list[str]:
         flags += [f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}"]
     flags.append(f"--log-verbose={o.log_verbose}")
     if o.model_control_key is not None and o.model_control_mode == "explicit":
-        from hloserve.node.model_control import restricted_flags
+        from hloserve.model_control import restricted_flags
 
         flags += restricted_flags(o.model_control_key)
     return [*flags, *o.extra_args]

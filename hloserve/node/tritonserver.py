@@ -31,14 +31,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
-from hloserve.node.ports import check_ports_free, free_port, free_ports
 from hloserve.node.procfs import (
     die_with_parent,
     kill_session,
@@ -60,6 +59,7 @@ from hloserve.node.triton_options import (
     TritonServerUrls,
     server_flags,
 )
+from hloserve.ports import check_ports_free, free_port, free_ports
 
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
@@ -188,7 +188,7 @@ class TritonServer:
         o = self.options
         install = o.install or TritonInstall.from_pytriton_wheel()
         check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
-        _check_ports_free(o.host, o.ports())
+        check_ports_free(o.host, o.ports(), "tritonserver: ")
         if o.run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix="hloserve-tritonserver-"))
             self._owns_run_dir = True
@@ -395,10 +395,6 @@ class TritonServer:
     def _kill_at_exit(self) -> None:
         if self._process is not None:
             kill_session(self._process.pid, grace_s=1.0)
-
-
-def _check_ports_free(host: str, ports: Mapping[str, int]) -> None:
-    check_ports_free(host, ports, "tritonserver: ")
 
 
 __all__ = [

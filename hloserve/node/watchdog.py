@@ -11,7 +11,7 @@ died (signal 9, SIGKILL); reloading") and reloads the model through Triton's rep
 Triton load fresh instances even though no file changed, then swap them in). This needs
 ``--model-control-mode=explicit``; ``hloserve serve`` uses it (with ``--load-model=*``) unless
 another mode is asked for, in which case the death is only reported. The repository API is
-restricted to callers holding the launcher's key (:mod:`hloserve.node.model_control`); the
+restricted to callers holding the launcher's key (:mod:`hloserve.model_control`); the
 reload sends it.
 
 A reload of the runtime model (``hloserve_runtime``) is retried by the fronts as UNAVAILABLE
@@ -55,7 +55,7 @@ def reload_model(
         model: the model name.
         timeout_s: seconds the load may take.
         headers: sent with the load: the model-control header when the repository API is
-            restricted (:func:`hloserve.node.model_control.http_headers`).
+            restricted (:func:`hloserve.model_control.http_headers`).
 
     Raises:
         tritonclient.utils.InferenceServerException: Triton refused or failed the load (for
@@ -159,7 +159,7 @@ def stub_watchdog(
         server: the running server.
         on_reload: called with the model's name after each reload it starts (for metrics).
     """
-    from hloserve.node.model_control import http_headers
+    from hloserve.model_control import http_headers
 
     http = server.urls.http
     explicit = server.options.model_control_mode == "explicit"

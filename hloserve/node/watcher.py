@@ -3,7 +3,7 @@
 
 :mod:`hloserve.node.watch` holds the rules (fingerprints, debounce, dependency order, version
 folders); this module applies them to a running tritonserver through its repository API
-(:class:`TritonModelControl`, with the model-control key of :mod:`hloserve.node.model_control`).
+(:class:`TritonModelControl`, with the model-control key of :mod:`hloserve.model_control`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One fleet for the module (2 cores): a repository with ``digits`` (trained, exported),
 ``affine`` (golden) and ``big`` (20 MiB in and out), built once, served by two workers through
-:class:`hloserve.node.fleet.LocalFleet` (the code ``hloserve serve --workers`` runs). Worker 0
+:class:`hloserve.node.supervisor.Node` (the code ``hloserve serve --workers`` runs). Worker 0
 loads every model; worker 1 (explicit model control) loads ``affine`` and ``big`` only, so
 ``digits`` has one replica and the others two. Unchanged tritonclient and perf_analyzer talk
 to the gateway; the last test kills worker 0 under a bounded load loop and starts it again.
@@ -22,8 +22,9 @@ import pytest
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.fleet import LocalFleet
+from hloserve.node.plan import NodePlan
 from hloserve.node.serve import ServeOptions, server_options
+from hloserve.node.supervisor import Node
 from hloserve.node.tritonserver import free_ports
 from tests.conftest import BIG_ITEMS, serving_bundles
 
@@ -34,7 +35,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     bundles = serving_bundles(tmp_path_factory.mktemp("e2e") / "bundles", digits_bundle)
     repo = bundles.parent / "repository"
     build_repository(bundles, repo, front_instances=1)
@@ -60,17 +61,17 @@ def fleet(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         health={"interval_seconds": 0.5, "failure_threshold": 1},
         discovery={"poll_interval_seconds": 2.0},
     )
-    with LocalFleet(workers, config, die_with_parent=False) as running:
+    with Node(NodePlan(tuple(workers), config)) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def gateway(fleet: LocalFleet) -> Any:
+def gateway(fleet: Node) -> Any:
     assert fleet.gateway is not None
     return grpcclient.InferenceServerClient(fleet.gateway.address)
 
 
-def _direct(fleet: LocalFleet, worker: int) -> Any:
+def _direct(fleet: Node, worker: int) -> Any:
     return grpcclient.InferenceServerClient(fleet.servers[worker].urls.grpc)
 
 
@@ -90,7 +91,7 @@ def _affine(client: Any, x: np.ndarray) -> np.ndarray:
 
 
 def test_digits_answers_through_the_gateway_equal_direct(
-    fleet: LocalFleet, gateway: Any, digits_model: Any
+    fleet: Node, gateway: Any, digits_model: Any
 ) -> None:
     images = digits_model.load_split()[2][:40].astype(np.float32)
     direct = _direct(fleet, 0)
@@ -102,7 +103,7 @@ def test_digits_answers_through_the_gateway_equal_direct(
     assert gateway.get_model_config("digits").config.max_batch_size == 32
 
 
-def test_digits_over_kserve_http_equal_direct(fleet: LocalFleet, digits_model: Any) -> None:
+def test_digits_over_kserve_http_equal_direct(fleet: Node, digits_model: Any) -> None:
     import tritonclient.http as httpclient
 
     assert fleet.gateway is not None and fleet.gateway.http_address is not None
@@ -123,7 +124,7 @@ def test_a_20_mib_tensor_round_trips_through_the_gateway(gateway: Any) -> None:
         assert y.nbytes == 20 * 1024 * 1024 and np.array_equal(y, x * 2)
 
 
-def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: LocalFleet) -> None:
+def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: Node) -> None:
     from hloserve.node.perf_analyzer import run_perf_analyzer
 
     assert fleet.gateway is not None and fleet.gateway.http_address is not None
@@ -136,7 +137,7 @@ def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: LocalFleet) ->
         assert "error" not in output.lower(), output
 
 
-def test_killing_a_worker_under_load(fleet: LocalFleet, gateway: Any, digits_model: Any) -> None:
+def test_killing_a_worker_under_load(fleet: Node, gateway: Any, digits_model: Any) -> None:
     """Runs last: affine (2 replicas) keeps serving; digits (1 replica, on worker 0) answers
     UNAVAILABLE while worker 0 is down and serves again once it is back.
 

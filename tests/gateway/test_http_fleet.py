@@ -32,7 +32,7 @@ from hloserve.gateway.fleet_http import (
     json_data_mismatch,
 )
 from hloserve.gateway.haproxy import find_haproxy
-from hloserve.node.ports import free_ports
+from hloserve.ports import free_ports
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ import pytest
 
 from hloserve import names
 from hloserve.gateway.config import DiscoveryConfig, GatewayConfig
+from hloserve.model_control import GRPC_METADATA_KEY, http_headers, launcher_key
 from hloserve.model_repository_tools import SchedulingOptions, build_repository
 from hloserve.node.gateway_thread import GatewayThread
-from hloserve.node.model_control import GRPC_METADATA_KEY, http_headers, launcher_key
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options
 from tests.gateway.test_http_tritonserver import FREE_PORTS, _call, _index

@@ -206,7 +206,7 @@ def test_the_gateways_own_errors_are_in_tritons_words(
     model's text is followed by the workers' reasons). Runs before the stopped worker."""
     import tritonclient.http as httpclient
 
-    from hloserve.node.model_control import grpc_metadata, local_key
+    from hloserve.model_control import grpc_metadata, local_key
 
     servers, gateway, http = fleet
     direct = grpcclient.InferenceServerClient(servers[0].urls.grpc)

@@ -57,7 +57,8 @@ GOLDEN_WORKER_2 = {
         "tritonserver",
         "--model-repository=/models",
         "--backend-directory=/opt/tritonserver/backends",
-        "--model-control-mode=none",
+        "--model-control-mode=explicit",
+        "--load-model=*",
         "--http-address=0.0.0.0",
         "--http-port=8106",
         "--grpc-address=0.0.0.0",
@@ -71,7 +72,7 @@ GOLDEN_WORKER_2 = {
         "--backend-config=python,shm-region-prefix-name=hloserve-gpunode-w2-",
     ],
     "labels": {"hloserve.node": "gpunode", "hloserve.worker": "2", "hloserve.gpu": "2"},
-    "environment": {"HLOSERVE_LOG": "info"},
+    "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HLOSERVE_LOG": "info"},
     "network_mode": "host",
     "ipc_mode": "private",
     "shm_size": "2g",
@@ -145,7 +146,11 @@ def test_cpu_worker_spec_has_no_device_request_and_hides_gpus(tmp_path: Path) ->
     config = NodeConfig(repository=tmp_path, runtime="docker", cpu_workers=2)
     spec = container_spec(config, plan_workers(config)[1])
     assert spec["device_requests"] == []
-    assert spec["environment"] == {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    assert spec["environment"] == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "",
+        "JAX_PLATFORMS": "cpu",
+    }
     assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 5}
 
 
@@ -166,7 +171,8 @@ def test_hloserve_launcher_runs_hloserve_serve_on_the_mount(tmp_path: Path) -> N
         "--http-port=8100",
         "--grpc-port=8101",
         "--metrics-port=8102",
-        "--model-control-mode=none",
+        "--model-control-mode=explicit",
+        "--load-model=*",
         "--log-verbose=0",
         "--startup-timeout=90",
         "--",
@@ -228,17 +234,22 @@ def test_to_sdk_builds_the_sdk_types(gpu_node: NodeConfig) -> None:
 
 
 def test_gpu_asked_for_but_none_present(gpu_node: NodeConfig) -> None:
-    with pytest.raises(GpuNotFoundError, match=r"GPU asked for .*but none present"):
+    with pytest.raises(
+        GpuNotFoundError, match=r"node .*: --gpus all: GPU asked for but none is visible"
+    ):
         plan_workers(gpu_node, available_gpus=())
     listed = gpu_node.model_copy(update={"gpus": (0, 5)})
-    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but this machine has GPUs 0, 1"):
+    with pytest.raises(GpuNotFoundError, match="GPU 5 asked for but the visible GPUs are 0,1"):
         plan_workers(listed, available_gpus=(0, 1))
     assert GpuNotFoundError("x").status is Status.FAILED_PRECONDITION
 
 
 def test_process_workers_see_only_their_gpu() -> None:
-    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=False) == {"CUDA_VISIBLE_DEVICES": "3"}
-    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {}
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=False) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "3",
+    }
+    assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_env_overrides_use_the_gateway_scheme(tmp_path: Path) -> None:

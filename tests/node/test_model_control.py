@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hloserve import model_control
 from hloserve.errors import InvalidArgumentError
-from hloserve.node import model_control
-from hloserve.node.model_control import (
+from hloserve.model_control import (
     ENV_KEY,
     GRPC_METADATA_KEY,
     HEADER,
@@ -80,7 +80,12 @@ def test_serve_restricts_explicit_mode_and_hands_the_key_to_its_gateway(tmp_path
 def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path: Path) -> None:
     from hloserve.node.docker_runtime import container_spec
     from hloserve.node.node_config import NodeConfig
-    from hloserve.node.plan import gateway_config, plan_workers, tritonserver_flags
+    from hloserve.node.plan import WorkerPlan, gateway_config, plan_workers
+    from hloserve.node.serve_options import node_server_options
+    from hloserve.node.triton_options import server_flags
+
+    def tritonserver_flags(config: NodeConfig, worker: WorkerPlan, key: str) -> list[str]:
+        return server_flags(node_server_options(config, worker, key))
 
     for launcher in ("tritonserver", "hloserve"):
         config = NodeConfig.model_validate(
@@ -104,8 +109,16 @@ def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path:
         key = gateway_config(config, plan, KEY).upstream.model_control_key
         assert key.get_secret_value() == KEY
     default = NodeConfig.model_validate({"repository": tmp_path, "cpu_workers": 1})
-    worker = plan_workers(default)[0]
-    assert not [f for f in tritonserver_flags(default, worker, KEY) if "restricted" in f]
+    worker = plan_workers(default)[0]  # node up's default is serve's: explicit, restricted
+    assert set(restricted_flags(KEY)) | {"--load-model=*"} <= set(
+        tritonserver_flags(default, worker, KEY)
+    )
+    none = default.model_copy(
+        update={
+            "tritonserver": default.tritonserver.model_copy(update={"model_control_mode": "none"})
+        }
+    )
+    assert not [f for f in tritonserver_flags(none, worker, KEY) if "restricted" in f]
 
 
 @pytest.mark.tritonserver
@@ -124,7 +137,7 @@ def test_a_load_without_the_key_is_refused_and_the_watchdog_reload_works(
     try:
         pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
         server_pid = int(re.findall(r"\d+", pid_line)[0])
-        http_line = wait_for_line(log, r"HTTP    http://\S+", proc, 10)
+        http_line = wait_for_line(log, r"HTTP +http://\S+", proc, 10)
         http_port = int(http_line.rsplit(":", 1)[1])
         wait_for_line(log, r"hloserve: ready after", proc, 240)
         # Clients reach the server over loopback only, whatever address it binds.

@@ -82,8 +82,10 @@ def test_split(digits_model: Any, digits_params: Any) -> tuple[np.ndarray, np.nd
 
 
 def worker_pid(node: NodeProcess, index: int) -> int:
-    lines = [ln for ln in node.log_text().splitlines() if f"worker {index} pid " in ln]
-    return int(lines[-1].split(" pid ")[1].split()[0])
+    lines = [
+        ln for ln in node.log_text().splitlines() if f"worker {index} tritonserver (pid " in ln
+    ]
+    return int(lines[-1].split("(pid ")[1].split(")")[0])
 
 
 def test_two_process_workers_serve_digits_through_the_gateway(
@@ -102,10 +104,10 @@ def test_two_process_workers_serve_digits_through_the_gateway(
     assert "[worker 0]" in node.log_text() and "[worker 1]" in node.log_text()
     settings = yaml.safe_load(node.config.read_text())["gateway"]
     http, admin = settings["http_listen"], settings["admin_port"]
-    assert (
-        f"gateway grpc {node.gateway} http {http} admin http://127.0.0.1:{admin} "
-        in node.log_text()
-    )
+    text = node.log_text()
+    assert f"gateway gRPC    {node.gateway} (KServe V2" in text
+    assert f"gateway HTTP    http://{http} (KServe V2)" in text
+    assert f"gateway admin   http://127.0.0.1:{admin}/metrics, /healthz, /readyz" in text
 
 
 def test_the_node_gateway_answers_kserve_http(node: NodeProcess, test_split: Any) -> None:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from hloserve.bundle import load_bundle
-from hloserve.node.ports import free_ports
 from hloserve.node.procfs import session_pids
+from hloserve.ports import free_ports
 from tests.conftest import GOLDEN, ROOT
 
 pytestmark = pytest.mark.tritonserver
@@ -92,6 +92,9 @@ def test_serve_bundles_then_signal_leaves_no_process(tmp_path: Path, sig: signal
         server_pid = int(re.findall(r"\d+", pid_line)[0])
         wait_for_line(log, r"hloserve: ready after", proc, 240)
         assert "model affine: READY" in log.read_text()
+        argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+        loads = [a for a in argv if a.startswith(b"--load-model")]
+        assert loads == [b"--load-model=hloserve_runtime"]  # the rest once the runtime serves
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
         tensor = grpcclient.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -233,3 +236,29 @@ def test_serve_reloads_a_model_whose_stub_was_killed(tmp_path: Path) -> None:
         assert front[0] not in stub_pids(server_pid, "affine")
     finally:
         stop_serve(proc)
+
+
+def test_one_worker_serve_restarts_a_killed_tritonserver(tmp_path: Path) -> None:
+    """``serve`` with one worker runs under the supervisor of ``node up``: a tritonserver that
+    dies is restarted (policy on-failure) on the same ports and serves again."""
+    proc, log, grpc = start_serve(tmp_path)
+    try:
+        pid_line = wait_for_line(log, r"tritonserver \(pid (\d+)\)", proc, 60)
+        wait_for_line(log, r"hloserve: ready after", proc, 240)
+        os.kill(int(re.findall(r"\d+", pid_line)[0]), signal.SIGKILL)
+        wait_for_line(log, r"worker 0 was killed by SIGKILL; restart 1 in", proc, 30)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        deadline = time.monotonic() + 180
+        while True:  # back once the new server has loaded affine after the runtime
+            try:
+                assert client.infer("affine", [tensor]).as_numpy("y").shape == (1, 3)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                assert proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.5)
+    finally:
+        stop_serve(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]

@@ -50,7 +50,7 @@ def _serve_two_workers(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """``hloserve serve BUNDLES --workers 2`` with the model-control key, its output in
     ``log``; the process and the gateway's gRPC port."""
-    from hloserve.node.model_control import ENV_KEY
+    from hloserve.model_control import ENV_KEY
 
     proc, grpc_port, _, _ = serve_two_workers(bundles, log, *extra, env={ENV_KEY: key})
     return proc, grpc_port
@@ -80,8 +80,10 @@ def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> N
 
 
 def _ready(client: Any) -> bool:
+    """Whether ``affine`` is ready there (a restarted worker answers server-ready once its
+    runtime model is loaded, then loads the others through the repository API)."""
     try:
-        return bool(client.is_server_ready())
+        return bool(client.is_server_ready() and client.is_model_ready("affine"))
     except Exception:  # not listening yet
         return False
 
@@ -102,7 +104,7 @@ def test_two_workers_behind_the_gateway_survive_a_dead_worker_and_stop_together(
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         text = log.read_text()
-        pids = [int(p) for p in re.findall(r"worker \d \(pid (\d+)\)", text)]
+        pids = [int(p) for p in re.findall(r"worker \d tritonserver \(pid (\d+)\)", text)]
         assert len(pids) == 2, text
         assert f"gateway gRPC    127.0.0.1:{grpc_port}" in text
         assert f"http://127.0.0.1:{admin_port}/metrics" in text
@@ -226,7 +228,7 @@ def test_sigterm_answers_the_requests_in_flight_before_stopping(tmp_path: Path) 
 def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
     tmp_path: Path,
 ) -> None:
-    from hloserve.node.model_control import GRPC_METADATA_KEY
+    from hloserve.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()
@@ -281,7 +283,7 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
     """Explicit model control through the gateway in ``lpt_packing`` mode: a model in the
     repository that no worker has loaded goes where the placement puts it (one replica by
     default: one worker), not to every worker; it is served through the gateway after."""
-    from hloserve.node.model_control import GRPC_METADATA_KEY
+    from hloserve.model_control import GRPC_METADATA_KEY
 
     bundles = tmp_path / "bundles"
     bundles.mkdir()
@@ -298,7 +300,10 @@ def test_lpt_packing_loads_a_model_no_worker_holds_on_its_chosen_worker(tmp_path
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 300)
         workers = [
-            m.group(1) for m in re.finditer(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", log.read_text())
+            m.group(1)
+            for m in re.finditer(
+                r"worker \d+ tritonserver \(pid \d+\).*gRPC (\S+)", log.read_text()
+            )
         ]
         assert len(workers) == 2, log.read_text()[-3000:]
         gateway = f"127.0.0.1:{grpc_port}"

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.status import parse_samples
 from hloserve.node.tritonserver import free_ports
+from hloserve.prometheus_text import parse_samples
 from tests.conftest import GOLDEN, ROOT
 from tests.node.test_serve_cli import stop_serve
 from tests.node.test_watch import META_RUN, write_meta
@@ -264,7 +264,7 @@ def test_watch_with_two_workers_changes_every_worker(tmp_path: Path) -> None:
     try:
         serve.wait_for(r"hloserve: ready after", 300)
         serve.wait_for(r"watching .* every 0.5 s", 10)
-        workers = re.findall(r"worker \d+ \(pid \d+\):.*gRPC (\S+)", serve.text())
+        workers = re.findall(r"worker \d+ tritonserver \(pid \d+\).*gRPC (\S+)", serve.text())
         assert len(workers) == 2, serve.text()[-3000:]
         clients = [grpcclient.InferenceServerClient(w) for w in workers]
         old_y = infer(clients[0], "a")

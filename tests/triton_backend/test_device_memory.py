@@ -215,8 +215,9 @@ def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserv
 
     grpcclient = pytest.importorskip("tritonclient.grpc")
     from hloserve.model_repository_tools import build_repository
-    from hloserve.node.status import cache_status, fetch_metrics, render_status
+    from hloserve.node.status import render_status
     from hloserve.node.tritonserver import TritonServer
+    from hloserve.prometheus_text import cache_status, fetch_metrics
     from tests.conftest import serving_options
 
     _fake(tmp_path / "stats.json", monkeypatch)  # the server and its stubs inherit it

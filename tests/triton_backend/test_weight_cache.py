@@ -505,7 +505,8 @@ nv_inference_count{model="a",version="1"} 12
 
 
 def test_status_table_from_prometheus_text() -> None:
-    from hloserve.node.status import cache_status, render_status
+    from hloserve.node.status import render_status
+    from hloserve.prometheus_text import cache_status
 
     status = cache_status(PROMETHEUS_TEXT)
     assert status.budget_bytes == 2048 and status.resident_bytes == KIB

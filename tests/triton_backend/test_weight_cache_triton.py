@@ -175,7 +175,7 @@ def test_model_over_budget_fails_with_both_sizes_others_serve(server: ts.TritonS
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from hloserve.node.model_control import grpc_metadata
+    from hloserve.model_control import grpc_metadata
 
     x = np.zeros((1, 4), np.float32)
     with grpcclient.InferenceServerClient(server.urls.grpc) as client:

@@ -21,6 +21,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
+import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend import channel, pb

@@ -114,20 +114,3 @@ def http_headers(key: str | None) -> dict[str, str] | None:
 def grpc_metadata(key: str | None) -> tuple[tuple[str, str], ...]:
     """The metadata of a gRPC repository call (grpc's ``metadata=``); empty without key."""
     return () if key is None else ((GRPC_METADATA_KEY, key),)
-
-
-def model_states(http_url: str, key: str | None = None) -> dict[str, tuple[str, str]]:
-    """Every model in the repository index: name -> (state, reason), e.g. ("READY", "").
-
-    Args:
-        http_url: the server's HTTP endpoint, ``host:port``.
-        key: the model-control key when the repository API is restricted.
-    """
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(http_url)
-    try:
-        index = client.get_model_repository_index(headers=http_headers(key))
-    finally:
-        client.close()
-    return {m["name"]: (m.get("state", "UNKNOWN"), m.get("reason", "")) for m in index}
