@@ -295,7 +295,7 @@ def test_port_taken_after_check_fails_clearly(tmp_path: Path) -> None:
     thread.start()
     server = ts.TritonServer(options)
     try:
-        with mock.patch.object(ts, "_check_ports_free"):
+        with mock.patch.object(ts, "check_ports_free"):
             server.start()
         with pytest.raises(ts.TritonServerError, match="exited with code") as info:
             server.wait_ready(60.0)
