@@ -47,7 +47,7 @@ def _runtime(address: str, bundle: str, ready: Any, stop: Any, stats: Any) -> No
     from hloserve.bundle import load_bundle
     from hloserve.triton_backend.runtime import RuntimeModel
     from hloserve.triton_backend.runtime_server import RuntimeServer
-    from hloserve.triton_backend.scheduler import SchedulerConfig
+    from hloserve.triton_backend.scheduler_config import SchedulerConfig
 
     core = RuntimeModel()
     stats["device"] = f"{core.device.device_kind} ({core.device.platform})"

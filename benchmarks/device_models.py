@@ -120,7 +120,7 @@ def run(models: int, scratch: Path) -> dict[str, Any]:
     from hloserve.triton_backend.front_channel import ChannelFront, Request
     from hloserve.triton_backend.runtime import RuntimeModel
     from hloserve.triton_backend.runtime_server import RuntimeServer
-    from hloserve.triton_backend.scheduler import SchedulerConfig
+    from hloserve.triton_backend.scheduler_config import SchedulerConfig
 
     device = jax.devices()[0]
     try:

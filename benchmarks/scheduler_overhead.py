@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from hloserve.triton_backend.scheduler import Scheduler, SchedulerConfig, Work
+from hloserve.triton_backend.scheduler import Scheduler, Work
+from hloserve.triton_backend.scheduler_config import SchedulerConfig
 
 
 def per_request_us(discipline: str, models: int, requests: int) -> tuple[float, float]:

@@ -2,12 +2,13 @@
 
 Subpackages:
     bundle: the bundle format (manifest, portable artifacts, weights), validation, dtype table.
-    export: JAX function + params -> bundle.
+    export: JAX function + params (or a torch module) -> bundle.
     model_repository_tools: bundles -> Triton model repository (``config.pbtxt``), validation.
     triton_backend: the typed core behind the Triton Python-based backends.
     meta: meta models' core (``run(inputs, call)``, the per-worker gate, the deadline).
     node: running tritonservers: ``hloserve serve``, ``hloserve node up|down``, ``status``.
     gateway: the KServe V2 gRPC gateway over several tritonservers.
+    observability: Prometheus scrape targets, the supervisor's metrics, Grafana dashboards.
     protos: generated protobuf code of the gateway's own services (scripts/gen_protos.sh).
 
 Modules:

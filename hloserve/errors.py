@@ -11,8 +11,8 @@ statuses hloserve never decides itself (CANCELLED, UNKNOWN, ALREADY_EXISTS, ...)
 that a worker's answer relayed by the gateway (:class:`UpstreamError`) keeps its code; their HTTP
 codes are the ones of ``google/rpc/code.proto``.
 
-Every error class of the package is defined here, grouped by the layer that raises it; the
-modules that raise them re-export them under their earlier import paths.
+Every error class of the package is defined here, grouped by the layer that raises it, and is
+imported from here.
 """
 
 from __future__ import annotations

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hloserve.bundle.files import import_model_py
-from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, ManifestError, load_manifest
+from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, load_manifest
 from hloserve.bundle.safetensors_file import WeightInfo, load_tensors, stored_tensors
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
-from hloserve.errors import InvalidArgumentError, ModelPyImportError, NotFoundError
+from hloserve.errors import InvalidArgumentError, NotFoundError
 
 #: Model names Triton accepts as repository directory names (and hloserve as bundle names).
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -151,10 +150,6 @@ def discover_bundles(root: Path | str) -> list[Path]:
 
 __all__ = [
     "Bundle",
-    "ManifestError",
-    "ModelPyImportError",
-    "WeightInfo",
     "discover_bundles",
-    "import_model_py",
     "load_bundle",
 ]

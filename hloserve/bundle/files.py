@@ -1,7 +1,7 @@
 """A bundle's files read without its manifest model: the weights' header and ``model.py``.
 
-The weights go through the one safetensors reader (:mod:`hloserve.bundle.safetensors_file`,
-re-exported here: ``read_weight_infos`` is its ``stored_tensors``).
+The weights' header is read by the one safetensors reader,
+:func:`hloserve.bundle.safetensors_file.stored_tensors`.
 
 The front reads these in every Triton stub (docs/serving.md, "Front model config"), so this
 module imports only NumPy, the dtype table and, on use, ``safetensors``; the typed
@@ -16,8 +16,6 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from hloserve.bundle.safetensors_file import WeightInfo
-from hloserve.bundle.safetensors_file import stored_tensors as read_weight_infos
 from hloserve.errors import ModelPyImportError
 
 #: The Python file of a meta bundle (and of a model's hooks), relative to the bundle directory.
@@ -48,4 +46,4 @@ def import_model_py(path: Path, module_name: str) -> ModuleType:
     return module
 
 
-__all__ = ["MODEL_PY", "ModelPyImportError", "WeightInfo", "import_model_py", "read_weight_infos"]
+__all__ = ["MODEL_PY", "import_model_py"]

@@ -29,8 +29,9 @@ from hloserve.errors import HloserveError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from hloserve.bundle.bundle import Bundle
-    from hloserve.bundle.files import WeightInfo
-    from hloserve.bundle.manifest import Manifest, TensorSpec
+    from hloserve.bundle.manifest import Manifest
+    from hloserve.bundle.manifest_sections import TensorSpec
+    from hloserve.bundle.safetensors_file import WeightInfo
 
 #: Layout version of the front spec file (history in the module docstring).
 FRONT_SPEC_FORMAT = 1
@@ -240,9 +241,9 @@ class FrontBundle:
         Raises:
             InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
         """
-        from hloserve.bundle.files import read_weight_infos
+        from hloserve.bundle.safetensors_file import stored_tensors
 
-        return {} if self.weights_path is None else read_weight_infos(self.weights_path)
+        return {} if self.weights_path is None else stored_tensors(self.weights_path)
 
 
 def read_front_spec(path: Path) -> FrontSpec:

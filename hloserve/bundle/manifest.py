@@ -27,22 +27,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hloserve.bundle.files import MODEL_PY as MODEL_PY  # re-exported: its old home
 from hloserve.bundle.manifest_sections import (
     _SYMBOLIC_TEXT,
     SYMBOLIC,
     Batching,
     ClientTensorSpec,
     MetaSection,
-    SymbolicBatch,
     TensorSpec,
-    Variant,
     Variants,
     Weights,
     _executable_keys,
     _inside_bundle,
 )
-from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 from hloserve.errors import ManifestError
 
 #: Oldest manifest ``format_version`` this release reads.
@@ -472,29 +468,16 @@ def load_manifest(path: Path) -> Manifest:
     return parse_manifest(data, path=str(path))
 
 
-#: The section models live in :mod:`hloserve.bundle.manifest_sections`; re-exported here.
+#: The section models live in :mod:`hloserve.bundle.manifest_sections`.
 __all__ = [
-    "BATCH_LETTERS",
     "FORMAT_VERSION",
     "MANIFEST_FILE",
     "MAX_FORMAT_VERSION",
     "META_FORMAT_VERSION",
     "MIN_FORMAT_VERSION",
-    "MODEL_PY",
-    "SYMBOLIC",
     "SYMBOLIC_FORMAT_VERSION",
     "UNBATCHED",
-    "VARIABLE",
-    "Batching",
-    "ClientTensorSpec",
     "Manifest",
-    "ManifestError",
-    "MetaSection",
-    "SymbolicBatch",
-    "TensorSpec",
-    "Variant",
-    "Variants",
-    "Weights",
     "load_manifest",
     "parse_manifest",
 ]

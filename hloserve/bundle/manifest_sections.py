@@ -1,8 +1,7 @@
 """The sections of a bundle manifest (formats 1 to 3): tensors, batching, variants, weights, meta.
 
 :mod:`hloserve.bundle.manifest` holds the whole :class:`~hloserve.bundle.manifest.Manifest`,
-the format versions and the parser, and re-exports every name here. docs/bundles.md,
-"Manifest", describes each field.
+the format versions and the parser. docs/bundles.md, "Manifest", describes each field.
 """
 
 from __future__ import annotations

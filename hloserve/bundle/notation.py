@@ -3,7 +3,7 @@
 A tensor's ``shape`` is a row-major string of single letters (NumPy/JAX order) and ``dims``
 gives the size of each letter but the batch letter: ``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is
 an array of shape ``(batch, 8, 8, 1)``. The manifest's typed tensors
-(:class:`hloserve.bundle.manifest.TensorSpec`) and the front's spec
+(:class:`hloserve.bundle.manifest_sections.TensorSpec`) and the front's spec
 (:class:`hloserve.bundle.front_spec.SpecTensor`) both take :class:`TensorNotation`'s answers,
 so the rules live once. Imports the dtype table only (no pydantic).
 """

@@ -21,16 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hloserve.bundle.bundle import Bundle, load_bundle
-from hloserve.bundle.manifest import MANIFEST_FILE, MODEL_PY, ManifestError, TensorSpec
+from hloserve.bundle.files import MODEL_PY
+from hloserve.bundle.manifest import MANIFEST_FILE
+from hloserve.bundle.manifest_sections import TensorSpec
 from hloserve.bundle.stablehlo import (
-    ArtifactError,
     TensorType,
     is_portable_artifact,
     read_signature,
     specialize_batch,
     to_portable_artifact,
 )
-from hloserve.errors import BundleError, HloserveError, InvalidArgumentError
+from hloserve.errors import (
+    ArtifactError,
+    BundleError,
+    HloserveError,
+    InvalidArgumentError,
+    ManifestError,
+)
 
 
 @dataclass(frozen=True)

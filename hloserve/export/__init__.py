@@ -2,11 +2,12 @@
 
 Public API: :func:`export_bundle` (JAX), :func:`export_torch` (PyTorch, through torchax; needs
 the ``export-torch`` extra), :class:`OutputSpec`, and :class:`TensorSpec` /
-:class:`ClientTensorSpec` (re-exported from :mod:`hloserve.bundle`).
+:class:`ClientTensorSpec` (the bundle format's, :mod:`hloserve.bundle.manifest_sections`).
 """
 
-from hloserve.bundle.manifest import ClientTensorSpec, TensorSpec
-from hloserve.export._export import ExportError, OutputSpec, export_bundle, weight_names
+from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec
+from hloserve.errors import ExportError
+from hloserve.export._export import OutputSpec, export_bundle, weight_names
 from hloserve.export._torch import export_torch
 from hloserve.export._torchax_compat import import_torchax
 

@@ -23,8 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from hloserve.bundle.bundle import Bundle
-from hloserve.bundle.manifest import TensorSpec
-from hloserve.export._export import ExportError, OutputSpec
+from hloserve.bundle.manifest_sections import TensorSpec
+from hloserve.errors import ExportError
+from hloserve.export._export import OutputSpec
 
 
 def _sizes(text: str, what: str) -> dict[str, int]:

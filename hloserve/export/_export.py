@@ -19,23 +19,24 @@ import hloserve
 from hloserve.bundle import dtypes
 from hloserve.bundle.bundle import Bundle, load_bundle
 from hloserve.bundle.manifest import (
-    BATCH_LETTERS,
     FORMAT_VERSION,
     MANIFEST_FILE,
     META_FORMAT_VERSION,
-    SYMBOLIC,
     SYMBOLIC_FORMAT_VERSION,
     UNBATCHED,
-    VARIABLE,
+    Manifest,
+)
+from hloserve.bundle.manifest_sections import (
+    SYMBOLIC,
     Batching,
     ClientTensorSpec,
-    Manifest,
     SymbolicBatch,
     TensorSpec,
     Variant,
     Variants,
     Weights,
 )
+from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 from hloserve.bundle.stablehlo import (
     default_target_version,
     strip_locations,

@@ -20,8 +20,9 @@ from typing import Any
 
 import hloserve
 from hloserve.bundle.bundle import Bundle
-from hloserve.bundle.manifest import ClientTensorSpec, TensorSpec
-from hloserve.export._export import ExportError, OutputSpec, export_bundle
+from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec
+from hloserve.errors import ExportError
+from hloserve.export._export import OutputSpec, export_bundle
 
 #: Frames under these are library code, not the user's (see :func:`_user_frame`).
 _HLOSERVE = Path(hloserve.__file__).resolve().parent

@@ -22,9 +22,16 @@ import numpy as np
 
 from hloserve import names, triton_messages
 from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, TensorSpec, load_bundle
-from hloserve.bundle.bundle import ModelPyImportError, import_model_py
-from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.meta.deadline import Deadline, DeadlineExceededError
+from hloserve.bundle.files import import_model_py
+from hloserve.errors import (
+    DeadlineExceededError,
+    HloserveError,
+    InvalidArgumentError,
+    ModelPyImportError,
+    NotFoundError,
+    Status,
+)
+from hloserve.meta.deadline import Deadline
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
 from hloserve.model_parameters import MetaParameters
 from hloserve.triton_backend.pb import ModelArgs

@@ -60,4 +60,4 @@ class Deadline:
             )
 
 
-__all__ = ["Deadline", "DeadlineExceededError"]
+__all__ = ["Deadline"]

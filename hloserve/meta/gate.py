@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hloserve.meta.deadline import Deadline, DeadlineExceededError
+from hloserve.errors import DeadlineExceededError
+from hloserve.meta.deadline import Deadline
 
 #: First and longest wait between two attempts to take a slot, seconds.
 FIRST_POLL_S = 0.002

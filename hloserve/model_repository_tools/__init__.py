@@ -5,6 +5,14 @@ The strings the backends share live in :mod:`hloserve.names`, which
 imports nothing else; so that importing it stays cheap inside Triton's stub processes, the
 names below are imported from their modules on first use (PEP 562), and Triton's
 ``model_config_pb2`` (tritonclient) only when a config is built or parsed.
+
+Modules:
+    repository_plan: bundles directory -> a validated plan of the repository, nothing written.
+    build: write a plan atomically (:func:`build_repository`, :func:`write_repository`).
+    config: ``config.pbtxt`` of the front and runtime models as ``ModelConfig`` messages.
+    batch_sizes: the compiled batch sizes of symbolic-batch bundles.
+    foreign: Triton models of other backends beside the bundles.
+    validate: check a generated repository against its bundles.
 """
 
 from __future__ import annotations
@@ -13,11 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hloserve.model_repository_tools.build import (
-        RepositoryError,
-        build_repository,
-        write_repository,
-    )
+    from hloserve.errors import RepositoryError
+    from hloserve.model_repository_tools.build import build_repository, write_repository
     from hloserve.model_repository_tools.config import (
         config_text,
         front_config,
@@ -40,26 +45,26 @@ if TYPE_CHECKING:
     from hloserve.names import REPOSITORY_FORMAT, runtime_tensor_name
 
 _WHERE = {
-    "CONFIG_FILE": "repository_plan",
-    "ExecutableCacheOptions": "repository_plan",
-    "FrontModel": "repository_plan",
-    "RepositoryError": "build",
-    "RepositoryPlan": "repository_plan",
-    "QueueOptions": "repository_plan",
-    "SchedulingOptions": "repository_plan",
-    "WeightCacheOptions": "repository_plan",
-    "build_repository": "build",
-    "check_names": "repository_plan",
-    "plan_repository": "repository_plan",
-    "write_repository": "build",
-    "config_text": "config",
-    "front_config": "config",
-    "parse_config": "config",
-    "parse_config_text": "config",
-    "runtime_config": "config",
-    "REPOSITORY_FORMAT": "names",
-    "runtime_tensor_name": "names",
-    "validate_repository": "validate",
+    "CONFIG_FILE": "hloserve.model_repository_tools.repository_plan",
+    "ExecutableCacheOptions": "hloserve.model_repository_tools.repository_plan",
+    "FrontModel": "hloserve.model_repository_tools.repository_plan",
+    "RepositoryError": "hloserve.errors",
+    "RepositoryPlan": "hloserve.model_repository_tools.repository_plan",
+    "QueueOptions": "hloserve.model_repository_tools.repository_plan",
+    "SchedulingOptions": "hloserve.model_repository_tools.repository_plan",
+    "WeightCacheOptions": "hloserve.model_repository_tools.repository_plan",
+    "build_repository": "hloserve.model_repository_tools.build",
+    "check_names": "hloserve.model_repository_tools.repository_plan",
+    "plan_repository": "hloserve.model_repository_tools.repository_plan",
+    "write_repository": "hloserve.model_repository_tools.build",
+    "config_text": "hloserve.model_repository_tools.config",
+    "front_config": "hloserve.model_repository_tools.config",
+    "parse_config": "hloserve.model_repository_tools.config",
+    "parse_config_text": "hloserve.model_repository_tools.config",
+    "runtime_config": "hloserve.model_repository_tools.config",
+    "REPOSITORY_FORMAT": "hloserve.names",
+    "runtime_tensor_name": "hloserve.names",
+    "validate_repository": "hloserve.model_repository_tools.validate",
 }
 
 __all__ = [
@@ -89,5 +94,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__name__}.{_WHERE[name]}")
+    module = importlib.import_module(_WHERE[name])
     return getattr(module, name)

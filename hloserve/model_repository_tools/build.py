@@ -4,7 +4,9 @@
 and computes every config without writing; :func:`write_repository` writes a plan into a
 temporary directory next to the target and moves it into place with one rename (an exchange
 when the target exists), so a tritonserver polling the repository sees the old repository or
-the new one, never a mix. The plan's names are re-exported here, the import path callers use.
+the new one, never a mix. The plan's names that ``hloserve.node`` imports from here
+(``CONFIG_FILE``, the ``*Options``, ``RepositoryPlan``, ``plan_repository``) are re-exported
+until it imports them from :mod:`~hloserve.model_repository_tools.repository_plan`.
 """
 
 from __future__ import annotations
@@ -32,14 +34,12 @@ from hloserve.model_repository_tools.foreign import (
 from hloserve.model_repository_tools.repository_plan import (
     CONFIG_FILE,
     ExecutableCacheOptions,
-    FrontModel,
     PlanOptions,
     Progress,
     QueueOptions,
     RepositoryPlan,
     SchedulingOptions,
     WeightCacheOptions,
-    check_names,
     plan_repository,
     report,
 )
@@ -224,15 +224,11 @@ def _exchange(a: Path, b: Path) -> bool:
 __all__ = [
     "CONFIG_FILE",
     "ExecutableCacheOptions",
-    "FrontModel",
-    "Progress",
     "QueueOptions",
-    "RepositoryError",
     "RepositoryPlan",
     "SchedulingOptions",
     "WeightCacheOptions",
     "build_repository",
-    "check_names",
     "plan_repository",
     "write_repository",
 ]

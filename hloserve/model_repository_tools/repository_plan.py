@@ -17,24 +17,21 @@ from hloserve import names
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
 from hloserve.bundle.manifest import Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
-from hloserve.errors import HloserveError, InvalidArgumentError, RepositoryError
-from hloserve.model_repository_tools.batch_sizes import (
+from hloserve.errors import (
     BatchSizeError,
-    BatchSizeOptions,
-    choose_batch_sizes,
+    ForeignModelError,
+    HloserveError,
+    InvalidArgumentError,
+    RepositoryError,
 )
+from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions, choose_batch_sizes
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
     meta_config,
     runtime_config,
 )
-from hloserve.model_repository_tools.foreign import (
-    ForeignModel,
-    ForeignModelError,
-    is_candidate,
-    plan_foreign,
-)
+from hloserve.model_repository_tools.foreign import ForeignModel, is_candidate, plan_foreign
 
 #: Name of every model's configuration file (Triton's fixed name).
 CONFIG_FILE = "config.pbtxt"

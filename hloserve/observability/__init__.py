@@ -1,4 +1,4 @@
-"""Observability: Prometheus scrape targets of a running node and hloserve's Grafana dashboards.
+"""Observability: a node's scrape targets, the supervisor's own metrics, Grafana dashboards.
 
 - :mod:`hloserve.observability.targets`: the file-based service discovery file that
   ``hloserve serve`` and ``hloserve node up`` write (every worker's metrics port, the gateway's
@@ -6,6 +6,10 @@
 - :mod:`hloserve.observability.dashboards`: seven dashboards built with Grafana's
   ``grafana-foundation-sdk``; ``python -m hloserve.observability dashboards --out DIR
   [--check]`` writes them or checks the checked-in copies (``containers/grafana/dashboards``).
+- :mod:`hloserve.observability.node_metrics`: the supervising process's own metrics (workers
+  up, restarts) on its admin port.
+- :mod:`hloserve.observability.supervisor`: :class:`NodeObservability`, what a supervising
+  process (``serve``, ``node up``) starts and removes: the admin port and the targets file.
 
 The metrics themselves, their names and labels: docs/observability.md.
 """

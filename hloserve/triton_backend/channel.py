@@ -34,6 +34,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,30 +279,30 @@ def remove_stale_segments(key: str | None = None) -> list[str]:
     """
     key = key or server_key()
     namespace = int(key.split("-")[1])
-    removed: list[str] = []
     try:
         entries = list(SHM_DIR.iterdir())
     except OSError:
-        return removed
+        return []
+    stale = []
     for path in entries:
         parsed = SegmentName.parse(path.name)
         if parsed is None or parsed.namespace != namespace:
             continue
-        if process_alive(parsed.server_pid) and process_alive(parsed.owner_pid):
-            continue
-        try:
-            path.unlink()
-            removed.append(path.name)
-        except OSError:
-            pass
-    return removed
+        if not (process_alive(parsed.server_pid) and process_alive(parsed.owner_pid)):
+            stale.append(path)
+    return _unlink(stale)
 
 
 def remove_segments_of(owner_pid: int, key: str | None = None) -> list[str]:
     """Remove every segment of this server made by process ``owner_pid`` (a front gone)."""
     prefix = f"{PREFIX}-{key or server_key()}-{owner_pid}-"
+    return _unlink(SHM_DIR.glob(prefix + "*"))
+
+
+def _unlink(paths: Iterable[Path]) -> list[str]:
+    """Remove ``paths``, skipping any already gone; the names removed."""
     removed = []
-    for path in SHM_DIR.glob(prefix + "*"):
+    for path in paths:
         try:
             path.unlink()
             removed.append(path.name)

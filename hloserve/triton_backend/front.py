@@ -34,7 +34,7 @@ from hloserve.bundle.front_spec import FrontBundle, check_bundle_files, read_fro
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend.batching import pad_variable, unpad_outputs
-from hloserve.triton_backend.hooks import Hooks, IdentityHooks, ModuleHooks, load_hooks
+from hloserve.triton_backend.hooks import Hooks, IdentityHooks, load_hooks
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.tensors import TensorChecker
 
@@ -292,10 +292,5 @@ class FrontModel:
 
 __all__ = [
     "FrontModel",
-    "Hooks",
-    "IdentityHooks",
-    "ModuleHooks",
     "Prepared",
-    "check_bundle_files",
-    "load_hooks",
 ]  # Hooks, IdentityHooks, ModuleHooks, load_hooks: hooks.py; check_bundle_files: front_spec

@@ -42,7 +42,8 @@ import numpy as np
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel, IdentityHooks, Prepared
+from hloserve.triton_backend.front import FrontModel, Prepared
+from hloserve.triton_backend.hooks import IdentityHooks
 
 log = logging.getLogger("hloserve.triton_backend.front_channel")
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from hloserve.bundle.files import MODEL_PY, ModelPyImportError, import_model_py
+from hloserve.bundle.files import MODEL_PY, import_model_py
 from hloserve.bundle.front_spec import FrontBundle
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import InvalidArgumentError, ModelPyImportError
 
 if TYPE_CHECKING:
     from hloserve.bundle import Bundle

@@ -10,8 +10,7 @@ this module never imports it, so everything here is unit-testable with stand-ins
 * :func:`inference_response`: a response holding tensors or an error;
 * :class:`ModelArgs`: the ``args`` dict Triton hands to ``initialize``.
 
-Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.dlpack`; its
-names are re-exported here, where the ``model.py`` shims and tests reach them as ``pb.*``.
+Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.dlpack`.
 """
 
 from __future__ import annotations
@@ -31,19 +30,7 @@ from hloserve.errors import (
     ServerStartingError,
     Status,
 )
-from hloserve.triton_backend.dlpack import (
-    BFLOAT16,
-    DL_BFLOAT,
-    DL_UINT,
-    capsule_dtype,
-    from_capsule,
-    mark_consumed,
-    relabel_capsule,
-    request_inputs,
-    to_capsule,
-    to_numpy,
-    to_triton_tensor,
-)
+from hloserve.triton_backend.dlpack import to_triton_tensor
 
 log = logging.getLogger("hloserve.triton_backend")
 
@@ -214,23 +201,12 @@ class ModelArgs:
 
 
 __all__ = [
-    "BFLOAT16",
-    "DL_BFLOAT",
-    "DL_UINT",
     "TRITON_ERROR_CODE",
     "ModelArgs",
-    "capsule_dtype",
     "configure_logging",
     "error_code",
     "error_from_triton",
-    "from_capsule",
     "inference_response",
-    "mark_consumed",
-    "relabel_capsule",
-    "request_inputs",
     "status_of_code",
-    "to_capsule",
-    "to_numpy",
-    "to_triton_tensor",
     "triton_error",
 ]

@@ -358,10 +358,5 @@ def _placer(device: Any) -> Callable[[np.ndarray], Any]:
 
 
 __all__ = [
-    "LoadedBundle",
-    "ObserverFactory",
     "RuntimeModel",
-    "generation",
-    "variant_label",
-    "weight_cache_from_args",
 ]

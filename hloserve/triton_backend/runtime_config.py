@@ -22,7 +22,8 @@ from hloserve.triton_backend.device_memory import (
     memory_stats,
 )
 from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.weight_cache import CacheObserver, Residency, WeightCache
+from hloserve.triton_backend.residency import Residency
+from hloserve.triton_backend.weight_cache import CacheObserver, WeightCache
 
 #: The runtime's logger: the budget lines are part of its start-up log.
 log = logging.getLogger("hloserve.triton_backend.runtime")

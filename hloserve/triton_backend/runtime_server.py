@@ -54,14 +54,8 @@ from hloserve.triton_backend.device_memory import DeviceMemory
 from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
-from hloserve.triton_backend.scheduler import (
-    REASON_CANCELLED,
-    Batch,
-    Scheduler,
-    SchedulerConfig,
-    Work,
-)
-from hloserve.triton_backend.scheduler_config import scheduler_config_from_args
+from hloserve.triton_backend.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
+from hloserve.triton_backend.scheduler_config import SchedulerConfig, scheduler_config_from_args
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
 

@@ -16,7 +16,7 @@ from hloserve.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # the front's stubs never import the typed manifest (pydantic)
     from hloserve.bundle.front_spec import SpecTensor
-    from hloserve.bundle.manifest import TensorSpec
+    from hloserve.bundle.manifest_sections import TensorSpec
 
 #: A tensor's spec: the typed manifest's (runtime, meta) or the front spec's (front).
 Spec: TypeAlias = "TensorSpec | SpecTensor"

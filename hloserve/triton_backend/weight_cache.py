@@ -48,7 +48,7 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
-from hloserve.triton_backend.residency import Residency, budget_problems
+from hloserve.triton_backend.residency import Residency
 from hloserve.triton_backend.transfer import JaxTransfer
 from hloserve.units import format_size
 
@@ -507,10 +507,8 @@ __all__ = [
     "CacheObserver",
     "CacheStats",
     "ModelStats",
-    "Residency",
     "Transfer",
     "WeightCache",
     "WeightSource",
-    "budget_problems",
     "mmap_safetensors",
 ]

@@ -13,10 +13,11 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")  # repo build writes Triton configs
 
+from hloserve import names
 from hloserve.bundle import load_bundle
 from hloserve.bundle.front_spec import FrontSpec, front_spec, read_front_spec
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.model_repository_tools import build_repository, names, validate_repository
+from hloserve.model_repository_tools import build_repository, validate_repository
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.pb import ModelArgs
 from tests.conftest import GOLDEN

@@ -10,16 +10,13 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
-from hloserve.errors import InvalidArgumentError
+from hloserve import names
+from hloserve.errors import ForeignModelError, InvalidArgumentError
 from hloserve.meta.core import ForeignCallee, MetaCall, repository_describer
 from hloserve.meta.deadline import Deadline
-from hloserve.model_repository_tools import RepositoryError, build_repository, names
+from hloserve.model_repository_tools import RepositoryError, build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
-from hloserve.model_repository_tools.foreign import (
-    ForeignModelError,
-    plan_foreign,
-    repository_backends,
-)
+from hloserve.model_repository_tools.foreign import plan_foreign, repository_backends
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options
 

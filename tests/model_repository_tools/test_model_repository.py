@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
+from hloserve import names
 from hloserve.bundle import BundleError, parse_manifest
 from hloserve.cli import main
 from hloserve.errors import Status
@@ -31,8 +32,8 @@ from hloserve.model_repository_tools import (
     RepositoryError,
     WeightCacheOptions,
     build_repository,
+    check_names,
     front_config,
-    names,
     parse_config,
     plan_repository,
     validate_repository,
@@ -295,7 +296,7 @@ def test_exact_runtime_name_collision_is_refused(bundles: Path, tmp_path: Path) 
     from hloserve.bundle import load_bundle
 
     with pytest.raises(RepositoryError, match="'a___x' is ambiguous"):
-        build_module.check_names([load_bundle(root / "a"), load_bundle(root / "a_")])
+        check_names([load_bundle(root / "a"), load_bundle(root / "a_")])
     assert names.split_runtime_tensor_name("a___x", {"a"}) == ("a", "_x")
 
 

@@ -26,7 +26,7 @@ from hloserve.triton_backend.hooks import Hooks, load_hooks
 from hloserve.triton_backend.loaded_bundle import LoadedBundle
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.scheduler import SchedulerConfig
+from hloserve.triton_backend.scheduler_config import SchedulerConfig
 
 #: One request's outcome: its output tensors by name, or the error it got.
 Result = dict[str, np.ndarray] | Exception

@@ -23,7 +23,7 @@ from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.scheduler import SchedulerConfig
+from hloserve.triton_backend.scheduler_config import SchedulerConfig
 from tests.conftest import GOLDEN
 
 pytestmark = pytest.mark.usefixtures("restore_x64")

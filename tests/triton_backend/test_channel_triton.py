@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hloserve import names
 from hloserve.model_control import grpc_metadata, http_headers
-from hloserve.model_repository_tools import build_repository, names
+from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, reload_model
 from hloserve.triton_backend import channel

@@ -35,7 +35,8 @@ from hloserve.triton_backend.front_channel import ChannelFront, Request
 from hloserve.triton_backend.pb import ModelArgs
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_config import device_memory_from_args
-from hloserve.triton_backend.runtime_server import RuntimeServer, RuntimeState
+from hloserve.triton_backend.runtime_server import RuntimeServer
+from hloserve.triton_backend.runtime_state import RuntimeState
 from hloserve.units import format_size
 from tests.conftest import GOLDEN
 

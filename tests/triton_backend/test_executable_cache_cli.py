@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
-from hloserve import cli
+from hloserve import cli, names
 from hloserve.cli import main
-from hloserve.model_repository_tools import ExecutableCacheOptions, names, validate_repository
+from hloserve.model_repository_tools import ExecutableCacheOptions, validate_repository
 from hloserve.model_repository_tools.config import parse_config
 from hloserve.node import serve
 from tests.conftest import GOLDEN

@@ -302,7 +302,7 @@ def test_front_does_not_import_jax() -> None:
 
 
 def test_damaged_bundle_files_fail_the_front(tiny_bundle: Path) -> None:
-    from hloserve.triton_backend.front import check_bundle_files
+    from hloserve.bundle.front_spec import check_bundle_files
 
     check_bundle_files("tiny", load_bundle(tiny_bundle))
     (tiny_bundle / "model.b4.mlirbc").write_bytes(b"ML\xefR damaged")
@@ -311,7 +311,7 @@ def test_damaged_bundle_files_fail_the_front(tiny_bundle: Path) -> None:
 
 
 def test_damaged_weights_fail_the_front(tiny_bundle: Path) -> None:
-    from hloserve.triton_backend.front import check_bundle_files
+    from hloserve.bundle.front_spec import check_bundle_files
 
     (tiny_bundle / "weights.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(InvalidArgumentError, match=r"model 'tiny': .*cannot read safetensors"):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.triton_backend import pb
+from hloserve.triton_backend import dlpack, pb
 from hloserve.triton_backend.dlpack import _CapsuleExporter
 
 BF16_BITS = np.array([0x0000, 0x8000, 0x3FC0, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x7F7F], np.uint16)
@@ -122,8 +122,8 @@ def test_bf16_capsule_out_is_read_by_jax_bit_exactly() -> None:
     import jax
 
     values = BF16_BITS.view(ml_dtypes.bfloat16)
-    capsule = pb.to_capsule(values)
-    assert pb.capsule_dtype(capsule) == (pb.DL_BFLOAT, 16)
+    capsule = dlpack.to_capsule(values)
+    assert dlpack.capsule_dtype(capsule) == (dlpack.DL_BFLOAT, 16)
     got = jax.dlpack.from_dlpack(_CapsuleExporter(capsule))
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.asarray(got).view(np.uint16).tolist() == BF16_BITS.tolist()
@@ -133,7 +133,7 @@ def test_bf16_capsule_in_from_jax_is_read_bit_exactly() -> None:
     import jax.numpy as jnp
 
     source = jnp.asarray(BF16_BITS.view(ml_dtypes.bfloat16))
-    got = pb.from_capsule(source.__dlpack__())
+    got = dlpack.from_capsule(source.__dlpack__())
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     assert got.view(np.uint16).tolist() == BF16_BITS.tolist()
 
@@ -160,10 +160,10 @@ def test_tensor_round_trip_every_dtype(dtype: type, x64: None) -> None:
     rng = np.random.default_rng(3)
     raw = rng.integers(0, 256, size=(3, 4 * np.dtype(dtype).itemsize), dtype=np.uint8)
     array = raw.view(dtype) if dtype is not np.bool_ else raw[:, :4] % 2 == 1
-    tensor = pb.to_triton_tensor(FakePbUtils, "t", array)
+    tensor = dlpack.to_triton_tensor(FakePbUtils, "t", array)
     assert tensor.name() == "t"
     assert tensor.array.dtype == array.dtype and tensor.array.tobytes() == array.tobytes()
-    back = pb.to_numpy(tensor)
+    back = dlpack.to_numpy(tensor)
     assert back.dtype == array.dtype and back.tobytes() == array.tobytes()
 
 
@@ -172,16 +172,16 @@ def test_read_only_and_strided_arrays_are_exported() -> None:
     ro = a.copy()
     ro.flags.writeable = False
     for array in (ro, a[:, ::2], a.T):
-        capsule = pb.to_capsule(array)
-        np.testing.assert_array_equal(pb.from_capsule(capsule), array)
+        capsule = dlpack.to_capsule(array)
+        np.testing.assert_array_equal(dlpack.from_capsule(capsule), array)
 
 
 def test_bytes_go_through_as_numpy() -> None:
     words = np.array([b"a", b"bc"], dtype=object)
-    tensor = pb.to_triton_tensor(FakePbUtils, "w", words)
+    tensor = dlpack.to_triton_tensor(FakePbUtils, "w", words)
     assert tensor.array is words
-    assert pb.to_numpy(tensor).tolist() == [b"a", b"bc"]
-    assert pb.to_numpy(tensor, np.dtype(object)).tolist() == [b"a", b"bc"]
+    assert dlpack.to_numpy(tensor).tolist() == [b"a", b"bc"]
+    assert dlpack.to_numpy(tensor, np.dtype(object)).tolist() == [b"a", b"bc"]
 
 
 def test_model_args_from_triton() -> None:

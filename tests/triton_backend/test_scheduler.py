@@ -12,16 +12,9 @@ import time
 import pytest
 
 from hloserve import names
-from hloserve.errors import InvalidArgumentError, Status
-from hloserve.triton_backend.scheduler import (
-    REASON_EXPIRED,
-    Batch,
-    Scheduler,
-    SchedulerClosedError,
-    SchedulerConfig,
-    Work,
-    deadline_from_parameters,
-)
+from hloserve.errors import InvalidArgumentError, SchedulerClosedError, Status
+from hloserve.triton_backend.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
+from hloserve.triton_backend.scheduler_config import SchedulerConfig, deadline_from_parameters
 
 
 class Clock:

@@ -12,17 +12,14 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")  # absent from the numpy-2 leg
 
+from hloserve import names
 from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.model_repository_tools import (
-    SchedulingOptions,
-    names,
-    plan_repository,
-)
+from hloserve.model_repository_tools import SchedulingOptions, plan_repository
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve import check_options
 from hloserve.node.tritonserver import free_ports
-from hloserve.triton_backend.scheduler import SchedulerConfig
+from hloserve.triton_backend.scheduler_config import SchedulerConfig
 from tests.node.test_serve_options import _cli_serve_options, write_config
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

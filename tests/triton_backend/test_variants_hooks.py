@@ -17,9 +17,9 @@ import yaml
 
 from hloserve.bundle import load_bundle
 from hloserve.bundle.convert import convert_bundle
-from hloserve.bundle.manifest import ManifestError, parse_manifest
+from hloserve.bundle.manifest import parse_manifest
 from hloserve.bundle.validate import validate_bundle
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, ManifestError, Status
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.triton_backend.hooks import load_hooks
 from hloserve.triton_backend.loaded_bundle import variant_label

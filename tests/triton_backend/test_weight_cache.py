@@ -16,12 +16,9 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.triton_backend.residency import Residency
 from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer
-from hloserve.triton_backend.weight_cache import (
-    Residency,
-    WeightCache,
-    mmap_safetensors,
-)
+from hloserve.triton_backend.weight_cache import WeightCache, mmap_safetensors
 
 KIB = 1024
 

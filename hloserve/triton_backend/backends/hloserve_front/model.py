@@ -24,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend import channel, pb
+from hloserve.triton_backend import channel, dlpack, pb
 from hloserve.triton_backend.front import FrontModel
 from hloserve.triton_backend.front_channel import ChannelFront, Request
 
@@ -87,7 +87,7 @@ class TritonPythonModel:
         items = []
         for i, request in enumerate(requests):
             try:
-                inputs: Any = pb.request_inputs(request)
+                inputs: Any = dlpack.request_inputs(request)
             except Exception as exc:  # an unreadable tensor fails this request only
                 inputs = exc
             timeout_us = int(request.timeout())

@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.meta import MetaModel
 from hloserve.meta.channel_calls import ChannelCalls
-from hloserve.triton_backend import pb
+from hloserve.triton_backend import dlpack, pb
 
 
 class TritonPythonModel:
@@ -48,7 +48,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 outputs = self.core.execute(
-                    pb.request_inputs(request), timeout_us=int(request.timeout())
+                    dlpack.request_inputs(request), timeout_us=int(request.timeout())
                 )
                 wanted = request.requested_output_names()
                 if wanted:
@@ -76,14 +76,14 @@ class TritonPythonModel:
         request = pb_utils.InferenceRequest(
             model_name=model,
             requested_output_names=list(outputs),
-            inputs=[pb.to_triton_tensor(pb_utils, n, np.asarray(a)) for n, a in inputs.items()],
+            inputs=[dlpack.to_triton_tensor(pb_utils, n, np.asarray(a)) for n, a in inputs.items()],
             timeout=timeout_us,
         )
         response = request.exec()
         if response.has_error():
             raise pb.error_from_triton(pb_utils, response.error())
         # The response owns the memory: copy what outlives it.
-        return {t.name(): pb.to_numpy(t).copy() for t in response.output_tensors()}
+        return {t.name(): dlpack.to_numpy(t).copy() for t in response.output_tensors()}
 
     def finalize(self) -> None:
         self.channel.close()

@@ -30,7 +30,8 @@ from hloserve.triton_backend.metrics import (
 )
 from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_config import allocator_from_args, device_memory_from_args
-from hloserve.triton_backend.runtime_server import RuntimeServer, scheduler_config_from_args
+from hloserve.triton_backend.runtime_server import RuntimeServer
+from hloserve.triton_backend.scheduler_config import scheduler_config_from_args
 
 
 class TritonPythonModel:
