@@ -62,3 +62,20 @@ def test_exported_accumulator_validates(tmp_path: Path) -> None:
     assert bundle.manifest.format_version == 4
     assert [(s.input, s.output) for s in bundle.manifest.state] == [("s", "s_next")]
     assert not [p for p in validate_bundle(path) if not p.warning]
+
+
+def test_front_config_has_sequence_batching_without_triton_state() -> None:
+    from hloserve.model_repository_tools.config import MAX_SEQUENCE_IDLE_US, front_config
+
+    m = parse_manifest(copy.deepcopy(VALID))
+    config = front_config("acc", m, front_instances=1, max_queue_delay_us=100)
+    assert not config.HasField("dynamic_batching")
+    seq = config.sequence_batching
+    assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
+    assert [c.name for c in seq.control_input] == ["START", "END", "READY", "CORRID"]
+    assert seq.control_input[3].control[0].data_type == 5  # TYPE_UINT64
+    assert list(seq.oldest.preferred_batch_size) == [1, 8]
+    assert seq.oldest.max_candidate_sequences == 8
+    assert seq.oldest.max_queue_delay_microseconds == 100
+    assert not seq.state  # Triton's implicit state does not reach a Python-backend model
+    assert [i.name for i in config.input] == ["x"] and [o.name for o in config.output] == ["y"]
