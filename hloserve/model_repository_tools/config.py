@@ -28,6 +28,7 @@ from typing import Any
 
 from hloserve import names
 from hloserve.bundle import Manifest, TensorSpec
+from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US, SEQUENCE_CONTROLS
 from hloserve.errors import InvalidArgumentError, Status, UnimplementedError
 from hloserve.model_parameters import (
     FrontParameters,
@@ -130,19 +131,6 @@ def front_config(
         FrontParameters(bundle=names.BUNDLE_SUBDIR, max_request_bytes=max_request_bytes),
     )
     return config
-
-
-#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
-#: ``ModelSequenceBatching``); the runtime drops a sequence's state after the same idle time.
-MAX_SEQUENCE_IDLE_US = 1_000_000
-#: The control inputs of a stateful front, by Triton control kind (docs/bundles.md,
-#: "Stateful bundles"); the names of Triton's sequence examples.
-SEQUENCE_CONTROLS = {
-    "START": "CONTROL_SEQUENCE_START",
-    "END": "CONTROL_SEQUENCE_END",
-    "READY": "CONTROL_SEQUENCE_READY",
-    "CORRID": "CONTROL_SEQUENCE_CORRID",
-}
 
 
 def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int) -> None:
