@@ -161,7 +161,9 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
             control.int32_false_true.extend([0, 1])
     sizes = manifest.batching.compiled_batch_sizes
     seq.oldest.max_candidate_sequences = max(sizes)
-    seq.oldest.preferred_batch_size.extend(sizes)
+    # a batch of one is "preferred" the moment a request arrives, so Triton would send each
+    # alone: the sizes above 1 are preferred, and the queue delay bounds the wait for them
+    seq.oldest.preferred_batch_size.extend([s for s in sizes if s > 1] or sizes)
     seq.oldest.max_queue_delay_microseconds = delay_us
 
 

@@ -75,7 +75,7 @@ def test_front_config_has_sequence_batching_without_triton_state() -> None:
     assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
     assert [c.name for c in seq.control_input] == ["START", "END", "READY", "CORRID"]
     assert seq.control_input[3].control[0].data_type == 5  # TYPE_UINT64
-    assert list(seq.oldest.preferred_batch_size) == [1, 8]
+    assert list(seq.oldest.preferred_batch_size) == [8]  # 1 would send each request alone
     assert seq.oldest.max_candidate_sequences == 8
     assert seq.oldest.max_queue_delay_microseconds == 100
     assert not seq.state  # Triton's implicit state does not reach a Python-backend model

@@ -35,7 +35,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
 
     root = tmp_path_factory.mktemp("sequence")
     export_accumulator(root / "bundles" / "accumulator")
-    build_repository(root / "bundles", root / "repo")
+    # 50 ms: time for a Python client to send 8 steps before the batch goes out
+    build_repository(root / "bundles", root / "repo", max_queue_delay_us=50_000)
     with ts.TritonServer(serving_options(root / "repo", root / "tritonserver.log")) as server:
         yield server
 
@@ -141,3 +142,59 @@ def test_a_request_without_a_sequence_is_refused(client: Any) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.infer("accumulator", [tensor], client_timeout=60)
     assert "correlation ID" in str(info.value)  # Triton refuses it before the front
+
+
+def _executions(server: ts.TritonServer) -> dict[int, float]:
+    """``hloserve_executions_total`` of the accumulator by batch size."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert server.urls.metrics is not None
+    with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(metric_names.EXECUTIONS) and (
+                sample.labels.get("model") == "accumulator"
+            ):
+                out[int(sample.labels["batch_size"])] = float(sample.value)
+    return out
+
+
+def test_sequences_coalesce_with_state_per_row(server: ts.TritonServer, client: Any) -> None:
+    """8 sequences stepped at once run in shared executions, each row with its own state."""
+    import tritonclient.grpc as grpcclient
+
+    ids = list(range(101, 109))
+    for i in ids:
+        assert _step(client, i, float(i), start=True) == float(i)
+    before = _executions(server)
+    done: dict[int, Any] = {}
+    for round_ in range(1, 4):
+        pending = []
+        for i in ids:
+            x = np.full((1, WIDTH), float(round_), np.float32)
+            tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            pending.append(i)
+            client.async_infer(
+                "accumulator",
+                [tensor],
+                callback=lambda result, error, i=i: done.__setitem__(i, (result, error)),
+                sequence_id=i,
+                sequence_end=round_ == 3,
+                client_timeout=60,
+            )
+        deadline = time.monotonic() + 60
+        while len(done) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for i in ids:
+            result, error = done.pop(i)
+            assert error is None, error
+            expected = i + round_ * (round_ + 1) / 2  # i, then + 1, + 2, + 3
+            assert float(result.as_numpy("y")[0, 0]) == expected
+    time.sleep(1.5)  # the counters are published once a second
+    after = _executions(server)
+    coalesced = after.get(8, 0) - before.get(8, 0)
+    print(f"executions by batch size: before {before}, after {after}")
+    assert coalesced >= 1, (before, after)
