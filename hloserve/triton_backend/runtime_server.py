@@ -15,7 +15,9 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.scheduler.Scheduler`.
+  the :class:`~hloserve.triton_backend.scheduler.Scheduler`. A stateful model's work also has
+  ``"seq": [correlation ID, START, END]``: the runtime writes the sequence's state over the
+  state inputs and keeps the state outputs (:mod:`hloserve.triton_backend.sequence_state`).
 * front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
   queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
