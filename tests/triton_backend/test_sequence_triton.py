@@ -32,11 +32,13 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.validate import validate_repository
 
     root = tmp_path_factory.mktemp("sequence")
     export_accumulator(root / "bundles" / "accumulator")
     # 50 ms: time for a Python client to send 8 steps before the batch goes out
     build_repository(root / "bundles", root / "repo", max_queue_delay_us=50_000)
+    assert validate_repository(root / "repo") == []  # `hloserve repo validate` agrees
     with ts.TritonServer(serving_options(root / "repo", root / "tritonserver.log")) as server:
         yield server
 
