@@ -31,6 +31,9 @@ EXECUTIONS = "hloserve_executions_total"
 #: Gauge ``{kind}``: the runtime's device memory, bytes, by kind (:data:`DEVICE_MEMORY_KINDS`);
 #: absent where the device reports no statistics (CPU). docs/observability.md.
 DEVICE_MEMORY_BYTES = "hloserve_device_memory_bytes"
+#: Gauge ``{model}``: bytes of the state the runtime keeps for the live sequences of a stateful
+#: model (live sequences x state bytes per sequence); docs/bundles.md, "Stateful bundles".
+SEQUENCE_STATE_BYTES = "hloserve_sequence_state_bytes"
 #: The ``kind`` labels of :data:`DEVICE_MEMORY_BYTES`: the card's total, the allocator's limit,
 #: in use and peak (``memory_stats()``), resident weights, compiled executables, the largest
 #: scratch of a loaded executable, headroom (limit - in use), the weight budget.
@@ -50,6 +53,7 @@ __all__ = [
     "DEVICE_MEMORY_BYTES",
     "DEVICE_MEMORY_KINDS",
     "EXECUTIONS",
+    "SEQUENCE_STATE_BYTES",
     "WEIGHT_BYTES",
     "WEIGHT_CACHE_BUDGET_BYTES",
     "WEIGHT_CACHE_RESIDENT_BYTES",

@@ -10,7 +10,8 @@ time, and ``hloserve repo validate`` checks the file against the bundle copy.
 
 Format versions (bump :data:`FRONT_SPEC_FORMAT` and add a line when the layout changes):
 
-* 1 (2026-12-01): tensors (name, dtype token, shape letters, dims), client tensors, compiled
+* 1 (2026-12-01, ``state`` added 2026-12-03 as an optional key, read as empty when absent):
+  tensors (name, dtype token, shape letters, dims), client tensors, compiled
   batch sizes, symbolic batch, variant sizes, executables by (variant, batch size), weights.
 
 Imports NumPy and the dtype table only (never pydantic, PyYAML or the manifest module).
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
 
 #: Layout version of the front spec file (history in the module docstring).
 FRONT_SPEC_FORMAT = 1
+#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
+#: ``ModelSequenceBatching``): a stateful front's config says it, and the runtime drops a
+#: sequence's state after the same idle time (Triton frees an idle slot without telling it).
+MAX_SEQUENCE_IDLE_US = 1_000_000
+#: A stateful front's control inputs by Triton control kind (the names of Triton's sequence
+#: examples); START, END and READY are INT32 0/1, CORRID is UINT64.
+SEQUENCE_CONTROLS = {
+    "START": "CONTROL_SEQUENCE_START",
+    "END": "CONTROL_SEQUENCE_END",
+    "READY": "CONTROL_SEQUENCE_READY",
+    "CORRID": "CONTROL_SEQUENCE_CORRID",
+}
 
 
 @dataclass(frozen=True)
@@ -79,16 +92,24 @@ class FrontSpec:
     all_executables: Mapping[tuple[int, int], str] = field(default_factory=dict)
     weights_file: str | None = None
     weights_order: tuple[str, ...] = ()
+    #: (input, output) names of each state pair (the manifest's ``state``)
+    state: tuple[tuple[str, str], ...] = ()
 
     @property
     def wire_inputs(self) -> list[SpecTensor]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs``."""
-        return list(self.client_inputs if self.client_inputs is not None else self.inputs)
+        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
+        if self.client_inputs is not None:
+            return list(self.client_inputs)
+        carried = {i for i, _ in self.state}
+        return [t for t in self.inputs if t.name not in carried]
 
     @property
     def wire_outputs(self) -> list[SpecTensor]:
-        """The tensors clients receive: ``client_outputs`` when declared, else ``outputs``."""
-        return list(self.client_outputs if self.client_outputs is not None else self.outputs)
+        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
+        if self.client_outputs is not None:
+            return list(self.client_outputs)
+        carried = {o for _, o in self.state}
+        return [t for t in self.outputs if t.name not in carried]
 
     @property
     def batched(self) -> bool:
@@ -115,6 +136,8 @@ class FrontSpec:
             "weights_file": self.weights_file,
             "weights_order": list(self.weights_order),
         }
+        if self.state:  # absent for a model without state: its file as before
+            data["state"] = [list(p) for p in self.state]
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data.items())]
         return "{\n" + ",\n".join(lines) + "\n}\n"
 
@@ -151,6 +174,7 @@ class FrontSpec:
                 all_executables={(int(v), int(b)): str(f) for v, b, f in data["executables"]},
                 weights_file=None if data["weights_file"] is None else str(data["weights_file"]),
                 weights_order=tuple(str(w) for w in data["weights_order"]),
+                state=tuple((str(i), str(o)) for i, o in data.get("state", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidArgumentError(
@@ -200,6 +224,7 @@ def front_spec(manifest: Manifest) -> FrontSpec:
         all_executables=dict(manifest.all_executables),
         weights_file=manifest.weights.file,
         weights_order=tuple(manifest.weights.order),
+        state=tuple((p.input, p.output) for p in manifest.state),
     )
 
 
@@ -300,6 +325,8 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
 
 __all__ = [
     "FRONT_SPEC_FORMAT",
+    "MAX_SEQUENCE_IDLE_US",
+    "SEQUENCE_CONTROLS",
     "FrontBundle",
     "FrontSpec",
     "SpecTensor",

@@ -2,6 +2,9 @@
 
 Format versions (the newest first; bump MAX and add a line when the format changes):
 
+* 4 (2026-12-03): ``state`` (pairs of executable input and output carried between the requests
+  of one sequence, served with Triton's sequence batcher; docs/bundles.md, "Stateful bundles").
+
 * 3 (2026-12-01): ``batching.symbolic`` (``min``, optional ``max``): ONE portable artifact per
   variant whose batch axes are symbolic, under the ``executables`` key ``symbolic``; the
   compiled batch sizes become a serving decision (``hloserve repo build --batch-sizes``) and
@@ -33,6 +36,7 @@ from hloserve.bundle.manifest_sections import (
     Batching,
     ClientTensorSpec,
     MetaSection,
+    StateSpec,
     TensorSpec,
     Variants,
     Weights,
@@ -44,7 +48,7 @@ from hloserve.errors import ManifestError
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
 #: Newest manifest ``format_version`` this release reads.
-MAX_FORMAT_VERSION = 3
+MAX_FORMAT_VERSION = 4
 #: Version written by :mod:`hloserve.export` for a plain model (the oldest that expresses it,
 #: so that older hloserve releases still read it).
 FORMAT_VERSION = 1
@@ -53,6 +57,8 @@ FORMAT_VERSION = 1
 META_FORMAT_VERSION = 2
 #: Oldest ``format_version`` that may declare ``batching.symbolic``.
 SYMBOLIC_FORMAT_VERSION = 3
+#: Oldest ``format_version`` that may declare ``state``.
+STATE_FORMAT_VERSION = 4
 
 MANIFEST_FILE = "manifest.yaml"
 #: What each classification key of a tensor is for (docs/bundles.md, "Classification").
@@ -80,6 +86,7 @@ class Manifest(BaseModel):
     client_outputs: list[ClientTensorSpec] | None = None
     meta: MetaSection | None = None
     variants: Variants | None = None
+    state: list[StateSpec] = Field(default_factory=list)
     producer: dict[str, Any] = Field(default_factory=dict)
 
     _keys = field_validator("executables", mode="before")(_executable_keys)
@@ -125,6 +132,11 @@ class Manifest(BaseModel):
 
     def _version_rules(self) -> list[str]:
         problems = []
+        if self.state and self.format_version < STATE_FORMAT_VERSION:
+            problems.append(
+                f"state needs format_version {STATE_FORMAT_VERSION} or later, "
+                f"got {self.format_version}"
+            )
         if self.batching.symbolic is not None and self.format_version < SYMBOLIC_FORMAT_VERSION:
             problems.append(
                 f"batching.symbolic needs format_version {SYMBOLIC_FORMAT_VERSION} or later, "
@@ -143,7 +155,7 @@ class Manifest(BaseModel):
 
     def _meta_rules(self) -> list[str]:
         problems = []
-        for key in ("inputs", "outputs", "batching", "executables", "weights", "variants"):
+        for key in ("inputs", "outputs", "batching", "executables", "weights", "variants", "state"):
             if key in self.model_fields_set:
                 problems.append(
                     f"{key}: not allowed with kind 'meta' (a meta model has no executable; "
@@ -158,7 +170,7 @@ class Manifest(BaseModel):
         return problems
 
     def _model_rules(self) -> list[str]:
-        problems = []
+        problems = self._state_rules()
         if self.meta is not None:
             problems.append("meta: only allowed with kind 'meta'")
         required = ("inputs", "outputs") if self.variants else ("inputs", "outputs", "executables")
@@ -205,6 +217,52 @@ class Manifest(BaseModel):
         for size in sorted(set(self.executables) - expected):
             problems.append(f"executables: {_unexpected_key(size, expected)}")
         return problems
+
+    def _state_rules(self) -> list[str]:
+        """Each state pairs an input and an output of one dtype and shape, each used once."""
+        problems = []
+        ins = {s.name: s for s in self.inputs}
+        outs = {s.name: s for s in self.outputs}
+        for i, state in enumerate(self.state):
+            where = f"state[{i}]"
+            a, b = ins.get(state.input), outs.get(state.output)
+            if a is None:
+                problems.append(f"{where}: input {state.input!r} is not in inputs")
+            if b is None:
+                problems.append(f"{where}: output {state.output!r} is not in outputs")
+            if (
+                a is not None
+                and b is not None
+                and (a.dtype, a.shape, a.dims)
+                != (
+                    b.dtype,
+                    b.shape,
+                    b.dims,
+                )
+            ):
+                problems.append(
+                    f"{where}: input {a.name!r} and output {b.name!r} differ in dtype or shape"
+                )
+            if a is not None and a.batch_axis is None:
+                problems.append(
+                    f"{where}: input {a.name!r} needs a batch axis (one row per sequence)"
+                )
+            weight = state.initial_weight
+            if weight is not None and weight not in self.weights.order:
+                problems.append(f"{where}: initial weight {weight!r} is not in weights.order")
+        for side in ("input", "output"):
+            names = [getattr(s, side) for s in self.state]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                problems.append(f"state repeats {side} {dup}")
+        if self.state and self.variants is not None:
+            problems.append("state: not supported with variants")
+        return problems
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the model keeps state per sequence (served with the sequence batcher)."""
+        return bool(self.state)
 
     def _symbolic_rules(self, has_unbatched: bool) -> list[str]:
         assert self.batching.symbolic is not None
@@ -315,15 +373,19 @@ class Manifest(BaseModel):
 
     @property
     def wire_inputs(self) -> list[TensorSpec]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs``."""
-        return list(self.client_inputs) if self.client_inputs is not None else list(self.inputs)
+        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
+        if self.client_inputs is not None:
+            return list(self.client_inputs)
+        carried = {s.input for s in self.state}
+        return [s for s in self.inputs if s.name not in carried]
 
     @property
     def wire_outputs(self) -> list[TensorSpec]:
-        """The tensors clients receive: ``client_outputs`` when declared, else ``outputs``."""
+        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
         if self.client_outputs is not None:
             return list(self.client_outputs)
-        return list(self.outputs)
+        carried = {s.output for s in self.state}
+        return [s for s in self.outputs if s.name not in carried]
 
     @property
     def batched(self) -> bool:
@@ -344,6 +406,8 @@ class Manifest(BaseModel):
     def to_yaml(self) -> str:
         """The manifest as YAML text, keys in the documented order."""
         data = self.model_dump(mode="python", exclude_defaults=False, exclude_none=True)
+        if not self.state:
+            del data["state"]
         if self.is_meta:
             for key in ("inputs", "outputs", "batching", "executables", "weights"):
                 del data[key]
@@ -475,6 +539,7 @@ __all__ = [
     "MAX_FORMAT_VERSION",
     "META_FORMAT_VERSION",
     "MIN_FORMAT_VERSION",
+    "STATE_FORMAT_VERSION",
     "SYMBOLIC_FORMAT_VERSION",
     "UNBATCHED",
     "Manifest",

@@ -287,3 +287,32 @@ class Weights(BaseModel):
         if why:
             raise ValueError(f"weights.file {why}")
         return self
+
+
+class StateSpec(BaseModel):
+    """One ``state`` entry: an executable input and output carried between a sequence's requests.
+
+    The runtime keeps, per live sequence (Triton's correlation ID), the row of ``output`` that
+    the last request returned and feeds it as that sequence's row of ``input`` next time.
+    Neither tensor is sent or received by clients. ``initial`` is the value at a sequence's
+    START: ``zeros``, or ``weight:NAME`` (a weight of ``weights.order`` with the tensor's shape
+    without the batch axis).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: str
+    output: str
+    initial: str = "zeros"
+
+    @field_validator("initial")
+    @classmethod
+    def _initial_ok(cls, value: str) -> str:
+        if value != "zeros" and not (value.startswith("weight:") and len(value) > len("weight:")):
+            raise ValueError(f"initial must be 'zeros' or 'weight:NAME', got {value!r}")
+        return value
+
+    @property
+    def initial_weight(self) -> str | None:
+        """The weight holding the initial value, None for zeros."""
+        return self.initial.removeprefix("weight:") if self.initial != "zeros" else None

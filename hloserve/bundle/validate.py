@@ -24,6 +24,7 @@ from hloserve.bundle.bundle import Bundle, load_bundle
 from hloserve.bundle.files import MODEL_PY
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.bundle.manifest_sections import TensorSpec
+from hloserve.bundle.safetensors_file import WeightInfo
 from hloserve.bundle.stablehlo import (
     TensorType,
     is_portable_artifact,
@@ -281,6 +282,28 @@ def _check_weights(bundle: Bundle) -> list[Problem]:
         Problem(file, f"weight {name!r} is in the file but not in weights.order")
         for name in sorted(set(stored) - set(weights.order))
     ]
+    return problems + _check_state_initial(bundle, stored)
+
+
+def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> list[Problem]:
+    """A ``weight:NAME`` initial state has the state tensor's dtype and shape without batch."""
+    manifest, problems = bundle.manifest, []
+    inputs = {s.name: s for s in manifest.inputs}
+    for state in manifest.state:
+        info = stored.get(state.initial_weight or "")
+        spec = inputs.get(state.input)
+        if info is None or spec is None:
+            continue
+        row = tuple(d for i, d in enumerate(spec.shape_at(1)) if i != spec.batch_axis)
+        if (tuple(info.shape), info.dtype) != (row, spec.dtype):
+            problems.append(
+                Problem(
+                    str(manifest.weights.file),
+                    f"initial state of {spec.name!r}: weight {state.initial_weight!r} is "
+                    f"{info.dtype} {_dims(tuple(info.shape))}, the state row is "
+                    f"{spec.dtype} {_dims(row)}",
+                )
+            )
     return problems
 
 

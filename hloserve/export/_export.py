@@ -22,6 +22,7 @@ from hloserve.bundle.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     META_FORMAT_VERSION,
+    STATE_FORMAT_VERSION,
     SYMBOLIC_FORMAT_VERSION,
     UNBATCHED,
     Manifest,
@@ -30,6 +31,7 @@ from hloserve.bundle.manifest_sections import (
     SYMBOLIC,
     Batching,
     ClientTensorSpec,
+    StateSpec,
     SymbolicBatch,
     TensorSpec,
     Variant,
@@ -120,6 +122,7 @@ def export_bundle(
     client_outputs: Sequence[ClientTensorSpec] | None = None,
     files: Mapping[str, Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
+    state: Sequence[StateSpec] = (),
 ) -> Bundle:
     """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
 
@@ -157,6 +160,8 @@ def export_bundle(
         progress: called with one line per executable once it is written, e.g.
             ``"batch size 8, variant {'s': 32}: 2.1 s (3/6)"`` (seconds of tracing, lowering
             and serializing that executable).
+        state: input/output pairs carried between the requests of one sequence (a stateful
+            bundle served with Triton's sequence batcher; docs/bundles.md "Stateful bundles").
 
     Returns:
         The written bundle, already validated.
@@ -286,8 +291,11 @@ def export_bundle(
         if client_outputs is not None:
             extra["client_outputs"] = list(client_outputs)
         version = META_FORMAT_VERSION if extra else FORMAT_VERSION
+        if state:
+            extra["state"] = list(state)
+            version = STATE_FORMAT_VERSION
         manifest = Manifest(
-            format_version=SYMBOLIC_FORMAT_VERSION if symbolic else version,
+            format_version=max(SYMBOLIC_FORMAT_VERSION if symbolic else 0, version),
             kind="model",
             inputs=list(inputs),
             outputs=out_specs,

@@ -28,6 +28,7 @@ from typing import Any
 
 from hloserve import names
 from hloserve.bundle import Manifest, TensorSpec
+from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US, SEQUENCE_CONTROLS
 from hloserve.errors import InvalidArgumentError, Status, UnimplementedError
 from hloserve.model_parameters import (
     FrontParameters,
@@ -67,7 +68,8 @@ def front_config(
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle.
 
-    Every front gets a ``dynamic_batching`` block (``max_batch_size: 0`` ones too) whose
+    A stateful bundle's front gets ``sequence_batching`` instead (:func:`_sequence_batching`).
+    Every other front gets a ``dynamic_batching`` block (``max_batch_size: 0`` ones too) whose
     ``default_queue_policy`` bounds Triton's queue (``max_queue_size``: Triton refuses more
     with UNAVAILABLE "Exceeds maximum queue size") and lets a request's KServe ``timeout``
     expire it there (``allow_timeout_override``, a :data:`~hloserve.names.QUEUE_TIMEOUT_US`
@@ -111,14 +113,17 @@ def front_config(
     config.instance_group.add(count=front_instances, kind=m.ModelInstanceGroup.KIND_CPU)
     if max_queue_size < 0:
         raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")
-    largest = max(manifest.batching.compiled_batch_sizes, default=1)
-    policy = config.dynamic_batching.default_queue_policy
-    policy.max_queue_size = max_queue_size or max(
-        names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest
-    )
-    policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
-    policy.allow_timeout_override = True
-    if max_batch > 0:
+    if manifest.stateful:
+        _sequence_batching(name, manifest, config, max_queue_delay_us)
+    else:
+        largest = max(manifest.batching.compiled_batch_sizes, default=1)
+        policy = config.dynamic_batching.default_queue_policy
+        policy.max_queue_size = max_queue_size or max(
+            names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest
+        )
+        policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
+        policy.allow_timeout_override = True
+    if max_batch > 0 and not manifest.stateful:
         config.dynamic_batching.preferred_batch_size.extend(manifest.batching.compiled_batch_sizes)
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     _set_parameters(
@@ -126,6 +131,40 @@ def front_config(
         FrontParameters(bundle=names.BUNDLE_SUBDIR, max_request_bytes=max_request_bytes),
     )
     return config
+
+
+def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int) -> None:
+    """A stateful front's ``sequence_batching`` (strategy ``oldest``; no Triton ``state``).
+
+    Triton's implicit state does not reach a Python-backend model (2.51: the initial state
+    comes on every request), so the runtime keeps the state and the config has no ``state``
+    block. The sequence batcher has no ``default_queue_policy``: ``max_queue_size`` does not
+    bound it (its backlog waits for a free candidate slot).
+
+    Raises:
+        InvalidArgumentError: the model's batch axis is not every tensor's first axis.
+    """
+    if not manifest.batch_leading:
+        raise InvalidArgumentError(
+            f"model {name!r}: a stateful bundle needs the batch axis first on every tensor"
+        )
+    m = pb2()
+    seq = config.sequence_batching
+    seq.max_sequence_idle_microseconds = MAX_SEQUENCE_IDLE_US
+    for tensor, kind in SEQUENCE_CONTROLS.items():
+        control = seq.control_input.add(name=tensor).control.add(
+            kind=getattr(m.ModelSequenceBatching.Control, kind)
+        )
+        if tensor == "CORRID":
+            control.data_type = m.TYPE_UINT64
+        else:
+            control.int32_false_true.extend([0, 1])
+    sizes = manifest.batching.compiled_batch_sizes
+    seq.oldest.max_candidate_sequences = max(sizes)
+    # a batch of one is "preferred" the moment a request arrives, so Triton would send each
+    # alone: the sizes above 1 are preferred, and the queue delay bounds the wait for them
+    seq.oldest.preferred_batch_size.extend([s for s in sizes if s > 1] or sizes)
+    seq.oldest.max_queue_delay_microseconds = delay_us
 
 
 def meta_config(name: str, manifest: Manifest, *, meta_concurrency: int) -> Any:

@@ -116,7 +116,8 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
         model_dir.name,
         bundle.manifest,
         front_instances=max(instances, 1),
-        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
+        max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds
+        or config.sequence_batching.oldest.max_queue_delay_microseconds,
         max_request_bytes=params.max_request_bytes,
     )
     _same_version_folder(expected, params.bundle)

@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hloserve import names
-from hloserve.bundle.front_spec import FrontBundle, check_bundle_files, read_front_spec
+from hloserve.bundle.front_spec import (
+    SEQUENCE_CONTROLS,
+    FrontBundle,
+    check_bundle_files,
+    read_front_spec,
+)
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_parameters import FrontParameters
 from hloserve.triton_backend.batching import pad_variable, unpad_outputs
@@ -64,6 +69,8 @@ class Prepared:
     variant: int = 0
     #: the request's own sizes of the variable axes (before padding to the variant)
     sizes: dict[str, int] = field(default_factory=dict)
+    #: a stateful model's (correlation ID, START, END); None for a model without state
+    sequence: tuple[int, bool, bool] | None = None
 
 
 class FrontModel:
@@ -107,6 +114,8 @@ class FrontModel:
             for s in self.manifest.wire_inputs
             if self.manifest.batch_leading and s.batch_axis is not None and len(s.shape) == 1
         }
+        self._state_in = {i for i, _ in self.manifest.state}
+        self._state_out = {o for _, o in self.manifest.state}
         # identity hooks: the executable's check after "preprocess" is the same check
         self._check_client = not isinstance(self.hooks, IdentityHooks)
         self._variants = [dict(d) for d in self.manifest.variant_dims]
@@ -163,13 +172,47 @@ class FrontModel:
             HloserveError: the request's error (INVALID_ARGUMENT for a bad tensor or a hook
                 refusing it).
         """
+        sequence = None
+        if self._state_in:
+            request, sequence = self._sequence(request)
         request = self._drop_unit_axis(request)
         if self._check_client:
             self._check_client_inputs(request)
         inputs = self._preprocess(dict(request))
+        if sequence is not None:  # the runtime writes each sequence's state over these
+            for spec in self.manifest.inputs:
+                if spec.name in self._state_in:
+                    inputs[spec.name] = np.zeros(spec.shape_at(1), spec.dtype_info.numpy)
         batch = self._check_request(inputs)
+        if sequence is not None and batch != 1:
+            raise InvalidArgumentError(
+                f"model {self.name!r}: a request of a sequence carries one row, got {batch}"
+            )
         variant, sizes = self._pick_variant(inputs)
-        return Prepared(index, inputs, batch, variant, sizes)
+        return Prepared(index, inputs, batch, variant, sizes, sequence)
+
+    def _sequence(
+        self, request: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], tuple[int, bool, bool]]:
+        """A stateful model's request without its control inputs, and (CORRID, START, END).
+
+        Raises:
+            InvalidArgumentError: no CORRID (the request was not sent as part of a sequence:
+                ``sequence_id`` in Triton's clients).
+        """
+        inputs = dict(request)
+        controls = {k: inputs.pop(k) for k in SEQUENCE_CONTROLS if k in inputs}
+        if "CORRID" not in controls or not int(controls["CORRID"].reshape(-1)[0]):
+            raise InvalidArgumentError(
+                f"model {self.name!r} is stateful: send each request with a sequence ID "
+                "(a correlation ID) and the START and END flags"
+            )
+        corrid = int(controls["CORRID"].reshape(-1)[0])
+
+        def flag(key: str) -> bool:
+            return key in controls and bool(controls[key].reshape(-1)[0])
+
+        return inputs, (corrid, flag("START"), flag("END"))
 
     def runtime_inputs(self, prepared: Prepared) -> list[np.ndarray]:
         """The executable's inputs for one prepared request, in the manifest's order, each
@@ -194,6 +237,8 @@ class FrontModel:
         """
         named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
         cut = unpad_outputs(self.manifest.outputs, named, prepared.sizes)
+        for name in self._state_out:  # the runtime keeps it; clients do not receive it
+            cut.pop(name, None)
         return self._postprocess(cut, prepared.inputs)
 
     def _drop_unit_axis(self, request: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:

@@ -480,7 +480,7 @@ class ChannelFront:
             work_id = self._next_id
             self._next_id += 1
             self._pending[work_id] = pending
-        work = {
+        work: dict[str, Any] = {
             "id": work_id,
             "variant": prepared.variant,
             "rows": prepared.batch_size or 1,
@@ -488,6 +488,8 @@ class ChannelFront:
             "in": places,
             "out": out_places,
         }
+        if prepared.sequence is not None:
+            work["seq"] = list(prepared.sequence)
         return work, work_id
 
     def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> channel.Link | None:

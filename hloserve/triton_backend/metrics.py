@@ -292,6 +292,11 @@ class TritonRuntimeMetrics:
                 "The runtime's device memory by kind, bytes",
                 family.GAUGE,
             ),
+            (
+                metric_names.SEQUENCE_STATE_BYTES,
+                "Bytes of state kept for the model's live sequences",
+                family.GAUGE,
+            ),
         )
         self._families = {n: family(name=n, description=d, kind=k) for n, d, k in specs}
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
@@ -334,6 +339,8 @@ class TritonRuntimeMetrics:
                 ).set(float(seconds))
             for kind, nbytes in (state.memory or {}).items():
                 self._metric(metric_names.DEVICE_MEMORY_BYTES, kind=kind).set(float(nbytes))
+            for model, nbytes in state.sequence_bytes.items():
+                self._metric(metric_names.SEQUENCE_STATE_BYTES, model=model).set(float(nbytes))
             for (model, reason), n in state.shed.items():
                 self._metric("hloserve_scheduler_shed_total", model=model, reason=reason).increment(
                     float(n)

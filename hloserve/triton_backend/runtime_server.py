@@ -15,7 +15,9 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.scheduler.Scheduler`.
+  the :class:`~hloserve.triton_backend.scheduler.Scheduler`. A stateful model's work also has
+  ``"seq": [correlation ID, START, END]``: the runtime writes the sequence's state over the
+  state inputs and keeps the state outputs (:mod:`hloserve.triton_backend.sequence_state`).
 * front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
   queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
@@ -56,6 +58,7 @@ from hloserve.triton_backend.runtime import RuntimeModel
 from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
 from hloserve.triton_backend.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
 from hloserve.triton_backend.scheduler_config import SchedulerConfig, scheduler_config_from_args
+from hloserve.triton_backend.sequence_state import SequenceStates
 
 log = logging.getLogger("hloserve.triton_backend.runtime_server")
 
@@ -93,6 +96,8 @@ class _Job:
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
     segments: list[channel.Segment]
+    #: a stateful model's ``[correlation ID, START, END]``, else None
+    sequence: list[Any] | None = None
 
 
 def error_message(exc: BaseException) -> dict[str, Any]:
@@ -151,6 +156,8 @@ class RuntimeServer:
         self._loading: set[_Connection] = set()
         self._executables_done = 0
         self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
+        #: each live sequence's state (stateful bundles)
+        self.sequences = SequenceStates()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
@@ -334,6 +341,7 @@ class RuntimeServer:
                     del self._holds[loaded.key]
                     del self._loaded[loaded.key]
                     self.scheduler.unregister(loaded.key)
+                    self.sequences.drop_bundle(loaded.key)
                     if self.memory is not None:
                         self.memory.forget(loaded.key)
             self.core.release(loaded.key)
@@ -394,14 +402,30 @@ class RuntimeServer:
                 out.append(np.ndarray(shape, dtype, buffer=seg.buffer, offset=int(offset)))
             return out
 
-        return _Job(
+        job = _Job(
             conn,
             int(w["id"]),
             rows,
             views(layout[0], w["in"]),
             views(layout[1], w["out"]),
             segments,
+            w.get("seq"),
         )
+        manifest = loaded.bundle.manifest
+        if manifest.stateful:
+            if job.sequence is None or rows != 1:
+                _close_segments([job])
+                raise InvalidArgumentError(
+                    f"model {loaded.name!r}: a stateful model's work needs a sequence, one row"
+                )
+            # the sequence's previous request was answered (Triton sends one request of a
+            # sequence at a time), so its state is stored: load it now
+            try:
+                self.sequences.load(loaded.key, manifest, job.sequence, _weight(loaded), job.inputs)
+            except Exception:
+                _close_segments([job])
+                raise
+        return job
 
     def _layout(self, loaded: LoadedBundle, variant: int, rows: int) -> tuple[_Layout, _Layout]:
         """(name, shape, dtype, bytes) of each input and output of ``loaded`` at ``variant``
@@ -484,6 +508,10 @@ class RuntimeServer:
             )
             for job, part in zip(jobs, parts, strict=True):
                 job.outputs[i][...] = part
+        if manifest.stateful:
+            for job in jobs:
+                assert job.sequence is not None
+                self.sequences.store(loaded.key, manifest, job.sequence, job.outputs)
         label = variant_label(manifest.variant_dims[batch.variant])
         with self._counts_lock:
             self._counts[(loaded.name, label, size)] += 1
@@ -500,6 +528,7 @@ class RuntimeServer:
             self._flush()
 
     def _flush(self) -> None:
+        self.sequences.expire()
         with self._holds_lock:
             loading, done = list(self._loading), self._executables_done
         for conn in loading:  # fronts waiting in line: the runtime is still compiling
@@ -533,11 +562,21 @@ class RuntimeServer:
         with self._holds_lock:
             loaded = dict(self._loaded)
         memory = self.memory.figures() if self.memory is not None else None
-        return runtime_state(snapshot, loaded, rows, shed, memory)
+        return runtime_state(snapshot, loaded, rows, shed, memory, self.sequences.nbytes())
 
 
 def _invalid(exc: ValueError) -> HloserveError:
     return InvalidArgumentError(f"runtime: {exc}")
+
+
+def _weight(loaded: LoadedBundle) -> Callable[[str], np.ndarray]:
+    """A held bundle's weight by name, read from its file (a ``weight:NAME`` initial state)."""
+
+    def read(name: str) -> np.ndarray:
+        order = loaded.bundle.manifest.weights.order
+        return loaded.bundle.load_weights()[order.index(name)]
+
+    return read
 
 
 def _by_connection(jobs: Sequence[_Job]) -> list[tuple[_Connection, list[int]]]:

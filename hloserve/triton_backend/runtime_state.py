@@ -6,7 +6,7 @@ server assembles it from a scheduler snapshot (:func:`runtime_state`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
@@ -27,6 +27,7 @@ class RuntimeState:
         models: model -> its scheduler snapshot (queue depth, share, recent compute).
         costs: (model, variant label, batch size) -> learned cost, seconds.
         memory: device memory by kind, bytes (``DeviceMemory.figures``); None on CPU.
+        sequence_bytes: stateful model -> bytes of its live sequences' state (0 when none).
     """
 
     rows: dict[tuple[str, str], tuple[int, int]]
@@ -34,6 +35,7 @@ class RuntimeState:
     models: dict[str, Any]
     costs: dict[tuple[str, str, int], float]
     memory: dict[str, int] | None = None
+    sequence_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def runtime_state(
@@ -42,6 +44,7 @@ def runtime_state(
     rows: Mapping[tuple[str, str], Sequence[int]],
     shed: Mapping[tuple[str, str], int],
     memory: dict[str, int] | None = None,
+    sequence_bytes: Mapping[str, int] | None = None,
 ) -> RuntimeState:
     """The :class:`RuntimeState` of one publishing round.
 
@@ -52,6 +55,7 @@ def runtime_state(
         rows: (model, variant label) -> ``[real items, padding items]`` since the last round.
         shed: (model, reason) -> requests shed since the last round.
         memory: device memory by kind, bytes; None on CPU.
+        sequence_bytes: model name -> bytes of its live sequences' state.
     """
     models: dict[str, Any] = {}
     costs: dict[tuple[str, str, int], float] = {}
@@ -63,4 +67,6 @@ def runtime_state(
             dims = bundle.bundle.manifest.variant_dims[variant] if bundle is not None else {}
             costs[(name, variant_label(dims), size)] = seconds
     rows_out = {k: (v[0], v[1]) for k, v in rows.items()}
-    return RuntimeState(rows_out, dict(shed), models, costs, memory)
+    held = {b.name: 0 for b in loaded.values() if b.bundle.manifest.stateful}
+    held.update(sequence_bytes or {})
+    return RuntimeState(rows_out, dict(shed), models, costs, memory, held)

@@ -1,0 +1,82 @@
+"""Manifest ``state``: rules on the pairs, the wire tensors, and a stateful export from JAX."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hloserve.bundle.bundle import load_bundle
+from hloserve.bundle.manifest import ManifestError, parse_manifest
+from hloserve.bundle.validate import validate_bundle
+from tests.accumulator_bundle import export_accumulator
+
+ROW = {"dtype": "f32", "shape": "nk", "dims": {"k": 4}}
+VALID: dict[str, Any] = {
+    "format_version": 4,
+    "inputs": [{"name": "s", **ROW}, {"name": "x", **ROW}],
+    "outputs": [{"name": "y", **ROW}, {"name": "s_next", **ROW}],
+    "batching": {"compiled_batch_sizes": [1, 8]},
+    "executables": {1: "a.mlirbc", 8: "b.mlirbc"},
+    "state": [{"input": "s", "output": "s_next"}],
+}
+
+
+def refused(change: Any) -> str:
+    data = copy.deepcopy(VALID)
+    change(data)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data)
+    return str(info.value)
+
+
+def test_state_is_not_on_the_wire() -> None:
+    m = parse_manifest(copy.deepcopy(VALID))
+    assert m.stateful and m.state[0].initial_weight is None
+    assert [s.name for s in m.wire_inputs] == ["x"]
+    assert [s.name for s in m.wire_outputs] == ["y"]
+    assert "state:" in m.to_yaml() and parse_manifest(copy.deepcopy(VALID)) == m
+
+
+def test_state_rules_name_their_cause() -> None:
+    assert "state needs format_version 4" in refused(lambda d: d.update(format_version=3))
+    assert "input 'q' is not in inputs" in refused(lambda d: d["state"][0].update(input="q"))
+    assert "output 'y2' is not in outputs" in refused(lambda d: d["state"][0].update(output="y2"))
+    assert "differ in dtype or shape" in refused(lambda d: d["outputs"][1].update(dtype="f16"))
+    assert "initial weight 'w' is not in weights.order" in refused(
+        lambda d: d["state"][0].update(initial="weight:w")
+    )
+    assert "initial must be 'zeros' or 'weight:NAME'" in refused(
+        lambda d: d["state"][0].update(initial="ones")
+    )
+    assert "state repeats input ['s']" in refused(
+        lambda d: d["state"].append({"input": "s", "output": "y"})
+    )
+
+
+def test_exported_accumulator_validates(tmp_path: Path) -> None:
+    path = export_accumulator(tmp_path / "accumulator")
+    bundle = load_bundle(path)
+    assert bundle.manifest.format_version == 4
+    assert [(s.input, s.output) for s in bundle.manifest.state] == [("s", "s_next")]
+    assert not [p for p in validate_bundle(path) if not p.warning]
+
+
+def test_front_config_has_sequence_batching_without_triton_state() -> None:
+    from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
+    from hloserve.model_repository_tools.config import front_config
+
+    m = parse_manifest(copy.deepcopy(VALID))
+    config = front_config("acc", m, front_instances=1, max_queue_delay_us=100)
+    assert not config.HasField("dynamic_batching")
+    seq = config.sequence_batching
+    assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
+    assert [c.name for c in seq.control_input] == ["START", "END", "READY", "CORRID"]
+    assert seq.control_input[3].control[0].data_type == 5  # TYPE_UINT64
+    assert list(seq.oldest.preferred_batch_size) == [8]  # 1 would send each request alone
+    assert seq.oldest.max_candidate_sequences == 8
+    assert seq.oldest.max_queue_delay_microseconds == 100
+    assert not seq.state  # Triton's implicit state does not reach a Python-backend model
+    assert [i.name for i in config.input] == ["x"] and [o.name for o in config.output] == ["y"]

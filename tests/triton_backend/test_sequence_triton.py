@@ -1,0 +1,202 @@
+"""Stateful bundles behind a real tritonserver: Triton's sequence batcher, state in the runtime.
+
+The ``accumulator`` bundle (tests/accumulator_bundle.py) returns each sequence's running sum:
+two interleaved sequences keep separate sums, START resets one, and the runtime's
+``hloserve_sequence_state_bytes`` gauge is live sequences x state bytes, 0 after END.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve import metric_names
+from hloserve.node import tritonserver as ts
+from tests.accumulator_bundle import STATE_BYTES, WIDTH, export_accumulator
+from tests.conftest import serving_options
+
+pytestmark = [
+    pytest.mark.tritonserver,
+    pytest.mark.skipif(
+        importlib.util.find_spec("pytriton") is None, reason="nvidia-pytriton not installed"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.validate import validate_repository
+
+    root = tmp_path_factory.mktemp("sequence")
+    export_accumulator(root / "bundles" / "accumulator")
+    # 50 ms: time for a Python client to send 8 steps before the batch goes out
+    build_repository(root / "bundles", root / "repo", max_queue_delay_us=50_000)
+    assert validate_repository(root / "repo") == []  # `hloserve repo validate` agrees
+    with ts.TritonServer(serving_options(root / "repo", root / "tritonserver.log")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server: ts.TritonServer) -> Iterator[Any]:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.urls.grpc) as client:
+        yield client
+
+
+def _step(client: Any, sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    x = np.full((1, WIDTH), value, np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer(
+        "accumulator",
+        [tensor],
+        sequence_id=sequence,
+        sequence_start=start,
+        sequence_end=end,
+        client_timeout=60,
+    )
+    return float(result.as_numpy("y")[0, 0])
+
+
+def _state_bytes(server: ts.TritonServer) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert server.urls.metrics is not None
+    with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, model = sample.name, sample.labels.get("model")
+            if name == metric_names.SEQUENCE_STATE_BYTES and model == "accumulator":
+                return float(sample.value)
+    return None
+
+
+def _wait_gauge(
+    server: ts.TritonServer, expected: float, keep: Any = None, timeout_s: float = 10.0
+) -> None:
+    """Wait for the gauge to read ``expected``, calling ``keep()`` meanwhile (a live sequence
+    idle for 1 s, the idle timeout, would be dropped)."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        if keep is not None:
+            keep()
+        seen = _state_bytes(server)
+        if seen == expected:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{metric_names.SEQUENCE_STATE_BYTES} is {seen}, expected {expected}")
+
+
+def test_interleaved_sequences_keep_separate_state(server: ts.TritonServer, client: Any) -> None:
+    assert _step(client, 11, 1.0, start=True) == 1.0
+    assert _step(client, 22, 10.0, start=True) == 10.0
+    assert _step(client, 11, 2.0) == 3.0
+    assert _step(client, 22, 20.0) == 30.0
+    assert _step(client, 11, 3.0) == 6.0
+
+    def keep_both() -> None:  # adding 0 keeps a sequence live and its sum as it is
+        assert (_step(client, 11, 0.0), _step(client, 22, 0.0)) == (6.0, 30.0)
+
+    _wait_gauge(server, 2 * STATE_BYTES, keep_both)
+    assert _step(client, 11, 4.0, end=True) == 10.0
+    _wait_gauge(server, STATE_BYTES, lambda: _step(client, 22, 0.0))
+    assert _step(client, 22, 30.0, end=True) == 60.0
+    _wait_gauge(server, 0.0)
+
+
+def test_an_idle_sequence_is_dropped(server: ts.TritonServer, client: Any) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    assert _step(client, 44, 2.0, start=True) == 2.0
+    _wait_gauge(server, STATE_BYTES)  # within the 1 s idle timeout, or the assert below holds
+    _wait_gauge(server, 0.0)  # idle longer than max_sequence_idle_microseconds (1 s)
+    with pytest.raises(InferenceServerException) as info:
+        _step(client, 44, 1.0)
+    assert "START" in str(info.value), info.value
+
+
+def test_start_resets_a_sequence(client: Any) -> None:
+    assert _step(client, 33, 5.0, start=True) == 5.0
+    assert _step(client, 33, 5.0) == 10.0
+    assert _step(client, 33, 7.0, start=True) == 7.0  # the same ID started again: from zero
+    assert _step(client, 33, 1.0, end=True) == 8.0
+
+
+def test_a_request_without_a_sequence_is_refused(client: Any) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    x = np.ones((1, WIDTH), np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("accumulator", [tensor], client_timeout=60)
+    assert "correlation ID" in str(info.value)  # Triton refuses it before the front
+
+
+def _executions(server: ts.TritonServer) -> dict[int, float]:
+    """``hloserve_executions_total`` of the accumulator by batch size."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert server.urls.metrics is not None
+    with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(metric_names.EXECUTIONS) and (
+                sample.labels.get("model") == "accumulator"
+            ):
+                out[int(sample.labels["batch_size"])] = float(sample.value)
+    return out
+
+
+def test_sequences_coalesce_with_state_per_row(server: ts.TritonServer, client: Any) -> None:
+    """8 sequences stepped at once run in shared executions, each row with its own state."""
+    import tritonclient.grpc as grpcclient
+
+    ids = list(range(101, 109))
+    for i in ids:
+        assert _step(client, i, float(i), start=True) == float(i)
+    before = _executions(server)
+    done: dict[int, Any] = {}
+    for round_ in range(1, 4):
+        pending = []
+        for i in ids:
+            x = np.full((1, WIDTH), float(round_), np.float32)
+            tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            pending.append(i)
+            client.async_infer(
+                "accumulator",
+                [tensor],
+                callback=lambda result, error, i=i: done.__setitem__(i, (result, error)),
+                sequence_id=i,
+                sequence_end=round_ == 3,
+                client_timeout=60,
+            )
+        deadline = time.monotonic() + 60
+        while len(done) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for i in ids:
+            result, error = done.pop(i)
+            assert error is None, error
+            expected = i + round_ * (round_ + 1) / 2  # i, then + 1, + 2, + 3
+            assert float(result.as_numpy("y")[0, 0]) == expected
+    time.sleep(1.5)  # the counters are published once a second
+    after = _executions(server)
+    coalesced = after.get(8, 0) - before.get(8, 0)
+    print(f"executions by batch size: before {before}, after {after}")
+    assert coalesced >= 1, (before, after)
