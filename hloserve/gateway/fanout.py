@@ -67,6 +67,11 @@ class _GrpcJudge:
             reply.code() == grpc.StatusCode.UNAVAILABLE
         )
 
+    def reason(self, text: str) -> _Reply:
+        return grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), text
+        )
+
     def failed(self, what: str, replies: fleet_ops.Replies[_Reply]) -> NoReturn:
         """Raise the first worker's error, relayed with its code (UNAVAILABLE: no worker)."""
         for _, reply in replies:
@@ -78,10 +83,8 @@ class _GrpcJudge:
 _JUDGE = _GrpcJudge()
 
 
-def _parse_index(reply: _Reply) -> service_pb2.RepositoryIndexResponse | None:
-    return (
-        service_pb2.RepositoryIndexResponse.FromString(reply) if isinstance(reply, bytes) else None
-    )
+def _parse_index(reply: _Reply) -> service_pb2.RepositoryIndexResponse:
+    return service_pb2.RepositoryIndexResponse.FromString(reply)
 
 
 def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
@@ -262,7 +265,9 @@ class FleetRpcs:
         def merge(replies: list[service_pb2.ModelStatisticsResponse]) -> bytes:
             return bytes(merge_model_statistics(replies).SerializeToString())
 
-        parse = service_pb2.ModelStatisticsResponse.FromString
+        def parse(reply: _Reply) -> service_pb2.ModelStatisticsResponse:
+            return service_pb2.ModelStatisticsResponse.FromString(reply)
+
         call = ("ModelStatistics", request, ())
         return await self._run(fleet_ops.merged(_JUDGE, "ModelStatistics", call, parse, merge))
 

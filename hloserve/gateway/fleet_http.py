@@ -53,7 +53,6 @@ no worker answered, 400 for a body without ``Content-Length`` or over
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import logging
@@ -63,11 +62,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeAlias
 
 from hloserve.errors import (
     HTTP_STATUS,
@@ -76,6 +75,7 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
+from hloserve.gateway import fleet_ops
 from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
 from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.model_control import HEADER
@@ -167,7 +167,45 @@ class Answer:
 
 
 #: A worker's answer, or why it gave none (the connection failed or broke).
-Reply = Answer | str
+Reply: TypeAlias = Answer | str
+#: A request to the workers: method, path (with its query), body, headers.
+_Request: TypeAlias = tuple[str, str, bytes, Mapping[str, str]]
+
+
+class _HttpJudge:
+    """:class:`hloserve.gateway.fleet_ops.Judge` of HTTP replies."""
+
+    def ok(self, reply: Reply) -> bool:
+        return isinstance(reply, Answer) and reply.ok
+
+    def unavailable(self, reply: Reply) -> bool:
+        return not isinstance(reply, Answer) or reply.status == HTTP_STATUS[Status.UNAVAILABLE]
+
+    def reason(self, text: str) -> Reply:
+        return text
+
+    def failed(self, what: str, replies: fleet_ops.Replies[Reply]) -> Answer:
+        """The first worker's Triton error; 503 naming every worker when none answered."""
+        for _, reply in replies:
+            if isinstance(reply, Answer):
+                return reply
+        reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
+        return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
+
+
+_JUDGE = _HttpJudge()
+
+
+def _json(reply: Reply) -> Any:
+    """The JSON of a worker's answer; None when it does not parse."""
+    try:
+        return json.loads(reply.body) if isinstance(reply, Answer) else None
+    except ValueError:
+        return None
+
+
+def _json_answer(value: Any) -> Answer:
+    return Answer(200, json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def _connection(address: str, timeout_s: float) -> http.client.HTTPConnection:
@@ -369,52 +407,18 @@ class FleetHttp:
             local.used = time.monotonic()
             return answer
 
-    def _fan_out(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        timeout_s: float,
-        workers: Sequence[str] | None = None,
-    ) -> list[tuple[str, Reply]]:
-        """``(worker, reply)`` of the request sent to ``workers`` (default all) at once."""
-        targets = self.workers if workers is None else tuple(workers)
-        replies = self._pool.map(
-            lambda w: self._call(w, method, path, body, headers, timeout_s), targets
-        )
+    def _fan_out(self, step: fleet_ops.Send[_Request]) -> fleet_ops.Replies[Reply]:
+        """``(worker, reply)`` of the step's request sent to its workers (default all) at
+        once."""
+        targets = self.workers if step.workers is None else tuple(step.workers)
+        timeout_s = self._probe_timeout if step.probe else self._timeout
+        replies = self._pool.map(lambda w: self._call(w, *step.request, timeout_s), targets)
         return list(zip(targets, replies, strict=True))
 
-    @staticmethod
-    def _failed(what: str, replies: Sequence[tuple[str, Reply]]) -> Answer:
-        """The first worker's Triton error; 503 naming every worker when none answered."""
-        for _, reply in replies:
-            if isinstance(reply, Answer):
-                return reply
-        reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
-        return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
-
-    @staticmethod
-    def _json_answers(
-        replies: Sequence[tuple[str, Reply]], valid: Callable[[Any], bool], invalid: str
-    ) -> tuple[list[Any], list[tuple[str, Reply]]]:
-        """(the JSON of every 2xx reply that is ``valid``, the other replies); a 2xx reply
-        that is not becomes the reason ``invalid`` (logged)."""
-        answers: list[Any] = []
-        failed: list[tuple[str, Reply]] = []
-        for worker, reply in replies:
-            value = None
-            if isinstance(reply, Answer) and reply.ok:
-                with contextlib.suppress(ValueError):
-                    value = json.loads(reply.body)
-                if not valid(value):
-                    value, reply = None, invalid
-                    log.warning("gateway: worker %s: %s", worker, reply)
-            if value is None:
-                failed.append((worker, reply))
-            else:
-                answers.append(value)
-        return answers, failed
+    def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:
+        """Drive a plan of :mod:`~hloserve.gateway.fleet_ops` over the worker threads."""
+        reply = fleet_ops.drive(plan, self._fan_out)
+        return reply if isinstance(reply, Answer) else Answer.error(UnavailableError(reply))
 
     def repository_index(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -422,36 +426,44 @@ class FleetHttp:
         """Every answering worker's index merged (module docstring)."""
         keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
         keyed |= self._repository_headers
-        indexes, failed = self._json_answers(
-            self._fan_out(method, path, body, keyed, self._probe_timeout),
-            lambda rows: isinstance(rows, list) and all(isinstance(r, dict) for r in rows),
-            "its repository index is not a JSON list of objects",
+
+        def parse(reply: Reply) -> list[dict[str, Any]]:
+            rows = _json(reply)
+            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+                return rows
+            raise ValueError("its repository index is not a JSON list of objects")
+
+        def merge(indexes: list[list[dict[str, Any]]]) -> Reply:
+            rows = merge_repository_index(
+                indexes,
+                key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
+                state=lambda row: str(row.get("state", "")),
+            )
+            return _json_answer(rows)
+
+        request = (method, path, body, keyed)
+        return self._run(
+            fleet_ops.merged(_JUDGE, "repository index", request, parse, merge, probe=True)
         )
-        if not indexes:
-            return self._failed("repository index", failed)
-        merged = merge_repository_index(
-            indexes,
-            key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
-            state=lambda row: str(row.get("state", "")),
-        )
-        text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
-        return Answer(200, text.encode())
 
     def statistics(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Every worker's statistics summed (module docstring)."""
-        responses, failed = self._json_answers(
-            self._fan_out(method, path, body, headers, self._timeout),
-            lambda stats: isinstance(stats, dict) and isinstance(stats.get("model_stats"), list),
-            "its statistics are not a JSON object with model_stats",
-        )
-        if not responses:
-            return self._failed("statistics", failed)
-        try:
-            merged = merge_statistics_json(responses)
-        except ValueError as exc:
-            log.warning("gateway: %s: %s", path, exc)
-            return Answer.error(UnavailableError(f"statistics: {exc}"))
-        return Answer(200, json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode())
+
+        def parse(reply: Reply) -> dict[str, Any]:
+            stats = _json(reply)
+            if isinstance(stats, dict) and isinstance(stats.get("model_stats"), list):
+                return stats
+            raise ValueError("its statistics are not a JSON object with model_stats")
+
+        def merge(responses: list[dict[str, Any]]) -> Reply:
+            try:
+                return _json_answer(merge_statistics_json(responses))
+            except ValueError as exc:
+                log.warning("gateway: %s: %s", path, exc)
+                return Answer.error(UnavailableError(f"statistics: {exc}"))
+
+        request = (method, path, body, headers)
+        return self._run(fleet_ops.merged(_JUDGE, "statistics", request, parse, merge))
 
     def register(
         self,
@@ -464,32 +476,14 @@ class FleetHttp:
     ) -> Answer:
         """Register on every worker, or on none (roll-back of a partial success); ``prefix``
         is :data:`SHM_PREFIX` or :data:`CUDA_SHM_PREFIX`."""
-        replies = self._fan_out(method, path, body, headers, self._timeout)
-        accepted = [(w, r) for w, r in replies if isinstance(r, Answer) and r.ok]
-        if len(accepted) == len(replies):
-            return accepted[0][1]
-        if accepted:
-            undo = f"{prefix}/region/{region}/unregister"
-            for worker, reply in self._fan_out(
-                "POST", undo, b"", headers, self._probe_timeout, [w for w, _ in accepted]
-            ):
-                if not (isinstance(reply, Answer) and reply.ok):
-                    log.warning(
-                        "gateway: worker %s: rolling back region %r failed: %s",
-                        worker,
-                        region,
-                        reply.body.decode(errors="replace") if isinstance(reply, Answer) else reply,
-                    )
-        refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-        return self._failed(f"{prefix[4:]} register {region!r}", refused)
+        undo = ("POST", f"{prefix}/region/{region}/unregister", b"", headers)
+        what = f"{prefix[4:]} register {region!r}"
+        return self._run(fleet_ops.register(_JUDGE, what, (method, path, body, headers), undo))
 
     def unregister(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """Unregister on every worker; the first success when any worker succeeds."""
-        replies = self._fan_out(method, path, body, headers, self._timeout)
-        for _, reply in replies:
-            if isinstance(reply, Answer) and reply.ok:
-                return reply
-        return self._failed(path.split("?", 1)[0], replies)
+        what = path.split("?", 1)[0]
+        return self._run(fleet_ops.unregister(_JUDGE, what, (method, path, body, headers)))
 
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -507,7 +501,7 @@ class FleetHttp:
             where = path if own else f"/v2/repository/models/{urllib.parse.quote(name)}/{how}"
             targets = [self._http_of[w] for w in workers]
             sent = body if own else b""
-            replies = self._fan_out("POST", where, sent, headers, self._timeout, targets)
+            replies = self._fan_out(fleet_ops.Send(("POST", where, sent, headers), targets))
             by_http = dict(zip(targets, workers, strict=True))
             return [(by_http[w], r) for w, r in replies]
 
@@ -529,11 +523,11 @@ class FleetHttp:
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
         if outcome.failed:
             refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-            return self._failed(f"model {action} {model!r}", refused)
+            return _JUDGE.failed(f"model {action} {model!r}", refused)
         for _, reply in replies:
             if isinstance(reply, Answer):
                 return reply
-        return self._failed(f"model {action} {model!r}", replies)
+        return _JUDGE.failed(f"model {action} {model!r}", replies)
 
     def infer_json(
         self,
@@ -570,13 +564,8 @@ class FleetHttp:
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
         """The first worker's answer; no connection or a 503 moves on to the next."""
-        replies: list[tuple[str, Reply]] = []
-        for worker in self.workers:
-            reply = self._call(worker, method, path, body, headers, self._timeout)
-            if isinstance(reply, Answer) and reply.status != HTTP_STATUS[Status.UNAVAILABLE]:
-                return reply
-            replies.append((worker, reply))
-        return self._failed(f"{method} {path}", replies)
+        request = (method, path, body, headers)
+        return self._run(fleet_ops.first_answer(_JUDGE, f"{method} {path}", request, self.workers))
 
 
 class _Server(ThreadingHTTPServer):

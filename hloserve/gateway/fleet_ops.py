@@ -67,6 +67,10 @@ class Judge(Protocol[Rep]):
         """Whether ``reply`` means "try the next worker" (no connection, UNAVAILABLE)."""
         ...
 
+    def reason(self, text: str) -> Rep:
+        """A failed reply saying ``text`` (a worker's answer that is not what was asked)."""
+        ...
+
     def failed(self, what: str, replies: Replies[Rep]) -> Rep:
         """The answer when ``what`` failed: the first worker's refusal, else "no worker
         answered" (may raise instead)."""
@@ -99,23 +103,25 @@ def merged(
     judge: Judge[Rep],
     what: str,
     request: Req,
-    parse: Callable[[Rep], Value | None],
+    parse: Callable[[Rep], Value],
     merge: Callable[[list[Value]], Rep],
     probe: bool = False,
 ) -> Plan[Req, Rep]:
-    """Every worker's successful reply that ``parse`` reads (None: left out, logged) merged
-    by ``merge``; the first failure when none is left."""
+    """Every worker's successful reply merged by ``merge``; one that ``parse`` refuses
+    (``ValueError``: the reason) is logged and counts as that worker's failure; the first
+    failure when no reply is left."""
     replies = yield Send(request, probe=probe)
     values: list[Value] = []
     failed: Replies[Rep] = []
     for worker, reply in replies:
-        value = parse(reply) if judge.ok(reply) else None
-        if value is None:
-            if judge.ok(reply):
-                log.warning("gateway: worker %s: %s: an answer that does not parse", worker, what)
+        if not judge.ok(reply):
             failed.append((worker, reply))
-        else:
-            values.append(value)
+            continue
+        try:
+            values.append(parse(reply))
+        except ValueError as exc:
+            log.warning("gateway: worker %s: %s: %s", worker, what, exc)
+            failed.append((worker, judge.reason(str(exc))))
     return merge(values) if values else judge.failed(what, failed)
 
 
