@@ -91,6 +91,14 @@ MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
 #: HAProxy ``path_reg`` of the statistics paths (every model, or one model [and version]).
 STATS_PATH = r"^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$"
 
+#: HAProxy conditions of the paths answered here, each a ``use_backend`` rule of the
+#: control backend (statistics: ``path_end`` first, as an inference request fails it); model
+#: control has its own backend (:data:`MODEL_CONTROL_PATH`). A new path is a condition here.
+CONDITIONS = (
+    f"{{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
+    f"{{ path_end /stats }} {{ path_reg {STATS_PATH} }}",
+)
+
 _SHM = r"(/v2/(?:system|cuda)sharedmemory)"
 _REGISTER = re.compile(_SHM + r"/region/([^/]+)/register")
 _UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
