@@ -1,9 +1,10 @@
 """The gateway's RPCs other than inference: answered from the workers, not by one replica.
 
+The rules are :mod:`hloserve.gateway.fleet_ops`' (shared with the KServe HTTP server).
 ``ServerLive`` is the gateway's own; ``ServerReady`` true when any worker is ready;
 ``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
-system and CUDA shared-memory registration fanned out and rolled back on partial failure;
-``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
+system and CUDA shared memory registered on every worker or none, unregistered when any
+worker does; ``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
 ``ModelMetadata`` and ``ModelConfig`` forwarded to a replica of the model;
 ``RepositoryModelLoad`` and ``RepositoryModelUnload`` sent where
 :class:`hloserve.gateway.model_control.ModelControl` decides (docs/gateway.md, "Model
@@ -221,11 +222,9 @@ class FleetRpcs:
             return await self._fan_out(step)
 
         outcome = await self._control.run(action, model, send, _JUDGE.ok)
-        errors = [(w, r) for w, r in outcome.answers if not _JUDGE.ok(r)]
-        replies = [r for _, r in outcome.answers if isinstance(r, bytes)]
-        if errors or not replies:
-            _JUDGE.failed(f"{method} {model!r}", errors)
-        return replies[0]
+        reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
+        assert isinstance(reply, bytes)  # a refusal was raised
+        return reply
 
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
@@ -309,3 +308,38 @@ class FleetRpcs:
         workers = self._upstreams.workers
         call = ("ServerMetadata", request, ())
         return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The gRPC method handlers of these RPCs, by method name (a new fleet-wide RPC is
+        one line here)."""
+
+        def forward(method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return await self.forward_to_model(method, request, context)
+
+            return call
+
+        raw = grpc.unary_unary_rpc_method_handler
+        return {
+            **{m: raw(forward(m)) for m in ("ModelReady", "ModelMetadata", "ModelConfig")},
+            "ModelStatistics": raw(self.model_statistics),
+            **{method: raw(handler) for method, handler in self.shm_handlers().items()},
+            "RepositoryModelLoad": raw(self.repository_model_load),
+            "RepositoryModelUnload": raw(self.repository_model_unload),
+            "ServerMetadata": raw(self.server_metadata),
+            "ServerLive": raw(
+                self.server_live,
+                request_deserializer=service_pb2.ServerLiveRequest.FromString,
+                response_serializer=service_pb2.ServerLiveResponse.SerializeToString,
+            ),
+            "ServerReady": raw(
+                self.server_ready,
+                request_deserializer=service_pb2.ServerReadyRequest.FromString,
+                response_serializer=service_pb2.ServerReadyResponse.SerializeToString,
+            ),
+            "RepositoryIndex": raw(
+                self.repository_index,
+                request_deserializer=service_pb2.RepositoryIndexRequest.FromString,
+                response_serializer=service_pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+        }

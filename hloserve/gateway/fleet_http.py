@@ -5,31 +5,21 @@ HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repositor
 and ``/v2/cudasharedmemory`` of its KServe HTTP port (plaintext or TLS) to
 :class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
 library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
-endpoint (``worker_http``) with the rules of the gRPC RPCs
-(:class:`hloserve.gateway.fanout.FleetRpcs`; docs/gateway.md, "KServe HTTP"):
+endpoint (``worker_http``) with the rules of :mod:`hloserve.gateway.fleet_ops`, as the gRPC
+RPCs do (docs/gateway.md, "KServe HTTP"):
 
-- ``POST /v2/repository/index``: every worker's index merged by (name, version), READY
-  winning (:func:`hloserve.gateway.aggregate.merge_repository_index`), asked with the
-  workers' model-control key as gRPC discovery does; the rows are the workers' own JSON
-  objects (Triton writes ``name``, ``version``, ``state`` and, when there is one, ``reason``).
-  Workers that fail are left out; when none answers, the first one's error.
+- ``POST /v2/repository/index`` (asked with the workers' model-control key, as gRPC
+  discovery does; the rows are the workers' own JSON objects) and ``GET /v2/models/stats``,
+  ``GET /v2/models/{name}[/versions/{v}]/stats``: merged
+  (:func:`hloserve.gateway.fleet_ops.merged`; :mod:`hloserve.gateway.aggregate`).
 - ``POST /v2/repository/models/{name}/load`` and ``.../unload``: sent where the gRPC
-  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (the one decision
-  of both protocols, run on the gateway's event loop; the steps it takes are sent over
-  HTTP): the first refusal is answered, else the first worker's success.
-- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: sent to every worker;
-  succeeds only when every worker accepts, otherwise the region is unregistered from the
-  workers that accepted it and the first refusal is answered.
-- ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: sent to every worker;
-  succeeds when any worker succeeds.
-- ``GET /v2/models/stats`` and ``GET /v2/models/{name}[/versions/{v}]/stats``: every
-  worker's statistics summed per (name, version)
-  (:func:`hloserve.gateway.aggregate.merge_statistics_json`, the rules of gRPC
-  ``ModelStatistics``); workers answering with an error (the model is not on that worker) are
-  left out; when none answers with statistics, the first worker's error.
-- ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
-  them: the first worker that answers (a refused connection or a 503 moves on to the next),
-  as registrations are the same on every worker.
+  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (run on the
+  gateway's event loop; its steps are sent over HTTP): the first refusal is answered, else
+  the first worker's success.
+- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: on every worker or none
+  (:func:`hloserve.gateway.fleet_ops.register`); ``.../unregister``: succeeds when any worker
+  does (:func:`~hloserve.gateway.fleet_ops.unregister`); ``.../status`` and any other path
+  under them: the first worker that answers (a refused connection or a 503 moves on).
 - ``POST /v2/models/{name}[/versions/{v}]/infer`` with every tensor in the JSON (no binary
   data extension, or an ``Inference-Header-Content-Length`` that is the whole body), when
   HAProxy has a checked frontend: each input's ``data`` is counted
@@ -210,6 +200,10 @@ def _json(reply: Reply) -> Any:
         return json.loads(reply.body) if isinstance(reply, Answer) else None
     except ValueError:
         return None
+
+
+def _answer(reply: Reply) -> Answer:
+    return reply if isinstance(reply, Answer) else Answer.error(UnavailableError(reply))
 
 
 def _json_answer(value: Any) -> Answer:
@@ -425,8 +419,7 @@ class FleetHttp:
 
     def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:
         """Drive a plan of :mod:`~hloserve.gateway.fleet_ops` over the worker threads."""
-        reply = fleet_ops.drive(plan, self._fan_out)
-        return reply if isinstance(reply, Answer) else Answer.error(UnavailableError(reply))
+        return _answer(fleet_ops.drive(plan, self._fan_out))
 
     def repository_index(
         self, method: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -529,13 +522,7 @@ class FleetHttp:
             what = f"model {action} {model!r}: not done within {MODEL_CONTROL_TIMEOUT_S} s"
             return Answer.error(UnavailableError(f"gateway: {what}"))
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
-        if outcome.failed:
-            refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-            return _JUDGE.failed(f"model {action} {model!r}", refused)
-        for _, reply in replies:
-            if isinstance(reply, Answer):
-                return reply
-        return _JUDGE.failed(f"model {action} {model!r}", replies)
+        return _answer(fleet_ops.decided(_JUDGE, f"model {action} {model!r}", replies))
 
     def infer_json(
         self,

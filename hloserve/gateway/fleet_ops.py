@@ -14,6 +14,8 @@ succeeded and how a failure is answered. The rules (docs/gateway.md, "KServe HTT
 - :func:`merged`: every worker's answer that parses, merged (repository index, statistics:
   :mod:`hloserve.gateway.aggregate`); the first failure when none does.
 - :func:`first_answer`: worker after worker until one answers other than "unavailable".
+- :func:`decided`: model control's answer (the steps are
+  :class:`hloserve.gateway.model_control.ModelControl`'s, sent by the transport).
 
 A new fleet-wide call is a plan here (or one of these), an adapter line in ``fanout.py`` and
 one in ``fleet_http.py``.
@@ -136,6 +138,14 @@ def first_answer(
             return reply[1]
         replies.append(reply)
     return judge.failed(what, replies)
+
+
+def decided(judge: Judge[Rep], what: str, answers: Replies[Rep]) -> Rep:
+    """The answer of model control's deciding step
+    (:class:`hloserve.gateway.model_control.Outcome`): the first refusal, else the first
+    worker's success."""
+    refused = [(w, r) for w, r in answers if not judge.ok(r)]
+    return judge.failed(what, refused) if refused or not answers else answers[0][1]
 
 
 def drive(plan: Plan[Req, Rep], fan_out: Callable[[Send[Req]], Replies[Rep]]) -> Rep:

@@ -104,3 +104,9 @@ def test_the_async_driver_runs_the_same_plan() -> None:
     plan = fleet_ops.register(JUDGE, "r", "reg", "undo")
     assert asyncio.run(asyncio.wait_for(fleet_ops.drive_async(plan, fan_out), 10)) == 400
     assert fleet.steps[-1] == ("undo", ("w0", "w1"), True)
+
+
+def test_model_control_answers_the_first_refusal_else_the_first_success() -> None:
+    assert fleet_ops.decided(JUDGE, "load", [("w0", 200), ("w1", 400), ("w2", 404)]) == 400
+    assert fleet_ops.decided(JUDGE, "load", [("w0", 201), ("w1", 200)]) == 201
+    assert fleet_ops.decided(JUDGE, "load", []) == 503
