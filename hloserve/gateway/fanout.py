@@ -15,6 +15,7 @@ Errors are raised and answered by :class:`hloserve.gateway.interceptor.ErrorInte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeAlias
 
@@ -132,33 +133,20 @@ class FleetRpcs:
             fleet_ops.first_answer(_JUDGE, f"{method} {name!r}", (method, request, ()), order)
         )
 
-    async def server_live(
-        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerLiveResponse:
+    async def server_live(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The gateway process is live."""
-        return service_pb2.ServerLiveResponse(live=True)
+        return bytes(service_pb2.ServerLiveResponse(live=True).SerializeToString())
 
-    async def server_ready(
-        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerReadyResponse:
+    async def server_ready(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Ready when at least one worker answers ready."""
-        raw = request.SerializeToString()
+        replies = await self._fan_out(fleet_ops.Send(("ServerReady", request, ()), probe=True))
+        ready = any(
+            isinstance(r, bytes) and service_pb2.ServerReadyResponse.FromString(r).ready
+            for _, r in replies
+        )
+        return bytes(service_pb2.ServerReadyResponse(ready=ready).SerializeToString())
 
-        async def probe(worker: str) -> bool:
-            try:
-                reply = await self._upstreams.raw(worker, "ServerReady")(
-                    raw, timeout=self._probe_timeout
-                )
-            except grpc.aio.AioRpcError:
-                return False
-            return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
-
-        answers = await asyncio.gather(*(probe(w) for w in self._upstreams.workers))
-        return service_pb2.ServerReadyResponse(ready=any(answers))
-
-    async def repository_index(
-        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryIndexResponse:
+    async def repository_index(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Every worker's index merged by (name, version); READY wins over other states;
         empty when no worker answers."""
 
@@ -170,14 +158,12 @@ class FleetRpcs:
             )
             return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
 
-        call = ("RepositoryIndex", request.SerializeToString(), self._upstreams.repository_metadata)
-        try:
-            reply = await self._run(
+        call = ("RepositoryIndex", request, self._upstreams.repository_metadata)
+        with contextlib.suppress(HloserveError):
+            return await self._run(
                 fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
             )
-        except HloserveError:
-            return service_pb2.RepositoryIndexResponse()
-        return service_pb2.RepositoryIndexResponse.FromString(reply)
+        return b""  # an empty RepositoryIndexResponse
 
     async def _fan_out(self, step: fleet_ops.Send[_Call]) -> fleet_ops.Replies[_Reply]:
         """Send the step's request to its workers (default every worker) at once."""
@@ -327,19 +313,7 @@ class FleetRpcs:
             "RepositoryModelLoad": raw(self.repository_model_load),
             "RepositoryModelUnload": raw(self.repository_model_unload),
             "ServerMetadata": raw(self.server_metadata),
-            "ServerLive": raw(
-                self.server_live,
-                request_deserializer=service_pb2.ServerLiveRequest.FromString,
-                response_serializer=service_pb2.ServerLiveResponse.SerializeToString,
-            ),
-            "ServerReady": raw(
-                self.server_ready,
-                request_deserializer=service_pb2.ServerReadyRequest.FromString,
-                response_serializer=service_pb2.ServerReadyResponse.SerializeToString,
-            ),
-            "RepositoryIndex": raw(
-                self.repository_index,
-                request_deserializer=service_pb2.RepositoryIndexRequest.FromString,
-                response_serializer=service_pb2.RepositoryIndexResponse.SerializeToString,
-            ),
+            "ServerLive": raw(self.server_live),
+            "ServerReady": raw(self.server_ready),
+            "RepositoryIndex": raw(self.repository_index),
         }
