@@ -452,16 +452,13 @@ class FleetHttp:
 
         def parse(reply: Reply) -> dict[str, Any]:
             stats = _json(reply)
-            if isinstance(stats, dict) and isinstance(stats.get("model_stats"), list):
+            rows = stats.get("model_stats") if isinstance(stats, dict) else None
+            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
                 return stats
-            raise ValueError("its statistics are not a JSON object with model_stats")
+            raise ValueError("its statistics are not a JSON object with a model_stats list")
 
         def merge(responses: list[dict[str, Any]]) -> Reply:
-            try:
-                return _json_answer(merge_statistics_json(responses))
-            except ValueError as exc:
-                log.warning("gateway: %s: %s", path, exc)
-                return Answer.error(UnavailableError(f"statistics: {exc}"))
+            return _json_answer(merge_statistics_json(responses))
 
         request = (method, path, body, headers)
         return self._run(fleet_ops.merged(_JUDGE, "statistics", request, parse, merge))
