@@ -210,6 +210,34 @@ def _json_answer(value: Any) -> Answer:
     return Answer(200, json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+def _index(reply: Reply) -> list[dict[str, Any]]:
+    rows = _json(reply)
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return rows
+    raise ValueError("its repository index is not a JSON list of objects")
+
+
+def _merged(indexes: list[list[dict[str, Any]]]) -> Reply:
+    rows = merge_repository_index(
+        indexes,
+        key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
+        state=lambda row: str(row.get("state", "")),
+    )
+    return _json_answer(rows)
+
+
+def _stats(reply: Reply) -> dict[str, Any]:
+    stats = _json(reply)
+    rows = stats.get("model_stats") if isinstance(stats, dict) else None
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return stats
+    raise ValueError("its statistics are not a JSON object with a model_stats list")
+
+
+def _summed(responses: list[dict[str, Any]]) -> Reply:
+    return _json_answer(merge_statistics_json(responses))
+
+
 def _connection(address: str, timeout_s: float) -> http.client.HTTPConnection:
     host, _, port = address.rpartition(":")
     return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
@@ -338,25 +366,33 @@ class FleetHttp:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def answer(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """The answer to one client request (``path`` with its query string, if any)."""
+        """The answer to one client request (``path`` with its query string, if any): the
+        plan of :mod:`~hloserve.gateway.fleet_ops` its path names (module docstring)."""
         route = path.split("?", 1)[0]
         passed = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
-        if route == INDEX_PATH:
-            return self.repository_index(method, path, body, passed)
+        request = (method, path, body, passed)
+        if route == INDEX_PATH:  # asked with the workers' model-control key
+            keyed = {k: v for k, v in passed.items() if k.lower() != HEADER}
+            index = (method, path, body, keyed | self._repository_headers)
+            what = "repository index"
+            return self._run(fleet_ops.merged(_JUDGE, what, index, _index, _merged, probe=True))
         if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
             model = urllib.parse.unquote(match.group(1))
             return self.infer_json(checked, model, method, path, body, passed)
         if match := _REGISTER.fullmatch(route):
-            return self.register(method, path, body, passed, match.group(1), match.group(2))
+            prefix, region = match.groups()
+            undo = ("POST", f"{prefix}/region/{region}/unregister", b"", passed)
+            what = f"{prefix[4:]} register {region!r}"
+            return self._run(fleet_ops.register(_JUDGE, what, request, undo))
         if _UNREGISTER.fullmatch(route):
-            return self.unregister(method, path, body, passed)
+            return self._run(fleet_ops.unregister(_JUDGE, route, request))
         if _STATS.fullmatch(route) and method == "GET":
-            return self.statistics(method, path, body, passed)
+            return self._run(fleet_ops.merged(_JUDGE, "statistics", request, _stats, _summed))
         if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
             model = urllib.parse.unquote(match.group(1))
             action: Action = "load" if match.group(2) == "load" else "unload"
             return self.model_control(action, model, path, body, passed)
-        return self.first_worker(method, path, body, passed)
+        return self._first_worker(request)
 
     def _call(
         self,
@@ -421,68 +457,6 @@ class FleetHttp:
         """Drive a plan of :mod:`~hloserve.gateway.fleet_ops` over the worker threads."""
         return _answer(fleet_ops.drive(plan, self._fan_out))
 
-    def repository_index(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer:
-        """Every answering worker's index merged (module docstring)."""
-        keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
-        keyed |= self._repository_headers
-
-        def parse(reply: Reply) -> list[dict[str, Any]]:
-            rows = _json(reply)
-            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-                return rows
-            raise ValueError("its repository index is not a JSON list of objects")
-
-        def merge(indexes: list[list[dict[str, Any]]]) -> Reply:
-            rows = merge_repository_index(
-                indexes,
-                key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
-                state=lambda row: str(row.get("state", "")),
-            )
-            return _json_answer(rows)
-
-        request = (method, path, body, keyed)
-        return self._run(
-            fleet_ops.merged(_JUDGE, "repository index", request, parse, merge, probe=True)
-        )
-
-    def statistics(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """Every worker's statistics summed (module docstring)."""
-
-        def parse(reply: Reply) -> dict[str, Any]:
-            stats = _json(reply)
-            rows = stats.get("model_stats") if isinstance(stats, dict) else None
-            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-                return stats
-            raise ValueError("its statistics are not a JSON object with a model_stats list")
-
-        def merge(responses: list[dict[str, Any]]) -> Reply:
-            return _json_answer(merge_statistics_json(responses))
-
-        request = (method, path, body, headers)
-        return self._run(fleet_ops.merged(_JUDGE, "statistics", request, parse, merge))
-
-    def register(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        prefix: str,
-        region: str,
-    ) -> Answer:
-        """Register on every worker, or on none (roll-back of a partial success); ``prefix``
-        is :data:`SHM_PREFIX` or :data:`CUDA_SHM_PREFIX`."""
-        undo = ("POST", f"{prefix}/region/{region}/unregister", b"", headers)
-        what = f"{prefix[4:]} register {region!r}"
-        return self._run(fleet_ops.register(_JUDGE, what, (method, path, body, headers), undo))
-
-    def unregister(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """Unregister on every worker; the first success when any worker succeeds."""
-        what = path.split("?", 1)[0]
-        return self._run(fleet_ops.unregister(_JUDGE, what, (method, path, body, headers)))
-
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
@@ -492,7 +466,7 @@ class FleetHttp:
         the first worker's refusal, else the first worker's success."""
         control, loop = self._control, self._loop
         if control is None or loop is None:
-            return self.first_worker("POST", path, body, headers)
+            return self._first_worker(("POST", path, body, headers))
 
         def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
             own = how == action and name == model
@@ -552,12 +526,10 @@ class FleetHttp:
             connection.close()
             self._local.connection = None
 
-    def first_worker(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer:
+    def _first_worker(self, request: _Request) -> Answer:
         """The first worker's answer; no connection or a 503 moves on to the next."""
-        request = (method, path, body, headers)
-        return self._run(fleet_ops.first_answer(_JUDGE, f"{method} {path}", request, self.workers))
+        what = f"{request[0]} {request[1]}"
+        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
 
 class _Server(ThreadingHTTPServer):
