@@ -10,6 +10,8 @@ Transport-neutral core (no gRPC, no process):
     preconditions: ``lpt_packing``'s check that every worker schedules ``fifo`` or ``edf``.
     health: consecutive probe failures and the table restricted to healthy workers.
     aggregate: fleet ``ModelStatistics`` from the workers'.
+    fleet_ops: the fleet-wide calls' rules (register with roll-back, unregister, merged
+        index and statistics, first answer) as plans that gRPC and HTTP both drive.
     wire: partial decoding of raw ``ModelInferRequest`` bytes.
     dataplane: the HAProxy layout (backends per model, model map) and its configuration:
         where balance, fill quanta, admission and failover are defined.
@@ -20,6 +22,7 @@ Data plane and transport:
     proxy: the ``grpc.aio`` servicer of ``inference.GRPCInferenceService`` behind HAProxy
         (every other RPC, unrouted models and BYTES inputs checked, unrouted streams).
     fanout: that service's RPCs answered from every worker (index, statistics, shm, ...).
+    fleet_http: the KServe HTTP calls that need every worker, on a threaded loopback server.
     upstreams: the channels to the workers, health probes, statistics polls.
     discovery: the routing table from the workers' answers; single-flight refreshes.
     control: the ``hloserve.gateway.v1.GatewayControl`` servicer (control plane).

@@ -18,6 +18,7 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
@@ -30,59 +31,33 @@ Row = TypeVar("Row")
 _KEYED = {"batch_stats": "batch_size"}
 #: Integer fields that take the largest value instead of the sum.
 _LATEST = {"last_inference"}
-_INTEGER_TYPES = {
-    FieldDescriptor.TYPE_INT32,
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT32,
-    FieldDescriptor.TYPE_UINT64,
-}
 
 
-def _add(dst: Message, src: Message, skip: str = "") -> None:
-    for fd, value in src.ListFields():
-        name = fd.name
-        if name == skip:
-            continue
-        if fd.label == FieldDescriptor.LABEL_REPEATED:
-            target = getattr(dst, name)
-            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-                for key, item in value.items():
-                    _add(target[key], item)
-            elif name in _KEYED:
-                key_field = _KEYED[name]
-                for item in value:
-                    key = getattr(item, key_field)
-                    match = next((t for t in target if getattr(t, key_field) == key), None)
-                    if match is None:
-                        target.add().CopyFrom(item)
-                    else:
-                        _add(match, item, skip=key_field)
-            else:
-                target.extend(value)
-        elif fd.message_type is not None:
-            _add(getattr(dst, name), value)
-        elif fd.type in _INTEGER_TYPES:
-            current = getattr(dst, name)
-            setattr(dst, name, max(current, value) if name in _LATEST else current + value)
-        elif not getattr(dst, name):
-            setattr(dst, name, value)
+def _as_json(message: Message) -> dict[str, Any]:
+    """A message as Triton's JSON of it (field names as in the proto, integers as ints)."""
+
+    def value(fd: FieldDescriptor, v: Any) -> Any:
+        return _as_json(v) if fd.message_type is not None else v
+
+    out: dict[str, Any] = {}
+    for fd, v in message.ListFields():
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            item = fd.message_type.fields_by_name["value"]
+            out[fd.name] = {k: value(item, x) for k, x in v.items()}
+        elif fd.label == FieldDescriptor.LABEL_REPEATED:
+            out[fd.name] = [value(fd, x) for x in v]
+        else:
+            out[fd.name] = value(fd, v)
+    return out
 
 
 def merge_model_statistics(
     responses: Iterable[service_pb2.ModelStatisticsResponse],
 ) -> service_pb2.ModelStatisticsResponse:
-    """Sum the ``ModelStatistics`` rows of several workers per (name, version), sorted."""
-    rows: dict[tuple[str, str], service_pb2.ModelStatistics] = {}
-    for response in responses:
-        for stats in response.model_stats:
-            key = (stats.name, stats.version)
-            if key not in rows:
-                rows[key] = service_pb2.ModelStatistics(name=stats.name, version=stats.version)
-            _add(rows[key], stats)
-    merged = service_pb2.ModelStatisticsResponse()
-    for key in sorted(rows):
-        merged.model_stats.append(rows[key])
-    return merged
+    """Sum the ``ModelStatistics`` rows of several workers per (name, version), sorted
+    (:func:`merge_statistics_json` on the messages' JSON)."""
+    merged = merge_statistics_json({"model_stats": [], **_as_json(r)} for r in responses)
+    return json_format.ParseDict(merged, service_pb2.ModelStatisticsResponse())
 
 
 def _add_json(dst: dict[str, Any], src: Mapping[str, Any], skip: str = "") -> None:

@@ -60,14 +60,8 @@ from types import MappingProxyType
 
 from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
-from hloserve.gateway.fleet_http import (
-    CUDA_SHM_PREFIX,
-    INDEX_PATH,
-    MODEL_CONTROL_PATH,
-    MODEL_CONTROL_TIMEOUT_S,
-    SHM_PREFIX,
-    STATS_PATH,
-)
+from hloserve.gateway.fleet_http import CONDITIONS as FLEET_HTTP_CONDITIONS
+from hloserve.gateway.fleet_http import MODEL_CONTROL_PATH, MODEL_CONTROL_TIMEOUT_S
 from hloserve.gateway.routing import RoutingTable
 
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
@@ -500,12 +494,8 @@ def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) 
         ]
     if listen.http_control is not None:
         lines += [
-            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path {INDEX_PATH} }}"
-            f" || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
+            *(f"  use_backend {HTTP_CONTROL_BACKEND} if {c}" for c in FLEET_HTTP_CONDITIONS),
             f"  use_backend {HTTP_MODEL_CONTROL_BACKEND} if {{ path_reg {MODEL_CONTROL_PATH} }}",
-            # statistics summed over the workers (path_end first: an infer request fails it)
-            f"  use_backend {HTTP_CONTROL_BACKEND} if {{ path_end /stats }}"
-            f" {{ path_reg {STATS_PATH} }}",
         ]
     lines += [
         "  use_backend %[var(txn.hbe)] if { var(txn.hbe) -m found }",

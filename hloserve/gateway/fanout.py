@@ -1,9 +1,10 @@
 """The gateway's RPCs other than inference: answered from the workers, not by one replica.
 
+The rules are :mod:`hloserve.gateway.fleet_ops`' (shared with the KServe HTTP server).
 ``ServerLive`` is the gateway's own; ``ServerReady`` true when any worker is ready;
 ``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
-system and CUDA shared-memory registration fanned out and rolled back on partial failure;
-``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
+system and CUDA shared memory registered on every worker or none, unregistered when any
+worker does; ``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
 ``ModelMetadata`` and ``ModelConfig`` forwarded to a replica of the model;
 ``RepositoryModelLoad`` and ``RepositoryModelUnload`` sent where
 :class:`hloserve.gateway.model_control.ModelControl` decides (docs/gateway.md, "Model
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn, TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError, UnavailableError
+from hloserve.gateway import fleet_ops
 from hloserve.gateway.aggregate import merge_model_statistics, merge_repository_index
 from hloserve.gateway.interceptor import relayed
 from hloserve.gateway.model_control import Action, ModelControl
@@ -48,6 +50,43 @@ _SHM_MESSAGES: dict[str, tuple[Any, Any]] = {
         service_pb2.CudaSharedMemoryUnregisterRequest,
     ),
 }
+
+
+#: A worker call: (method, request bytes, gRPC metadata).
+_Call: TypeAlias = tuple[str, bytes, tuple[tuple[str, str], ...]]
+#: A worker's reply bytes, or its error.
+_Reply: TypeAlias = bytes | grpc.aio.AioRpcError
+
+
+class _GrpcJudge:
+    """:class:`hloserve.gateway.fleet_ops.Judge` of gRPC replies."""
+
+    def ok(self, reply: _Reply) -> bool:
+        return isinstance(reply, bytes)
+
+    def unavailable(self, reply: _Reply) -> bool:
+        return isinstance(reply, grpc.aio.AioRpcError) and (
+            reply.code() == grpc.StatusCode.UNAVAILABLE
+        )
+
+    def reason(self, text: str) -> _Reply:
+        return grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), text
+        )
+
+    def failed(self, what: str, replies: fleet_ops.Replies[_Reply]) -> NoReturn:
+        """Raise the first worker's error, relayed with its code (UNAVAILABLE: no worker)."""
+        for _, reply in replies:
+            if isinstance(reply, grpc.aio.AioRpcError):
+                raise relayed(reply, f"{what}: ") from None
+        raise UnavailableError(f"{what}: no worker")
+
+
+_JUDGE = _GrpcJudge()
+
+
+def _parse_index(reply: _Reply) -> service_pb2.RepositoryIndexResponse:
+    return service_pb2.RepositoryIndexResponse.FromString(reply)
 
 
 def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
@@ -90,89 +129,65 @@ class FleetRpcs:
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
         route = self._router.table.get(name)
         order = route.replicas if route is not None and route.replicas else self._upstreams.workers
-        last: grpc.aio.AioRpcError | None = None
-        for worker in order:
-            try:
-                return await self._upstreams.raw(worker, method)(request, timeout=self._timeout)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise relayed(exc) from None
-                last = exc
-        details = last.details() if last is not None else ""
-        raise UnavailableError(f"{method} {name!r}: {details}")
+        return await self._run(
+            fleet_ops.first_answer(_JUDGE, f"{method} {name!r}", (method, request, ()), order)
+        )
 
-    async def server_live(
-        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerLiveResponse:
+    async def server_live(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The gateway process is live."""
-        return service_pb2.ServerLiveResponse(live=True)
+        return bytes(service_pb2.ServerLiveResponse(live=True).SerializeToString())
 
-    async def server_ready(
-        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerReadyResponse:
+    async def server_ready(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Ready when at least one worker answers ready."""
-        raw = request.SerializeToString()
-
-        async def probe(worker: str) -> bool:
-            try:
-                reply = await self._upstreams.raw(worker, "ServerReady")(
-                    raw, timeout=self._probe_timeout
-                )
-            except grpc.aio.AioRpcError:
-                return False
-            return bool(service_pb2.ServerReadyResponse.FromString(reply).ready)
-
-        answers = await asyncio.gather(*(probe(w) for w in self._upstreams.workers))
-        return service_pb2.ServerReadyResponse(ready=any(answers))
-
-    async def repository_index(
-        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryIndexResponse:
-        """Every worker's index merged by (name, version); READY wins over other states."""
-        raw = request.SerializeToString()
-
-        async def index(worker: str) -> bytes | None:
-            try:
-                return await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._probe_timeout, metadata=self._upstreams.repository_metadata
-                )
-            except grpc.aio.AioRpcError:
-                return None
-
-        replies = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
-        indexes = (
-            service_pb2.RepositoryIndexResponse.FromString(r).models
-            for r in replies
-            if r is not None
+        replies = await self._fan_out(fleet_ops.Send(("ServerReady", request, ()), probe=True))
+        ready = any(
+            isinstance(r, bytes) and service_pb2.ServerReadyResponse.FromString(r).ready
+            for _, r in replies
         )
-        merged = merge_repository_index(
-            indexes,
-            key=lambda model: (model.name, model.version),
-            state=lambda model: str(model.state),
-        )
-        return service_pb2.RepositoryIndexResponse(models=merged)
+        return bytes(service_pb2.ServerReadyResponse(ready=ready).SerializeToString())
 
-    async def _fan_out(
-        self,
-        method: str,
-        request: bytes,
-        workers: Sequence[str] | None = None,
-        metadata: Sequence[tuple[str, str]] = (),
-    ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
-        """Send ``request`` to ``workers`` (default every worker); (worker, reply bytes or the
-        error) per worker."""
+    async def repository_index(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Every worker's index merged by (name, version); READY wins over other states;
+        empty when no worker answers."""
 
-        async def one(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
+        def merge(indexes: list[service_pb2.RepositoryIndexResponse]) -> bytes:
+            rows = merge_repository_index(
+                (i.models for i in indexes),
+                key=lambda model: (model.name, model.version),
+                state=lambda model: str(model.state),
+            )
+            return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
+
+        call = ("RepositoryIndex", request, self._upstreams.repository_metadata)
+        with contextlib.suppress(HloserveError):
+            return await self._run(
+                fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
+            )
+        return b""  # an empty RepositoryIndexResponse
+
+    async def _fan_out(self, step: fleet_ops.Send[_Call]) -> fleet_ops.Replies[_Reply]:
+        """Send the step's request to its workers (default every worker) at once."""
+        method, request, metadata = step.request
+        timeout = self._probe_timeout if step.probe else self._timeout
+
+        async def one(worker: str) -> tuple[str, _Reply]:
             try:
                 reply = await self._upstreams.raw(worker, method)(
-                    request, timeout=self._timeout, metadata=tuple(metadata) or None
+                    request, timeout=timeout, metadata=tuple(metadata) or None
                 )
                 return worker, reply
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 
-        targets = self._upstreams.workers if workers is None else workers
+        targets = self._upstreams.workers if step.workers is None else step.workers
         return list(await asyncio.gather(*(one(w) for w in targets)))
+
+    async def _run(self, plan: fleet_ops.Plan[_Call, _Reply]) -> bytes:
+        """Drive a plan of :mod:`~hloserve.gateway.fleet_ops`; a worker's error is relayed."""
+        reply = await fleet_ops.drive_async(plan, self._fan_out)
+        if isinstance(reply, grpc.aio.AioRpcError):
+            raise relayed(reply) from None
+        return reply
 
     async def _model_control(
         self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
@@ -180,27 +195,22 @@ class FleetRpcs:
         method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         key = restricted_metadata(context)
 
-        async def send(
-            how: Action, name: str, workers: Sequence[str]
-        ) -> list[tuple[str, bytes | grpc.aio.AioRpcError]]:
+        async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
             if how == action and name == model:  # the client's own request
-                return await self._fan_out(method, request, workers, key)
+                return await self._fan_out(fleet_ops.Send((method, request, key), workers))
             plain = (
                 service_pb2.RepositoryModelLoadRequest(model_name=name)
                 if how == "load"
                 else service_pb2.RepositoryModelUnloadRequest(model_name=name)
             )
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"
-            return await self._fan_out(rpc, plain.SerializeToString(), workers, key)
+            step = fleet_ops.Send((rpc, plain.SerializeToString(), key), workers)
+            return await self._fan_out(step)
 
-        outcome = await self._control.run(action, model, send, lambda r: isinstance(r, bytes))
-        errors = [r for _, r in outcome.answers if not isinstance(r, bytes)]
-        if errors:
-            raise self._first_error(errors, f"{method} {model!r}")
-        replies = [r for _, r in outcome.answers if isinstance(r, bytes)]
-        if not replies:
-            raise UnavailableError(f"{method} {model!r}: no worker")
-        return replies[0]
+        outcome = await self._control.run(action, model, send, _JUDGE.ok)
+        reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
+        assert isinstance(reply, bytes)  # a refusal was raised
+        return reply
 
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
@@ -230,55 +240,21 @@ class FleetRpcs:
         name = service_pb2.RepositoryModelUnloadRequest.FromString(request).model_name
         return await self._model_control("unload", name, request, context)
 
-    @staticmethod
-    def _first_error(errors: list[grpc.aio.AioRpcError], what: str) -> HloserveError:
-        """The first worker's error, relayed with its code (UNAVAILABLE when no worker)."""
-        if not errors:
-            return UnavailableError(f"{what}: no worker")
-        return relayed(errors[0], f"{what}: ")
-
     async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Every worker's statistics summed per (name, version) (aggregate.py).
 
         Workers answering with an error (e.g. NOT_FOUND: the model is not on that worker) are
         left out; when every worker fails, the first error is returned.
         """
-        answers = await self._fan_out("ModelStatistics", request)
-        replies = [r for _, r in answers if isinstance(r, bytes)]
-        if not replies:
-            errors = [r for _, r in answers if not isinstance(r, bytes)]
-            raise self._first_error(errors, "ModelStatistics")
-        merged = merge_model_statistics(
-            service_pb2.ModelStatisticsResponse.FromString(r) for r in replies
-        )
-        return bytes(merged.SerializeToString())
 
-    async def _shm_register(self, kind: str, request: bytes) -> bytes:
-        """Register a shared-memory region (``kind``: ``System`` or ``Cuda``) on every worker,
-        or on none: when a worker refuses, the region is unregistered from the workers that
-        accepted it and the refusal is returned."""
-        register, unregister = _SHM_MESSAGES[kind]
-        answers = await self._fan_out(f"{kind}SharedMemoryRegister", request)
-        errors = [r for _, r in answers if not isinstance(r, bytes)]
-        if errors:
-            undo = unregister(name=register.FromString(request).name).SerializeToString()
-            for worker, reply in answers:
-                if isinstance(reply, bytes):
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await self._upstreams.raw(worker, f"{kind}SharedMemoryUnregister")(
-                            undo, timeout=self._probe_timeout
-                        )
-            raise self._first_error(errors, f"{kind}SharedMemoryRegister")
-        return next(r for _, r in answers if isinstance(r, bytes))
+        def merge(replies: list[service_pb2.ModelStatisticsResponse]) -> bytes:
+            return bytes(merge_model_statistics(replies).SerializeToString())
 
-    async def _shm_unregister(self, kind: str, request: bytes) -> bytes:
-        """Unregister on every worker; succeeds when any worker succeeds."""
-        answers = await self._fan_out(f"{kind}SharedMemoryUnregister", request)
-        replies = [r for _, r in answers if isinstance(r, bytes)]
-        if not replies:
-            errors = [r for _, r in answers if not isinstance(r, bytes)]
-            raise self._first_error(errors, f"{kind}SharedMemoryUnregister")
-        return replies[0]
+        def parse(reply: _Reply) -> service_pb2.ModelStatisticsResponse:
+            return service_pb2.ModelStatisticsResponse.FromString(reply)
+
+        call = ("ModelStatistics", request, ())
+        return await self._run(fleet_ops.merged(_JUDGE, "ModelStatistics", call, parse, merge))
 
     def shm_handlers(self) -> dict[str, Callable[[bytes, Any], Awaitable[bytes]]]:
         """Raw handlers of the system and CUDA shared-memory RPCs, by method name: register
@@ -287,40 +263,57 @@ class FleetRpcs:
         region is registered on every worker too: each one must open the client's IPC
         handle on ``device_id``, or the registration fails whole."""
 
-        def bind(
-            how: Callable[[str, bytes], Awaitable[bytes]], kind: str
-        ) -> Callable[[bytes, Any], Awaitable[bytes]]:
+        def bind(kind: str, how: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+            register, unregister = _SHM_MESSAGES[kind]
+            method = f"{kind}SharedMemory{how}"
+
+            def plan(request: bytes) -> fleet_ops.Plan[_Call, _Reply]:
+                call = (method, request, ())
+                if how == "Register":
+                    undo = unregister(name=register.FromString(request).name).SerializeToString()
+                    undo_call = (f"{kind}SharedMemoryUnregister", undo, ())
+                    return fleet_ops.register(_JUDGE, method, call, undo_call)
+                if how == "Unregister":
+                    return fleet_ops.unregister(_JUDGE, method, call)
+                return fleet_ops.first_answer(_JUDGE, method, call, self._upstreams.workers)
+
             async def handler(request: bytes, context: Any) -> bytes:
-                return await how(kind, request)
+                return await self._run(plan(request))
 
             return handler
 
-        async def status(kind: str, request: bytes) -> bytes:
-            return await self._first_worker(f"{kind}SharedMemoryStatus", request)
-
-        handlers = {}
-        for kind in _SHM_MESSAGES:
-            handlers[f"{kind}SharedMemoryRegister"] = bind(self._shm_register, kind)
-            handlers[f"{kind}SharedMemoryUnregister"] = bind(self._shm_unregister, kind)
-            handlers[f"{kind}SharedMemoryStatus"] = bind(status, kind)
-        return handlers
-
-    async def _first_worker(self, method: str, request: bytes) -> bytes:
-        """The first worker's answer; UNAVAILABLE moves on to the next worker."""
-        errors = []
-        for worker in self._upstreams.workers:
-            try:
-                reply: bytes = await self._upstreams.raw(worker, method)(
-                    request, timeout=self._timeout
-                )
-                return reply
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise relayed(exc) from None
-                errors.append(exc)
-        raise self._first_error(errors, method)
+        return {
+            f"{kind}SharedMemory{how}": bind(kind, how)
+            for kind in _SHM_MESSAGES
+            for how in ("Register", "Unregister", "Status")
+        }
 
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        return await self._first_worker("ServerMetadata", request)
+        workers = self._upstreams.workers
+        call = ("ServerMetadata", request, ())
+        return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The gRPC method handlers of these RPCs, by method name (a new fleet-wide RPC is
+        one line here)."""
+
+        def forward(method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return await self.forward_to_model(method, request, context)
+
+            return call
+
+        raw = grpc.unary_unary_rpc_method_handler
+        return {
+            **{m: raw(forward(m)) for m in ("ModelReady", "ModelMetadata", "ModelConfig")},
+            "ModelStatistics": raw(self.model_statistics),
+            **{method: raw(handler) for method, handler in self.shm_handlers().items()},
+            "RepositoryModelLoad": raw(self.repository_model_load),
+            "RepositoryModelUnload": raw(self.repository_model_unload),
+            "ServerMetadata": raw(self.server_metadata),
+            "ServerLive": raw(self.server_live),
+            "ServerReady": raw(self.server_ready),
+            "RepositoryIndex": raw(self.repository_index),
+        }

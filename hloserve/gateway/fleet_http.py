@@ -5,31 +5,21 @@ HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repositor
 and ``/v2/cudasharedmemory`` of its KServe HTTP port (plaintext or TLS) to
 :class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
 library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
-endpoint (``worker_http``) with the rules of the gRPC RPCs
-(:class:`hloserve.gateway.fanout.FleetRpcs`; docs/gateway.md, "KServe HTTP"):
+endpoint (``worker_http``) with the rules of :mod:`hloserve.gateway.fleet_ops`, as the gRPC
+RPCs do (docs/gateway.md, "KServe HTTP"):
 
-- ``POST /v2/repository/index``: every worker's index merged by (name, version), READY
-  winning (:func:`hloserve.gateway.aggregate.merge_repository_index`), asked with the
-  workers' model-control key as gRPC discovery does; the rows are the workers' own JSON
-  objects (Triton writes ``name``, ``version``, ``state`` and, when there is one, ``reason``).
-  Workers that fail are left out; when none answers, the first one's error.
+- ``POST /v2/repository/index`` (asked with the workers' model-control key, as gRPC
+  discovery does; the rows are the workers' own JSON objects) and ``GET /v2/models/stats``,
+  ``GET /v2/models/{name}[/versions/{v}]/stats``: merged
+  (:func:`hloserve.gateway.fleet_ops.merged`; :mod:`hloserve.gateway.aggregate`).
 - ``POST /v2/repository/models/{name}/load`` and ``.../unload``: sent where the gRPC
-  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (the one decision
-  of both protocols, run on the gateway's event loop; the steps it takes are sent over
-  HTTP): the first refusal is answered, else the first worker's success.
-- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: sent to every worker;
-  succeeds only when every worker accepts, otherwise the region is unregistered from the
-  workers that accepted it and the first refusal is answered.
-- ``POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister``: sent to every worker;
-  succeeds when any worker succeeds.
-- ``GET /v2/models/stats`` and ``GET /v2/models/{name}[/versions/{v}]/stats``: every
-  worker's statistics summed per (name, version)
-  (:func:`hloserve.gateway.aggregate.merge_statistics_json`, the rules of gRPC
-  ``ModelStatistics``); workers answering with an error (the model is not on that worker) are
-  left out; when none answers with statistics, the first worker's error.
-- ``GET /v2/{system,cuda}sharedmemory[/region/{name}]/status`` and any other path under
-  them: the first worker that answers (a refused connection or a 503 moves on to the next),
-  as registrations are the same on every worker.
+  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (run on the
+  gateway's event loop; its steps are sent over HTTP): the first refusal is answered, else
+  the first worker's success.
+- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: on every worker or none
+  (:func:`hloserve.gateway.fleet_ops.register`); ``.../unregister``: succeeds when any worker
+  does (:func:`~hloserve.gateway.fleet_ops.unregister`); ``.../status`` and any other path
+  under them: the first worker that answers (a refused connection or a 503 moves on).
 - ``POST /v2/models/{name}[/versions/{v}]/infer`` with every tensor in the JSON (no binary
   data extension, or an ``Inference-Header-Content-Length`` that is the whole body), when
   HAProxy has a checked frontend: each input's ``data`` is counted
@@ -53,7 +43,6 @@ no worker answered, 400 for a body without ``Content-Length`` or over
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import logging
@@ -63,11 +52,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeAlias
 
 from hloserve.errors import (
     HTTP_STATUS,
@@ -76,6 +65,7 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
+from hloserve.gateway import fleet_ops
 from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
 from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.model_control import HEADER
@@ -90,6 +80,14 @@ CUDA_SHM_PREFIX = "/v2/cudasharedmemory"
 MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
 #: HAProxy ``path_reg`` of the statistics paths (every model, or one model [and version]).
 STATS_PATH = r"^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$"
+
+#: HAProxy conditions of the paths answered here, each a ``use_backend`` rule of the
+#: control backend (statistics: ``path_end`` first, as an inference request fails it); model
+#: control has its own backend (:data:`MODEL_CONTROL_PATH`). A new path is a condition here.
+CONDITIONS = (
+    f"{{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
+    f"{{ path_end /stats }} {{ path_reg {STATS_PATH} }}",
+)
 
 _SHM = r"(/v2/(?:system|cuda)sharedmemory)"
 _REGISTER = re.compile(_SHM + r"/region/([^/]+)/register")
@@ -167,7 +165,77 @@ class Answer:
 
 
 #: A worker's answer, or why it gave none (the connection failed or broke).
-Reply = Answer | str
+Reply: TypeAlias = Answer | str
+#: A request to the workers: method, path (with its query), body, headers.
+_Request: TypeAlias = tuple[str, str, bytes, Mapping[str, str]]
+
+
+class _HttpJudge:
+    """:class:`hloserve.gateway.fleet_ops.Judge` of HTTP replies."""
+
+    def ok(self, reply: Reply) -> bool:
+        return isinstance(reply, Answer) and reply.ok
+
+    def unavailable(self, reply: Reply) -> bool:
+        return not isinstance(reply, Answer) or reply.status == HTTP_STATUS[Status.UNAVAILABLE]
+
+    def reason(self, text: str) -> Reply:
+        return text
+
+    def failed(self, what: str, replies: fleet_ops.Replies[Reply]) -> Answer:
+        """The first worker's Triton error; 503 naming every worker when none answered."""
+        for _, reply in replies:
+            if isinstance(reply, Answer):
+                return reply
+        reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
+        return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
+
+
+_JUDGE = _HttpJudge()
+
+
+def _json(reply: Reply) -> Any:
+    """The JSON of a worker's answer; None when it does not parse."""
+    try:
+        return json.loads(reply.body) if isinstance(reply, Answer) else None
+    except ValueError:
+        return None
+
+
+def _answer(reply: Reply) -> Answer:
+    return reply if isinstance(reply, Answer) else Answer.error(UnavailableError(reply))
+
+
+def _json_answer(value: Any) -> Answer:
+    return Answer(200, json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _index(reply: Reply) -> list[dict[str, Any]]:
+    rows = _json(reply)
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return rows
+    raise ValueError("its repository index is not a JSON list of objects")
+
+
+def _merged(indexes: list[list[dict[str, Any]]]) -> Reply:
+    rows = merge_repository_index(
+        indexes,
+        key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
+        state=lambda row: str(row.get("state", "")),
+    )
+    return _json_answer(rows)
+
+
+def _stats(reply: Reply) -> dict[str, Any]:
+    stats = _json(reply)
+    rows = stats.get("model_stats") if isinstance(stats, dict) else None
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return stats
+    raise ValueError("its statistics are not a JSON object with a model_stats list")
+
+
+def _summed(responses: list[dict[str, Any]]) -> Reply:
+    return _json_answer(merge_statistics_json(responses))
 
 
 def _connection(address: str, timeout_s: float) -> http.client.HTTPConnection:
@@ -298,25 +366,33 @@ class FleetHttp:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def answer(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """The answer to one client request (``path`` with its query string, if any)."""
+        """The answer to one client request (``path`` with its query string, if any): the
+        plan of :mod:`~hloserve.gateway.fleet_ops` its path names (module docstring)."""
         route = path.split("?", 1)[0]
         passed = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
-        if route == INDEX_PATH:
-            return self.repository_index(method, path, body, passed)
+        request = (method, path, body, passed)
+        if route == INDEX_PATH:  # asked with the workers' model-control key
+            keyed = {k: v for k, v in passed.items() if k.lower() != HEADER}
+            index = (method, path, body, keyed | self._repository_headers)
+            what = "repository index"
+            return self._run(fleet_ops.merged(_JUDGE, what, index, _index, _merged, probe=True))
         if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
             model = urllib.parse.unquote(match.group(1))
             return self.infer_json(checked, model, method, path, body, passed)
         if match := _REGISTER.fullmatch(route):
-            return self.register(method, path, body, passed, match.group(1), match.group(2))
+            prefix, region = match.groups()
+            undo = ("POST", f"{prefix}/region/{region}/unregister", b"", passed)
+            what = f"{prefix[4:]} register {region!r}"
+            return self._run(fleet_ops.register(_JUDGE, what, request, undo))
         if _UNREGISTER.fullmatch(route):
-            return self.unregister(method, path, body, passed)
+            return self._run(fleet_ops.unregister(_JUDGE, route, request))
         if _STATS.fullmatch(route) and method == "GET":
-            return self.statistics(method, path, body, passed)
+            return self._run(fleet_ops.merged(_JUDGE, "statistics", request, _stats, _summed))
         if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
             model = urllib.parse.unquote(match.group(1))
             action: Action = "load" if match.group(2) == "load" else "unload"
             return self.model_control(action, model, path, body, passed)
-        return self.first_worker(method, path, body, passed)
+        return self._first_worker(request)
 
     def _call(
         self,
@@ -369,127 +445,17 @@ class FleetHttp:
             local.used = time.monotonic()
             return answer
 
-    def _fan_out(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        timeout_s: float,
-        workers: Sequence[str] | None = None,
-    ) -> list[tuple[str, Reply]]:
-        """``(worker, reply)`` of the request sent to ``workers`` (default all) at once."""
-        targets = self.workers if workers is None else tuple(workers)
-        replies = self._pool.map(
-            lambda w: self._call(w, method, path, body, headers, timeout_s), targets
-        )
+    def _fan_out(self, step: fleet_ops.Send[_Request]) -> fleet_ops.Replies[Reply]:
+        """``(worker, reply)`` of the step's request sent to its workers (default all) at
+        once."""
+        targets = self.workers if step.workers is None else tuple(step.workers)
+        timeout_s = self._probe_timeout if step.probe else self._timeout
+        replies = self._pool.map(lambda w: self._call(w, *step.request, timeout_s), targets)
         return list(zip(targets, replies, strict=True))
 
-    @staticmethod
-    def _failed(what: str, replies: Sequence[tuple[str, Reply]]) -> Answer:
-        """The first worker's Triton error; 503 naming every worker when none answered."""
-        for _, reply in replies:
-            if isinstance(reply, Answer):
-                return reply
-        reasons = "; ".join(f"worker {w}: {reply}" for w, reply in replies) or "no worker"
-        return Answer.error(UnavailableError(f"{what}: no worker answered ({reasons})"))
-
-    @staticmethod
-    def _json_answers(
-        replies: Sequence[tuple[str, Reply]], valid: Callable[[Any], bool], invalid: str
-    ) -> tuple[list[Any], list[tuple[str, Reply]]]:
-        """(the JSON of every 2xx reply that is ``valid``, the other replies); a 2xx reply
-        that is not becomes the reason ``invalid`` (logged)."""
-        answers: list[Any] = []
-        failed: list[tuple[str, Reply]] = []
-        for worker, reply in replies:
-            value = None
-            if isinstance(reply, Answer) and reply.ok:
-                with contextlib.suppress(ValueError):
-                    value = json.loads(reply.body)
-                if not valid(value):
-                    value, reply = None, invalid
-                    log.warning("gateway: worker %s: %s", worker, reply)
-            if value is None:
-                failed.append((worker, reply))
-            else:
-                answers.append(value)
-        return answers, failed
-
-    def repository_index(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer:
-        """Every answering worker's index merged (module docstring)."""
-        keyed = {k: v for k, v in headers.items() if k.lower() != HEADER}
-        keyed |= self._repository_headers
-        indexes, failed = self._json_answers(
-            self._fan_out(method, path, body, keyed, self._probe_timeout),
-            lambda rows: isinstance(rows, list) and all(isinstance(r, dict) for r in rows),
-            "its repository index is not a JSON list of objects",
-        )
-        if not indexes:
-            return self._failed("repository index", failed)
-        merged = merge_repository_index(
-            indexes,
-            key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
-            state=lambda row: str(row.get("state", "")),
-        )
-        text = json.dumps(merged, separators=(",", ":"), ensure_ascii=False)
-        return Answer(200, text.encode())
-
-    def statistics(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """Every worker's statistics summed (module docstring)."""
-        responses, failed = self._json_answers(
-            self._fan_out(method, path, body, headers, self._timeout),
-            lambda stats: isinstance(stats, dict) and isinstance(stats.get("model_stats"), list),
-            "its statistics are not a JSON object with model_stats",
-        )
-        if not responses:
-            return self._failed("statistics", failed)
-        try:
-            merged = merge_statistics_json(responses)
-        except ValueError as exc:
-            log.warning("gateway: %s: %s", path, exc)
-            return Answer.error(UnavailableError(f"statistics: {exc}"))
-        return Answer(200, json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode())
-
-    def register(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        prefix: str,
-        region: str,
-    ) -> Answer:
-        """Register on every worker, or on none (roll-back of a partial success); ``prefix``
-        is :data:`SHM_PREFIX` or :data:`CUDA_SHM_PREFIX`."""
-        replies = self._fan_out(method, path, body, headers, self._timeout)
-        accepted = [(w, r) for w, r in replies if isinstance(r, Answer) and r.ok]
-        if len(accepted) == len(replies):
-            return accepted[0][1]
-        if accepted:
-            undo = f"{prefix}/region/{region}/unregister"
-            for worker, reply in self._fan_out(
-                "POST", undo, b"", headers, self._probe_timeout, [w for w, _ in accepted]
-            ):
-                if not (isinstance(reply, Answer) and reply.ok):
-                    log.warning(
-                        "gateway: worker %s: rolling back region %r failed: %s",
-                        worker,
-                        region,
-                        reply.body.decode(errors="replace") if isinstance(reply, Answer) else reply,
-                    )
-        refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-        return self._failed(f"{prefix[4:]} register {region!r}", refused)
-
-    def unregister(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """Unregister on every worker; the first success when any worker succeeds."""
-        replies = self._fan_out(method, path, body, headers, self._timeout)
-        for _, reply in replies:
-            if isinstance(reply, Answer) and reply.ok:
-                return reply
-        return self._failed(path.split("?", 1)[0], replies)
+    def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:
+        """Drive a plan of :mod:`~hloserve.gateway.fleet_ops` over the worker threads."""
+        return _answer(fleet_ops.drive(plan, self._fan_out))
 
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -500,14 +466,14 @@ class FleetHttp:
         the first worker's refusal, else the first worker's success."""
         control, loop = self._control, self._loop
         if control is None or loop is None:
-            return self.first_worker("POST", path, body, headers)
+            return self._first_worker(("POST", path, body, headers))
 
         def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
             own = how == action and name == model
             where = path if own else f"/v2/repository/models/{urllib.parse.quote(name)}/{how}"
             targets = [self._http_of[w] for w in workers]
             sent = body if own else b""
-            replies = self._fan_out("POST", where, sent, headers, self._timeout, targets)
+            replies = self._fan_out(fleet_ops.Send(("POST", where, sent, headers), targets))
             by_http = dict(zip(targets, workers, strict=True))
             return [(by_http[w], r) for w, r in replies]
 
@@ -527,13 +493,7 @@ class FleetHttp:
             what = f"model {action} {model!r}: not done within {MODEL_CONTROL_TIMEOUT_S} s"
             return Answer.error(UnavailableError(f"gateway: {what}"))
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
-        if outcome.failed:
-            refused = [(w, r) for w, r in replies if not (isinstance(r, Answer) and r.ok)]
-            return self._failed(f"model {action} {model!r}", refused)
-        for _, reply in replies:
-            if isinstance(reply, Answer):
-                return reply
-        return self._failed(f"model {action} {model!r}", replies)
+        return _answer(fleet_ops.decided(_JUDGE, f"model {action} {model!r}", replies))
 
     def infer_json(
         self,
@@ -566,17 +526,10 @@ class FleetHttp:
             connection.close()
             self._local.connection = None
 
-    def first_worker(
-        self, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer:
+    def _first_worker(self, request: _Request) -> Answer:
         """The first worker's answer; no connection or a 503 moves on to the next."""
-        replies: list[tuple[str, Reply]] = []
-        for worker in self.workers:
-            reply = self._call(worker, method, path, body, headers, self._timeout)
-            if isinstance(reply, Answer) and reply.status != HTTP_STATUS[Status.UNAVAILABLE]:
-                return reply
-            replies.append((worker, reply))
-        return self._failed(f"{method} {path}", replies)
+        what = f"{request[0]} {request[1]}"
+        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
 
 class _Server(ThreadingHTTPServer):

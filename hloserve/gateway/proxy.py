@@ -36,7 +36,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.config import GrpcLimits
@@ -189,40 +188,11 @@ class GatewayProxy:
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
 
-        def forward(method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
-            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                return await fleet.forward_to_model(method, request, context)
-
-            return call
-
-        fleet = self._fleet
         raw = grpc.unary_unary_rpc_method_handler
         handlers = {
             "ModelInfer": raw(self.model_infer),
-            "ModelReady": raw(forward("ModelReady")),
-            "ModelMetadata": raw(forward("ModelMetadata")),
-            "ModelConfig": raw(forward("ModelConfig")),
-            "ModelStatistics": raw(fleet.model_statistics),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.model_stream_infer),
-            **{method: raw(handler) for method, handler in fleet.shm_handlers().items()},
-            "RepositoryModelLoad": raw(fleet.repository_model_load),
-            "RepositoryModelUnload": raw(fleet.repository_model_unload),
-            "ServerMetadata": raw(fleet.server_metadata),
-            "ServerLive": raw(
-                fleet.server_live,
-                request_deserializer=service_pb2.ServerLiveRequest.FromString,
-                response_serializer=service_pb2.ServerLiveResponse.SerializeToString,
-            ),
-            "ServerReady": raw(
-                fleet.server_ready,
-                request_deserializer=service_pb2.ServerReadyRequest.FromString,
-                response_serializer=service_pb2.ServerReadyResponse.SerializeToString,
-            ),
-            "RepositoryIndex": raw(
-                fleet.repository_index,
-                request_deserializer=service_pb2.RepositoryIndexRequest.FromString,
-                response_serializer=service_pb2.RepositoryIndexResponse.SerializeToString,
-            ),
+            **self._fleet.handlers(),
         }
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 

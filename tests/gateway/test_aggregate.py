@@ -119,3 +119,10 @@ def test_http_statistics_sum_by_the_rules_of_grpc() -> None:
 def test_http_statistics_that_are_not_tritons_json_are_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match="model_stats"):
         merge_statistics_json([bad])
+
+
+def test_a_worker_without_statistics_adds_nothing() -> None:
+    row = service_pb2.ModelStatistics(name="m", version="1", inference_count=3)
+    one = service_pb2.ModelStatisticsResponse(model_stats=[row])
+    merged = merge_model_statistics([service_pb2.ModelStatisticsResponse(), one])
+    assert merged == one

@@ -1,0 +1,173 @@
+"""The fleet-wide KServe calls' rules, once for both protocols (no I/O).
+
+A call that needs every worker is a *plan*: a generator that yields :class:`Send` steps (one
+request to some workers) and receives each step's ``(worker, reply)`` list, then returns the
+answer. A transport drives it: :func:`drive` with a threaded fan-out (the KServe HTTP server,
+:mod:`hloserve.gateway.fleet_http`), :func:`drive_async` with an asyncio one (the gRPC RPCs,
+:mod:`hloserve.gateway.fanout`). A reply is the transport's own (bytes or an RPC error;
+an HTTP answer or why there was none): the transport's :class:`Judge` says which replies
+succeeded and how a failure is answered. The rules (docs/gateway.md, "KServe HTTP"):
+
+- :func:`register`: on every worker or on none: when a worker refuses, the workers that
+  accepted are sent the undo (a failed undo is logged) and the first refusal is the answer.
+- :func:`unregister`: on every worker; the first success when any worker succeeds.
+- :func:`merged`: every worker's answer that parses, merged (repository index, statistics:
+  :mod:`hloserve.gateway.aggregate`); the first failure when none does.
+- :func:`first_answer`: worker after worker until one answers other than "unavailable".
+- :func:`decided`: model control's answer (the steps are
+  :class:`hloserve.gateway.model_control.ModelControl`'s, sent by the transport).
+
+A new fleet-wide call: a plan here (when none of these fits), its gRPC handler in
+``fanout.py`` (``FleetRpcs.handlers``) and its route in ``fleet_http.py`` (``FleetHttp.answer``
+and ``CONDITIONS``, HAProxy's rule).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger("hloserve.gateway")
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+Value = TypeVar("Value")
+
+#: Each worker's reply to one step, in the order of the step's workers.
+Replies = list[tuple[str, Rep]]
+
+
+@dataclass(frozen=True)
+class Send(Generic[Req]):
+    """One step of a plan: ``request`` sent to ``workers`` at once.
+
+    Attributes:
+        request: the transport's request (gRPC method and bytes; HTTP method, path, body).
+        workers: the workers to send it to; None: every worker.
+        probe: whether the transport's probe timeout applies (index, roll-back) rather than
+            its request timeout.
+    """
+
+    request: Req
+    workers: Sequence[str] | None = None
+    probe: bool = False
+
+
+#: A fleet-wide call: yields steps, receives their replies, returns the answer.
+Plan = Generator[Send[Req], Replies[Rep], Rep]
+
+
+class Judge(Protocol[Rep]):
+    """What a transport says about its replies."""
+
+    def ok(self, reply: Rep) -> bool:
+        """Whether ``reply`` is a success (gRPC: an answer; HTTP: a 2xx answer)."""
+        ...
+
+    def unavailable(self, reply: Rep) -> bool:
+        """Whether ``reply`` means "try the next worker" (no connection, UNAVAILABLE)."""
+        ...
+
+    def reason(self, text: str) -> Rep:
+        """A failed reply saying ``text`` (a worker's answer that is not what was asked)."""
+        ...
+
+    def failed(self, what: str, replies: Replies[Rep]) -> Rep:
+        """The answer when ``what`` failed: the first worker's refusal, else "no worker
+        answered" (may raise instead)."""
+        ...
+
+
+def register(judge: Judge[Rep], what: str, request: Req, undo: Req) -> Plan[Req, Rep]:
+    """Register on every worker, or on none (module docstring)."""
+    replies = yield Send(request)
+    accepted = [w for w, r in replies if judge.ok(r)]
+    if accepted and len(accepted) == len(replies):
+        return replies[0][1]
+    if accepted:
+        for worker, reply in (yield Send(undo, accepted, probe=True)):
+            if not judge.ok(reply):
+                log.warning("gateway: worker %s: rolling back %s failed: %s", worker, what, reply)
+    return judge.failed(what, [(w, r) for w, r in replies if not judge.ok(r)])
+
+
+def unregister(judge: Judge[Rep], what: str, request: Req) -> Plan[Req, Rep]:
+    """Unregister on every worker; the first success when any worker succeeds."""
+    replies = yield Send(request)
+    for _, reply in replies:
+        if judge.ok(reply):
+            return reply
+    return judge.failed(what, replies)
+
+
+def merged(
+    judge: Judge[Rep],
+    what: str,
+    request: Req,
+    parse: Callable[[Rep], Value],
+    merge: Callable[[list[Value]], Rep],
+    probe: bool = False,
+) -> Plan[Req, Rep]:
+    """Every worker's successful reply merged by ``merge``; one that ``parse`` refuses
+    (``ValueError``: the reason) is logged and counts as that worker's failure; the first
+    failure when no reply is left."""
+    replies = yield Send(request, probe=probe)
+    values: list[Value] = []
+    failed: Replies[Rep] = []
+    for worker, reply in replies:
+        if not judge.ok(reply):
+            failed.append((worker, reply))
+            continue
+        try:
+            values.append(parse(reply))
+        except ValueError as exc:
+            log.warning("gateway: worker %s: %s: %s", worker, what, exc)
+            failed.append((worker, judge.reason(str(exc))))
+    return merge(values) if values else judge.failed(what, failed)
+
+
+def first_answer(
+    judge: Judge[Rep], what: str, request: Req, workers: Sequence[str]
+) -> Plan[Req, Rep]:
+    """``workers`` one after another until one answers other than "unavailable"."""
+    replies: Replies[Rep] = []
+    for worker in workers:
+        reply = (yield Send(request, (worker,)))[0]
+        if not judge.unavailable(reply[1]):
+            return reply[1]
+        replies.append(reply)
+    return judge.failed(what, replies)
+
+
+def decided(judge: Judge[Rep], what: str, answers: Replies[Rep]) -> Rep:
+    """The answer of model control's deciding step
+    (:class:`hloserve.gateway.model_control.Outcome`): the first refusal, else the first
+    worker's success."""
+    refused = [(w, r) for w, r in answers if not judge.ok(r)]
+    return judge.failed(what, refused) if refused or not answers else answers[0][1]
+
+
+def drive(plan: Plan[Req, Rep], fan_out: Callable[[Send[Req]], Replies[Rep]]) -> Rep:
+    """Run ``plan`` with a blocking ``fan_out``."""
+    try:
+        step = next(plan)
+        while True:
+            step = plan.send(fan_out(step))
+    except StopIteration as done:
+        answer: Rep = done.value
+        return answer
+
+
+async def drive_async(
+    plan: Plan[Req, Rep], fan_out: Callable[[Send[Req]], Awaitable[Replies[Rep]]]
+) -> Rep:
+    """Run ``plan`` with an asyncio ``fan_out``."""
+    try:
+        step = next(plan)
+        while True:
+            step = plan.send(await fan_out(step))
+    except StopIteration as done:
+        answer: Rep = done.value
+        return answer
