@@ -111,6 +111,7 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     async def GetSchedulingStatus(
         self, request: pb.GetSchedulingStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.SchedulingStatus:
+        """The placement, knobs, per-model and per-worker state, and the last repack."""
         snapshot = self._control.snapshot()
         status = pb.SchedulingStatus(
             mode=snapshot.mode,
@@ -137,6 +138,7 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     async def SetModelReplicas(
         self, request: pb.SetModelReplicasRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatus:
+        """Set one model's replica count (INVALID_ARGUMENT for a bad count or model)."""
         field = f"scheduling.models.{request.model}.replicas"
         replicas = replicas_from_proto(request.replicas, field)
         return _model(self._control.set_model_replicas(request.model, replicas))
@@ -144,11 +146,13 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     async def SetModelFillMode(
         self, request: pb.SetModelFillModeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatus:
+        """Set one model's fill mode (``run`` or ``spread``)."""
         return _model(self._control.set_model_fill_mode(request.model, request.fill_mode))
 
     async def SetKnobs(
         self, request: pb.SetKnobsRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetKnobsResponse:
+        """Change the named scheduling knobs live; INVALID_ARGUMENT when none is named."""
         changes = knobs_from_proto(request.knobs)
         if not changes:
             raise InvalidArgumentError("knobs: no knob set; name at least one")
@@ -157,6 +161,7 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
     async def Repack(
         self, request: pb.RepackRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepackResponse:
+        """Re-place every model now (lpt_packing) and answer what moved."""
         row = self._control.repack()
         return pb.RepackResponse(repack=_repack(row), warnings=row.warnings)
 

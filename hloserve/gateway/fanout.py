@@ -62,14 +62,17 @@ class _GrpcJudge:
     """:class:`hloserve.gateway.fleet_ops.Judge` of gRPC replies."""
 
     def ok(self, reply: _Reply) -> bool:
+        """An answer (bytes), not an error."""
         return isinstance(reply, bytes)
 
     def unavailable(self, reply: _Reply) -> bool:
+        """The worker answered UNAVAILABLE (or could not be reached)."""
         return isinstance(reply, grpc.aio.AioRpcError) and (
             reply.code() == grpc.StatusCode.UNAVAILABLE
         )
 
     def reason(self, text: str) -> _Reply:
+        """An UNAVAILABLE error saying ``text``."""
         return grpc.aio.AioRpcError(
             grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), text
         )

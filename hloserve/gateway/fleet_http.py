@@ -174,12 +174,15 @@ class _HttpJudge:
     """:class:`hloserve.gateway.fleet_ops.Judge` of HTTP replies."""
 
     def ok(self, reply: Reply) -> bool:
+        """A 2xx answer."""
         return isinstance(reply, Answer) and reply.ok
 
     def unavailable(self, reply: Reply) -> bool:
+        """No answer (a connection error's text) or a 503."""
         return not isinstance(reply, Answer) or reply.status == HTTP_STATUS[Status.UNAVAILABLE]
 
     def reason(self, text: str) -> Reply:
+        """``text`` itself (a failed exchange is carried as its text)."""
         return text
 
     def failed(self, what: str, replies: fleet_ops.Replies[Reply]) -> Answer:
