@@ -117,7 +117,7 @@ build_image() {
   start=$(date +%s)
   say "docker build -f containers/$dockerfile -t $tag (base $BASE_IMAGE)"
   DOCKER_BUILDKIT=0 docker build --network=host --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-    -f "containers/$dockerfile" -t "$tag" . >"${HLOSERVE_IMAGES_LOG:-/dev/stdout}"
+    -f "containers/$dockerfile" -t "$tag" . >>"${HLOSERVE_IMAGES_LOG:-/dev/stdout}"
   report "$tag" "$start"
 }
 

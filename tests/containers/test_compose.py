@@ -9,6 +9,7 @@ no container and no volume. The Prometheus/Grafana services stay behind their pr
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -36,6 +37,9 @@ pytestmark = [
 grpcclient = pytest.importorskip("tritonclient.grpc")
 COMPOSE = shutil.which("docker-compose")
 STARTUP_S = 300.0
+#: This host's hard memlock limit: a nested or unprivileged daemon cannot raise it.
+_HARD_MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+MEMLOCK = -1 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK
 
 
 class Project:
@@ -75,7 +79,11 @@ def project(
     world_readable(work / "repository")
     base = contiguous_free_ports(6)
     gateway, admin = free_ports(2)
-    env = {"HLOSERVE_REPOSITORY": str(work / "repository")}
+    env = {
+        "HLOSERVE_REPOSITORY": str(work / "repository"),
+        "HLOSERVE_MEMLOCK": str(MEMLOCK),
+        "HLOSERVE_MODEL_CONTROL_KEY": f"hlotest{os.getpid()}compose",
+    }
     for i in (0, 1):
         for j, kind in enumerate(("HTTP", "GRPC", "METRICS")):
             env[f"HLOSERVE_W{i}_{kind}"] = str(base + 3 * i + j)
@@ -129,6 +137,7 @@ def test_tritonclient_through_the_gateway(
     deadline = time.monotonic() + 60  # the gateway discovers the workers
     while not client.is_model_ready("digits") and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert client.is_model_ready("digits"), project.logs()
     for start in range(0, 32, 8):
         logits = infer_digits(client, x[start : start + 8])
         np.testing.assert_allclose(logits, reference[start : start + 8], rtol=1e-5, atol=1e-5)
