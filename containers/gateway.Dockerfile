@@ -16,13 +16,15 @@ ENV PIP_CONFIG_FILE=/etc/hloserve-pip/pip.conf PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3.11 -m venv /opt/hloserve
 WORKDIR /src/hloserve
-# The dependencies first (their layer survives source edits), then hloserve without them.
+# The dependencies first, from pyproject.toml alone (their layer survives edits to the source
+# and README), then hloserve without them.
 # serve pins numpy<2, jax==jaxlib==0.7.1, nvidia-pytriton==0.7.0, tritonclient 2.51 (pyproject);
 # containers/constraints.txt pins every other package to the versions built and tested.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY containers/requirements.py containers/constraints.txt containers/
 RUN python3.11 containers/requirements.py serve >/tmp/requirements.txt \
  && /opt/hloserve/bin/pip install -r /tmp/requirements.txt -c containers/constraints.txt
+COPY README.md ./
 COPY hloserve ./hloserve
 RUN /opt/hloserve/bin/pip install --no-deps . && /opt/hloserve/bin/pip check
 
