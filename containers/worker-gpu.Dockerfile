@@ -16,12 +16,11 @@ ENV PIP_CONFIG_FILE=/etc/hloserve-pip/pip.conf PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3.11 -m venv /opt/hloserve
 WORKDIR /src/hloserve
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY containers/requirements.py containers/constraints.txt containers/
 RUN python3.11 containers/requirements.py serve >/tmp/requirements.txt \
  && echo "jax[cuda12]==0.7.1" >>/tmp/requirements.txt \
  && /opt/hloserve/bin/pip install -r /tmp/requirements.txt -c containers/constraints.txt
-COPY README.md ./
 COPY hloserve ./hloserve
 RUN /opt/hloserve/bin/pip install --no-deps . && /opt/hloserve/bin/pip check
 

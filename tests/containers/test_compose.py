@@ -9,7 +9,6 @@ no container and no volume. The Prometheus/Grafana services stay behind their pr
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import subprocess
 import time
@@ -24,7 +23,7 @@ import pytest
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import free_ports
 from tests.containers.conftest import world_readable
-from tests.node.docker_image import IMAGE_UID, ROOT, Images
+from tests.node.docker_image import IMAGE_UID, MEMLOCK, ROOT, Images
 from tests.node.node_testing import contiguous_free_ports, infer_digits, ready
 
 pytestmark = [
@@ -37,9 +36,6 @@ pytestmark = [
 grpcclient = pytest.importorskip("tritonclient.grpc")
 COMPOSE = shutil.which("docker-compose")
 STARTUP_S = 300.0
-#: This host's hard memlock limit: a nested or unprivileged daemon cannot raise it.
-_HARD_MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-MEMLOCK = -1 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK
 
 
 class Project:
@@ -128,16 +124,25 @@ def test_compose_runs_the_cpu_node_without_the_observability_profile(
     assert (code, out.decode().strip()) == (0, str(IMAGE_UID))
 
 
+def model_ready(client: Any) -> bool:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return bool(client.is_model_ready("digits"))
+    except InferenceServerException:  # the gateway does not listen yet
+        return False
+
+
 def test_tritonclient_through_the_gateway(
     project: Project, digits_model: Any, digits_params: Any
 ) -> None:
     _, _, x, _ = digits_model.load_split()
     reference = np.asarray(jax.jit(digits_model.apply)(digits_params, x[:32]))
     client = grpcclient.InferenceServerClient(project.gateway)
-    deadline = time.monotonic() + 60  # the gateway discovers the workers
-    while not client.is_model_ready("digits") and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # the gateway starts and discovers the workers
+    while not model_ready(client) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert client.is_model_ready("digits"), project.logs()
+    assert model_ready(client), project.logs()
     for start in range(0, 32, 8):
         logits = infer_digits(client, x[start : start + 8])
         np.testing.assert_allclose(logits, reference[start : start + 8], rtol=1e-5, atol=1e-5)
@@ -147,7 +152,12 @@ def test_perf_analyzer_through_the_gateway_has_zero_errors(project: Project) -> 
     from hloserve.node.perf_analyzer import run_perf_analyzer
 
     results, output = run_perf_analyzer(
-        "digits", project.gateway, concurrency=(2,), measurement_interval_ms=2000
+        "digits",
+        project.gateway,
+        concurrency=(2,),
+        measurement_interval_ms=2000,
+        # answers and errors are the point, not a stable rate on a shared machine
+        extra_args=("--stability-percentage=100",),
     )
     assert [r.concurrency for r in results] == [2], output
     assert results[0].throughput > 0, output

@@ -12,7 +12,6 @@ daemon the module is skipped, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI) makes th
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import time
@@ -29,7 +28,7 @@ from hloserve.errors import Status
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.plan import NodeError
 from hloserve.node.tritonserver import free_ports
-from tests.node.docker_image import IMAGE_UID, ensure_images
+from tests.node.docker_image import IMAGE_UID, MEMLOCK, ensure_images
 from tests.node.node_testing import (
     HLOSERVE,
     LoadLoop,
@@ -52,9 +51,6 @@ pytestmark = [
 docker = pytest.importorskip("docker")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-#: This host's hard memlock limit: a nested or unprivileged daemon cannot raise it.
-_HARD_MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-MEMLOCK = -1 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK
 STARTUP_S = 300.0
 
 
