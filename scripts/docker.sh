@@ -5,11 +5,23 @@
 #       `dockerd --bridge=none --iptables=false --ip6tables=false` runs in the background
 #       (containers use host networking; no bridge or iptables is needed), logging to
 #       $HLOSERVE_DOCKERD_LOG. It keeps running after the tests so its image cache survives.
+#   As root it also installs Debian's docker-compose (1.29) when missing: tests/containers runs
+#   containers/compose.yaml with it. The images themselves are built by the tests, once per
+#   session (scripts/images.sh; tests/node/docker_image.py).
 #   Without a daemon the docker tests skip with the reason, unless HLOSERVE_REQUIRE_DOCKER=1.
 HLOSERVE_DOCKERD_LOG="${HLOSERVE_DOCKERD_LOG:-/tmp/hloserve-dockerd.log}"
 
+ensure_compose() {
+  if ! command -v docker-compose >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+    echo "==> docker: installing Debian's docker-compose"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+  fi
+}
+
 ensure_docker() {
   if docker info >/dev/null 2>&1; then
+    ensure_compose
     return 0
   fi
   if [ "$(id -u)" -ne 0 ]; then
@@ -27,6 +39,7 @@ ensure_docker() {
   local i
   for i in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then
+      ensure_compose
       return 0
     fi
     sleep 0.5

@@ -1,8 +1,9 @@
 """``hloserve node up|down`` with the docker runtime on a real Docker daemon.
 
 One node for the module: ``hloserve node up`` (a subprocess, as users run it) with two CPU
-worker containers of the local test image (tests/node/docker_image.py: nothing is pulled)
-serving the digits repository, and the gateway in front. The tests check the answers through
+worker containers of the image built from containers/worker-cpu.Dockerfile (once per session,
+tests/node/docker_image.py: nothing is pulled) serving the digits repository, and the gateway
+in front. The tests check the answers through
 the gateway, the containers as Docker sees them, a worker killed under load being restarted by
 Docker while traffic recovers, and ``hloserve node down`` leaving no container. Without a
 daemon the module is skipped, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI) makes that a failure.
@@ -11,7 +12,6 @@ daemon the module is skipped, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI) makes th
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import time
@@ -28,7 +28,7 @@ from hloserve.errors import Status
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.plan import NodeError
 from hloserve.node.tritonserver import free_ports
-from tests.node.docker_image import container_env, container_mounts, ensure_test_image
+from tests.node.docker_image import IMAGE_UID, MEMLOCK, ensure_images
 from tests.node.node_testing import (
     HLOSERVE,
     LoadLoop,
@@ -51,9 +51,6 @@ pytestmark = [
 docker = pytest.importorskip("docker")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
-#: This host's hard memlock limit: a nested or unprivileged daemon cannot raise it.
-_HARD_MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-MEMLOCK = -1 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK
 STARTUP_S = 300.0
 
 
@@ -76,7 +73,7 @@ def client() -> Iterator[Any]:
 def node(
     client: Any, digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NodeProcess]:
-    image = ensure_test_image(client)
+    image = ensure_images().worker_cpu
     work = tmp_path_factory.mktemp("docker_node")
     (work / "bundles").mkdir()
     os.symlink(digits_bundle, work / "bundles" / "digits")
@@ -94,8 +91,6 @@ def node(
         "docker": {
             "image": image,
             "launcher": "hloserve",
-            "mounts": container_mounts(),
-            "env": container_env(),
             "stop_timeout_s": 10,
             # memlock: -1 (the default) needs a daemon allowed to raise the hard limit
             "ulimits": {"memlock": MEMLOCK, "stack": 67108864},
@@ -168,6 +163,8 @@ def test_system_shared_memory_reaches_the_worker_containers(
         for n, size in sizes.items()
     }
     gateway = grpcclient.InferenceServerClient(node.gateway)
+    for region in regions.values():  # the workers run as the image's user (UID 10001)
+        os.chmod(f"/dev/shm/{region.name}", 0o666)
     try:
         np.ndarray(batch.shape, np.float32, buffer=regions["in"].buf)[:] = batch
         for n, region in regions.items():  # POSIX key: "/" + the name in /dev/shm
@@ -201,6 +198,19 @@ def test_containers_are_what_the_node_file_asked_for(client: Any, node: NodeProc
     }
     assert any(b.endswith(":/models:ro") for b in host_config["Binds"])
     assert host_config["Init"] is True
+
+
+def test_workers_run_as_the_images_user_with_a_healthcheck(client: Any, node: NodeProcess) -> None:
+    worker = containers(client, node)[0]
+    assert worker.attrs["Config"]["User"] == "hloserve"
+    code, out = worker.exec_run(["id", "-u"])
+    assert (code, out.decode().strip()) == (0, str(IMAGE_UID))
+    for _ in range(60):  # Docker runs the image's HEALTHCHECK every 5 s
+        worker.reload()
+        if worker.attrs["State"]["Health"]["Status"] == "healthy":
+            break
+        time.sleep(1)
+    assert worker.attrs["State"]["Health"]["Status"] == "healthy", worker.attrs["State"]
 
 
 def test_missing_image_is_a_clear_error(client: Any, node: NodeProcess) -> None:
