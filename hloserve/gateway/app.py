@@ -38,7 +38,7 @@ from collections.abc import Callable
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.control import add_control_service
+from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
@@ -48,7 +48,6 @@ from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable
-from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
 from hloserve.prometheus_text import fetch_metrics

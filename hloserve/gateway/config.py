@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -50,7 +51,15 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 FillMode = Literal["run", "spread"]
-Replicas = int | Literal["all"]
+
+
+def _positive(value: int | str) -> int | str:
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
+    return value
+
+
+Replicas = Annotated[int | Literal["all"], AfterValidator(_positive)]
 
 
 def _check_host_port(value: str) -> str:
@@ -195,13 +204,6 @@ class ModelScheduling(_Section):
     fill_mode: FillMode | None = None
     fill_factor: float | None = Field(default=None, gt=0)
 
-    @field_validator("replicas")
-    @classmethod
-    def _positive(cls, value: Replicas) -> Replicas:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
-        return value
-
 
 class SchedulingConfig(_Section):
     """Knobs of ``lpt_packing`` with ReactantServer's defaults (docs/gateway.md, "Configuration").
@@ -233,13 +235,6 @@ class SchedulingConfig(_Section):
     routing_fill_mode: FillMode = "run"
     models: dict[str, ModelScheduling] = Field(default_factory=dict)
 
-    @field_validator("default_replicas")
-    @classmethod
-    def _positive(cls, value: Replicas) -> Replicas:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
-        return value
-
     def replicas_of(self, model: str) -> Replicas:
         """Configured replica count of ``model`` (its own entry, else ``default_replicas``)."""
         entry = self.models.get(model)
@@ -258,6 +253,19 @@ class SchedulingConfig(_Section):
         if entry is not None and entry.fill_factor is not None:
             return entry.fill_factor
         return self.routing_fill_factor
+
+
+#: Knobs of :class:`SchedulingConfig` the control plane may change live (``mode``, endpoints
+#: and ports are startup-only).
+KNOBS = (
+    "default_replicas",
+    "forbid_memory_oversubscription",
+    "hysteresis",
+    "rebalance_compute_seconds",
+    "first_rebalance_compute_seconds",
+    "routing_fill_factor",
+    "routing_fill_mode",
+)
 
 
 class GatewayConfig(_Section):

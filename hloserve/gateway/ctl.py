@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
-from hloserve.gateway.scheduling_control import KNOBS
+from hloserve.gateway.config import KNOBS
 from hloserve.units import format_bytes
 
 _FLOAT_KNOBS = (

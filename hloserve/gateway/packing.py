@@ -14,7 +14,7 @@ Weight footprints and budgets come from the runtime's ``hloserve_weight_*`` metr
 every model weighs 0 and budgets are unlimited. What the control plane
 (:mod:`hloserve.gateway.control`) reads and changes (knobs validated like the config file,
 per-model replicas and fill modes, operator repacks, the status snapshot) is
-:class:`hloserve.gateway.scheduling_control.SchedulingControl`. Not done yet: EWMA half-life
+:class:`hloserve.gateway.control.SchedulingControl`. Not done yet: EWMA half-life
 decoupled from the rebalance budget.
 """
 
