@@ -40,13 +40,10 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 import grpc
-from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.discovery import SingleFlight
+from hloserve.gateway.discovery import SingleFlight, meta_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.model_parameters import MetaParameters, string_values
-from hloserve.names import META_BACKEND, PARAM_META_CALLS
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -116,16 +113,12 @@ class ModelControl:
         """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
         model of its repository, "" for one never loaded and ``"unloaded"`` for one
         unloaded on request."""
-        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
 
         async def index(worker: str) -> dict[str, str] | None:
             try:
-                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._timeout, metadata=self._upstreams.repository_metadata
-                )
+                models = await self._upstreams.repository_index(worker, self._timeout)
             except grpc.aio.AioRpcError:
                 return None
-            models = service_pb2.RepositoryIndexResponse.FromString(reply).models
             return {
                 m.name: _UNLOADED
                 if m.state == "UNAVAILABLE" and m.reason == UNLOADED_REASON
@@ -144,16 +137,12 @@ class ModelControl:
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
         """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
         model that is not a meta; None when the config cannot be read."""
-        request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
         try:
-            reply = await self._upstreams.raw(worker, "ModelConfig")(request, timeout=self._timeout)
+            return meta_calls(
+                model, await self._upstreams.model_config(worker, model, self._timeout)
+            )
         except grpc.aio.AioRpcError:
             return None
-        config = service_pb2.ModelConfigResponse.FromString(reply).config
-        if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
-            return ()
-        params = string_values(config.parameters)
-        return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
 
     def known_calls(self, model: str) -> tuple[str, ...] | None:
         """A meta's callees as the routing table or an earlier load saw them; None: unknown."""

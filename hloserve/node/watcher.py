@@ -3,7 +3,7 @@
 
 :mod:`hloserve.node.watch` holds the rules (fingerprints, debounce, dependency order, version
 folders); this module applies them to a running tritonserver through its repository API
-(:class:`TritonModelControl`, with the model-control key of :mod:`hloserve.model_control`).
+(:class:`hloserve.model_control.RepositoryClient`, with the model-control key).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
-from hloserve.node.model_control_client import FleetModelControl, TritonModelControl, error_text
+from hloserve.model_control import RepositoryClient
+from hloserve.node.model_control_client import FleetModelControl, error_text
 from hloserve.node.watch import (
     DEFAULT_WATCH_INTERVAL_S,
     Changes,
@@ -46,7 +47,8 @@ log = logging.getLogger("hloserve.watch")
 
 
 class ModelControl(Protocol):
-    """Triton's repository API as the watcher uses it (:class:`TritonModelControl`)."""
+    """Triton's repository API as the watcher uses it
+    (:class:`~hloserve.model_control.RepositoryClient`)."""
 
     def load(self, model: str) -> None:
         """Load or reload ``model`` from the repository; raises when it fails."""
@@ -371,12 +373,12 @@ def watching(
 
 def server_model_control(
     servers: Sequence[TritonServer], timeout_s: float
-) -> TritonModelControl | FleetModelControl:
+) -> RepositoryClient | FleetModelControl:
     """Model control of running servers of one repository: one server's
-    :class:`TritonModelControl`, or a :class:`FleetModelControl` over the workers of ``serve
-    --workers N``; ``timeout_s`` bounds each call."""
+    :class:`~hloserve.model_control.RepositoryClient`, or a :class:`FleetModelControl` over
+    the workers of ``serve --workers N``; ``timeout_s`` bounds each call."""
     controls = [
-        TritonModelControl(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
+        RepositoryClient(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
     ]
     if len(controls) == 1:
         return controls[0]
@@ -385,7 +387,7 @@ def server_model_control(
 
 def serve_model_list(
     observe: NodeObservability,
-    control: TritonModelControl | FleetModelControl,
+    control: RepositoryClient | FleetModelControl,
     watcher: BundleWatcher | None = None,
 ) -> None:
     """Answer the admin port's ``/models`` with :func:`~hloserve.node.watch.model_rows` of the
@@ -393,14 +395,3 @@ def serve_model_list(
     observe.serve_models(
         lambda: model_rows(control.index(), watcher.records() if watcher is not None else [])
     )
-
-
-__all__ = [
-    "BundleWatcher",
-    "FleetModelControl",
-    "ModelControl",
-    "TritonModelControl",
-    "serve_model_list",
-    "server_model_control",
-    "watching",
-]
