@@ -69,6 +69,9 @@ def _check_host_port(value: str) -> str:
     return value
 
 
+#: A ``host:port`` endpoint (checked by :func:`_check_host_port`).
+HostPort = Annotated[str, AfterValidator(_check_host_port)]
+
 #: Keys of the Python data plane, removed when HAProxy became the only one for unary inference
 #: (docs/gateway.md, "Removed settings"): key -> what to use instead.
 REMOVED_KEYS: dict[str, dict[str, str]] = {
@@ -297,10 +300,10 @@ class GatewayConfig(_Section):
             last request in flight is answered or this runs out.
     """
 
-    listen: str = "127.0.0.1:8001"
+    listen: HostPort = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)
-    workers: tuple[str, ...] = Field(min_length=1)
-    worker_metrics: tuple[str, ...] = ()
+    workers: tuple[HostPort, ...] = Field(min_length=1)
+    worker_metrics: tuple[HostPort, ...] = ()
     mode: Mode = "round_robin"
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
@@ -308,36 +311,17 @@ class GatewayConfig(_Section):
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
     health: HealthConfig = Field(default_factory=HealthConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    http_listen: str | None = None
-    worker_http: tuple[str, ...] = ()
+    http_listen: HostPort | None = None
+    worker_http: tuple[HostPort, ...] = ()
     tls: TlsConfig | None = None
     exit_timeout_seconds: float = Field(default=30.0, ge=0)
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        return _check_host_port(value)
 
     @field_validator("workers")
     @classmethod
     def _workers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for worker in value:
-            _check_host_port(worker)
         duplicates = sorted({w for w in value if value.count(w) > 1})
         if duplicates:
             raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
-        return value
-
-    @field_validator("http_listen")
-    @classmethod
-    def _http_listen(cls, value: str | None) -> str | None:
-        return value if value is None else _check_host_port(value)
-
-    @field_validator("worker_metrics", "worker_http")
-    @classmethod
-    def _worker_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for endpoint in value:
-            _check_host_port(endpoint)
         return value
 
     @model_validator(mode="after")

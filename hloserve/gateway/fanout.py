@@ -38,18 +38,9 @@ from hloserve.gateway.wire import peek_infer_request
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
 
 
-#: Register and unregister request messages of each shared-memory kind (the RPCs are
-#: ``<kind>SharedMemoryRegister``, ``...Unregister``, ``...Status``).
-_SHM_MESSAGES: dict[str, tuple[Any, Any]] = {
-    "System": (
-        service_pb2.SystemSharedMemoryRegisterRequest,
-        service_pb2.SystemSharedMemoryUnregisterRequest,
-    ),
-    "Cuda": (
-        service_pb2.CudaSharedMemoryRegisterRequest,
-        service_pb2.CudaSharedMemoryUnregisterRequest,
-    ),
-}
+#: The shared-memory kinds (the RPCs are ``<kind>SharedMemoryRegister``, ``...Unregister``,
+#: ``...Status``, with the request messages of the same names).
+_SHM_KINDS = ("System", "Cuda")
 
 
 #: A worker call: (method, request bytes, gRPC metadata).
@@ -267,14 +258,15 @@ class FleetRpcs:
         handle on ``device_id``, or the registration fails whole."""
 
         def bind(kind: str, how: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
-            register, unregister = _SHM_MESSAGES[kind]
             method = f"{kind}SharedMemory{how}"
 
             def plan(request: bytes) -> fleet_ops.Plan[_Call, _Reply]:
                 call = (method, request, ())
                 if how == "Register":
-                    undo = unregister(name=register.FromString(request).name).SerializeToString()
-                    undo_call = (f"{kind}SharedMemoryUnregister", undo, ())
+                    name = getattr(service_pb2, f"{method}Request").FromString(request).name
+                    undo_method = f"{kind}SharedMemoryUnregister"
+                    undo = getattr(service_pb2, f"{undo_method}Request")(name=name)
+                    undo_call = (undo_method, undo.SerializeToString(), ())
                     return fleet_ops.register(_JUDGE, method, call, undo_call)
                 if how == "Unregister":
                     return fleet_ops.unregister(_JUDGE, method, call)
@@ -287,7 +279,7 @@ class FleetRpcs:
 
         return {
             f"{kind}SharedMemory{how}": bind(kind, how)
-            for kind in _SHM_MESSAGES
+            for kind in _SHM_KINDS
             for how in ("Register", "Unregister", "Status")
         }
 

@@ -273,15 +273,7 @@ class LptController:
                 replicas=self._scheduling.replicas_of(model),
             )
         )
-        previous = self.placement.assignment if self.placement is not None else None
-        placement = compute_placement(
-            loads,
-            [WorkerCapacity(w, self.weights.budget_bytes.get(w, 0)) for w in workers],
-            previous=previous,
-            hysteresis=self._scheduling.hysteresis,
-            forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
-        )
-        chosen = placement.assignment[model]
+        chosen = self._place(loads, workers, self.weights).assignment[model]
         log.info("lpt_packing: new model %r goes to %s", model, ", ".join(chosen))
         return chosen
 
@@ -310,16 +302,21 @@ class LptController:
             )
         return loads
 
-    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
-        loads = self._loads(discovered, weights)
-        previous = self.placement.assignment if self.placement is not None else None
-        self.placement = compute_placement(
+    def _place(
+        self, loads: list[ModelLoad], workers: Sequence[str], weights: WeightInfo
+    ) -> Placement:
+        """:func:`compute_placement` with the knobs, the budgets and the current assignment."""
+        return compute_placement(
             loads,
             [WorkerCapacity(w, weights.budget_bytes.get(w, 0)) for w in workers],
-            previous=previous,
+            previous=self.placement.assignment if self.placement is not None else None,
             hysteresis=self._scheduling.hysteresis,
             forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
         )
+
+    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
+        loads = self._loads(discovered, weights)
+        self.placement = self._place(loads, workers, weights)
         self.repacks += 1
         log.info(
             "lpt_packing: repack (models %d, moved %d, held_by_hysteresis %d)",
