@@ -10,6 +10,8 @@
   up, restarts) on its admin port.
 - :mod:`hloserve.observability.supervisor`: :class:`NodeObservability`, what a supervising
   process (``serve``, ``node up``) starts and removes: the admin port and the targets file.
+- :mod:`hloserve.observability.admin_http`: the admin HTTP port (GET routes on a daemon
+  thread) of the supervisor and of the gateway.
 
 The metrics themselves, their names and labels: docs/observability.md.
 """
