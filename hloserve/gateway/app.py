@@ -1,30 +1,18 @@
 """Run a gateway: HAProxy, the Python servicer and a discovery loop, until stopped.
 
-:func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
-:mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
-``discovery.poll_interval_seconds``, each swapping the router's table whole (docs/gateway.md,
-"Proxy"); a request naming a model missing from the table triggers a single-flight discovery
-pass (at most one per second) before it is answered NOT_FOUND (no worker lists it) or
-UNAVAILABLE (some worker lists it but not READY, or a worker did not answer). Health probes
-(``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a
-worker out of the table after ``health.failure_threshold`` failures in a row and bring it back
-(after a forced discovery pass) when it answers ready again. In ``lpt_packing`` mode each
-pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
-restrict the table to the placement (repacked at startup, on fleet changes and per the
-rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
-gRPC port.
-
-HAProxy (:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer
-straight to the workers, with the admission and failover rules of
-:mod:`hloserve.gateway.dataplane`; the servicer above listens on a loopback port behind it and
-answers every other RPC and the ModelInfer requests HAProxy's map does not route (sent back
-to HAProxy's checked bind once routable); with ``http_listen`` a loopback HTTP server
-(:mod:`hloserve.gateway.fleet_http`) answers the KServe HTTP repository index, model
-load/unload (the servicer's :class:`~hloserve.gateway.model_control.ModelControl`) and system
-and CUDA shared memory from every worker. After
-every table change (discovery, health, repacks, control-plane changes: checked
-every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
-applied to HAProxy.
+:func:`run_gateway` wires the parts (docs/gateway.md, "Proxy"): one discovery pass
+(:func:`hloserve.gateway.discovery.discover_table`) before serving and one every
+``discovery.poll_interval_seconds``, each swapping the router's table whole (a request for a
+model missing from it runs a single-flight pass, at most one per second); health probes every
+``health.interval_seconds`` (:mod:`hloserve.gateway.health`); under ``lpt_packing``, the
+statistics poll and :class:`hloserve.gateway.packing.LptController`'s placement. HAProxy
+(:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer to the
+workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
+:mod:`hloserve.gateway.control`) answers on a loopback port behind it, and with
+``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`) answers the KServe
+HTTP calls that need every worker. The layout of the router's table
+(:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
+(checked every :data:`SYNC_INTERVAL_S`).
 """
 
 from __future__ import annotations

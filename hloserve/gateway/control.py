@@ -17,6 +17,7 @@ plane").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -85,6 +86,7 @@ def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
         raise InvalidArgumentError("; ".join(problems)) from None
 
 
+@dataclass(eq=False)
 class SchedulingControl:
     """The gateway's live scheduling state, as the control plane reads and changes it.
 
@@ -92,45 +94,36 @@ class SchedulingControl:
     router (HAProxy's next layout) and to the ``lpt_packing`` controller. They are not persisted.
     Call from the gateway's event loop (the controller is not thread-safe).
 
-    Args:
+    Attributes:
         mode: the gateway's mode (startup-only).
-        scheduling: the knobs at startup.
+        scheduling: the knobs in force (at startup: the config's).
         workers: every configured worker endpoint.
         router: the gateway's router.
         controller: the ``lpt_packing`` controller; None in the other modes.
         on_repack: called after each operator repack (a metrics counter).
     """
 
-    def __init__(
-        self,
-        mode: str,
-        scheduling: SchedulingConfig,
-        workers: tuple[str, ...],
-        router: Router,
-        controller: LptController | None = None,
-        on_repack: Callable[[], None] | None = None,
-    ) -> None:
-        self.mode = mode
-        self.scheduling = scheduling
-        self._workers = workers
-        self._router = router
-        self._controller = controller
-        self._on_repack = on_repack
+    mode: str
+    scheduling: SchedulingConfig
+    workers: tuple[str, ...]
+    router: Router
+    controller: LptController | None = None
+    on_repack: Callable[[], None] | None = None
 
     def _require_lpt(self, what: str) -> LptController:
-        if self._controller is None:
+        if self.controller is None:
             raise HloserveError(
                 f"{what} needs mode lpt_packing; this gateway runs {self.mode}"
                 " (the mode is fixed at startup)",
                 status=Status.FAILED_PRECONDITION,
             )
-        return self._controller
+        return self.controller
 
     def _apply(self, scheduling: SchedulingConfig) -> None:
         self.scheduling = scheduling
-        self._router.update_scheduling(scheduling)
-        if self._controller is not None:
-            self._controller.update_scheduling(scheduling)
+        self.router.update_scheduling(scheduling)
+        if self.controller is not None:
+            self.controller.update_scheduling(scheduling)
 
     def set_model(self, what: str, model: str, **changes: Any) -> pb.ModelStatus:
         """Change ``model``'s entry of ``scheduling.models`` (``replicas``: a positive integer
@@ -178,9 +171,9 @@ class SchedulingControl:
             HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
         """
         controller = self._require_lpt("repack")
-        self._router.swap_table(controller.repack_now())
-        if self._on_repack is not None:
-            self._on_repack()
+        self.router.swap_table(controller.repack_now())
+        if self.on_repack is not None:
+            self.on_repack()
         placement = controller.placement
         return pb.RepackResponse(
             repack=self._repack_status(controller),
@@ -207,18 +200,18 @@ class SchedulingControl:
         Raises:
             NotFoundError: no worker serves ``model``.
         """
-        route = self._router.table.get(model)
+        route = self.router.table.get(model)
         if route is None:
             raise NotFoundError(f"model {model!r} is not served by any worker")
         return self._model_status(model, route)
 
     def _model_status(self, model: str, route: ModelRoute) -> pb.ModelStatus:
-        routed, outstanding = self._router.routed(), self._router.outstanding_all()
+        routed, outstanding = self.router.routed(), self.router.outstanding_all()
         rate, cost, weight = 0.0, route.cost_per_item_seconds or 0.0, 0
-        if self._controller is not None:
-            rate, measured = self._controller.estimates().get(model, (0.0, 0.0))
+        if self.controller is not None:
+            rate, measured = self.controller.estimates().get(model, (0.0, 0.0))
             cost = measured or cost
-            weight = self._controller.weights.model_bytes.get(model, 0)
+            weight = self.controller.weights.model_bytes.get(model, 0)
         factor = self.scheduling.fill_factor_of(model)
         return pb.ModelStatus(
             name=model,
@@ -246,16 +239,16 @@ class SchedulingControl:
         """Everything ``GetSchedulingStatus`` reports, read now: mode, knobs, every model
         (:meth:`model_status`), every worker (models placed, requests in flight, placed
         compute share and weight bytes, budget, pressure) and the last repack."""
-        items = self._router.worker_items(self._workers)
-        controller = self._controller
+        items = self.router.worker_items(self.workers)
+        controller = self.controller
         placement = controller.placement if controller is not None else None
         budgets = controller.weights.budget_bytes if controller is not None else {}
         status = pb.SchedulingStatus(
             mode=self.mode,
             knobs=knobs_to_proto(self.scheduling),
-            models=[self._model_status(n, r) for n, r in sorted(self._router.table.routes.items())],
+            models=[self._model_status(n, r) for n, r in sorted(self.router.table.routes.items())],
         )
-        for w in self._workers:
+        for w in self.workers:
             share = placement.compute_share.get(w, 0.0) if placement else 0.0
             weight = placement.weight_bytes.get(w, 0) if placement else 0
             budget = budgets.get(w, 0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
@@ -92,10 +93,11 @@ def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, s
     )
 
 
+@dataclass(eq=False)
 class FleetRpcs:
     """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``.
 
-    Args:
+    Attributes:
         router: the routing table (replicas of a model for the forwarded RPCs).
         upstreams: channels to the workers.
         request_timeout_s: deadline of one forwarded call, seconds.
@@ -103,26 +105,18 @@ class FleetRpcs:
         control: where model loads and unloads go (shared with the KServe HTTP server).
     """
 
-    def __init__(
-        self,
-        router: Router,
-        upstreams: Upstreams,
-        request_timeout_s: float,
-        probe_timeout_s: float,
-        control: ModelControl,
-    ) -> None:
-        self._control = control
-        self._router = router
-        self._upstreams = upstreams
-        self._timeout = request_timeout_s
-        self._probe_timeout = probe_timeout_s
+    router: Router
+    upstreams: Upstreams
+    request_timeout_s: float
+    probe_timeout_s: float
+    control: ModelControl
 
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
-        route = self._router.table.get(name)
-        order = route.replicas if route is not None and route.replicas else self._upstreams.workers
+        route = self.router.table.get(name)
+        order = route.replicas if route is not None and route.replicas else self.upstreams.workers
         return await self._run(
             fleet_ops.first_answer(_JUDGE, f"{method} {name!r}", (method, request, ()), order)
         )
@@ -152,7 +146,7 @@ class FleetRpcs:
             )
             return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
 
-        call = ("RepositoryIndex", request, self._upstreams.repository_metadata)
+        call = ("RepositoryIndex", request, self.upstreams.repository_metadata)
         with contextlib.suppress(HloserveError):
             return await self._run(
                 fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
@@ -162,18 +156,18 @@ class FleetRpcs:
     async def _fan_out(self, step: fleet_ops.Send[_Call]) -> fleet_ops.Replies[_Reply]:
         """Send the step's request to its workers (default every worker) at once."""
         method, request, metadata = step.request
-        timeout = self._probe_timeout if step.probe else self._timeout
+        timeout = self.probe_timeout_s if step.probe else self.request_timeout_s
 
         async def one(worker: str) -> tuple[str, _Reply]:
             try:
-                reply = await self._upstreams.raw(worker, method)(
+                reply = await self.upstreams.raw(worker, method)(
                     request, timeout=timeout, metadata=tuple(metadata) or None
                 )
                 return worker, reply
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 
-        targets = self._upstreams.workers if step.workers is None else step.workers
+        targets = self.upstreams.workers if step.workers is None else step.workers
         return list(await asyncio.gather(*(one(w) for w in targets)))
 
     async def _run(self, plan: fleet_ops.Plan[_Call, _Reply]) -> bytes:
@@ -201,7 +195,7 @@ class FleetRpcs:
             step = fleet_ops.Send((rpc, plain.SerializeToString(), key), workers)
             return await self._fan_out(step)
 
-        outcome = await self._control.run(action, model, send, _JUDGE.ok)
+        outcome = await self.control.run(action, model, send, _JUDGE.ok)
         reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
         assert isinstance(reply, bytes)  # a refusal was raised
         return reply
@@ -270,7 +264,7 @@ class FleetRpcs:
                     return fleet_ops.register(_JUDGE, method, call, undo_call)
                 if how == "Unregister":
                     return fleet_ops.unregister(_JUDGE, method, call)
-                return fleet_ops.first_answer(_JUDGE, method, call, self._upstreams.workers)
+                return fleet_ops.first_answer(_JUDGE, method, call, self.upstreams.workers)
 
             async def handler(request: bytes, context: Any) -> bytes:
                 return await self._run(plan(request))
@@ -286,7 +280,7 @@ class FleetRpcs:
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        workers = self._upstreams.workers
+        workers = self.upstreams.workers
         call = ("ServerMetadata", request, ())
         return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
 

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 import grpc
@@ -82,10 +82,11 @@ class Outcome(Generic[R]):
     failed: bool
 
 
+@dataclass(eq=False)
 class ModelControl:
     """The model-control decision of the module docstring, on the gateway's event loop.
 
-    Args:
+    Attributes:
         router: the routing table (metas' callees known from discovery).
         upstreams: gRPC channels to the workers (index and config reads).
         probe_timeout_s: deadline of one index or config read, seconds.
@@ -94,20 +95,12 @@ class ModelControl:
         place: where a model no worker holds goes (:data:`Place`); None = every candidate.
     """
 
-    def __init__(
-        self,
-        router: Router,
-        upstreams: Upstreams,
-        probe_timeout_s: float,
-        refresh: Callable[[], Awaitable[None]] | None = None,
-        place: Place | None = None,
-    ) -> None:
-        self._router = router
-        self._upstreams = upstreams
-        self._timeout = probe_timeout_s
-        self._refresh = refresh
-        self._place = place
-        self._calls: dict[str, tuple[str, ...]] = {}  # metas' callees seen so far
+    router: Router
+    upstreams: Upstreams
+    probe_timeout_s: float
+    refresh: Callable[[], Awaitable[None]] | None = None
+    place: Place | None = None
+    _calls: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     async def indexes(self) -> dict[str, dict[str, str]]:
         """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
@@ -116,7 +109,7 @@ class ModelControl:
 
         async def index(worker: str) -> dict[str, str] | None:
             try:
-                models = await self._upstreams.repository_index(worker, self._timeout)
+                models = await self.upstreams.repository_index(worker, self.probe_timeout_s)
             except grpc.aio.AioRpcError:
                 return None
             return {
@@ -126,8 +119,8 @@ class ModelControl:
                 for m in models
             }
 
-        found = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
-        return {w: i for w, i in zip(self._upstreams.workers, found, strict=True) if i is not None}
+        found = await asyncio.gather(*(index(w) for w in self.upstreams.workers))
+        return {w: i for w, i in zip(self.upstreams.workers, found, strict=True) if i is not None}
 
     @staticmethod
     def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
@@ -139,14 +132,14 @@ class ModelControl:
         model that is not a meta; None when the config cannot be read."""
         try:
             return meta_calls(
-                model, await self._upstreams.model_config(worker, model, self._timeout)
+                model, await self.upstreams.model_config(worker, model, self.probe_timeout_s)
             )
         except grpc.aio.AioRpcError:
             return None
 
     def known_calls(self, model: str) -> tuple[str, ...] | None:
         """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
-        route = self._router.table.get(model)
+        route = self.router.table.get(model)
         if route is not None and route.calls:
             self._calls[model] = route.calls
         return self._calls.get(model)
@@ -158,10 +151,10 @@ class ModelControl:
         names = (model, *calls)
         candidates = [w for w, i in indexes.items() if all(n in i for n in names)]
         candidates = candidates or [w for w, i in indexes.items() if model in i]
-        candidates = candidates or list(self._upstreams.workers)
-        if self._place is None:
+        candidates = candidates or list(self.upstreams.workers)
+        if self.place is None:
             return candidates
-        return list(self._place(model, calls, candidates)) or candidates
+        return list(self.place(model, calls, candidates)) or candidates
 
     async def run(
         self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
@@ -181,12 +174,12 @@ class ModelControl:
         try:
             return await self._run(action, model, send, ok)
         finally:
-            if isinstance(self._refresh, SingleFlight):  # now, not within its interval
+            if isinstance(self.refresh, SingleFlight):  # now, not within its interval
                 with contextlib.suppress(Exception):  # the next poll tries again
-                    await self._refresh(force=True)
-            elif self._refresh is not None:
+                    await self.refresh(force=True)
+            elif self.refresh is not None:
                 with contextlib.suppress(Exception):
-                    await self._refresh()
+                    await self.refresh()
 
     async def _run(
         self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
@@ -198,7 +191,7 @@ class ModelControl:
         indexes = await self.indexes()
         held = self.holders(model, indexes)
         if held or action == "unload":
-            return await step(model, held or list(self._upstreams.workers), action)
+            return await step(model, held or list(self.upstreams.workers), action)
         calls = self.known_calls(model)
         if calls:
             return await self._load_group(model, calls, indexes, None, step)
