@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
@@ -114,6 +115,8 @@ class FleetRpcs:
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
+        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` (``method``) answered by the
+        first replica of the model that answers (every worker when none is routed)."""
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
         route = self.router.table.get(name)
         order = route.replicas if route is not None and route.replicas else self.upstreams.workers
@@ -180,22 +183,17 @@ class FleetRpcs:
     async def _model_control(
         self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         key = restricted_metadata(context)
 
         async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
-            if how == action and name == model:  # the client's own request
-                return await self._fan_out(fleet_ops.Send((method, request, key), workers))
-            plain = (
-                service_pb2.RepositoryModelLoadRequest(model_name=name)
-                if how == "load"
-                else service_pb2.RepositoryModelUnloadRequest(model_name=name)
-            )
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"
-            step = fleet_ops.Send((rpc, plain.SerializeToString(), key), workers)
-            return await self._fan_out(step)
+            body = request  # the client's own; a callee or a moved meta's undo: a plain one
+            if how != action or name != model:
+                body = getattr(service_pb2, f"{rpc}Request")(model_name=name).SerializeToString()
+            return await self._fan_out(fleet_ops.Send((rpc, body, key), workers))
 
         outcome = await self.control.run(action, model, send, _JUDGE.ok)
+        method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
         assert isinstance(reply, bytes)  # a refusal was raised
         return reply
@@ -280,23 +278,21 @@ class FleetRpcs:
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        workers = self.upstreams.workers
         call = ("ServerMetadata", request, ())
+        workers = self.upstreams.workers
         return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The gRPC method handlers of these RPCs, by method name (a new fleet-wide RPC is
         one line here)."""
 
-        def forward(method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
-            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                return await self.forward_to_model(method, request, context)
-
-            return call
-
         raw = grpc.unary_unary_rpc_method_handler
+        forward = functools.partial
         return {
-            **{m: raw(forward(m)) for m in ("ModelReady", "ModelMetadata", "ModelConfig")},
+            **{
+                m: raw(forward(self.forward_to_model, m))
+                for m in ("ModelReady", "ModelMetadata", "ModelConfig")
+            },
             "ModelStatistics": raw(self.model_statistics),
             **{method: raw(handler) for method, handler in self.shm_handlers().items()},
             "RepositoryModelLoad": raw(self.repository_model_load),

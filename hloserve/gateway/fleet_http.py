@@ -449,8 +449,7 @@ class FleetHttp:
         the undo of a moved meta as bodiless calls with the client's headers); the answer is
         the first worker's refusal, else the first worker's success."""
         control, loop = self._control, self._loop
-        if control is None or loop is None:
-            return self._first_worker(("POST", path, body, headers))
+        assert control is not None and loop is not None  # answer() checked
 
         def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
             own = how == action and name == model
