@@ -62,11 +62,9 @@ Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
 Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
 
 #: The reason Triton's repository index gives a model unloaded on request (state
-#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model.
+#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model. It is also the
+#: state :meth:`ModelControl.indexes` gives such a row.
 UNLOADED_REASON = "unloaded"
-
-#: The state this module gives an index row with Triton's UNAVAILABLE ``unloaded``.
-_UNLOADED = "unloaded"
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class ModelControl:
             except grpc.aio.AioRpcError:
                 return None
             return {
-                m.name: _UNLOADED
+                m.name: UNLOADED_REASON
                 if m.state == "UNAVAILABLE" and m.reason == UNLOADED_REASON
                 else m.state
                 for m in models
@@ -125,7 +123,7 @@ class ModelControl:
     @staticmethod
     def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
         """The workers holding ``model`` (module docstring), in worker order."""
-        return [w for w, i in indexes.items() if i.get(model, "") not in ("", _UNLOADED)]
+        return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
         """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
