@@ -117,7 +117,7 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
         front_instances=max(instances, 1),
         max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds
         or config.sequence_batching.oldest.max_queue_delay_microseconds,
-        max_request_bytes=params.max_request_bytes,
+        **_build_fields(params),
     )
     expected = front_config(model_dir.name, bundle.manifest, built)
     _same_version_folder(expected, params.bundle)
@@ -170,7 +170,7 @@ def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
         return [*problems, Problem(file, exc.message)]
     if not bundle.manifest.is_meta:
         return [*problems, Problem(file, "backend is hloserve_meta but the bundle is not a meta")]
-    built = BuildOptions(meta_concurrency=params.meta_concurrency)
+    built = BuildOptions(**_build_fields(params))
     expected = meta_config(model_dir.name, bundle.manifest, built)
     _same_version_folder(expected, bundle_param)
     return problems + _compare(file, config, expected)
@@ -206,6 +206,13 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
             return [*problems, Problem(file, f"runtime parameters: {exc.message}")]
         problems += _compare(file, runtime, expected)
     return problems
+
+
+def _build_fields(params: Any) -> dict[str, Any]:
+    """The build options a model's parameters record: its fields named like a
+    :class:`BuildOptions` field (``max_request_bytes``, ``meta_concurrency``)."""
+    built = {f.name for f in dataclasses.fields(BuildOptions)}
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name in built}
 
 
 def _compare(file: str, actual: Any, expected: Any) -> list[Problem]:
