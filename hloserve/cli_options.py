@@ -19,14 +19,7 @@ from hloserve import names
 from hloserve.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from hloserve.model_repository_tools.build_options import (
-        BatchSizeOptions,
-        BuildOptions,
-        ExecutableCacheOptions,
-        QueueOptions,
-        SchedulingOptions,
-        WeightCacheOptions,
-    )
+    import hloserve.model_repository_tools.build_options as typed
 
 
 def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -90,14 +83,14 @@ def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def batch_size_options(args: argparse.Namespace) -> BatchSizeOptions:
+def batch_size_options(args: argparse.Namespace) -> typed.BatchSizeOptions:
     """The ``BatchSizeOptions`` of :func:`add_batch_size_option`'s argument."""
     from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
 
     return parse_batch_sizes(args.batch_sizes)
 
 
-def weight_cache_options(args: argparse.Namespace) -> WeightCacheOptions:
+def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
     """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
 
     Raises:
@@ -138,7 +131,7 @@ def add_scheduling_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def scheduling_options(args: argparse.Namespace) -> SchedulingOptions:
+def scheduling_options(args: argparse.Namespace) -> typed.SchedulingOptions:
     """The ``SchedulingOptions`` of :func:`add_scheduling_options`'s arguments.
 
     Raises:
@@ -174,7 +167,7 @@ def add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def executable_cache_options(args: argparse.Namespace) -> ExecutableCacheOptions:
+def executable_cache_options(args: argparse.Namespace) -> typed.ExecutableCacheOptions:
     """The ``ExecutableCacheOptions`` of :func:`add_executable_cache_options`'s arguments
     (a directory made absolute: the runtime runs elsewhere).
 
@@ -232,7 +225,7 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     add_executable_cache_options(parser)
 
 
-def build_options(args: argparse.Namespace) -> BuildOptions:
+def build_options(args: argparse.Namespace) -> typed.BuildOptions:
     """The one :class:`~hloserve.model_repository_tools.build_options.BuildOptions` of
     :func:`add_build_options`'s flags, for ``build_repository`` and ``ServeOptions.build``.
 
@@ -257,7 +250,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     )
 
 
-def queue_options(values: list[str]) -> QueueOptions:
+def queue_options(values: list[str]) -> typed.QueueOptions:
     """The ``QueueOptions`` of repeated ``--max-queue-size`` values (``N`` or ``MODEL=N``).
 
     Raises:
