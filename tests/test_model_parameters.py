@@ -168,7 +168,7 @@ def test_the_builder_writes_what_the_readers_read() -> None:
         "executable_cache_bytes": 99,
         "foreign_bytes": {"plus_one": 7},
     }
-    runtime = runtime_config([("affine", manifest)], **values)
+    runtime = runtime_config([("affine", manifest)], RuntimeParameters(**values))
     read = RuntimeParameters.from_parameters(names.RUNTIME_MODEL, _config_params(runtime))
     assert read == RuntimeParameters(**values)
 

@@ -205,54 +205,17 @@ def meta_config(name: str, manifest: Manifest, options: BuildOptions | None = No
     return config
 
 
-def runtime_config(
-    models: Sequence[tuple[str, Manifest]],
-    *,
-    weight_cache_bytes: int = 0,
-    weight_cache_fraction: float = 0.0,
-    device_memory_fraction: float = 0.0,
-    residency: Mapping[str, str] | None = None,
-    compaction_interval: int = 0,
-    scheduling: str = names.SCHEDULING_DISCIPLINES[0],
-    model_weights: Mapping[str, float] | None = None,
-    executable_cache: str = "",
-    executable_cache_bytes: int = 0,
-    foreign_bytes: Mapping[str, int] | None = None,
-) -> Any:
+def runtime_config(models: Sequence[tuple[str, Manifest]], values: RuntimeParameters) -> Any:
     """The runtime model's ``ModelConfig`` (docs/serving.md, "Runtime model config").
 
     It declares no tensors and lists no bundles: fronts reach the runtime over the channel and
     load their own bundles (repository format 2).
 
     Args:
-        models: (name, manifest) of every bundle, to check ``residency`` against.
-        weight_cache_bytes: weight cache budget in bytes (docs/on_demand_weights.md); 0 = none.
-            Written as ``hloserve.weight_cache_bytes`` when > 0.
-        weight_cache_fraction: instead of bytes, the budget as a fraction of the device memory
-            free at the runtime's start, in (0, 1]; 0 = unused. Written as
-            ``hloserve.weight_cache_fraction`` when > 0.
-        device_memory_fraction: the fraction of the card's memory the runtime's allocator may
-            take, in (0, 1]; 0 = the default. Written as ``hloserve.device_memory_fraction``
-            when > 0 (docs/on_demand_weights.md, "Device memory").
-        residency: model -> one of ``names.RESIDENCIES``; non-default ones are written as
-            ``hloserve.residency``.
-        compaction_interval: on-demand loads between compactions; 0 = off. Written as
-            ``hloserve.compaction_interval`` when > 0.
-        scheduling: the scheduler's discipline (docs/scheduling.md), one of
-            ``names.SCHEDULING_DISCIPLINES``; written as ``hloserve.scheduling`` unless the
-            default (absent = the default).
-        model_weights: model -> ``fair`` weight (> 0); weights other than 1.0 are written as
-            ``hloserve.model_weights``.
-
-        executable_cache: the executable cache directory (absolute) or ``"off"``; "" = the
-            runtime's default (docs/serving.md, "Executable cache"). Written as
-            ``hloserve.executable_cache`` when set.
-        executable_cache_bytes: the executable cache's size bound in bytes; 0 = the default.
-            Written as ``hloserve.executable_cache_bytes`` when > 0.
-        foreign_bytes: foreign model -> its device memory hint in bytes (the ``memory_bytes``
-            of its ``hloserve.yaml``, else its folder's size); written as
-            ``hloserve.foreign_memory_bytes`` when any, for the runtime to publish
-            (docs/serving.md, "Foreign models").
+        models: (name, manifest) of every bundle, to check ``residency`` and the weights against.
+        values: its parameters (weight cache, device memory, scheduling, executable cache,
+            foreign models' memory; :class:`~hloserve.model_parameters.RuntimeParameters`),
+            written as ``hloserve.*`` parameters when not at their defaults.
 
     Raises:
         InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
@@ -260,34 +223,21 @@ def runtime_config(
             discipline, a weight <= 0 or a weight for a model not in ``models``; a relative
             executable cache directory.
     """
-    residency = dict(residency or {})
-    model_weights = dict(model_weights or {})
+    v = values
     _check_cache_options(
-        models, weight_cache_bytes, weight_cache_fraction, residency, compaction_interval
+        models, v.weight_cache_bytes, v.weight_cache_fraction, v.residency, v.compaction_interval
     )
-    if not 0.0 <= device_memory_fraction <= 1.0:
+    if not 0.0 <= v.device_memory_fraction <= 1.0:
         raise InvalidArgumentError(
-            f"device memory fraction must be in (0, 1], got {device_memory_fraction}"
+            f"device memory fraction must be in (0, 1], got {v.device_memory_fraction}"
         )
-    check_scheduling_options([n for n, _ in models], scheduling, model_weights)
-    _check_executable_cache(executable_cache, executable_cache_bytes)
+    check_scheduling_options([n for n, _ in models], v.scheduling, v.model_weights)
+    _check_executable_cache(v.executable_cache, v.executable_cache_bytes)
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
     )
     config.instance_group.add(count=1, kind=m.ModelInstanceGroup.KIND_CPU)
-    values = RuntimeParameters(
-        weight_cache_bytes=weight_cache_bytes,
-        weight_cache_fraction=weight_cache_fraction,
-        device_memory_fraction=device_memory_fraction,
-        residency=residency,
-        compaction_interval=compaction_interval,
-        scheduling=scheduling,
-        model_weights=model_weights,
-        executable_cache=executable_cache,
-        executable_cache_bytes=executable_cache_bytes,
-        foreign_bytes=dict(foreign_bytes or {}),
-    )
     _set_parameters(config, values)
     return config
 

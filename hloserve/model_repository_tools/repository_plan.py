@@ -24,6 +24,7 @@ from hloserve.errors import (
     InvalidArgumentError,
     RepositoryError,
 )
+from hloserve.model_parameters import RuntimeParameters
 from hloserve.model_repository_tools.batch_sizes import choose_batch_sizes
 from hloserve.model_repository_tools.build_options import (
     BatchSizeOptions,
@@ -169,8 +170,10 @@ def plan_repository(
     try:
         runtime = runtime_config(
             [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],
-            **options.runtime_settings(),
-            foreign_bytes={f.name: f.memory_bytes for f in foreign},
+            RuntimeParameters(
+                **options.runtime_settings(),
+                foreign_bytes={f.name: f.memory_bytes for f in foreign},
+            ),
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None

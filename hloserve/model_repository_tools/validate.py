@@ -194,14 +194,8 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
     listed = sorted(fronts)
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
-        # keep the weight cache, scheduler and executable cache settings it was built with
-        settings = {
-            f.name: getattr(params, f.name)
-            for f in dataclasses.fields(params)
-            if f.name != "repository_format"
-        }
-        try:
-            expected = runtime_config(models, **settings)
+        try:  # with the settings it was built with
+            expected = runtime_config(models, params)
         except HloserveError as exc:
             return [*problems, Problem(file, f"runtime parameters: {exc.message}")]
         problems += _compare(file, runtime, expected)
