@@ -97,19 +97,13 @@ class FrontSpec:
 
     @property
     def wire_inputs(self) -> list[SpecTensor]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
-        if self.client_inputs is not None:
-            return list(self.client_inputs)
-        carried = {i for i, _ in self.state}
-        return [t for t in self.inputs if t.name not in carried]
+        """The tensors clients send (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return notation.wire_tensors(self.client_inputs, self.inputs, {i for i, _ in self.state})
 
     @property
     def wire_outputs(self) -> list[SpecTensor]:
-        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
-        if self.client_outputs is not None:
-            return list(self.client_outputs)
-        carried = {o for _, o in self.state}
-        return [t for t in self.outputs if t.name not in carried]
+        """The tensors clients receive (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return notation.wire_tensors(self.client_outputs, self.outputs, {o for _, o in self.state})
 
     @property
     def batched(self) -> bool:

@@ -43,6 +43,7 @@ from hloserve.bundle.manifest_sections import (
     _executable_keys,
     _inside_bundle,
 )
+from hloserve.bundle.notation import wire_tensors
 from hloserve.errors import ManifestError
 
 #: Oldest manifest ``format_version`` this release reads.
@@ -373,19 +374,13 @@ class Manifest(BaseModel):
 
     @property
     def wire_inputs(self) -> list[TensorSpec]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
-        if self.client_inputs is not None:
-            return list(self.client_inputs)
-        carried = {s.input for s in self.state}
-        return [s for s in self.inputs if s.name not in carried]
+        """The tensors clients send (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return wire_tensors(self.client_inputs, self.inputs, {s.input for s in self.state})
 
     @property
     def wire_outputs(self) -> list[TensorSpec]:
-        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
-        if self.client_outputs is not None:
-            return list(self.client_outputs)
-        carried = {s.output for s in self.state}
-        return [s for s in self.outputs if s.name not in carried]
+        """The tensors clients receive (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return wire_tensors(self.client_outputs, self.outputs, {s.output for s in self.state})
 
     @property
     def batched(self) -> bool:

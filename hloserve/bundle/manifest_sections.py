@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from hloserve.bundle import dtypes, notation
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
@@ -36,6 +43,12 @@ def _inside_bundle(path: str) -> str | None:
     return None
 
 
+def _tensor_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
+    return value
+
+
 class TensorSpec(BaseModel, notation.TensorNotation):
     """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
 
@@ -49,7 +62,7 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     #: Whether dtype ``bytes`` is allowed (only on client-facing tensors).
     _allow_bytes: ClassVar[bool] = False
 
-    name: str
+    name: Annotated[str, AfterValidator(_tensor_name)]
     dtype: str
     shape: str
     dims: dict[str, int] = Field(default_factory=dict)
@@ -58,13 +71,6 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     labels: str | None = None
     #: an image input's layout (three non-batch axes); Triton's ``format``.
     format: Literal["NHWC", "NCHW"] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
-        return value
 
     @model_validator(mode="after")
     def _rules(self) -> TensorSpec:

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,6 +40,7 @@ from hloserve.node.watch import (
 )
 
 if TYPE_CHECKING:
+    from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.tritonserver import TritonServer
     from hloserve.observability.supervisor import NodeObservability
 
@@ -70,9 +71,7 @@ class BundleWatcher:
         control: the server's repository API.
         acted: the content the repository was built from (a :func:`scan` taken before the
             build, so that a change during the build is seen).
-        build: keyword arguments of
-            :func:`~hloserve.model_repository_tools.build.plan_repository` (front instances,
-            queue delay, batch sizes, ...), as the repository was built with.
+        build: the build options the repository was built with (None: every default).
         interval_s: seconds between polls.
         report: receives one line per event.
     """
@@ -81,7 +80,7 @@ class BundleWatcher:
     repository: Path
     control: ModelControl
     acted: Mapping[str, Fingerprint]
-    build: Mapping[str, Any] = field(default_factory=dict)
+    build: BuildOptions | None = None
     interval_s: float = DEFAULT_WATCH_INTERVAL_S
     report: Callable[[str], None] = print
 
@@ -256,17 +255,14 @@ class BundleWatcher:
     def _stage(self, name: str, source: Path, needed: Mapping[str, Path], staging: Path) -> Path:
         """Build model ``name`` alone (with its callees beside it to check against) in
         ``staging``; returns the built model folder."""
-        from hloserve.model_repository_tools.build import (
-            RepositoryPlan,
-            plan_repository,
-            write_repository,
-        )
+        from hloserve.model_repository_tools.build import write_repository
+        from hloserve.model_repository_tools.repository_plan import RepositoryPlan, plan_repository
 
         links = staging / "bundles"
         links.mkdir()
         for other, path in {**needed, name: source}.items():
             (links / other).symlink_to(path.absolute(), target_is_directory=True)
-        plan = plan_repository(links, **_options_for(self.build, {name, *needed}))
+        plan = plan_repository(links, _options_for(self.build, {name, *needed}))
         only = RepositoryPlan(
             tuple(m for m in plan.models if m.name == name), plan.runtime_config_text
         )
@@ -301,25 +297,25 @@ def _kind(bundle: Path) -> str:
         return "model"  # check_bundle reports why
 
 
-def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
+def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
     """``build`` with the per-model settings (residency, scheduling weights, queue bounds) cut
     down to ``models``: they shape the runtime's config, which a watch never rewrites."""
-    import dataclasses
+    from dataclasses import replace
 
-    options = dict(build)
-    cache = options.get("weight_cache")
-    if cache is not None:
-        residency = {k: v for k, v in cache.residency.items() if k in models}
-        options["weight_cache"] = dataclasses.replace(cache, residency=residency)
-    sched = options.get("scheduling")
-    if sched is not None:
-        weights = {k: v for k, v in sched.model_weights.items() if k in models}
-        options["scheduling"] = dataclasses.replace(sched, model_weights=weights)
-    queue = options.get("queue")
-    if queue is not None:
-        sizes = {k: v for k, v in queue.per_model.items() if k in models}
-        options["queue"] = dataclasses.replace(queue, per_model=sizes)
-    return options
+    from hloserve.model_repository_tools.build_options import BuildOptions
+
+    build = build or BuildOptions()
+    cache, sched, queue = build.weight_cache, build.scheduling, build.queue
+    return replace(
+        build,
+        weight_cache=replace(
+            cache, residency={k: v for k, v in cache.residency.items() if k in models}
+        ),
+        scheduling=replace(
+            sched, model_weights={k: v for k, v in sched.model_weights.items() if k in models}
+        ),
+        queue=replace(queue, per_model={k: v for k, v in queue.per_model.items() if k in models}),
+    )
 
 
 @contextlib.contextmanager
@@ -330,7 +326,7 @@ def watching(
     observe: NodeObservability,
     acted: Mapping[str, Fingerprint],
     *,
-    build: Mapping[str, Any],
+    build: BuildOptions | None,
     interval_s: float,
     timeout_s: float,
 ) -> Iterator[BundleWatcher]:

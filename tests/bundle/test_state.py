@@ -66,10 +66,11 @@ def test_exported_accumulator_validates(tmp_path: Path) -> None:
 
 def test_front_config_has_sequence_batching_without_triton_state() -> None:
     from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
+    from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.model_repository_tools.config import front_config
 
     m = parse_manifest(copy.deepcopy(VALID))
-    config = front_config("acc", m, front_instances=1, max_queue_delay_us=100)
+    config = front_config("acc", m, BuildOptions(max_queue_delay_us=100))
     assert not config.HasField("dynamic_batching")
     seq = config.sequence_batching
     assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
