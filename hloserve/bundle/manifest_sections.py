@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hloserve.bundle import dtypes, notation
+from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 
 #: ``executables`` key of a symbolic-batch artifact (written ``symbolic`` in YAML).
@@ -287,6 +288,26 @@ class Weights(BaseModel):
         if why:
             raise ValueError(f"weights.file {why}")
         return self
+
+
+class Sequencing(BaseModel):
+    """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
+
+    Attributes:
+        correlation_id: the ``CORRID`` control's type, ``uint64`` (Triton's default) or
+            ``string`` (clients send ``sequence_id`` as a string); one per model, as Triton's
+            ``CONTROL_SEQUENCE_CORRID`` has one ``data_type``.
+        max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton
+            and its state dropped by the runtime (default Triton's 1 s).
+        max_candidate_sequences: sequences the ``oldest`` strategy batches from at once (the
+            rest wait in Triton's backlog until one ends); 0 = the largest compiled batch size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    correlation_id: Literal["uint64", "string"] = "uint64"
+    max_sequence_idle_microseconds: int = Field(default=MAX_SEQUENCE_IDLE_US, gt=0)
+    max_candidate_sequences: int = Field(default=0, ge=0)
 
 
 class StateSpec(BaseModel):

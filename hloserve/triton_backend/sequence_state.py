@@ -9,10 +9,10 @@ copied to the host). An execution gathers its sequences' rows into the state inp
 device.
 
 At START a sequence's rows are reset to the initial value (zeros or a weight), at END they are
-dropped, and a sequence idle for ``idle_s`` (the front config's
-``max_sequence_idle_microseconds``, :data:`~hloserve.bundle.front_spec.MAX_SEQUENCE_IDLE_US`
-by default) is dropped by :meth:`SequenceStates.expire`, as Triton frees its slot without
-telling the backend. A new sequence's bytes count against the device budget
+dropped, and a sequence idle for its model's ``max_sequence_idle_microseconds`` (the manifest's
+``sequence`` section, which the front config says too; Triton's 1 s by default) is dropped by
+:meth:`SequenceStates.expire`, as Triton frees its slot without telling the backend. A new
+sequence's bytes count against the device budget
 (:meth:`~hloserve.triton_backend.device_memory.DeviceMemory.reserve_state`): one that does not
 fit is refused with UNAVAILABLE.
 """
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
 from hloserve.bundle.manifest import Manifest
 from hloserve.errors import InvalidArgumentError
 from hloserve.triton_backend.device_memory import DeviceMemory
@@ -42,13 +41,14 @@ class _Live:
     rows: list[Any]
     used: float
     nbytes: int
+    #: seconds idle before it is dropped
+    idle_s: float
 
 
 class SequenceStates:
     """The state rows of every live sequence of every stateful bundle this runtime holds.
 
     Args:
-        idle_s: seconds after its last request that a sequence's state is dropped.
         clock: ``time.monotonic`` (tests pass another).
         place: puts a host array on the runtime's device (``RuntimeModel.place``); default
             ``jax.device_put`` to JAX's default device.
@@ -58,13 +58,11 @@ class SequenceStates:
 
     def __init__(
         self,
-        idle_s: float = MAX_SEQUENCE_IDLE_US / 1e6,
         clock: Callable[[], float] = time.monotonic,
         *,
         place: Callable[[np.ndarray], Any] | None = None,
         memory: DeviceMemory | None = None,
     ) -> None:
-        self.idle_s = idle_s
         self._clock = clock
         self._place = place or _device_put
         self._memory = memory
@@ -94,6 +92,7 @@ class SequenceStates:
         """
         corrid, start = sequence[0], bool(sequence[1])
         name = key.partition("#")[0]
+        idle_s = manifest.sequencing.max_sequence_idle_microseconds / 1e6
         with self._lock:
             live = self._live.get((key, corrid))
             if not start:
@@ -101,7 +100,7 @@ class SequenceStates:
                     raise InvalidArgumentError(
                         f"model {name!r}: sequence {corrid!r} has no state here (it was not "
                         "started with START, it ended, it was idle longer than "
-                        f"{self.idle_s:g} s, or the runtime restarted); start it again"
+                        f"{idle_s:g} s, or the runtime restarted); start it again"
                     )
                 live.used = self._clock()
                 return live.rows
@@ -122,7 +121,7 @@ class SequenceStates:
             self._memory.reserve_state(name, nbytes)  # raises UnavailableError: not kept
         rows = [self._place(r) for r in fresh]
         with self._lock:
-            self._live[(key, corrid)] = _Live(rows, self._clock(), nbytes)
+            self._live[(key, corrid)] = _Live(rows, self._clock(), nbytes, idle_s)
         return rows
 
     def store(self, key: str, sequence: Sequence[Any], rows: Sequence[Any]) -> None:
@@ -141,10 +140,11 @@ class SequenceStates:
             self._release(live.nbytes)
 
     def expire(self) -> int:
-        """Drop the sequences idle longer than ``idle_s``; how many were dropped."""
-        cutoff = self._clock() - self.idle_s
+        """Drop the sequences idle longer than their model's idle timeout; how many were
+        dropped."""
+        now = self._clock()
         with self._lock:
-            idle = [k for k, live in self._live.items() if live.used < cutoff]
+            idle = [k for k, live in self._live.items() if live.used < now - live.idle_s]
             dropped = [self._live.pop(k) for k in idle]
         self._release(sum(live.nbytes for live in dropped))
         return len(idle)

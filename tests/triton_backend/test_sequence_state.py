@@ -36,7 +36,7 @@ def _ones(name: str) -> np.ndarray:
 def test_start_end_idle_and_bytes() -> None:
     manifest = parse_manifest(copy.deepcopy(VALID))
     clock = Clock()
-    states = SequenceStates(idle_s=1.0, clock=clock)
+    states = SequenceStates(clock=clock)  # the manifest's default: 1 s idle
     rows = states.rows("acc", manifest, [7, True, False], _ones)
     assert isinstance(rows[0], jax.Array)  # on the device, not a host copy
     assert np.asarray(rows[0]).tolist() == [[0, 0, 0, 0]]  # zeros at START
@@ -56,6 +56,21 @@ def test_start_end_idle_and_bytes() -> None:
     assert states.expire() == 0
     clock.now = 1.1
     assert states.expire() == 1 and states.nbytes() == {}
+
+
+def test_the_idle_timeout_is_the_models() -> None:
+    data = copy.deepcopy(VALID)
+    data["sequence"] = {"max_sequence_idle_microseconds": 5_000_000}
+    manifest = parse_manifest(data)
+    clock = Clock()
+    states = SequenceStates(clock=clock)
+    states.rows("acc", manifest, [1, True, False], _ones)
+    clock.now = 4.9
+    assert states.expire() == 0
+    with pytest.raises(InvalidArgumentError, match="idle longer than 5 s"):
+        states.rows("acc", manifest, [2, False, False], _ones)
+    clock.now = 5.1
+    assert states.expire() == 1
 
 
 def test_string_correlation_ids_are_their_own_sequences() -> None:
