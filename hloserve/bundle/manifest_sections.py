@@ -293,10 +293,11 @@ class Weights(BaseModel):
 class Sequencing(BaseModel):
     """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
 
+    ``CORRID`` is UINT64: tritonserver 2.51 refuses every request to a Python-backend model
+    whose ``CONTROL_SEQUENCE_CORRID`` is ``TYPE_STRING`` ("unexpected number of string
+    elements 2 for inference input 'CORRID', expecting 1", ids of 1 to 40 characters).
+
     Attributes:
-        correlation_id: the ``CORRID`` control's type, ``uint64`` (Triton's default) or
-            ``string`` (clients send ``sequence_id`` as a string); one per model, as Triton's
-            ``CONTROL_SEQUENCE_CORRID`` has one ``data_type``.
         max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton
             and its state dropped by the runtime (default Triton's 1 s).
         max_candidate_sequences: sequences the ``oldest`` strategy batches from at once (the
@@ -305,7 +306,6 @@ class Sequencing(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    correlation_id: Literal["uint64", "string"] = "uint64"
     max_sequence_idle_microseconds: int = Field(default=MAX_SEQUENCE_IDLE_US, gt=0)
     max_candidate_sequences: int = Field(default=0, ge=0)
 

@@ -164,8 +164,8 @@ def export_bundle(
             and serializing that executable).
         state: input/output pairs carried between the requests of one sequence (a stateful
             bundle served with Triton's sequence batcher; docs/bundles.md "Stateful bundles").
-        sequence: the sequence batcher's settings of a stateful bundle (correlation ID type,
-            idle timeout, candidate sequences); None = the defaults.
+        sequence: the sequence batcher's settings of a stateful bundle (idle timeout,
+            candidate sequences); None = the defaults.
 
     Returns:
         The written bundle, already validated.

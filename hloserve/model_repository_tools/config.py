@@ -157,8 +157,7 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
             kind=getattr(m.ModelSequenceBatching.Control, kind)
         )
         if tensor == "CORRID":
-            string = sequencing.correlation_id == "string"
-            control.data_type = m.TYPE_STRING if string else m.TYPE_UINT64
+            control.data_type = m.TYPE_UINT64
         else:
             control.int32_false_true.extend([0, 1])
     sizes = manifest.batching.compiled_batch_sizes

@@ -83,25 +83,23 @@ def test_front_config_has_sequence_batching_without_triton_state() -> None:
 
 
 def test_the_sequence_section_sets_the_sequence_batcher() -> None:
-    """``sequence``: STRING correlation IDs, the idle timeout, the candidate sequences."""
+    """``sequence``: the idle timeout, the candidate sequences."""
     from hloserve.model_repository_tools.config import front_config
 
     data = copy.deepcopy(VALID)
     data["sequence"] = {
-        "correlation_id": "string",
         "max_sequence_idle_microseconds": 250_000,
         "max_candidate_sequences": 64,
     }
     m = parse_manifest(data)
     assert "sequence:" in m.to_yaml() and parse_manifest(m.model_dump()) == m
     seq = front_config("acc", m, front_instances=1, max_queue_delay_us=100).sequence_batching
-    assert seq.control_input[3].control[0].data_type == 13  # TYPE_STRING
     assert seq.max_sequence_idle_microseconds == 250_000
     assert seq.oldest.max_candidate_sequences == 64
     assert "sequence: only for a stateful model" in refused(
-        lambda d: (d.pop("state"), d.update(sequence={"correlation_id": "string"}))
+        lambda d: (d.pop("state"), d.update(sequence={"max_candidate_sequences": 4}))
     )
-    assert "correlation_id" in refused(lambda d: d.update(sequence={"correlation_id": "u32"}))
+    assert "correlation_id" in refused(lambda d: d.update(sequence={"correlation_id": "string"}))
     assert "greater than 0" in refused(
         lambda d: d.update(sequence={"max_sequence_idle_microseconds": 0})
     )

@@ -73,16 +73,6 @@ def test_the_idle_timeout_is_the_models() -> None:
     assert states.expire() == 1
 
 
-def test_string_correlation_ids_are_their_own_sequences() -> None:
-    manifest = parse_manifest(copy.deepcopy(VALID))
-    states = SequenceStates()
-    states.rows("acc", manifest, ["7", True, False], _ones)
-    states.store("acc", ["7", False, False], [jax.numpy.ones((1, 4))])
-    with pytest.raises(InvalidArgumentError, match="sequence 7 has no state here"):
-        states.rows("acc", manifest, [7, False, False], _ones)  # UINT64 7 is not "7"
-    assert np.asarray(states.rows("acc", manifest, ["7", False, False], _ones)[0]).sum() == 4
-
-
 def test_initial_weight() -> None:
     data = copy.deepcopy(VALID)
     data["weights"] = {"file": "w.safetensors", "order": ["s0"]}
