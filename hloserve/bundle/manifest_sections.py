@@ -13,7 +13,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hloserve.bundle import dtypes, notation
-from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
 
 #: ``executables`` key of a symbolic-batch artifact (written ``symbolic`` in YAML).
@@ -288,6 +287,13 @@ class Weights(BaseModel):
         if why:
             raise ValueError(f"weights.file {why}")
         return self
+
+
+#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
+#: ``ModelSequenceBatching``), the default of :class:`Sequencing`: a stateful front's config
+#: says it, and the runtime drops a sequence's state after the same idle time (Triton frees an
+#: idle slot without telling it).
+MAX_SEQUENCE_IDLE_US = 1_000_000
 
 
 class Sequencing(BaseModel):

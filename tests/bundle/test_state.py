@@ -65,7 +65,7 @@ def test_exported_accumulator_validates(tmp_path: Path) -> None:
 
 
 def test_front_config_has_sequence_batching_without_triton_state() -> None:
-    from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
+    from hloserve.bundle.manifest_sections import MAX_SEQUENCE_IDLE_US
     from hloserve.model_repository_tools.config import front_config
 
     m = parse_manifest(copy.deepcopy(VALID))
