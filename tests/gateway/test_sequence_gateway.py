@@ -1,0 +1,95 @@
+"""A stateful model through the gateway with two real tritonservers: a sequence stays on one
+worker (issue 30).
+
+HAProxy cannot hash on the correlation ID, so discovery routes a model whose config has
+``sequence_batching`` to one replica; every step of interleaved sequences then reaches the
+runtime holding their state, and the other worker serves none of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hloserve.gateway.config import GatewayConfig
+from hloserve.model_repository_tools import build_repository
+from hloserve.node.gateway_thread import GatewayThread
+from hloserve.node.tritonserver import TritonServer
+from tests.accumulator_bundle import WIDTH, export_accumulator
+from tests.conftest import serving_options
+
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[TritonServer], Any]]:
+    root = tmp_path_factory.mktemp("sequence_gateway")
+    export_accumulator(root / "bundles" / "accumulator")
+    build_repository(root / "bundles", root / "repository")
+    with ExitStack() as stack:
+        servers = [
+            stack.enter_context(TritonServer(serving_options(root / "repository")))
+            for _ in range(2)
+        ]
+        config = GatewayConfig(workers=tuple(s.urls.grpc for s in servers))
+        update = {"listen": "127.0.0.1:0", "admin_port": 0}
+        gateway = GatewayThread(config.model_copy(update=update))
+        stack.callback(gateway.close)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        yield servers, client
+
+
+def _step(client: Any, sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
+    x = np.full((1, WIDTH), value, np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer(
+        "accumulator",
+        [tensor],
+        sequence_id=sequence,
+        sequence_start=start,
+        sequence_end=end,
+        client_timeout=60,
+    )
+    return float(result.as_numpy("y")[0, 0])
+
+
+def _successes(server: TritonServer) -> int:
+    stats = grpcclient.InferenceServerClient(server.urls.grpc).get_inference_statistics(
+        "accumulator"
+    )
+    count: int = stats.model_stats[0].inference_stats.success.count
+    return count
+
+
+def test_every_step_of_every_sequence_reaches_one_worker(
+    fleet: tuple[list[TritonServer], Any],
+) -> None:
+    servers, client = fleet
+    deadline = time.monotonic() + 60
+    while not client.is_model_ready("accumulator"):  # discovery has seen both workers
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    ids = [31, 32, 33]
+    steps = 4
+    for i in ids:
+        assert _step(client, i, float(i), start=True) == float(i)
+    for step in range(1, steps):
+        for i in ids:  # interleaved: a step of each sequence in turn
+            assert _step(client, i, 1.0, end=step == steps - 1) == i + step
+    expected = len(ids) * steps
+    deadline = time.monotonic() + 10
+    counts = [0, 0]
+    while time.monotonic() < deadline:  # Triton counts a success after it answers: poll
+        counts = [_successes(s) for s in servers]
+        if sum(counts) == expected:
+            break
+        time.sleep(0.1)
+    assert sorted(counts) == [0, expected], counts
