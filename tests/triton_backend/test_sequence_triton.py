@@ -259,3 +259,31 @@ def test_a_sequence_beyond_the_device_budget_is_refused_unavailable(
             _step(client, i, 0.0, end=True)
     finally:
         _card(stats_file, LIMIT)
+
+
+def test_a_reload_ends_the_live_sequences_with_a_clear_error(
+    server: ts.TritonServer, client: Any
+) -> None:
+    """A hot reload starts a new sequence batcher: a live sequence's next request is refused
+    (it must START again), its state is freed with the old version, and new sequences run."""
+    import os
+
+    from tritonclient.utils import InferenceServerException
+
+    from hloserve.model_control import grpc_metadata
+
+    assert _step(client, 501, 1.0, start=True) == 1.0
+    assert _step(client, 501, 2.0) == 3.0
+    repo = Path(server.options.model_repository) / "accumulator"
+    now = time.time()
+    for path in [repo / "config.pbtxt", *repo.glob("*/bundle/manifest.yaml")]:
+        os.utime(path, (now, now))  # a new generation of the same bundle
+    client.load_model("accumulator", headers=dict(grpc_metadata(server.options.model_control_key)))
+    with pytest.raises(InferenceServerException) as info:
+        _step(client, 501, 3.0)
+    print(f"after the reload: {info.value}")
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
+    assert "START" in str(info.value), info.value
+    _wait_gauge(server, 0.0)  # the old version's state went with it
+    assert _step(client, 502, 4.0, start=True) == 4.0
+    assert _step(client, 502, 1.0, end=True) == 5.0
