@@ -3,7 +3,9 @@ worker (issue 30).
 
 HAProxy cannot hash on the correlation ID, so discovery routes a model whose config has
 ``sequence_batching`` to one replica; every step of interleaved sequences then reaches the
-runtime holding their state, and the other worker serves none of them.
+runtime holding their state, and the other worker serves none of them. perf_analyzer in
+sequence mode (``--sequence-length``) drives the example bundle (examples/sequence, Triton's
+``simple_sequence``) through the gateway with zero errors.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hloserve.model_repository_tools import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.accumulator_bundle import WIDTH, export_accumulator
-from tests.conftest import serving_options
+from tests.conftest import import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
@@ -29,9 +31,12 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[TritonServer], Any]]:
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[TritonServer], Any, str]]:
     root = tmp_path_factory.mktemp("sequence_gateway")
     export_accumulator(root / "bundles" / "accumulator")
+    import_example("sequence", "export").export_sequence(root / "bundles")
     build_repository(root / "bundles", root / "repository")
     with ExitStack() as stack:
         servers = [
@@ -42,8 +47,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Trito
         update = {"listen": "127.0.0.1:0", "admin_port": 0}
         gateway = GatewayThread(config.model_copy(update=update))
         stack.callback(gateway.close)
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
-        yield servers, client
+        address = f"127.0.0.1:{gateway.port}"
+        client = grpcclient.InferenceServerClient(address)
+        deadline = time.monotonic() + 60
+        while not all(client.is_model_ready(m) for m in ("accumulator", "simple_sequence")):
+            assert time.monotonic() < deadline  # discovery has seen the workers
+            time.sleep(0.2)
+        yield servers, client, address
 
 
 def _step(client: Any, sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
@@ -61,22 +71,16 @@ def _step(client: Any, sequence: int, value: float, start: bool = False, end: bo
     return float(result.as_numpy("y")[0, 0])
 
 
-def _successes(server: TritonServer) -> int:
-    stats = grpcclient.InferenceServerClient(server.urls.grpc).get_inference_statistics(
-        "accumulator"
-    )
+def _successes(server: TritonServer, model: str = "accumulator") -> int:
+    stats = grpcclient.InferenceServerClient(server.urls.grpc).get_inference_statistics(model)
     count: int = stats.model_stats[0].inference_stats.success.count
     return count
 
 
 def test_every_step_of_every_sequence_reaches_one_worker(
-    fleet: tuple[list[TritonServer], Any],
+    fleet: tuple[list[TritonServer], Any, str],
 ) -> None:
-    servers, client = fleet
-    deadline = time.monotonic() + 60
-    while not client.is_model_ready("accumulator"):  # discovery has seen both workers
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    servers, client, _ = fleet
     ids = [31, 32, 33]
     steps = 4
     for i in ids:
@@ -93,3 +97,26 @@ def test_every_step_of_every_sequence_reaches_one_worker(
             break
         time.sleep(0.1)
     assert sorted(counts) == [0, expected], counts
+
+
+def test_perf_analyzer_in_sequence_mode_through_the_gateway_has_zero_errors(
+    fleet: tuple[list[TritonServer], Any, str],
+) -> None:
+    from hloserve.node.perf_analyzer import run_perf_analyzer
+
+    servers, _, address = fleet
+    before = [_successes(s, "simple_sequence") for s in servers]
+    results, output = run_perf_analyzer(
+        "simple_sequence",
+        address,  # the gateway
+        concurrency=(4,),  # 4 live sequences at a time
+        measurement_interval_ms=2000,
+        extra_args=["--sequence-length", "8", "--sequence-id-range", "1000:100000"],
+    )
+    print(output[-1500:])
+    (result,) = results
+    assert result.throughput > 0, output
+    assert "error" not in output.lower(), output
+    after = [_successes(s, "simple_sequence") for s in servers]
+    served = [a - b for a, b in zip(after, before, strict=True)]
+    assert min(served) == 0 and max(served) > 0, served  # all of it on one worker
