@@ -120,3 +120,41 @@ def test_perf_analyzer_in_sequence_mode_through_the_gateway_has_zero_errors(
     after = [_successes(s, "simple_sequence") for s in servers]
     served = [a - b for a, b in zip(after, before, strict=True)]
     assert min(served) == 0 and max(served) > 0, served  # all of it on one worker
+
+
+def test_interleaved_sequences_over_one_stream_through_the_gateway(
+    fleet: tuple[list[TritonServer], Any, str],
+) -> None:
+    """Triton's stream variant (``simple_grpc_sequence_stream_infer_client.py``): two
+    sequences' steps interleaved on one bidirectional stream, answered in order."""
+    import queue
+
+    _, client, _ = fleet
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        sent = []
+        for step, value in enumerate([1, 2, 3, 4]):
+            for sequence, scale in ((41, 1), (42, -1)):
+                x = np.full((1, 1), scale * value, np.int32)
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(x)
+                client.async_stream_infer(
+                    "simple_sequence",
+                    [tensor],
+                    request_id=f"{sequence}-{step}",
+                    sequence_id=sequence,
+                    sequence_start=step == 0,
+                    sequence_end=step == 3,
+                )
+                sent.append(f"{sequence}-{step}")
+        got = {}
+        for _ in sent:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            got[response.id] = int(result.as_numpy("OUTPUT")[0, 0])
+    finally:
+        client.stop_stream()
+    assert [got[f"41-{s}"] for s in range(4)] == [1, 3, 6, 10]
+    assert [got[f"42-{s}"] for s in range(4)] == [-1, -3, -6, -10]
