@@ -70,7 +70,7 @@ class Prepared:
     #: the request's own sizes of the variable axes (before padding to the variant)
     sizes: dict[str, int] = field(default_factory=dict)
     #: a stateful model's (correlation ID, START, END); None for a model without state
-    sequence: tuple[int | str, bool, bool] | None = None
+    sequence: tuple[int, bool, bool] | None = None
 
 
 class FrontModel:
@@ -193,29 +193,21 @@ class FrontModel:
 
     def _sequence(
         self, request: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], tuple[int | str, bool, bool]]:
+    ) -> tuple[dict[str, np.ndarray], tuple[int, bool, bool]]:
         """A stateful model's request without its control inputs, and (CORRID, START, END).
 
-        CORRID is an int (``uint64`` correlation IDs) or a str (``string`` ones, UTF-8).
-
         Raises:
-            InvalidArgumentError: no CORRID, or 0 / an empty string (the request was not sent
-                as part of a sequence: ``sequence_id`` in Triton's clients).
+            InvalidArgumentError: no CORRID (the request was not sent as part of a sequence:
+                ``sequence_id`` in Triton's clients).
         """
         inputs = dict(request)
         controls = {k: inputs.pop(k) for k in SEQUENCE_CONTROLS if k in inputs}
-        corrid: int | str = 0
-        if "CORRID" in controls:
-            value = controls["CORRID"].reshape(-1)[0]
-            if isinstance(value, bytes | str):
-                corrid = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-            else:
-                corrid = int(value)
-        if not corrid:
+        if "CORRID" not in controls or not int(controls["CORRID"].reshape(-1)[0]):
             raise InvalidArgumentError(
                 f"model {self.name!r} is stateful: send each request with a sequence ID "
                 "(a correlation ID) and the START and END flags"
             )
+        corrid = int(controls["CORRID"].reshape(-1)[0])
 
         def flag(key: str) -> bool:
             return key in controls and bool(controls[key].reshape(-1)[0])

@@ -32,9 +32,6 @@ from hloserve.bundle.manifest import Manifest
 from hloserve.errors import InvalidArgumentError
 from hloserve.triton_backend.device_memory import DeviceMemory
 
-#: A correlation ID: Triton's UINT64 or STRING ``CORRID``.
-CorrelationId = int | str
-
 
 @dataclass
 class _Live:
@@ -66,7 +63,7 @@ class SequenceStates:
         self._clock = clock
         self._place = place or _device_put
         self._memory = memory
-        self._live: dict[tuple[str, CorrelationId], _Live] = {}
+        self._live: dict[tuple[str, int], _Live] = {}
         self._lock = threading.Lock()
 
     def rows(
@@ -212,4 +209,4 @@ def _device_put(array: np.ndarray) -> Any:
     return jax.device_put(array)
 
 
-__all__ = ["CorrelationId", "SequenceStates", "gather", "scatter"]
+__all__ = ["SequenceStates", "gather", "scatter"]
