@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 #: Layout version of the front spec file (history in the module docstring).
 FRONT_SPEC_FORMAT = 1
-#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
-#: ``ModelSequenceBatching``): a stateful front's config says it, and the runtime drops a
-#: sequence's state after the same idle time (Triton frees an idle slot without telling it).
-MAX_SEQUENCE_IDLE_US = 1_000_000
 #: A stateful front's control inputs by Triton control kind (the names of Triton's sequence
 #: examples); START, END and READY are INT32 0/1, CORRID is UINT64.
 SEQUENCE_CONTROLS = {
@@ -319,7 +315,6 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
 
 __all__ = [
     "FRONT_SPEC_FORMAT",
-    "MAX_SEQUENCE_IDLE_US",
     "SEQUENCE_CONTROLS",
     "FrontBundle",
     "FrontSpec",

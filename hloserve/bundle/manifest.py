@@ -36,6 +36,7 @@ from hloserve.bundle.manifest_sections import (
     Batching,
     ClientTensorSpec,
     MetaSection,
+    Sequencing,
     StateSpec,
     TensorSpec,
     Variants,
@@ -88,6 +89,7 @@ class Manifest(BaseModel):
     meta: MetaSection | None = None
     variants: Variants | None = None
     state: list[StateSpec] = Field(default_factory=list)
+    sequence: Sequencing | None = None
     producer: dict[str, Any] = Field(default_factory=dict)
 
     _keys = field_validator("executables", mode="before")(_executable_keys)
@@ -258,7 +260,14 @@ class Manifest(BaseModel):
                 problems.append(f"state repeats {side} {dup}")
         if self.state and self.variants is not None:
             problems.append("state: not supported with variants")
+        if self.sequence is not None and not self.state:
+            problems.append("sequence: only for a stateful model (declare state)")
         return problems
+
+    @property
+    def sequencing(self) -> Sequencing:
+        """The sequence batcher's settings (``sequence``, or its defaults)."""
+        return self.sequence or Sequencing()
 
     @property
     def stateful(self) -> bool:

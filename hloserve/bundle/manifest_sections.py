@@ -295,6 +295,33 @@ class Weights(BaseModel):
         return self
 
 
+#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
+#: ``ModelSequenceBatching``), the default of :class:`Sequencing`: a stateful front's config
+#: says it, and the runtime drops a sequence's state after the same idle time (Triton frees an
+#: idle slot without telling it).
+MAX_SEQUENCE_IDLE_US = 1_000_000
+
+
+class Sequencing(BaseModel):
+    """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
+
+    ``CORRID`` is UINT64: tritonserver 2.51 refuses every request to a Python-backend model
+    whose ``CONTROL_SEQUENCE_CORRID`` is ``TYPE_STRING`` ("unexpected number of string
+    elements 2 for inference input 'CORRID', expecting 1", ids of 1 to 40 characters).
+
+    Attributes:
+        max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton
+            and its state dropped by the runtime (default Triton's 1 s).
+        max_candidate_sequences: sequences the ``oldest`` strategy batches from at once (the
+            rest wait in Triton's backlog until one ends); 0 = the largest compiled batch size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_sequence_idle_microseconds: int = Field(default=MAX_SEQUENCE_IDLE_US, gt=0)
+    max_candidate_sequences: int = Field(default=0, ge=0)
+
+
 class StateSpec(BaseModel):
     """One ``state`` entry: an executable input and output carried between a sequence's requests.
 

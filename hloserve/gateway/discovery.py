@@ -55,6 +55,10 @@ async def discover_table(
     the models ``previous`` routed to it: whether it may be routed to is the health probes'
     decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
+    A stateful model (its config has ``sequence_batching``: the runtime of one worker keeps
+    each sequence's state, docs/bundles.md "Stateful bundles") gets one replica, since HAProxy
+    cannot hash on the correlation ID (it sits in the request's ``parameters`` map): the one
+    ``previous`` routed it to while that worker still holds it, else the first in worker order.
     Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
     """
 
@@ -97,23 +101,29 @@ async def discover_table(
                 why = f"{REPORTS}{state}: {model.reason}" if model.reason else f"{REPORTS}{state}"
                 unready.setdefault(model.name, {})[worker] = why
 
-    async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...]]:
-        """(max batch or None, the meta's calls) from ModelConfig."""
+    async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...], bool]:
+        """(max batch or None, the meta's calls, stateful) from ModelConfig."""
         try:
             config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
-            return None, ()
-        return config.max_batch_size or None, meta_calls(name, config)
+            old = previous.get(name) if previous is not None else None
+            return None, (), old is not None and old.stateful
+        stateful = config.HasField("sequence_batching")
+        return config.max_batch_size or None, meta_calls(name, config), stateful
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
-    sizes = [size for size, _ in configs]
+    sizes = [size for size, _, _ in configs]
     if previous is not None:  # a replica that did not answer: the size known before
         for i, name in enumerate(names):
             old = previous.get(name)
             if sizes[i] is None and old is not None:
                 sizes[i] = old.max_batch
-    for name, (_, calls) in zip(names, configs, strict=True):
+    for name, (_, calls, stateful) in zip(names, configs, strict=True):
+        if stateful:  # one replica: every request of a sequence reaches the same runtime
+            old = previous.get(name) if previous is not None else None
+            kept = [w for w in (old.replicas if old else ()) if w in replicas[name]]
+            replicas[name] = (kept or replicas[name])[:1]
         if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
             whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
             if whole:
@@ -124,8 +134,8 @@ async def discover_table(
                 )
     return RoutingTable(
         {
-            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c)
-            for n, s, (_, c) in zip(names, sizes, configs, strict=True)
+            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c, stateful=st)
+            for n, s, (_, c, st) in zip(names, sizes, configs, strict=True)
         },
         unready=unready,
         unreachable=unreachable,

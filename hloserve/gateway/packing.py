@@ -343,5 +343,6 @@ class LptController:
                 max_batch=route.max_batch,
                 cost_per_item_seconds=cost or route.cost_per_item_seconds,
                 calls=route.calls,
+                stateful=route.stateful,
             )
         return discovered.with_routes(routes)

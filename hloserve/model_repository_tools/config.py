@@ -28,7 +28,7 @@ from typing import Any
 
 from hloserve import names
 from hloserve.bundle import Manifest, TensorSpec
-from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US, SEQUENCE_CONTROLS
+from hloserve.bundle.front_spec import SEQUENCE_CONTROLS
 from hloserve.errors import InvalidArgumentError, Status, UnimplementedError
 from hloserve.model_parameters import (
     FrontParameters,
@@ -148,7 +148,8 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
         )
     m = pb2()
     seq = config.sequence_batching
-    seq.max_sequence_idle_microseconds = MAX_SEQUENCE_IDLE_US
+    sequencing = manifest.sequencing
+    seq.max_sequence_idle_microseconds = sequencing.max_sequence_idle_microseconds
     for tensor, kind in SEQUENCE_CONTROLS.items():
         control = seq.control_input.add(name=tensor).control.add(
             kind=getattr(m.ModelSequenceBatching.Control, kind)
@@ -158,7 +159,7 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
         else:
             control.int32_false_true.extend([0, 1])
     sizes = manifest.batching.compiled_batch_sizes
-    seq.oldest.max_candidate_sequences = max(sizes)
+    seq.oldest.max_candidate_sequences = sequencing.max_candidate_sequences or max(sizes)
     # a batch of one is "preferred" the moment a request arrives, so Triton would send each
     # alone: the sizes above 1 are preferred, and the queue delay bounds the wait for them
     seq.oldest.preferred_batch_size.extend([s for s in sizes if s > 1] or sizes)

@@ -300,7 +300,8 @@ class RuntimeModel:
         """One execution of ``loaded`` at (``variant``, ``batch_size``) on checked inputs.
 
         Args:
-            inputs: host arrays in the manifest's input order, at the executable's shapes.
+            inputs: host arrays (or arrays already on the device, e.g. a sequence's state) in
+                the manifest's input order, at the executable's shapes.
             batch_size: a compiled batch size, or ``UNBATCHED`` (0).
 
         Returns:
@@ -315,7 +316,7 @@ class RuntimeModel:
                 f"model {loaded.name!r}: no executable for batch size {batch_size}; "
                 f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
             )
-        args = [self._place(a) for a in inputs]
+        args = [self._place(a) if isinstance(a, np.ndarray) else a for a in inputs]
         with self._execute_lock, acquired(self.store, loaded.key) as weights:
             results = executable([*weights, *args])
             for result in results:  # one execution at a time: finish before the next
@@ -324,6 +325,10 @@ class RuntimeModel:
             manifest = loaded.bundle.manifest
             self._on_execute(loaded.name, variant_label(manifest.variant_dims[variant]), batch_size)
         return list(results)
+
+    def place(self, array: np.ndarray) -> Any:
+        """``array`` copied to the runtime's device (a ``jax.Array``)."""
+        return self._place(np.array(array))
 
     def close(self) -> None:
         """Drop every loaded bundle and its weights."""
