@@ -2,9 +2,9 @@
 
 docs/meta_models.md, "On a worker": for each callee in ``meta.calls`` that is a bundle of the
 same repository (its ``config.pbtxt`` names backend ``hloserve_front``), the meta instance
-holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.FrontModel`
+holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.core.FrontModel`
 (its checks, variants and hooks, which then run in the meta's process) and an inline
-:class:`~hloserve.triton_backend.front_channel.ChannelFront` to the runtime. A sub-call is one
+:class:`~hloserve.triton_backend.front.front_channel.ChannelFront` to the runtime. A sub-call is one
 work in the runtime's scheduler, coalesced with the callee's other traffic, without a BLS round
 trip through tritonserver and the callee's front stub (two copies of every tensor). Sub-calls
 to foreign models (other backends) are not served here (:meth:`ChannelCalls.serves` is False):
@@ -25,9 +25,9 @@ import numpy as np
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
-from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 
 log = logging.getLogger("hloserve.meta")
 
@@ -62,8 +62,8 @@ class _Callee:
 def _out_of_time(result: Any, deadline: float | None) -> bool:
     """Whether ``result`` is a sub-call that ran out of time unexecuted: shed by the scheduler
     (UNAVAILABLE with a reason naming the deadline,
-    :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the deadline
-    has passed (no runtime reachable in time)."""
+    :data:`hloserve.triton_backend.runtime.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the
+    deadline has passed (no runtime reachable in time)."""
     return (
         deadline is not None
         and isinstance(result, HloserveError)

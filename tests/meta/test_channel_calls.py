@@ -23,7 +23,7 @@ from hloserve.errors import HloserveError, Status
 from hloserve.meta.channel_calls import ChannelCalls
 from hloserve.model_repository_tools import build_repository
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.runtime_server import RuntimeServer
+from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo
 from tests.triton_backend.front_testing import runtime_server, server_key

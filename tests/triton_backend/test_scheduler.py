@@ -13,8 +13,11 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError, SchedulerClosedError, Status
-from hloserve.triton_backend.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
-from hloserve.triton_backend.scheduler_config import SchedulerConfig, deadline_from_parameters
+from hloserve.triton_backend.runtime.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
+from hloserve.triton_backend.runtime.scheduler_config import (
+    SchedulerConfig,
+    deadline_from_parameters,
+)
 
 
 class Clock:

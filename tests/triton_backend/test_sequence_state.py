@@ -9,7 +9,7 @@ import pytest
 
 from hloserve.bundle.manifest import parse_manifest
 from hloserve.errors import InvalidArgumentError
-from hloserve.triton_backend.sequence_state import SequenceStates
+from hloserve.triton_backend.runtime.sequence_state import SequenceStates
 from tests.bundle.test_state import VALID
 
 

@@ -24,9 +24,10 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend import channel, dlpack, pb
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.backends import dlpack, pb
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 
 log = logging.getLogger("hloserve.triton_backend.front")
 

@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.meta import MetaModel
 from hloserve.meta.channel_calls import ChannelCalls
-from hloserve.triton_backend import dlpack, pb
+from hloserve.triton_backend.backends import dlpack, pb
 
 
 class TritonPythonModel:

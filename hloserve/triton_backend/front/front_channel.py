@@ -42,10 +42,10 @@ import numpy as np
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel, Prepared
-from hloserve.triton_backend.hooks import IdentityHooks
+from hloserve.triton_backend.front.core import FrontModel, Prepared
+from hloserve.triton_backend.front.hooks import IdentityHooks
 
-log = logging.getLogger("hloserve.triton_backend.front_channel")
+log = logging.getLogger("hloserve.triton_backend.front.front_channel")
 
 #: Numbers of this process's shared-memory files, shared by every front of the process: two
 #: fronts in one process (tests, embedders) never make two files of one name, which would let

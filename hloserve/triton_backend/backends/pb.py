@@ -10,7 +10,7 @@ this module never imports it, so everything here is unit-testable with stand-ins
 * :func:`inference_response`: a response holding tensors or an error;
 * :class:`ModelArgs`: the ``args`` dict Triton hands to ``initialize``.
 
-Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.dlpack`.
+Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.backends.dlpack`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hloserve.errors import (
     ServerStartingError,
     Status,
 )
-from hloserve.triton_backend.dlpack import to_triton_tensor
+from hloserve.triton_backend.backends.dlpack import to_triton_tensor
 
 log = logging.getLogger("hloserve.triton_backend")
 

@@ -6,11 +6,11 @@ of it when it finalizes (:meth:`RuntimeModel.release`); a bundle is held by refe
 generation (its directory and the identity of its manifest file), so a reloaded model's new
 instances load the new bundle next to the old one before the old instances let go. Loading
 checks the bundle, compiles every (shape variant, batch size) through
-:func:`~hloserve.triton_backend.compile.compile_artifact` and hands the weights to the
-:class:`~hloserve.triton_backend.weights.WeightStore`, once, under a per-bundle lock; only that
-bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
+:func:`~hloserve.triton_backend.runtime.compile.compile_artifact` and hands the weights to the
+:class:`~hloserve.triton_backend.runtime.weights.WeightStore`, once, under a per-bundle lock; only
+that bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
 bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`), called by the
-channel's :class:`~hloserve.triton_backend.runtime_server.RuntimeServer`.
+channel's :class:`~hloserve.triton_backend.runtime.server.RuntimeServer`.
 """
 
 from __future__ import annotations
@@ -30,21 +30,21 @@ from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
 from hloserve.model_parameters import RuntimeParameters
-from hloserve.triton_backend.compile import (
+from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.triton_backend.runtime.compile import (
     CompiledExecutable,
     compile_artifact,
     enable_x64,
     run_cpu_inline,
 )
-from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
-from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
-from hloserve.triton_backend.loaded_bundle import LoadedBundle, generation, variant_label
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime_config import (
+from hloserve.triton_backend.runtime.config import (
     ObserverFactory,
     weight_cache_from_args,
 )
-from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
+from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
+from hloserve.triton_backend.runtime.executable_cache_settings import executable_cache_from_args
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, generation, variant_label
+from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
@@ -77,8 +77,9 @@ class RuntimeModel:
         on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
             model whose load fails still shows).
 
-    Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width)
-    and :func:`~hloserve.triton_backend.compile.run_cpu_inline` (CPU executions inline).
+    Calls :func:`~hloserve.triton_backend.runtime.compile.enable_x64` (64-bit dtypes keep their
+    width) and :func:`~hloserve.triton_backend.runtime.compile.run_cpu_inline` (CPU executions
+    inline).
     """
 
     def __init__(

@@ -55,7 +55,7 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
     ``hloserve.foreign_memory_bytes`` parameter (absent = none).
 
     Args:
-        args: the runtime's :class:`~hloserve.triton_backend.pb.ModelArgs`.
+        args: the runtime's :class:`~hloserve.triton_backend.backends.pb.ModelArgs`.
 
     Raises:
         InvalidArgumentError: a malformed value (the parameter and the item are named).
@@ -97,7 +97,8 @@ _FAMILIES = (
 
 
 class TritonCacheMetrics:
-    """A :class:`~hloserve.triton_backend.weight_cache.CacheObserver` writing Triton metrics.
+    """A :class:`~hloserve.triton_backend.runtime.weight_cache.CacheObserver` writing Triton
+    metrics.
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module (or a stand-in).
@@ -239,7 +240,7 @@ class TritonExecutionMetrics:
             metric.increment(float(count))
 
     def publish(self, key: tuple[str, str, int], count: int) -> None:
-        """:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish``."""
+        """:class:`~hloserve.triton_backend.runtime.server.RuntimeServer`'s ``publish``."""
         self.executed(*key, count=count)
 
     def close(self) -> None:
@@ -251,7 +252,7 @@ class TritonExecutionMetrics:
 
 class TritonRuntimeMetrics:
     """The runtime's execution and scheduler metrics, published once a second
-    (:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish_state``):
+    (:class:`~hloserve.triton_backend.runtime.server.RuntimeServer`'s ``publish_state``):
 
     - ``hloserve_execution_items_total{model,variant}`` (counter): real items executed;
     - ``hloserve_execution_padding_total{model,variant}`` (counter): zero-padding items;
@@ -310,7 +311,7 @@ class TritonRuntimeMetrics:
         return metric
 
     def publish(self, state: Any) -> None:
-        """Record one :class:`~hloserve.triton_backend.runtime_server.RuntimeState`."""
+        """Record one :class:`~hloserve.triton_backend.runtime.server.RuntimeState`."""
         with self._lock:
             if not self._families:
                 return

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hloserve.errors import SchedulerClosedError
-from hloserve.triton_backend.scheduler_config import (
+from hloserve.triton_backend.runtime.scheduler_config import (
     DEFAULT_WEIGHT,
     DISCIPLINES,
     Discipline,

@@ -4,7 +4,7 @@ docs/serving.md, "Executable cache". One entry per executable, a file ``<key>.xe
 cache directory, where ``<key>`` is the SHA-256 of :class:`CacheKey` (everything that changes
 the binary: the artifact's bytes, platform, device, jaxlib/XLA version, compile options,
 ``XLA_FLAGS``, 64-bit mode, variant and batch size). The payload is PJRT's serialized
-executable (:func:`hloserve.triton_backend.compile.serialize_executable`); this module only
+executable (:func:`hloserve.triton_backend.runtime.compile.serialize_executable`); this module only
 stores bytes and imports no JAX.
 
 Entry layout (format :data:`ENTRY_FORMAT`): the header ``struct`` :data:`_HEADER` (magic
@@ -45,7 +45,7 @@ from typing import Any
 
 from hloserve.errors import InvalidArgumentError
 
-log = logging.getLogger("hloserve.triton_backend.executable_cache")
+log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 
 #: First bytes of every entry.
 MAGIC = b"HLOSXEXE"
@@ -388,7 +388,7 @@ class TritonExecutableMetrics:
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module (or a stand-in); see
-            :mod:`hloserve.triton_backend.metrics`.
+            :mod:`hloserve.triton_backend.backends.metrics`.
     """
 
     def __init__(self, pb_utils: Any) -> None:
