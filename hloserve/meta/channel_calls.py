@@ -24,8 +24,8 @@ import numpy as np
 
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.backends.pb import ModelArgs
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 

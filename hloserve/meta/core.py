@@ -33,8 +33,7 @@ from hloserve.errors import (
 )
 from hloserve.meta.deadline import Deadline
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
-from hloserve.model_parameters import MetaParameters
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import MetaParameters, ModelArgs
 from hloserve.triton_backend.front.tensors import TensorChecker
 
 log = logging.getLogger("hloserve.meta")

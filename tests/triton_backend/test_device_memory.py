@@ -24,7 +24,7 @@ from hloserve import names
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
 from hloserve.metric_names import DEVICE_MEMORY_KINDS
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 from hloserve.triton_backend.runtime.config import device_memory_from_args

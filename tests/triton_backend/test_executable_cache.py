@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from hloserve.errors import InvalidArgumentError
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.runtime import executable_cache as xc
 from hloserve.triton_backend.runtime.compile import (
     compile_artifact,

@@ -23,7 +23,7 @@ import pytest
 import hloserve
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.front.core import FrontModel, Tensors
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN, TINY_PARAMS

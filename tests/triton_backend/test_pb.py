@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.backends import dlpack, pb
 from hloserve.triton_backend.backends.dlpack import _CapsuleExporter
 
@@ -186,7 +187,7 @@ def test_bytes_go_through_as_numpy() -> None:
 
 def test_model_args_from_triton() -> None:
     config = {"parameters": {"hloserve.bundle": {"string_value": "1/bundle"}}}
-    args = pb.ModelArgs.from_triton(
+    args = ModelArgs.from_triton(
         {
             "model_name": "affine",
             "model_repository": "/repo/affine",

@@ -17,7 +17,7 @@ import pytest
 
 from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.runtime.compile import compile_artifact
 from hloserve.triton_backend.runtime.core import RuntimeModel
 from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle

@@ -467,8 +467,8 @@ def test_foreign_models_are_published_by_their_hint_outside_the_budget() -> None
 
 
 def test_a_malformed_foreign_bytes_parameter_is_refused_naming_it() -> None:
+    from hloserve.model_parameters import ModelArgs
     from hloserve.triton_backend.backends.metrics import foreign_bytes_from_args
-    from hloserve.triton_backend.backends.pb import ModelArgs
 
     def args(value: str) -> ModelArgs:
         params = {"hloserve.foreign_memory_bytes": {"string_value": value}}

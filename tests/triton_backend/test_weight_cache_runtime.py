@@ -14,7 +14,7 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import HloserveError, Status
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.runtime.core import RuntimeModel
 from hloserve.triton_backend.runtime.residency import Residency
 from hloserve.triton_backend.runtime.weight_cache import WeightCache

@@ -55,7 +55,7 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
     ``hloserve.foreign_memory_bytes`` parameter (absent = none).
 
     Args:
-        args: the runtime's :class:`~hloserve.triton_backend.backends.pb.ModelArgs`.
+        args: the runtime's :class:`~hloserve.model_parameters.ModelArgs`.
 
     Raises:
         InvalidArgumentError: a malformed value (the parameter and the item are named).

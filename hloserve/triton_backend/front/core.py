@@ -37,8 +37,7 @@ from hloserve.bundle.front_spec import (
     read_front_spec,
 )
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
-from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import FrontParameters, ModelArgs
 from hloserve.triton_backend.channel.batching import pad_variable, unpad_outputs
 from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, load_hooks
 from hloserve.triton_backend.front.tensors import TensorChecker

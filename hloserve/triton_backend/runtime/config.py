@@ -14,8 +14,7 @@ from typing import Any
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_parameters import RuntimeParameters, check_one_budget
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs, RuntimeParameters, check_one_budget
 from hloserve.triton_backend.runtime.device_memory import (
     MARGIN,
     DeviceMemory,

@@ -29,8 +29,7 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.model_parameters import RuntimeParameters
-from hloserve.triton_backend.backends.pb import ModelArgs
+from hloserve.model_parameters import ModelArgs, RuntimeParameters
 from hloserve.triton_backend.runtime.compile import (
     CompiledExecutable,
     compile_artifact,

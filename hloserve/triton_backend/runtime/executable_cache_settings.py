@@ -135,7 +135,7 @@ def executable_cache(
 def executable_cache_from_args(
     args: Any, observer: Callable[[str, str], None] | None = None
 ) -> ExecutableCache:
-    """The runtime's cache from its config (``hloserve.triton_backend.backends.pb.ModelArgs``).
+    """The runtime's cache from its config (``hloserve.model_parameters.ModelArgs``).
 
     Raises:
         InvalidArgumentError: a malformed setting, naming the runtime model.

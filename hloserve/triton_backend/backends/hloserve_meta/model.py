@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.meta import MetaModel
 from hloserve.meta.channel_calls import ChannelCalls
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.backends import dlpack, pb
 
 
@@ -28,7 +29,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        model_args = pb.ModelArgs.from_triton(args)
+        model_args = ModelArgs.from_triton(args)
         self.core = MetaModel.from_args(model_args, self._send)
         self.channel = ChannelCalls(model_args.model_dir.parent, self.core.calls)
         family = pb_utils.MetricFamily

@@ -20,6 +20,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from hloserve.errors import UnimplementedError
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.backends import pb
 from hloserve.triton_backend.backends.metrics import (
@@ -41,7 +42,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
         self.metrics: TritonCacheMetrics | None = None
-        model_args = pb.ModelArgs.from_triton(args)
+        model_args = ModelArgs.from_triton(args)
         allocator_from_args(model_args)  # before JAX opens the device (from_args below)
         foreign = foreign_bytes_from_args(model_args)
 
