@@ -71,8 +71,6 @@ class RuntimeModel:
         store: where weights live; default :class:`ResidentWeightStore`.
         device: the ``jax.Device`` to run on; default JAX's first device.
         compile: the compile function (``compile_artifact``; injectable for tests).
-        on_execute: called after each execution with (model, variant label as given by
-            :func:`variant_label`, compiled batch size), e.g. to count executions.
         on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
             model whose load fails still shows).
 
@@ -87,7 +85,6 @@ class RuntimeModel:
         store: WeightStore | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
-        on_execute: Callable[[str, str, int], None] | None = None,
         on_load: Callable[[str], None] | None = None,
     ) -> None:
         enable_x64()
@@ -100,7 +97,6 @@ class RuntimeModel:
         self.device = device if device is not None else jax.devices()[0]
         self.store: WeightStore = store if store is not None else ResidentWeightStore()
         self._compile = compile
-        self._on_execute = on_execute
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._execute_lock = threading.Lock()
@@ -320,9 +316,6 @@ class RuntimeModel:
             results = executable([*weights, *args])
             for result in results:  # one execution at a time: finish before the next
                 result.block_until_ready()
-        if self._on_execute is not None:
-            manifest = loaded.bundle.manifest
-            self._on_execute(loaded.name, variant_label(manifest.variant_dims[variant]), batch_size)
         return list(results)
 
     def close(self) -> None:

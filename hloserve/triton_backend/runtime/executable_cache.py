@@ -382,40 +382,6 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-class TritonExecutableMetrics:
-    """``hloserve_executables_total{model,source}``: executables made ready, ``source`` being
-    ``compiled`` or ``cache`` (docs/serving.md, "Executable cache").
-
-    Args:
-        pb_utils: the ``triton_python_backend_utils`` module (or a stand-in); see
-            :mod:`hloserve.triton_backend.backends.metrics`.
-    """
-
-    def __init__(self, pb_utils: Any) -> None:
-        family = pb_utils.MetricFamily
-        self._family = family(
-            name="hloserve_executables_total",
-            description="Executables made ready by the runtime, by source (compiled or cache)",
-            kind=family.COUNTER,
-        )
-        self._series: dict[tuple[str, str], Any] = {}
-        self._lock = threading.Lock()
-
-    def counted(self, model: str, source: str) -> None:
-        with self._lock:
-            metric = self._series.get((model, source))
-            if metric is None:
-                labels = {"model": model, "source": source}
-                metric = self._series[(model, source)] = self._family.Metric(labels=labels)
-            metric.increment(1.0)
-
-    def close(self) -> None:
-        """Drop every series, then the family."""
-        with self._lock:
-            self._series.clear()
-            self._family = None
-
-
 __all__ = [
     "COMPILED",
     "DEFAULT_MAX_BYTES",
@@ -425,5 +391,4 @@ __all__ = [
     "CachedEntry",
     "ExecutableCache",
     "ExecutableLabel",
-    "TritonExecutableMetrics",
 ]

@@ -25,13 +25,11 @@ from hloserve.triton_backend import channel
 from hloserve.triton_backend.backends import pb
 from hloserve.triton_backend.backends.metrics import (
     TritonCacheMetrics,
-    TritonExecutionMetrics,
     TritonRuntimeMetrics,
     foreign_bytes_from_args,
 )
 from hloserve.triton_backend.runtime.config import allocator_from_args, device_memory_from_args
 from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.executable_cache import TritonExecutableMetrics
 from hloserve.triton_backend.runtime.scheduler_config import scheduler_config_from_args
 from hloserve.triton_backend.runtime.server import RuntimeServer
 
@@ -50,20 +48,18 @@ class TritonPythonModel:
             self.metrics = TritonCacheMetrics(pb_utils, budget, models, foreign)
             return self.metrics
 
-        self.executions = TritonExecutionMetrics(pb_utils)
-        self.executables = TritonExecutableMetrics(pb_utils)
         self.state = TritonRuntimeMetrics(pb_utils)
         self.core = RuntimeModel.from_args(
             model_args,
             observer=metrics,
             on_load=lambda key: self.metrics.announce(key) if self.metrics else None,
-            executables=self.executables.counted,
+            executables=self.state.counted,
         )
         self.server = RuntimeServer(
             self.core,
             address=channel.address(model_args.name),
             scheduler_config=scheduler_config_from_args(model_args),
-            publish=self.executions.publish,
+            publish=self.state.executed,
             publish_state=self.state.publish,
             memory=device_memory_from_args(model_args, self.core.device, self.core.store),
         )
@@ -79,8 +75,6 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.server.close()
         self.core.close()
-        self.executions.close()
-        self.executables.close()
         self.state.close()
         if self.metrics is not None:
             self.metrics.close()
