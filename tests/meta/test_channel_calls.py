@@ -23,6 +23,7 @@ from hloserve.errors import HloserveError, Status
 from hloserve.meta.channel_calls import ChannelCalls
 from hloserve.model_repository_tools import build_repository
 from hloserve.triton_backend import channel
+from hloserve.triton_backend.runtime.scheduler import Work
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo
@@ -54,9 +55,18 @@ def server() -> Iterator[RuntimeServer]:
 
 
 def test_bundles_go_over_the_channel_foreign_models_do_not(
-    repo: Path, server: RuntimeServer
+    repo: Path, server: RuntimeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = ChannelCalls(repo, ["affine", "echo", "foreign", "ghost"], key=server.key)
+    foreign: list[tuple[str, int]] = []
+
+    def bls(model: str, inputs: Any, outputs: Any, timeout_us: int) -> dict[str, np.ndarray]:
+        foreign.append((model, timeout_us))
+        return {"z": np.zeros(1)}
+
+    submitted: list[Work] = []
+    submit = server.scheduler.submit
+    monkeypatch.setattr(server.scheduler, "submit", lambda w: (submitted.append(w), submit(w)))
+    calls = ChannelCalls(repo, ["affine", "echo", "foreign", "ghost"], foreign=bls, key=server.key)
     try:
         assert [calls.serves(m) for m in ("affine", "echo", "foreign", "ghost")] == [
             True,
@@ -76,8 +86,18 @@ def test_bundles_go_over_the_channel_foreign_models_do_not(
         with pytest.raises(HloserveError, match="expected dtype FP32") as info:
             calls.send("affine", {"x": EXPECTED["x"].astype(np.float64)}, [], 0)
         assert info.value.status is Status.INVALID_ARGUMENT  # the callee's own check
+        assert list(calls.send("foreign", {"x": EXPECTED["x"]}, [], 7)) == ["z"]
+        assert foreign == [("foreign", 7)]
+        # sub-calls over the channel, per callee (the meta shim's hloserve_meta_subcalls_total)
+        assert calls.take_sent() == {"affine": 4, "echo": 1} and calls.take_sent() == {}
+        # every one entered the runtime's scheduler committed: ahead of the callee's queue
+        assert len(submitted) == 4 and all(w.committed for w in submitted)
     finally:
         calls.close()
+    alone = ChannelCalls(repo, ["ghost"], key=server.key)
+    with pytest.raises(HloserveError, match="'ghost' is not a bundle") as info:
+        alone.send("ghost", {}, [], 0)
+    assert info.value.status is Status.NOT_FOUND
     deadline = time.monotonic() + 10
     while server.core.bundle_names:  # the runtime releases the meta's holds
         assert time.monotonic() < deadline, server.core.bundle_names

@@ -15,7 +15,8 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.runtime.scheduler.Scheduler`. A stateful model's work also
+  the :class:`~hloserve.triton_backend.runtime.scheduler.Scheduler`; ``"committed": true`` marks
+  a meta's sub-call (``Work.committed``: ahead of its model's queue). A stateful model's work also
   has ``"seq": [correlation ID, START, END]``: the runtime writes the sequence's state over the
   state inputs and keeps the state outputs (:mod:`hloserve.triton_backend.runtime.sequence_state`).
 * front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
@@ -371,6 +372,7 @@ class RuntimeServer:
                         rows=job.rows,
                         payload=job,
                         deadline=float(deadline) if deadline is not None else None,
+                        committed=bool(w.get("committed")),
                     )
                 )
             except ValueError as exc:
