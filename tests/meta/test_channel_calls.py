@@ -20,14 +20,20 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import HloserveError, Status
-from hloserve.meta.channel_calls import ChannelCalls
+from hloserve.meta.channel_calls import ChannelCalls, front_args
 from hloserve.model_repository_tools import build_repository
 from hloserve.triton_backend import channel
+from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.runtime.scheduler import Work
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo
-from tests.triton_backend.front_testing import runtime_server, server_key
+from tests.triton_backend.front_testing import (
+    RecordingRuntime,
+    front,
+    runtime_server,
+    server_key,
+)
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -160,5 +166,45 @@ def test_no_runtime_fails_a_sub_call_at_its_deadline(repo: Path) -> None:
             calls.send("affine", {"x": EXPECTED["x"]}, [], 200_000)
         assert time.monotonic() - started < 5  # not the callee's runtime_wait_s (120 s)
         assert info.value.status is Status.DEADLINE_EXCEEDED
+    finally:
+        calls.close()
+
+
+def test_a_sub_call_runs_before_the_callees_queued_requests(
+    repo: Path, server: RuntimeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committed sub-calls (docs/scheduling.md, "The loop"): three requests of the callee of 2
+    rows each (each fills affine's largest compiled size, 2) are queued; a meta's sub-call of
+    1 row queued after them runs first, alone. The runtime's loop keeps reading its
+    connections meanwhile; only its scheduler hands out no batch until all four are queued."""
+    calls = ChannelCalls(repo, ["affine"], key=server.key)
+    args = front_args(repo, "affine")
+    assert args is not None
+    bundle = FrontModel.from_args(args).bundle.path  # the meta's bundle copy: one queue
+    one, two = EXPECTED["x"][:1], np.repeat(EXPECTED["x"][:1], 2, axis=0)
+    runtime = server.core
+    assert isinstance(runtime, RecordingRuntime)
+
+    def wait_queued(n: int) -> None:
+        end = time.monotonic() + 30
+        while sum(m.queued for m in server.scheduler.snapshot().models.values()) < n:
+            assert time.monotonic() < end
+            time.sleep(0.005)
+
+    try:
+        calls.send("affine", {"x": one}, [], 0)  # connected and loaded
+        with front(server, "affine", bundle) as plain:
+            real = server.scheduler.next
+            monkeypatch.setattr(server.scheduler, "next", lambda timeout=None: None)
+            threads = [threading.Thread(target=plain.execute, args=([{"x": two}] * 3,))]
+            threads[0].start()
+            wait_queued(3)
+            threads.append(threading.Thread(target=calls.send, args=("affine", {"x": one}, [], 0)))
+            threads[1].start()
+            wait_queued(4)
+            monkeypatch.setattr(server.scheduler, "next", real)
+            for thread in threads:
+                thread.join(30)
+            assert [c.batch_size for c in runtime.calls] == [1, 2, 2, 2]
     finally:
         calls.close()
