@@ -75,7 +75,7 @@ def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
             holds no ``hloserve_weight_*`` series are left out.
 
     Source: the runtime's series ``hloserve_weight_cache_budget_bytes`` and
-    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.metrics), parsed with
+    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.backends.metrics), parsed with
     :func:`hloserve.prometheus_text.cache_status`.
     """
     models: dict[str, int] = {}

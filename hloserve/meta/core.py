@@ -33,9 +33,8 @@ from hloserve.errors import (
 )
 from hloserve.meta.deadline import Deadline
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
-from hloserve.model_parameters import MetaParameters
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.tensors import TensorChecker
+from hloserve.model_parameters import MetaParameters, ModelArgs
+from hloserve.triton_backend.front.tensors import TensorChecker
 
 log = logging.getLogger("hloserve.meta")
 

@@ -241,7 +241,7 @@ def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -
         RepositoryError (INVALID_ARGUMENT): every problem, one per line, naming the model, its
             weight bytes and the budget; served, the same models would fail to load.
     """
-    from hloserve.triton_backend.residency import budget_problems
+    from hloserve.triton_backend.runtime.residency import budget_problems
 
     weights = {b.name: b.weight_nbytes for b in bundles if not b.manifest.is_meta}
     problems = budget_problems(cache.weight_cache_bytes, weights, cache.residency)

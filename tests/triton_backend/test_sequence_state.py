@@ -15,9 +15,9 @@ import pytest
 
 from hloserve.bundle.manifest import parse_manifest
 from hloserve.errors import InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend.device_memory import FAKE_STATS_ENV, MARGIN, DeviceMemory
-from hloserve.triton_backend.sequence_state import SequenceStates, gather, scatter
-from hloserve.triton_backend.weight_cache import WeightCache
+from hloserve.triton_backend.runtime.device_memory import FAKE_STATS_ENV, MARGIN, DeviceMemory
+from hloserve.triton_backend.runtime.sequence_state import SequenceStates, gather, scatter
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 from tests.bundle.test_state import VALID
 
 

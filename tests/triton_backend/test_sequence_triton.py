@@ -24,7 +24,7 @@ import pytest
 
 from hloserve import metric_names
 from hloserve.node import tritonserver as ts
-from hloserve.triton_backend.device_memory import FAKE_STATS_ENV, MARGIN
+from hloserve.triton_backend.runtime.device_memory import FAKE_STATS_ENV, MARGIN
 from tests.accumulator_bundle import STATE_BYTES, WIDTH, export_accumulator
 from tests.conftest import serving_options
 

@@ -15,10 +15,11 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.scheduler.Scheduler`. A stateful model's work also has
-  ``"seq": [correlation ID, START, END]``: the runtime feeds the sequence's state, kept on the
+  the :class:`~hloserve.triton_backend.runtime.scheduler.Scheduler`; ``"committed": true`` marks
+  a meta's sub-call (``Work.committed``: ahead of its model's queue). A stateful model's work also
+  has ``"seq": [correlation ID, START, END]``: the runtime feeds the sequence's state, kept on the
   device, as its rows of the state inputs (the front's bytes there are not read) and keeps its
-  rows of the state outputs on the device (:mod:`hloserve.triton_backend.sequence_state`).
+  rows of the state outputs on the device (:mod:`hloserve.triton_backend.runtime.sequence_state`).
 * front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
   queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
@@ -52,16 +53,20 @@ import numpy as np
 
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend import batching, channel
-from hloserve.triton_backend.device_memory import DeviceMemory
-from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
-from hloserve.triton_backend.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
-from hloserve.triton_backend.scheduler_config import SchedulerConfig, scheduler_config_from_args
-from hloserve.triton_backend.sequence_state import SequenceStates, gather, scatter
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.channel import batching
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.device_memory import DeviceMemory
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, variant_label
+from hloserve.triton_backend.runtime.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
+from hloserve.triton_backend.runtime.scheduler_config import (
+    SchedulerConfig,
+    scheduler_config_from_args,
+)
+from hloserve.triton_backend.runtime.sequence_state import SequenceStates, gather, scatter
+from hloserve.triton_backend.runtime.state import Publish, RuntimeState, runtime_state
 
-log = logging.getLogger("hloserve.triton_backend.runtime_server")
+log = logging.getLogger("hloserve.triton_backend.runtime.server")
 
 
 @dataclass(eq=False)
@@ -370,6 +375,7 @@ class RuntimeServer:
                         rows=job.rows,
                         payload=job,
                         deadline=float(deadline) if deadline is not None else None,
+                        committed=bool(w.get("committed")),
                     )
                 )
             except ValueError as exc:

@@ -13,7 +13,7 @@ dropped, and a sequence idle for its model's ``max_sequence_idle_microseconds`` 
 ``sequence`` section, which the front config says too; Triton's 1 s by default) is dropped by
 :meth:`SequenceStates.expire`, as Triton frees its slot without telling the backend. A new
 sequence's bytes count against the device budget
-(:meth:`~hloserve.triton_backend.device_memory.DeviceMemory.reserve_state`): one that does not
+(:meth:`.device_memory.DeviceMemory.reserve_state`): one that does not
 fit is refused with UNAVAILABLE.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from hloserve.bundle.manifest import Manifest
 from hloserve.errors import InvalidArgumentError
-from hloserve.triton_backend.device_memory import DeviceMemory
+from hloserve.triton_backend.runtime.device_memory import DeviceMemory
 
 
 @dataclass

@@ -9,7 +9,7 @@ card, and the figures it publishes (docs/on_demand_weights.md, "Device memory").
   minus a margin of :data:`MARGIN` of the limit; a bundle that leaves no room for the largest
   model's weights is refused with the numbers. An explicit budget (``--weight-cache-bytes``)
   stays as given, refused when it and the executables and scratch exceed the limit.
-- Stateful bundles' sequence state (:mod:`~hloserve.triton_backend.sequence_state`) counts too:
+- Stateful bundles' sequence state (:mod:`.sequence_state`) counts too:
   :meth:`DeviceMemory.reserve_state` takes a new sequence's bytes out of the weight budget (or,
   with an explicit budget, out of what the budget leaves), and refuses the sequence with
   UNAVAILABLE naming the numbers when it does not fit; :meth:`DeviceMemory.release_state` gives
