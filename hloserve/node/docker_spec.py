@@ -38,7 +38,8 @@ def image_build_command(config: NodeConfig) -> str:
     ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
     """
     dockerfile = "worker-cpu" if config.docker.launcher == "hloserve" else "worker"
-    return f"docker build -f containers/{dockerfile}.Dockerfile -t {config.docker.image} ."
+    image = config.docker.image
+    return f"docker build --network=host -f containers/{dockerfile}.Dockerfile -t {image} ."
 
 
 def worker_command(

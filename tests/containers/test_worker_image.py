@@ -111,11 +111,13 @@ def worker(
     handle = Worker(container, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", volume)
     try:
         deadline = time.monotonic() + 300
-        while not ready(handle.http) and time.monotonic() < deadline:
+        # the server answers ready once the runtime model is loaded (--strict-readiness=false,
+        # runtime first): the tests need digits, which serve loads after it
+        while not ready(handle.http, "digits") and time.monotonic() < deadline:
             container.reload()
             assert container.status == "running", container.logs()[-3000:].decode()
             time.sleep(0.5)
-        assert ready(handle.http), container.logs()[-3000:].decode()
+        assert ready(handle.http, "digits"), container.logs()[-3000:].decode()
         yield handle
     finally:
         container.remove(force=True)

@@ -59,7 +59,9 @@ class NodeProcess:
                 env=env,
             )
         try:
-            self.wait_for("worker(s) ready", startup_s)
+            # the node's own line: a container worker's `hloserve serve` prints "worker(s) ready"
+            # too, prefixed "[worker i]"
+            self.wait_for(f"\nhloserve node {settings['name']}: ready after", startup_s)
         except BaseException:
             self.stop()
             raise
@@ -115,10 +117,12 @@ def successes(grpc_url: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
 
 
-def ready(http_url: str) -> bool:
+def ready(http_url: str, model: str | None = None) -> bool:
+    """Whether the server (or, given ``model``, that model) at ``http_url`` answers ready."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
     try:
-        with opener.open(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+        with opener.open(f"http://{http_url}{path}", timeout=2) as response:
             return bool(response.status == 200)
     except (OSError, http.client.HTTPException):
         return False
