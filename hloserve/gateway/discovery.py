@@ -26,6 +26,19 @@ from hloserve.triton_messages import api_restricted
 log = logging.getLogger("hloserve.gateway")
 
 
+def group_calls(config: service_pb2.ModelConfig) -> tuple[str, ...]:
+    """The models ``config``'s model calls, which the gateway places and routes it with: a
+    meta's ``hloserve.meta_calls`` (docs/meta_models.md), or an ensemble's step models
+    (``ensemble_scheduling.step[].model_name``, Triton's ensemble config), in order, each
+    once; () for any other model. A nested ensemble's own steps are its own group.
+    """
+    if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
+        params = string_values(config.parameters)
+        return tuple(MetaParameters.read(config.name, params, PARAM_META_CALLS))
+    steps = (step.model_name for step in config.ensemble_scheduling.step)
+    return tuple(dict.fromkeys(steps))
+
+
 async def discover_table(
     upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
 ) -> RoutingTable:
@@ -35,11 +48,10 @@ async def discover_table(
     routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
     gets, :meth:`~hloserve.gateway.routing.RoutingTable.no_route_error`), then
     ``ModelConfig`` of each model on its first replica for ``max_batch_size`` (0 -> None) and,
-    for a meta model, its
-    ``hloserve.meta_calls``: a meta keeps only the replicas whose worker serves every model it
-    calls (all of them when no worker does; a worker then answers NOT_FOUND naming the missing
-    one). A worker whose index call fails keeps
-    the models ``previous`` routed to it: whether it may be routed to is the health probes'
+    for a meta model or an ensemble, the models it calls (:func:`group_calls`): it keeps only
+    the replicas whose worker serves every model it calls (all of them when no worker does;
+    a worker then answers NOT_FOUND naming the missing one). A worker whose index call fails
+    keeps the models ``previous`` routed to it: whether it may be routed to is the health probes'
     decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
     Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
@@ -89,18 +101,14 @@ async def discover_table(
                 unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:
-        """(max batch or None, the meta's calls or None when not a meta) from ModelConfig."""
+        """(max batch or None, the models it calls or None when it calls none) from ModelConfig."""
         request = service_pb2.ModelConfigRequest(name=name).SerializeToString()
         try:
             reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return None, None
         config = service_pb2.ModelConfigResponse.FromString(reply).config
-        calls = None
-        if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
-            params = string_values(config.parameters)
-            calls = list(MetaParameters.read(name, params, PARAM_META_CALLS))
-        return config.max_batch_size or None, calls
+        return config.max_batch_size or None, list(group_calls(config)) or None
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
@@ -111,14 +119,12 @@ async def discover_table(
             if sizes[i] is None and old is not None:
                 sizes[i] = old.max_batch
     for name, (_, calls) in zip(names, configs, strict=True):
-        if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
+        if calls:  # a meta or an ensemble: only the workers that serve its whole group
             whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
             if whole:
                 replicas[name] = whole
             else:
-                log.warning(
-                    "meta model %s: no worker serves all of %s; routing it anyway", name, calls
-                )
+                log.warning("model %s: no worker serves all of %s; routing it anyway", name, calls)
     return RoutingTable(
         {
             n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=tuple(c or ()))

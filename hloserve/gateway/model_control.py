@@ -42,11 +42,9 @@ from typing import Generic, Literal, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.discovery import SingleFlight
+from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.model_parameters import MetaParameters, string_values
-from hloserve.names import META_BACKEND, PARAM_META_CALLS
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -142,18 +140,15 @@ class ModelControl:
         return [w for w, i in indexes.items() if i.get(model, "") not in ("", _UNLOADED)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
-        """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
-        model that is not a meta; None when the config cannot be read."""
+        """The callees of ``model`` (a meta's, an ensemble's steps: :func:`group_calls`) from
+        its config on ``worker`` (loaded there); () for another model; None when the config
+        cannot be read."""
         request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
         try:
             reply = await self._upstreams.raw(worker, "ModelConfig")(request, timeout=self._timeout)
         except grpc.aio.AioRpcError:
             return None
-        config = service_pb2.ModelConfigResponse.FromString(reply).config
-        if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
-            return ()
-        params = string_values(config.parameters)
-        return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
+        return group_calls(service_pb2.ModelConfigResponse.FromString(reply).config)
 
     def known_calls(self, model: str) -> tuple[str, ...] | None:
         """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
