@@ -42,9 +42,11 @@ from typing import Generic, Literal, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2
 
+from hloserve.errors import FailedPreconditionError
 from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
+from hloserve.names import RUNTIME_MODEL
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -183,7 +185,16 @@ class ModelControl:
         Returns:
             The answers of the deciding step: the first refused one, else the client's
             model's last step.
+
+        Raises:
+            FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`
+                (every bundle model of a worker runs in it; never sent to a worker).
         """
+        if action == "unload" and model == RUNTIME_MODEL:
+            raise FailedPreconditionError(
+                f"model {model!r} is hloserve's runtime: every bundle model of a worker runs "
+                "in it, so the gateway does not unload it; unload the bundle models instead"
+            )
         try:
             return await self._run(action, model, send, ok)
         finally:
