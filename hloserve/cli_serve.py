@@ -23,6 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             model_control_mode=args.model_control_mode,
             load_models=tuple(args.load_model),
+            open_repository_api=args.open_repository_api,
             repository_out=args.repository_out,
             build=build_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
@@ -77,6 +78,14 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         "(everything loads at start, and a model whose process dies is reloaded), the "
         "repository API (load/unload) restricted to clients sending the header "
         "hloserve-model-control with the key of HLOSERVE_MODEL_CONTROL_KEY (default: random)",
+    )
+    serve.add_argument(
+        "--open-repository-api",
+        action="store_true",
+        help="explicit mode without the key: Triton's repository API (index, load, unload) "
+        "open to every client reaching the ports, as on a plain tritonserver, so Triton's "
+        "model-control clients work unchanged. A load may carry model files and a Python "
+        "model is code: whoever reaches the ports can run code as the server (docs/serving.md)",
     )
     serve.add_argument(
         "--load-model",

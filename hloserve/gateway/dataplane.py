@@ -24,10 +24,8 @@ Layout (docs/gateway.md, "Data plane"):
   HAProxy on a loopback port of the same frontend (``Listen.grpc_checked``), where it is
   routed by the map like any other (a request with a BYTES first input takes the same way
   after the control plane checked its shapes);
-- a ModelStreamInfer stream goes where its first message says, by the same map: the first
-  message's ``model_name`` is read once :data:`STREAM_ROUTE_AFTER_BYTES` of the stream have
-  arrived (HAProxy waits for them up to the request timeout); a name not wholly among the
-  bytes that arrived, or a BYTES first input, takes the control plane's path;
+- a ModelStreamInfer stream goes to the control plane, whole: its messages may name different
+  models, each routed by its own name there (:mod:`hloserve.gateway.streams`);
 - every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
   ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
   repository index, model load/unload and system and CUDA shared-memory paths (its HTTP
@@ -80,7 +78,6 @@ HTTP_CONTROL_BACKEND = "hloserve_http_control"
 HTTP_MODEL_CONTROL_BACKEND = "hloserve_http_model_control"
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
-MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 #: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
 #: enough of the message to hold ``model_name`` (field 1, first on the wire as protobuf
@@ -88,15 +85,6 @@ MODEL_STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 #: one is routed after its first bytes, never buffered whole (20 MiB and 256 MiB requests were
 #: routed this way with HAProxy 2.6.12).
 ROUTE_AFTER_BYTES = 256
-
-#: Bytes HAProxy waits for before routing a ModelStreamInfer stream: the 5-byte gRPC prefix,
-#: the tag and length of ``model_name`` and its first byte. A stream's body never ends, so
-#: waiting for more than its first message holds would hold the stream for the whole wait
-#: (up to the request timeout: a stream may open long before its first message); the first
-#: message travels in one HTTP/2 DATA frame, so a small one has arrived whole when these bytes
-#: have, and a stream whose name has not wholly arrived is routed by the Python control plane
-#: instead (``req.body_size`` against the name's length byte).
-STREAM_ROUTE_AFTER_BYTES = 8
 
 #: gRPC status codes of HAProxy's own answers (:data:`hloserve.errors.GRPC_CODE`).
 GRPC_UNAVAILABLE = GRPC_CODE[Status.UNAVAILABLE]
@@ -342,8 +330,6 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         grpc_headers = f"hdr grpc-status {code} hdr grpc-message {_quote(message)}"
         lines.append(f"  http-error status {status} {grpc_headers}")
     infer = f"{{ path {MODEL_INFER_PATH} }}"
-    stream = f"{{ path {MODEL_STREAM_INFER_PATH} }}"
-    routed = f"{{ path {MODEL_INFER_PATH} {MODEL_STREAM_INFER_PATH} }}"
     checked = ""
     if listen.grpc_checked is not None:
         checked = f"{{ dst_port {listen.grpc_checked.rpartition(':')[2]} }}"
@@ -352,24 +338,11 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  bind {listen.grpc} proto h2{ssl}",
         *([f"  bind {listen.grpc_checked} proto h2"] if listen.grpc_checked else []),
         f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
-        # a stream may open long before its first message (tritonclient's start_stream):
-        # wait for it up to the request timeout (HAProxy answers 408 when none came)
-        "  http-request wait-for-body"
-        f" time {int(timeout.request_timeout_seconds * 1000)}ms"
-        f" at-least {STREAM_ROUTE_AFTER_BYTES} if {stream}",
-        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {routed}",
+        f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {infer}",
         f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
-        f" if {routed}",
-        # A stream's first message is routed on HAProxy only when model_name is its first
-        # field (tag 0x0A), shorter than 128 bytes (a one-byte length) and wholly arrived:
-        # body bytes so far >= 5 (prefix) + 2 (tag, length) + the length.
-        f"  http-request set-var(txn.need) req.body,bytes(6,1),hex,hex2i,add(7) if {stream}",
-        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
-        " !{ req.body,bytes(5,1),hex -m str 0A }",
-        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
-        " { var(txn.need) -m int gt 134 }",
-        f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if {stream}"
-        " { req.body_size,sub(txn.need) -m int lt 0 }",
+        f" if {infer}",
+        # every other method, ModelStreamInfer included (each message routed by its own
+        # model: hloserve/gateway/streams.py), goes to the control plane
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
         # A BYTES first input goes to the control plane, which refuses shapes no model
         # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
@@ -378,7 +351,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
         # check (Triton answers INVALID_ARGUMENT).
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
-        f" if {routed} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
+        f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
         + (f" !{checked}" if checked else ""),
     ]
     if checked:  # the control plane checked it: never back to the control plane

@@ -26,17 +26,17 @@ from hloserve.triton_messages import api_restricted
 log = logging.getLogger("hloserve.gateway")
 
 
-def meta_calls(model: str, config: Any) -> tuple[str, ...]:
-    """The models a meta model calls (``hloserve.meta_calls`` of its ``inference.ModelConfig``,
-    docs/meta_models.md); () for a model that is not a meta.
-
-    Raises:
-        InvalidArgumentError: the parameter does not parse.
+def group_calls(config: Any) -> tuple[str, ...]:
+    """The models ``config``'s model calls, which the gateway places and routes it with: a
+    meta's ``hloserve.meta_calls`` (docs/meta_models.md), or an ensemble's step models
+    (``ensemble_scheduling.step[].model_name``, Triton's ensemble config), in order, each
+    once; () for any other model. A nested ensemble's own steps are its own group.
     """
-    if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
-        return ()
-    params = string_values(config.parameters)
-    return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
+    if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
+        params = string_values(config.parameters)
+        return tuple(MetaParameters.read(config.name, params, PARAM_META_CALLS))
+    steps = (step.model_name for step in config.ensemble_scheduling.step)
+    return tuple(dict.fromkeys(steps))
 
 
 async def discover_table(
@@ -48,11 +48,10 @@ async def discover_table(
     routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
     gets, :meth:`~hloserve.gateway.routing.RoutingTable.no_route_error`), then
     ``ModelConfig`` of each model on its first replica for ``max_batch_size`` (0 -> None) and,
-    for a meta model, its
-    ``hloserve.meta_calls``: a meta keeps only the replicas whose worker serves every model it
-    calls (all of them when no worker does; a worker then answers NOT_FOUND naming the missing
-    one). A worker whose index call fails keeps
-    the models ``previous`` routed to it: whether it may be routed to is the health probes'
+    for a meta model or an ensemble, the models it calls (:func:`group_calls`): it keeps only
+    the replicas whose worker serves every model it calls (all of them when no worker does;
+    a worker then answers NOT_FOUND naming the missing one). A worker whose index call fails
+    keeps the models ``previous`` routed to it: whether it may be routed to is the health probes'
     decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
     A stateful model (its config has ``sequence_batching``: the runtime of one worker keeps
@@ -102,14 +101,15 @@ async def discover_table(
                 unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...], bool]:
-        """(max batch or None, the meta's calls, stateful) from ModelConfig."""
+        """(max batch or None, the models it calls (:func:`group_calls`), stateful) from
+        ModelConfig."""
         try:
             config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
             old = previous.get(name) if previous is not None else None
             return None, (), old is not None and old.stateful
         stateful = config.HasField("sequence_batching")
-        return config.max_batch_size or None, meta_calls(name, config), stateful
+        return config.max_batch_size or None, group_calls(config), stateful
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
@@ -124,14 +124,12 @@ async def discover_table(
             old = previous.get(name) if previous is not None else None
             kept = [w for w in (old.replicas if old else ()) if w in replicas[name]]
             replicas[name] = (kept or replicas[name])[:1]
-        if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
+        if calls:  # a meta or an ensemble: only the workers that serve its whole group
             whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
             if whole:
                 replicas[name] = whole
             else:
-                log.warning(
-                    "meta model %s: no worker serves all of %s; routing it anyway", name, calls
-                )
+                log.warning("model %s: no worker serves all of %s; routing it anyway", name, calls)
     return RoutingTable(
         {
             n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c, stateful=st)

@@ -41,9 +41,11 @@ from typing import Generic, Literal, TypeVar
 
 import grpc
 
-from hloserve.gateway.discovery import SingleFlight, meta_calls
+from hloserve.errors import FailedPreconditionError
+from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
+from hloserve.names import RUNTIME_MODEL
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -126,11 +128,12 @@ class ModelControl:
         return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
-        """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
-        model that is not a meta; None when the config cannot be read."""
+        """The callees of ``model`` (a meta's, an ensemble's steps: :func:`group_calls`) from
+        its config on ``worker`` (loaded there); () for another model; None when the config
+        cannot be read."""
         try:
-            return meta_calls(
-                model, await self.upstreams.model_config(worker, model, self.probe_timeout_s)
+            return group_calls(
+                await self.upstreams.model_config(worker, model, self.probe_timeout_s)
             )
         except grpc.aio.AioRpcError:
             return None
@@ -168,7 +171,16 @@ class ModelControl:
         Returns:
             The answers of the deciding step: the first refused one, else the client's
             model's last step.
+
+        Raises:
+            FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`
+                (every bundle model of a worker runs in it; never sent to a worker).
         """
+        if action == "unload" and model == RUNTIME_MODEL:
+            raise FailedPreconditionError(
+                f"model {model!r} is hloserve's runtime: every bundle model of a worker runs "
+                "in it, so the gateway does not unload it; unload the bundle models instead"
+            )
         try:
             return await self._run(action, model, send, ok)
         finally:

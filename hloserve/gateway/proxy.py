@@ -13,9 +13,8 @@ it, does only what HAProxy cannot:
   or more than ``max_batch_size`` is INVALID_ARGUMENT, never forwarded: a 0-row BYTES request
   crashed tritonserver's Python backend) and the bytes sent back to HAProxy's checked bind
   (``routable`` first makes sure HAProxy's map has the model), which routes them like any.
-- ``ModelStreamInfer`` streams HAProxy does not route (their first message's name is not
-  readable there, unknown, or a BYTES first input): passed through (bytes) to one replica of
-  the first message's model, every message's shapes checked; no failover once open.
+- ``ModelStreamInfer``: every stream (HAProxy routes none), each message to a worker serving
+  its own model (:class:`hloserve.gateway.streams.StreamRelay`).
 
 The other RPCs are answered from the workers by :class:`hloserve.gateway.fanout.FleetRpcs`;
 this module registers them beside its own two (metadata, config and ready forwarded; the
@@ -33,17 +32,19 @@ tritonclient's ``tritonclient.grpc.MAX_GRPC_MESSAGE_SIZE``), which the defaults 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from hloserve.errors import HloserveError, UnavailableError
+from hloserve.errors import UnavailableError
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.dataplane import BACKEND_NAME, UNROUTABLE_NAME
 from hloserve.gateway.fanout import FleetRpcs
 from hloserve.gateway.interceptor import ErrorInterceptor, relayed
 from hloserve.gateway.model_control import ModelControl, Place
 from hloserve.gateway.routing import Router
+from hloserve.gateway.streams import StreamRelay
 from hloserve.gateway.upstreams import SERVICE, Upstreams, channel_options
 from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
 
@@ -77,7 +78,7 @@ class GatewayProxy:
         self._router = router
         self._upstreams = upstreams
         self._timeout = request_timeout_s
-        self._turn = 0
+        self._turn = itertools.count()
         self._data_plane: Upstreams | None = None
         self._routable: Callable[[str], Awaitable[None]] = _nothing
         self.model_control = ModelControl(router, upstreams, probe_timeout_s, refresh, place)
@@ -127,63 +128,36 @@ class GatewayProxy:
     async def model_stream_infer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """Pass a ``ModelStreamInfer`` stream through to one replica, bytes both ways.
-
-        The replica is the next in rotation among the first message's model's replicas; every
-        later message goes to the same worker. Every message's shapes are checked first
-        (:func:`hloserve.gateway.wire.check_shapes`): a message no model can run is not
-        forwarded; the worker answers the messages before it, then the stream ends with
-        INVALID_ARGUMENT. No failover once the stream is open: an upstream error ends the
-        stream with its code.
-        """
-        iterator = aiter(requests)
-        try:
-            first = await anext(iterator)
-        except StopAsyncIteration:
-            return
-        model = (await self._checked_head(first)).model_name
-        route = self._router.table.get(model)
-        if route is None or not route.replicas:
-            raise self._router.table.no_route_error(model)
-        self._turn += 1
-        worker = route.replicas[self._turn % len(route.replicas)]
-        refused: list[HloserveError] = []
-
-        async def upstream_requests() -> AsyncIterator[bytes]:
-            yield first
-            async for request in iterator:
-                try:
-                    await self._checked_head(request)
-                except HloserveError as exc:  # half-close: earlier messages still answer
-                    refused.append(exc)
-                    return
-                yield request
-
-        try:
-            async for reply in self._upstreams.raw_stream(worker, "ModelStreamInfer")(
-                upstream_requests()
-            ):
-                yield reply
-        except grpc.aio.AioRpcError as exc:
-            raise relayed(exc) from None
-        if refused:
-            raise refused[0]
+        """Relay a ``ModelStreamInfer`` stream, each message to a worker serving its model
+        and Triton's in-stream error for one that cannot be forwarded
+        (:class:`hloserve.gateway.streams.StreamRelay`)."""
+        relay = StreamRelay(self._router, self._upstreams, self._check, self._turn)
+        async for reply in relay.run(requests):
+            yield reply
 
     async def _checked_head(self, request: bytes) -> InferHead:
-        """The request's head, after its shapes were checked against
-        its model's route (a discovery pass first when the model is unknown).
+        """The request's head, after its shapes were checked (:meth:`_check`).
 
         Raises:
             InvalidArgumentError: malformed, or shapes no model can run.
         """
         head = peek_infer_request(request)
+        await self._check(head)
+        return head
+
+    async def _check(self, head: InferHead) -> None:
+        """Check a request's shapes against its model's route (a discovery pass first when
+        the model is unknown; an unknown model's shapes are not checked).
+
+        Raises:
+            InvalidArgumentError: shapes no model can run.
+        """
         route = self._router.table.get(head.model_name)
         if route is None and self._refresh is not None:
             await self._refresh()
             route = self._router.table.get(head.model_name)
         if route is not None:
             check_shapes(head, route.max_batch)
-        return head
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""

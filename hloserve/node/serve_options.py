@@ -62,6 +62,9 @@ class ServeOptions:
             unload) requires (:mod:`hloserve.model_control`); None = one from
             :func:`~hloserve.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
             or random).
+        open_repository_api: explicit mode with the repository API open to every client (no
+            key; ``--open-repository-api``): Triton's model-control clients work unchanged,
+            and whoever reaches the ports can load model files, i.e. run code.
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
         build: the build options when PATH is a bundles directory
@@ -97,6 +100,7 @@ class ServeOptions:
     model_control_mode: ModelControlMode | None = None
     load_models: Sequence[str] = ()
     model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
+    open_repository_api: bool = False
     repository_out: Path | None = None
     build: BuildOptions | None = None
     tritonserver_args: Sequence[str] = ()
@@ -152,7 +156,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     the supervisor's ready report). In explicit mode the runtime model is
     loaded with the named models and the repository API is restricted to
     ``options.model_control_key`` (a new :func:`~hloserve.model_control.launcher_key`
-    when None).
+    when None) unless ``options.open_repository_api``.
 
     Raises:
         InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
@@ -167,7 +171,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
     key = None
-    if mode == "explicit":
+    if mode == "explicit" and not options.open_repository_api:
         from hloserve.model_control import launcher_key
 
         key = options.model_control_key or launcher_key()

@@ -9,13 +9,10 @@ tritonclient's stock ``grpc.aio`` client.
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as triton_aio
@@ -27,7 +24,7 @@ from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
 from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from tests.gateway.test_admission import SlowWorker, _scrape
-from tests.gateway.test_proxy import FakeWorker, Gateway, _infer, gateway
+from tests.gateway.test_proxy import FakeWorker, _infer, gateway
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v haproxy || test -x /usr/sbin/haproxy"]).returncode,
@@ -252,109 +249,5 @@ def test_bytes_requests_take_the_python_path_which_refuses_zero_rows() -> None:
             ok = triton_aio.InferInput("IN", [1, 1], "BYTES")
             ok.set_data_from_numpy(np.array([[b"x"]], np.object_))
             assert (await g.client.infer("echo", [ok])).as_numpy("OUT").shape == (1, 1)
-
-    run(body)
-
-
-def _sessions(text: str, proxy: str) -> int:
-    """Requests HAProxy sent to ``proxy``'s servers so far (its exporter's counters)."""
-    pattern = rf'^haproxy_server_sessions_total{{proxy="{re.escape(proxy)}",server="[^"]+"}} (\d+)'
-    return sum(int(n) for n in re.findall(pattern, text, re.MULTILINE))
-
-
-async def _stream(
-    g: Gateway, model: str, count: int, delay_s: float = 0.0
-) -> list[tuple[str, np.ndarray, str]]:
-    """(id, output, worker) of each answer of one stream of ``count`` messages to ``model``."""
-    data = np.arange(4, dtype=np.float32).reshape(1, 4)
-
-    async def requests() -> AsyncIterator[dict[str, Any]]:
-        await asyncio.sleep(delay_s)
-        for i in range(count):
-            tensor = triton_aio.InferInput("IN", [1, 4], "FP32")
-            tensor.set_data_from_numpy(data * i)
-            yield {"model_name": model, "inputs": [tensor], "request_id": f"s{i}"}
-
-    answers = []
-    async for result, error in g.client.stream_infer(requests()):
-        if error is not None:
-            raise error
-        response = result.get_response()
-        worker = response.parameters["worker"].string_param
-        answers.append((response.id, result.as_numpy("OUT"), worker))
-    return answers
-
-
-def test_a_stream_goes_through_haproxy_where_its_first_message_says() -> None:
-    """HAProxy routes ModelStreamInfer by the first message's model_name (the model's backend
-    counts it); every message of the stream goes to that one worker, answers in order."""
-
-    async def body() -> None:
-        async with gateway(FakeWorker("w0"), FakeWorker("w1")) as g:
-            before = _sessions(await asyncio.to_thread(_scrape, g.admin), "m_echo")
-            first = await _stream(g, "echo", 3)
-            second = await _stream(g, "echo", 2)
-            text = await asyncio.to_thread(_scrape, g.admin)
-            assert _sessions(text, "m_echo") == before + 2  # HAProxy carried both streams
-            data = np.arange(4, dtype=np.float32).reshape(1, 4)
-            for answers, n in ((first, 3), (second, 2)):
-                assert [a[0] for a in answers] == [f"s{i}" for i in range(n)]
-                for i, (_, out, _) in enumerate(answers):
-                    np.testing.assert_array_equal(out, data * i)
-                assert len({a[2] for a in answers}) == 1  # one worker per stream
-            assert {first[0][2], second[0][2]} == {"w0", "w1"}  # round robin across streams
-
-    run(body)
-
-
-def test_a_stream_to_an_unknown_model_is_not_found() -> None:
-    async def body() -> None:
-        async with gateway(FakeWorker("w0")) as g:
-            with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ends with it
-                await _stream(g, "nope", 1)
-            assert info.value.code() == grpc.StatusCode.NOT_FOUND
-            assert "Request for unknown model: 'nope' is not found" in (info.value.details() or "")
-
-    run(body)
-
-
-def test_a_stream_whose_first_message_comes_late_is_still_routed_by_it() -> None:
-    """A stream opened well before its first message (HAProxy waits for it, up to the request
-    timeout, instead of routing an empty body)."""
-
-    async def body() -> None:
-        async with gateway(FakeWorker("w0")) as g:
-            answers = await _stream(g, "echo", 2, delay_s=1.5)
-            assert [(a[0], a[2]) for a in answers] == [("s0", "w0"), ("s1", "w0")]
-            text = await asyncio.to_thread(_scrape, g.admin)
-            assert _sessions(text, "m_echo") == 1 and _sessions(text, CONTROL_BACKEND) == 0
-
-    run(body)
-
-
-def test_a_stream_whose_first_input_is_bytes_takes_the_python_path() -> None:
-    """As for ModelInfer: the Python path checks the shapes of every message of such a stream
-    (0 BYTES rows crashed tritonserver's Python backend) and HAProxy's backend sees none."""
-
-    async def body() -> None:
-        worker = FakeWorker("w0")  # max_batch_size 4
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            for i, rows in enumerate((1, 0)):
-                tensor = triton_aio.InferInput("IN", [rows, 1], "BYTES")
-                tensor.set_data_from_numpy(np.full((rows, 1), b"x", np.object_))
-                yield {"model_name": "echo", "inputs": [tensor], "request_id": f"b{i}"}
-
-        async with gateway(worker) as g:
-            seen = []
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for result, error in g.client.stream_infer(requests()):
-                    assert error is None
-                    seen.append(result.get_response().id)
-            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "batch size 0" in (info.value.details() or "")
-            assert seen == ["b0"] and worker.served == ["b0"]
-            text = await asyncio.to_thread(_scrape, g.admin)
-            assert _sessions(text, "m_echo") == 0 and _sessions(text, CONTROL_BACKEND) == 1
 
     run(body)

@@ -13,8 +13,10 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc")
 
+from hloserve.errors import FailedPreconditionError
 from hloserve.gateway.model_control import Action, ModelControl
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
+from hloserve.names import RUNTIME_MODEL
 
 WORKERS = ("w0", "w1", "w2")
 
@@ -138,3 +140,12 @@ def test_a_refused_callee_stops_the_load_and_is_the_answer() -> None:
     outcome = control.run_one("load", "meta")
     assert outcome.failed and ("w0", False) in outcome.answers
     assert control.steps == [("load", "a", WORKERS)]  # neither b nor the meta is sent
+
+
+def test_unloading_the_runtime_is_refused_before_any_worker_and_loading_it_is_not() -> None:
+    control = Given({"w0": {RUNTIME_MODEL: "READY"}, "w1": {RUNTIME_MODEL: "READY"}})
+    with pytest.raises(FailedPreconditionError, match="hloserve's runtime"):
+        control.run_one("unload", RUNTIME_MODEL)
+    assert control.steps == []
+    assert not control.run_one("load", RUNTIME_MODEL).failed
+    assert control.steps == [("load", RUNTIME_MODEL, ("w0", "w1"))]

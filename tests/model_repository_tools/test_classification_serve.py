@@ -1,6 +1,7 @@
 """Manifest ``labels:`` and ``format:`` on a real tritonserver: Triton's classification extension
 (``class_count``) over gRPC and HTTP, answered by Triton itself from the generated
-``label_filename`` (issue 27).
+``label_filename``, directly and through the gateway (issue 27; over HTTP the image is sent as
+JSON, which the gateway checks before passing it on with its ``classification`` parameter).
 
 Model: ``digits`` with ``format: NHWC`` on its image input and ``labels: labels.txt`` (ten
 digit names) on its ``logits`` output.
@@ -17,7 +18,9 @@ import numpy as np
 import pytest
 import yaml
 
+from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository, validate_repository
+from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import serving_options
 
@@ -51,6 +54,19 @@ def server(digits_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield srv
 
 
+@pytest.fixture(scope="module")
+def gateway(server: TritonServer) -> Iterator[tuple[str, str]]:
+    """(gRPC, HTTP) addresses of a gateway over ``server``."""
+    config = GatewayConfig(workers=(server.urls.grpc,), worker_http=(server.urls.http,))
+    update = {"listen": "127.0.0.1:0", "admin_port": 0, "http_listen": "127.0.0.1:0"}
+    thread = GatewayThread(config.model_copy(update=update))
+    try:
+        assert thread.http_address is not None
+        yield f"127.0.0.1:{thread.port}", thread.http_address
+    finally:
+        thread.close()
+
+
 def test_the_config_carries_the_format_and_the_label_file(server: TritonServer) -> None:
     client = grpcclient.InferenceServerClient(server.urls.grpc)
     config = client.get_model_config("digits", as_json=True)["config"]
@@ -61,15 +77,19 @@ def test_the_config_carries_the_format_and_the_label_file(server: TritonServer) 
     assert validate_repository(server.options.model_repository) == []
 
 
+@pytest.mark.parametrize("via", ["direct", "gateway"])
 @pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
 def test_class_count_gives_the_top_classes_with_their_labels(
-    server: TritonServer, module: Any
+    server: TritonServer, gateway: tuple[str, str], module: Any, via: str
 ) -> None:
-    url = server.urls.grpc if module is grpcclient else server.urls.http
-    client = module.InferenceServerClient(url)
+    urls = (server.urls.grpc, server.urls.http) if via == "direct" else gateway
+    client = module.InferenceServerClient(urls[0] if module is grpcclient else urls[1])
     images = np.random.default_rng(0).random((2, 8, 8, 1), dtype=np.float32)
     tensor = module.InferInput("image", list(images.shape), "FP32")
-    tensor.set_data_from_numpy(images)
+    if module is httpclient:  # JSON: the gateway's checked path
+        tensor.set_data_from_numpy(images, binary_data=False)
+    else:
+        tensor.set_data_from_numpy(images)
     logits = client.infer("digits", [tensor]).as_numpy("logits")
     top = client.infer(
         "digits", [tensor], outputs=[module.InferRequestedOutput("logits", class_count=3)]

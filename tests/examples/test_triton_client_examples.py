@@ -1,0 +1,84 @@
+"""Triton's own client examples, unchanged, against ``hloserve serve --workers 2`` of ``simple``
+(examples/triton_simple): every example docs/conformance.md marks ``served`` on both, run on
+worker 0 directly (one tritonserver of hloserve) and through the gateway; each must exit 0.
+
+The examples are not part of this repository (nor fetched here: the tests run offline):
+``HLOSERVE_TRITON_EXAMPLES`` names a checkout's ``src/python/examples``
+(triton-inference-server/client); without it the test is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, _import_script
+from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
+from tests.test_conformance_table import TABLE, rows
+
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(900)]
+pytest.importorskip("tritonclient.grpc")
+
+EXAMPLES = os.environ.get("HLOSERVE_TRITON_EXAMPLES")
+THIS = "tests/examples/test_triton_client_examples.py::test_example"
+
+
+def listed() -> list[str]:
+    """The examples docs/conformance.md marks served on one server and the gateway by this
+    test."""
+    names = []
+    for cells in rows(TABLE.read_text()):
+        if cells[1:3] == ["served", "served"] and THIS in cells[3]:
+            names += re.findall(r"`([\w.]+\.py)`", cells[0])
+    return names
+
+
+def runs(example: str) -> list[tuple[str, ...]]:
+    """(protocol, extra arguments) of each run of ``example``."""
+    if example == "reuse_infer_objects_client.py":
+        return [("grpc", "-i", "grpc"), ("http", "-i", "http")]
+    return [("http",)] if "http" in example else [("grpc",)]
+
+
+@pytest.fixture(scope="module")
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, str]]]:
+    """``{"direct" | "gateway": {"grpc": host:port, "http": host:port}}``."""
+    if not EXAMPLES:
+        pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
+    script = ROOT / "examples" / "triton_simple" / "export.py"
+    export = _import_script(script, "triton_simple_export")
+    root = tmp_path_factory.mktemp("examples")
+    export.export_simple(root / "bundles")
+    log = root / "serve.log"
+    proc, grpc, http, _ = serve_two_workers(root / "bundles", log, "--admin-port", "0")
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 600)
+        worker = re.search(r"worker 0 .*HTTP http://([\d.:]+)  gRPC ([\d.:]+)", log.read_text())
+        assert worker is not None
+        yield {
+            "direct": {"http": worker.group(1), "grpc": worker.group(2)},
+            "gateway": {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}"},
+        }
+    finally:
+        stop_serve(proc)
+
+
+@pytest.mark.parametrize("via", ["direct", "gateway"])
+@pytest.mark.parametrize("example", listed())
+def test_example(endpoints: dict[str, dict[str, str]], example: str, via: str) -> None:
+    script = Path(str(EXAMPLES)) / example
+    assert script.is_file(), f"{script} is missing from HLOSERVE_TRITON_EXAMPLES"
+    for protocol, *extra in runs(example):
+        done = subprocess.run(
+            [sys.executable, str(script), "-u", endpoints[via][protocol], *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{example} {extra} via {via}:\n{done.stdout}{done.stderr}"
