@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from hloserve.errors import HloserveError, UnavailableError
+from hloserve.gateway.auth import AuthInterceptor, ControlAuth
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.dataplane import BACKEND_NAME, UNROUTABLE_NAME
 from hloserve.gateway.fanout import FleetRpcs
@@ -198,12 +199,14 @@ class GatewayProxy:
 
 
 def make_server(
-    proxy: GatewayProxy, listen: str, limits: GrpcLimits
+    proxy: GatewayProxy, listen: str, limits: GrpcLimits, auth: ControlAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server serving ``proxy`` on ``listen`` (host:port; port 0 = any free).
 
     ``SO_REUSEPORT`` is off (gRPC turns it on by default on Linux): with it, a second gateway
     on a taken port would bind too and the kernel would split clients between the two.
+
+    With ``auth``, control calls need a credential (:class:`hloserve.gateway.auth.AuthInterceptor`).
 
     Returns:
         The server (not started) and the port it is bound to.
@@ -213,7 +216,7 @@ def make_server(
     """
     server = grpc.aio.server(
         options=[*channel_options(limits), ("grpc.so_reuseport", 0)],
-        interceptors=[ErrorInterceptor()],
+        interceptors=[*([AuthInterceptor(auth)] if auth is not None else []), ErrorInterceptor()],
     )
     server.add_generic_rpc_handlers((proxy.handler(),))
     try:
