@@ -117,9 +117,10 @@ class GatewayProxy:
             raise UnavailableError(f"model {model!r}: the gateway's data plane is not running")
         await self._routable(model)
         checked = self._data_plane.workers[0]
+        left = context.time_remaining()  # the client's gRPC deadline goes on to the worker
         try:
             reply: bytes = await self._data_plane.raw(checked, "ModelInfer")(
-                request, timeout=self._timeout
+                request, timeout=self._timeout if left is None else min(self._timeout, left)
             )
         except grpc.aio.AioRpcError as exc:
             raise relayed(exc) from None
