@@ -168,6 +168,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The method's own handler, or one answering UNAUTHENTICATED for a control call
+        without a credential."""
         model_control = _protected(handler_call_details.method)
         if model_control is not None:
             try:
