@@ -303,14 +303,16 @@ def _refuse(grpc_status: int, message: str, condition: str) -> str:
     )
 
 
-def _client_cert_rules(listen: Listen) -> list[str]:
+def _client_cert_rules(listen: Listen, control: str) -> list[str]:
     """A frontend's rules of :data:`hloserve.gateway.auth.CERT_HEADER`: the client's own
-    removed; set to the secret on a connection whose client certificate HAProxy verified."""
+    removed; set to the secret on a request to the control plane (HAProxy condition
+    ``control``) of a connection whose client certificate HAProxy verified (never sent to a
+    worker)."""
     rules = [f"  http-request del-header {CERT_HEADER}"]
     if listen.client_cert_secret is not None:
         rules.append(
             f"  http-request set-header {CERT_HEADER} {listen.client_cert_secret}"
-            " if { ssl_c_used } { ssl_c_verify 0 }"
+            f" if {{ ssl_c_used }} {{ ssl_c_verify 0 }} {control}"
         )
     return rules
 
@@ -369,7 +371,6 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         "frontend grpc",
         f"  bind {listen.grpc} proto h2{ssl}",
         *([f"  bind {listen.grpc_checked} proto h2"] if listen.grpc_checked else []),
-        *_client_cert_rules(listen),
         f"  http-request wait-for-body time 1s at-least {ROUTE_AFTER_BYTES} if {infer}",
         # a stream may open long before its first message (tritonclient's start_stream):
         # wait for it up to the request timeout (HAProxy answers 408 when none came)
@@ -399,6 +400,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
         f" if {routed} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
         + (f" !{checked}" if checked else ""),
+        *_client_cert_rules(listen, f"{{ var(txn.be) -m str {CONTROL_BACKEND} }}"),
     ]
     if checked:  # the control plane checked it: never back to the control plane
         lines.append(
@@ -494,7 +496,7 @@ def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) 
     lines = [
         f"frontend {name}",
         f"  bind {bind}",
-        *_client_cert_rules(listen),
+        *_client_cert_rules(listen, f"{{ path_reg {MODEL_CONTROL_PATH} }}"),
         # the JSON part over the limit: refused here, never sent to a worker
         f"{refuse} if {infer} !{binary} {{ req.hdr_val(content-length) gt {HTTP_MAX_JSON_BYTES} }}",
         f"{refuse} if {infer} {{ req.hdr_val(inference-header-content-length)"

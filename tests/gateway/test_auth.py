@@ -133,6 +133,11 @@ class LoadingWorker(FakeWorker):
     """A fake worker that answers RepositoryModelLoad and keeps each call's metadata."""
 
     loads: list[dict[str, str]] = field(default_factory=list)
+    infers: list[dict[str, str]] = field(default_factory=list)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        self.infers.append({k: v for k, v in context.invocation_metadata()})
+        return await super().ModelInfer(request, context)
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         self.loads.append({k: v for k, v in context.invocation_metadata()})
@@ -344,6 +349,18 @@ def test_tls_client_certificate_opens_the_control_plane_over_grpc_and_https(
                 assert await _infer(client, np.ones((1, 2), np.float32), "tls") == "w0"
             finally:
                 await client.close()
+            client = triton_aio.InferenceServerClient(
+                target,
+                ssl=True,
+                root_certificates=str(certs.server),
+                private_key=str(certs.client_key),
+                certificate_chain=str(certs.client),
+            )
+            try:  # with one: the secret header is not sent to the worker
+                assert await _infer(client, np.ones((1, 2), np.float32), "mtls") == "w0"
+            finally:
+                await client.close()
+            assert len(worker.infers) == 2 and all(CERT_HEADER not in m for m in worker.infers)
             stranger = certs.grpc_credentials(certs.stranger, certs.stranger_key)
             async with grpc.aio.secure_channel(target, stranger) as channel:
                 assert await _status_code(channel) == grpc.StatusCode.UNAVAILABLE  # handshake
