@@ -10,7 +10,8 @@ statistics poll and :class:`hloserve.gateway.packing.LptController`'s placement.
 workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
 :mod:`hloserve.gateway.control`) answers on a loopback port behind it, and with
 ``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`) answers the KServe
-HTTP calls that need every worker. The layout of the router's table
+HTTP calls that need every worker. The control plane's calls and model control need a
+credential (:mod:`hloserve.gateway.auth`). The layout of the router's table
 (:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
 (checked every :data:`SYNC_INTERVAL_S`).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +29,7 @@ import grpc
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
+from hloserve.gateway.auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth, read_token
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
@@ -59,16 +62,21 @@ def _public_address(address: str) -> str:
 
 
 def _start_haproxy(
-    config: GatewayConfig, public: str, control_port: int, fleet_http: FleetHttpServer | None
+    config: GatewayConfig,
+    public: str,
+    control_port: int,
+    fleet_http: FleetHttpServer | None,
+    cert_secret: str | None,
 ) -> HAProxy:
     control = f"127.0.0.1:{control_port}"
     if fleet_http is None:
-        return HAProxy(config, public, control)
-    return HAProxy(config, public, control, fleet_http.address, fleet_http.fleet.checked)
+        return HAProxy(config, public, control, client_cert_secret=cert_secret)
+    fleet = fleet_http.fleet
+    return HAProxy(config, public, control, fleet_http.address, fleet.checked, cert_secret)
 
 
 def _fleet_http(
-    config: GatewayConfig, key: str | None, control: ModelControl
+    config: GatewayConfig, auth: ControlAuth, control: ModelControl
 ) -> FleetHttpServer | None:
     """The loopback HTTP server answering the KServe HTTP calls that need every worker
     (repository index, model load/unload by ``control``, system and CUDA shared memory),
@@ -79,8 +87,9 @@ def _fleet_http(
         config.worker_http,
         request_timeout_s=config.upstream.request_timeout_seconds,
         probe_timeout_s=config.upstream.probe_timeout_seconds,
-        repository_headers=http_headers(key),
+        repository_headers=http_headers(auth.model_control_key),
         control=control,
+        auth=auth,
         loop=asyncio.get_running_loop(),
         grpc_workers=config.workers,
         checked=_public_address("127.0.0.1:0"),  # HAProxy's http_checked frontend
@@ -125,6 +134,17 @@ async def run_gateway(
     """
     secret = config.upstream.model_control_key
     key = local_key() if secret is None else secret.get_secret_value()
+    client_ca = config.tls is not None and config.tls.client_ca is not None
+    auth = ControlAuth(
+        read_token(config.auth.token_file), secrets.token_hex(16) if client_ca else None, key
+    )
+    if auth.token is None and not client_ca:
+        log.warning(
+            "gateway: no control token (%s, %s or auth.token_file) and no tls.client_ca:"
+            " GatewayControl is refused, model control needs the workers' key",
+            ENV_TOKEN,
+            ENV_TOKEN_FILE,
+        )
     upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
     router = Router()
     timeout = config.upstream.probe_timeout_seconds
@@ -210,10 +230,10 @@ async def run_gateway(
         if config.http_listen is not None:
             http = _public_address(config.http_listen)
             config = config.model_copy(update={"http_listen": http})
-        server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc)
-        fleet_http = _fleet_http(config, key, proxy.model_control)
+        server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc, auth)
+        fleet_http = _fleet_http(config, auth, proxy.model_control)
         # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
-        dataplane = _start_haproxy(config, address, control_port, fleet_http)
+        dataplane = _start_haproxy(config, address, control_port, fleet_http, auth.cert_secret)
         metrics.extra = dataplane.prometheus_text
         checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
         control = SchedulingControl(

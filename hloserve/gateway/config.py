@@ -184,12 +184,28 @@ class TlsConfig(_Section):
         cert: PEM file of the server certificate (and its chain).
         key: PEM file of the certificate's private key.
         client_ca: PEM file of the CAs client certificates must chain to; None (default) =
-            no client certificate asked for.
+            no client certificate asked for. A verified certificate opens the control plane.
+        verify_client: with ``client_ca``: ``required`` (default: a connection without a
+            valid certificate is refused) or ``optional`` (one without a certificate is served,
+            but its control calls need the token; an invalid certificate is still refused).
     """
 
     cert: Path
     key: Path
     client_ca: Path | None = None
+    verify_client: Literal["required", "optional"] = "required"
+
+
+class AuthConfig(_Section):
+    """Credentials of the control plane (docs/gateway.md, "Control plane: authentication").
+
+    Attributes:
+        token_file: file whose first line is the control token; None (default) =
+            ``HLOSERVE_CONTROL_TOKEN``, else the file ``HLOSERVE_CONTROL_TOKEN_FILE`` names
+            (:func:`hloserve.gateway.auth.read_token`; ``hloserve gateway-ctl`` reads the same).
+    """
+
+    token_file: Path | None = None
 
 
 class ModelScheduling(_Section):
@@ -294,6 +310,8 @@ class GatewayConfig(_Section):
             needed); None (default) = gRPC only.
         worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
         tls: TLS on the public ports (HAProxy terminates it); None = plaintext.
+        auth: the control plane's token (``GatewayControl`` and model control need a
+            credential; :mod:`hloserve.gateway.auth`).
         exit_timeout_seconds: on stop, how long requests in flight may take to finish, seconds
             (Triton's ``--exit-timeout-secs``, default 30): the public ports stop taking new
             connections at once (HAProxy's frontends disabled), and the gateway stops when the
@@ -314,6 +332,7 @@ class GatewayConfig(_Section):
     http_listen: HostPort | None = None
     worker_http: tuple[HostPort, ...] = ()
     tls: TlsConfig | None = None
+    auth: AuthConfig = Field(default_factory=AuthConfig)
     exit_timeout_seconds: float = Field(default=30.0, ge=0)
 
     @field_validator("workers")
@@ -353,7 +372,8 @@ def with_tls(
     if cert is None or key is None:
         raise GatewayConfigError("gateway config: --tls-cert and --tls-key go together")
     data = config.model_dump()
-    data["tls"] = {"cert": cert, "key": key, "client_ca": client_ca}
+    verify = config.tls.verify_client if config.tls is not None else "required"
+    data["tls"] = {"cert": cert, "key": key, "client_ca": client_ca, "verify_client": verify}
     try:
         return GatewayConfig.model_validate(data)
     except ValueError as exc:

@@ -2,14 +2,16 @@
 
 Subcommands (docs/gateway.md, "Control plane"), each one ``GatewayControl`` RPC::
 
-    hloserve gateway-ctl [--address HOST:PORT] status
+    hloserve gateway-ctl [--address HOST:PORT] [--token-file F] [--tls-ca ...] status
     hloserve gateway-ctl set-replicas MODEL N|all
     hloserve gateway-ctl set-fill-mode MODEL run|spread
     hloserve gateway-ctl set KNOB VALUE
     hloserve gateway-ctl repack
 
 Only the actions import grpc and rich, so building ``hloserve``'s parser stays cheap. The
-address is the gateway's gRPC endpoint (``listen``, default 127.0.0.1:8001). A gRPC error
+address is the gateway's gRPC endpoint (``listen``, default 127.0.0.1:8001). Every call
+carries the control token (:func:`hloserve.gateway.auth.read_token`) or, over TLS, a client
+certificate (``--tls-cert``/``--tls-key``). A gRPC error
 becomes an :class:`hloserve.errors.HloserveError` with the same status, which ``hloserve``
 prints as ``error (STATUS): message`` with exit status 1 (UNIMPLEMENTED: the address is not a
 gateway, e.g. a tritonserver port). ``status`` never cuts worker addresses: a table wider than
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -167,18 +170,55 @@ def print_status(console: Any, renderables: list[Any]) -> None:
             console.width = width
 
 
-def _call(address: str, method: str, request: Any, timeout_s: float) -> Any:
-    """One unary RPC; gRPC errors become HloserveError with the same status."""
+def _credentials(args: argparse.Namespace) -> Any:
+    """gRPC channel credentials from ``--tls-ca``/``--tls-cert``/``--tls-key``; None: plaintext.
+
+    Raises:
+        InvalidArgumentError: a file cannot be read, or only one of cert and key.
+    """
+    import grpc
+
+    files = (args.tls_ca, args.tls_cert, args.tls_key)
+    if not any(files):
+        return None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InvalidArgumentError("gateway-ctl: --tls-cert and --tls-key go together")
+    try:
+        ca, cert, key = (f.read_bytes() if f is not None else None for f in files)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"gateway-ctl: cannot read {exc.filename}: {exc.strerror}"
+        ) from None
+    return grpc.ssl_channel_credentials(ca, key, cert)
+
+
+def _call(
+    address: str,
+    method: str,
+    request: Any,
+    timeout_s: float,
+    token: str | None = None,
+    credentials: Any = None,
+) -> Any:
+    """One unary RPC (with ``token`` as ``authorization: Bearer``; over TLS with
+    ``credentials``); gRPC errors become HloserveError with the same status."""
     import grpc
 
     from hloserve.gateway.config import GrpcLimits
     from hloserve.gateway.upstreams import channel_options
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
-    with grpc.insecure_channel(address, options=channel_options(GrpcLimits())) as channel:
+    limits = channel_options(GrpcLimits())
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    channel = (
+        grpc.insecure_channel(address, options=limits)
+        if credentials is None
+        else grpc.secure_channel(address, credentials, options=limits)
+    )
+    with channel:
         stub = pb_grpc.GatewayControlStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s)
+            return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             status = Status.__members__.get(code.name, Status.INTERNAL)
@@ -203,13 +243,16 @@ def run(args: argparse.Namespace, console: Any = None) -> int:
     """
     from rich.console import Console
 
+    from hloserve.gateway.auth import read_token
     from hloserve.gateway.control import replicas_to_proto
     from hloserve.protos import gateway_control_pb2 as pb
 
     console = console or Console()
+    token = read_token(args.token_file)
+    credentials = _credentials(args)
 
     def call(method: str, request: Any) -> Any:
-        return _call(args.address, method, request, args.timeout)
+        return _call(args.address, method, request, args.timeout, token, credentials)
 
     action = args.ctl_action
     if action == "status":
@@ -268,6 +311,16 @@ def add_parser(commands: argparse._SubParsersAction, func: Callable[..., int]) -
         help="the gateway's gRPC endpoint (127.0.0.1:8001)",
     )
     ctl.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per call (10)")
+    ctl.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding the control token (default: HLOSERVE_CONTROL_TOKEN, else the file"
+        " HLOSERVE_CONTROL_TOKEN_FILE names)",
+    )
+    ctl.add_argument("--tls-ca", type=Path, metavar="PEM", help="TLS: the gateway's CA")
+    ctl.add_argument("--tls-cert", type=Path, metavar="PEM", help="TLS: client certificate")
+    ctl.add_argument("--tls-key", type=Path, metavar="PEM", help="TLS: its private key")
     actions = ctl.add_subparsers(dest="ctl_action", required=True, metavar="ACTION")
     actions.add_parser("status", help="mode, knobs, placement per model, worker pressure")
     replicas = actions.add_parser(

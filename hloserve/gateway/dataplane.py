@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hloserve.errors import GRPC_CODE, Status
+from hloserve.gateway.auth import CERT_HEADER
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
 from hloserve.gateway.fleet_http import CONDITIONS as FLEET_HTTP_CONDITIONS
 from hloserve.gateway.fleet_http import MODEL_CONTROL_PATH, MODEL_CONTROL_TIMEOUT_S
@@ -231,6 +232,9 @@ class Listen:
         map_file: path of the model -> backend map.
         pem: certificate chain and key in one PEM (TLS on), or None.
         client_ca: CA bundle clients' certificates must chain to, or None.
+        verify_client: HAProxy's ``verify`` with ``client_ca``: ``required`` or ``optional``.
+        client_cert_secret: the value of :data:`hloserve.gateway.auth.CERT_HEADER` on requests
+            of a connection with a verified client certificate; None: the header is removed.
     """
 
     grpc: str
@@ -241,6 +245,8 @@ class Listen:
     prometheus: str | None = None
     pem: str | None = None
     client_ca: str | None = None
+    verify_client: str = "required"
+    client_cert_secret: str | None = None
     http_control: str | None = None
     http_checked: str | None = None
     grpc_checked: str | None = None
@@ -285,6 +291,20 @@ def _refuse(grpc_status: int, message: str, condition: str) -> str:
     )
 
 
+def _client_cert_rules(listen: Listen, control: str) -> list[str]:
+    """A frontend's rules of :data:`hloserve.gateway.auth.CERT_HEADER`: the client's own
+    removed; set to the secret on a request to the control plane (HAProxy condition
+    ``control``) of a connection whose client certificate HAProxy verified (never sent to a
+    worker)."""
+    rules = [f"  http-request del-header {CERT_HEADER}"]
+    if listen.client_cert_secret is not None:
+        rules.append(
+            f"  http-request set-header {CERT_HEADER} {listen.client_cert_secret}"
+            f" if {{ ssl_c_used }} {{ ssl_c_verify 0 }} {control}"
+        )
+    return rules
+
+
 def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str) -> str:
     """The HAProxy 2.6 configuration of ``layout``.
 
@@ -302,7 +322,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
     if listen.pem is not None:
         ssl = f" ssl crt {listen.pem} alpn h2"
         if listen.client_ca is not None:
-            ssl += f" ca-file {listen.client_ca} verify required"
+            ssl += f" ca-file {listen.client_ca} verify {listen.verify_client}"
     lines = [
         "# Written by hloserve's gateway control plane (hloserve/gateway/dataplane.py);",
         f"# master socket {master_socket}. Changes are made live or by a reload.",
@@ -353,6 +373,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
         f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
         + (f" !{checked}" if checked else ""),
+        *_client_cert_rules(listen, f"{{ var(txn.be) -m str {CONTROL_BACKEND} }}"),
     ]
     if checked:  # the control plane checked it: never back to the control plane
         lines.append(
@@ -448,6 +469,7 @@ def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) 
     lines = [
         f"frontend {name}",
         f"  bind {bind}",
+        *_client_cert_rules(listen, f"{{ path_reg {MODEL_CONTROL_PATH} }}"),
         # the JSON part over the limit: refused here, never sent to a worker
         f"{refuse} if {infer} !{binary} {{ req.hdr_val(content-length) gt {HTTP_MAX_JSON_BYTES} }}",
         f"{refuse} if {infer} {{ req.hdr_val(inference-header-content-length)"

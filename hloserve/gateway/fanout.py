@@ -36,7 +36,7 @@ from hloserve.gateway.wire import peek_infer_request
 #: Prefix of the gRPC metadata that carries a key of tritonserver's restricted protocols
 #: (``--grpc-restricted-protocol=<protocols>:<header>=<key>``: the client sends
 #: ``triton-grpc-protocol-<header>``; Triton's docs, "Limit Endpoint Access"). Model control
-#: passes it from the client to the workers, so the workers' own check decides.
+#: passes it from the client to the workers (the gateway's own when the client sent none).
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
 
 
@@ -183,7 +183,8 @@ class FleetRpcs:
     async def _model_control(
         self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        key = restricted_metadata(context)
+        # the caller passed AuthInterceptor: its own key, else the gateway's
+        key = restricted_metadata(context) or tuple(self.upstreams.repository_metadata or ())
 
         async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"

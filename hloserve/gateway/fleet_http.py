@@ -16,7 +16,9 @@ inference request HAProxy sends here is checked by :func:`json_data_mismatch` (t
 
 A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), e.g.
 404 ``{"error":"Unable to find system shared memory region: 'r'"}``. The client's headers
-are passed on (the workers' restricted-API checks decide). The gateway's own errors are
+are passed on (the workers' restricted-API checks decide); a model load or unload needs a
+credential first (:mod:`hloserve.gateway.auth`: 401 without) and is sent with the gateway's
+model-control key when the client sent none. The gateway's own errors are
 ``{"error": "..."}`` with the code of :data:`~hloserve.errors.HTTP_STATUS`: 503 when no
 worker answered, 400 for a body without ``Content-Length`` or over :data:`MAX_BODY_BYTES`.
 """
@@ -48,6 +50,7 @@ from hloserve.errors import (
 )
 from hloserve.gateway import fleet_ops
 from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
+from hloserve.gateway.auth import CERT_HEADER, ControlAuth
 from hloserve.gateway.model_control import Action, ModelControl, Outcome
 from hloserve.model_control import HEADER
 
@@ -95,6 +98,9 @@ KEEP_ALIVE_S = 60.0
 #: How a kept-alive connection the server had closed fails on the next request.
 _CLOSED_UNANSWERED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
+#: The gateway's own credentials, not passed on to the workers.
+_CREDENTIALS = frozenset({"authorization", CERT_HEADER})
+
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
 _RELAYED = ("Inference-Header-Content-Length",)
 
@@ -139,10 +145,10 @@ class Answer:
         return 200 <= self.status < 300
 
     @classmethod
-    def error(cls, exc: HloserveError) -> Answer:
+    def error(cls, exc: HloserveError, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
         """``{"error": message}`` with the HTTP code of the error's status."""
         body = json.dumps({"error": exc.message}, separators=(",", ":"), ensure_ascii=False)
-        return cls(HTTP_STATUS[exc.status], body.encode())
+        return cls(HTTP_STATUS[exc.status], body.encode(), headers=headers)
 
 
 #: A worker's answer, or why it gave none (the connection failed or broke).
@@ -317,6 +323,8 @@ class FleetHttp:
         checked: loopback host:port of HAProxy's ``http_checked`` frontend, where a JSON
             inference request that passes :func:`json_data_mismatch` is re-sent; None: such
             requests do not come here.
+        auth: credentials a model load or unload needs (:mod:`hloserve.gateway.auth`; 401
+            without); None: none checked.
     """
 
     def __init__(
@@ -329,6 +337,7 @@ class FleetHttp:
         loop: asyncio.AbstractEventLoop | None = None,
         grpc_workers: Sequence[str] = (),
         checked: str | None = None,
+        auth: ControlAuth | None = None,
     ) -> None:
         if control is not None and (loop is None or len(grpc_workers) != len(workers)):
             raise ValueError("FleetHttp: control needs the loop and every worker's gRPC endpoint")
@@ -341,6 +350,7 @@ class FleetHttp:
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
         self._repository_headers = dict(repository_headers or {})
+        self._auth = auth
         self._pool = ThreadPoolExecutor(
             max_workers=max(4, 2 * len(self.workers)), thread_name_prefix="hloserve-fleet-http"
         )
@@ -375,6 +385,16 @@ class FleetHttp:
         if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
             model = urllib.parse.unquote(match.group(1))
             action: Action = "load" if match.group(2) == "load" else "unload"
+            if self._auth is not None:
+                try:
+                    self._auth.check({k.lower(): v for k, v in headers.items()}, True)
+                except HloserveError as exc:
+                    return Answer.error(exc, (("WWW-Authenticate", "Bearer"),))
+                sent = {k.lower(): v for k, v in passed.items()}
+                passed = {
+                    **{k: v for k, v in passed.items() if k.lower() not in _CREDENTIALS},
+                    **({} if HEADER in sent else self._repository_headers),
+                }
             return self.model_control(action, model, path, body, passed)
         return self._first_worker(request)
 

@@ -118,6 +118,8 @@ class HAProxy:
         http_checked: loopback host:port of the frontend where the control plane re-sends
             the JSON inference requests it checked (:class:`~hloserve.gateway.dataplane.Listen`),
             or None.
+        client_cert_secret: what HAProxy puts in :data:`hloserve.gateway.auth.CERT_HEADER` on
+            requests of a connection with a verified client certificate (``tls.client_ca``).
 
     With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
     reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
@@ -138,6 +140,7 @@ class HAProxy:
         control: str,
         http_control: str | None = None,
         http_checked: str | None = None,
+        client_cert_secret: str | None = None,
     ) -> None:
         self.binary = find_haproxy()
         self.config = config
@@ -170,6 +173,8 @@ class HAProxy:
             map_file=str(self._dir / "models.map"),
             pem=pem,
             client_ca=client_ca,
+            verify_client=config.tls.verify_client if config.tls is not None else "required",
+            client_cert_secret=client_cert_secret if client_ca is not None else None,
         )
         self.master_socket = str(self._dir / "master.sock")
         self.config_file = self._dir / "haproxy.cfg"

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from hloserve.errors import UnavailableError
+from hloserve.gateway.auth import AuthInterceptor, ControlAuth
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.dataplane import BACKEND_NAME, UNROUTABLE_NAME
 from hloserve.gateway.fanout import FleetRpcs
@@ -117,9 +118,10 @@ class GatewayProxy:
             raise UnavailableError(f"model {model!r}: the gateway's data plane is not running")
         await self._routable(model)
         checked = self._data_plane.workers[0]
+        left = context.time_remaining()  # the client's gRPC deadline goes on to the worker
         try:
             reply: bytes = await self._data_plane.raw(checked, "ModelInfer")(
-                request, timeout=self._timeout
+                request, timeout=self._timeout if left is None else min(self._timeout, left)
             )
         except grpc.aio.AioRpcError as exc:
             raise relayed(exc) from None
@@ -172,12 +174,14 @@ class GatewayProxy:
 
 
 def make_server(
-    proxy: GatewayProxy, listen: str, limits: GrpcLimits
+    proxy: GatewayProxy, listen: str, limits: GrpcLimits, auth: ControlAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server serving ``proxy`` on ``listen`` (host:port; port 0 = any free).
 
     ``SO_REUSEPORT`` is off (gRPC turns it on by default on Linux): with it, a second gateway
     on a taken port would bind too and the kernel would split clients between the two.
+
+    With ``auth``, control calls need a credential (:class:`hloserve.gateway.auth.AuthInterceptor`).
 
     Returns:
         The server (not started) and the port it is bound to.
@@ -187,7 +191,7 @@ def make_server(
     """
     server = grpc.aio.server(
         options=[*channel_options(limits), ("grpc.so_reuseport", 0)],
-        interceptors=[ErrorInterceptor()],
+        interceptors=[*([AuthInterceptor(auth)] if auth is not None else []), ErrorInterceptor()],
     )
     server.add_generic_rpc_handlers((proxy.handler(),))
     try:

@@ -5,9 +5,11 @@
 the wall clock. :class:`ProcessWorkers` runs one tritonserver per planned worker for
 ``hloserve node up``: each worker's output goes to ``<run dir>/worker<i>.log`` and is copied to
 stdout with a ``[worker i]`` prefix; :meth:`ProcessWorkers.poll` reloads a model whose Python
-backend stub died (:class:`~hloserve.node.watchdog.StubWatchdog`) and restarts a worker that
-exited, under the node's restart policy, after Docker's restart backoff
-(:data:`RESTART_BACKOFF_S`), so that both runtimes restart alike.
+backend stub died (:class:`~hloserve.node.watchdog.StubWatchdog`; outside explicit model
+control, where Triton cannot reload, it drains that worker with a graceful stop and starts it
+again after the backoff, whatever the restart policy) and restarts a worker that exited,
+under the node's restart policy, after Docker's restart backoff (:data:`RESTART_BACKOFF_S`),
+so that both runtimes restart alike.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class ProcessWorkers:
         self._restart_at: dict[int, float] = {}  # worker -> when its pending restart is due
         self._started_at = [0.0] * count
         self._down: set[int] = set()
+        self._draining: dict[int, threading.Thread | None] = {}  # stub died: drain, restart
         self._logs_stop = threading.Event()
         self._logs: list[threading.Thread] = []
 
@@ -196,7 +199,19 @@ class ProcessWorkers:
             if self.on_stub_reload is not None:
                 self.on_stub_reload(i, model)
 
-        return stub_watchdog(server, reloaded)
+        def restart(model: str) -> None:
+            self._draining.setdefault(i, None)  # poll() drains and restarts the worker
+
+        return stub_watchdog(server, reloaded, restart)
+
+    def _drain(self, i: int, server: TritonServer, delay: float) -> None:
+        """Stop worker ``i`` gracefully (requests in flight finish within Triton's exit
+        timeout), then have :meth:`poll` start it again after ``delay`` seconds."""
+        with contextlib.suppress(HloserveError):
+            server.stop(timeout_s=30.0)
+        if self.servers[i] is server:
+            self._restart_at[i] = time.monotonic() + delay
+        self._draining.pop(i, None)
 
     def running(self) -> int:
         """How many workers run now."""
@@ -212,6 +227,23 @@ class ProcessWorkers:
         now = time.monotonic()
         for i, server in enumerate(self.servers):
             if i in self._down:
+                continue
+            if i in self._draining:
+                if self._draining[i] is None:
+                    if now - self._started_at[i] >= RESTART_RESET_S:
+                        self._restarts[i] = 0
+                    delay = restart_delay(self._restarts[i])
+                    self._restarts[i] += 1
+                    self._watchdogs[i] = None
+                    self.report(
+                        f"{self._prefix}: worker {i} drained to recover a dead Python backend"
+                        f" stub; restart {self._restarts[i]} in {delay:g} s after it stops"
+                    )
+                    drain = threading.Thread(
+                        target=self._drain, args=(i, server, delay), daemon=True
+                    )
+                    self._draining[i] = drain
+                    drain.start()
                 continue
             if i in self._restart_at:
                 if now >= self._restart_at[i]:

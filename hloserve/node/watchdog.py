@@ -10,7 +10,11 @@ died (signal 9, SIGKILL); reloading") and reloads the model through Triton's rep
 (``POST /v2/repository/models/<model>/load`` with the model's own configuration, which makes
 Triton load fresh instances even though no file changed, then swap them in). This needs
 ``--model-control-mode=explicit``; ``hloserve serve`` uses it (with ``--load-model=*``) unless
-another mode is asked for, in which case the death is only reported. The repository API is
+another mode is asked for. In ``none`` and ``poll`` Triton refuses load and unload, so the
+watchdog asks for the worker to be drained and restarted instead (``restart``: the process
+runtime stops it gracefully, then starts it again after the restart backoff,
+:meth:`hloserve.node.process_runtime.ProcessWorkers.poll`); with neither, the death is only
+reported. The repository API is
 restricted to callers holding the launcher's key (:mod:`hloserve.model_control`); the
 reload sends it.
 
@@ -50,6 +54,9 @@ class StubWatchdog:
         reload: called with a model name to reload it (in a thread of its own); None only
             reports deaths (the server is not in explicit mode).
         report: receives one line per event (death, reload done or failed).
+        restart: without ``reload``, called with the model's name to have the whole worker
+            drained and restarted (model control modes ``none`` and ``poll``); None: only
+            report.
 
     Call :meth:`check` periodically (every half second is cheap: one scan of ``/proc``); a
     death is acted on at the second check that sees it.
@@ -60,9 +67,11 @@ class StubWatchdog:
         server: TritonServer,
         reload: Callable[[str], None] | None,
         report: Callable[[str], None] = log.warning,
+        restart: Callable[[str], None] | None = None,
     ) -> None:
         self.server = server
         self.reload = reload
+        self.restart = restart
         self.report = report
         self._seen: set[int] = set()  # dead stub pids already handled
         self._suspects: set[int] = set()  # dead at the last check, not yet handled
@@ -88,7 +97,14 @@ class StubWatchdog:
                 for s in stubs
             )
             thread = self._reloading.get(model)
-            if self.reload is None:
+            if self.reload is None and self.restart is not None:
+                mode = self.server.options.model_control_mode
+                self.report(
+                    f"hloserve: model '{model}': Python backend stub {what}; draining and "
+                    f"restarting the worker (model control mode {mode} cannot reload a model)"
+                )
+                self.restart(model)
+            elif self.reload is None:
                 self.report(
                     f"hloserve: model '{model}': Python backend stub {what}; its requests fail "
                     "until the server restarts (reloading needs --model-control-mode explicit)"
@@ -120,13 +136,17 @@ class StubWatchdog:
 
 
 def stub_watchdog(
-    server: TritonServer, on_reload: Callable[[str], None] | None = None
+    server: TritonServer,
+    on_reload: Callable[[str], None] | None = None,
+    restart: Callable[[str], None] | None = None,
 ) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode, else only reports.
+    """The watchdog of a server: it reloads models in explicit mode, else asks ``restart``
+    (None: only reports).
 
     Args:
         server: the running server.
         on_reload: called with the model's name after each reload it starts (for metrics).
+        restart: drains and restarts the worker outside explicit mode (:class:`StubWatchdog`).
     """
     explicit = server.options.model_control_mode == "explicit"
     client = RepositoryClient(server.urls.http, server.options.model_control_key, 600.0)
@@ -136,4 +156,6 @@ def stub_watchdog(
         if on_reload is not None:
             on_reload(model)
 
-    return StubWatchdog(server, reload if explicit else None, lambda line: print(line, flush=True))
+    return StubWatchdog(
+        server, reload if explicit else None, lambda line: print(line, flush=True), restart
+    )

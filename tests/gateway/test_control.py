@@ -9,8 +9,10 @@ generated stub.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,11 +30,18 @@ from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 from tests.gateway.test_proxy import LIMITS, FakeWorker
 
+#: The gateways' control token (docs/gateway.md, "Control plane: authentication").
+TOKEN = "test-control-token-0123456789"
+
 
 class Fleet:
-    """Three fake workers and two gateways (lpt_packing, round_robin) on one loop thread."""
+    """Three fake workers and two gateways (lpt_packing, round_robin) on one loop thread,
+    whose control plane takes :data:`TOKEN` (in the file :attr:`token_file`)."""
 
     def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory()
+        self.token_file = Path(self._dir.name) / "token"
+        self.token_file.write_text(TOKEN + "\n")
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -56,7 +65,12 @@ class Fleet:
         tasks = []
         for mode in ("lpt_packing", "round_robin"):
             config = GatewayConfig.model_validate(
-                {"workers": self.workers, "mode": mode, "discovery": {"poll_interval_seconds": 60}}
+                {
+                    "workers": self.workers,
+                    "mode": mode,
+                    "discovery": {"poll_interval_seconds": 60},
+                    "auth": {"token_file": str(self.token_file)},
+                }
             )
             started = asyncio.Event()
 
@@ -82,6 +96,7 @@ class Fleet:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         self._loop.close()
+        self._dir.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +107,12 @@ def fleet() -> Iterator[Fleet]:
 
 
 def _stub(port: int) -> Iterator[pb_grpc.GatewayControlStub]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    """A stub whose calls carry ``authorization: Bearer`` :data:`TOKEN` (plaintext: local
+    channel credentials)."""
+    creds = grpc.composite_channel_credentials(
+        grpc.local_channel_credentials(), grpc.access_token_call_credentials(TOKEN)
+    )
+    with grpc.secure_channel(f"127.0.0.1:{port}", creds) as channel:
         yield pb_grpc.GatewayControlStub(channel)
 
 
@@ -102,7 +122,8 @@ def lpt(fleet: Fleet) -> Iterator[pb_grpc.GatewayControlStub]:
 
 
 def ctl(fleet: Fleet, mode: str, *args: str) -> int:
-    return main(["gateway-ctl", "--address", f"127.0.0.1:{fleet.ports[mode]}", *args])
+    address = f"127.0.0.1:{fleet.ports[mode]}"
+    return main(["gateway-ctl", "--address", address, "--token-file", str(fleet.token_file), *args])
 
 
 def test_status_reports_mode_knobs_placement_and_workers(
@@ -269,7 +290,10 @@ def test_a_tritonserver_port_is_named_as_not_a_gateway(
     fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
     worker = fleet.workers[0]  # serves inference.GRPCInferenceService only
-    assert main(["gateway-ctl", "--address", worker, "status"]) == 1
+    assert (
+        main(["gateway-ctl", "--address", worker, "--token-file", str(fleet.token_file), "status"])
+        == 1
+    )
     assert (
         f"error (UNIMPLEMENTED): {worker} does not serve the hloserve gateway control plane "
         "(is it a tritonserver port? use the gateway's gRPC port)"

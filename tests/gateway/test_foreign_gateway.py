@@ -34,10 +34,14 @@ def _status(grpc_port: int) -> Any:
 
     from hloserve.protos import gateway_control_pb2 as pb
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
+    from tests.gateway.test_control import TOKEN
 
     with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
         stub = pb_grpc.GatewayControlStub(channel)
-        return stub.GetSchedulingStatus(pb.GetSchedulingStatusRequest(), timeout=10)
+        bearer = (("authorization", f"Bearer {TOKEN}"),)
+        return stub.GetSchedulingStatus(
+            pb.GetSchedulingStatusRequest(), timeout=10, metadata=bearer
+        )
 
 
 def _plus_one(grpc_port: int, x: np.ndarray) -> np.ndarray:
@@ -49,8 +53,12 @@ def _plus_one(grpc_port: int, x: np.ndarray) -> np.ndarray:
 
 
 def test_lpt_packing_places_a_foreign_model_by_its_memory_hint(
-    digits_bundle: Path, tmp_path: Path
+    digits_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hloserve.gateway.auth import ENV_TOKEN
+    from tests.gateway.test_control import TOKEN
+
+    monkeypatch.setenv(ENV_TOKEN, TOKEN)  # serve's gateway and gateway-ctl read it
     src = tmp_path / "src"
     src.mkdir()
     shutil.copytree(digits_bundle, src / "digits")

@@ -161,7 +161,8 @@ def test_http_load_of_a_model_one_worker_has_goes_there_and_is_served(fleet: Fle
 def test_a_refused_load_is_the_workers_own_answer(fleet: Fleet) -> None:
     """A name no repository has goes to every worker; each refuses and the first refusal is
     relayed byte for byte (status, body, Content-Type), over HTTP and gRPC; a load without
-    the key is refused by the workers (403) and relayed too."""
+    the key is refused by the workers (403) and, through the gateway, by the gateway itself
+    before any worker (401: no credential, docs/gateway.md "Control plane: authentication")."""
     address = _http(fleet.round_robin)
     path = "/v2/repository/models/nope/load"
     own = _call(fleet.servers[0].urls.http, "POST", path, headers=_key())
@@ -172,7 +173,8 @@ def test_a_refused_load_is_the_workers_own_answer(fleet: Fleet) -> None:
     assert _call(address, "POST", path, headers=_key()) == own
     no_key = _call(fleet.servers[0].urls.http, "POST", "/v2/repository/models/lone/load")
     assert no_key[0] == 403 and b"This API is restricted" in no_key[1]
-    assert _call(address, "POST", "/v2/repository/models/lone/load") == no_key
+    refused = _call(address, "POST", "/v2/repository/models/lone/load")
+    assert refused[0] == 401 and b"model control needs a credential" in refused[1]
     assert fleet.states("lone") == ["", ""]
     client = grpcclient.InferenceServerClient(fleet.round_robin.address)
     with pytest.raises(InferenceServerException) as info:

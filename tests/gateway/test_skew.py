@@ -15,13 +15,16 @@ from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import service_pb2_grpc
 
+from hloserve.gateway.auth import ENV_TOKEN
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.proxy import channel_options
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
+from tests.gateway.test_control import TOKEN
 from tests.gateway.test_proxy import LIMITS, FakeWorker, _start_gateway
 
 MODELS = ("m0", "m1", "m2", "m3", "m4", "m5")
@@ -36,11 +39,15 @@ class SlowWorker(FakeWorker):
         return await super().ModelInfer(request, context)
 
 
-def test_run_fill_keeps_every_single_replica_model_on_one_worker() -> None:
+def test_run_fill_keeps_every_single_replica_model_on_one_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every single-replica model is placed on one worker and all 320 requests are routed
     there; m0's two replicas show fill mode ``run`` with its quantum in requests. HAProxy's
     ``balance first`` fills by concurrency: there is no share guard (docs/gateway.md,
     "Removed settings")."""
+
+    monkeypatch.setenv(ENV_TOKEN, TOKEN)  # the control plane's token, read at startup
 
     async def body() -> None:
         servers, endpoints = [], []
@@ -76,7 +83,8 @@ def test_run_fill_keeps_every_single_replica_model_on_one_worker() -> None:
             await asyncio.gather(*(loop(seed) for seed in range(8)))  # 320 requests
             for _ in range(50):  # HAProxy's counters reach the control plane within 0.5 s
                 status = await pb_grpc.GatewayControlStub(channel).GetSchedulingStatus(
-                    pb.GetSchedulingStatusRequest()
+                    pb.GetSchedulingStatusRequest(),
+                    metadata=(("authorization", f"Bearer {TOKEN}"),),
                 )
                 if sum(r.routed_total for m in status.models for r in m.replicas) >= 320:
                     break

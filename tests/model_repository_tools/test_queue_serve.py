@@ -178,6 +178,33 @@ def test_a_request_cancelled_before_it_is_sent_never_runs(server: TritonServer, 
     assert _executions(server) == before + 1
 
 
+def test_a_grpc_deadline_through_the_gateway_reaches_the_worker(server: TritonServer) -> None:
+    """The client's ``grpc-timeout`` goes through the gateway (HAProxy) to the worker, whose
+    front finds the request cancelled after its hook and never sends it (issue 28 item 2);
+    the gateway answers DEADLINE_EXCEEDED as Triton does."""
+    from hloserve.gateway.config import GatewayConfig
+    from hloserve.node.gateway_thread import GatewayThread
+
+    config = GatewayConfig.model_validate({"workers": [server.urls.grpc]})
+    gateway = GatewayThread(config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0}))
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_allclose(_infer(client, x).as_numpy("y"), _expected(x), rtol=1e-6)
+        before = _executions(server)
+        tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("slow", [tensor], client_timeout=HOOK_S / 3)
+        assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED", caught.value
+        time.sleep(HOOK_S)  # its hook ends on the worker: cancelled, not sent
+        assert _executions(server) == before
+        np.testing.assert_allclose(_infer(client, x).as_numpy("y"), _expected(x), rtol=1e-6)
+        assert _executions(server) == before + 1
+    finally:
+        gateway.close()
+
+
 def test_a_request_cancelled_in_the_runtimes_queue_is_shed(server: TritonServer, grpc: Any) -> None:
     shed = {"name": "hloserve_scheduler_shed_total", "reason": "cancelled"}
     before = (_executions(server, "tiny"), _executions(server, "tiny", **shed))

@@ -242,8 +242,9 @@ def test_model_control_through_the_gateway_reaches_the_workers_with_the_key(
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         expected = _affine(gateway, x)
         client = grpcclient.InferenceServerClient(gateway)
-        with pytest.raises(InferenceServerException):  # no key: the workers refuse
+        with pytest.raises(InferenceServerException) as refused:  # no credential
             client.unload_model("affine")
+        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
         np.testing.assert_array_equal(_affine(gateway, x), expected)  # still served
 
         headers = {GRPC_METADATA_KEY: key}
