@@ -40,7 +40,12 @@ from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import add_control_service
 from hloserve.gateway.dataplane import plan_layout
-from hloserve.gateway.discovery import SingleFlight, discover_table
+from hloserve.gateway.discovery import (
+    SingleFlight,
+    discover_table,
+    resolve_workers,
+    with_workers,
+)
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
@@ -136,9 +141,14 @@ async def run_gateway(
     """
     secret = config.upstream.model_control_key
     key = local_key() if secret is None else secret.get_secret_value()
+    timeout = config.upstream.probe_timeout_seconds
+    if config.discovery.dns_name is not None:  # the workers the name has now, maybe none
+        try:
+            config = with_workers(config, await resolve_workers(config.discovery, timeout))
+        except UnavailableError as exc:
+            log.warning("%s; starting without workers, retrying", exc)
     upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
     router = Router()
-    timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
 
     controller = LptController(config.scheduling) if config.mode == "lpt_packing" else None
@@ -228,7 +238,7 @@ async def run_gateway(
     async def sync() -> None:
         """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
         layout = plan_layout(router.table, config, router.scheduling)
-        await asyncio.to_thread(dataplane.apply, layout)
+        await asyncio.to_thread(dataplane.apply, layout, config)
         router.record_counts(*await asyncio.to_thread(dataplane.counts))
 
     async def routable(model: str) -> None:
@@ -270,11 +280,14 @@ async def run_gateway(
             if stop.is_set():
                 return
             try:
+                workers = config.workers
                 answers = await asyncio.gather(
-                    *(probe_ready(upstreams, w, timeout) for w in config.workers)
+                    *(probe_ready(upstreams, w, timeout) for w in workers)
                 )
                 changed = False
-                for worker, ok in zip(config.workers, answers, strict=True):
+                for worker, ok in zip(workers, answers, strict=True):
+                    if worker not in config.workers:  # left the fleet (DNS) meanwhile
+                        continue
                     flipped = health.record(worker, ok)
                     metrics.worker_healthy.labels(worker).set(float(health.is_healthy(worker)))
                     if flipped:
@@ -297,8 +310,46 @@ async def run_gateway(
             except Exception:  # the old layout keeps serving; the next check retries
                 log.exception("gateway: HAProxy did not take the new layout")
 
+    async def follow_dns() -> None:
+        """Resolve ``discovery.dns_name`` every ``dns_interval_seconds``; a new answer
+        becomes the fleet: channels to the new workers, a discovery pass over the new fleet,
+        HAProxy reloaded with its servers (hitless: requests in flight finish where they
+        went), then the channels of the workers gone are closed once their calls end."""
+        nonlocal config
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.discovery.dns_interval_seconds)
+            if stop.is_set():
+                return
+            try:
+                found = with_workers(config, await resolve_workers(config.discovery, timeout))
+                if found.workers == config.workers:
+                    continue
+                joined = [w for w in found.workers if w not in config.workers]
+                left = [w for w in config.workers if w not in found.workers]
+                log.info("gateway: DNS: workers joined %s, left %s", joined, left)
+                config = found
+                gone = upstreams.set_workers(config.workers)
+                health.retain(config.workers)
+                for worker in joined:
+                    metrics.worker_healthy.labels(worker).set(1.0)
+                for worker in left:
+                    with contextlib.suppress(KeyError):
+                        metrics.worker_healthy.remove(worker)
+                control.workers = config.workers
+                if fleet_http is not None:
+                    fleet_http.fleet.set_workers(config.worker_http, config.workers)
+                await refresh(force=True)
+                await sync()
+                upstreams.drop(gone, config.upstream.request_timeout_seconds)
+            except UnavailableError as exc:  # keep the fleet; the next resolution may work
+                log.warning("%s; keeping %d workers", exc, len(config.workers))
+            except Exception:
+                log.exception("gateway: DNS discovery pass failed; keeping the current fleet")
+
     prober = asyncio.ensure_future(probe_workers())
     syncer = asyncio.ensure_future(keep_in_sync())
+    follower = asyncio.ensure_future(follow_dns()) if config.discovery.dns_name else None
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -309,7 +360,7 @@ async def run_gateway(
                 except Exception:  # a bad pass must not stop the gateway; the next may work
                     log.exception("gateway: discovery pass failed; keeping the current table")
     finally:
-        for task in (prober, syncer):
+        for task in (prober, syncer, *([follower] if follower else [])):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -168,7 +168,8 @@ class SchedulingControl:
     Args:
         mode: the gateway's mode (startup-only).
         scheduling: the knobs at startup.
-        workers: every configured worker endpoint.
+        workers: every worker endpoint (the attribute ``workers``, which DNS discovery
+            replaces as the fleet changes).
         router: the gateway's router.
         controller: the ``lpt_packing`` controller; None in the other modes.
         on_repack: called after each operator repack (a metrics counter).
@@ -185,7 +186,7 @@ class SchedulingControl:
     ) -> None:
         self.mode = mode
         self._scheduling = scheduling
-        self._workers = workers
+        self.workers = workers
         self._router = router
         self._controller = controller
         self._on_repack = on_repack
@@ -342,7 +343,7 @@ class SchedulingControl:
             self._model_row(name, table.routes[name], routed, outstanding)
             for name in sorted(table.routes)
         )
-        items = self._router.worker_items(self._workers)
+        items = self._router.worker_items(self.workers)
         placement = self._controller.placement if self._controller is not None else None
         budgets = self._controller.weights.budget_bytes if self._controller is not None else {}
         workers = tuple(
@@ -356,6 +357,6 @@ class SchedulingControl:
                 weight_bytes=placement.weight_bytes.get(w, 0) if placement else 0,
                 weight_budget_bytes=budgets.get(w, 0),
             )
-            for w in self._workers
+            for w in self.workers
         )
         return SchedulingSnapshot(self.mode, self._scheduling, models, workers, self._repack_row())
