@@ -108,9 +108,9 @@ def test_discovered_workers_take_the_configured_ports() -> None:
 def test_dns_discovery_settings_are_checked(tmp_path: Path) -> None:
     environ = {"HLOSERVE_GATEWAY_DISCOVERY__DNS_NAME": NAME}
     assert load_config(None, environ).discovery.dns_name == NAME
-    with pytest.raises(GatewayConfigError, match="discovery.dns_name .* leave workers empty"):
+    with pytest.raises(GatewayConfigError, match=r"discovery\.dns_name .* leave workers empty"):
         load_config(None, environ | {"HLOSERVE_GATEWAY_WORKERS": "127.0.0.1:8001"})
-    with pytest.raises(GatewayConfigError, match="give at least one worker, or discovery.dns_name"):
+    with pytest.raises(GatewayConfigError, match=r"at least one worker, or discovery\.dns_name"):
         load_config(None, {"HLOSERVE_GATEWAY_LISTEN": "127.0.0.1:8001"})
     bad = environ | {"HLOSERVE_GATEWAY_DISCOVERY__DNS_NAMESERVER": "127.0.0.1"}
     with pytest.raises(GatewayConfigError, match="expected host:port"):
@@ -158,9 +158,7 @@ class Load:
 
         tensor = grpcclient.InferInput("x", [2, 4], "FP32")
         tensor.set_data_from_numpy(self.x)
-        result: np.ndarray = self.client.infer("affine", [tensor], client_timeout=30).as_numpy(
-            "y"
-        )
+        result: np.ndarray = self.client.infer("affine", [tensor], client_timeout=30).as_numpy("y")
         return result
 
     def _run(self) -> None:

@@ -194,8 +194,9 @@ def test_explicit_load_of_a_meta_loads_what_it_calls_in_a_container(
     tmp_path: Path, launcher: str
 ) -> None:
     """The tritonserver launcher loads a meta's callees (transitively) and the runtime model,
-    as ``hloserve serve`` does, the runtime model first; the hloserve launcher hands the names to ``hloserve serve``,
-    which adds them inside the container from the same mounted repository."""
+    as ``hloserve serve`` does, the runtime model first; the hloserve launcher hands the names
+    to ``hloserve serve``, which adds them inside the container from the same mounted
+    repository."""
     if launcher == "tritonserver":
         pytest.importorskip("tritonclient.grpc.model_config_pb2")  # reads config.pbtxt
     calls = {"cascade": "fast,outer", "outer": "slow,fast"}  # a meta calling a meta
