@@ -37,8 +37,10 @@ def image_build_command(config: NodeConfig) -> str:
     ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
     ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
     """
-    dockerfile = "worker-cpu" if config.docker.launcher == "hloserve" else "worker"
-    return f"docker build -f containers/{dockerfile}.Dockerfile -t {config.docker.image} ."
+    image = config.docker.image
+    if config.docker.launcher == "hloserve":  # as scripts/images.sh builds it
+        return f"docker build --network=host -f containers/worker-cpu.Dockerfile -t {image} ."
+    return f"docker build -f containers/worker.Dockerfile -t {image} ."
 
 
 def worker_command(
