@@ -271,3 +271,29 @@ def test_the_fleet_follows_the_dns_answer_without_failed_requests(
         load.stop()
         assert load.failures == [], load.failures[:5]
         assert load.sent > 50, load.sent
+
+
+def test_the_gateway_starts_before_any_worker_pod_has_an_address(
+    dns: tuple[Answers, str],
+) -> None:
+    """A Service with no ready pod yet: the gateway serves (HAProxy without servers), answers
+    /readyz 503 until a worker serves a model, and keeps resolving."""
+    import urllib.error
+    import urllib.request
+
+    from hloserve.node.gateway_thread import GatewayThread
+
+    answers, nameserver = dns
+    config = GatewayConfig(discovery=_discovery(nameserver, dns_interval_seconds=0.2))
+    update = {"listen": "127.0.0.1:0", "admin_port": 0, "http_listen": "127.0.0.1:0"}
+    gateway = GatewayThread(config.model_copy(update=update))
+    try:
+        with pytest.raises(urllib.error.HTTPError) as unready:
+            urllib.request.urlopen(f"http://127.0.0.1:{gateway.admin_port}/readyz", timeout=5)
+        assert unready.value.code == 503
+        unready.value.close()
+        asked = answers.asked
+        _wait("the gateway resolves again", lambda: answers.asked >= asked + 3, 10.0)
+        assert gateway.is_running()
+    finally:
+        gateway.close()
