@@ -12,7 +12,10 @@ worker out of the table after ``health.failure_threshold`` failures in a row and
 pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
 restrict the table to the placement (repacked at startup, on fleet changes and per the
 rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
-gRPC port.
+gRPC port. With ``discovery.dns_name`` the workers themselves come from DNS
+(:func:`~hloserve.gateway.discovery.resolve_workers`), resolved at start and every
+``discovery.dns_interval_seconds``: a changed answer becomes the fleet (channels, health,
+fleet HTTP, HAProxy's servers by a hitless reload; docs/kubernetes.md, "DNS discovery").
 
 HAProxy (:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer
 straight to the workers, with the admission and failover rules of
