@@ -59,7 +59,9 @@ class NodeProcess:
                 env=env,
             )
         try:
-            self.wait_for("worker(s) ready", startup_s)
+            # the node's own line: a container's `hloserve serve` prints "[worker i] hloserve:
+            # ready after ..., 1 worker(s) ready" before the node has started its gateway
+            self.wait_for(f"hloserve node {settings['name']}: ready after", startup_s)
         except BaseException:
             self.stop()
             raise
