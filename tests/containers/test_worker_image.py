@@ -110,12 +110,14 @@ def worker(
     )
     handle = Worker(container, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", volume)
     try:
+        # `hloserve serve` loads the runtime model first and digits once Triton answers ready:
+        # wait for the model, not only the server
         deadline = time.monotonic() + 300
-        while not ready(handle.http) and time.monotonic() < deadline:
+        while not ready(handle.http, "digits") and time.monotonic() < deadline:
             container.reload()
             assert container.status == "running", container.logs()[-3000:].decode()
             time.sleep(0.5)
-        assert ready(handle.http), container.logs()[-3000:].decode()
+        assert ready(handle.http, "digits"), container.logs()[-3000:].decode()
         yield handle
     finally:
         container.remove(force=True)

@@ -117,10 +117,12 @@ def successes(grpc_url: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
 
 
-def ready(http_url: str) -> bool:
+def ready(http_url: str, model: str | None = None) -> bool:
+    """Whether the server (or, given, ``model``) at ``http_url`` answers ready."""
+    path = "/v2/health/ready" if model is None else f"/v2/models/{model}/ready"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+        with opener.open(f"http://{http_url}{path}", timeout=2) as response:
             return bool(response.status == 200)
     except (OSError, http.client.HTTPException):
         return False
