@@ -2,6 +2,10 @@
 # Build hloserve's container images on the local Docker daemon (docs/deployment.md, "Images").
 #   bash scripts/images.sh base                 hloserve-base:bookworm from Debian's packages
 #   bash scripts/images.sh cpu gateway [gpu]    the images of containers/*.Dockerfile
+#   bash scripts/images.sh tags cpu gateway gpu  print the tags it builds (no Docker needed)
+# Names: hloserve-worker-cpu, hloserve-gateway, hloserve-worker-gpu, each tagged with hloserve's
+#   version (pyproject.toml; what deploy/kubernetes names) and `latest` (containers/compose.yaml,
+#   the node files, the docker tests).
 #   BASE_IMAGE=python:3.11-slim-bookworm bash scripts/images.sh cpu gateway   # a registry's base
 # base: `debootstrap --variant=minbase` of Debian bookworm with python3.11, python3.11-venv,
 #   libpython3.11 (the Python backend stub links it) and ca-certificates, then `docker import`
@@ -15,7 +19,7 @@
 # stage of each Dockerfile copies: the final images do not keep it.
 # Prints one "image TAG: SIZE, built in S s" line per image. Environment:
 #   BASE_IMAGE   the Dockerfiles' base (default hloserve-base:bookworm)
-#   TAG          tag of the built images (default latest)
+#   TAG          tag of the built images besides `latest` (default: hloserve's version)
 #   DEBIAN_MIRROR  debootstrap's mirror (default http://deb.debian.org/debian)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +27,8 @@ cd "$ROOT"
 
 DEFAULT_BASE=hloserve-base:bookworm
 BASE_IMAGE="${BASE_IMAGE:-$DEFAULT_BASE}"
-TAG="${TAG:-latest}"
+VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)"
+TAG="${TAG:-$VERSION}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 BASE_PACKAGES=python3.11,python3.11-venv,python3-distutils,libpython3.11,ca-certificates
 # The recipe's identity: a base built from another recipe is rebuilt.
@@ -113,26 +118,42 @@ report() {
 }
 
 build_image() {
-  local dockerfile="$1" tag="$2" start
+  local dockerfile="$1" name="$2" start
   start=$(date +%s)
-  say "docker build -f containers/$dockerfile -t $tag (base $BASE_IMAGE)"
+  say "docker build -f containers/$dockerfile -t $name:$TAG -t $name:latest (base $BASE_IMAGE)"
   DOCKER_BUILDKIT=0 docker build --network=host --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-    -f "containers/$dockerfile" -t "$tag" . >>"${HLOSERVE_IMAGES_LOG:-/dev/stdout}"
-  report "$tag" "$start"
+    -f "containers/$dockerfile" -t "$name:$TAG" -t "$name:latest" . \
+    >>"${HLOSERVE_IMAGES_LOG:-/dev/stdout}"
+  report "$name:$TAG" "$start"
 }
 
-[ $# -gt 0 ] || { sed -n '2,4p' "$0"; exit 2; }
+# target -> "Dockerfile image-name"
+image_of() {
+  case "$1" in
+    cpu) echo "worker-cpu.Dockerfile hloserve-worker-cpu" ;;
+    gateway) echo "gateway.Dockerfile hloserve-gateway" ;;
+    gpu) echo "worker-gpu.Dockerfile hloserve-worker-gpu" ;;
+    *) return 1 ;;
+  esac
+}
+
+[ $# -gt 0 ] || { sed -n '2,5p' "$0"; exit 2; }
+if [ "$1" = tags ]; then
+  shift
+  for target in "$@"; do
+    read -r _ name < <(image_of "$target") || { echo "unknown image '$target'" >&2; exit 2; }
+    echo "$name:$TAG $name:latest"
+  done
+  exit 0
+fi
 for target in "$@"; do
   case "$target" in
     base) build_base ;;
     cpu | gateway | gpu)
       [ "$BASE_IMAGE" != "$DEFAULT_BASE" ] || build_base
       stage_pip_config
-      case "$target" in
-        cpu) build_image worker-cpu.Dockerfile "hloserve-worker-cpu:$TAG" ;;
-        gateway) build_image gateway.Dockerfile "hloserve-gateway:$TAG" ;;
-        gpu) build_image worker-gpu.Dockerfile "hloserve-worker-gpu:$TAG" ;;
-      esac
+      read -r dockerfile name < <(image_of "$target")
+      build_image "$dockerfile" "$name"
       ;;
     *) echo "unknown image '$target' (base, cpu, gateway, gpu)" >&2; exit 2 ;;
   esac

@@ -13,7 +13,10 @@ workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
 HTTP calls that need every worker. The control plane's calls and model control need a
 credential (:mod:`hloserve.gateway.auth`). The layout of the router's table
 (:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
-(checked every :data:`SYNC_INTERVAL_S`).
+(checked every :data:`SYNC_INTERVAL_S`). With ``discovery.dns_name`` the workers themselves come
+from DNS (:func:`~hloserve.gateway.discovery.resolve_workers`), resolved at start and every
+``discovery.dns_interval_seconds``: a changed answer becomes the fleet (channels, health, fleet
+HTTP, HAProxy's servers by a hitless reload; docs/kubernetes.md, "DNS discovery").
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ from hloserve.gateway.auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth, read_t
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
-from hloserve.gateway.discovery import SingleFlight, discover_table
+from hloserve.gateway.discovery import (
+    SingleFlight,
+    discover_table,
+    resolve_workers,
+    with_workers,
+)
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
@@ -145,9 +153,14 @@ async def run_gateway(
             ENV_TOKEN,
             ENV_TOKEN_FILE,
         )
+    timeout = config.upstream.probe_timeout_seconds
+    if config.discovery.dns_name is not None:  # the workers the name has now, maybe none
+        try:
+            config = with_workers(config, await resolve_workers(config.discovery, timeout))
+        except UnavailableError as exc:
+            log.warning("%s; starting without workers, retrying", exc)
     upstreams = Upstreams(config.workers, config.grpc, grpc_metadata(key))
     router = Router()
-    timeout = config.upstream.probe_timeout_seconds
     metrics = GatewayMetrics(router)
 
     controller = LptController(config.scheduling) if config.mode == "lpt_packing" else None
@@ -212,7 +225,7 @@ async def run_gateway(
         """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
         assert dataplane is not None
         layout = plan_layout(router.table, config, router.scheduling)
-        await asyncio.to_thread(dataplane.apply, layout)
+        await asyncio.to_thread(dataplane.apply, layout, config)
         router.record_counts(*await asyncio.to_thread(dataplane.counts))
 
     async def routable(model: str) -> None:
@@ -285,11 +298,12 @@ async def run_gateway(
 
     async def probe_workers() -> None:
         """One health probe of every worker; a change re-runs discovery."""
-        answers = await asyncio.gather(
-            *(probe_ready(upstreams, w, timeout) for w in config.workers)
-        )
+        workers = config.workers
+        answers = await asyncio.gather(*(probe_ready(upstreams, w, timeout) for w in workers))
         changed = False
-        for worker, ok in zip(config.workers, answers, strict=True):
+        for worker, ok in zip(workers, answers, strict=True):
+            if worker not in config.workers:  # left the fleet (DNS) meanwhile
+                continue
             flipped = health.record(worker, ok)
             metrics.worker_healthy.labels(worker).set(float(health.is_healthy(worker)))
             if flipped:
@@ -301,6 +315,37 @@ async def run_gateway(
         if changed:
             await refresh(force=True)
 
+    async def follow_dns() -> None:
+        """Resolve ``discovery.dns_name``; a new answer becomes the fleet: channels to the new
+        workers, a discovery pass over the new fleet, HAProxy reloaded with its servers
+        (hitless: requests in flight finish where they went), then the channels of the workers
+        gone are closed once their calls end. A DNS outage keeps the fleet."""
+        nonlocal config
+        try:
+            found = with_workers(config, await resolve_workers(config.discovery, timeout))
+        except UnavailableError as exc:  # keep the fleet; the next resolution may work
+            log.warning("%s; keeping %d workers", exc, len(config.workers))
+            return
+        if found.workers == config.workers:
+            return
+        joined = [w for w in found.workers if w not in config.workers]
+        left = [w for w in config.workers if w not in found.workers]
+        log.info("gateway: DNS: workers joined %s, left %s", joined, left)
+        config = found
+        gone = upstreams.set_workers(config.workers)
+        health.retain(config.workers)
+        for worker in joined:
+            metrics.worker_healthy.labels(worker).set(1.0)
+        for worker in left:
+            with contextlib.suppress(KeyError):
+                metrics.worker_healthy.remove(worker)
+        control.workers = config.workers
+        if fleet_http is not None:
+            fleet_http.fleet.set_workers(config.worker_http, config.workers)
+        await refresh(force=True)
+        await sync()
+        upstreams.drop(gone, config.upstream.request_timeout_seconds)
+
     health_s = config.health.interval_seconds
     tasks = [
         asyncio.ensure_future(every(health_s, probe_workers, "gateway: health probe pass failed")),
@@ -309,6 +354,10 @@ async def run_gateway(
             every(SYNC_INTERVAL_S, sync, "gateway: HAProxy did not take the new layout")
         ),
     ]
+    if config.discovery.dns_name is not None:
+        dns_s = config.discovery.dns_interval_seconds
+        failed = "gateway: DNS discovery pass failed; keeping the current fleet"
+        tasks.append(asyncio.ensure_future(every(dns_s, follow_dns, failed)))
     try:  # a failed discovery pass keeps the current table; the next may work
         await every(
             config.discovery.poll_interval_seconds,

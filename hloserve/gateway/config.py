@@ -135,14 +135,37 @@ class UpstreamConfig(_Section):
 
 
 class DiscoveryConfig(_Section):
-    """Route discovery (docs/gateway.md, "Proxy": ``discover_table``).
+    """Route discovery (docs/gateway.md, "Proxy": ``discover_table``) and, on a cluster, the
+    workers themselves from DNS (docs/kubernetes.md, "DNS discovery").
 
     Attributes:
         poll_interval_seconds: seconds between polls of every worker's RepositoryIndex,
             ServerReady and statistics (10, ReactantServer's health interval).
+        dns_name: a name whose A records are the workers' addresses (a Kubernetes headless
+            Service, e.g. ``hloserve-workers.hloserve.svc.cluster.local``); set, the workers
+            come from it (``workers``, ``worker_http`` and ``worker_metrics`` stay empty) and
+            follow its answer. None (default): the fixed ``workers``.
+        dns_interval_seconds: seconds between two resolutions of ``dns_name`` (5).
+        dns_nameserver: ``host:port`` of the DNS server to ask; None (default): the system's
+            (``/etc/resolv.conf``: its nameservers, search domains and ``ndots``).
+        worker_grpc_port: each discovered worker's KServe gRPC port (8001, Triton's).
+        worker_http_port: each discovered worker's KServe HTTP port (8000), used with
+            ``http_listen``.
+        worker_metrics_port: each discovered worker's metrics port (8002); 0 = none.
     """
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
+    dns_name: str | None = Field(default=None, min_length=1)
+    dns_interval_seconds: float = Field(default=5.0, gt=0)
+    dns_nameserver: str | None = None
+    worker_grpc_port: int = Field(default=8001, gt=0, le=65535)
+    worker_http_port: int = Field(default=8000, gt=0, le=65535)
+    worker_metrics_port: int = Field(default=8002, ge=0, le=65535)
+
+    @field_validator("dns_nameserver")
+    @classmethod
+    def _nameserver(cls, value: str | None) -> str | None:
+        return value if value is None else _check_host_port(value)
 
 
 class HealthConfig(_Section):
@@ -294,7 +317,8 @@ class GatewayConfig(_Section):
         listen: host:port of the KServe V2 gRPC endpoint ("127.0.0.1:8001", Triton's gRPC port).
         admin_port: port of the admin HTTP server (/healthz, /readyz, /metrics) on the listen
             host (8002, Triton's metrics port).
-        workers: host:port of every worker's gRPC endpoint, at least one, no duplicates.
+        workers: host:port of every worker's gRPC endpoint, at least one, no duplicates;
+            empty with ``discovery.dns_name`` (the workers come from DNS).
         worker_metrics: host:port of every worker's metrics endpoint (Triton's 8002), in the
             order of ``workers``; empty (default) = weight footprints and budgets unknown.
             ``lpt_packing`` reads the runtime's ``hloserve_weight_*`` series there.
@@ -320,7 +344,7 @@ class GatewayConfig(_Section):
 
     listen: HostPort = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)
-    workers: tuple[HostPort, ...] = Field(min_length=1)
+    workers: tuple[HostPort, ...] = ()
     worker_metrics: tuple[HostPort, ...] = ()
     mode: Mode = "round_robin"
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
@@ -345,6 +369,16 @@ class GatewayConfig(_Section):
 
     @model_validator(mode="after")
     def _same_length(self) -> GatewayConfig:
+        if self.discovery.dns_name is not None:
+            given = [k for k in _LIST_KEYS if getattr(self, k)]
+            if given:
+                raise ValueError(
+                    f"discovery.dns_name ({self.discovery.dns_name}) finds the workers: "
+                    f"leave {', '.join(given)} empty"
+                )
+            return self
+        if not self.workers:
+            raise ValueError("workers: give at least one worker, or discovery.dns_name")
         if self.http_listen is not None and len(self.worker_http) != len(self.workers):
             raise ValueError(
                 f"http_listen needs worker_http: one HTTP endpoint per worker, in the order of"

@@ -1,22 +1,28 @@
-"""Discovery: the routing table from the workers' own answers, and its single-flight refresh.
+"""Discovery: the workers from DNS, the routing table from the workers' own answers, and its
+single-flight refresh.
 
-:func:`discover_table` builds a :class:`~hloserve.gateway.routing.RoutingTable` from every
-worker's ``RepositoryIndex`` and ``ModelConfig`` (docs/gateway.md, "Proxy");
-:class:`SingleFlight` runs such a pass for many waiting callers at once, at most once per
-interval.
+:func:`resolve_workers` finds the workers as the A records of ``discovery.dns_name`` (a
+Kubernetes headless Service: docs/kubernetes.md, "DNS discovery") and :func:`with_workers`
+makes them the gateway's fleet; :func:`discover_table` builds a
+:class:`~hloserve.gateway.routing.RoutingTable` from every worker's ``RepositoryIndex`` and
+``ModelConfig`` (docs/gateway.md, "Proxy"); :class:`SingleFlight` runs such a pass for many
+waiting callers at once, at most once per interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
+from hloserve.errors import UnavailableError
+from hloserve.gateway.config import DiscoveryConfig, GatewayConfig
 from hloserve.gateway.routing import REPORTS, ModelRoute, RoutingTable
 from hloserve.gateway.upstreams import Upstreams
 from hloserve.model_parameters import MetaParameters, string_values
@@ -37,6 +43,64 @@ def group_calls(config: Any) -> tuple[str, ...]:
         return tuple(MetaParameters.read(config.name, params, PARAM_META_CALLS))
     steps = (step.model_name for step in config.ensemble_scheduling.step)
     return tuple(dict.fromkeys(steps))
+
+
+async def resolve_workers(discovery: DiscoveryConfig, timeout_s: float) -> tuple[str, ...]:
+    """The addresses of ``discovery.dns_name``'s A records, sorted (so every gateway replica
+    lists the same fleet in the same order).
+
+    Asks ``discovery.dns_nameserver`` when set, else the system's nameservers with its search
+    domains and ``ndots`` (``/etc/resolv.conf``, as a pod's resolver), through dnspython.
+
+    Returns:
+        The IPv4 addresses; ``()`` when the name does not exist or has no A record (a headless
+        Service with no pod).
+
+    Raises:
+        UnavailableError: no nameserver answered within ``timeout_s`` (the caller keeps the
+            fleet it has: a DNS outage must not empty it).
+    """
+    import dns.asyncresolver
+    import dns.exception
+    import dns.resolver
+
+    name = discovery.dns_name
+    if name is None:
+        return ()
+    if discovery.dns_nameserver is None:
+        resolver = dns.asyncresolver.Resolver()
+    else:
+        host, _, port = discovery.dns_nameserver.rpartition(":")
+        resolver = dns.asyncresolver.Resolver(configure=False)
+        resolver.nameservers = [host.strip("[]")]
+        resolver.port = int(port)
+    try:
+        answer = await resolver.resolve(name, "A", search=True, lifetime=timeout_s)
+    except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+        return ()
+    except dns.exception.DNSException as exc:
+        where = discovery.dns_nameserver or "the system's nameservers"
+        raise UnavailableError(f"gateway: DNS discovery of {name} at {where}: {exc}") from None
+    return tuple(sorted({r.address for r in answer}, key=ipaddress.ip_address))
+
+
+def with_workers(config: GatewayConfig, addresses: Sequence[str]) -> GatewayConfig:
+    """``config`` with the workers at ``addresses`` (:func:`resolve_workers`): ``workers``,
+    ``worker_http`` and ``worker_metrics`` on ``discovery``'s ports (no metrics with
+    ``worker_metrics_port`` 0)."""
+    d = config.discovery
+    hosts = [f"[{a}]" if ":" in a else a for a in addresses]
+    return config.model_copy(
+        update={
+            "workers": tuple(f"{h}:{d.worker_grpc_port}" for h in hosts),
+            "worker_http": tuple(f"{h}:{d.worker_http_port}" for h in hosts),
+            "worker_metrics": (
+                tuple(f"{h}:{d.worker_metrics_port}" for h in hosts)
+                if d.worker_metrics_port
+                else ()
+            ),
+        }
+    )
 
 
 async def discover_table(

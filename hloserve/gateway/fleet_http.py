@@ -355,6 +355,12 @@ class FleetHttp:
             max_workers=max(4, 2 * len(self.workers)), thread_name_prefix="hloserve-fleet-http"
         )
 
+    def set_workers(self, workers: Sequence[str], grpc_workers: Sequence[str]) -> None:
+        """Make ``workers`` (HTTP endpoints, in the order of ``grpc_workers``) the fleet (DNS
+        discovery); calls already started keep the workers they began with."""
+        self._http_of = dict(zip(grpc_workers, workers, strict=True))
+        self.workers = tuple(workers)
+
     def close(self) -> None:
         """Stop the threads that call the workers."""
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -266,14 +266,28 @@ class HAProxy:
         """``show stat`` as one dict per proxy row (CSV, management guide 9.1)."""
         return list(csv.DictReader(io.StringIO(self.runtime("show stat").lstrip("# "))))
 
-    def apply(self, layout: Layout) -> None:
-        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends.
+    def apply(self, layout: Layout, config: GatewayConfig | None = None) -> None:
+        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends or,
+        given ``config`` with other workers (DNS discovery), for the new servers.
 
         Raises:
             UnavailableError: the reload did not come up (the old worker keeps serving).
         """
         with self._lock:
-            if layout == self.layout:
+            fleet = config is not None and (
+                config.workers != self.config.workers
+                or config.worker_http != self.config.worker_http
+            )
+            if layout == self.layout and not fleet:
+                return
+            if fleet:
+                with contextlib.suppress(OSError, ValueError):
+                    self._carried = self.counts()[0]
+                assert config is not None
+                self.config = config
+                self._write(layout)
+                self._reload()
+                self.layout = layout
                 return
             if layout.same_backends(self.layout):
                 self._edit_map(self.listen.map_file, self.layout.models, layout.models)

@@ -50,6 +50,13 @@ class HealthTracker:
             return True
         return False
 
+    def retain(self, workers: Iterable[str]) -> None:
+        """Track exactly ``workers`` (DNS discovery): new ones start healthy, gone ones are
+        forgotten."""
+        kept = set(workers)
+        self._failures = {w: self._failures.get(w, 0) for w in kept}
+        self._unhealthy &= kept
+
     @property
     def unhealthy(self) -> frozenset[str]:
         """Workers currently out of the table."""

@@ -62,9 +62,38 @@ class Upstreams:
     ) -> None:
         self.workers = tuple(workers)
         self.repository_metadata = tuple(repository_metadata)
-        options = channel_options(limits) + RECONNECT_OPTIONS
-        self._channels = {w: grpc.aio.insecure_channel(w, options=options) for w in self.workers}
+        self._options = channel_options(limits) + RECONNECT_OPTIONS
+        self._channels = {
+            w: grpc.aio.insecure_channel(w, options=self._options) for w in self.workers
+        }
         self._unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def set_workers(self, workers: Sequence[str]) -> tuple[str, ...]:
+        """Make ``workers`` the fleet (DNS discovery): a channel to each new one; the channels
+        of the ones gone stay open for calls already made on them until :meth:`drop`.
+
+        Returns:
+            The workers gone (to :meth:`drop` once nothing routes to them).
+        """
+        self.workers = tuple(workers)
+        for worker in self.workers:
+            if worker not in self._channels:
+                self._channels[worker] = grpc.aio.insecure_channel(worker, options=self._options)
+        return tuple(w for w in self._channels if w not in self.workers)
+
+    def drop(self, workers: Sequence[str], grace_s: float) -> None:
+        """Close the channels of ``workers`` (gone from the fleet), each after its calls in
+        flight end or ``grace_s`` seconds pass; in the background."""
+        for worker in workers:
+            if worker in self.workers:
+                continue
+            channel = self._channels.pop(worker, None)
+            self._unary = {k: v for k, v in self._unary.items() if k[0] != worker}
+            if channel is not None:
+                task = asyncio.ensure_future(channel.close(grace=grace_s))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
         """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes
@@ -104,7 +133,10 @@ class Upstreams:
         return service_pb2.ModelConfigResponse.FromString(reply).config
 
     async def close(self) -> None:
-        """Close every channel."""
+        """Close every channel (those being dropped too, without waiting for their calls)."""
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in self._channels.values()))
 
 

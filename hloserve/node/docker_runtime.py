@@ -8,9 +8,11 @@ restarts, and stops and removes them. :func:`remove_node_containers` is ``hloser
 
 Restarts are Docker's: every container carries the node's restart policy
 (``restart_policy``), so a worker that crashes is restarted by the daemon even when the
-``node up`` process is gone; ``node up`` only watches ``RestartCount`` and re-attaches the log
-stream. Each container is found again by its labels ``hloserve.node=<name>`` and
-``hloserve.worker=<i>``.
+``node up`` process is gone; ``node up`` only watches ``RestartCount``, re-attaches the log
+stream and, for the ``tritonserver`` launcher, loads the models after the runtime again once
+the restarted worker is ready (the load order of :func:`~hloserve.node.plan.runtime_first`;
+a restart while ``node up`` is gone leaves the restarted worker with the runtime model only).
+Each container is found again by its labels ``hloserve.node=<name>`` and ``hloserve.worker=<i>``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hloserve.errors import Status
@@ -34,6 +37,7 @@ from hloserve.node.docker_spec import (
     container_name,
     container_spec,
     image_build_command,
+    loads_when_ready,
     to_sdk,
     worker_command,
 )
@@ -264,7 +268,9 @@ class DockerWorkers:
             )
 
     def wait_ready(self, stop: threading.Event) -> float | None:
-        """Poll every worker's ``/v2/health/ready`` until all answer 200.
+        """Poll every worker's ``/v2/health/ready`` until all answer 200, then load what each
+        loads once ready (the ``tritonserver`` launcher in explicit mode started it with the
+        runtime model only: :func:`~.docker_spec.loads_when_ready`).
 
         Returns:
             Seconds waited, or None when ``stop`` was set first.
@@ -314,7 +320,39 @@ class DockerWorkers:
                 )
             if waiting:
                 stop.wait(0.5)
-        return None if waiting else time.monotonic() - start
+        if waiting:
+            return None
+        with ThreadPoolExecutor(len(self.plan)) as pool:  # every worker at once
+            list(pool.map(self._load_rest, range(len(self.plan))))
+        return time.monotonic() - start
+
+    def _load_rest(self, i: int) -> None:
+        """Load what worker ``i`` loads once ready (:func:`~.docker_spec.loads_when_ready`:
+        the ``tritonserver`` launcher started it with the runtime model only)."""
+        later = loads_when_ready(self.config, self.plan[i], self._model_control_key)
+        if later:
+            from hloserve.node.model_control_client import load_all
+
+            url = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
+            timeout = self.config.tritonserver.startup_timeout_s
+            load_all(url, self._model_control_key, later, timeout)
+
+    def _load_when_ready(self, i: int) -> None:
+        """After Docker restarted worker ``i``: wait until it is ready, then load the rest
+        (the restarted container loads the runtime model only, as at start)."""
+        url = f"http://{connect_host(self.config.host)}:{self.plan[i].http_port}/v2/health/ready"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + self.config.tritonserver.startup_timeout_s
+        while time.monotonic() < deadline and not self._logs_stop.is_set():
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                opener.open(url, timeout=1.0) as response,
+            ):
+                if response.status == 200:
+                    with contextlib.suppress(Exception):  # Triton keeps each reason
+                        self._load_rest(i)
+                    return
+            self._logs_stop.wait(0.5)
 
     def _will_restart(self, container: Any) -> bool:
         exit_code = container.attrs["State"].get("ExitCode", 0)
@@ -347,6 +385,8 @@ class DockerWorkers:
                 )
                 if self.on_restart is not None:
                     self.on_restart(i)
+                if loads_when_ready(self.config, self.plan[i], self._model_control_key):
+                    threading.Thread(target=self._load_when_ready, args=(i,), daemon=True).start()
             state = container.attrs["State"]
             running += state["Status"] == "running"
             if (

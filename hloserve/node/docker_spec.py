@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import WorkerPlan, worker_env
+from hloserve.node.plan import WorkerPlan, runtime_first, worker_env
 from hloserve.node.serve_options import node_server_options
 from hloserve.node.triton_options import server_flags
 
@@ -37,9 +37,10 @@ def image_build_command(config: NodeConfig) -> str:
     ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
     ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
     """
-    dockerfile = "worker-cpu" if config.docker.launcher == "hloserve" else "worker"
     image = config.docker.image
-    return f"docker build --network=host -f containers/{dockerfile}.Dockerfile -t {image} ."
+    if config.docker.launcher == "hloserve":  # as scripts/images.sh builds it
+        return f"docker build --network=host -f containers/worker-cpu.Dockerfile -t {image} ."
+    return f"docker build -f containers/worker.Dockerfile -t {image} ."
 
 
 def worker_command(
@@ -55,7 +56,9 @@ def worker_command(
     ``tritonserver``: the image's tritonserver with hloserve's backends in
     ``docker.backend_directory``; an explicit load list gets what its models need, as with
     ``hloserve serve`` (the runtime model, and the models each meta's ``meta.calls`` names,
-    transitively, read from the meta's ``config.pbtxt`` in ``config.repository``).
+    transitively, read from the meta's ``config.pbtxt`` in ``config.repository``). In
+    explicit mode it loads the runtime model only; the rest is loaded once the worker is
+    ready (:func:`loads_when_ready`).
     ``hloserve``: ``hloserve serve`` on the mounted repository (it runs the nvidia-pytriton
     wheel's tritonserver, composes the backend directory and completes the load list itself).
 
@@ -79,7 +82,8 @@ def worker_command(
             f"--startup-timeout={t.startup_timeout_s:g}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
-    flags = server_flags(node_server_options(config, worker, model_control_key))
+    options, _ = runtime_first(node_server_options(config, worker, model_control_key))
+    flags = server_flags(options)
     if not any("shm-region-prefix-name" in flag for flag in flags):
         # the Python backend's stub regions are named by this prefix; with ipc: host every
         # worker's lie in the host's /dev/shm, so each worker needs its own
@@ -90,6 +94,21 @@ def worker_command(
         f"--backend-directory={config.docker.backend_directory}",
         *flags,
     ]
+
+
+def loads_when_ready(
+    config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
+) -> tuple[str, ...]:
+    """What :class:`~hloserve.node.docker_runtime.DockerWorkers` loads through a worker's
+    repository API once it is ready: the ``tritonserver`` launcher in explicit mode starts
+    with the runtime model only (:func:`~hloserve.node.plan.runtime_first`, as process workers
+    do), so every front finds the runtime serving; ``("*",)`` = every other model of the
+    repository. Nothing for the ``hloserve`` launcher (``hloserve serve`` orders its own
+    loads) or another mode.
+    """
+    if config.docker.launcher == "hloserve":
+        return ()
+    return runtime_first(node_server_options(config, worker, model_control_key))[1]
 
 
 def shm_prefix(config: NodeConfig, worker: WorkerPlan) -> str:
@@ -129,7 +148,7 @@ def container_spec(
     for mount in d.mounts:
         host, bind, *mode = mount.split(":")
         volumes[host] = {"bind": bind, "mode": mode[0] if mode else "ro"}
-    env = {**worker_env(worker, docker=True), **d.env}
+    env = {**worker_env(worker, docker=True, repository=config.repository), **d.env}
     explicit = config.tritonserver.model_control_mode == "explicit"
     if model_control_key and explicit and d.launcher == "hloserve":
         from hloserve.model_control import ENV_KEY

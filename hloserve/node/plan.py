@@ -259,18 +259,55 @@ def gateway_enabled(config: NodeConfig, workers: int) -> bool:
     return workers >= 2 if enabled == "auto" else bool(enabled)
 
 
-def worker_env(worker: WorkerPlan, *, docker: bool) -> dict[str, str]:
+def worker_env(
+    worker: WorkerPlan, *, docker: bool, repository: Path | None = None
+) -> dict[str, str]:
     """Environment of a worker beyond its image's or the parent's (every stub inherits it).
 
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number GPUs as NVML and ``nvidia-smi`` do (CUDA's
     default puts the fastest first). A GPU worker process sees only its GPU
     (``CUDA_VISIBLE_DEVICES``); a GPU container gets its GPU from the device request instead. A
-    CPU worker hides every GPU and runs JAX on the CPU.
+    CPU worker hides every GPU and runs JAX on the CPU. A GPU worker given its ``repository``
+    also carries the runtime's JAX allocator settings (:func:`runtime_allocator_env`), so the
+    runtime's stub starts with them in its environment.
+
+    Raises:
+        InvalidArgumentError: the runtime model's ``hloserve.device_memory_fraction`` is
+            malformed, or its ``config.pbtxt`` does not parse.
     """
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if worker.gpu is None:
         return {**env, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    if repository is not None:
+        env |= runtime_allocator_env(repository)
     return env if docker else {**env, "CUDA_VISIBLE_DEVICES": str(worker.gpu)}
+
+
+def runtime_allocator_env(repository: Path) -> dict[str, str]:
+    """JAX's allocator settings for the runtime of ``repository``, set by the launcher.
+
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and ``XLA_CLIENT_MEM_FRACTION`` from the runtime
+    model's ``hloserve.device_memory_fraction`` (absent: the default, 0.9), as
+    :func:`hloserve.triton_backend.device_memory.allocator_environment` sets them; the
+    runtime's stub sets the same values again before JAX loads (a tritonserver started by
+    other means). A repository without the runtime model gets the default fraction.
+
+    Raises:
+        InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not
+            parse.
+    """
+    from hloserve import names
+    from hloserve.model_parameters import RuntimeParameters, string_values
+    from hloserve.model_repository_tools.config import parse_config
+    from hloserve.triton_backend.device_memory import allocator_environment
+
+    fraction = 0.0
+    config_path = repository / names.RUNTIME_MODEL / "config.pbtxt"
+    if config_path.is_file():
+        params = string_values(parse_config(config_path).parameters)
+        key = names.PARAM_DEVICE_MEMORY_FRACTION
+        fraction = RuntimeParameters.read(names.RUNTIME_MODEL, params, key)
+    return allocator_environment(fraction, environ={})
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:

@@ -220,7 +220,7 @@ def node_server_options(
     return dataclasses.replace(
         options,
         model_control_key=model_control_key and options.model_control_key,
-        env=worker_env(worker, docker=False),
+        env=worker_env(worker, docker=False, repository=config.repository),
         die_with_parent=True,
     )
 
@@ -293,7 +293,9 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         servers.append(
             dataclasses.replace(
                 server_options(worker, repository),
-                env=worker_env(WorkerPlan(i, gpu, http, grpc, metrics), docker=False),
+                env=worker_env(
+                    WorkerPlan(i, gpu, http, grpc, metrics), docker=False, repository=repository
+                ),
                 die_with_parent=True,
             )
         )

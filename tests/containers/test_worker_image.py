@@ -110,9 +110,9 @@ def worker(
     )
     handle = Worker(container, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", volume)
     try:
+        # `hloserve serve` loads the runtime model first and digits once Triton answers ready:
+        # wait for the model, not only the server
         deadline = time.monotonic() + 300
-        # the server answers ready once the runtime model is loaded (--strict-readiness=false,
-        # runtime first): the tests need digits, which serve loads after it
         while not ready(handle.http, "digits") and time.monotonic() < deadline:
             container.reload()
             assert container.status == "running", container.logs()[-3000:].decode()

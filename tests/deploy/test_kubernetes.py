@@ -32,16 +32,26 @@ BUILDS = {
 #: The oldest Kubernetes minor the manifests are checked against, and the newest that
 #: kubernetes-validate ships schemas for (its default).
 OLDEST_KUBERNETES = "1.29"
-#: The images the overlays name (docs/kubernetes.md, "Images").
-IMAGES = {
-    "cpu": ("hloserve/worker-cpu:0.1.0", "hloserve/gateway:0.1.0"),
-    "gpu": ("hloserve/worker-gpu:0.1.0", "hloserve/gateway:0.1.0"),
-}
+#: The images the overlays name (docs/kubernetes.md, "Images"): scripts/images.sh's targets.
+IMAGES = {"cpu": ("cpu", "gateway"), "gpu": ("gpu", "gateway")}
 CHECKOV = ROOT / ".venv-policy" / "bin" / "checkov"
 CHECKOV_CONFIG = DEPLOY / "checkov.yaml"
 #: Seconds one kustomize build or checkov run may take (checkov loads ~1000 policies).
 BUILD_TIMEOUT_S = 60
 CHECKOV_TIMEOUT_S = 240
+
+
+def built_tags(*targets: str) -> list[str]:
+    """The tags ``scripts/images.sh`` builds for ``targets``, hloserve's version first (what
+    the manifests name), from the script itself (``images.sh tags``: no Docker needed)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "images.sh"), "tags", *targets],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=BUILD_TIMEOUT_S,
+    )
+    return [line.split()[0] for line in out.stdout.splitlines()]
 
 
 def kubectl() -> str:
@@ -183,7 +193,8 @@ def test_overlay_builds_the_whole_deployment(
     }
     (workers,) = by_kind(objects, "StatefulSet")
     (gateway,) = by_kind(objects, "Deployment")
-    worker_image, gateway_image = IMAGES[overlay]
+    worker_image, gateway_image = built_tags(*IMAGES[overlay])
+    assert worker_image == f"hloserve-worker-{overlay}:0.1.0"  # pyproject.toml's version
     assert {c["image"] for c in containers(workers)} == {worker_image}
     assert {c["image"] for c in containers(gateway)} == {gateway_image}
     (worker,) = workers["spec"]["template"]["spec"]["containers"]
@@ -213,11 +224,12 @@ def test_overlay_builds_the_whole_deployment(
 
 
 @pytest.mark.parametrize("overlay", BUILDS)
-def test_gateway_config_lists_every_worker_pod(
+def test_gateway_finds_the_worker_pods_by_the_headless_service(
     built: dict[str, list[dict[str, Any]]], overlay: str, tmp_path: Path
 ) -> None:
-    """The gateway's config (validated by the gateway's own loader) names each pod of the
-    StatefulSet by its stable DNS name, as many as the replicas."""
+    """The gateway's config (validated by the gateway's own loader) discovers the workers by
+    DNS: the name of the StatefulSet's headless Service, on the ports the workers serve; the
+    Service publishes ready pods only, and a terminating pod pauses before it stops."""
     from hloserve.gateway.config import load_config
 
     objects = built[overlay]
@@ -226,13 +238,23 @@ def test_gateway_config_lists_every_worker_pod(
     path = tmp_path / "gateway.yaml"
     path.write_text(config_map["data"]["gateway.yaml"])
     config = load_config(path, environ={})
-    pods = [
-        f"{workers['metadata']['name']}-{i}.{workers['spec']['serviceName']}"
-        for i in range(workers["spec"]["replicas"])
+    assert config.workers == config.worker_http == config.worker_metrics == ()
+    assert config.discovery.dns_name == workers["spec"]["serviceName"]
+    (service,) = [
+        s for s in by_kind(objects, "Service") if s["metadata"]["name"] == config.discovery.dns_name
     ]
-    assert config.workers == tuple(f"{pod}:8001" for pod in pods)
-    assert config.worker_http == tuple(f"{pod}:8000" for pod in pods)
-    assert config.worker_metrics == tuple(f"{pod}:8002" for pod in pods)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is False
+    (worker,) = workers["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+    d = config.discovery
+    assert (d.worker_http_port, d.worker_grpc_port, d.worker_metrics_port) == (
+        ports["http"],
+        ports["grpc"],
+        ports["metrics"],
+    )
+    pause = worker["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep" and float(pause[1]) > d.dns_interval_seconds
     (gateway,) = by_kind(objects, "Deployment")
     volumes = gateway["spec"]["template"]["spec"]["volumes"]
     assert {"name": "config", "configMap": {"name": config_map["metadata"]["name"]}} in volumes

@@ -129,7 +129,7 @@ def test_env_typos_are_errors(name: str, expected: str) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("listen: 127.0.0.1:8001\n", "workers: required key is missing"),
+        ("listen: 127.0.0.1:8001\n", "workers: give at least one worker, or discovery.dns_name"),
         ("workers: []\n", "workers: "),
         ("workers: [nohost]\n", "expected host:port"),
         ("workers: [a:1, a:1]\n", "duplicate worker endpoints: a:1"),

@@ -59,9 +59,9 @@ class NodeProcess:
                 env=env,
             )
         try:
-            # the node's own line: a container worker's `hloserve serve` prints "worker(s) ready"
-            # too, prefixed "[worker i]"
-            self.wait_for(f"\nhloserve node {settings['name']}: ready after", startup_s)
+            # the node's own line: a container's `hloserve serve` prints "[worker i] hloserve:
+            # ready after ..., 1 worker(s) ready" before the node has started its gateway
+            self.wait_for(f"hloserve node {settings['name']}: ready after", startup_s)
         except BaseException:
             self.stop()
             raise
@@ -118,9 +118,9 @@ def successes(grpc_url: str) -> int:
 
 
 def ready(http_url: str, model: str | None = None) -> bool:
-    """Whether the server (or, given ``model``, that model) at ``http_url`` answers ready."""
+    """Whether the server (or, given, ``model``) at ``http_url`` answers ready."""
+    path = "/v2/health/ready" if model is None else f"/v2/models/{model}/ready"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
     try:
         with opener.open(f"http://{http_url}{path}", timeout=2) as response:
             return bool(response.status == 200)

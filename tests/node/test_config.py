@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hloserve.errors import Status
+from hloserve.errors import InvalidArgumentError, Status
 from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
+from hloserve.node.docker_spec import loads_when_ready
 from hloserve.node.node import run_node_up
 from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
 from hloserve.node.plan import (
@@ -25,6 +26,7 @@ from hloserve.node.plan import (
     gateway_enabled,
     plan_workers,
     planned_ports,
+    runtime_allocator_env,
     worker_env,
 )
 from hloserve.node.tritonserver import PortInUseError
@@ -58,7 +60,7 @@ GOLDEN_WORKER_2 = {
         "--model-repository=/models",
         "--backend-directory=/opt/tritonserver/backends",
         "--model-control-mode=explicit",
-        "--load-model=*",
+        "--load-model=hloserve_runtime",  # the rest once ready: loads_when_ready
         "--http-address=0.0.0.0",
         "--http-port=8106",
         "--grpc-address=0.0.0.0",
@@ -72,7 +74,13 @@ GOLDEN_WORKER_2 = {
         "--backend-config=python,shm-region-prefix-name=hloserve-gpunode-w2-",
     ],
     "labels": {"hloserve.node": "gpunode", "hloserve.worker": "2", "hloserve.gpu": "2"},
-    "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HLOSERVE_LOG": "info"},
+    "environment": {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        # the runtime's allocator (no runtime model at /srv/models here: the default fraction)
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "XLA_CLIENT_MEM_FRACTION": "0.9",
+        "HLOSERVE_LOG": "info",
+    },
     "network_mode": "host",
     "ipc_mode": "private",
     "shm_size": "2g",
@@ -137,6 +145,7 @@ def test_gpu_node_container_spec_matches_golden(gpu_node: NodeConfig) -> None:
         (3, 3, 8110),
     ]
     assert container_spec(gpu_node, plan[2]) == GOLDEN_WORKER_2
+    assert loads_when_ready(gpu_node, plan[2]) == ("*",)  # every model after the runtime
     for worker in plan:  # one GPU per container, each a different one
         requests = container_spec(gpu_node, worker)["device_requests"]
         assert requests[0]["device_ids"] == [str(worker.gpu)]
@@ -185,8 +194,9 @@ def test_explicit_load_of_a_meta_loads_what_it_calls_in_a_container(
     tmp_path: Path, launcher: str
 ) -> None:
     """The tritonserver launcher loads a meta's callees (transitively) and the runtime model,
-    as ``hloserve serve`` does; the hloserve launcher hands the names to ``hloserve serve``,
-    which adds them inside the container from the same mounted repository."""
+    as ``hloserve serve`` does, the runtime model first; the hloserve launcher hands the names
+    to ``hloserve serve``, which adds them inside the container from the same mounted
+    repository."""
     if launcher == "tritonserver":
         pytest.importorskip("tritonclient.grpc.model_config_pb2")  # reads config.pbtxt
     calls = {"cascade": "fast,outer", "outer": "slow,fast"}  # a meta calling a meta
@@ -208,9 +218,12 @@ def test_explicit_load_of_a_meta_loads_what_it_calls_in_a_container(
     )
     command = container_spec(config, plan_workers(config)[0])["command"]
     loads = [a.removeprefix("--load-model=") for a in command if a.startswith("--load-model=")]
-    if launcher == "tritonserver":
-        assert loads == ["cascade", "fast", "outer", "slow", "hloserve_runtime"]
+    if launcher == "tritonserver":  # the runtime at start, the rest once ready
+        assert loads == ["hloserve_runtime"]
+        later = loads_when_ready(config, plan_workers(config)[0])
+        assert later == ("cascade", "fast", "outer", "slow")
     else:
+        assert loads_when_ready(config, plan_workers(config)[0]) == ()
         assert loads == ["cascade"]
         assert command[:3] == ["hloserve", "serve", "/models"]
 
@@ -250,6 +263,48 @@ def test_process_workers_see_only_their_gpu() -> None:
         "CUDA_VISIBLE_DEVICES": "3",
     }
     assert worker_env(WorkerPlan(1, 3, 1, 2, 3), docker=True) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def _runtime_config(repository: Path, parameters: str) -> None:
+    model = repository / "hloserve_runtime"
+    model.mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        f'name: "hloserve_runtime"\nbackend: "hloserve_runtime"\n{parameters}'
+    )
+
+
+def test_gpu_workers_carry_the_runtimes_allocator_settings(tmp_path: Path) -> None:
+    """The launcher sets JAX's allocator from the runtime model's device memory fraction, so
+    the runtime's environment (``/proc/<pid>/environ``) holds it; CPU workers get none."""
+    _runtime_config(
+        tmp_path,
+        'parameters { key: "hloserve.device_memory_fraction" value { string_value: "0.7" } }\n',
+    )
+    allocator = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": "0.7"}
+    gpu, cpu = WorkerPlan(0, 1, 1, 2, 3), WorkerPlan(1, None, 4, 5, 6)
+    assert worker_env(gpu, docker=False, repository=tmp_path) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "1",
+        **allocator,
+    }
+    assert worker_env(gpu, docker=True, repository=tmp_path) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        **allocator,
+    }
+    assert "XLA_CLIENT_MEM_FRACTION" not in worker_env(cpu, docker=False, repository=tmp_path)
+
+
+def test_a_malformed_device_memory_fraction_is_refused_before_launch(tmp_path: Path) -> None:
+    _runtime_config(
+        tmp_path,
+        'parameters { key: "hloserve.device_memory_fraction" value { string_value: "1.5" } }\n',
+    )
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"model 'hloserve_runtime': parameter 'hloserve.device_memory_fraction' must be "
+        r"a number in \(0, 1\], got '1.5'",
+    ):
+        runtime_allocator_env(tmp_path)
 
 
 def test_env_overrides_use_the_gateway_scheme(tmp_path: Path) -> None:
@@ -382,9 +437,8 @@ def test_missing_image_hint_builds_from_the_images_own_dockerfile(
     containers = Path(__file__).parents[2] / "containers"
     config = load_node_config(containers / name, environ={})
     hint = image_build_command(config)
-    assert (
-        hint == f"docker build --network=host -f containers/{dockerfile} -t {config.docker.image} ."
-    )
+    assert hint.startswith("docker build ")
+    assert hint.endswith(f" -f containers/{dockerfile} -t {config.docker.image} .")
     # the Dockerfile's own header documents the same line
     assert f"#   {hint}\n" in (containers / dockerfile).read_text()
 

@@ -84,7 +84,7 @@ def test_each_worker_and_every_stub_sees_only_its_gpu(two_gpus: Path, tmp_path: 
     bundles.mkdir()
     (bundles / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
     log = tmp_path / "serve.log"
-    proc, *_ = serve_two_workers(bundles, log, "--gpus", "0,1")
+    proc, *_ = serve_two_workers(bundles, log, "--gpus", "0,1", "--device-memory-fraction", "0.6")
     try:
         wait_for_line(log, r"hloserve: ready after", proc, 360)
         text = log.read_text()
@@ -94,11 +94,18 @@ def test_each_worker_and_every_stub_sees_only_its_gpu(two_gpus: Path, tmp_path: 
             members = session_pids(int(server))
             stubs = [p for p in members if b"python_backend_stub" in _cmdline(p)]
             assert len(stubs) >= 2, (index, members)  # the runtime and the front at least
+            runtimes = [p for p in stubs if b"hloserve_runtime" in _cmdline(p)]
+            assert len(runtimes) == 1, (index, [_cmdline(p) for p in stubs])
             for pid in members:
                 env = _environ(pid)
                 assert env.get("CUDA_VISIBLE_DEVICES") == index, (index, pid, _cmdline(pid))
                 assert env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", (index, pid)
                 assert "JAX_PLATFORMS" not in env, (index, pid)  # GPU workers: the runtime's GPU
+            # the launcher gave the runtime its allocator settings (not the stub's own setenv,
+            # which /proc/<pid>/environ would not show): no preallocation, --device-memory-fraction
+            env = _environ(runtimes[0])
+            assert env.get("XLA_PYTHON_CLIENT_PREALLOCATE") == "false", (index, env)
+            assert env.get("XLA_CLIENT_MEM_FRACTION") == "0.6", (index, env)
     finally:
         stop_serve(proc)
 
