@@ -12,7 +12,8 @@ from hloserve.cli_options import add_build_options, add_tls_flags, build_options
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hloserve.node.serve import ServeOptions, run_serve
+    from hloserve.node.serve import run_serve
+    from hloserve.node.serve_options import ServeOptions
 
     return run_serve(
         ServeOptions(

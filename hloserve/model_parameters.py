@@ -460,14 +460,3 @@ def check_one_budget(model: str, budget_bytes: int, fraction: float) -> None:
 def string_values(parameters: Mapping[str, Any]) -> dict[str, str]:
     """A ``ModelConfig.parameters`` map (values with ``string_value``) as key -> text."""
     return {key: str(value.string_value) for key, value in parameters.items()}
-
-
-__all__ = [
-    "FrontParameters",
-    "MetaParameters",
-    "ModelParameters",
-    "Parameter",
-    "RuntimeParameters",
-    "check_one_budget",
-    "string_values",
-]

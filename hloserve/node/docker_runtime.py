@@ -26,19 +26,16 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hloserve.errors import Status
+from hloserve.errors import NodeError, Status
 from hloserve.node.docker_spec import (
-    LABEL_GPU,
     LABEL_NODE,
     LABEL_WORKER,
-    container_name,
     container_spec,
     image_build_command,
     to_sdk,
-    worker_command,
 )
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import NodeError, WorkerPlan, connect_host, restart_allowed
+from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
 
 _LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
@@ -382,20 +379,3 @@ class DockerWorkers:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-__all__ = [
-    "DOCKER_API_VERSION",
-    "LABEL_GPU",
-    "LABEL_NODE",
-    "LABEL_WORKER",
-    "DockerWorkers",
-    "connect",
-    "container_name",
-    "container_spec",
-    "image_build_command",
-    "node_containers",
-    "remove_node_containers",
-    "to_sdk",
-    "worker_command",
-]

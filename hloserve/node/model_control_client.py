@@ -146,6 +146,3 @@ def error_text(exc: Exception) -> str:
     message = getattr(exc, "message", None)
     text = str(message() if callable(message) else (message or exc))
     return text.split("\n\nAt:\n", 1)[0].strip()
-
-
-__all__ = ["FleetModelControl", "TritonModelControl", "error_text", "load_all"]

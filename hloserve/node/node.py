@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from hloserve.errors import NodeError
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
-    NodeError,
     NodePlan,
     WorkerPlan,
     device_name,

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hloserve.errors import GpuNotFoundError, InvalidArgumentError
-from hloserve.errors import NodeError as NodeError
+from hloserve.errors import GpuNotFoundError, InvalidArgumentError, NodeConfigError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
-from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
+from hloserve.node.node_config import NodeConfig, PortsConfig, RestartConfig
 from hloserve.node.triton_options import TritonServerOptions
 from hloserve.ports import free_ports
 

@@ -100,13 +100,3 @@ def die_with_parent() -> None:
 
     pr_set_pdeathsig = 1  # <linux/prctl.h>
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-__all__ = [
-    "die_with_parent",
-    "kill_session",
-    "listening_ports",
-    "proc_stat",
-    "session_pids",
-    "session_processes",
-]

@@ -27,12 +27,10 @@ from hloserve.errors import FailedPreconditionError, NotFoundError
 from hloserve.node.serve_options import (
     ServeOptions,
     build_arguments,
-    build_flags_set,
     check_options,
     is_repository,
     serve_gpus,
     serve_plan,
-    server_options,
 )
 from hloserve.node.supervisor import Node, run_node, stop_on_signals
 
@@ -125,7 +123,3 @@ def run_serve(options: ServeOptions) -> int:
                     )
 
             return run_node(plan, stop, serving=serving)
-
-
-# imported from here by benchmarks and tests
-__all__ = ["ServeOptions", "build_flags_set", "check_options", "run_serve", "server_options"]

@@ -188,13 +188,3 @@ def remove_tree(path: Path) -> None:
                 os.rmdir(os.path.join(root, name))
     with contextlib.suppress(OSError):
         path.rmdir()
-
-
-__all__ = [
-    "PYTHON_BACKEND",
-    "STUB",
-    "TritonInstall",
-    "check_backends",
-    "compose_backend_dir",
-    "remove_tree",
-]

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
+from hloserve.errors import TritonServerError
 from hloserve.node.procfs import (
     die_with_parent,
     kill_session,
@@ -54,12 +54,11 @@ from hloserve.node.triton_install import (
     remove_tree,
 )
 from hloserve.node.triton_options import (
-    ModelControlMode,
     TritonServerOptions,
     TritonServerUrls,
     server_flags,
 )
-from hloserve.ports import check_ports_free, free_port, free_ports
+from hloserve.ports import check_ports_free
 
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
@@ -395,21 +394,3 @@ class TritonServer:
     def _kill_at_exit(self) -> None:
         if self._process is not None:
             kill_session(self._process.pid, grace_s=1.0)
-
-
-__all__ = [
-    "PYTHON_BACKEND",
-    "InvalidArgumentError",
-    "ModelControlMode",
-    "PortInUseError",
-    "StubProcess",
-    "TritonInstall",
-    "TritonServer",
-    "TritonServerError",
-    "TritonServerOptions",
-    "TritonServerUrls",
-    "check_ports_free",
-    "free_port",
-    "free_ports",
-    "server_flags",
-]

@@ -316,23 +316,3 @@ def check_watch_options(
             "--watch loads and unloads models itself through explicit model control: leave "
             "out --model-control-mode and --load-model"
         )
-
-
-__all__ = [
-    "DEFAULT_WATCH_INTERVAL_S",
-    "Changes",
-    "Debouncer",
-    "Fingerprint",
-    "Installed",
-    "ModelRecord",
-    "callers",
-    "check_watch_options",
-    "dependency_order",
-    "fingerprint",
-    "install_version",
-    "model_rows",
-    "model_versions",
-    "prune_versions",
-    "roll_back",
-    "scan",
-]

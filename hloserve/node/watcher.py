@@ -393,14 +393,3 @@ def serve_model_list(
     observe.serve_models(
         lambda: model_rows(control.index(), watcher.records() if watcher is not None else [])
     )
-
-
-__all__ = [
-    "BundleWatcher",
-    "FleetModelControl",
-    "ModelControl",
-    "TritonModelControl",
-    "serve_model_list",
-    "server_model_control",
-    "watching",
-]

@@ -642,7 +642,8 @@ def test_residency_text_round_trips() -> None:
 
 def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
 
-    from hloserve.node.serve import ServeOptions, prepared_repository
+    from hloserve.node.serve import prepared_repository
+    from hloserve.node.serve_options import ServeOptions
 
     options = ServeOptions(
         path=bundles,
@@ -656,7 +657,8 @@ def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
 
 
 def test_serve_builds_with_the_request_limit(bundles: Path) -> None:
-    from hloserve.node.serve import ServeOptions, prepared_repository
+    from hloserve.node.serve import prepared_repository
+    from hloserve.node.serve_options import ServeOptions
 
     with prepared_repository(ServeOptions(path=bundles, max_request_bytes=4096)) as repo:
         tiny = parse_config(repo / "tiny" / "config.pbtxt")

@@ -19,7 +19,7 @@ from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.model_control_client import error_text
-from hloserve.node.serve import ServeOptions, check_options
+from hloserve.node.serve_options import ServeOptions, check_options
 from hloserve.node.status import render_models
 from hloserve.node.watch import (
     Changes,
