@@ -34,7 +34,6 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from hloserve.errors import TritonServerError
@@ -298,12 +297,7 @@ class TritonServer:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- internals ----------------------------------------------------------------------------
