@@ -24,5 +24,4 @@ Modules:
         launcher's key (:mod:`hloserve.model_control`).
     perf_analyzer: run Triton's ``perf_analyzer`` and read its CSV.
     status: ``hloserve status``: the weight cache table (:mod:`hloserve.prometheus_text`).
-    cli_node: the ``node`` subcommands.
 """
