@@ -81,11 +81,7 @@ def render_models(rows: list[dict[str, Any]]) -> str:
                 " ".join(str(error).split()) or "-",  # one line per model
             )
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    lines = [
-        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]) for r in table
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    return _table(table, left=len(header))
 
 
 def print_quietly(text: str) -> None:
@@ -131,9 +127,17 @@ def render_status(status: CacheStatus) -> str:
                 mean,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join([*lines, _table(rows, left=2)])
+
+
+def _table(rows: list[tuple[str, ...]], left: int) -> str:
+    """``rows`` in aligned columns two spaces apart: the first ``left`` columns flush left,
+    the others right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    )
