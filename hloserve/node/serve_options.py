@@ -229,23 +229,34 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     )
 
 
+def worker_options(
+    options: ServeOptions, repository: Path, worker: WorkerPlan
+) -> TritonServerOptions:
+    """Worker ``worker``'s tritonserver options: :func:`server_options` on its ports, with its
+    environment (:func:`~hloserve.node.plan.worker_env`), ending with its supervisor."""
+    from hloserve.node.plan import worker_env
+
+    ports = {"http_port": worker.http_port, "grpc_port": worker.grpc_port}
+    on_ports = dataclasses.replace(options, **ports, metrics_port=worker.metrics_port)
+    return dataclasses.replace(
+        server_options(on_ports, repository),
+        env=worker_env(worker, docker=False),
+        die_with_parent=True,
+    )
+
+
 def node_server_options(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> TritonServerOptions:
     """A ``node up`` worker's tritonserver options, as ``hloserve serve`` sets them
-    (:func:`server_options`), on its ports and with its environment; the docker runtime runs
-    their flags (:func:`~hloserve.node.triton_options.server_flags`) in its container.
+    (:func:`worker_options`); the docker runtime runs their flags
+    (:func:`~hloserve.node.triton_options.server_flags`) in its container.
 
     Without ``model_control_key`` the repository API stays open (no key is made).
     """
-    from hloserve.node.plan import worker_env
-
     t = config.tritonserver
     serve = ServeOptions(
         path=config.repository,
-        http_port=worker.http_port,
-        grpc_port=worker.grpc_port,
-        metrics_port=worker.metrics_port,
         host=config.host,
         model_control_mode=t.model_control_mode,
         load_models=t.loads,
@@ -254,13 +265,9 @@ def node_server_options(
         log_verbose=t.log_verbose,
         startup_timeout_s=t.startup_timeout_s,
     )
-    options = server_options(serve, config.repository)
-    return dataclasses.replace(
-        options,
-        model_control_key=model_control_key and options.model_control_key,
-        env=worker_env(worker, docker=False),
-        die_with_parent=True,
-    )
+    options = worker_options(serve, config.repository, worker)
+    key = model_control_key and options.model_control_key
+    return dataclasses.replace(options, model_control_key=key)
 
 
 def _check_ports(options: ServeOptions) -> dict[str, int]:
@@ -331,7 +338,7 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         GatewayConfigError: ``--gateway-config`` is invalid.
     """
     from hloserve.model_control import launcher_key
-    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_env
+    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_ports
 
     if options.model_control_key is None:  # one key for every worker
         options = dataclasses.replace(options, model_control_key=launcher_key())
@@ -339,8 +346,6 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
     if len(gpus) == 1:
         ports = [(options.http_port, options.grpc_port, options.metrics_port)]
     else:
-        from hloserve.node.plan import worker_ports
-
         if options.grpc_port == 0:
             options = dataclasses.replace(options, grpc_port=free_port(options.host))
         if options.http_port == 0:
@@ -348,16 +353,10 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         planned = worker_ports(len(gpus), options.worker_port_base, options.host)
         check_worker_ports(options, planned)
         ports = [(p.http, p.grpc, p.metrics) for p in planned]
-    servers = []
-    for i, ((http, grpc, metrics), gpu) in enumerate(zip(ports, gpus, strict=True)):
-        worker = dataclasses.replace(options, http_port=http, grpc_port=grpc, metrics_port=metrics)
-        servers.append(
-            dataclasses.replace(
-                server_options(worker, repository),
-                env=worker_env(WorkerPlan(i, gpu, http, grpc, metrics), docker=False),
-                die_with_parent=True,
-            )
-        )
+    servers = [
+        worker_options(options, repository, WorkerPlan(i, gpu, *p))
+        for i, (p, gpu) in enumerate(zip(ports, gpus, strict=True))
+    ]
     if len(gpus) > 1:
         from hloserve.gateway.config import with_tls
 
