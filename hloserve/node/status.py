@@ -1,7 +1,7 @@
 """``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint;
 ``hloserve status --models ADMIN_URL``: each model's version, state, last reload and error,
 read from the ``/models`` page of ``hloserve serve``'s admin port
-(:mod:`hloserve.observability.node_metrics`).
+(:mod:`hloserve.observability.supervisor`).
 
 Renders the ``hloserve_weight_*`` and ``hloserve_device_memory_bytes`` series the runtime model
 exports as a table (read by

@@ -23,7 +23,7 @@ a bundle still being copied is left alone. Then, per bundle:
 
 What each model's last change did (version, state, time, error) is kept in
 :class:`ModelRecord` objects that ``hloserve status --models`` shows through the supervisor's
-admin port (``/models``, :mod:`hloserve.observability.node_metrics`).
+admin port (``/models``, :mod:`hloserve.observability.supervisor`).
 """
 
 from __future__ import annotations

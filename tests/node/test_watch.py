@@ -36,7 +36,7 @@ from hloserve.node.watch import (
     scan,
 )
 from hloserve.node.watcher import BundleWatcher
-from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
+from hloserve.observability.supervisor import NodeAdminServer, NodeMetrics
 from tests.conftest import GOLDEN
 
 GOLDEN_WEIGHTS = GOLDEN / "affine" / "weights.safetensors"
