@@ -250,7 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("bundle_dir", type=Path, metavar="BUNDLE_DIR")
     convert.add_argument(
         "--target",
-        default=None,
         metavar="VERSION",
         help="StableHLO version to target (default: the oldest supported, widest compatibility)",
     )

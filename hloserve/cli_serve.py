@@ -60,7 +60,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--admin-port",
         type=int,
-        default=None,
         metavar="PORT",
         help="the supervisor's own /metrics (workers up, restarts, stub reloads; "
         "docs/observability.md); default 8003, off with a warning when taken; 0 = a free port",
@@ -73,7 +72,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
-        default=None,
         help="tritonserver --model-control-mode; by default explicit with --load-model=* "
         "(everything loads at start, and a model whose process dies is reloaded), the "
         "repository API (load/unload) restricted to clients sending the header "
@@ -89,7 +87,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--repository-out",
         type=Path,
-        default=None,
         metavar="DIR",
         help="keep the repository built from bundles here (default: a temporary directory)",
     )
@@ -105,7 +102,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workers",
         type=int,
-        default=None,
         metavar="N",
         help="tritonservers to run, each on its own GPU: the first N visible GPUs (default: one "
         "per visible GPU, one CPU worker without GPUs); above 1 the gateway listens on "
@@ -114,7 +110,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--gpus",
-        default=None,
         metavar="all|none|0,1,...",
         help="the GPUs to serve on, one worker each (NVML / nvidia-smi indices, PCI bus order; "
         "CUDA_VISIBLE_DEVICES restricts them); none = CPU workers (--workers of them)",
@@ -130,7 +125,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--gateway-config",
         type=Path,
-        default=None,
         metavar="FILE",
         help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
         "workers, listen and admin ports",
