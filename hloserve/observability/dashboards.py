@@ -41,7 +41,8 @@ class PanelSpec:
         exprs: PromQL expressions, one series group each, with ``legend`` formats.
         unit: Grafana unit id (``reqps``, ``s``, ``bytes``, ``percentunit``, ``short``...).
         kind: ``timeseries``, ``stat`` or ``table``.
-        legends: one Grafana legend format per expression (``{{model}}``).
+        legends: one Grafana legend format per expression (default ``{{model}}`` for the
+            first: most panels draw one series per model).
         description: the hover text: what is measured and where it comes from.
     """
 
@@ -49,7 +50,7 @@ class PanelSpec:
     exprs: tuple[str, ...]
     unit: str = "short"
     kind: str = "timeseries"
-    legends: tuple[str, ...] = ()
+    legends: tuple[str, ...] = ("{{model}}",)
     description: str = ""
 
 
@@ -76,12 +77,14 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Workers up",
                 ('sum(up{job="hloserve-worker", node=~"$node"})',),
                 kind="stat",
+                legends=(),
                 description="Workers whose Triton metrics endpoint answers the scrape.",
             ),
             PanelSpec(
                 "Workers up (supervisor)",
                 (f"sum(hloserve_node_workers_up{_N})",),
                 kind="stat",
+                legends=(),
                 description="Workers the supervising process counts as running.",
             ),
             PanelSpec(
@@ -95,14 +98,12 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Requests per second by model",
                 (_rate("nv_inference_request_success", _M),),
                 unit="reqps",
-                legends=("{{model}}",),
                 description="Triton's successful inference requests, all workers.",
             ),
             PanelSpec(
                 "Failed requests per second by model",
                 (_rate("nv_inference_request_failure", _M),),
                 unit="reqps",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Requests per second by worker",
@@ -117,16 +118,12 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         "hloserve / worker",
         (
             PanelSpec(
-                "Requests per second",
-                (_rate("nv_inference_request_success", _WM),),
-                unit="reqps",
-                legends=("{{model}}",),
+                "Requests per second", (_rate("nv_inference_request_success", _WM),), unit="reqps"
             ),
             PanelSpec(
                 "Runtime executions per second",
                 (_rate("hloserve_executions_total", _WM),),
                 unit="ops",
-                legends=("{{model}}",),
                 description="Executions of compiled executables by the worker's one runtime.",
             ),
             PanelSpec(
@@ -136,7 +133,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum by (model) (rate(nv_inference_request_success{_WM}[1m])) / 1e6",
                 ),
                 unit="s",
-                legends=("{{model}}",),
                 description="Triton's cumulative request duration over its request count.",
             ),
             PanelSpec(
@@ -182,7 +178,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum by (model) (rate(hloserve_execution_items_total{_WM}[1m])) / "
                     f"sum by (model) (rate(hloserve_executions_total{_WM}[1m]))",
                 ),
-                legends=("{{model}}",),
                 description="Real items per runtime execution, coalesced across front "
                 "instances (padding excluded).",
             ),
@@ -194,7 +189,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum by (model) (rate(hloserve_execution_items_total{_WM}[1m])))",
                 ),
                 unit="percentunit",
-                legends=("{{model}}",),
                 description="Share of executed rows that were zero padding up to a compiled "
                 "batch size.",
             ),
@@ -223,7 +217,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Resident bytes by model",
                 (f"sum by (model) (hloserve_weight_resident_bytes{_WM})",),
                 unit="bytes",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Loads and evictions per second",
@@ -241,6 +234,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum(rate(hloserve_executions_total{_WM}[5m]))",
                 ),
                 unit="percentunit",
+                legends=(),
                 description="Executions that found their weights resident: one minus loads "
                 "per execution.",
             ),
@@ -251,6 +245,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum(rate(hloserve_weight_load_seconds_sum{_WM}[5m]))",
                 ),
                 unit="Bps",
+                legends=(),
                 description="Bytes moved host-to-device per second of load time.",
             ),
         ),
@@ -262,7 +257,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             PanelSpec(
                 "Queue depth",
                 (f"sum by (model) (hloserve_scheduler_queue_depth{_WM})",),
-                legends=("{{model}}",),
                 description="Requests waiting in the runtime's per-model queues.",
             ),
             PanelSpec(
@@ -302,11 +296,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 legends=("{{model}} -> {{worker}}",),
                 description="The routing table: 1 where a model has a replica.",
             ),
-            PanelSpec(
-                "Replicas",
-                ('max by (model) (hloserve_gateway_replicas{node=~"$node"})',),
-                legends=("{{model}}",),
-            ),
+            PanelSpec("Replicas", ('max by (model) (hloserve_gateway_replicas{node=~"$node"})',)),
             PanelSpec(
                 "Routed requests per second (HAProxy)",
                 (
@@ -353,7 +343,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Meta requests per second",
                 (_rate("nv_inference_request_success", '{node=~"$node", model=~"$model"}'),),
                 unit="reqps",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Sub-calls per meta request",
@@ -361,7 +350,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum by (model) (rate(hloserve_meta_calls_total{_M}[1m])) / "
                     f"sum by (model) (rate(hloserve_meta_runs_total{_M}[1m]))",
                 ),
-                legends=("{{model}}",),
             ),
         ),
         variables=("node", "model"),
