@@ -236,8 +236,10 @@ def worker_options(
     environment (:func:`~hloserve.node.plan.worker_env`), ending with its supervisor."""
     from hloserve.node.plan import worker_env
 
-    ports = {"http_port": worker.http_port, "grpc_port": worker.grpc_port}
-    on_ports = dataclasses.replace(options, **ports, metrics_port=worker.metrics_port)
+    w = worker
+    on_ports = dataclasses.replace(
+        options, http_port=w.http_port, grpc_port=w.grpc_port, metrics_port=w.metrics_port
+    )
     return dataclasses.replace(
         server_options(on_ports, repository),
         env=worker_env(worker, docker=False),

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from hloserve import metric_names
@@ -130,7 +131,7 @@ def render_status(status: CacheStatus) -> str:
     return "\n".join([*lines, _table(rows, left=2)])
 
 
-def _table(rows: list[tuple[str, ...]], left: int) -> str:
+def _table(rows: Sequence[Sequence[str]], left: int) -> str:
     """``rows`` in aligned columns two spaces apart: the first ``left`` columns flush left,
     the others right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
