@@ -68,9 +68,16 @@ def _export_torch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _group(
+    commands: Any, name: str, help: str, metavar: str = "ACTION", description: str | None = None
+) -> Any:
+    """Subcommand ``name`` with actions of its own (``hloserve NAME ACTION``): their parsers."""
+    parser = commands.add_parser(name, help=help, description=description)
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
 def _add_export(commands: Any) -> None:
-    export = commands.add_parser("export", help="export a model as a bundle")
-    export_cmds = export.add_subparsers(dest="export_command", required=True, metavar="FRAMEWORK")
+    export_cmds = _group(commands, "export", "export a model as a bundle", "FRAMEWORK")
     torch = export_cmds.add_parser(
         "torch",
         help="export a torch.nn.Module (through torchax; pip install 'hloserve[export-torch]')",
@@ -230,8 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_export(commands)
-    bundle = commands.add_parser("bundle", help="check, inspect and convert model bundles")
-    bundle_cmds = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+    bundle_cmds = _group(commands, "bundle", "check, inspect and convert model bundles")
     validate = bundle_cmds.add_parser(
         "validate",
         help="check bundles against the format (manifest, weights, every executable's signature)",
@@ -255,8 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(func=_bundle_convert)
 
-    repo = commands.add_parser("repo", help="build and check Triton model repositories")
-    repo_cmds = repo.add_subparsers(dest="repo_command", required=True, metavar="ACTION")
+    repo_cmds = _group(commands, "repo", "build and check Triton model repositories")
     build = repo_cmds.add_parser(
         "build",
         help="write a Triton model repository serving every bundle in BUNDLES_DIR",
@@ -319,13 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 
     add_gateway_ctl(commands, _gateway_ctl)
-    node = commands.add_parser(
+    actions = _group(
+        commands,
         "node",
-        help="one tritonserver per GPU (processes or containers) plus the gateway",
+        "one tritonserver per GPU (processes or containers) plus the gateway",
         description="Start or stop the workers of this machine from a node file "
         "(docs/deployment.md); settings can be overridden with HLOSERVE_NODE_* variables.",
     )
-    actions = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     for action, text in (
         ("up", "start the workers and the gateway; stop everything on Ctrl-C/SIGTERM"),
         ("down", "stop the node: remove its containers (by label) or end its `node up`"),
