@@ -16,13 +16,11 @@ stream. Each container is found again by its labels ``hloserve.node=<name>`` and
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import socket
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +34,7 @@ from hloserve.node.docker_spec import (
 )
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
+from hloserve.node.tritonserver import health_ready
 
 _LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
@@ -276,18 +275,11 @@ class DockerWorkers:
         timeout = self.config.tritonserver.startup_timeout_s
         start = time.monotonic()
         waiting = set(range(len(self.plan)))
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         while waiting and not stop.is_set():
             for i in sorted(waiting):
-                url = f"http://{host}:{self.plan[i].http_port}/v2/health/ready"
-                # HTTPException: a malformed answer (not Triton) counts as not ready yet
-                with (
-                    contextlib.suppress(OSError, http.client.HTTPException),
-                    opener.open(url, timeout=1.0) as response,
-                ):
-                    if response.status == 200:
-                        waiting.discard(i)
-                        continue
+                if health_ready(f"{host}:{self.plan[i].http_port}"):
+                    waiting.discard(i)
+                    continue
                 container = self._containers[i]
                 try:
                     container.reload()

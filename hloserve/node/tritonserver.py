@@ -63,6 +63,21 @@ _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
 
 
+def health_ready(address: str) -> bool:
+    """Whether ``GET http://<address>/v2/health/ready`` answers 200 within 1 s (no proxies).
+
+    Refused, timed out, an error status (503 while loading) or a malformed answer (a
+    half-started server, not Triton) count as not ready.
+    """
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with (
+        contextlib.suppress(OSError, http.client.HTTPException),
+        opener.open(f"http://{address}/v2/health/ready", timeout=1.0) as response,
+    ):
+        return bool(response.status == 200)
+    return False
+
+
 @dataclass(frozen=True)
 class StubProcess:
     """One Python backend stub process of a server (one per model instance).
@@ -219,8 +234,6 @@ class TritonServer:
         if self._process is None:
             raise TritonServerError("tritonserver: wait_ready() before start()")
         timeout = self.options.startup_timeout_s if timeout_s is None else timeout_s
-        url = f"http://{self.urls.http}/v2/health/ready"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxies
         start = time.monotonic()
         for _ in range(int(timeout / _POLL_INTERVAL_S) + 2):
             code = self._process.poll()
@@ -229,21 +242,15 @@ class TritonServer:
                     f"tritonserver exited with code {code} before it was ready "
                     f"(http {self.urls.http}, grpc {self.urls.grpc})\n{self.log_tail()}"
                 )
-            # OSError covers URLError, HTTPError (503 while loading), refused, timeout;
-            # HTTPException a malformed answer (BadStatusLine) from a half-started server.
-            with (
-                contextlib.suppress(OSError, http.client.HTTPException),
-                opener.open(url, timeout=1.0) as response,
-            ):
-                # A 200 from someone else on our port must not count: check the owner.
-                if response.status == 200 and self._listens_on(self.options.http_port):
-                    return time.monotonic() - start
+            # A 200 from someone else on our port must not count: check the owner.
+            if health_ready(self.urls.http) and self._listens_on(self.options.http_port):
+                return time.monotonic() - start
             if time.monotonic() - start > timeout:
                 break
             time.sleep(_POLL_INTERVAL_S)
         raise TritonServerError(
             f"tritonserver (pid {self._process.pid}) not ready after {timeout:.1f} s "
-            f"at {url}\n{self.log_tail()}"
+            f"at http://{self.urls.http}/v2/health/ready\n{self.log_tail()}"
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
