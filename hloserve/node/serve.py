@@ -98,7 +98,7 @@ def run_serve(options: ServeOptions) -> int:
     with stop_on_signals(stop, "hloserve"):
         watched = None
         if options.watch:  # before the build: a change made during it is acted on later
-            from hloserve.node.watch import scan
+            from hloserve.node.watcher import scan
 
             watched = scan(options.path)
         with prepared_repository(options) as repository:

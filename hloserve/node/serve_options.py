@@ -104,7 +104,7 @@ class ServeOptions:
             reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
             0 = a free port.
         watch: keep the served models in line with the bundles directory while serving
-            (:mod:`hloserve.node.watch`; docs/serving.md, "Watching the bundles directory").
+            (:mod:`hloserve.node.watcher`; docs/serving.md, "Watching the bundles directory").
         watch_interval_s: seconds between two polls of the bundles directory with ``watch``.
     """
 
@@ -419,7 +419,7 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     if options.watch:
-        from hloserve.node.watch import check_watch_options
+        from hloserve.node.watcher import check_watch_options
 
         check_watch_options(
             interval_s=options.watch_interval_s,

@@ -15,7 +15,7 @@ default :data:`DEFAULT_ADMIN_PORT`) as Prometheus text, with ``/healthz``:
 
 ``/models`` answers JSON, ``{"models": [{"name", "version", "state", "reason", "last_reload",
 "error"}, ...]}``: each model's Triton version and state with what ``serve --watch`` last did
-to it (:mod:`hloserve.node.watch`); ``hloserve status --models`` prints it. It answers 404
+to it (:mod:`hloserve.node.watcher`); ``hloserve status --models`` prints it. It answers 404
 where the supervisor has no model list (``--workers``).
 
 :class:`NodeObservability` starts the admin port and writes the node's scrape targets

@@ -21,7 +21,8 @@ from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.model_control_client import error_text
 from hloserve.node.serve_options import ServeOptions, check_options
 from hloserve.node.status import render_models
-from hloserve.node.watch import (
+from hloserve.node.watcher import (
+    BundleWatcher,
     Changes,
     Debouncer,
     ModelRecord,
@@ -35,7 +36,6 @@ from hloserve.node.watch import (
     roll_back,
     scan,
 )
-from hloserve.node.watcher import BundleWatcher
 from hloserve.observability.supervisor import NodeAdminServer, NodeMetrics
 from tests.conftest import GOLDEN
 
