@@ -470,21 +470,26 @@ class BundleWatcher:
         self._record(name, state="FAILED", error=error, last_reload=time.time())
 
     def _remove(self, name: str) -> None:
-        if not (self.repository / name).is_dir():  # it never loaded
-            self._forget(name)
-            if name in self._records:
-                self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
-            return
-        self.report(f"hloserve: watch: model '{name}': bundle removed; unloading")
-        try:
-            self.control.unload(name)
-        except Exception as exc:
-            self._fail(name, "unload", error_text(exc))
-            return
-        shutil.rmtree(self.repository / name, ignore_errors=True)
+        loaded = (self.repository / name).is_dir()  # else it never loaded
+        if loaded:
+            self.report(f"hloserve: watch: model '{name}': bundle removed; unloading")
+            if not self._control(name, "unload", self.control.unload):
+                return
+            shutil.rmtree(self.repository / name, ignore_errors=True)
         self._forget(name)
-        self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
-        self.report(f"hloserve: watch: model '{name}': unloaded")
+        if loaded or name in self._records:
+            self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
+        if loaded:
+            self.report(f"hloserve: watch: model '{name}': unloaded")
+
+    def _control(self, name: str, what: str, action: Callable[[str], None]) -> bool:
+        """``action(name)`` on the server's repository API; a failure is the model's."""
+        try:
+            action(name)
+        except Exception as exc:
+            self._fail(name, what, error_text(exc))
+            return False
+        return True
 
     def _forget(self, name: str) -> None:
         self._calls.pop(name, None)
@@ -519,11 +524,8 @@ class BundleWatcher:
             what = "loading" if installed.previous_config is None else "reloading"
             self.report(f"hloserve: watch: model '{name}': {what} version {installed.version}")
             started = time.monotonic()
-            try:
-                self.control.load(name)
-            except Exception as exc:
+            if not self._control(name, f"load of version {installed.version}", self.control.load):
                 roll_back(installed)
-                self._fail(name, f"load of version {installed.version}", error_text(exc))
                 return False
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -563,13 +565,9 @@ class BundleWatcher:
 
     def _reload_caller(self, meta: str) -> None:
         self.report(f"hloserve: watch: meta model '{meta}': reloading after its callees")
-        try:
-            self.control.reload(meta)
-        except Exception as exc:
-            self._fail(meta, "reload", error_text(exc))
-            return
-        self._record(meta, state="READY", error="", last_reload=time.time())
-        self.report(f"hloserve: watch: meta model '{meta}': reloaded")
+        if self._control(meta, "reload", self.control.reload):
+            self._record(meta, state="READY", error="", last_reload=time.time())
+            self.report(f"hloserve: watch: meta model '{meta}': reloaded")
 
     def _served_copy(self, name: str) -> Path:
         """The bundle copy that model ``name``'s current version serves."""
