@@ -68,6 +68,15 @@ def _rate(metric: str, selector: str, by: str = "model", window: str = "1m") -> 
     return f"sum by ({by}) (rate({metric}{selector}[{window}]))"
 
 
+def _per(metric: str, per: str, selector: str) -> str:
+    """``metric``'s rate over ``per``'s, by model (e.g. duration per request)."""
+    return f"{_rate(metric, selector)} / {_rate(per, selector)}"
+
+
+#: Triton's count of successful requests.
+_OK = "nv_inference_request_success"
+
+
 DASHBOARDS: tuple[DashboardSpec, ...] = (
     DashboardSpec(
         "fleet",
@@ -96,7 +105,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Requests per second by model",
-                (_rate("nv_inference_request_success", _M),),
+                (_rate(_OK, _M),),
                 unit="reqps",
                 description="Triton's successful inference requests, all workers.",
             ),
@@ -107,7 +116,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Requests per second by worker",
-                (_rate("nv_inference_request_success", _N, by="worker"),),
+                (_rate(_OK, _N, by="worker"),),
                 unit="reqps",
                 legends=("{{worker}}",),
             ),
@@ -117,9 +126,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         "worker",
         "hloserve / worker",
         (
-            PanelSpec(
-                "Requests per second", (_rate("nv_inference_request_success", _WM),), unit="reqps"
-            ),
+            PanelSpec("Requests per second", (_rate(_OK, _WM),), unit="reqps"),
             PanelSpec(
                 "Runtime executions per second",
                 (_rate("hloserve_executions_total", _WM),),
@@ -128,10 +135,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Mean request latency",
-                (
-                    f"sum by (model) (rate(nv_inference_request_duration_us{_WM}[1m])) / "
-                    f"sum by (model) (rate(nv_inference_request_success{_WM}[1m])) / 1e6",
-                ),
+                (_per("nv_inference_request_duration_us", _OK, _WM) + " / 1e6",),
                 unit="s",
                 description="Triton's cumulative request duration over its request count.",
             ),
@@ -152,15 +156,14 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         (
             PanelSpec(
                 "Requests per second",
-                (_rate("nv_inference_request_success", _WM, by="model, worker"),),
+                (_rate(_OK, _WM, by="model, worker"),),
                 unit="reqps",
                 legends=("{{model}} on {{worker}}",),
             ),
             PanelSpec(
                 "Mean latency: total, queue, compute",
                 tuple(
-                    f"sum by (model) (rate({m}{_WM}[1m])) / "
-                    f"sum by (model) (rate(nv_inference_request_success{_WM}[1m])) / 1e6"
+                    _per(m, _OK, _WM) + " / 1e6"
                     for m in (
                         "nv_inference_request_duration_us",
                         "nv_inference_queue_duration_us",
@@ -174,10 +177,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Mean executed batch (items per execution)",
-                (
-                    f"sum by (model) (rate(hloserve_execution_items_total{_WM}[1m])) / "
-                    f"sum by (model) (rate(hloserve_executions_total{_WM}[1m]))",
-                ),
+                (_per("hloserve_execution_items_total", "hloserve_executions_total", _WM),),
                 description="Real items per runtime execution, coalesced across front "
                 "instances (padding excluded).",
             ),
@@ -341,15 +341,12 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         (
             PanelSpec(
                 "Meta requests per second",
-                (_rate("nv_inference_request_success", '{node=~"$node", model=~"$model"}'),),
+                (_rate(_OK, '{node=~"$node", model=~"$model"}'),),
                 unit="reqps",
             ),
             PanelSpec(
                 "Sub-calls per meta request",
-                (
-                    f"sum by (model) (rate(hloserve_meta_calls_total{_M}[1m])) / "
-                    f"sum by (model) (rate(hloserve_meta_runs_total{_M}[1m]))",
-                ),
+                (_per("hloserve_meta_calls_total", "hloserve_meta_runs_total", _M),),
             ),
         ),
         variables=("node", "model"),
