@@ -44,6 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def add_serve(commands: argparse._SubParsersAction) -> None:
+    """Add ``serve`` and its flags (docs/serving.md) to the ``hloserve`` subcommands."""
     serve = commands.add_parser(
         "serve",
         help="serve bundles (or a built repository) with a local tritonserver",
