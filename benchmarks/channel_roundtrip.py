@@ -45,9 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _runtime(address: str, bundle: str, ready: Any, stop: Any, stats: Any) -> None:
     from hloserve.bundle import load_bundle
-    from hloserve.triton_backend.runtime import RuntimeModel
-    from hloserve.triton_backend.runtime_server import RuntimeServer
-    from hloserve.triton_backend.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.core import RuntimeModel
+    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.server import RuntimeServer
 
     core = RuntimeModel()
     stats["device"] = f"{core.device.device_kind} ({core.device.platform})"
@@ -125,8 +125,8 @@ def main() -> int:
     import export as digits_export
 
     from hloserve.bundle import load_bundle
-    from hloserve.triton_backend.front import FrontModel
-    from hloserve.triton_backend.front_channel import ChannelFront, Request
+    from hloserve.triton_backend.front.core import FrontModel
+    from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles = Path(tmp)

@@ -116,11 +116,11 @@ def run(models: int, scratch: Path) -> dict[str, Any]:
     import export as digits_export
 
     from hloserve.bundle import load_bundle
-    from hloserve.triton_backend.front import FrontModel
-    from hloserve.triton_backend.front_channel import ChannelFront, Request
-    from hloserve.triton_backend.runtime import RuntimeModel
-    from hloserve.triton_backend.runtime_server import RuntimeServer
-    from hloserve.triton_backend.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.front.core import FrontModel
+    from hloserve.triton_backend.front.front_channel import ChannelFront, Request
+    from hloserve.triton_backend.runtime.core import RuntimeModel
+    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.server import RuntimeServer
 
     device = jax.devices()[0]
     try:

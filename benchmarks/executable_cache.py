@@ -79,9 +79,9 @@ def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> l
     """Print one row per executable; return the rows (seconds, ratios compile / load)."""
     from hloserve.bundle import load_bundle
     from hloserve.bundle.manifest import UNBATCHED
-    from hloserve.triton_backend.compile import compile_artifact, enable_x64
-    from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
-    from hloserve.triton_backend.loaded_bundle import variant_label
+    from hloserve.triton_backend.runtime.compile import compile_artifact, enable_x64
+    from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
+    from hloserve.triton_backend.runtime.loaded_bundle import variant_label
 
     enable_x64()  # as the runtime does (part of the key)
     cache = ExecutableCache(cache_dir)
@@ -175,7 +175,7 @@ def _entry_size(cache: Any, compiled: Any, label: Any, artifact: bytes) -> int:
     from jax._src.lib import xla_client
 
     from hloserve.bundle.stablehlo import to_portable_artifact
-    from hloserve.triton_backend.compile import executable_key
+    from hloserve.triton_backend.runtime.compile import executable_key
 
     key = executable_key(
         to_portable_artifact(artifact), compiled.device, xla_client.CompileOptions(), label

@@ -139,8 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer, memory_sharding
-    from hloserve.triton_backend.weight_cache import WeightCache
+    from hloserve.triton_backend.runtime.transfer import (
+        JaxTransfer,
+        PackedJaxTransfer,
+        memory_sharding,
+    )
+    from hloserve.triton_backend.runtime.weight_cache import WeightCache
 
     device = jax.devices(args.platform)[0] if args.platform else jax.devices()[0]
     items = args.bytes // 4 // args.tensors

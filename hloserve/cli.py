@@ -148,11 +148,7 @@ def _repo_build(args: argparse.Namespace) -> int:
     from hloserve.model_repository_tools import build_repository
 
     plan = build_repository(
-        args.bundles_dir,
-        args.output,
-        overwrite=args.overwrite,
-        progress=print,
-        **build_options(args),
+        args.bundles_dir, args.output, build_options(args), overwrite=args.overwrite, progress=print
     )
     print(f"{args.output}: wrote {len(plan.models)} front model(s) and the runtime model")
     return 0

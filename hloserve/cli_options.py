@@ -11,11 +11,15 @@ typed value, a reader that turns the parsed arguments into it (raising
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import hloserve.model_repository_tools.build_options as typed
 
 
 def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
@@ -79,20 +83,20 @@ def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def batch_size_options(args: argparse.Namespace) -> Any:
+def batch_size_options(args: argparse.Namespace) -> typed.BatchSizeOptions:
     """The ``BatchSizeOptions`` of :func:`add_batch_size_option`'s argument."""
     from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
 
     return parse_batch_sizes(args.batch_sizes)
 
 
-def weight_cache_options(args: argparse.Namespace) -> Any:
+def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
     """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
 
     Raises:
         InvalidArgumentError: a malformed ``--residency``.
     """
-    from hloserve.model_repository_tools import WeightCacheOptions
+    from hloserve.model_repository_tools.build_options import WeightCacheOptions
     from hloserve.names import parse_residency
 
     try:
@@ -127,13 +131,13 @@ def add_scheduling_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def scheduling_options(args: argparse.Namespace) -> Any:
+def scheduling_options(args: argparse.Namespace) -> typed.SchedulingOptions:
     """The ``SchedulingOptions`` of :func:`add_scheduling_options`'s arguments.
 
     Raises:
         InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
     """
-    from hloserve.model_repository_tools import SchedulingOptions
+    from hloserve.model_repository_tools.build_options import SchedulingOptions
     from hloserve.names import parse_model_weights
 
     try:
@@ -163,14 +167,14 @@ def add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def executable_cache_options(args: argparse.Namespace) -> Any:
+def executable_cache_options(args: argparse.Namespace) -> typed.ExecutableCacheOptions:
     """The ``ExecutableCacheOptions`` of :func:`add_executable_cache_options`'s arguments
     (a directory made absolute: the runtime runs elsewhere).
 
     Raises:
         InvalidArgumentError: --executable-cache-bytes below 0.
     """
-    from hloserve.model_repository_tools import ExecutableCacheOptions
+    from hloserve.model_repository_tools.build_options import ExecutableCacheOptions
     from hloserve.names import EXECUTABLE_CACHE_OFF
 
     if args.executable_cache_bytes < 0:
@@ -186,45 +190,24 @@ def executable_cache_options(args: argparse.Namespace) -> Any:
 
 
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
-    """Every flag that shapes the repository built from bundles (docs/serving.md, "Layout").
-
-    --front-instances, --meta-concurrency, --max-queue-delay-us, --max-request-bytes,
-    --max-queue-size and the
-    weight cache, batch
-    size, scheduling and executable cache groups; ``when`` ends the first three helps (e.g.
-    ``" when building"`` for ``serve``, whose PATH may be a built repository).
+    """Every flag that shapes the repository built from bundles (docs/serving.md, "Build
+    options"): one per scalar field of
+    :class:`~hloserve.model_repository_tools.build_options.BuildOptions` with a help text,
+    declared there, then --max-queue-size and the weight cache, batch size, scheduling and
+    executable cache groups. ``when`` fills the fields' ``{when}`` (e.g. ``" when building"``
+    for ``serve``, whose PATH may be a built repository).
     """
-    parser.add_argument(
-        "--front-instances",
-        type=int,
-        default=names.DEFAULT_FRONT_INSTANCES,
-        metavar="N",
-        help=f"CPU instances of each front model{when} (default: {names.DEFAULT_FRONT_INSTANCES})",
-    )
-    parser.add_argument(
-        "--meta-concurrency",
-        type=int,
-        default=2,
-        metavar="N",
-        help=f"meta model runs at once on the worker, across all metas{when} (default: 2; "
-        "docs/meta_models.md)",
-    )
-    parser.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=500,
-        metavar="US",
-        help=f"dynamic batcher max_queue_delay_microseconds{when} (default: 500)",
-    )
-    parser.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=names.DEFAULT_MAX_REQUEST_BYTES,
-        metavar="N",
-        help=f"largest request a front model accepts{when}, bytes of its input tensors; a "
-        "larger one gets INVALID_ARGUMENT naming the limit (default: "
-        f"{names.DEFAULT_MAX_REQUEST_BYTES} = 1 GiB; docs/serving.md)",
-    )
+    from hloserve.model_repository_tools.build_options import BuildOptions
+
+    for f in dataclasses.fields(BuildOptions):
+        if f.metadata.get("help"):
+            parser.add_argument(
+                f.metadata["flag"],
+                type=type(f.default),
+                default=f.default,
+                metavar=f.metadata["metavar"],
+                help=f.metadata["help"].format(when=when, default=f.default),
+            )
     parser.add_argument(
         "--max-queue-size",
         action="append",
@@ -242,34 +225,38 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     add_executable_cache_options(parser)
 
 
-def build_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``build_repository`` (and of ``ServeOptions``) from
-    :func:`add_build_options`'s flags.
+def build_options(args: argparse.Namespace) -> typed.BuildOptions:
+    """The one :class:`~hloserve.model_repository_tools.build_options.BuildOptions` of
+    :func:`add_build_options`'s flags, for ``build_repository`` and ``ServeOptions.build``.
 
     Raises:
         InvalidArgumentError: a malformed --residency or --model-weight, a weight <= 0, or
             --executable-cache-bytes below 0.
     """
-    return {
-        "front_instances": args.front_instances,
-        "max_queue_delay_us": args.max_queue_delay_us,
-        "weight_cache": weight_cache_options(args),
-        "meta_concurrency": args.meta_concurrency,
-        "batch_sizes": batch_size_options(args),
-        "max_request_bytes": args.max_request_bytes,
-        "scheduling": scheduling_options(args),
-        "executable_cache": executable_cache_options(args),
-        "queue": queue_options(args.max_queue_size),
+    from hloserve.model_repository_tools.build_options import BuildOptions
+
+    scalars = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(BuildOptions)
+        if f.metadata.get("help")
     }
+    return BuildOptions(
+        **scalars,
+        weight_cache=weight_cache_options(args),
+        batch_sizes=batch_size_options(args),
+        scheduling=scheduling_options(args),
+        executable_cache=executable_cache_options(args),
+        queue=queue_options(args.max_queue_size),
+    )
 
 
-def queue_options(values: list[str]) -> Any:
+def queue_options(values: list[str]) -> typed.QueueOptions:
     """The ``QueueOptions`` of repeated ``--max-queue-size`` values (``N`` or ``MODEL=N``).
 
     Raises:
         InvalidArgumentError: a value that is not an integer, or a default or model given twice.
     """
-    from hloserve.model_repository_tools import QueueOptions
+    from hloserve.model_repository_tools.build_options import QueueOptions
 
     default, per_model = 0, {}
     for value in values:

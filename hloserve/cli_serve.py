@@ -25,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
             model_control_mode=args.model_control_mode,
             load_models=tuple(args.load_model),
             repository_out=args.repository_out,
-            **build_options(args),
+            build=build_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
             log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,

@@ -1,6 +1,6 @@
 """Names of the metrics the runtime model exports on Triton's metrics port (:8002).
 
-Written by :mod:`hloserve.triton_backend.metrics` and read back by
+Written by :mod:`hloserve.triton_backend.backends.metrics` and read back by
 :func:`hloserve.prometheus_text.cache_status` (``hloserve status``, the gateway's lpt_packing
 weights); the table of names, labels and meanings is docs/observability.md, "Metrics".
 Standard library only, so every layer may import it.

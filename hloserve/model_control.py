@@ -15,16 +15,19 @@ Triton prefixes the header of a restricted gRPC protocol with ``triton-grpc-prot
 (measured on 2.51), so gRPC clients send :func:`grpc_metadata`, HTTP clients
 :func:`http_headers`.
 
-:mod:`hloserve.node.model_control_client` calls that API with the key (``serve --watch``).
+:class:`RepositoryClient` calls that API with the key.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from hloserve.errors import InvalidArgumentError
 
@@ -114,3 +117,73 @@ def http_headers(key: str | None) -> dict[str, str] | None:
 def grpc_metadata(key: str | None) -> tuple[tuple[str, str], ...]:
     """The metadata of a gRPC repository call (grpc's ``metadata=``); empty without key."""
     return () if key is None else ((GRPC_METADATA_KEY, key),)
+
+
+class RepositoryClient:
+    """Triton's repository API (index, load, reload, unload) of one tritonserver over HTTP,
+    sending the model-control key: the one client of it (``serve``'s watcher and stub
+    watchdog, the node supervisor's ready report; the gateway relays its clients' calls).
+
+    Args:
+        http_url: the server's HTTP endpoint, ``host:port``.
+        key: the restricted repository API's key (:func:`launcher_key`); None: none sent.
+        timeout_s: seconds one call may take (a load's compiling included).
+
+    Errors are tritonclient's ``InferenceServerException`` (Triton's refusal, e.g.
+    "explicit model load / unload is not allowed" outside explicit mode) or a connection
+    error.
+    """
+
+    def __init__(self, http_url: str, key: str | None, timeout_s: float) -> None:
+        self.http_url = http_url
+        self.headers = http_headers(key) or {}
+        self.timeout_s = timeout_s
+
+    def _client(self) -> Any:
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(
+            self.http_url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+        )
+
+    def index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
+        client = self._client()
+        try:
+            return list(client.get_model_repository_index(headers=self.headers))
+        finally:
+            client.close()
+
+    def load(self, model: str) -> None:
+        """Load (or reload from changed files) ``model`` from the repository."""
+        client = self._client()
+        try:
+            client.load_model(model, headers=self.headers)
+        finally:
+            client.close()
+
+    def reload(self, model: str) -> None:
+        """Load ``model`` again with its current configuration, even though no file changed
+        (Triton then loads fresh instances and swaps them in)."""
+        client = self._client()
+        try:
+            config = client.get_model_config(model)
+            client.load_model(model, headers=self.headers, config=json.dumps(config))
+        finally:
+            client.close()
+
+    def unload(self, model: str) -> None:
+        """Unload ``model`` and wait (up to the timeout) until the index no longer lists it
+        READY or UNLOADING: Triton unloads once the requests in flight end."""
+        client = self._client()
+        try:
+            client.unload_model(model, headers=self.headers)
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                index = client.get_model_repository_index(headers=self.headers)
+                states = {m["name"]: m.get("state", "") for m in index}
+                if states.get(model) not in ("READY", "UNLOADING"):
+                    return
+                time.sleep(0.1)
+        finally:
+            client.close()

@@ -6,6 +6,7 @@ the front, meta and runtime backends, the validator, the node and the gateway re
 :class:`Parameter` gives its key, the form of its text, its validation and whether the writer
 leaves it out at its default; each model kind's frozen dataclass gives the Python type and the
 default of every field. The table of keys is in docs/serving.md ("Config parameters").
+:class:`ModelArgs` is what Triton hands a Python model's ``initialize``, where they are read.
 
 Values are ``string_value`` texts (Triton's ``ModelParameter``). Absent or blank text means the
 field's default; a required parameter that is absent or blank, or a malformed value, raises
@@ -16,9 +17,11 @@ the text found. Standard library only: every Triton stub (the front's included) 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
@@ -425,3 +428,54 @@ def check_one_budget(model: str, budget_bytes: int, fraction: float) -> None:
 def string_values(parameters: Mapping[str, Any]) -> dict[str, str]:
     """A ``ModelConfig.parameters`` map (values with ``string_value``) as key -> text."""
     return {key: str(value.string_value) for key, value in parameters.items()}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """What Triton hands a Python model's ``initialize(args)``.
+
+    Attributes:
+        name: the model name.
+        model_dir: the model's directory in the repository (Triton's ``model_repository`` key
+            is the model directory, e.g. ``<repo>/<name>``; checked on 2.51).
+        version: the model version being loaded, e.g. ``"1"``.
+        instance: the instance name, e.g. ``"affine_0_0"``.
+        config: the model configuration as JSON (``config.pbtxt`` after auto-completion).
+    """
+
+    name: str
+    model_dir: Path
+    version: str
+    instance: str = ""
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_triton(cls, args: Mapping[str, str]) -> ModelArgs:
+        """Parse Triton's ``args`` (all values are strings; ``model_config`` is JSON)."""
+        return cls(
+            name=args["model_name"],
+            model_dir=Path(args["model_repository"]),
+            version=args.get("model_version", ""),
+            instance=args.get("model_instance_name", ""),
+            config=json.loads(args.get("model_config", "{}")),
+        )
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """``parameters`` of the config as plain strings (``{key: {string_value: v}}``)."""
+        params = self.config.get("parameters") or {}
+        return {k: str(v.get("string_value", "")) for k, v in params.items()}
+
+    def parameter(self, key: str, default: str | None = None) -> str:
+        """One parameter's value.
+
+        Raises:
+            InvalidArgumentError: the parameter is missing and has no default.
+        """
+        value = self.parameters.get(key, default)
+        if value is None:
+            raise InvalidArgumentError(
+                f"model {self.name!r}: config.pbtxt lacks parameter {key!r} "
+                "(regenerate the repository with `hloserve repo build`)"
+            )
+        return value

@@ -107,7 +107,7 @@ PARAM_WEIGHT_CACHE_FRACTION = "hloserve.weight_cache_fraction"
 #: :data:`DEFAULT_DEVICE_MEMORY_FRACTION`. docs/on_demand_weights.md, "Device memory".
 PARAM_DEVICE_MEMORY_FRACTION = "hloserve.device_memory_fraction"
 #: Default of :data:`PARAM_DEVICE_MEMORY_FRACTION`; the reasoning with numbers is in
-#: :func:`hloserve.triton_backend.device_memory.allocator_environment`.
+#: :func:`hloserve.triton_backend.runtime.device_memory.allocator_environment`.
 DEFAULT_DEVICE_MEMORY_FRACTION = 0.9
 #: Runtime parameter: residency of the models that do not use :data:`DEFAULT_RESIDENCY`, as
 #: ``"<model>=<residency>,..."`` sorted by model (:func:`format_residency`); absent = all default.

@@ -12,7 +12,7 @@ stay the device's. Then it imports hloserve's core in a fresh interpreter and re
 interpreter, the versions, JAX's devices and ``nvidia-smi``'s view.
 
 ``memory`` (issue 26) starts two runtime-like processes at once, each setting JAX's allocator as
-the runtime does (:func:`hloserve.triton_backend.device_memory.allocator_environment`) and
+the runtime does (:func:`hloserve.triton_backend.runtime.device_memory.allocator_environment`) and
 placing ``--mib`` of data: both must run, and neither may hold 75% of the card (JAX's
 preallocating default, under which the second failed); then, in a fresh process, it compares
 the scratch XLA's compiled memory analysis gives for an executable (``temp_size_in_bytes``, what
@@ -41,10 +41,10 @@ from typing import Any
 CORE_MODULES = (
     "hloserve.bundle",
     "hloserve.export",
-    "hloserve.triton_backend.runtime_server",
-    "hloserve.triton_backend.front_channel",
-    "hloserve.triton_backend.weight_cache",
-    "hloserve.triton_backend.executable_cache",
+    "hloserve.triton_backend.runtime.server",
+    "hloserve.triton_backend.front.front_channel",
+    "hloserve.triton_backend.runtime.weight_cache",
+    "hloserve.triton_backend.runtime.executable_cache",
 )
 #: Distributions whose version and origin the env report gives.
 REPORTED = ("numpy", "jax", "jaxlib", "ml_dtypes", "pydantic", "pydantic_core", "yaml")
@@ -143,7 +143,7 @@ def env(args: argparse.Namespace) -> int:
 
 _RUNTIME_PROBE = """
 import json, os, subprocess, sys, time
-from hloserve.triton_backend.device_memory import allocator_environment
+from hloserve.triton_backend.runtime.device_memory import allocator_environment
 settings = allocator_environment()
 import jax, jax.numpy as jnp
 device = jax.devices()[0]
@@ -166,7 +166,7 @@ print(json.dumps({"settings": settings, "bytes_limit": stats.get("bytes_limit"),
 
 _SCRATCH_PROBE = """
 import json
-from hloserve.triton_backend.device_memory import allocator_environment, executable_memory
+from hloserve.triton_backend.runtime.device_memory import allocator_environment, executable_memory
 allocator_environment()
 import jax, jax.numpy as jnp
 device = jax.devices()[0]

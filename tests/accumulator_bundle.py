@@ -21,8 +21,11 @@ def accumulate(params: Any, s: Any, x: Any) -> Any:
     return total, total
 
 
-def export_accumulator(out_dir: Path, batch_sizes: list[int] = BATCH_SIZES) -> Path:
-    """Export the bundle from JAX to ``out_dir`` (its name is the model name)."""
+def export_accumulator(
+    out_dir: Path, batch_sizes: list[int] = BATCH_SIZES, sequence: Any = None
+) -> Path:
+    """Export the bundle from JAX to ``out_dir`` (its name is the model name); ``sequence``: its
+    manifest's ``sequence`` section (a ``Sequencing``), None for the defaults."""
     import numpy as np
 
     from hloserve.bundle.manifest_sections import StateSpec, TensorSpec
@@ -38,5 +41,6 @@ def export_accumulator(out_dir: Path, batch_sizes: list[int] = BATCH_SIZES) -> P
         out_dir,
         overwrite=True,
         state=[StateSpec(input="s", output="s_next")],
+        sequence=sequence,
     )
     return out_dir

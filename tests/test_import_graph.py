@@ -131,27 +131,34 @@ LAYERS: tuple[frozenset[str], ...] = (
             "hloserve.ports",
             "hloserve.prometheus_text",
             "hloserve.jax_on_cpu",
+            "hloserve.triton_backend",  # a docstring: the map of its process folders
         }
     ),
     frozenset({"hloserve.bundle", "hloserve.observability"}),
-    frozenset({"hloserve.export"}),
-    # one layer until triton_backend splits (the structure issue's step 4): meta calls
-    # triton_backend's shims, a backend runs meta, the repository plan reads residency
-    frozenset({"hloserve.meta", "hloserve.triton_backend", "hloserve.model_repository_tools"}),
+    frozenset({"hloserve.export", "hloserve.triton_backend.channel"}),
+    # front and runtime are two processes: one layer, kept apart by KEPT_APART
+    frozenset({"hloserve.triton_backend.front", "hloserve.triton_backend.runtime"}),
+    frozenset({"hloserve.model_repository_tools"}),
+    frozenset({"hloserve.meta"}),
+    frozenset({"hloserve.triton_backend.backends"}),
     frozenset({"hloserve.gateway"}),
     frozenset({"hloserve.node"}),
     frozenset({"hloserve.cli", "hloserve.cli_options", "hloserve.cli_serve"}),
 )
-#: Package cycles known and kept inside one layer, until the split removes them.
-KNOWN_PACKAGE_CYCLES = [
-    ["hloserve.meta", "hloserve.model_repository_tools", "hloserve.triton_backend"]
-]
+#: Units of one layer that never import each other (either way).
+KEPT_APART = [("hloserve.triton_backend.front", "hloserve.triton_backend.runtime")]
+#: Subpackages that are units of their own (a process side each), not part of their parent's.
+SPLIT_PACKAGES = ("hloserve.triton_backend",)
 
 
 def _unit(module: str) -> str:
     """The package (or top-level module) ``module`` belongs to: ``hloserve.node.plan`` ->
-    ``hloserve.node``."""
-    return ".".join(module.split(".")[:2])
+    ``hloserve.node``; in a split package one level down: ``hloserve.triton_backend.front.core``
+    -> ``hloserve.triton_backend.front``."""
+    parts = module.split(".")
+    return ".".join(
+        parts[:3] if module.startswith(tuple(p + "." for p in SPLIT_PACKAGES)) else parts[:2]
+    )
 
 
 def _layer(unit: str) -> int:
@@ -187,7 +194,80 @@ def test_layers_find_an_upward_import_and_a_package_cycle() -> None:
     assert find_cycles(package_graph(both)) == [["hloserve.gateway", "hloserve.node"]]
 
 
-def test_no_upward_import_and_no_new_package_cycle() -> None:
+def test_no_upward_import_and_no_package_cycle() -> None:
     graph = import_graph()
     assert upward_imports(graph) == []
-    assert find_cycles(package_graph(graph)) == KNOWN_PACKAGE_CYCLES
+    assert find_cycles(package_graph(graph)) == []
+
+
+def test_front_and_runtime_import_neither_the_other() -> None:
+    packages = package_graph(import_graph())
+    for a, b in KEPT_APART:
+        assert b not in packages[a] and a not in packages[b], (a, b)
+
+
+def _path(module: str) -> Path:
+    path = ROOT.parent.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imported_names(module: str, *, at_import: bool) -> set[str]:
+    """The dotted names ``module`` imports (``from a import b`` gives ``a`` and ``a.b``): all of
+    them, or with ``at_import`` those run when it is imported (outside functions and
+    ``if TYPE_CHECKING:`` blocks)."""
+    path = _path(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    todo: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.update([base, *(f"{base}.{a.name}" for a in node.names)])
+        elif at_import and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        elif not at_import or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def loaded_by_importing(roots: set[str]) -> set[str]:
+    """``roots`` and every ``hloserve`` module importing them imports, directly or not."""
+    modules = set(import_graph())
+    seen, todo = set(), list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in imported_names(module, at_import=True):
+            found = _resolve(name, modules) if name.startswith(PACKAGE) else None
+            # importing a.b.c runs a/__init__ and a/b/__init__ too
+            while found:
+                todo.append(found)
+                found = found.rpartition(".")[0] if found.count(".") > 1 else None
+    return seen
+
+
+def test_the_front_process_holds_no_jax_code() -> None:
+    """A front stub never imports JAX (docs/serving.md): no module the front's modules and its
+    shim load when imported holds an ``import jax``/``jaxlib``, even inside a function (a
+    lazy import would be one call away). tests/triton_backend/test_front.py checks a running
+    process."""
+    graph = import_graph()
+    shim = "hloserve.triton_backend.backends.hloserve_front.model"
+    front = {m for m in graph if _unit(m) == "hloserve.triton_backend.front"}
+    loaded = loaded_by_importing(front | {shim})
+    assert "hloserve.bundle.front_spec" in loaded  # the walk follows imports
+
+    def jax_in(module: str) -> bool:
+        names = imported_names(module, at_import=False)
+        return any(n.split(".")[0] in ("jax", "jaxlib") for n in names)
+
+    assert jax_in("hloserve.triton_backend.runtime.core")  # ... and sees a lazy import
+    assert sorted(m for m in loaded if jax_in(m)) == []

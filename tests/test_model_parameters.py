@@ -26,6 +26,7 @@ from hloserve.model_parameters import (
     RuntimeParameters,
     string_values,
 )
+from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.model_repository_tools.config import (
     front_config,
     meta_config,
@@ -147,13 +148,13 @@ def test_values_are_frozen() -> None:
 def test_the_builder_writes_what_the_readers_read() -> None:
     manifest = load_bundle(GOLDEN / "affine").manifest
     front = front_config(
-        "affine", manifest, front_instances=1, max_queue_delay_us=0, max_request_bytes=4096
+        "affine", manifest, BuildOptions(max_queue_delay_us=0, max_request_bytes=4096)
     )
     assert FrontParameters.from_parameters("affine", _config_params(front)) == FrontParameters(
         bundle=names.BUNDLE_SUBDIR, max_request_bytes=4096
     )
     meta_manifest = load_bundle(Path(__file__).resolve().parent / "meta_probe").manifest
-    meta = meta_config("probe", meta_manifest, meta_concurrency=3)
+    meta = meta_config("probe", meta_manifest, BuildOptions(meta_concurrency=3))
     assert MetaParameters.from_parameters("probe", _config_params(meta)) == MetaParameters(
         bundle=names.BUNDLE_SUBDIR, meta_calls=tuple(meta_manifest.calls), meta_concurrency=3
     )
@@ -167,7 +168,7 @@ def test_the_builder_writes_what_the_readers_read() -> None:
         "executable_cache_bytes": 99,
         "foreign_bytes": {"plus_one": 7},
     }
-    runtime = runtime_config([("affine", manifest)], **values)
+    runtime = runtime_config([("affine", manifest)], RuntimeParameters(**values))
     read = RuntimeParameters.from_parameters(names.RUNTIME_MODEL, _config_params(runtime))
     assert read == RuntimeParameters(**values)
 

@@ -24,12 +24,13 @@ Modules:
     dtypes: the one dtype table (manifest, NumPy, KServe V2, Triton, StableHLO, safetensors).
 """
 
+# ruff: noqa: F401 (the names re-exported on first use)
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the names of __all__, for type checkers
     from hloserve.bundle.bundle import Bundle, discover_bundles, load_bundle
     from hloserve.bundle.files import MODEL_PY
     from hloserve.bundle.manifest import (
@@ -52,59 +53,37 @@ if TYPE_CHECKING:
     from hloserve.bundle.validate import Problem, check_bundle, validate_bundle
     from hloserve.errors import BundleError, ManifestError
 
-_WHERE = {
-    "Bundle": "hloserve.bundle.bundle",
-    "WeightInfo": "hloserve.bundle.safetensors_file",
-    "discover_bundles": "hloserve.bundle.bundle",
-    "load_bundle": "hloserve.bundle.bundle",
-    "FORMAT_VERSION": "hloserve.bundle.manifest",
-    "MAX_FORMAT_VERSION": "hloserve.bundle.manifest",
-    "META_FORMAT_VERSION": "hloserve.bundle.manifest",
-    "MIN_FORMAT_VERSION": "hloserve.bundle.manifest",
-    "MODEL_PY": "hloserve.bundle.files",
-    "ClientTensorSpec": "hloserve.bundle.manifest_sections",
-    "Manifest": "hloserve.bundle.manifest",
-    "ManifestError": "hloserve.errors",
-    "MetaSection": "hloserve.bundle.manifest_sections",
-    "TensorSpec": "hloserve.bundle.manifest_sections",
-    "Variant": "hloserve.bundle.manifest_sections",
-    "Variants": "hloserve.bundle.manifest_sections",
-    "load_manifest": "hloserve.bundle.manifest",
-    "parse_manifest": "hloserve.bundle.manifest",
-    "BundleError": "hloserve.errors",
-    "Problem": "hloserve.bundle.validate",
-    "check_bundle": "hloserve.bundle.validate",
-    "validate_bundle": "hloserve.bundle.validate",
+_MODULES = {
+    "hloserve.bundle.bundle": ("Bundle", "discover_bundles", "load_bundle"),
+    "hloserve.bundle.files": ("MODEL_PY",),
+    "hloserve.bundle.manifest": (
+        "FORMAT_VERSION",
+        "MAX_FORMAT_VERSION",
+        "META_FORMAT_VERSION",
+        "MIN_FORMAT_VERSION",
+        "Manifest",
+        "load_manifest",
+        "parse_manifest",
+    ),
+    "hloserve.bundle.manifest_sections": (
+        "ClientTensorSpec",
+        "MetaSection",
+        "TensorSpec",
+        "Variant",
+        "Variants",
+    ),
+    "hloserve.bundle.safetensors_file": ("WeightInfo",),
+    "hloserve.bundle.validate": ("Problem", "check_bundle", "validate_bundle"),
+    "hloserve.errors": ("BundleError", "ManifestError"),
 }
-
-__all__ = [
-    "FORMAT_VERSION",
-    "MAX_FORMAT_VERSION",
-    "META_FORMAT_VERSION",
-    "MIN_FORMAT_VERSION",
-    "MODEL_PY",
-    "Bundle",
-    "BundleError",
-    "ClientTensorSpec",
-    "Manifest",
-    "ManifestError",
-    "MetaSection",
-    "Problem",
-    "TensorSpec",
-    "Variant",
-    "Variants",
-    "WeightInfo",
-    "check_bundle",
-    "discover_bundles",
-    "load_bundle",
-    "load_manifest",
-    "parse_manifest",
-    "validate_bundle",
-]
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(_WHERE[name])
-    return getattr(module, name)
+    """Import ``name`` from its module on first use (PEP 562; the typed manifest is heavy)."""
+    try:
+        module = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)

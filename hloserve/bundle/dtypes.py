@@ -9,6 +9,7 @@ Sources: KServe V2 "Tensor Data Types" (kserve.github.io, open inference protoco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -39,6 +40,7 @@ class DType:
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element (0 for bytes: variable length)."""
         return 0 if self.token == "bytes" else self.numpy.itemsize
 
     @property
@@ -47,31 +49,46 @@ class DType:
         return self.stablehlo is not None
 
 
-_ROWS = (
-    DType("bool", np.dtype(np.bool_), "BOOL", "TYPE_BOOL", "i1", "BOOL"),
-    DType("u8", np.dtype(np.uint8), "UINT8", "TYPE_UINT8", "ui8", "U8"),
-    DType("u16", np.dtype(np.uint16), "UINT16", "TYPE_UINT16", "ui16", "U16"),
-    DType("u32", np.dtype(np.uint32), "UINT32", "TYPE_UINT32", "ui32", "U32"),
-    DType("u64", np.dtype(np.uint64), "UINT64", "TYPE_UINT64", "ui64", "U64"),
-    DType("i8", np.dtype(np.int8), "INT8", "TYPE_INT8", "i8", "I8"),
-    DType("i16", np.dtype(np.int16), "INT16", "TYPE_INT16", "i16", "I16"),
-    DType("i32", np.dtype(np.int32), "INT32", "TYPE_INT32", "i32", "I32"),
-    DType("i64", np.dtype(np.int64), "INT64", "TYPE_INT64", "i64", "I64"),
-    DType("f16", np.dtype(np.float16), "FP16", "TYPE_FP16", "f16", "F16"),
-    DType("bf16", np.dtype(ml_dtypes.bfloat16), "BF16", "TYPE_BF16", "bf16", "BF16"),
-    DType("f32", np.dtype(np.float32), "FP32", "TYPE_FP32", "f32", "F32"),
-    DType("f64", np.dtype(np.float64), "FP64", "TYPE_FP64", "f64", "F64"),
-    DType("bytes", np.dtype(object), "BYTES", "TYPE_STRING", None, None),
+#: One row per dtype: token, NumPy, KServe V2, Triton, StableHLO, safetensors ("-": none).
+_TABLE = """\
+bool   bool      BOOL    TYPE_BOOL    i1    BOOL
+u8     uint8     UINT8   TYPE_UINT8   ui8   U8
+u16    uint16    UINT16  TYPE_UINT16  ui16  U16
+u32    uint32    UINT32  TYPE_UINT32  ui32  U32
+u64    uint64    UINT64  TYPE_UINT64  ui64  U64
+i8     int8      INT8    TYPE_INT8    i8    I8
+i16    int16     INT16   TYPE_INT16   i16   I16
+i32    int32     INT32   TYPE_INT32   i32   I32
+i64    int64     INT64   TYPE_INT64   i64   I64
+f16    float16   FP16    TYPE_FP16    f16   F16
+bf16   bfloat16  BF16    TYPE_BF16    bf16  BF16
+f32    float32   FP32    TYPE_FP32    f32   F32
+f64    float64   FP64    TYPE_FP64    f64   F64
+bytes  object    BYTES   TYPE_STRING  -     -
+"""
+_ROWS = tuple(
+    DType(
+        token,
+        np.dtype(ml_dtypes.bfloat16 if numpy == "bfloat16" else numpy),
+        kserve,
+        triton,
+        None if stablehlo == "-" else stablehlo,
+        None if safetensors == "-" else safetensors,
+    )
+    for token, numpy, kserve, triton, stablehlo, safetensors in map(str.split, _TABLE.splitlines())
 )
 
 #: Every manifest dtype token, in table order.
 TOKENS: tuple[str, ...] = tuple(row.token for row in _ROWS)
 
-_BY_TOKEN = {row.token: row for row in _ROWS}
-_BY_KSERVE = {row.kserve: row for row in _ROWS}
-_BY_TRITON = {row.triton: row for row in _ROWS}
-_BY_STABLEHLO = {row.stablehlo: row for row in _ROWS if row.stablehlo}
-_BY_SAFETENSORS = {row.safetensors: row for row in _ROWS if row.safetensors}
+
+def _index(column: str) -> dict[Any, DType]:
+    return {getattr(row, column): row for row in _ROWS if getattr(row, column) is not None}
+
+
+_BY_TOKEN, _BY_KSERVE, _BY_TRITON, _BY_STABLEHLO, _BY_SAFETENSORS = map(
+    _index, ("token", "kserve", "triton", "stablehlo", "safetensors")
+)
 _BY_NUMPY = {row.numpy: row for row in _ROWS if row.token != "bytes"}
 
 

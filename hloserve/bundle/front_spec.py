@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 #: Layout version of the front spec file (history in the module docstring).
 FRONT_SPEC_FORMAT = 1
-#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
-#: ``ModelSequenceBatching``): a stateful front's config says it, and the runtime drops a
-#: sequence's state after the same idle time (Triton frees an idle slot without telling it).
-MAX_SEQUENCE_IDLE_US = 1_000_000
 #: A stateful front's control inputs by Triton control kind (the names of Triton's sequence
 #: examples); START, END and READY are INT32 0/1, CORRID is UINT64.
 SEQUENCE_CONTROLS = {
@@ -97,19 +93,13 @@ class FrontSpec:
 
     @property
     def wire_inputs(self) -> list[SpecTensor]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
-        if self.client_inputs is not None:
-            return list(self.client_inputs)
-        carried = {i for i, _ in self.state}
-        return [t for t in self.inputs if t.name not in carried]
+        """The tensors clients send (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return notation.wire_tensors(self.client_inputs, self.inputs, {i for i, _ in self.state})
 
     @property
     def wire_outputs(self) -> list[SpecTensor]:
-        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
-        if self.client_outputs is not None:
-            return list(self.client_outputs)
-        carried = {o for _, o in self.state}
-        return [t for t in self.outputs if t.name not in carried]
+        """The tensors clients receive (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return notation.wire_tensors(self.client_outputs, self.outputs, {o for _, o in self.state})
 
     @property
     def batched(self) -> bool:
@@ -325,7 +315,6 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
 
 __all__ = [
     "FRONT_SPEC_FORMAT",
-    "MAX_SEQUENCE_IDLE_US",
     "SEQUENCE_CONTROLS",
     "FrontBundle",
     "FrontSpec",

@@ -36,6 +36,7 @@ from hloserve.bundle.manifest_sections import (
     Batching,
     ClientTensorSpec,
     MetaSection,
+    Sequencing,
     StateSpec,
     TensorSpec,
     Variants,
@@ -43,6 +44,7 @@ from hloserve.bundle.manifest_sections import (
     _executable_keys,
     _inside_bundle,
 )
+from hloserve.bundle.notation import wire_tensors
 from hloserve.errors import ManifestError
 
 #: Oldest manifest ``format_version`` this release reads.
@@ -87,6 +89,7 @@ class Manifest(BaseModel):
     meta: MetaSection | None = None
     variants: Variants | None = None
     state: list[StateSpec] = Field(default_factory=list)
+    sequence: Sequencing | None = None
     producer: dict[str, Any] = Field(default_factory=dict)
 
     _keys = field_validator("executables", mode="before")(_executable_keys)
@@ -257,7 +260,14 @@ class Manifest(BaseModel):
                 problems.append(f"state repeats {side} {dup}")
         if self.state and self.variants is not None:
             problems.append("state: not supported with variants")
+        if self.sequence is not None and not self.state:
+            problems.append("sequence: only for a stateful model (declare state)")
         return problems
+
+    @property
+    def sequencing(self) -> Sequencing:
+        """The sequence batcher's settings (``sequence``, or its defaults)."""
+        return self.sequence or Sequencing()
 
     @property
     def stateful(self) -> bool:
@@ -373,19 +383,13 @@ class Manifest(BaseModel):
 
     @property
     def wire_inputs(self) -> list[TensorSpec]:
-        """The tensors clients send: ``client_inputs`` when declared, else ``inputs`` but state."""
-        if self.client_inputs is not None:
-            return list(self.client_inputs)
-        carried = {s.input for s in self.state}
-        return [s for s in self.inputs if s.name not in carried]
+        """The tensors clients send (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return wire_tensors(self.client_inputs, self.inputs, {s.input for s in self.state})
 
     @property
     def wire_outputs(self) -> list[TensorSpec]:
-        """The tensors clients receive: ``client_outputs``, else ``outputs`` but state."""
-        if self.client_outputs is not None:
-            return list(self.client_outputs)
-        carried = {s.output for s in self.state}
-        return [s for s in self.outputs if s.name not in carried]
+        """The tensors clients receive (:func:`~hloserve.bundle.notation.wire_tensors`)."""
+        return wire_tensors(self.client_outputs, self.outputs, {s.output for s in self.state})
 
     @property
     def batched(self) -> bool:

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from hloserve.bundle import dtypes, notation
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
@@ -36,6 +43,12 @@ def _inside_bundle(path: str) -> str | None:
     return None
 
 
+def _tensor_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
+    return value
+
+
 class TensorSpec(BaseModel, notation.TensorNotation):
     """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
 
@@ -49,7 +62,7 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     #: Whether dtype ``bytes`` is allowed (only on client-facing tensors).
     _allow_bytes: ClassVar[bool] = False
 
-    name: str
+    name: Annotated[str, AfterValidator(_tensor_name)]
     dtype: str
     shape: str
     dims: dict[str, int] = Field(default_factory=dict)
@@ -58,13 +71,6 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     labels: str | None = None
     #: an image input's layout (three non-batch axes); Triton's ``format``.
     format: Literal["NHWC", "NCHW"] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"tensor name {value!r} must match {_NAME.pattern}")
-        return value
 
     @model_validator(mode="after")
     def _rules(self) -> TensorSpec:
@@ -287,6 +293,33 @@ class Weights(BaseModel):
         if why:
             raise ValueError(f"weights.file {why}")
         return self
+
+
+#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
+#: ``ModelSequenceBatching``), the default of :class:`Sequencing`: a stateful front's config
+#: says it, and the runtime drops a sequence's state after the same idle time (Triton frees an
+#: idle slot without telling it).
+MAX_SEQUENCE_IDLE_US = 1_000_000
+
+
+class Sequencing(BaseModel):
+    """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
+
+    ``CORRID`` is UINT64: tritonserver 2.51 refuses every request to a Python-backend model
+    whose ``CONTROL_SEQUENCE_CORRID`` is ``TYPE_STRING`` ("unexpected number of string
+    elements 2 for inference input 'CORRID', expecting 1", ids of 1 to 40 characters).
+
+    Attributes:
+        max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton
+            and its state dropped by the runtime (default Triton's 1 s).
+        max_candidate_sequences: sequences the ``oldest`` strategy batches from at once (the
+            rest wait in Triton's backlog until one ends); 0 = the largest compiled batch size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_sequence_idle_microseconds: int = Field(default=MAX_SEQUENCE_IDLE_US, gt=0)
+    max_candidate_sequences: int = Field(default=0, ge=0)
 
 
 class StateSpec(BaseModel):

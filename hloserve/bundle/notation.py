@@ -10,10 +10,12 @@ so the rules live once. Imports the dtype table only (no pydantic).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from hloserve.bundle import dtypes
+
+_T = TypeVar("_T")
 
 #: Axis letters that mark the batch axis (at most one per tensor).
 BATCH_LETTERS = frozenset("nb")
@@ -27,6 +29,16 @@ def batch_axis(shape: str) -> int | None:
         if letter in BATCH_LETTERS:
             return i
     return None
+
+
+def wire_tensors(
+    declared: Sequence[_T] | None, tensors: Sequence[_T], carried: set[str]
+) -> list[_T]:
+    """The tensors clients send or receive: the declared client tensors (``client_inputs`` /
+    ``client_outputs``) when given, else ``tensors`` less the state-carried names."""
+    if declared is not None:
+        return list(declared)
+    return [t for t in tensors if t.name not in carried]  # type: ignore[attr-defined]
 
 
 def shape_at(

@@ -31,6 +31,7 @@ from hloserve.bundle.manifest_sections import (
     SYMBOLIC,
     Batching,
     ClientTensorSpec,
+    Sequencing,
     StateSpec,
     SymbolicBatch,
     TensorSpec,
@@ -123,6 +124,7 @@ def export_bundle(
     files: Mapping[str, Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
     state: Sequence[StateSpec] = (),
+    sequence: Sequencing | None = None,
 ) -> Bundle:
     """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
 
@@ -162,6 +164,8 @@ def export_bundle(
             and serializing that executable).
         state: input/output pairs carried between the requests of one sequence (a stateful
             bundle served with Triton's sequence batcher; docs/bundles.md "Stateful bundles").
+        sequence: the sequence batcher's settings of a stateful bundle (idle timeout,
+            candidate sequences); None = the defaults.
 
     Returns:
         The written bundle, already validated.
@@ -293,6 +297,8 @@ def export_bundle(
         version = META_FORMAT_VERSION if extra else FORMAT_VERSION
         if state:
             extra["state"] = list(state)
+            if sequence is not None:
+                extra["sequence"] = sequence
             version = STATE_FORMAT_VERSION
         manifest = Manifest(
             format_version=max(SYMBOLIC_FORMAT_VERSION if symbolic else 0, version),

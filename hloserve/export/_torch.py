@@ -16,7 +16,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import hloserve
 from hloserve.bundle.bundle import Bundle
@@ -29,6 +29,18 @@ _HLOSERVE = Path(hloserve.__file__).resolve().parent
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
+class PassedOn(TypedDict, total=False):
+    """The keyword arguments :func:`export_torch` passes on to
+    :func:`~hloserve.export.export_bundle` unchanged (documented there)."""
+
+    overwrite: bool
+    stablehlo_target: str | None
+    client_inputs: Sequence[ClientTensorSpec] | None
+    client_outputs: Sequence[ClientTensorSpec] | None
+    files: Mapping[str, Path | str] | None
+    progress: Callable[[str], None] | None
+
+
 def export_torch(
     module: Any,
     inputs: Sequence[TensorSpec],
@@ -36,13 +48,8 @@ def export_torch(
     batch_sizes: Sequence[int],
     out_dir: Path | str,
     *,
-    overwrite: bool = False,
-    stablehlo_target: str | None = None,
     variants: Sequence[Mapping[str, int]] = (),
-    client_inputs: Sequence[ClientTensorSpec] | None = None,
-    client_outputs: Sequence[ClientTensorSpec] | None = None,
-    files: Mapping[str, Path | str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    **passed: Unpack[PassedOn],
 ) -> Bundle:
     """Export ``module(*inputs)`` (a ``torch.nn.Module`` in eval mode) as a bundle.
 
@@ -58,9 +65,10 @@ def export_torch(
         module: the ``torch.nn.Module``, in eval mode (``module.eval()``). ``forward`` takes the
             inputs positionally, in ``inputs`` order, and returns one tensor, a tuple/list in
             ``outputs`` order, or a dict keyed by output name.
-        inputs, outputs, batch_sizes, out_dir, overwrite, stablehlo_target, variants,
-        client_inputs, client_outputs, files, progress: as for
+        inputs, outputs, batch_sizes, out_dir, variants: as for
             :func:`~hloserve.export.export_bundle`.
+        passed: ``overwrite``, ``stablehlo_target``, ``client_inputs``, ``client_outputs``,
+            ``files``, ``progress``: passed on to :func:`~hloserve.export.export_bundle`.
 
     Returns:
         The written bundle, already validated.
@@ -109,13 +117,8 @@ def export_torch(
             outputs,
             batch_sizes,
             out_dir,
-            overwrite=overwrite,
-            stablehlo_target=stablehlo_target,
             variants=variants,
-            client_inputs=client_inputs,
-            client_outputs=client_outputs,
-            files=files,
-            progress=progress,
+            **passed,
         )
 
 

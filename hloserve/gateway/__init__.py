@@ -5,8 +5,7 @@ Transport-neutral core (no gRPC, no process):
     routing: the routing table and :class:`~hloserve.gateway.routing.Router`, its holder
         (with the live knobs and HAProxy's routed and in-flight counts).
     placement: ``lpt_packing`` bin packing and the repack clock.
-    packing: the ``lpt_packing`` control loop (statistics -> placement -> table) and the
-        scheduling state the control plane reads and changes.
+    packing: the ``lpt_packing`` control loop (statistics -> placement -> table).
     preconditions: ``lpt_packing``'s check that every worker schedules ``fifo`` or ``edf``.
     health: consecutive probe failures and the table restricted to healthy workers.
     aggregate: fleet ``ModelStatistics`` from the workers'.
@@ -23,9 +22,11 @@ Data plane and transport:
         (every other RPC, unrouted models and BYTES inputs checked, unrouted streams).
     fanout: that service's RPCs answered from every worker (index, statistics, shm, ...).
     fleet_http: the KServe HTTP calls that need every worker, on a threaded loopback server.
-    upstreams: the channels to the workers, health probes, statistics polls.
+    upstreams: the channels to the workers, health probes, statistics polls, index and config
+        reads.
     discovery: the routing table from the workers' answers; single-flight refreshes.
-    control: the ``hloserve.gateway.v1.GatewayControl`` servicer (control plane).
+    control: the control plane: the scheduling state it reads and changes, and its
+        ``hloserve.gateway.v1.GatewayControl`` servicer.
     interceptor: the one error-to-status path of the gateway's gRPC server.
     ctl: ``hloserve gateway-ctl``, the control plane's command-line client.
     admin: ``/healthz``, ``/readyz``, ``/metrics``.

@@ -11,16 +11,13 @@ Metrics (own registry, prefix ``hloserve_gateway_``; docs/gateway.md, "Admin por
 - ``worker_healthy{worker}``: 1 while a worker is in the routing table, 0 while its health
   probes keep it out.
 
-The HTTP server is the standard library's, on a daemon thread: scrapes never touch the
-gateway's event loop.
+The HTTP server is :class:`hloserve.observability.admin_http.AdminHttpServer`, on a daemon
+thread: scrapes never touch the gateway's event loop.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from hloserve.errors import HTTP_STATUS, Status
 from hloserve.gateway.routing import Router
+from hloserve.observability.admin_http import AdminHttpServer, Answer
 
 PREFIX = "hloserve_gateway_"
 
@@ -96,7 +94,7 @@ class GatewayMetrics:
         return text + self.extra() if self.extra is not None else text
 
 
-class AdminServer:
+class AdminServer(AdminHttpServer):
     """``/healthz`` (always 200 while running), ``/readyz`` (200 when ``ready()``, else 503),
     ``/metrics`` on a daemon thread.
 
@@ -105,51 +103,22 @@ class AdminServer:
         port: port; 0 picks a free one (see :attr:`port`).
         metrics: what ``/metrics`` serves.
         ready: readiness test, called per ``/readyz`` request; must be cheap and thread-safe.
+
+    Raises:
+        OSError: the port is taken.
     """
 
     def __init__(
         self, host: str, port: int, metrics: GatewayMetrics, ready: Callable[[], bool]
     ) -> None:
-        def handle(handler: BaseHTTPRequestHandler) -> None:
-            path = handler.path.split("?", 1)[0]
-            if path == "/healthz":
-                status, body, kind = 200, b"ok\n", "text/plain"
-            elif path == "/readyz":
-                ok = ready()
-                status, body, kind = (
-                    (200 if ok else HTTP_STATUS[Status.UNAVAILABLE]),
-                    (b"ready\n" if ok else b"not ready\n"),
-                    "text/plain",
-                )
-            elif path == "/metrics":
-                status, body, kind = 200, metrics.exposition(), CONTENT_TYPE_LATEST
-            else:
-                status, body, kind = HTTP_STATUS[Status.NOT_FOUND], b"not found\n", "text/plain"
-            handler.send_response(status)
-            handler.send_header("Content-Type", kind)
-            handler.send_header("Content-Length", str(len(body)))
-            handler.end_headers()
-            handler.wfile.write(body)
+        def readyz() -> Answer:
+            if ready():
+                return 200, b"ready\n", "text/plain"
+            return HTTP_STATUS[Status.UNAVAILABLE], b"not ready\n", "text/plain"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes are not logged
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="hloserve-gateway-admin", daemon=True
-        )
-
-    def start(self) -> None:
-        """Serve on the daemon thread."""
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
+        routes = {
+            "/healthz": lambda: (200, b"ok\n", "text/plain"),
+            "/readyz": readyz,
+            "/metrics": lambda: (200, metrics.exposition(), CONTENT_TYPE_LATEST),
+        }
+        super().__init__(host, port, routes, "hloserve-gateway-admin")

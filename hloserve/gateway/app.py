@@ -1,30 +1,18 @@
 """Run a gateway: HAProxy, the Python servicer and a discovery loop, until stopped.
 
-:func:`run_gateway` wires :mod:`hloserve.gateway.config`, :mod:`~hloserve.gateway.routing` and
-:mod:`~hloserve.gateway.proxy`: one discovery pass before serving, then one every
-``discovery.poll_interval_seconds``, each swapping the router's table whole (docs/gateway.md,
-"Proxy"); a request naming a model missing from the table triggers a single-flight discovery
-pass (at most one per second) before it is answered NOT_FOUND (no worker lists it) or
-UNAVAILABLE (some worker lists it but not READY, or a worker did not answer). Health probes
-(``ServerReady`` every ``health.interval_seconds``, :mod:`hloserve.gateway.health`) take a
-worker out of the table after ``health.failure_threshold`` failures in a row and bring it back
-(after a forced discovery pass) when it answers ready again. In ``lpt_packing`` mode each
-pass also polls ``ModelStatistics`` and lets :class:`hloserve.gateway.packing.LptController`
-restrict the table to the placement (repacked at startup, on fleet changes and per the
-rebalance budget). The control plane (:mod:`hloserve.gateway.control`) is served on the same
-gRPC port.
-
-HAProxy (:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer
-straight to the workers, with the admission and failover rules of
-:mod:`hloserve.gateway.dataplane`; the servicer above listens on a loopback port behind it and
-answers every other RPC and the ModelInfer requests HAProxy's map does not route (sent back
-to HAProxy's checked bind once routable); with ``http_listen`` a loopback HTTP server
-(:mod:`hloserve.gateway.fleet_http`) answers the KServe HTTP repository index, model
-load/unload (the servicer's :class:`~hloserve.gateway.model_control.ModelControl`) and system
-and CUDA shared memory from every worker. After
-every table change (discovery, health, repacks, control-plane changes: checked
-every :data:`SYNC_INTERVAL_S`) the layout (:func:`hloserve.gateway.dataplane.plan_layout`) is
-applied to HAProxy.
+:func:`run_gateway` wires the parts (docs/gateway.md, "Proxy"): one discovery pass
+(:func:`hloserve.gateway.discovery.discover_table`) before serving and one every
+``discovery.poll_interval_seconds``, each swapping the router's table whole (a request for a
+model missing from it runs a single-flight pass, at most one per second); health probes every
+``health.interval_seconds`` (:mod:`hloserve.gateway.health`); under ``lpt_packing``, the
+statistics poll and :class:`hloserve.gateway.packing.LptController`'s placement. HAProxy
+(:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer to the
+workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
+:mod:`hloserve.gateway.control`) answers on a loopback port behind it, and with
+``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`) answers the KServe
+HTTP calls that need every worker. The layout of the router's table
+(:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
+(checked every :data:`SYNC_INTERVAL_S`).
 """
 
 from __future__ import annotations
@@ -33,12 +21,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+import grpc
 
 from hloserve.errors import HloserveError, UnavailableError
 from hloserve.gateway.admin import AdminServer, GatewayMetrics
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.control import add_control_service
+from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
@@ -48,7 +38,6 @@ from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable
-from hloserve.gateway.scheduling_control import SchedulingControl
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
 from hloserve.prometheus_text import fetch_metrics
@@ -179,11 +168,45 @@ async def run_gateway(
             )
         ),
     )
-    # Both ports are bound before the first discovery pass, so a taken port fails at once.
-    address = listen or config.listen
+    server: grpc.aio.Server | None = None
     fleet_http: FleetHttpServer | None = None
+    dataplane: HAProxy | None = None
+    checked: Upstreams | None = None
+    admin: AdminServer | None = None
+
+    async def close(drain_s: float = 0.0) -> None:
+        """Stop what was started; with ``drain_s``, HAProxy answers what it holds first
+        while the servicer behind it still runs."""
+        if dataplane is not None:
+            await asyncio.to_thread(dataplane.close, drain_s)
+        if server is not None:
+            await server.stop(grace=2.0)
+        for part in (admin, fleet_http):
+            if part is not None:
+                part.close()
+        await upstreams.close()
+        if checked is not None:
+            await checked.close()
+
+    async def sync() -> None:
+        """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
+        assert dataplane is not None
+        layout = plan_layout(router.table, config, router.scheduling)
+        await asyncio.to_thread(dataplane.apply, layout)
+        router.record_counts(*await asyncio.to_thread(dataplane.counts))
+
+    async def routable(model: str) -> None:
+        """Bring HAProxy's map up to the table when it lacks ``model`` (a model discovery
+        just found: the periodic sync has not run yet)."""
+        if dataplane is not None and model not in dataplane.layout.models:
+            await sync()
+
+    # Every port is bound before the first discovery pass, so a taken port fails at once.
+    admin_at = config.admin_port if admin_port is None else admin_port
     try:
-        address = _public_address(address)
+        address = _public_address(listen or config.listen)
+        host, _, port_text = address.rpartition(":")
+        port, host = int(port_text), host.strip("[]")
         if config.http_listen is not None:
             http = _public_address(config.http_listen)
             config = config.model_copy(update={"http_listen": http})
@@ -192,54 +215,26 @@ async def run_gateway(
         # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
         dataplane = _start_haproxy(config, address, control_port, fleet_http)
         metrics.extra = dataplane.prometheus_text
-        port = int(address.rpartition(":")[2])
-    except HloserveError:
-        if fleet_http is not None:
-            fleet_http.close()
-        await upstreams.close()
-        raise
-    checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
-    control = SchedulingControl(
-        config.mode, config.scheduling, config.workers, router, controller, metrics.repacks.inc
-    )
-    add_control_service(server, control)  # hloserve.gateway.v1.GatewayControl, same port
-    host = address.rpartition(":")[0].strip("[]")
-    admin_at = config.admin_port if admin_port is None else admin_port
-    try:
-        admin = AdminServer(
-            host,
-            admin_at,
-            metrics,
-            ready=lambda: any(r.replicas for r in router.table.routes.values()),
+        checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
+        control = SchedulingControl(
+            config.mode, config.scheduling, config.workers, router, controller, metrics.repacks.inc
         )
-    except OSError as exc:
-        await upstreams.close()
-        await checked.close()
-        dataplane.close()
+        add_control_service(server, control)  # hloserve.gateway.v1.GatewayControl, same port
+        try:
+            admin = AdminServer(
+                host,
+                admin_at,
+                metrics,
+                ready=lambda: any(r.replicas for r in router.table.routes.values()),
+            )
+        except OSError as exc:
+            raise UnavailableError(
+                f"gateway: cannot serve the admin port {host}:{admin_at}: {exc}"
+            ) from None
+        admin.start()  # /readyz answers 503 until discovery has found a model
         if fleet_http is not None:
-            fleet_http.close()
-        raise UnavailableError(
-            f"gateway: cannot serve the admin port {host}:{admin_at}: {exc}"
-        ) from None
-    admin.start()  # /readyz answers 503 until discovery has found a model
-    if fleet_http is not None:
-        fleet_http.start()
-
-    async def sync() -> None:
-        """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
-        layout = plan_layout(router.table, config, router.scheduling)
-        await asyncio.to_thread(dataplane.apply, layout)
-        router.record_counts(*await asyncio.to_thread(dataplane.counts))
-
-    async def routable(model: str) -> None:
-        """Bring HAProxy's map up to the table when it lacks ``model`` (a model discovery
-        just found: the periodic sync has not run yet)."""
-        if model not in dataplane.layout.models:
-            await sync()
-
-    proxy.send_checked_to(checked, routable)
-
-    try:
+            fleet_http.start()
+        proxy.send_checked_to(checked, routable)
         if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
             from hloserve.gateway.preconditions import check_lpt_workers
 
@@ -248,76 +243,61 @@ async def run_gateway(
         await server.start()
         await sync()
     except BaseException:
-        admin.close()
-        if fleet_http is not None:
-            fleet_http.close()
-        await upstreams.close()
-        await checked.close()
-        dataplane.close()
+        await close()
         raise
     log.info("gateway: %d models over %d workers", len(router.table.routes), len(config.workers))
-    log.info(
-        "gateway: listening on %s (mode %s)", address.rpartition(":")[0] + f":{port}", config.mode
-    )
+    log.info("gateway: listening on %s (mode %s)", address, config.mode)
     if on_ready is not None:
         on_ready(port, admin.port)
 
-    async def probe_workers() -> None:
-        """Health probes every ``health.interval_seconds``; a change re-runs discovery."""
+    async def every(interval_s: float, action: Callable[[], Awaitable[None]], failed: str) -> None:
+        """``action`` every ``interval_s`` seconds until ``stop``; a pass that fails is
+        logged (``failed``) and the next one tried."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), config.health.interval_seconds)
+                await asyncio.wait_for(stop.wait(), interval_s)
             if stop.is_set():
                 return
             try:
-                answers = await asyncio.gather(
-                    *(probe_ready(upstreams, w, timeout) for w in config.workers)
-                )
-                changed = False
-                for worker, ok in zip(config.workers, answers, strict=True):
-                    flipped = health.record(worker, ok)
-                    metrics.worker_healthy.labels(worker).set(float(health.is_healthy(worker)))
-                    if flipped:
-                        changed = True
-                        if ok:
-                            log.info("gateway: worker %s is healthy again", worker)
-                        else:
-                            log.warning("gateway: worker %s failed its health probes", worker)
-                if changed:
-                    await refresh(force=True)
-            except Exception:  # a bad pass must not stop the probes
-                log.exception("gateway: health probe pass failed")
+                await action()
+            except Exception:
+                log.exception(failed)
 
-    async def keep_in_sync() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), SYNC_INTERVAL_S)
-            try:
-                await sync()
-            except Exception:  # the old layout keeps serving; the next check retries
-                log.exception("gateway: HAProxy did not take the new layout")
+    async def probe_workers() -> None:
+        """One health probe of every worker; a change re-runs discovery."""
+        answers = await asyncio.gather(
+            *(probe_ready(upstreams, w, timeout) for w in config.workers)
+        )
+        changed = False
+        for worker, ok in zip(config.workers, answers, strict=True):
+            flipped = health.record(worker, ok)
+            metrics.worker_healthy.labels(worker).set(float(health.is_healthy(worker)))
+            if flipped:
+                changed = True
+                if ok:
+                    log.info("gateway: worker %s is healthy again", worker)
+                else:
+                    log.warning("gateway: worker %s failed its health probes", worker)
+        if changed:
+            await refresh(force=True)
 
-    prober = asyncio.ensure_future(probe_workers())
-    syncer = asyncio.ensure_future(keep_in_sync())
-    try:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), config.discovery.poll_interval_seconds)
-            if not stop.is_set():
-                try:
-                    await refresh()
-                except Exception:  # a bad pass must not stop the gateway; the next may work
-                    log.exception("gateway: discovery pass failed; keeping the current table")
+    health_s = config.health.interval_seconds
+    tasks = [
+        asyncio.ensure_future(every(health_s, probe_workers, "gateway: health probe pass failed")),
+        # the old layout keeps serving when HAProxy refuses a new one; the next check retries
+        asyncio.ensure_future(
+            every(SYNC_INTERVAL_S, sync, "gateway: HAProxy did not take the new layout")
+        ),
+    ]
+    try:  # a failed discovery pass keeps the current table; the next may work
+        await every(
+            config.discovery.poll_interval_seconds,
+            refresh,
+            "gateway: discovery pass failed; keeping the current table",
+        )
     finally:
-        for task in (prober, syncer):
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        # drain: HAProxy answers what it holds while the servicer behind it still runs
-        await asyncio.to_thread(dataplane.close, config.exit_timeout_seconds)
-        await server.stop(grace=2.0)
-        admin.close()
-        if fleet_http is not None:
-            fleet_http.close()
-        await upstreams.close()
-        await checked.close()
+        await close(config.exit_timeout_seconds)

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -50,7 +51,15 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 Mode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 FillMode = Literal["run", "spread"]
-Replicas = int | Literal["all"]
+
+
+def _positive(value: int | str) -> int | str:
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
+    return value
+
+
+Replicas = Annotated[int | Literal["all"], AfterValidator(_positive)]
 
 
 def _check_host_port(value: str) -> str:
@@ -59,6 +68,9 @@ def _check_host_port(value: str) -> str:
         raise ValueError(f"expected host:port with a port in 1..65535, got {value!r}")
     return value
 
+
+#: A ``host:port`` endpoint (checked by :func:`_check_host_port`).
+HostPort = Annotated[str, AfterValidator(_check_host_port)]
 
 #: Keys of the Python data plane, removed when HAProxy became the only one for unary inference
 #: (docs/gateway.md, "Removed settings"): key -> what to use instead.
@@ -195,13 +207,6 @@ class ModelScheduling(_Section):
     fill_mode: FillMode | None = None
     fill_factor: float | None = Field(default=None, gt=0)
 
-    @field_validator("replicas")
-    @classmethod
-    def _positive(cls, value: Replicas) -> Replicas:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
-        return value
-
 
 class SchedulingConfig(_Section):
     """Knobs of ``lpt_packing`` with ReactantServer's defaults (docs/gateway.md, "Configuration").
@@ -233,13 +238,6 @@ class SchedulingConfig(_Section):
     routing_fill_mode: FillMode = "run"
     models: dict[str, ModelScheduling] = Field(default_factory=dict)
 
-    @field_validator("default_replicas")
-    @classmethod
-    def _positive(cls, value: Replicas) -> Replicas:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"replicas must be a positive integer or 'all', got {value}")
-        return value
-
     def replicas_of(self, model: str) -> Replicas:
         """Configured replica count of ``model`` (its own entry, else ``default_replicas``)."""
         entry = self.models.get(model)
@@ -258,6 +256,19 @@ class SchedulingConfig(_Section):
         if entry is not None and entry.fill_factor is not None:
             return entry.fill_factor
         return self.routing_fill_factor
+
+
+#: Knobs of :class:`SchedulingConfig` the control plane may change live (``mode``, endpoints
+#: and ports are startup-only).
+KNOBS = (
+    "default_replicas",
+    "forbid_memory_oversubscription",
+    "hysteresis",
+    "rebalance_compute_seconds",
+    "first_rebalance_compute_seconds",
+    "routing_fill_factor",
+    "routing_fill_mode",
+)
 
 
 class GatewayConfig(_Section):
@@ -289,10 +300,10 @@ class GatewayConfig(_Section):
             last request in flight is answered or this runs out.
     """
 
-    listen: str = "127.0.0.1:8001"
+    listen: HostPort = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)
-    workers: tuple[str, ...] = Field(min_length=1)
-    worker_metrics: tuple[str, ...] = ()
+    workers: tuple[HostPort, ...] = Field(min_length=1)
+    worker_metrics: tuple[HostPort, ...] = ()
     mode: Mode = "round_robin"
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
@@ -300,36 +311,17 @@ class GatewayConfig(_Section):
     grpc: GrpcLimits = Field(default_factory=GrpcLimits)
     health: HealthConfig = Field(default_factory=HealthConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    http_listen: str | None = None
-    worker_http: tuple[str, ...] = ()
+    http_listen: HostPort | None = None
+    worker_http: tuple[HostPort, ...] = ()
     tls: TlsConfig | None = None
     exit_timeout_seconds: float = Field(default=30.0, ge=0)
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        return _check_host_port(value)
 
     @field_validator("workers")
     @classmethod
     def _workers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for worker in value:
-            _check_host_port(worker)
         duplicates = sorted({w for w in value if value.count(w) > 1})
         if duplicates:
             raise ValueError(f"duplicate worker endpoints: {', '.join(duplicates)}")
-        return value
-
-    @field_validator("http_listen")
-    @classmethod
-    def _http_listen(cls, value: str | None) -> str | None:
-        return value if value is None else _check_host_port(value)
-
-    @field_validator("worker_metrics", "worker_http")
-    @classmethod
-    def _worker_metrics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for endpoint in value:
-            _check_host_port(endpoint)
         return value
 
     @model_validator(mode="after")

@@ -1,25 +1,33 @@
 """The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC.
 
-A thin ``grpc.aio`` servicer: it converts between the messages of
-``hloserve/protos/gateway_control.proto`` and
-:class:`hloserve.gateway.scheduling_control.SchedulingControl`, which holds the logic, and
-raises :class:`hloserve.errors.HloserveError`, which the gateway server's
-:class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC status
-(INVALID_ARGUMENT naming the field, NOT_FOUND for an unknown model, FAILED_PRECONDITION for a
-mutation outside ``lpt_packing``). :func:`add_control_service` registers it on the gateway's
-own gRPC server, next to ``inference.GRPCInferenceService``: KServe clients never call it and
-are unaffected. Changes are live and not persisted.
+:class:`SchedulingControl` holds the logic, without gRPC: the knobs
+(:data:`hloserve.gateway.config.KNOBS`, validated like the config file), per-model replicas
+and fill modes, operator repacks of the ``lpt_packing`` controller
+(:class:`hloserve.gateway.packing.LptController`) and the status snapshot, answered as the
+messages of ``hloserve/protos/gateway_control.proto``. :class:`GatewayControlServicer` is a
+thin ``grpc.aio`` servicer over it that raises :class:`hloserve.errors.HloserveError`, which the
+gateway server's :class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC
+status (INVALID_ARGUMENT naming the field, NOT_FOUND for an unknown model, FAILED_PRECONDITION
+for a mutation outside ``lpt_packing``). :func:`add_control_service` registers it on the
+gateway's own gRPC server, next to ``inference.GRPCInferenceService``: KServe clients never
+call it and are unaffected. Changes are live and not persisted (docs/gateway.md, "Control
+plane").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from pydantic import ValidationError
 
-from hloserve.errors import InvalidArgumentError
-from hloserve.gateway.config import REMOVED_KEYS, SchedulingConfig
-from hloserve.gateway.scheduling_control import KNOBS, ModelRow, RepackRow, SchedulingControl
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.gateway.config import KNOBS, REMOVED_KEYS, SchedulingConfig
+from hloserve.gateway.dataplane import fill_quantum
+from hloserve.gateway.packing import LptController
+from hloserve.gateway.routing import ModelRoute, Router
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
@@ -66,36 +74,199 @@ def knobs_from_proto(message: pb.Knobs) -> dict[str, Any]:
     return changes
 
 
-def _model(row: ModelRow) -> pb.ModelStatus:
-    return pb.ModelStatus(
-        name=row.name,
-        configured_replicas=replicas_to_proto(row.configured_replicas),
-        effective_replicas=row.effective_replicas,
-        fill_mode=row.fill_mode,
-        fill_factor=row.fill_factor,
-        fill_quantum=row.fill_quantum or 0,
-        max_batch=row.max_batch or 0,
-        arrival_rate=row.arrival_rate,
-        cost_per_item_seconds=row.cost_per_item_seconds,
-        utilization=row.utilization,
-        weight_bytes=row.weight_bytes,
-        replicas=[
-            pb.ReplicaStatus(
-                worker=r.worker, routed_total=r.routed_total, outstanding_items=r.outstanding_items
+def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
+    """``SchedulingConfig`` from ``data``, or InvalidArgumentError naming each bad field."""
+    try:
+        return SchedulingConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in ("scheduling", *err["loc"]))
+            problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        raise InvalidArgumentError("; ".join(problems)) from None
+
+
+@dataclass(eq=False)
+class SchedulingControl:
+    """The gateway's live scheduling state, as the control plane reads and changes it.
+
+    Changes are validated by the same pydantic model as the config file, then handed to the
+    router (HAProxy's next layout) and to the ``lpt_packing`` controller. They are not persisted.
+    Call from the gateway's event loop (the controller is not thread-safe).
+
+    Attributes:
+        mode: the gateway's mode (startup-only).
+        scheduling: the knobs in force (at startup: the config's).
+        workers: every configured worker endpoint.
+        router: the gateway's router.
+        controller: the ``lpt_packing`` controller; None in the other modes.
+        on_repack: called after each operator repack (a metrics counter).
+    """
+
+    mode: str
+    scheduling: SchedulingConfig
+    workers: tuple[str, ...]
+    router: Router
+    controller: LptController | None = None
+    on_repack: Callable[[], None] | None = None
+
+    def _require_lpt(self, what: str) -> LptController:
+        if self.controller is None:
+            raise HloserveError(
+                f"{what} needs mode lpt_packing; this gateway runs {self.mode}"
+                " (the mode is fixed at startup)",
+                status=Status.FAILED_PRECONDITION,
             )
-            for r in row.replicas
-        ],
-    )
+        return self.controller
 
+    def _apply(self, scheduling: SchedulingConfig) -> None:
+        self.scheduling = scheduling
+        self.router.update_scheduling(scheduling)
+        if self.controller is not None:
+            self.controller.update_scheduling(scheduling)
 
-def _repack(row: RepackRow) -> pb.RepackStatus:
-    return pb.RepackStatus(
-        repacks=row.repacks,
-        accumulated_compute_seconds=row.accumulated_compute_seconds,
-        budget_compute_seconds=row.budget_compute_seconds,
-        moved=row.moved,
-        held_by_hysteresis=row.held_by_hysteresis,
-    )
+    def set_model(self, what: str, model: str, **changes: Any) -> pb.ModelStatus:
+        """Change ``model``'s entry of ``scheduling.models`` (``replicas``: a positive integer
+        or ``"all"``, from the next repack on; ``fill_mode``: ``run`` or ``spread``, at once).
+
+        Args:
+            what: the operation, for the error message.
+            model: a model the routing table knows.
+            changes: the entry's fields to set.
+
+        Raises:
+            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
+            NotFoundError: no worker serves ``model``.
+            InvalidArgumentError: a value the config file would refuse (names the field).
+        """
+        self._require_lpt(what)
+        self.model_status(model)  # NotFoundError for an unknown model
+        data = self.scheduling.model_dump()
+        entry = data["models"].get(model, {"replicas": self.scheduling.replicas_of(model)})
+        data["models"][model] = {**entry, **changes}
+        self._apply(_validated(data))
+        return self.model_status(model)
+
+    def set_knobs(self, changes: Mapping[str, Any]) -> SchedulingConfig:
+        """Change the named knobs (:data:`~hloserve.gateway.config.KNOBS`), all or nothing.
+
+        Raises:
+            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
+            InvalidArgumentError: an unknown knob or an invalid value (named
+                ``scheduling.<knob>``); nothing is changed then.
+        """
+        self._require_lpt("set")
+        unknown = sorted(set(changes) - set(KNOBS) - set(REMOVED_KEYS["SchedulingConfig"]))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}"
+            )
+        self._apply(_validated({**self.scheduling.model_dump(), **changes}))
+        return self.scheduling
+
+    def repack(self) -> pb.RepackResponse:
+        """Repack now with the current estimates, bypassing the compute budget.
+
+        Raises:
+            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
+        """
+        controller = self._require_lpt("repack")
+        self.router.swap_table(controller.repack_now())
+        if self.on_repack is not None:
+            self.on_repack()
+        placement = controller.placement
+        return pb.RepackResponse(
+            repack=self._repack_status(controller),
+            warnings=placement.warnings if placement is not None else (),
+        )
+
+    @staticmethod
+    def _repack_status(controller: LptController) -> pb.RepackStatus:
+        placement = controller.placement
+        return pb.RepackStatus(
+            repacks=controller.repacks,
+            accumulated_compute_seconds=controller.clock.accumulated_seconds,
+            budget_compute_seconds=controller.clock.budget_seconds,
+            moved=placement.moved if placement else (),
+            held_by_hysteresis=placement.held_by_hysteresis if placement else (),
+        )
+
+    def model_status(self, model: str) -> pb.ModelStatus:
+        """Status of one model in the current table: replicas configured and routed, fill
+        mode, factor and quantum (requests), max batch (0 = unknown), arrival rate (items/s)
+        and cost per item (seconds; 0 outside ``lpt_packing`` or unmeasured), weight bytes,
+        and each replica's routed and in-flight requests (HAProxy's counts).
+
+        Raises:
+            NotFoundError: no worker serves ``model``.
+        """
+        route = self.router.table.get(model)
+        if route is None:
+            raise NotFoundError(f"model {model!r} is not served by any worker")
+        return self._model_status(model, route)
+
+    def _model_status(self, model: str, route: ModelRoute) -> pb.ModelStatus:
+        routed, outstanding = self.router.routed(), self.router.outstanding_all()
+        rate, cost, weight = 0.0, route.cost_per_item_seconds or 0.0, 0
+        if self.controller is not None:
+            rate, measured = self.controller.estimates().get(model, (0.0, 0.0))
+            cost = measured or cost
+            weight = self.controller.weights.model_bytes.get(model, 0)
+        factor = self.scheduling.fill_factor_of(model)
+        return pb.ModelStatus(
+            name=model,
+            configured_replicas=replicas_to_proto(self.scheduling.replicas_of(model)),
+            effective_replicas=len(route.replicas),
+            fill_mode=self.scheduling.fill_mode_of(model),
+            fill_factor=factor,
+            fill_quantum=fill_quantum(route.max_batch, factor),
+            max_batch=route.max_batch or 0,
+            arrival_rate=rate,
+            cost_per_item_seconds=cost,
+            utilization=rate * cost,
+            weight_bytes=weight,
+            replicas=[
+                pb.ReplicaStatus(
+                    worker=w,
+                    routed_total=routed.get((model, w), 0),
+                    outstanding_items=outstanding.get((model, w), 0),
+                )
+                for w in route.replicas
+            ],
+        )
+
+    def snapshot(self) -> pb.SchedulingStatus:
+        """Everything ``GetSchedulingStatus`` reports, read now: mode, knobs, every model
+        (:meth:`model_status`), every worker (models placed, requests in flight, placed
+        compute share and weight bytes, budget, pressure) and the last repack."""
+        items = self.router.worker_items(self.workers)
+        controller = self.controller
+        placement = controller.placement if controller is not None else None
+        budgets = controller.weights.budget_bytes if controller is not None else {}
+        status = pb.SchedulingStatus(
+            mode=self.mode,
+            knobs=knobs_to_proto(self.scheduling),
+            models=[self._model_status(n, r) for n, r in sorted(self.router.table.routes.items())],
+        )
+        for w in self.workers:
+            share = placement.compute_share.get(w, 0.0) if placement else 0.0
+            weight = placement.weight_bytes.get(w, 0) if placement else 0
+            budget = budgets.get(w, 0)
+            status.workers.add(
+                worker=w,
+                models_placed=sum(w in ws for ws in placement.assignment.values())
+                if placement
+                else 0,
+                outstanding_items=items.get(w, 0),
+                compute_share=share,
+                weight_bytes=weight,
+                weight_budget_bytes=budget,
+                pressure=max(share, weight / budget if budget else 0.0),
+            )
+        if controller is not None:
+            status.repack.CopyFrom(self._repack_status(controller))
+            status.warnings.extend(placement.warnings if placement else ())
+        return status
 
 
 class GatewayControlServicer(pb_grpc.GatewayControlServicer):
@@ -112,28 +283,7 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
         self, request: pb.GetSchedulingStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.SchedulingStatus:
         """The placement, knobs, per-model and per-worker state, and the last repack."""
-        snapshot = self._control.snapshot()
-        status = pb.SchedulingStatus(
-            mode=snapshot.mode,
-            knobs=knobs_to_proto(snapshot.scheduling),
-            models=[_model(m) for m in snapshot.models],
-            workers=[
-                pb.WorkerStatus(
-                    worker=w.worker,
-                    models_placed=w.models_placed,
-                    outstanding_items=w.outstanding_items,
-                    compute_share=w.compute_share,
-                    weight_bytes=w.weight_bytes,
-                    weight_budget_bytes=w.weight_budget_bytes,
-                    pressure=w.pressure,
-                )
-                for w in snapshot.workers
-            ],
-        )
-        if snapshot.repack is not None:
-            status.repack.CopyFrom(_repack(snapshot.repack))
-            status.warnings.extend(snapshot.repack.warnings)
-        return status
+        return self._control.snapshot()
 
     async def SetModelReplicas(
         self, request: pb.SetModelReplicasRequest, context: grpc.aio.ServicerContext
@@ -141,13 +291,13 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
         """Set one model's replica count (INVALID_ARGUMENT for a bad count or model)."""
         field = f"scheduling.models.{request.model}.replicas"
         replicas = replicas_from_proto(request.replicas, field)
-        return _model(self._control.set_model_replicas(request.model, replicas))
+        return self._control.set_model("set-replicas", request.model, replicas=replicas)
 
     async def SetModelFillMode(
         self, request: pb.SetModelFillModeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatus:
         """Set one model's fill mode (``run`` or ``spread``)."""
-        return _model(self._control.set_model_fill_mode(request.model, request.fill_mode))
+        return self._control.set_model("set-fill-mode", request.model, fill_mode=request.fill_mode)
 
     async def SetKnobs(
         self, request: pb.SetKnobsRequest, context: grpc.aio.ServicerContext
@@ -162,8 +312,7 @@ class GatewayControlServicer(pb_grpc.GatewayControlServicer):
         self, request: pb.RepackRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepackResponse:
         """Re-place every model now (lpt_packing) and answer what moved."""
-        row = self._control.repack()
-        return pb.RepackResponse(repack=_repack(row), warnings=row.warnings)
+        return self._control.repack()
 
 
 def add_control_service(server: grpc.aio.Server, control: SchedulingControl) -> None:

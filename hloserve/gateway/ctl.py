@@ -25,15 +25,8 @@ from typing import Any
 import yaml
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
-from hloserve.gateway.scheduling_control import KNOBS
+from hloserve.gateway.config import KNOBS, SchedulingConfig
 from hloserve.units import format_bytes
-
-_FLOAT_KNOBS = (
-    "hysteresis",
-    "rebalance_compute_seconds",
-    "first_rebalance_compute_seconds",
-    "routing_fill_factor",
-)
 
 
 def parse_replicas(text: str, what: str) -> int | str:
@@ -70,7 +63,7 @@ def parse_knob(name: str, text: str) -> Any:
         if not isinstance(value, bool):
             raise InvalidArgumentError(f"{name}: expected true or false, got {text!r}")
         return value
-    if name in _FLOAT_KNOBS:
+    if SchedulingConfig.model_fields[name].annotation is float:
         try:
             return float(text)
         except ValueError:
@@ -178,14 +171,11 @@ def _call(address: str, method: str, request: Any, timeout_s: float) -> Any:
     """One unary RPC; gRPC errors become HloserveError with the same status."""
     import grpc
 
-    from hloserve.gateway.config import MAX_GRPC_MESSAGE_BYTES
+    from hloserve.gateway.config import GrpcLimits
+    from hloserve.gateway.upstreams import channel_options
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
-    limits = [
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ]
-    with grpc.insecure_channel(address, options=limits) as channel:
+    with grpc.insecure_channel(address, options=channel_options(GrpcLimits())) as channel:
         stub = pb_grpc.GatewayControlStub(channel)
         try:
             return getattr(stub, method)(request, timeout=timeout_s)

@@ -13,9 +13,9 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from hloserve.gateway.routing import REPORTS, ModelRoute, RoutingTable
 from hloserve.gateway.upstreams import Upstreams
@@ -24,6 +24,19 @@ from hloserve.names import META_BACKEND, PARAM_META_CALLS
 from hloserve.triton_messages import api_restricted
 
 log = logging.getLogger("hloserve.gateway")
+
+
+def meta_calls(model: str, config: Any) -> tuple[str, ...]:
+    """The models a meta model calls (``hloserve.meta_calls`` of its ``inference.ModelConfig``,
+    docs/meta_models.md); () for a model that is not a meta.
+
+    Raises:
+        InvalidArgumentError: the parameter does not parse.
+    """
+    if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
+        return ()
+    params = string_values(config.parameters)
+    return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
 
 
 async def discover_table(
@@ -42,16 +55,16 @@ async def discover_table(
     the models ``previous`` routed to it: whether it may be routed to is the health probes'
     decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
     known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
+    A stateful model (its config has ``sequence_batching``: the runtime of one worker keeps
+    each sequence's state, docs/bundles.md "Stateful bundles") gets one replica, since HAProxy
+    cannot hash on the correlation ID (it sits in the request's ``parameters`` map): the one
+    ``previous`` routed it to while that worker still holds it, else the first in worker order.
     Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
     """
-    request = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
 
-    async def index(worker: str) -> tuple[str, bytes | grpc.aio.AioRpcError]:
+    async def index(worker: str) -> tuple[str, Any]:
         try:
-            reply = await upstreams.raw(worker, "RepositoryIndex")(
-                request, timeout=timeout_s, metadata=upstreams.repository_metadata
-            )
-            return worker, reply
+            return worker, await upstreams.repository_index(worker, timeout_s)
         except grpc.aio.AioRpcError as exc:
             # Logged when a worker stops answering; while it stays down, only at debug level.
             known_down = previous is not None and worker in previous.unreachable
@@ -69,7 +82,7 @@ async def discover_table(
     unready: dict[str, dict[str, str]] = {}
     unreachable: dict[str, str] = {}
     for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
-        if not isinstance(reply, bytes):
+        if isinstance(reply, grpc.aio.AioRpcError):
             unreachable[worker] = f"RepositoryIndex failed: {reply.code().name}"
             if previous is not None:
                 for name, route in previous.routes.items():
@@ -79,7 +92,7 @@ async def discover_table(
                     if worker in workers:
                         unready.setdefault(name, {})[worker] = workers[worker]
             continue
-        for model in service_pb2.RepositoryIndexResponse.FromString(reply).models:
+        for model in reply:
             if model.state == "READY":
                 if worker not in replicas.setdefault(model.name, []):
                     replicas[model.name].append(worker)
@@ -88,29 +101,29 @@ async def discover_table(
                 why = f"{REPORTS}{state}: {model.reason}" if model.reason else f"{REPORTS}{state}"
                 unready.setdefault(model.name, {})[worker] = why
 
-    async def model_config(name: str, worker: str) -> tuple[int | None, list[str] | None]:
-        """(max batch or None, the meta's calls or None when not a meta) from ModelConfig."""
-        request = service_pb2.ModelConfigRequest(name=name).SerializeToString()
+    async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...], bool]:
+        """(max batch or None, the meta's calls, stateful) from ModelConfig."""
         try:
-            reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
+            config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
-            return None, None
-        config = service_pb2.ModelConfigResponse.FromString(reply).config
-        calls = None
-        if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
-            params = string_values(config.parameters)
-            calls = list(MetaParameters.read(name, params, PARAM_META_CALLS))
-        return config.max_batch_size or None, calls
+            old = previous.get(name) if previous is not None else None
+            return None, (), old is not None and old.stateful
+        stateful = config.HasField("sequence_batching")
+        return config.max_batch_size or None, meta_calls(name, config), stateful
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
-    sizes = [size for size, _ in configs]
+    sizes = [size for size, _, _ in configs]
     if previous is not None:  # a replica that did not answer: the size known before
         for i, name in enumerate(names):
             old = previous.get(name)
             if sizes[i] is None and old is not None:
                 sizes[i] = old.max_batch
-    for name, (_, calls) in zip(names, configs, strict=True):
+    for name, (_, calls, stateful) in zip(names, configs, strict=True):
+        if stateful:  # one replica: every request of a sequence reaches the same runtime
+            old = previous.get(name) if previous is not None else None
+            kept = [w for w in (old.replicas if old else ()) if w in replicas[name]]
+            replicas[name] = (kept or replicas[name])[:1]
         if calls:  # a meta: only the workers that serve its whole group (docs/meta_models.md)
             whole = [w for w in replicas[name] if all(w in replicas.get(c, ()) for c in calls)]
             if whole:
@@ -121,8 +134,8 @@ async def discover_table(
                 )
     return RoutingTable(
         {
-            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=tuple(c or ()))
-            for n, s, (_, c) in zip(names, sizes, configs, strict=True)
+            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c, stateful=st)
+            for n, s, (_, c, st) in zip(names, sizes, configs, strict=True)
         },
         unready=unready,
         unreachable=unreachable,

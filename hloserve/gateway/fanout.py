@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
@@ -38,18 +40,9 @@ from hloserve.gateway.wire import peek_infer_request
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
 
 
-#: Register and unregister request messages of each shared-memory kind (the RPCs are
-#: ``<kind>SharedMemoryRegister``, ``...Unregister``, ``...Status``).
-_SHM_MESSAGES: dict[str, tuple[Any, Any]] = {
-    "System": (
-        service_pb2.SystemSharedMemoryRegisterRequest,
-        service_pb2.SystemSharedMemoryUnregisterRequest,
-    ),
-    "Cuda": (
-        service_pb2.CudaSharedMemoryRegisterRequest,
-        service_pb2.CudaSharedMemoryUnregisterRequest,
-    ),
-}
+#: The shared-memory kinds (the RPCs are ``<kind>SharedMemoryRegister``, ``...Unregister``,
+#: ``...Status``, with the request messages of the same names).
+_SHM_KINDS = ("System", "Cuda")
 
 
 #: A worker call: (method, request bytes, gRPC metadata).
@@ -101,10 +94,11 @@ def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, s
     )
 
 
+@dataclass(eq=False)
 class FleetRpcs:
     """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``.
 
-    Args:
+    Attributes:
         router: the routing table (replicas of a model for the forwarded RPCs).
         upstreams: channels to the workers.
         request_timeout_s: deadline of one forwarded call, seconds.
@@ -112,26 +106,20 @@ class FleetRpcs:
         control: where model loads and unloads go (shared with the KServe HTTP server).
     """
 
-    def __init__(
-        self,
-        router: Router,
-        upstreams: Upstreams,
-        request_timeout_s: float,
-        probe_timeout_s: float,
-        control: ModelControl,
-    ) -> None:
-        self._control = control
-        self._router = router
-        self._upstreams = upstreams
-        self._timeout = request_timeout_s
-        self._probe_timeout = probe_timeout_s
+    router: Router
+    upstreams: Upstreams
+    request_timeout_s: float
+    probe_timeout_s: float
+    control: ModelControl
 
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
+        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` (``method``) answered by the
+        first replica of the model that answers (every worker when none is routed)."""
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
-        route = self._router.table.get(name)
-        order = route.replicas if route is not None and route.replicas else self._upstreams.workers
+        route = self.router.table.get(name)
+        order = route.replicas if route is not None and route.replicas else self.upstreams.workers
         return await self._run(
             fleet_ops.first_answer(_JUDGE, f"{method} {name!r}", (method, request, ()), order)
         )
@@ -161,7 +149,7 @@ class FleetRpcs:
             )
             return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
 
-        call = ("RepositoryIndex", request, self._upstreams.repository_metadata)
+        call = ("RepositoryIndex", request, self.upstreams.repository_metadata)
         with contextlib.suppress(HloserveError):
             return await self._run(
                 fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
@@ -171,18 +159,18 @@ class FleetRpcs:
     async def _fan_out(self, step: fleet_ops.Send[_Call]) -> fleet_ops.Replies[_Reply]:
         """Send the step's request to its workers (default every worker) at once."""
         method, request, metadata = step.request
-        timeout = self._probe_timeout if step.probe else self._timeout
+        timeout = self.probe_timeout_s if step.probe else self.request_timeout_s
 
         async def one(worker: str) -> tuple[str, _Reply]:
             try:
-                reply = await self._upstreams.raw(worker, method)(
+                reply = await self.upstreams.raw(worker, method)(
                     request, timeout=timeout, metadata=tuple(metadata) or None
                 )
                 return worker, reply
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 
-        targets = self._upstreams.workers if step.workers is None else step.workers
+        targets = self.upstreams.workers if step.workers is None else step.workers
         return list(await asyncio.gather(*(one(w) for w in targets)))
 
     async def _run(self, plan: fleet_ops.Plan[_Call, _Reply]) -> bytes:
@@ -195,22 +183,17 @@ class FleetRpcs:
     async def _model_control(
         self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         key = restricted_metadata(context)
 
         async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
-            if how == action and name == model:  # the client's own request
-                return await self._fan_out(fleet_ops.Send((method, request, key), workers))
-            plain = (
-                service_pb2.RepositoryModelLoadRequest(model_name=name)
-                if how == "load"
-                else service_pb2.RepositoryModelUnloadRequest(model_name=name)
-            )
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"
-            step = fleet_ops.Send((rpc, plain.SerializeToString(), key), workers)
-            return await self._fan_out(step)
+            body = request  # the client's own; a callee or a moved meta's undo: a plain one
+            if how != action or name != model:
+                body = getattr(service_pb2, f"{rpc}Request")(model_name=name).SerializeToString()
+            return await self._fan_out(fleet_ops.Send((rpc, body, key), workers))
 
-        outcome = await self._control.run(action, model, send, _JUDGE.ok)
+        outcome = await self.control.run(action, model, send, _JUDGE.ok)
+        method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
         assert isinstance(reply, bytes)  # a refusal was raised
         return reply
@@ -267,18 +250,19 @@ class FleetRpcs:
         handle on ``device_id``, or the registration fails whole."""
 
         def bind(kind: str, how: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
-            register, unregister = _SHM_MESSAGES[kind]
             method = f"{kind}SharedMemory{how}"
 
             def plan(request: bytes) -> fleet_ops.Plan[_Call, _Reply]:
                 call = (method, request, ())
                 if how == "Register":
-                    undo = unregister(name=register.FromString(request).name).SerializeToString()
-                    undo_call = (f"{kind}SharedMemoryUnregister", undo, ())
+                    name = getattr(service_pb2, f"{method}Request").FromString(request).name
+                    undo_method = f"{kind}SharedMemoryUnregister"
+                    undo = getattr(service_pb2, f"{undo_method}Request")(name=name)
+                    undo_call = (undo_method, undo.SerializeToString(), ())
                     return fleet_ops.register(_JUDGE, method, call, undo_call)
                 if how == "Unregister":
                     return fleet_ops.unregister(_JUDGE, method, call)
-                return fleet_ops.first_answer(_JUDGE, method, call, self._upstreams.workers)
+                return fleet_ops.first_answer(_JUDGE, method, call, self.upstreams.workers)
 
             async def handler(request: bytes, context: Any) -> bytes:
                 return await self._run(plan(request))
@@ -287,30 +271,28 @@ class FleetRpcs:
 
         return {
             f"{kind}SharedMemory{how}": bind(kind, how)
-            for kind in _SHM_MESSAGES
+            for kind in _SHM_KINDS
             for how in ("Register", "Unregister", "Status")
         }
 
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """The first answering worker's name, version and extensions (every worker runs the
         same tritonserver; perf_analyzer asks for it before it starts)."""
-        workers = self._upstreams.workers
         call = ("ServerMetadata", request, ())
+        workers = self.upstreams.workers
         return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The gRPC method handlers of these RPCs, by method name (a new fleet-wide RPC is
         one line here)."""
 
-        def forward(method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
-            async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-                return await self.forward_to_model(method, request, context)
-
-            return call
-
         raw = grpc.unary_unary_rpc_method_handler
+        forward = functools.partial
         return {
-            **{m: raw(forward(m)) for m in ("ModelReady", "ModelMetadata", "ModelConfig")},
+            **{
+                m: raw(forward(self.forward_to_model, m))
+                for m in ("ModelReady", "ModelMetadata", "ModelConfig")
+            },
             "ModelStatistics": raw(self.model_statistics),
             **{method: raw(handler) for method, handler in self.shm_handlers().items()},
             "RepositoryModelLoad": raw(self.repository_model_load),

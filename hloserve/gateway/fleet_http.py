@@ -1,43 +1,24 @@
 """KServe HTTP calls that need every worker, answered by the gateway's control plane.
 
-HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends ``/v2/repository/index``,
-``/v2/repository/models/{name}/load|unload`` and every path under ``/v2/systemsharedmemory``
-and ``/v2/cudasharedmemory`` of its KServe HTTP port (plaintext or TLS) to
+HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends the paths of
+:data:`CONDITIONS` and :data:`MODEL_CONTROL_PATH` of its KServe HTTP port to
 :class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
 library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
 endpoint (``worker_http``) with the rules of :mod:`hloserve.gateway.fleet_ops`, as the gRPC
-RPCs do (docs/gateway.md, "KServe HTTP"):
+RPCs do (docs/gateway.md, "KServe HTTP"): the repository index (asked with the workers'
+model-control key) and statistics merged; model load and unload where
+:class:`hloserve.gateway.model_control.ModelControl` decides (run on the gateway's event
+loop); a shared-memory register on every worker or none, an unregister that succeeds when any
+worker does, any other shared-memory path from the first worker that answers. A JSON
+inference request HAProxy sends here is checked by :func:`json_data_mismatch` (tritonserver
+2.51 aborts on one whose data does not fill its shape) and re-sent to HAProxy's loopback
+``http_checked`` frontend.
 
-- ``POST /v2/repository/index`` (asked with the workers' model-control key, as gRPC
-  discovery does; the rows are the workers' own JSON objects) and ``GET /v2/models/stats``,
-  ``GET /v2/models/{name}[/versions/{v}]/stats``: merged
-  (:func:`hloserve.gateway.fleet_ops.merged`; :mod:`hloserve.gateway.aggregate`).
-- ``POST /v2/repository/models/{name}/load`` and ``.../unload``: sent where the gRPC
-  servicer's :class:`hloserve.gateway.model_control.ModelControl` decides (run on the
-  gateway's event loop; its steps are sent over HTTP): the first refusal is answered, else
-  the first worker's success.
-- ``POST /v2/{system,cuda}sharedmemory/region/{name}/register``: on every worker or none
-  (:func:`hloserve.gateway.fleet_ops.register`); ``.../unregister``: succeeds when any worker
-  does (:func:`~hloserve.gateway.fleet_ops.unregister`); ``.../status`` and any other path
-  under them: the first worker that answers (a refused connection or a 503 moves on).
-- ``POST /v2/models/{name}[/versions/{v}]/infer`` with every tensor in the JSON (no binary
-  data extension, or an ``Inference-Header-Content-Length`` that is the whole body), when
-  HAProxy has a checked frontend: each input's ``data`` is counted
-  against its ``shape`` (:func:`json_data_mismatch`) before any worker reads the request,
-  since tritonserver 2.51's HTTP frontend allocates the declared shape while it parses the
-  data and aborts (``std::bad_alloc``, every request in flight on that worker lost) when it
-  cannot; a mismatch is answered as Triton answers a small one (500 ``Unable to parse
-  'data': Shape does not match true shape of 'data' field``, here naming the model, the
-  input and both counts). A request that passes is re-sent unchanged to HAProxy's loopback
-  ``http_checked`` frontend, which routes it as the public port would.
-
-A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), so
-errors are Triton's own: e.g. 404 ``{"error":"Unable to find system shared memory region:
-'r'"}``, 500 ``{"error":"Unable to open shared memory region: '/k'"}`` (tritonserver 2.51).
-The client's headers are passed on (the workers' restricted-API checks decide). The
-gateway's own errors are ``{"error": "..."}`` with the code of :data:`HTTP_STATUS`: 503 when
-no worker answered, 400 for a body without ``Content-Length`` or over
-:data:`MAX_BODY_BYTES`.
+A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), e.g.
+404 ``{"error":"Unable to find system shared memory region: 'r'"}``. The client's headers
+are passed on (the workers' restricted-API checks decide). The gateway's own errors are
+``{"error": "..."}`` with the code of :data:`~hloserve.errors.HTTP_STATUS`: 503 when no
+worker answered, 400 for a body without ``Content-Length`` or over :data:`MAX_BODY_BYTES`.
 """
 
 from __future__ import annotations
@@ -120,7 +101,7 @@ _RELAYED = ("Inference-Header-Content-Length",)
 #: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
 #: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
 _NOT_FORWARDED = frozenset(
-    {
+    [
         "accept-encoding",
         "connection",
         "content-length",
@@ -132,7 +113,7 @@ _NOT_FORWARDED = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
-    }
+    ]
 )
 
 
@@ -468,8 +449,7 @@ class FleetHttp:
         the undo of a moved meta as bodiless calls with the client's headers); the answer is
         the first worker's refusal, else the first worker's success."""
         control, loop = self._control, self._loop
-        if control is None or loop is None:
-            return self._first_worker(("POST", path, body, headers))
+        assert control is not None and loop is not None  # answer() checked
 
         def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
             own = how == action and name == model

@@ -17,9 +17,7 @@ succeeded and how a failure is answered. The rules (docs/gateway.md, "KServe HTT
 - :func:`decided`: model control's answer (the steps are
   :class:`hloserve.gateway.model_control.ModelControl`'s, sent by the transport).
 
-A new fleet-wide call: a plan here (when none of these fits), its gRPC handler in
-``fanout.py`` (``FleetRpcs.handlers``) and its route in ``fleet_http.py`` (``FleetHttp.answer``
-and ``CONDITIONS``, HAProxy's rule).
+A new fleet-wide call: docs/gateway.md, "A new fleet-wide KServe call".
 """
 
 from __future__ import annotations

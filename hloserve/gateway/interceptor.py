@@ -9,13 +9,13 @@ instead of aborting; :class:`ErrorInterceptor` answers the exception with the st
   relayed as :class:`~hloserve.errors.UpstreamError` keeps the worker's code);
 * any other exception is a bug: INTERNAL, naming its type, with the traceback logged.
 
-Streaming RPCs are covered too: an exception raised while a response stream is produced ends
-the stream with the mapped status, after the messages already sent.
+Every handler is a coroutine function (unary responses) or an async generator (streamed
+responses); an exception raised while a response stream is produced ends the stream with the
+mapped status, after the messages already sent.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -58,22 +58,9 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
 
 
 def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    if inspect.iscoroutinefunction(behavior):  # every gateway servicer: one await, no checks
-
-        async def direct(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                return await behavior(request, context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await _abort(context, exc)
-
-        return direct
-
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            result = behavior(request, context)
-            return (await result) if inspect.isawaitable(result) else result
+            return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
@@ -85,15 +72,8 @@ def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any
 def _stream_response(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            result = behavior(request, context)
-            if hasattr(result, "__aiter__"):
-                async for reply in result:
-                    yield reply
-            elif inspect.isawaitable(result):  # writes with context.write()
-                await result
-            else:
-                for reply in result:
-                    yield reply
+            async for reply in behavior(request, context):
+                yield reply
         except grpc.aio.AbortError:
             raise
         except Exception as exc:

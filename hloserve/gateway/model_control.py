@@ -36,17 +36,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 import grpc
-from tritonclient.grpc import service_pb2
 
-from hloserve.gateway.discovery import SingleFlight
+from hloserve.gateway.discovery import SingleFlight, meta_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
-from hloserve.model_parameters import MetaParameters, string_values
-from hloserve.names import META_BACKEND, PARAM_META_CALLS
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -65,11 +62,9 @@ Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
 Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
 
 #: The reason Triton's repository index gives a model unloaded on request (state
-#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model.
+#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model. It is also the
+#: state :meth:`ModelControl.indexes` gives such a row.
 UNLOADED_REASON = "unloaded"
-
-#: The state this module gives an index row with Triton's UNAVAILABLE ``unloaded``.
-_UNLOADED = "unloaded"
 
 
 @dataclass(frozen=True)
@@ -85,10 +80,11 @@ class Outcome(Generic[R]):
     failed: bool
 
 
+@dataclass(eq=False)
 class ModelControl:
     """The model-control decision of the module docstring, on the gateway's event loop.
 
-    Args:
+    Attributes:
         router: the routing table (metas' callees known from discovery).
         upstreams: gRPC channels to the workers (index and config reads).
         probe_timeout_s: deadline of one index or config read, seconds.
@@ -97,67 +93,51 @@ class ModelControl:
         place: where a model no worker holds goes (:data:`Place`); None = every candidate.
     """
 
-    def __init__(
-        self,
-        router: Router,
-        upstreams: Upstreams,
-        probe_timeout_s: float,
-        refresh: Callable[[], Awaitable[None]] | None = None,
-        place: Place | None = None,
-    ) -> None:
-        self._router = router
-        self._upstreams = upstreams
-        self._timeout = probe_timeout_s
-        self._refresh = refresh
-        self._place = place
-        self._calls: dict[str, tuple[str, ...]] = {}  # metas' callees seen so far
+    router: Router
+    upstreams: Upstreams
+    probe_timeout_s: float
+    refresh: Callable[[], Awaitable[None]] | None = None
+    place: Place | None = None
+    _calls: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     async def indexes(self) -> dict[str, dict[str, str]]:
         """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
         model of its repository, "" for one never loaded and ``"unloaded"`` for one
         unloaded on request."""
-        raw = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
 
         async def index(worker: str) -> dict[str, str] | None:
             try:
-                reply = await self._upstreams.raw(worker, "RepositoryIndex")(
-                    raw, timeout=self._timeout, metadata=self._upstreams.repository_metadata
-                )
+                models = await self.upstreams.repository_index(worker, self.probe_timeout_s)
             except grpc.aio.AioRpcError:
                 return None
-            models = service_pb2.RepositoryIndexResponse.FromString(reply).models
             return {
-                m.name: _UNLOADED
+                m.name: UNLOADED_REASON
                 if m.state == "UNAVAILABLE" and m.reason == UNLOADED_REASON
                 else m.state
                 for m in models
             }
 
-        found = await asyncio.gather(*(index(w) for w in self._upstreams.workers))
-        return {w: i for w, i in zip(self._upstreams.workers, found, strict=True) if i is not None}
+        found = await asyncio.gather(*(index(w) for w in self.upstreams.workers))
+        return {w: i for w, i in zip(self.upstreams.workers, found, strict=True) if i is not None}
 
     @staticmethod
     def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
         """The workers holding ``model`` (module docstring), in worker order."""
-        return [w for w, i in indexes.items() if i.get(model, "") not in ("", _UNLOADED)]
+        return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
         """The callees of ``model`` from its config on ``worker`` (loaded there); () for a
         model that is not a meta; None when the config cannot be read."""
-        request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
         try:
-            reply = await self._upstreams.raw(worker, "ModelConfig")(request, timeout=self._timeout)
+            return meta_calls(
+                model, await self.upstreams.model_config(worker, model, self.probe_timeout_s)
+            )
         except grpc.aio.AioRpcError:
             return None
-        config = service_pb2.ModelConfigResponse.FromString(reply).config
-        if config.backend != META_BACKEND or PARAM_META_CALLS not in config.parameters:
-            return ()
-        params = string_values(config.parameters)
-        return tuple(MetaParameters.read(model, params, PARAM_META_CALLS))
 
     def known_calls(self, model: str) -> tuple[str, ...] | None:
         """A meta's callees as the routing table or an earlier load saw them; None: unknown."""
-        route = self._router.table.get(model)
+        route = self.router.table.get(model)
         if route is not None and route.calls:
             self._calls[model] = route.calls
         return self._calls.get(model)
@@ -169,10 +149,10 @@ class ModelControl:
         names = (model, *calls)
         candidates = [w for w, i in indexes.items() if all(n in i for n in names)]
         candidates = candidates or [w for w, i in indexes.items() if model in i]
-        candidates = candidates or list(self._upstreams.workers)
-        if self._place is None:
+        candidates = candidates or list(self.upstreams.workers)
+        if self.place is None:
             return candidates
-        return list(self._place(model, calls, candidates)) or candidates
+        return list(self.place(model, calls, candidates)) or candidates
 
     async def run(
         self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
@@ -192,12 +172,12 @@ class ModelControl:
         try:
             return await self._run(action, model, send, ok)
         finally:
-            if isinstance(self._refresh, SingleFlight):  # now, not within its interval
+            if isinstance(self.refresh, SingleFlight):  # now, not within its interval
                 with contextlib.suppress(Exception):  # the next poll tries again
-                    await self._refresh(force=True)
-            elif self._refresh is not None:
+                    await self.refresh(force=True)
+            elif self.refresh is not None:
                 with contextlib.suppress(Exception):
-                    await self._refresh()
+                    await self.refresh()
 
     async def _run(
         self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
@@ -209,7 +189,7 @@ class ModelControl:
         indexes = await self.indexes()
         held = self.holders(model, indexes)
         if held or action == "unload":
-            return await step(model, held or list(self._upstreams.workers), action)
+            return await step(model, held or list(self.upstreams.workers), action)
         calls = self.known_calls(model)
         if calls:
             return await self._load_group(model, calls, indexes, None, step)

@@ -14,7 +14,7 @@ Weight footprints and budgets come from the runtime's ``hloserve_weight_*`` metr
 every model weighs 0 and budgets are unlimited. What the control plane
 (:mod:`hloserve.gateway.control`) reads and changes (knobs validated like the config file,
 per-model replicas and fill modes, operator repacks, the status snapshot) is
-:class:`hloserve.gateway.scheduling_control.SchedulingControl`. Not done yet: EWMA half-life
+:class:`hloserve.gateway.control.SchedulingControl`. Not done yet: EWMA half-life
 decoupled from the rebalance budget.
 """
 
@@ -75,7 +75,7 @@ def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
             holds no ``hloserve_weight_*`` series are left out.
 
     Source: the runtime's series ``hloserve_weight_cache_budget_bytes`` and
-    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.metrics), parsed with
+    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.backends.metrics), parsed with
     :func:`hloserve.prometheus_text.cache_status`.
     """
     models: dict[str, int] = {}
@@ -273,15 +273,7 @@ class LptController:
                 replicas=self._scheduling.replicas_of(model),
             )
         )
-        previous = self.placement.assignment if self.placement is not None else None
-        placement = compute_placement(
-            loads,
-            [WorkerCapacity(w, self.weights.budget_bytes.get(w, 0)) for w in workers],
-            previous=previous,
-            hysteresis=self._scheduling.hysteresis,
-            forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
-        )
-        chosen = placement.assignment[model]
+        chosen = self._place(loads, workers, self.weights).assignment[model]
         log.info("lpt_packing: new model %r goes to %s", model, ", ".join(chosen))
         return chosen
 
@@ -310,16 +302,21 @@ class LptController:
             )
         return loads
 
-    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
-        loads = self._loads(discovered, weights)
-        previous = self.placement.assignment if self.placement is not None else None
-        self.placement = compute_placement(
+    def _place(
+        self, loads: list[ModelLoad], workers: Sequence[str], weights: WeightInfo
+    ) -> Placement:
+        """:func:`compute_placement` with the knobs, the budgets and the current assignment."""
+        return compute_placement(
             loads,
             [WorkerCapacity(w, weights.budget_bytes.get(w, 0)) for w in workers],
-            previous=previous,
+            previous=self.placement.assignment if self.placement is not None else None,
             hysteresis=self._scheduling.hysteresis,
             forbid_memory_oversubscription=self._scheduling.forbid_memory_oversubscription,
         )
+
+    def _repack(self, discovered: RoutingTable, workers: list[str], weights: WeightInfo) -> None:
+        loads = self._loads(discovered, weights)
+        self.placement = self._place(loads, workers, weights)
         self.repacks += 1
         log.info(
             "lpt_packing: repack (models %d, moved %d, held_by_hysteresis %d)",
@@ -346,5 +343,6 @@ class LptController:
                 max_batch=route.max_batch,
                 cost_per_item_seconds=cost or route.cost_per_item_seconds,
                 calls=route.calls,
+                stateful=route.stateful,
             )
         return discovered.with_routes(routes)

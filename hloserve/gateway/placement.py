@@ -253,6 +253,19 @@ class RepackClock:
     def __init__(
         self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float = 0.0
     ) -> None:
+        self.retune(rebalance_compute_seconds, first_rebalance_compute_seconds)
+        self.accumulated_seconds = 0.0
+        self.repacks = 0
+
+    def retune(
+        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float
+    ) -> None:
+        """Set the budgets (at start, and on a knob change: the compute accumulated so far
+        is kept).
+
+        Raises:
+            ValueError: ``rebalance_compute_seconds`` <= 0 or ``first`` < 0.
+        """
         if rebalance_compute_seconds <= 0:
             raise ValueError(
                 f"rebalance_compute_seconds must be > 0, got {rebalance_compute_seconds}"
@@ -264,19 +277,6 @@ class RepackClock:
             )
         self._rebalance = rebalance_compute_seconds
         self._first = first_rebalance_compute_seconds
-        self.accumulated_seconds = 0.0
-        self.repacks = 0
-
-    def retune(
-        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float
-    ) -> None:
-        """Change the budgets (a knob change); the compute accumulated so far is kept.
-
-        Raises:
-            ValueError: ``rebalance_compute_seconds`` <= 0 or ``first`` < 0.
-        """
-        fresh = RepackClock(rebalance_compute_seconds, first_rebalance_compute_seconds)
-        self._rebalance, self._first = fresh._rebalance, fresh._first
 
     @property
     def budget_seconds(self) -> float:

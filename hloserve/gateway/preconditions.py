@@ -15,7 +15,6 @@ import logging
 from collections.abc import Mapping
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from hloserve.errors import InvalidArgumentError, WorkerSchedulingError
 from hloserve.gateway.upstreams import Upstreams
@@ -32,9 +31,8 @@ LPT_DISCIPLINES = ("fifo", "edf")
 async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float) -> str | None:
     """``worker``'s scheduling discipline, or None when it serves no hloserve runtime or does
     not answer (the reason is logged)."""
-    request = service_pb2.ModelConfigRequest(name=RUNTIME_MODEL).SerializeToString()
     try:
-        reply = await upstreams.raw(worker, "ModelConfig")(request, timeout=timeout_s)
+        config = await upstreams.model_config(worker, RUNTIME_MODEL, timeout_s)
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             log.warning(_NO_RUNTIME, worker)
@@ -46,7 +44,6 @@ async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float)
             exc.code().name,
         )
         return None
-    config = service_pb2.ModelConfigResponse.FromString(reply).config
     if config.backend != RUNTIME_BACKEND:
         log.warning(
             "gateway: worker %s serves no hloserve runtime; its scheduling is unknown", worker

@@ -43,12 +43,15 @@ class ModelRoute:
         cost_per_item_seconds: measured compute seconds per item; None when not measured yet.
         calls: for a meta model, the models it calls (its placement group,
             docs/meta_models.md); empty for a plain model.
+        stateful: served with Triton's sequence batcher (its state lives in one worker's
+            runtime): discovery routes it to one replica.
     """
 
     replicas: tuple[str, ...]
     max_batch: int | None = None
     cost_per_item_seconds: float | None = None
     calls: tuple[str, ...] = ()
+    stateful: bool = False
 
     def __post_init__(self) -> None:
         if len(set(self.replicas)) != len(self.replicas):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -77,6 +78,30 @@ class Upstreams:
     def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
         """A bidirectional-streaming callable carrying bytes both ways."""
         return self._channels[worker].stream_stream(method_path(method))
+
+    async def repository_index(self, worker: str, timeout_s: float) -> Any:
+        """``worker``'s ``RepositoryIndex`` (every model of its repository, with its state and
+        reason; sent with :attr:`repository_metadata`): the ``models`` rows.
+
+        Raises:
+            grpc.aio.AioRpcError: the worker's error (UNAVAILABLE when unreachable).
+        """
+        request = service_pb2.RepositoryIndexRequest(ready=False).SerializeToString()
+        reply = await self.raw(worker, "RepositoryIndex")(
+            request, timeout=timeout_s, metadata=self.repository_metadata
+        )
+        return service_pb2.RepositoryIndexResponse.FromString(reply).models
+
+    async def model_config(self, worker: str, model: str, timeout_s: float) -> Any:
+        """``model``'s configuration on ``worker`` (``ModelConfig``; Triton's
+        ``inference.ModelConfig`` message).
+
+        Raises:
+            grpc.aio.AioRpcError: the worker's error (NOT_FOUND: not loaded there).
+        """
+        request = service_pb2.ModelConfigRequest(name=model).SerializeToString()
+        reply = await self.raw(worker, "ModelConfig")(request, timeout=timeout_s)
+        return service_pb2.ModelConfigResponse.FromString(reply).config
 
     async def close(self) -> None:
         """Close every channel."""

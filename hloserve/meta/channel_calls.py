@@ -2,37 +2,39 @@
 
 docs/meta_models.md, "On a worker": for each callee in ``meta.calls`` that is a bundle of the
 same repository (its ``config.pbtxt`` names backend ``hloserve_front``), the meta instance
-holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.FrontModel`
+holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.core.FrontModel`
 (its checks, variants and hooks, which then run in the meta's process) and an inline
-:class:`~hloserve.triton_backend.front_channel.ChannelFront` to the runtime. A sub-call is one
+:class:`~hloserve.triton_backend.front.front_channel.ChannelFront` to the runtime. A sub-call is one
 work in the runtime's scheduler, coalesced with the callee's other traffic, without a BLS round
-trip through tritonserver and the callee's front stub (two copies of every tensor). Sub-calls
-to foreign models (other backends) are not served here (:meth:`ChannelCalls.serves` is False):
-the Triton shim keeps BLS for them.
+trip through tritonserver and the callee's front stub (two copies of every tensor), and
+committed: the runtime's scheduler serves it ahead of the callee's queued requests
+(docs/scheduling.md, "Decision order"). Sub-calls to foreign models (other backends) go to the
+``foreign`` transport (the Triton shim's BLS).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hloserve import names
-from hloserve.errors import HloserveError, InvalidArgumentError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
+from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
-from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
+
+if TYPE_CHECKING:
+    from hloserve.meta.core import Send
 
 log = logging.getLogger("hloserve.meta")
-
-#: The backend of a bundle's front model (model_repository_tools writes it).
-FRONT_BACKEND = "hloserve_front"
 
 
 class _Callee:
@@ -51,6 +53,7 @@ class _Callee:
             wait_s=core.runtime_wait_s,
             key=key,
             inline=True,
+            committed=True,
         )
         self.front.start()  # connects and loads in the background
 
@@ -62,8 +65,8 @@ class _Callee:
 def _out_of_time(result: Any, deadline: float | None) -> bool:
     """Whether ``result`` is a sub-call that ran out of time unexecuted: shed by the scheduler
     (UNAVAILABLE with a reason naming the deadline,
-    :data:`hloserve.triton_backend.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the deadline
-    has passed (no runtime reachable in time)."""
+    :data:`hloserve.triton_backend.runtime.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the
+    deadline has passed (no runtime reachable in time)."""
     return (
         deadline is not None
         and isinstance(result, HloserveError)
@@ -85,7 +88,7 @@ def front_args(repository: Path, model: str) -> ModelArgs | None:
     from hloserve.model_repository_tools.config import parse_config
 
     config = parse_config(path)
-    if config.backend != FRONT_BACKEND:
+    if config.backend != names.FRONT_BACKEND:
         return None
     parameters = {k: {"string_value": v.string_value} for k, v in config.parameters.items()}
     return ModelArgs(
@@ -102,15 +105,29 @@ class ChannelCalls:
     Args:
         repository: the model repository the meta and its callees are in.
         calls: the meta's ``meta.calls``.
+        foreign: the transport of sub-calls to the other callees (foreign models); None =
+            those are refused NOT_FOUND.
         key: the server key of the channel's names (default :func:`channel.server_key`).
+
+    Attributes:
+        sent: callee -> sub-calls sent over the channel since the last :meth:`take_sent`.
 
     Raises:
         HloserveError: a callee's config or bundle copy cannot be read (its front would not
             load either).
     """
 
-    def __init__(self, repository: Path, calls: Sequence[str], *, key: str | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        calls: Sequence[str],
+        *,
+        foreign: Send | None = None,
+        key: str | None = None,
+    ) -> None:
         self._callees: dict[str, _Callee] = {}
+        self._foreign = foreign
+        self.sent: collections.Counter[str] = collections.Counter()
         try:
             for model in calls:
                 args = front_args(repository, model)
@@ -132,18 +149,24 @@ class ChannelCalls:
         timeout_us: int,
     ) -> dict[str, np.ndarray]:
         """One sub-call (:data:`hloserve.meta.core.Send`): ``model``'s outputs (``outputs``
-        only, when given).
+        only, when given), over the channel to a bundle, else by the ``foreign`` transport.
 
-        A sub-call waits for a runtime that is not there (restarting) up to the callee's
-        ``hloserve.runtime_wait_s``, and never past ``timeout_us``.
+        A sub-call over the channel waits for a runtime that is not there (restarting) up to
+        the callee's ``hloserve.runtime_wait_s``, and never past ``timeout_us``.
 
         Raises:
+            NotFoundError: ``model`` is no bundle callee and there is no ``foreign`` transport.
             InvalidArgumentError: ``outputs`` names an output the callee does not have.
             HloserveError: the callee's error with its status; DEADLINE_EXCEEDED when it ran
                 out of time (``timeout_us``) unexecuted: shed by the runtime's scheduler, or no
                 runtime reachable in time.
         """
-        callee = self._callees[model]
+        callee = self._callees.get(model)
+        if callee is None:
+            if self._foreign is None:
+                raise NotFoundError(f"model {model!r} is not a bundle of this repository")
+            return dict(self._foreign(model, inputs, outputs, timeout_us))
+        self.sent[model] += 1
         deadline = time.monotonic() + timeout_us / 1e6 if timeout_us > 0 else None
         answer: list[Any] = []
         with callee.lock:  # one run at a time: wait_s is this call's
@@ -162,6 +185,11 @@ class ChannelCalls:
             )
         return {n: result[n] for n in outputs} if outputs else dict(result)
 
+    def take_sent(self) -> dict[str, int]:
+        """:attr:`sent`, then zeroed (for counters flushed once per meta ``execute``)."""
+        sent, self.sent = dict(self.sent), collections.Counter()
+        return sent
+
     def close(self) -> None:
         """Disconnect every callee's front (the runtime releases its holds)."""
         for callee in self._callees.values():
@@ -169,4 +197,4 @@ class ChannelCalls:
         self._callees.clear()
 
 
-__all__ = ["FRONT_BACKEND", "ChannelCalls", "front_args"]
+__all__ = ["ChannelCalls", "front_args"]

@@ -14,7 +14,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,9 +33,8 @@ from hloserve.errors import (
 )
 from hloserve.meta.deadline import Deadline
 from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
-from hloserve.model_parameters import MetaParameters
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.tensors import TensorChecker
+from hloserve.model_parameters import MetaParameters, ModelArgs
+from hloserve.triton_backend.front.tensors import TensorChecker
 
 log = logging.getLogger("hloserve.meta")
 
@@ -122,6 +121,7 @@ class Call(Protocol):
 Run = Callable[[Tensors, Call], Mapping[str, Any]]
 
 
+@dataclass(eq=False)
 class MetaCall:
     """The ``call`` object handed to ``run``: calls declared models within the deadline.
 
@@ -141,24 +141,15 @@ class MetaCall:
         calls_made: sub-requests sent (a chunked call counts each chunk).
     """
 
-    def __init__(
-        self,
-        meta: str,
-        calls: Sequence[str],
-        send: Send,
-        deadline: Deadline,
-        *,
-        describe: Describe | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.meta = meta
-        self.calls = tuple(calls)
-        self.deadline = deadline
-        self._send = send
-        self._describe = describe
-        self._clock = clock
-        self.compute_s = 0.0
-        self.calls_made = 0
+    meta: str
+    calls: Sequence[str]
+    send: Send
+    deadline: Deadline
+    _: KW_ONLY
+    describe: Describe | None = None
+    clock: Callable[[], float] = time.monotonic
+    compute_s: float = field(default=0.0, init=False)
+    calls_made: int = field(default=0, init=False)
 
     def __call__(
         self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
@@ -199,9 +190,9 @@ class MetaCall:
         self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None
     ) -> Tensors:
         self.deadline.check(self.meta, f"calling model {name!r}")
-        start = self._clock()
+        start = self.clock()
         try:
-            result = self._send(name, inputs, list(outputs or ()), self.deadline.remaining_us())
+            result = self.send(name, inputs, list(outputs or ()), self.deadline.remaining_us())
         except HloserveError as exc:
             raise _callee_error(self.meta, name, exc.message, exc.status) from None
         except Exception as exc:
@@ -209,7 +200,7 @@ class MetaCall:
                 self.meta, name, f"{type(exc).__name__}: {exc}", Status.INTERNAL
             ) from None
         finally:
-            self.compute_s += self._clock() - start
+            self.compute_s += self.clock() - start
             self.calls_made += 1
         return dict(result)
 
@@ -218,7 +209,7 @@ class MetaCall:
     ) -> tuple[int | None, int | None]:
         """(batch size of ``inputs``, the callee's largest batch when chunkable, else None)."""
         try:
-            manifest = self._describe(name) if self._describe is not None else None
+            manifest = self.describe(name) if self.describe is not None else None
         except NotFoundError as exc:
             raise NotFoundError(
                 f"model {self.meta!r}: call to model {name!r} failed: {exc.message}"
@@ -435,25 +426,28 @@ class MetaModel:
             raise
         except Exception as exc:
             log.error("model %r: run raised:\n%s", self.name, traceback.format_exc())
-            raise HloserveError(
-                f"model {self.name!r}: run raised {type(exc).__name__}: {exc}",
-                status=Status.INTERNAL,
+            raise _internal(
+                f"model {self.name!r}: run raised {type(exc).__name__}: {exc}"
             ) from None
         if not isinstance(result, Mapping):
-            raise HloserveError(
+            raise _internal(
                 f"model {self.name!r}: run returned {type(result).__name__}, expected a dict "
-                f"of outputs {self._output_names}",
-                status=Status.INTERNAL,
+                f"of outputs {self._output_names}"
             )
         outputs = {k: np.asarray(v) for k, v in result.items()}
         try:
             self._check_outputs(outputs)
         except InvalidArgumentError as exc:
-            raise HloserveError(
-                f"run returned outputs that do not match client_outputs: {exc.message}",
-                status=Status.INTERNAL,
+            message = exc.message
+            raise _internal(
+                f"run returned outputs that do not match client_outputs: {message}"
             ) from None
         return outputs
+
+
+def _internal(message: str) -> HloserveError:
+    """An INTERNAL error: ``run`` (the meta's own code) misbehaved."""
+    return HloserveError(message, status=Status.INTERNAL)
 
 
 __all__ = [

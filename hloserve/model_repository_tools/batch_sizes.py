@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from hloserve.bundle.manifest import Manifest
 from hloserve.errors import BatchSizeError
+from hloserve.model_repository_tools.build_options import BatchSizeOptions
 
 #: Sizes compiled for a symbolic bundle when ``--batch-sizes`` does not say: each 4x the
 #: previous, so an execution pads at most to 4x its rows, with four executables per variant
@@ -27,25 +27,6 @@ DEFAULT_LADDER = (1, 4, 16, 64)
 #: The default ladder stops below the size whose inputs and outputs together, per execution,
 #: would exceed this many bytes (64 MiB); an explicit ``--batch-sizes`` is not bounded.
 DEFAULT_LADDER_MAX_BYTES = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchSizeOptions:
-    """``--batch-sizes``: compiled batch sizes for the symbolic-batch bundles of a repository.
-
-    Attributes:
-        default: sizes for every symbolic bundle not in ``per_model``; empty = the default
-            ladder (:func:`default_batch_sizes`).
-        per_model: model name -> its sizes.
-    """
-
-    default: tuple[int, ...] = ()
-    per_model: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-    @property
-    def given(self) -> bool:
-        """Whether any size was given (else every symbolic bundle gets the default ladder)."""
-        return bool(self.default or self.per_model)
 
 
 def parse_batch_sizes(values: Sequence[str]) -> BatchSizeOptions:

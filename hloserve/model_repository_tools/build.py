@@ -4,9 +4,7 @@
 and computes every config without writing; :func:`write_repository` writes a plan into a
 temporary directory next to the target and moves it into place with one rename (an exchange
 when the target exists), so a tritonserver polling the repository sees the old repository or
-the new one, never a mix. The plan's names that ``hloserve.node`` imports from here
-(``CONFIG_FILE``, the ``*Options``, ``RepositoryPlan``, ``plan_repository``) are re-exported
-until it imports them from :mod:`~hloserve.model_repository_tools.repository_plan`.
+the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Unpack
+from typing import Any
 
 from hloserve import names
 from hloserve.bundle import check_bundle, load_bundle
@@ -28,18 +26,12 @@ from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.errors import RepositoryError, Status
 from hloserve.model_repository_tools.config import label_file
-from hloserve.model_repository_tools.foreign import (
-    write_foreign,
-)
+from hloserve.model_repository_tools.foreign import write_foreign
 from hloserve.model_repository_tools.repository_plan import (
     CONFIG_FILE,
-    ExecutableCacheOptions,
-    PlanOptions,
+    BuildOptions,
     Progress,
-    QueueOptions,
     RepositoryPlan,
-    SchedulingOptions,
-    WeightCacheOptions,
     plan_repository,
     report,
 )
@@ -85,14 +77,16 @@ def write_repository(
 def build_repository(
     bundles_dir: Path | str,
     out_dir: Path | str,
+    options: BuildOptions | None = None,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
-    **options: Unpack[PlanOptions],
+    **fields: Any,
 ) -> RepositoryPlan:
     """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
 
-    :func:`plan_repository` (with ``options``, its keyword arguments) then
+    :func:`plan_repository` (with ``options``, the build options, and ``fields``, its
+    shorthand) then
     :func:`write_repository`; nothing is written unless every bundle is valid and the names
     do not collide.
 
@@ -104,7 +98,7 @@ def build_repository(
     """
     out = Path(out_dir).absolute()
     _check_target(out, [], overwrite)  # fail before validating when the answer is known
-    plan = plan_repository(bundles_dir, progress=progress, **options)
+    plan = plan_repository(bundles_dir, options, progress=progress, **fields)
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan
 
@@ -151,9 +145,7 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
             check_bundle(bundle_copy, name=model.name)
         if model.text_executables:
             converted = convert_bundle(bundle_copy)
-            check_bundle(
-                bundle_copy, name=model.name
-            )  # the converted copy must still match the manifest
+            check_bundle(bundle_copy, name=model.name)  # the copy must still match
             line += f"; converted {', '.join(converted)} to portable artifacts"
         manifest = load_bundle(bundle_copy, name=model.name).manifest
         for spec in manifest.wire_outputs:  # Triton reads labels from the model directory
@@ -219,16 +211,3 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), str(b))
-
-
-__all__ = [
-    "CONFIG_FILE",
-    "ExecutableCacheOptions",
-    "QueueOptions",
-    "RepositoryPlan",
-    "SchedulingOptions",
-    "WeightCacheOptions",
-    "build_repository",
-    "plan_repository",
-    "write_repository",
-]

@@ -8,10 +8,10 @@ the model names, chooses the compiled batch sizes of symbolic bundles and comput
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypedDict
+from typing import Any
 
 from hloserve import names
 from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
@@ -24,7 +24,13 @@ from hloserve.errors import (
     InvalidArgumentError,
     RepositoryError,
 )
-from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions, choose_batch_sizes
+from hloserve.model_parameters import RuntimeParameters
+from hloserve.model_repository_tools.batch_sizes import choose_batch_sizes
+from hloserve.model_repository_tools.build_options import (
+    BatchSizeOptions,
+    BuildOptions,
+    WeightCacheOptions,
+)
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
@@ -38,113 +44,6 @@ CONFIG_FILE = "config.pbtxt"
 
 #: Receives one human-readable line per step (the CLI prints them).
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class WeightCacheOptions:
-    """The runtime's weight cache settings, written to its config (docs/on_demand_weights.md).
-
-    Attributes:
-        weight_cache_bytes: byte budget for all weights (pinned included); 0 (default) = no
-            budget, every model's weights stay on the device.
-        weight_cache_fraction: instead of bytes, the budget as a fraction in (0, 1] of the
-            device memory free at the runtime's start; 0 (default) = unused.
-        device_memory_fraction: the fraction in (0, 1] of the card's memory the runtime's
-            allocator may take; 0 (default) = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
-        residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
-        compaction_interval: on-demand loads between compactions; 0 (default) = off.
-    """
-
-    weight_cache_bytes: int = 0
-    weight_cache_fraction: float = 0.0
-    device_memory_fraction: float = 0.0
-    residency: Mapping[str, str] = field(default_factory=dict)
-    compaction_interval: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulingOptions:
-    """The runtime scheduler's settings, written to its config (docs/scheduling.md).
-
-    Attributes:
-        scheduling: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
-        model_weights: model name -> ``fair`` weight (> 0); unlisted models weigh 1.0.
-    """
-
-    scheduling: str = names.SCHEDULING_DISCIPLINES[0]
-    model_weights: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecutableCacheOptions:
-    """The runtime's executable cache settings, written to its config (docs/serving.md,
-    "Executable cache").
-
-    Attributes:
-        directory: the cache directory (absolute) or ``"off"``; "" (default) = the runtime's
-            default (``HLOSERVE_EXECUTABLE_CACHE``, else ``$XDG_CACHE_HOME/hloserve/executables``).
-        max_bytes: the size bound in bytes; 0 (default) = the runtime's default (4 GiB).
-    """
-
-    directory: str = ""
-    max_bytes: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueOptions:
-    """Bounds of Triton's queue in front of each front model, written to its config
-    (docs/serving.md, "Queue bounds and deadlines").
-
-    Attributes:
-        max_queue_size: requests a front's queue holds before Triton refuses more with
-            UNAVAILABLE "Exceeds maximum queue size"; 0 (default) =
-            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the model's largest batch size, at
-            least :data:`~hloserve.names.DEFAULT_QUEUE_MIN`.
-        per_model: model name -> its own bound (>= 1), over ``max_queue_size``.
-    """
-
-    max_queue_size: int = 0
-    per_model: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def given(self) -> bool:
-        """Whether any bound was given (else every front gets its default)."""
-        return bool(self.max_queue_size or self.per_model)
-
-    def check(self, fronts: Sequence[str]) -> None:
-        """Refuse a negative bound, a per-model bound below 1 or for a model not in ``fronts``.
-
-        Raises:
-            RepositoryError: every problem, naming the model.
-        """
-        problems = []
-        if self.max_queue_size < 0:
-            problems.append(f"max queue size must be >= 0 (0 = default), got {self.max_queue_size}")
-        for model, size in sorted(self.per_model.items()):
-            if size < 1:
-                problems.append(f"max queue size of model {model!r} must be >= 1, got {size}")
-            if model not in fronts:
-                problems.append(
-                    f"max queue size for {model!r}, which is not a bundle with a queue; those "
-                    f"are {sorted(fronts)}"
-                )
-        if problems:
-            raise RepositoryError("; ".join(problems))
-
-
-class PlanOptions(TypedDict, total=False):
-    """The keyword arguments of :func:`plan_repository` that shape a repository: the build
-    options (``hloserve.cli_options.build_options``), passed on by ``build_repository``."""
-
-    front_instances: int
-    max_queue_delay_us: int
-    weight_cache: WeightCacheOptions | None
-    meta_concurrency: int
-    batch_sizes: BatchSizeOptions | None
-    max_request_bytes: int
-    scheduling: SchedulingOptions | None
-    executable_cache: ExecutableCacheOptions | None
-    queue: QueueOptions | None
 
 
 @dataclass(frozen=True)
@@ -196,50 +95,27 @@ class RepositoryPlan:
 
 def plan_repository(
     bundles_dir: Path | str,
+    options: BuildOptions | None = None,
     *,
-    front_instances: int = names.DEFAULT_FRONT_INSTANCES,
-    max_queue_delay_us: int = 500,
-    weight_cache: WeightCacheOptions | None = None,
-    meta_concurrency: int = names.DEFAULT_META_CONCURRENCY,
-    batch_sizes: BatchSizeOptions | None = None,
-    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES,
-    scheduling: SchedulingOptions | None = None,
     progress: Progress | None = None,
-    executable_cache: ExecutableCacheOptions | None = None,
-    queue: QueueOptions | None = None,
+    **fields: Any,
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
 
     Args:
         bundles_dir: directory whose subdirectories holding a ``manifest.yaml`` are bundles.
-        front_instances: CPU instances per front model, >= 1.
-        max_queue_delay_us: dynamic batcher delay in microseconds, >= 0.
-        weight_cache: the runtime's weight cache settings (default: no budget).
-        meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
-        batch_sizes: compiled batch sizes of the symbolic-batch bundles
-            (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
-        max_request_bytes: the largest request a front accepts, bytes of inputs, >= 1.
-        scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
+        options: the build options (default: every default).
         progress: called with one line per bundle.
-        executable_cache: the runtime's executable cache settings (default: its defaults).
-        queue: the bounds of Triton's queue in front of each front (default: each sized
-            from its model's largest batch).
+        fields: :class:`BuildOptions` fields that replace those of ``options`` (a shorthand
+            for scripts and tests: ``plan_repository(path, front_instances=1)``).
 
     Raises:
         BundleError: the first invalid bundle (every bundle is checked and reported to
             ``progress`` first), with the validator's message.
         RepositoryError: bad options, no bundles, or colliding names.
     """
-    if front_instances < 1:
-        raise RepositoryError(f"front instances must be >= 1, got {front_instances}")
-    if max_queue_delay_us < 0:
-        raise RepositoryError(
-            f"max queue delay must be >= 0 microseconds, got {max_queue_delay_us}"
-        )
-    if meta_concurrency < 1:
-        raise RepositoryError(f"meta concurrency must be >= 1, got {meta_concurrency}")
-    if max_request_bytes < 1:
-        raise RepositoryError(f"max request bytes must be >= 1, got {max_request_bytes}")
+    options = replace(options or BuildOptions(), **fields)
+    options.check()
     paths = discover_bundles(bundles_dir)
     foreign_paths = sorted(
         p for p in Path(bundles_dir).iterdir() if is_candidate(p) and p not in paths
@@ -265,32 +141,23 @@ def plan_repository(
     if errors:
         raise errors[0]
     check_names(bundles)
-    queue = queue or QueueOptions()
-    queue.check([b.name for b in bundles if not b.manifest.is_meta])
-    bundles, rewritten = _with_batch_sizes(bundles, batch_sizes or BatchSizeOptions(), progress)
+    options.queue.check([b.name for b in bundles if not b.manifest.is_meta])
+    bundles, rewritten = _with_batch_sizes(bundles, options.batch_sizes, progress)
     models = tuple(
         FrontModel(
             name=b.name,
             source=b.path,
             config_text=config_text(
-                meta_config(b.name, b.manifest, meta_concurrency=meta_concurrency)
+                meta_config(b.name, b.manifest, options)
                 if b.manifest.is_meta
-                else front_config(
-                    b.name,
-                    b.manifest,
-                    front_instances=front_instances,
-                    max_queue_delay_us=max_queue_delay_us,
-                    max_request_bytes=max_request_bytes,
-                    max_queue_size=queue.per_model.get(b.name, queue.max_queue_size),
-                )
+                else front_config(b.name, b.manifest, options)
             ),
             text_executables=_text_executables(b),
             manifest_text=rewritten.get(b.name),
         )
         for b in bundles
     )
-    cache = weight_cache or WeightCacheOptions()
-    sched = scheduling or SchedulingOptions()
+    cache = options.weight_cache
     metas = sorted(set(cache.residency) & {b.name for b in bundles if b.manifest.is_meta})
     if metas:
         raise RepositoryError(
@@ -303,16 +170,10 @@ def plan_repository(
     try:
         runtime = runtime_config(
             [(b.name, b.manifest) for b in bundles if not b.manifest.is_meta],
-            weight_cache_bytes=cache.weight_cache_bytes,
-            weight_cache_fraction=cache.weight_cache_fraction,
-            device_memory_fraction=cache.device_memory_fraction,
-            residency=cache.residency,
-            compaction_interval=cache.compaction_interval,
-            scheduling=sched.scheduling,
-            model_weights=sched.model_weights,
-            executable_cache=(executable_cache or ExecutableCacheOptions()).directory,
-            executable_cache_bytes=(executable_cache or ExecutableCacheOptions()).max_bytes,
-            foreign_bytes={f.name: f.memory_bytes for f in foreign},
+            RuntimeParameters(
+                **options.runtime_settings(),
+                foreign_bytes={f.name: f.memory_bytes for f in foreign},
+            ),
         )
     except InvalidArgumentError as exc:
         raise RepositoryError(exc.message) from None
@@ -380,7 +241,7 @@ def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -
         RepositoryError (INVALID_ARGUMENT): every problem, one per line, naming the model, its
             weight bytes and the budget; served, the same models would fail to load.
     """
-    from hloserve.triton_backend.residency import budget_problems
+    from hloserve.triton_backend.runtime.residency import budget_problems
 
     weights = {b.name: b.weight_nbytes for b in bundles if not b.manifest.is_meta}
     problems = budget_problems(cache.weight_cache_bytes, weights, cache.residency)

@@ -25,6 +25,7 @@ from hloserve.model_parameters import (
     RuntimeParameters,
     string_values,
 )
+from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.model_repository_tools.config import (
     config_text,
     front_config,
@@ -112,14 +113,13 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
         return None, [*problems, Problem(file, exc.message)]
     groups = list(config.instance_group)
     instances = groups[0].count if len(groups) == 1 else 0
-    expected = front_config(
-        model_dir.name,
-        bundle.manifest,
+    built = BuildOptions(
         front_instances=max(instances, 1),
         max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds
         or config.sequence_batching.oldest.max_queue_delay_microseconds,
-        max_request_bytes=params.max_request_bytes,
+        **_build_fields(params),
     )
+    expected = front_config(model_dir.name, bundle.manifest, built)
     _same_version_folder(expected, params.bundle)
     problems += _compare(file, config, expected)
     problems += _check_front_spec(model_dir, bundle)
@@ -170,9 +170,8 @@ def _check_meta(root: Path, model_dir: Path, config: Any) -> list[Problem]:
         return [*problems, Problem(file, exc.message)]
     if not bundle.manifest.is_meta:
         return [*problems, Problem(file, "backend is hloserve_meta but the bundle is not a meta")]
-    expected = meta_config(
-        model_dir.name, bundle.manifest, meta_concurrency=params.meta_concurrency
-    )
+    built = BuildOptions(**_build_fields(params))
+    expected = meta_config(model_dir.name, bundle.manifest, built)
     _same_version_folder(expected, bundle_param)
     return problems + _compare(file, config, expected)
 
@@ -195,18 +194,19 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
     listed = sorted(fronts)
     models = [(n, b.manifest) for n in listed if (b := fronts[n]) is not None]
     if len(models) == len(listed):
-        # keep the weight cache, scheduler and executable cache settings it was built with
-        settings = {
-            f.name: getattr(params, f.name)
-            for f in dataclasses.fields(params)
-            if f.name != "repository_format"
-        }
-        try:
-            expected = runtime_config(models, **settings)
+        try:  # with the settings it was built with
+            expected = runtime_config(models, params)
         except HloserveError as exc:
             return [*problems, Problem(file, f"runtime parameters: {exc.message}")]
         problems += _compare(file, runtime, expected)
     return problems
+
+
+def _build_fields(params: Any) -> dict[str, Any]:
+    """The build options a model's parameters record: its fields named like a
+    :class:`BuildOptions` field (``max_request_bytes``, ``meta_concurrency``)."""
+    built = {f.name for f in dataclasses.fields(BuildOptions)}
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name in built}
 
 
 def _compare(file: str, actual: Any, expected: Any) -> list[Problem]:

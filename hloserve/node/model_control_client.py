@@ -1,75 +1,17 @@
-"""Triton's repository API (load, reload, unload, index) as ``serve --watch`` calls it.
+"""Triton's repository API (load, reload, unload, index) on several workers.
 
-:class:`TritonModelControl` is one server's HTTP endpoint with the restricted-API key
-(:mod:`hloserve.model_control`); :class:`FleetModelControl` makes each call on every
-running worker of ``serve --workers N``. Used by :mod:`hloserve.node.watcher`.
+One server's client is :class:`hloserve.model_control.RepositoryClient`;
+:class:`FleetModelControl` makes each call on every running worker of ``serve --workers N``
+(used by :mod:`hloserve.node.watcher`), :func:`load_all` loads a worker's models.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hloserve.model_control import http_headers
-
-
-class TritonModelControl:
-    """:class:`ModelControl` over a tritonserver's HTTP endpoint, with the model-control key.
-
-    Args:
-        http_url: ``host:port``.
-        key: the restricted repository API's key (:mod:`hloserve.model_control`).
-        timeout_s: seconds a load may take (compiling included).
-    """
-
-    def __init__(self, http_url: str, key: str | None, timeout_s: float) -> None:
-
-        self.http_url = http_url
-        self.headers = http_headers(key) or {}
-        self.timeout_s = timeout_s
-
-    def _client(self) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(
-            self.http_url, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
-        )
-
-    def load(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.load_model(model, headers=self.headers)
-        finally:
-            client.close()
-
-    def reload(self, model: str) -> None:
-        from hloserve.node.watchdog import reload_model
-
-        reload_model(self.http_url, model, self.timeout_s, self.headers)
-
-    def unload(self, model: str) -> None:
-        client = self._client()
-        try:
-            client.unload_model(model, headers=self.headers)
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:  # Triton unloads once in-flight requests end
-                index = client.get_model_repository_index(headers=self.headers)
-                states = {m["name"]: m.get("state", "") for m in index}
-                if states.get(model) not in ("READY", "UNLOADING"):
-                    return
-                time.sleep(0.1)
-        finally:
-            client.close()
-
-    def index(self) -> list[dict[str, Any]]:
-        """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
-        client = self._client()
-        try:
-            return list(client.get_model_repository_index(headers=self.headers))
-        finally:
-            client.close()
+from hloserve.model_control import RepositoryClient
 
 
 class FleetModelControl:
@@ -82,17 +24,17 @@ class FleetModelControl:
     change or a restart brings them in line). Workers that have exited are skipped.
 
     Args:
-        controls: one :class:`TritonModelControl` per worker, in worker order.
+        controls: one :class:`~hloserve.model_control.RepositoryClient` per worker, in worker order.
         running: whether worker ``i`` is running now.
     """
 
     def __init__(
-        self, controls: Sequence[TritonModelControl], running: Callable[[int], bool]
+        self, controls: Sequence[RepositoryClient], running: Callable[[int], bool]
     ) -> None:
         self.controls = list(controls)
         self._running = running
 
-    def _each(self, what: str, action: Callable[[TritonModelControl], None]) -> None:
+    def _each(self, what: str, action: Callable[[RepositoryClient], None]) -> None:
         for i, control in enumerate(self.controls):
             if not self._running(i):
                 continue
@@ -129,7 +71,7 @@ def load_all(http_url: str, key: str | None, models: Sequence[str], timeout_s: f
 
     from hloserve.names import RUNTIME_MODEL
 
-    control = TritonModelControl(http_url, key, timeout_s)
+    control = RepositoryClient(http_url, key, timeout_s)
     if "*" in models:
         models = [m["name"] for m in control.index() if m["name"] != RUNTIME_MODEL]
 

@@ -26,7 +26,6 @@ from hloserve import names
 from hloserve.errors import FailedPreconditionError, NotFoundError
 from hloserve.node.serve_options import (
     ServeOptions,
-    build_arguments,
     check_options,
     is_repository,
     serve_gpus,
@@ -76,7 +75,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
             )
     try:
         log.info("building the model repository from bundles in %s into %s", path, out)
-        build_repository(path, out, overwrite=True, **build_arguments(options))
+        build_repository(path, out, options.build, overwrite=True)
         yield out
     finally:
         if scratch is not None:
@@ -117,7 +116,7 @@ def run_serve(options: ServeOptions) -> int:
                         node.servers,
                         observe,
                         watched,
-                        build=build_arguments(options),
+                        build=options.build,
                         interval_s=options.watch_interval_s,
                         timeout_s=options.startup_timeout_s,
                     )

@@ -13,22 +13,15 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hloserve import names
 from hloserve.errors import InvalidArgumentError
 from hloserve.node.plan import SERVING_FLAGS, NodePlan, with_dependencies
 from hloserve.node.triton_options import ModelControlMode, TritonServerOptions
 from hloserve.ports import check_ports_free, free_port
 
 if TYPE_CHECKING:  # the build code is imported when a repository is built
-    from hloserve.model_repository_tools.batch_sizes import BatchSizeOptions
-    from hloserve.model_repository_tools.build import (
-        ExecutableCacheOptions,
-        QueueOptions,
-        SchedulingOptions,
-        WeightCacheOptions,
-    )
+    from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.node_config import NodeConfig
     from hloserve.node.plan import WorkerPlan, WorkerPorts
 
@@ -71,21 +64,9 @@ class ServeOptions:
             or random).
         repository_out: where to build the repository from bundles; None builds it in a
             temporary directory removed at exit.
-        front_instances: CPU instances of each front model (``instance_group.count``).
-        max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``.
-        max_request_bytes: the largest request a front accepts when building, bytes of its
-            input tensors (``hloserve.max_request_bytes``; docs/serving.md).
-        weight_cache: the runtime's weight cache settings when building from bundles
-            (docs/on_demand_weights.md); None = no budget.
-        executable_cache: the runtime's executable cache settings when building from bundles
-            (docs/serving.md, "Executable cache"); None = the runtime's defaults.
-        meta_concurrency: the worker's meta gate size when building (docs/meta_models.md).
-        batch_sizes: compiled batch sizes of symbolic-batch bundles when building
-            (``--batch-sizes``; docs/bundles.md, "Symbolic batch").
-        scheduling: the runtime scheduler's settings when building (docs/scheduling.md);
-            None = fair, every weight 1.0.
-        queue: bounds of Triton's queue in front of each front model when building
-            (``--max-queue-size``; docs/serving.md); None = each sized from its largest batch.
+        build: the build options when PATH is a bundles directory
+            (:class:`~hloserve.model_repository_tools.build_options.BuildOptions`, passed
+            whole to ``build_repository``); None = every default.
         tritonserver_args: further tritonserver flags, passed through last.
         log_verbose: tritonserver ``--log-verbose`` level.
         startup_timeout_s: seconds to wait for every model to load and warm up.
@@ -117,15 +98,7 @@ class ServeOptions:
     load_models: Sequence[str] = ()
     model_control_key: str | None = field(default=None, repr=False)  # a secret: not in logs
     repository_out: Path | None = None
-    front_instances: int = names.DEFAULT_FRONT_INSTANCES
-    max_queue_delay_us: int = 500
-    max_request_bytes: int = names.DEFAULT_MAX_REQUEST_BYTES
-    weight_cache: WeightCacheOptions | None = None
-    executable_cache: ExecutableCacheOptions | None = None
-    meta_concurrency: int = 2
-    batch_sizes: BatchSizeOptions | None = None
-    scheduling: SchedulingOptions | None = None
-    queue: QueueOptions | None = None
+    build: BuildOptions | None = None
     tritonserver_args: Sequence[str] = ()
     log_verbose: int = 0
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
@@ -139,21 +112,6 @@ class ServeOptions:
     admin_port: int | None = None
     watch: bool = False
     watch_interval_s: float = 15.0
-
-
-def build_arguments(options: ServeOptions) -> dict[str, Any]:
-    """The keyword arguments of ``plan_repository``/``build_repository`` that ``options`` set."""
-    return {
-        "front_instances": options.front_instances,
-        "max_queue_delay_us": options.max_queue_delay_us,
-        "max_request_bytes": options.max_request_bytes,
-        "weight_cache": options.weight_cache,
-        "meta_concurrency": options.meta_concurrency,
-        "batch_sizes": options.batch_sizes,
-        "scheduling": options.scheduling,
-        "executable_cache": options.executable_cache,
-        "queue": options.queue,
-    }
 
 
 #: tritonserver flags ``hloserve serve`` sets itself, with the option that sets each: given
@@ -293,31 +251,8 @@ def build_flags_set(options: ServeOptions) -> list[str]:
     They shape the repository built from bundles and mean nothing for a repository that
     ``hloserve repo build`` made earlier. A flag set to its default value is not reported.
     """
-    defaults = ServeOptions(path=options.path)
-    cache, sched, executables = (
-        options.weight_cache,
-        options.scheduling,
-        options.executable_cache,
-    )
-    given = {
-        "--repository-out": options.repository_out is not None,
-        "--front-instances": options.front_instances != defaults.front_instances,
-        "--meta-concurrency": options.meta_concurrency != defaults.meta_concurrency,
-        "--max-queue-delay-us": options.max_queue_delay_us != defaults.max_queue_delay_us,
-        "--max-request-bytes": options.max_request_bytes != defaults.max_request_bytes,
-        "--batch-sizes": options.batch_sizes is not None and options.batch_sizes.given,
-        "--weight-cache-bytes": cache is not None and bool(cache.weight_cache_bytes),
-        "--weight-cache-fraction": cache is not None and bool(cache.weight_cache_fraction),
-        "--device-memory-fraction": cache is not None and bool(cache.device_memory_fraction),
-        "--residency": cache is not None and bool(cache.residency),
-        "--compaction-interval": cache is not None and bool(cache.compaction_interval),
-        "--scheduling": sched is not None and sched.scheduling != "fair",
-        "--model-weight": sched is not None and bool(sched.model_weights),
-        "--executable-cache": executables is not None and bool(executables.directory),
-        "--executable-cache-bytes": executables is not None and bool(executables.max_bytes),
-        "--max-queue-size": options.queue is not None and options.queue.given,
-    }
-    return [flag for flag, set_ in given.items() if set_]
+    given = ["--repository-out"] if options.repository_out is not None else []
+    return given + (options.build.flags_set() if options.build is not None else [])
 
 
 def serve_gpus(options: ServeOptions) -> list[int | None]:
@@ -406,13 +341,14 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
     workers = len(serve_gpus(options) if gpus is None else gpus)
-    if options.front_instances < 1:
+    build = options.build
+    if build is not None and build.front_instances < 1:
         raise InvalidArgumentError(
-            f"--front-instances must be at least 1, got {options.front_instances}"
+            f"--front-instances must be at least 1, got {build.front_instances}"
         )
-    if options.max_request_bytes < 1:
+    if build is not None and build.max_request_bytes < 1:
         raise InvalidArgumentError(
-            f"--max-request-bytes must be at least 1, got {options.max_request_bytes}"
+            f"--max-request-bytes must be at least 1, got {build.max_request_bytes}"
         )
     if options.gateway_config is not None and workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")

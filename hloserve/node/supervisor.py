@@ -24,8 +24,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
+from hloserve.model_control import RepositoryClient
 from hloserve.node.gateway_thread import GatewayThread
-from hloserve.node.model_control_client import TritonModelControl
 from hloserve.node.plan import NodePlan, connect_host
 from hloserve.node.process_runtime import ProcessWorkers
 from hloserve.node.tritonserver import TritonServer
@@ -121,7 +121,7 @@ class Node:
         for o in self.plan.servers:
             if "*" not in o.load_models:
                 continue
-            control = TritonModelControl(f"{host}:{o.http_port}", o.model_control_key, 30.0)
+            control = RepositoryClient(f"{host}:{o.http_port}", o.model_control_key, 30.0)
             while not stop.is_set() and time.monotonic() - started < timeout_s:
                 if all(m.get("state") in ("READY", "UNAVAILABLE") for m in control.index()):
                     break
@@ -260,7 +260,7 @@ def run_node(
         failed = 0
         for i, options in enumerate(plan.servers):
             url = f"{host}:{options.http_port}"
-            for model in TritonModelControl(url, options.model_control_key, 30.0).index():
+            for model in RepositoryClient(url, options.model_control_key, 30.0).index():
                 state, reason = model.get("state", "UNKNOWN"), model.get("reason", "")
                 failed += state != "READY"
                 why = f" - {reason}" if reason else ""

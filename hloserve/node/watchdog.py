@@ -20,12 +20,12 @@ for up to ``hloserve.runtime_wait_s``.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
+from hloserve.model_control import RepositoryClient
 from hloserve.node.tritonserver import StubProcess, TritonServer
 
 log = logging.getLogger("hloserve.watchdog")
@@ -40,37 +40,6 @@ def describe_wait_status(status: int) -> str:
         except ValueError:
             return f"signal {number}"
     return f"exit code {(status >> 8) & 0xFF}"
-
-
-def reload_model(
-    http_url: str,
-    model: str,
-    timeout_s: float = 600.0,
-    headers: Mapping[str, str] | None = None,
-) -> None:
-    """Load ``model`` again with its current configuration, even though no file changed.
-
-    Args:
-        http_url: the server's HTTP endpoint, ``host:port``.
-        model: the model name.
-        timeout_s: seconds the load may take.
-        headers: sent with the load: the model-control header when the repository API is
-            restricted (:func:`hloserve.model_control.http_headers`).
-
-    Raises:
-        tritonclient.utils.InferenceServerException: Triton refused or failed the load (for
-            instance "explicit model load / unload is not allowed" outside explicit mode).
-    """
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(
-        http_url, connection_timeout=timeout_s, network_timeout=timeout_s
-    )
-    try:
-        config = client.get_model_config(model)
-        client.load_model(model, headers=dict(headers or {}), config=json.dumps(config))
-    finally:
-        client.close()
 
 
 class StubWatchdog:
@@ -159,14 +128,11 @@ def stub_watchdog(
         server: the running server.
         on_reload: called with the model's name after each reload it starts (for metrics).
     """
-    from hloserve.model_control import http_headers
-
-    http = server.urls.http
     explicit = server.options.model_control_mode == "explicit"
-    headers = http_headers(server.options.model_control_key)
+    client = RepositoryClient(server.urls.http, server.options.model_control_key, 600.0)
 
     def reload(model: str) -> None:
-        reload_model(http, model, headers=headers)
+        client.reload(model)
         if on_reload is not None:
             on_reload(model)
 

@@ -26,8 +26,8 @@ What each model's last change did (version, state, time, error) is kept in
 admin port (``/models``, :mod:`hloserve.observability.supervisor`).
 
 :class:`BundleWatcher` applies these rules to a running tritonserver (or every worker of
-``serve --workers N``) through its repository API (:class:`TritonModelControl`, with the
-model-control key of :mod:`hloserve.model_control`); :func:`watching` runs it in a thread.
+``serve --workers N``) through its repository API, with the model-control key
+(:class:`hloserve.model_control.RepositoryClient`); :func:`watching` runs it in a thread.
 """
 
 from __future__ import annotations
@@ -40,14 +40,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hloserve.errors import HloserveError
-from hloserve.node.model_control_client import FleetModelControl, TritonModelControl, error_text
+from hloserve.model_control import RepositoryClient
+from hloserve.node.model_control_client import FleetModelControl, error_text
 
 if TYPE_CHECKING:
+    from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.tritonserver import TritonServer
     from hloserve.observability.supervisor import NodeObservability
 
@@ -336,7 +338,8 @@ def check_watch_options(
 
 
 class ModelControl(Protocol):
-    """Triton's repository API as the watcher uses it (:class:`TritonModelControl`)."""
+    """Triton's repository API as the watcher uses it
+    (:class:`~hloserve.model_control.RepositoryClient`)."""
 
     def load(self, model: str) -> None:
         """Load or reload ``model`` from the repository; raises when it fails."""
@@ -358,9 +361,7 @@ class BundleWatcher:
         control: the server's repository API.
         acted: the content the repository was built from (a :func:`scan` taken before the
             build, so that a change during the build is seen).
-        build: keyword arguments of
-            :func:`~hloserve.model_repository_tools.build.plan_repository` (front instances,
-            queue delay, batch sizes, ...), as the repository was built with.
+        build: the build options the repository was built with (None: every default).
         interval_s: seconds between polls.
         report: receives one line per event.
     """
@@ -369,7 +370,7 @@ class BundleWatcher:
     repository: Path
     control: ModelControl
     acted: Mapping[str, Fingerprint]
-    build: Mapping[str, Any] = field(default_factory=dict)
+    build: BuildOptions | None = None
     interval_s: float = DEFAULT_WATCH_INTERVAL_S
     report: Callable[[str], None] = print
 
@@ -546,17 +547,14 @@ class BundleWatcher:
     def _stage(self, name: str, source: Path, needed: Mapping[str, Path], staging: Path) -> Path:
         """Build model ``name`` alone (with its callees beside it to check against) in
         ``staging``; returns the built model folder."""
-        from hloserve.model_repository_tools.build import (
-            RepositoryPlan,
-            plan_repository,
-            write_repository,
-        )
+        from hloserve.model_repository_tools.build import write_repository
+        from hloserve.model_repository_tools.repository_plan import RepositoryPlan, plan_repository
 
         links = staging / "bundles"
         links.mkdir()
         for other, path in {**needed, name: source}.items():
             (links / other).symlink_to(path.absolute(), target_is_directory=True)
-        plan = plan_repository(links, **_options_for(self.build, {name, *needed}))
+        plan = plan_repository(links, _options_for(self.build, {name, *needed}))
         only = RepositoryPlan(
             tuple(m for m in plan.models if m.name == name), plan.runtime_config_text
         )
@@ -587,25 +585,25 @@ def _kind(bundle: Path) -> str:
         return "model"  # check_bundle reports why
 
 
-def _options_for(build: Mapping[str, Any], models: set[str]) -> dict[str, Any]:
+def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
     """``build`` with the per-model settings (residency, scheduling weights, queue bounds) cut
     down to ``models``: they shape the runtime's config, which a watch never rewrites."""
-    import dataclasses
+    from dataclasses import replace
 
-    options = dict(build)
-    cache = options.get("weight_cache")
-    if cache is not None:
-        residency = {k: v for k, v in cache.residency.items() if k in models}
-        options["weight_cache"] = dataclasses.replace(cache, residency=residency)
-    sched = options.get("scheduling")
-    if sched is not None:
-        weights = {k: v for k, v in sched.model_weights.items() if k in models}
-        options["scheduling"] = dataclasses.replace(sched, model_weights=weights)
-    queue = options.get("queue")
-    if queue is not None:
-        sizes = {k: v for k, v in queue.per_model.items() if k in models}
-        options["queue"] = dataclasses.replace(queue, per_model=sizes)
-    return options
+    from hloserve.model_repository_tools.build_options import BuildOptions
+
+    build = build or BuildOptions()
+    cache, sched, queue = build.weight_cache, build.scheduling, build.queue
+    return replace(
+        build,
+        weight_cache=replace(
+            cache, residency={k: v for k, v in cache.residency.items() if k in models}
+        ),
+        scheduling=replace(
+            sched, model_weights={k: v for k, v in sched.model_weights.items() if k in models}
+        ),
+        queue=replace(queue, per_model={k: v for k, v in queue.per_model.items() if k in models}),
+    )
 
 
 @contextlib.contextmanager
@@ -616,7 +614,7 @@ def watching(
     observe: NodeObservability,
     acted: Mapping[str, Fingerprint],
     *,
-    build: Mapping[str, Any],
+    build: BuildOptions | None,
     interval_s: float,
     timeout_s: float,
 ) -> Iterator[BundleWatcher]:
@@ -659,12 +657,12 @@ def watching(
 
 def server_model_control(
     servers: Sequence[TritonServer], timeout_s: float
-) -> TritonModelControl | FleetModelControl:
+) -> RepositoryClient | FleetModelControl:
     """Model control of running servers of one repository: one server's
-    :class:`TritonModelControl`, or a :class:`FleetModelControl` over the workers of ``serve
-    --workers N``; ``timeout_s`` bounds each call."""
+    :class:`~hloserve.model_control.RepositoryClient`, or a :class:`FleetModelControl` over
+    the workers of ``serve --workers N``; ``timeout_s`` bounds each call."""
     controls = [
-        TritonModelControl(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
+        RepositoryClient(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
     ]
     if len(controls) == 1:
         return controls[0]
@@ -673,7 +671,7 @@ def server_model_control(
 
 def serve_model_list(
     observe: NodeObservability,
-    control: TritonModelControl | FleetModelControl,
+    control: RepositoryClient | FleetModelControl,
     watcher: BundleWatcher | None = None,
 ) -> None:
     """Answer the admin port's ``/models`` with :func:`model_rows` of the

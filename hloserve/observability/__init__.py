@@ -9,6 +9,8 @@
 - :mod:`hloserve.observability.supervisor`: what a supervising process (``serve``, ``node up``)
   starts and removes (:class:`NodeObservability`): its own metrics (workers up, restarts) on
   its admin port, and the targets file.
+- :mod:`hloserve.observability.admin_http`: the admin HTTP port (GET routes on a daemon
+  thread) of the supervisor and of the gateway.
 
 The metrics themselves, their names and labels: docs/observability.md.
 """

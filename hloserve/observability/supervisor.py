@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from hloserve.errors import HTTP_STATUS, AdminPortError, Status
+from hloserve.observability.admin_http import AdminHttpServer, Answer
 from hloserve.observability.targets import NodeTargets, remove_targets, write_targets
 
 #: The supervisor's admin port: the one after Triton's 8000 (HTTP), 8001 (gRPC), 8002
@@ -83,63 +82,35 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
-class NodeAdminServer:
+class NodeAdminServer(AdminHttpServer):
     """``/metrics`` and ``/healthz`` of :class:`NodeMetrics` on ``host:port`` (a thread), and
-    ``/models`` once :attr:`models` is set.
+    ``/models`` once :attr:`models` is set (503 when it raises: the server is not answering).
 
     Attributes:
         models: returns the JSON-ready rows of ``/models``; None = 404.
 
     Raises:
-        OSError: the port is taken (``start``).
+        OSError: the port is taken.
     """
 
     def __init__(self, metrics: NodeMetrics, host: str, port: int) -> None:
-        exposition = metrics.exposition
         self.models: Callable[[], list[dict[str, Any]]] | None = None
-        admin = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                models = admin.models
-                if self.path == "/metrics":
-                    body, kind = exposition(), CONTENT_TYPE_LATEST
-                elif self.path == "/healthz":
-                    body, kind = b"ok\n", "text/plain"
-                elif self.path == "/models" and models is not None:
-                    try:
-                        rows = models()
-                    except Exception as exc:  # the server is not answering
-                        self.send_error(503, explain=str(exc))
-                        return
-                    body, kind = json.dumps({"models": rows}).encode(), "application/json"
-                else:
-                    self.send_error(HTTP_STATUS[Status.NOT_FOUND])
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def models() -> Answer:
+            if self.models is None:
+                return HTTP_STATUS[Status.NOT_FOUND], b"not found\n", "text/plain"
+            try:
+                rows = self.models()
+            except Exception as exc:  # the server is not answering
+                return HTTP_STATUS[Status.UNAVAILABLE], f"{exc}\n".encode(), "text/plain"
+            return 200, json.dumps({"models": rows}).encode(), "application/json"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="hloserve-node-admin", daemon=True
-        )
-
-    def start(self) -> None:
-        """Serve in a background thread."""
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
+        routes = {
+            "/metrics": lambda: (200, metrics.exposition(), CONTENT_TYPE_LATEST),
+            "/healthz": lambda: (200, b"ok\n", "text/plain"),
+            "/models": models,
+        }
+        super().__init__(host, port, routes, "hloserve-node-admin")
 
 
 log = logging.getLogger("hloserve.observability")

@@ -17,9 +17,9 @@ from hloserve import names
 from hloserve.bundle import load_bundle
 from hloserve.bundle.front_spec import FrontSpec, front_spec, read_front_spec
 from hloserve.errors import InvalidArgumentError, Status
+from hloserve.model_parameters import ModelArgs
 from hloserve.model_repository_tools import build_repository, validate_repository
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.pb import ModelArgs
+from hloserve.triton_backend.front.core import FrontModel
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo
 
@@ -143,9 +143,9 @@ def test_the_front_imports_no_typed_manifest(repo: Path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-import hloserve.triton_backend.front_channel
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.pb import ModelArgs
+import hloserve.triton_backend.front.front_channel
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.model_parameters import ModelArgs
 for model in ("affine", "echo"):
     config = {{"parameters": {params!r}}}
     args = ModelArgs(model, Path({str(repo)!r}) / model, "1", config=config)

@@ -8,7 +8,7 @@ import numpy as np
 
 from hloserve.bundle import check_bundle, load_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact, read_signature
-from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.runtime.compile import compile_artifact
 from tests.conftest import GOLDEN
 
 AFFINE = GOLDEN / "affine"

@@ -65,11 +65,12 @@ def test_exported_accumulator_validates(tmp_path: Path) -> None:
 
 
 def test_front_config_has_sequence_batching_without_triton_state() -> None:
-    from hloserve.bundle.front_spec import MAX_SEQUENCE_IDLE_US
+    from hloserve.bundle.manifest_sections import MAX_SEQUENCE_IDLE_US
+    from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.model_repository_tools.config import front_config
 
     m = parse_manifest(copy.deepcopy(VALID))
-    config = front_config("acc", m, front_instances=1, max_queue_delay_us=100)
+    config = front_config("acc", m, BuildOptions(max_queue_delay_us=100))
     assert not config.HasField("dynamic_batching")
     seq = config.sequence_batching
     assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
@@ -80,3 +81,29 @@ def test_front_config_has_sequence_batching_without_triton_state() -> None:
     assert seq.oldest.max_queue_delay_microseconds == 100
     assert not seq.state  # Triton's implicit state does not reach a Python-backend model
     assert [i.name for i in config.input] == ["x"] and [o.name for o in config.output] == ["y"]
+
+
+def test_the_sequence_section_sets_the_sequence_batcher() -> None:
+    """``sequence``: the idle timeout, the candidate sequences."""
+    from hloserve.model_repository_tools.build_options import BuildOptions
+    from hloserve.model_repository_tools.config import front_config
+
+    data = copy.deepcopy(VALID)
+    data["sequence"] = {
+        "max_sequence_idle_microseconds": 250_000,
+        "max_candidate_sequences": 64,
+    }
+    m = parse_manifest(data)
+    assert "sequence:" in m.to_yaml() and parse_manifest(m.model_dump()) == m
+    seq = front_config(
+        "acc", m, BuildOptions(front_instances=1, max_queue_delay_us=100)
+    ).sequence_batching
+    assert seq.max_sequence_idle_microseconds == 250_000
+    assert seq.oldest.max_candidate_sequences == 64
+    assert "sequence: only for a stateful model" in refused(
+        lambda d: (d.pop("state"), d.update(sequence={"max_candidate_sequences": 4}))
+    )
+    assert "correlation_id" in refused(lambda d: d.update(sequence={"correlation_id": "string"}))
+    assert "greater than 0" in refused(
+        lambda d: d.update(sequence={"max_sequence_idle_microseconds": 0})
+    )

@@ -16,7 +16,7 @@ from hloserve.bundle.stablehlo import read_signature, specialize_batch
 from hloserve.errors import ArtifactError, BatchSizeError, ManifestError
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.model_repository_tools.batch_sizes import default_batch_sizes, parse_batch_sizes
-from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.runtime.compile import compile_artifact
 
 
 def _with_sizes(bundle: Path, sizes: list[int], edit: Callable[..., None]) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hloserve.bundle import check_bundle
-from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.runtime.compile import compile_artifact
 
 pytestmark = pytest.mark.slow
 

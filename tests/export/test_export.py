@@ -13,7 +13,7 @@ import pytest
 
 from hloserve.bundle import load_bundle, validate_bundle
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle, weight_names
-from hloserve.triton_backend.compile import compile_artifact
+from hloserve.triton_backend.runtime.compile import compile_artifact
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from hloserve.bundle import load_bundle, validate_bundle  # noqa: E402
 from hloserve.cli import main  # noqa: E402
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_torch  # noqa: E402
 from hloserve.export._cli import parse_input, parse_output  # noqa: E402
-from hloserve.triton_backend.compile import compile_artifact  # noqa: E402
+from hloserve.triton_backend.runtime.compile import compile_artifact  # noqa: E402
 
 IMAGE = TensorSpec(name="x", dtype="f32", shape="nchw", dims={"c": 3, "h": 8, "w": 8})
 PROBS = OutputSpec(name="probs", shape="nk")

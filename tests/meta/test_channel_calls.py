@@ -20,13 +20,20 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import HloserveError, Status
-from hloserve.meta.channel_calls import ChannelCalls
+from hloserve.meta.channel_calls import ChannelCalls, front_args
 from hloserve.model_repository_tools import build_repository
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.runtime_server import RuntimeServer
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.runtime.scheduler import Work
+from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo
-from tests.triton_backend.front_testing import runtime_server, server_key
+from tests.triton_backend.front_testing import (
+    RecordingRuntime,
+    front,
+    runtime_server,
+    server_key,
+)
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -54,9 +61,18 @@ def server() -> Iterator[RuntimeServer]:
 
 
 def test_bundles_go_over_the_channel_foreign_models_do_not(
-    repo: Path, server: RuntimeServer
+    repo: Path, server: RuntimeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = ChannelCalls(repo, ["affine", "echo", "foreign", "ghost"], key=server.key)
+    foreign: list[tuple[str, int]] = []
+
+    def bls(model: str, inputs: Any, outputs: Any, timeout_us: int) -> dict[str, np.ndarray]:
+        foreign.append((model, timeout_us))
+        return {"z": np.zeros(1)}
+
+    submitted: list[Work] = []
+    submit = server.scheduler.submit
+    monkeypatch.setattr(server.scheduler, "submit", lambda w: (submitted.append(w), submit(w)))
+    calls = ChannelCalls(repo, ["affine", "echo", "foreign", "ghost"], foreign=bls, key=server.key)
     try:
         assert [calls.serves(m) for m in ("affine", "echo", "foreign", "ghost")] == [
             True,
@@ -76,8 +92,18 @@ def test_bundles_go_over_the_channel_foreign_models_do_not(
         with pytest.raises(HloserveError, match="expected dtype FP32") as info:
             calls.send("affine", {"x": EXPECTED["x"].astype(np.float64)}, [], 0)
         assert info.value.status is Status.INVALID_ARGUMENT  # the callee's own check
+        assert list(calls.send("foreign", {"x": EXPECTED["x"]}, [], 7)) == ["z"]
+        assert foreign == [("foreign", 7)]
+        # sub-calls over the channel, per callee (the meta shim's hloserve_meta_subcalls_total)
+        assert calls.take_sent() == {"affine": 4, "echo": 1} and calls.take_sent() == {}
+        # every one entered the runtime's scheduler committed: ahead of the callee's queue
+        assert len(submitted) == 4 and all(w.committed for w in submitted)
     finally:
         calls.close()
+    alone = ChannelCalls(repo, ["ghost"], key=server.key)
+    with pytest.raises(HloserveError, match="'ghost' is not a bundle") as info:
+        alone.send("ghost", {}, [], 0)
+    assert info.value.status is Status.NOT_FOUND
     deadline = time.monotonic() + 10
     while server.core.bundle_names:  # the runtime releases the meta's holds
         assert time.monotonic() < deadline, server.core.bundle_names
@@ -140,5 +166,45 @@ def test_no_runtime_fails_a_sub_call_at_its_deadline(repo: Path) -> None:
             calls.send("affine", {"x": EXPECTED["x"]}, [], 200_000)
         assert time.monotonic() - started < 5  # not the callee's runtime_wait_s (120 s)
         assert info.value.status is Status.DEADLINE_EXCEEDED
+    finally:
+        calls.close()
+
+
+def test_a_sub_call_runs_before_the_callees_queued_requests(
+    repo: Path, server: RuntimeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committed sub-calls (docs/scheduling.md, "The loop"): three requests of the callee of 2
+    rows each (each fills affine's largest compiled size, 2) are queued; a meta's sub-call of
+    1 row queued after them runs first, alone. The runtime's loop keeps reading its
+    connections meanwhile; only its scheduler hands out no batch until all four are queued."""
+    calls = ChannelCalls(repo, ["affine"], key=server.key)
+    args = front_args(repo, "affine")
+    assert args is not None
+    bundle = FrontModel.from_args(args).bundle.path  # the meta's bundle copy: one queue
+    one, two = EXPECTED["x"][:1], np.repeat(EXPECTED["x"][:1], 2, axis=0)
+    runtime = server.core
+    assert isinstance(runtime, RecordingRuntime)
+
+    def wait_queued(n: int) -> None:
+        end = time.monotonic() + 30
+        while sum(m.queued for m in server.scheduler.snapshot().models.values()) < n:
+            assert time.monotonic() < end
+            time.sleep(0.005)
+
+    try:
+        calls.send("affine", {"x": one}, [], 0)  # connected and loaded
+        with front(server, "affine", bundle) as plain:
+            real = server.scheduler.next
+            monkeypatch.setattr(server.scheduler, "next", lambda timeout=None: None)
+            threads = [threading.Thread(target=plain.execute, args=([{"x": two}] * 3,))]
+            threads[0].start()
+            wait_queued(3)
+            threads.append(threading.Thread(target=calls.send, args=("affine", {"x": one}, [], 0)))
+            threads[1].start()
+            wait_queued(4)
+            monkeypatch.setattr(server.scheduler, "next", real)
+            for thread in threads:
+                thread.join(30)
+            assert [c.batch_size for c in runtime.calls] == [1, 2, 2, 2]
     finally:
         calls.close()

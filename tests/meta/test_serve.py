@@ -23,6 +23,7 @@ import pytest
 
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
+from hloserve.prometheus_text import fetch_metrics, parse_samples
 from tests.conftest import GOLDEN, ROOT, import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
@@ -34,6 +35,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 CASCADE_DIR = ROOT / "examples" / "digits_cascade"
 PROBE = Path(__file__).resolve().parents[1] / "meta_probe"
 X = np.arange(4, dtype=np.float32)[None] / 4  # affine's input, batch 1
+SUBCALLS = "hloserve_meta_subcalls_total"
 
 
 def cascade_module(name: str) -> Any:
@@ -233,6 +235,12 @@ def test_sub_calls_to_bundles_bypass_the_callees_triton_statistics(server: Trito
         [model] = [m for m in stats["model_stats"] if m["name"] == "affine"]
         return int(model["inference_stats"]["success"].get("count", 0))
 
-    before = successes()
+    def subcalls() -> float:  # hloserve's own count of the metas' sub-calls to affine
+        text = fetch_metrics(f"http://{server.urls.metrics}/metrics")
+        samples = parse_samples(text)
+        return sum(v for n, labels, v in samples if n == SUBCALLS and labels["model"] == "affine")
+
+    before, counted = successes(), subcalls()
     np.testing.assert_array_equal(probe(grpcclient, client, 0)["y"], affine(grpcclient, client))
     assert successes() == before + 1  # the direct request only, not the probe's sub-call
+    assert subcalls() == counted + 1  # the probe's sub-call, counted by the meta

@@ -29,6 +29,7 @@ from hloserve.bundle import BundleError, parse_manifest
 from hloserve.cli import main
 from hloserve.errors import Status
 from hloserve.model_repository_tools import (
+    BuildOptions,
     RepositoryError,
     WeightCacheOptions,
     build_repository,
@@ -241,7 +242,7 @@ def test_scalar_of_unbatched_model_is_refused() -> None:
         }
     )
     with pytest.raises(Exception, match="tensor 'total' is a scalar") as info:
-        front_config("m", manifest, front_instances=1, max_queue_delay_us=0)
+        front_config("m", manifest, BuildOptions(max_queue_delay_us=0))
     assert info.value.status is Status.UNIMPLEMENTED  # type: ignore[attr-defined]
     assert "model 'm'" in str(info.value)
 
@@ -645,10 +646,8 @@ def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
     from hloserve.node.serve import prepared_repository
     from hloserve.node.serve_options import ServeOptions
 
-    options = ServeOptions(
-        path=bundles,
-        weight_cache=WeightCacheOptions(weight_cache_bytes=4096, residency={"tiny": "unpinned"}),
-    )
+    cache = WeightCacheOptions(weight_cache_bytes=4096, residency={"tiny": "unpinned"})
+    options = ServeOptions(path=bundles, build=BuildOptions(weight_cache=cache))
     with prepared_repository(options) as repo:
         config = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
         params = {k: v.string_value for k, v in config.parameters.items()}
@@ -660,7 +659,9 @@ def test_serve_builds_with_the_request_limit(bundles: Path) -> None:
     from hloserve.node.serve import prepared_repository
     from hloserve.node.serve_options import ServeOptions
 
-    with prepared_repository(ServeOptions(path=bundles, max_request_bytes=4096)) as repo:
+    with prepared_repository(
+        ServeOptions(path=bundles, build=BuildOptions(max_request_bytes=4096))
+    ) as repo:
         tiny = parse_config(repo / "tiny" / "config.pbtxt")
         assert validate_repository(repo) == []
     assert tiny.parameters[names.PARAM_MAX_REQUEST_BYTES].string_value == "4096"

@@ -13,7 +13,7 @@ from hloserve.model_repository_tools import QueueOptions, parse_config_text, pla
 
 def test_values_parse_into_one_typed_option() -> None:
     assert queue_options(["8", "tiny=2"]) == QueueOptions(max_queue_size=8, per_model={"tiny": 2})
-    assert not queue_options([]).given
+    assert queue_options([]) == QueueOptions()
     for bad in (["x"], ["4", "5"], ["m=1", "m=2"]):
         with pytest.raises(InvalidArgumentError):
             queue_options(bad)

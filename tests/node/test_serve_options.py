@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hloserve.errors import InvalidArgumentError, PortInUseError, Status, TritonServerError
+from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.node.plan import with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
 from hloserve.node.serve_options import ServeOptions, check_options, is_repository, server_options
@@ -60,8 +61,11 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
     ("change", "message"),
     [
         ({"host": "999.1.1.1"}, "cannot resolve host '999.1.1.1'"),
-        ({"front_instances": 0}, "--front-instances must be at least 1, got 0"),
-        ({"max_request_bytes": 0}, "--max-request-bytes must be at least 1, got 0"),
+        ({"build": BuildOptions(front_instances=0)}, "--front-instances must be at least 1, got 0"),
+        (
+            {"build": BuildOptions(max_request_bytes=0)},
+            "--max-request-bytes must be at least 1, got 0",
+        ),
         ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),

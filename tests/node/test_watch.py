@@ -15,7 +15,8 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2")  # the serving env (re
 pytest.importorskip("prometheus_client")  # the admin port
 
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.model_control_client import error_text
@@ -249,7 +250,12 @@ def settle(watcher: BundleWatcher) -> Changes:
 def make_watcher(bundles: Path, repo: Path) -> tuple[BundleWatcher, Recorder, list[str]]:
     control, lines = Recorder(), []
     watcher = BundleWatcher(
-        bundles, repo, control, scan(bundles), build={"front_instances": 1}, report=lines.append
+        bundles,
+        repo,
+        control,
+        scan(bundles),
+        build=BuildOptions(front_instances=1),
+        report=lines.append,
     )
     return watcher, control, lines
 

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle import load_bundle
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
-from hloserve.triton_backend.hooks import Hooks, load_hooks
-from hloserve.triton_backend.loaded_bundle import LoadedBundle
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
+from hloserve.triton_backend.front.hooks import Hooks, load_hooks
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle
+from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.server import RuntimeServer
 
 #: One request's outcome: its output tensors by name, or the error it got.
 Result = dict[str, np.ndarray] | Exception

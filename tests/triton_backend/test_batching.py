@@ -1,4 +1,5 @@
-"""The array helpers of coalescing and variants (hloserve.triton_backend.batching): pure NumPy.
+"""The array helpers of coalescing and variants (hloserve.triton_backend.channel.batching): pure
+NumPy.
 
 Which requests join an execution is the scheduler's rule (test_scheduler.py, ``coalescing``).
 """
@@ -9,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hloserve.triton_backend.batching import concatenate, pad, split
+from hloserve.triton_backend.channel.batching import concatenate, pad, split
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
@@ -99,8 +100,8 @@ def _documented_rule(rows: list[int], sizes: list[int]) -> list[tuple[int, ...]]
 def test_the_scheduler_applies_the_documented_coalescing_rule() -> None:
     """The scheduler's batches equal docs/scheduling.md's three steps on 1,000 random cases
     (whole requests, arrival order, each once; docs/serving.md, "Coalescing rule")."""
-    from hloserve.triton_backend.scheduler import Scheduler, Work
-    from hloserve.triton_backend.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.scheduler import Scheduler, Work
+    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
 
     rng = np.random.default_rng(0)
     for _ in range(1000):

@@ -19,11 +19,11 @@ import pytest
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
@@ -481,7 +481,7 @@ def test_two_fronts_of_one_process_never_share_a_segment_name(
 
 def _slow_runtime(addr: str, key: str, seconds: float) -> RuntimeServer:
     """A started runtime whose every compile takes ``seconds`` longer (a big graph's compile)."""
-    from hloserve.triton_backend.compile import compile_artifact
+    from hloserve.triton_backend.runtime.compile import compile_artifact
 
     def slow(*args: Any, **kwargs: Any) -> Any:
         time.sleep(seconds)

@@ -8,7 +8,6 @@ One server (explicit model control, as ``hloserve serve`` runs it, with the stub
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -23,10 +22,10 @@ import numpy as np
 import pytest
 
 from hloserve import names
-from hloserve.model_control import grpc_metadata, http_headers
+from hloserve.model_control import RepositoryClient, grpc_metadata
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.tritonserver import TritonServer
-from hloserve.node.watchdog import StubWatchdog, reload_model
+from hloserve.node.watchdog import StubWatchdog
 from hloserve.triton_backend import channel
 from tests.conftest import GOLDEN, export_wide, serving_options
 
@@ -69,10 +68,10 @@ class Watched:
     def __init__(self, server: TritonServer) -> None:
         self.server = server
         self.lines: list[str] = []
-        headers = http_headers(server.options.model_control_key)
+        key = server.options.model_control_key
         self.watchdog = StubWatchdog(
             server,
-            functools.partial(reload_model, server.urls.http, headers=headers),
+            RepositoryClient(server.urls.http, key, 600.0).reload,
             self.lines.append,
         )
         self._stop = threading.Event()

@@ -24,19 +24,19 @@ from hloserve import names
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
 from hloserve.metric_names import DEVICE_MEMORY_KINDS
-from hloserve.triton_backend.device_memory import (
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
+from hloserve.triton_backend.runtime.config import device_memory_from_args
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.device_memory import (
     FAKE_STATS_ENV,
     MARGIN,
     allocator_environment,
     executable_memory,
 )
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_config import device_memory_from_args
-from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.runtime_state import RuntimeState
+from hloserve.triton_backend.runtime.server import RuntimeServer
+from hloserve.triton_backend.runtime.state import RuntimeState
 from hloserve.units import format_size
 from tests.conftest import GOLDEN
 

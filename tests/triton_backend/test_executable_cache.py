@@ -1,4 +1,5 @@
-"""The executable disk cache (hloserve.triton_backend.executable_cache) and its compile path.
+"""The executable disk cache (hloserve.triton_backend.runtime.executable_cache) and its compile
+path.
 
 Pure-cache tests use byte payloads; the compile tests serialize real XLA executables of the
 golden ``affine`` bundle (JAX 0.7.1 in the serving env, the newest JAX in the numpy-2 env).
@@ -19,26 +20,26 @@ import numpy as np
 import pytest
 
 from hloserve.errors import InvalidArgumentError
-from hloserve.triton_backend import executable_cache as xc
-from hloserve.triton_backend.compile import (
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.runtime import executable_cache as xc
+from hloserve.triton_backend.runtime.compile import (
     compile_artifact,
     deserialize_executable,
     executable_key,
     serialize_executable,
 )
-from hloserve.triton_backend.executable_cache import (
+from hloserve.triton_backend.runtime.executable_cache import (
     CachedEntry,
     CacheKey,
     ExecutableCache,
     ExecutableLabel,
 )
-from hloserve.triton_backend.executable_cache_settings import (
+from hloserve.triton_backend.runtime.executable_cache_settings import (
     ExecutableCacheSettings,
     cache_settings,
     default_directory,
     executable_cache,
 )
-from hloserve.triton_backend.pb import ModelArgs
 from tests.conftest import GOLDEN, ROOT
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
@@ -235,7 +236,7 @@ def test_disabled_cache_reads_and_writes_nothing(tmp_path: Path) -> None:
 WRITER = """
 import sys, time
 from pathlib import Path
-from hloserve.triton_backend.executable_cache import ExecutableCache
+from hloserve.triton_backend.runtime.executable_cache import ExecutableCache
 from tests.triton_backend.test_executable_cache import KEY
 directory, fill, count, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 cache = ExecutableCache(directory)
@@ -425,7 +426,7 @@ def test_runtime_from_args_logs_compiled_then_cached(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from hloserve import names
-    from hloserve.triton_backend.runtime import RuntimeModel
+    from hloserve.triton_backend.runtime.core import RuntimeModel
 
     repo = tmp_path / "repo"
     params = {
@@ -463,7 +464,7 @@ def test_runtime_from_args_logs_compiled_then_cached(
 
 def test_runtime_refuses_a_bad_bound_naming_the_model(tmp_path: Path) -> None:
     from hloserve import names
-    from hloserve.triton_backend.runtime import RuntimeModel
+    from hloserve.triton_backend.runtime.core import RuntimeModel
 
     params = {
         names.PARAM_REPOSITORY_FORMAT: str(names.REPOSITORY_FORMAT),

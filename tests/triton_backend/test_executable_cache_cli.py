@@ -75,7 +75,7 @@ def test_serve_passes_the_options_to_the_build(
     argv = ["serve", str(tmp_path), "--executable-cache", str(tmp_path / "x")]
     args = cli.build_parser().parse_args([*argv, "--executable-cache-bytes", "77"])
     args.func(args)
-    assert captured[0].executable_cache == ExecutableCacheOptions(
+    assert captured[0].build.executable_cache == ExecutableCacheOptions(
         directory=str(tmp_path / "x"), max_bytes=77
     )
     assert serve_options.build_flags_set(captured[0]) == [

@@ -1,4 +1,4 @@
-"""The front over the channel (hloserve.triton_backend.front, front_channel): validation,
+"""The front over the channel (hloserve.triton_backend.front.core, front_channel): validation,
 coalescing and padding by the runtime's scheduler, hooks, errors, waiting for the runtime.
 
 The fronts are inline :class:`ChannelFront` instances over an in-process :class:`RuntimeServer`
@@ -23,9 +23,9 @@ import pytest
 import hloserve
 from hloserve.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend.front import FrontModel, Tensors
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime_server import RuntimeServer
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.front.core import FrontModel, Tensors
+from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN, TINY_PARAMS
 from tests.triton_backend.front_testing import (
     Front,
@@ -293,7 +293,8 @@ def test_from_args(tmp_path: Path, tiny_bundle_src: Path) -> None:
 
 def test_front_does_not_import_jax() -> None:
     code = (
-        "import sys; import hloserve.triton_backend.front_channel, hloserve.triton_backend.pb; "
+        "import sys; import hloserve.triton_backend.front.front_channel, "
+        "hloserve.triton_backend.backends.pb; "
         "bad = [m for m in ('jax', 'jaxlib', 'triton_python_backend_utils') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

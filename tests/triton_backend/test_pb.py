@@ -1,4 +1,4 @@
-"""pb_utils adapters (hloserve.triton_backend.pb) with stand-ins for the stub's objects.
+"""pb_utils adapters (hloserve.triton_backend.backends.pb) with stand-ins for the stub's objects.
 
 DLPack capsules are produced and consumed by NumPy and by JAX (an independent DLPack
 implementation that knows bfloat16), so the bf16 relabelling is checked against a real consumer.
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.triton_backend import dlpack, pb
-from hloserve.triton_backend.dlpack import _CapsuleExporter
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.backends import dlpack, pb
+from hloserve.triton_backend.backends.dlpack import _CapsuleExporter
 
 BF16_BITS = np.array([0x0000, 0x8000, 0x3FC0, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x7F7F], np.uint16)
 
@@ -186,7 +187,7 @@ def test_bytes_go_through_as_numpy() -> None:
 
 def test_model_args_from_triton() -> None:
     config = {"parameters": {"hloserve.bundle": {"string_value": "1/bundle"}}}
-    args = pb.ModelArgs.from_triton(
+    args = ModelArgs.from_triton(
         {
             "model_name": "affine",
             "model_repository": "/repo/affine",

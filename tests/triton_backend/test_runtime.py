@@ -1,4 +1,4 @@
-"""The runtime core (hloserve.triton_backend.runtime) in process: load, compile, run, errors.
+"""The runtime core (hloserve.triton_backend.runtime.core) in process: load, compile, run, errors.
 
 Requests reach it as they do on a server: through a front over the channel
 (tests/triton_backend/front_testing.py); loading and holding are driven directly.
@@ -17,12 +17,12 @@ import pytest
 
 from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
-from hloserve.triton_backend.compile import compile_artifact
-from hloserve.triton_backend.loaded_bundle import LoadedBundle
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_server import RuntimeServer
-from hloserve.triton_backend.weights import ResidentWeightStore
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.runtime.compile import compile_artifact
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle
+from hloserve.triton_backend.runtime.server import RuntimeServer
+from hloserve.triton_backend.runtime.weights import ResidentWeightStore
 from tests.conftest import GOLDEN
 from tests.triton_backend.front_testing import Front, front, ok, runtime_server
 from tests.triton_backend.test_bundles import (
@@ -218,7 +218,7 @@ def test_acquire_and_release_hold_by_reference_and_generation(tmp_path: Path) ->
 def test_checker_names_the_tensors_that_disagree_on_batch_size() -> None:
     from hloserve.bundle import TensorSpec
     from hloserve.errors import InvalidArgumentError
-    from hloserve.triton_backend.tensors import TensorChecker
+    from hloserve.triton_backend.front.tensors import TensorChecker
 
     check = TensorChecker(
         "m",

@@ -13,8 +13,11 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError, SchedulerClosedError, Status
-from hloserve.triton_backend.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
-from hloserve.triton_backend.scheduler_config import SchedulerConfig, deadline_from_parameters
+from hloserve.triton_backend.runtime.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
+from hloserve.triton_backend.runtime.scheduler_config import (
+    SchedulerConfig,
+    deadline_from_parameters,
+)
 
 
 class Clock:
@@ -441,3 +444,39 @@ def test_deadline_from_the_kserve_timeout_parameter_in_microseconds() -> None:
         with pytest.raises(InvalidArgumentError, match="timeout") as info:
             deadline_from_parameters({"timeout": bad}, now=0.0)
         assert info.value.status is Status.INVALID_ARGUMENT
+
+
+# --- committed works (a meta's sub-calls) --------------------------------------------------
+
+
+def test_a_committed_work_jumps_its_models_queue_and_is_served_first() -> None:
+    s, clock, _ = make("fifo")
+    s.register("a", 0, [1])
+    s.register("b", 0, [1])
+    older = [put(s, clock, "b"), put(s, clock, "a"), put(s, clock, "a")]
+    first = put(s, clock, "a", committed=True)
+    second = put(s, clock, "a", committed=True)
+    order = [take(s).works[0] for _ in range(5)]
+    assert order == [first, second, older[0], older[1], older[2]]
+
+
+def test_a_committed_work_escapes_the_edf_laxity_drop_not_its_deadline() -> None:
+    s, clock, shed = make("edf", unseeded_cost_s=0.5)
+    s.register("a", 0, [1])
+    plain = put(s, clock, "a", deadline=clock.now + 0.1)
+    committed = put(s, clock, "a", deadline=clock.now + 0.1, committed=True)
+    assert take(s).works == (committed,)  # 0.1 s left < the 0.5 s estimate: kept all the same
+    assert [w for w, _ in shed] == [plain]
+    late = put(s, clock, "a", deadline=clock.now + 0.01, committed=True)
+    clock.advance(0.02)
+    assert s.next(timeout=0) is None
+    assert shed[-1] == (late, REASON_EXPIRED)
+
+
+def test_a_committed_head_coalesces_with_the_models_other_works() -> None:
+    s, clock, _ = make("fair")
+    s.register("a", 0, [1, 2, 4])
+    plain = [put(s, clock, "a") for _ in range(3)]
+    committed = put(s, clock, "a", committed=True)
+    batch = take(s)  # 4 rows fill the compiled size 4 (docs/scheduling.md, "Coalescing")
+    assert batch.works == (committed, *plain) and batch.batch_size == 4

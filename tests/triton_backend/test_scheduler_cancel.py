@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hloserve.triton_backend.scheduler import REASON_CANCELLED
+from hloserve.triton_backend.runtime.scheduler import REASON_CANCELLED
 from tests.triton_backend.test_scheduler import make, put, take
 
 

@@ -19,7 +19,7 @@ from hloserve.model_repository_tools import SchedulingOptions, plan_repository
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve_options import check_options
 from hloserve.ports import free_ports
-from hloserve.triton_backend.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
 from tests.node.test_serve_options import _cli_serve_options, write_config
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -115,7 +115,7 @@ def test_serve_passes_scheduling_to_the_build_and_refuses_it_on_a_built_reposito
     argv = [str(tmp_path), "--http-port", ports[0], "--grpc-port", ports[1]]
     argv += ["--metrics-port", ports[2]]
     options = _cli_serve_options(monkeypatch, argv)
-    assert options.scheduling == SchedulingOptions()
+    assert options.build.scheduling == SchedulingOptions()
     check_options(options)
     for flags, named in (
         (["--scheduling", "fifo"], "--scheduling applies"),
@@ -129,5 +129,5 @@ def test_serve_passes_scheduling_to_the_build_and_refuses_it_on_a_built_reposito
     options = _cli_serve_options(
         monkeypatch, [str(bundles), *argv[1:], "--scheduling", "edf", "--model-weight", "m=2"]
     )
-    assert options.scheduling == SchedulingOptions(scheduling="edf", model_weights={"m": 2.0})
+    assert options.build.scheduling == SchedulingOptions(scheduling="edf", model_weights={"m": 2.0})
     check_options(options)

@@ -2,15 +2,21 @@
 
 The ``accumulator`` bundle (tests/accumulator_bundle.py) returns each sequence's running sum:
 two interleaved sequences keep separate sums, START resets one, and the runtime's
-``hloserve_sequence_state_bytes`` gauge is live sequences x state bytes, 0 after END.
+``hloserve_sequence_state_bytes`` gauge is live sequences x state bytes, 0 after END. The
+server's device reports memory statistics (faked at JAX's device: ``HLOSERVE_FAKE_MEMORY_STATS``,
+a 1 GiB card) so the state counts against the device budget; a test shrinks the card until only
+3 more sequences fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,7 @@ import pytest
 
 from hloserve import metric_names
 from hloserve.node import tritonserver as ts
+from hloserve.triton_backend.runtime.device_memory import FAKE_STATS_ENV, MARGIN
 from tests.accumulator_bundle import STATE_BYTES, WIDTH, export_accumulator
 from tests.conftest import serving_options
 
@@ -29,8 +36,23 @@ pytestmark = [
 ]
 
 
+#: the faked card's allocator limit (bytes) while no test shrinks it
+LIMIT = 1 << 30
+
+
+def _card(path: Path, limit: int) -> None:
+    path.write_text(json.dumps({"bytes_limit": limit, "bytes_in_use": 0}))
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
+def stats_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("card") / "stats.json"
+    _card(path, LIMIT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, stats_file: Path) -> Iterator[ts.TritonServer]:
     from hloserve.model_repository_tools.build import build_repository
     from hloserve.model_repository_tools.validate import validate_repository
 
@@ -39,7 +61,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     # 50 ms: time for a Python client to send 8 steps before the batch goes out
     build_repository(root / "bundles", root / "repo", max_queue_delay_us=50_000)
     assert validate_repository(root / "repo") == []  # `hloserve repo validate` agrees
-    with ts.TritonServer(serving_options(root / "repo", root / "tritonserver.log")) as server:
+    options = serving_options(root / "repo", root / "tritonserver.log")
+    options = dataclasses.replace(options, env={**options.env, FAKE_STATS_ENV: str(stats_file)})
+    with ts.TritonServer(options) as server:
         yield server
 
 
@@ -200,3 +224,66 @@ def test_sequences_coalesce_with_state_per_row(server: ts.TritonServer, client: 
     coalesced = after.get(8, 0) - before.get(8, 0)
     print(f"executions by batch size: before {before}, after {after}")
     assert coalesced >= 1, (before, after)
+
+
+def test_a_sequence_beyond_the_device_budget_is_refused_unavailable(
+    server: ts.TritonServer, client: Any, stats_file: Path
+) -> None:
+    """The card shrunk (the faked ``bytes_limit``) until the weight budget, less the state,
+    holds the accumulator's weights and 3 sequences' state: a 4th START is refused with
+    UNAVAILABLE naming the budget, and fits again once a sequence ends."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from hloserve.prometheus_text import cache_status, fetch_metrics
+
+    assert server.urls.metrics is not None
+    _wait_gauge(server, 0.0)
+    device = cache_status(fetch_metrics(f"http://{server.urls.metrics}/metrics")).device
+    weights = 4 * WIDTH  # the accumulator's one weight, f32[WIDTH]
+    # limit - margin - executables - scratch - weights leaves room for 3.5 sequences' state
+    need = int(device["executables"] + device["scratch"]) + weights + 3 * STATE_BYTES + 8
+    limit = next(n for n in range(need, 2 * need) if n - int(MARGIN * n) >= need)
+    try:
+        _card(stats_file, limit)
+        for i in (201, 202, 203):
+            assert _step(client, i, 1.0, start=True) == 1.0
+        with pytest.raises(InferenceServerException) as info:
+            _step(client, 204, 1.0, start=True)
+        assert info.value.status() == str(grpcclient.grpc.StatusCode.UNAVAILABLE), info.value
+        message = str(info.value)
+        assert "does not fit the device budget" in message and "sequence state" in message
+        assert _step(client, 201, 1.0, end=True) == 2.0
+        assert _step(client, 204, 5.0, start=True) == 5.0  # room again after END
+        for i in (202, 203, 204):
+            _step(client, i, 0.0, end=True)
+    finally:
+        _card(stats_file, LIMIT)
+
+
+def test_a_reload_ends_the_live_sequences_with_a_clear_error(
+    server: ts.TritonServer, client: Any
+) -> None:
+    """A hot reload starts a new sequence batcher: a live sequence's next request is refused
+    (it must START again), its state is freed with the old version, and new sequences run."""
+    import os
+
+    from tritonclient.utils import InferenceServerException
+
+    from hloserve.model_control import grpc_metadata
+
+    assert _step(client, 501, 1.0, start=True) == 1.0
+    assert _step(client, 501, 2.0) == 3.0
+    repo = Path(server.options.model_repository) / "accumulator"
+    now = time.time()
+    for path in [repo / "config.pbtxt", *repo.glob("*/bundle/manifest.yaml")]:
+        os.utime(path, (now, now))  # a new generation of the same bundle
+    client.load_model("accumulator", headers=dict(grpc_metadata(server.options.model_control_key)))
+    with pytest.raises(InferenceServerException) as info:
+        _step(client, 501, 3.0)
+    print(f"after the reload: {info.value}")
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
+    assert "START" in str(info.value), info.value
+    _wait_gauge(server, 0.0)  # the old version's state went with it
+    assert _step(client, 502, 4.0, start=True) == 4.0
+    assert _step(client, 502, 1.0, end=True) == 5.0

@@ -1,4 +1,5 @@
-"""The weight cache policy (hloserve.triton_backend.weight_cache) with a fake transfer, no JAX.
+"""The weight cache policy (hloserve.triton_backend.runtime.weight_cache) with a fake transfer, no
+JAX.
 
 LRU order, pins, in-flight protection, accounting, over-budget models, compaction; plus the
 memory-mapped safetensors reader and, once, the real JaxTransfer on the CPU device.
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
-from hloserve.triton_backend.residency import Residency
-from hloserve.triton_backend.transfer import JaxTransfer, PackedJaxTransfer
-from hloserve.triton_backend.weight_cache import WeightCache, mmap_safetensors
+from hloserve.triton_backend.runtime.residency import Residency
+from hloserve.triton_backend.runtime.transfer import JaxTransfer, PackedJaxTransfer
+from hloserve.triton_backend.runtime.weight_cache import WeightCache, mmap_safetensors
 
 KIB = 1024
 
@@ -403,7 +404,7 @@ class FakeFamily:
 def test_triton_metrics_follow_the_cache() -> None:
     from types import SimpleNamespace
 
-    from hloserve.triton_backend.metrics import TritonCacheMetrics
+    from hloserve.triton_backend.backends.metrics import TritonCacheMetrics
 
     metrics = TritonCacheMetrics(SimpleNamespace(MetricFamily=FakeFamily), KIB, ["a", "b"])
     cache, _, _ = make(KIB, {"a": KIB, "b": KIB}, observer=metrics)
@@ -439,7 +440,7 @@ def test_foreign_models_are_published_by_their_hint_outside_the_budget() -> None
     from types import SimpleNamespace
 
     from hloserve.gateway.packing import weights_from_metrics
-    from hloserve.triton_backend.metrics import TritonCacheMetrics
+    from hloserve.triton_backend.backends.metrics import TritonCacheMetrics
 
     FakeFamily.made.clear()
     pb_utils = SimpleNamespace(MetricFamily=FakeFamily)
@@ -466,8 +467,8 @@ def test_foreign_models_are_published_by_their_hint_outside_the_budget() -> None
 
 
 def test_a_malformed_foreign_bytes_parameter_is_refused_naming_it() -> None:
-    from hloserve.triton_backend.metrics import foreign_bytes_from_args
-    from hloserve.triton_backend.pb import ModelArgs
+    from hloserve.model_parameters import ModelArgs
+    from hloserve.triton_backend.backends.metrics import foreign_bytes_from_args
 
     def args(value: str) -> ModelArgs:
         params = {"hloserve.foreign_memory_bytes": {"string_value": value}}

@@ -14,10 +14,10 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import HloserveError, Status
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.residency import Residency
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.weight_cache import WeightCache
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.residency import Residency
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -181,7 +181,7 @@ class FakeDevice:
 
 
 def test_budget_as_a_fraction_of_free_device_memory(repo: Path) -> None:
-    from hloserve.triton_backend.runtime_config import weight_cache_from_args
+    from hloserve.triton_backend.runtime.config import weight_cache_from_args
 
     args = _args(repo, ["m0"], **{names.PARAM_WEIGHT_CACHE_FRACTION: "0.5"})
     device = FakeDevice({"bytes_limit": 10_000, "bytes_in_use": 2_000})
@@ -204,7 +204,7 @@ def test_budget_as_a_fraction_of_free_device_memory(repo: Path) -> None:
     ],
 )
 def test_bad_fraction_is_refused(repo: Path, params: dict[str, str], needle: str) -> None:
-    from hloserve.triton_backend.runtime_config import weight_cache_from_args
+    from hloserve.triton_backend.runtime.config import weight_cache_from_args
 
     with pytest.raises(HloserveError) as info:
         weight_cache_from_args(_args(repo, ["m0"], **params), {"m0"}, device=FakeDevice(None))

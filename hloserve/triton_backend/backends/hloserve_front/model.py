@@ -23,10 +23,11 @@ import triton_python_backend_utils as pb_utils
 
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.errors import HloserveError, Status
-from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend import channel, dlpack, pb
-from hloserve.triton_backend.front import FrontModel
-from hloserve.triton_backend.front_channel import ChannelFront, Request
+from hloserve.model_parameters import FrontParameters, ModelArgs
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.backends import dlpack, pb
+from hloserve.triton_backend.front.core import FrontModel
+from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
@@ -58,7 +59,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        model_args = pb.ModelArgs.from_triton(args)
+        model_args = ModelArgs.from_triton(args)
         core = FrontModel.from_args(model_args)
         params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight

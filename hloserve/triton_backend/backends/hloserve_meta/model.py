@@ -3,10 +3,12 @@
 
 Adapts ``pb_utils`` objects only; the behaviour lives in ``hloserve.meta``. ``call`` to a
 bundle goes over the runtime's channel from this process (``ChannelCalls``: the callee's hooks
-run here); ``call`` to a foreign model is BLS, with the time left as the request's ``timeout``.
-Counters ``hloserve_meta_runs_total{model}`` and ``hloserve_meta_calls_total{model}`` (sub-calls
-sent) count on Triton's metrics port: two synchronous stub -> server messages per meta request
-(~50 us each).
+run here, and the runtime serves it ahead of the callee's queue); ``call`` to a foreign model is
+BLS, with the time left as the request's ``timeout``. Counters on Triton's metrics port:
+``hloserve_meta_runs_total{model}`` and ``hloserve_meta_calls_total{model}`` (sub-calls sent) of
+the meta, and ``hloserve_meta_subcalls_total{model}`` of each bundle callee (its sub-calls over
+the channel, which Triton's statistics of the callee do not count); each is one synchronous
+stub -> server message per meta ``execute`` (~50 us).
 """
 
 from __future__ import annotations
@@ -20,7 +22,23 @@ import triton_python_backend_utils as pb_utils
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
 from hloserve.meta import MetaModel
 from hloserve.meta.channel_calls import ChannelCalls
-from hloserve.triton_backend import dlpack, pb
+from hloserve.model_parameters import ModelArgs
+from hloserve.triton_backend.backends import dlpack, pb
+
+
+def _bls(model: str, inputs: Mapping[str, Any], outputs: Sequence[str], timeout_us: int) -> Any:
+    """A sub-call to a foreign model: BLS, ``timeout_us`` as the request's ``timeout``."""
+    request = pb_utils.InferenceRequest(
+        model_name=model,
+        requested_output_names=list(outputs),
+        inputs=[dlpack.to_triton_tensor(pb_utils, n, np.asarray(a)) for n, a in inputs.items()],
+        timeout=timeout_us,
+    )
+    response = request.exec()
+    if response.has_error():
+        raise pb.error_from_triton(pb_utils, response.error())
+    # The response owns the memory: copy what outlives it.
+    return {t.name(): dlpack.to_numpy(t).copy() for t in response.output_tensors()}
 
 
 class TritonPythonModel:
@@ -28,20 +46,34 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         pb.configure_logging()
-        model_args = pb.ModelArgs.from_triton(args)
-        self.core = MetaModel.from_args(model_args, self._send)
-        self.channel = ChannelCalls(model_args.model_dir.parent, self.core.calls)
+        model_args = ModelArgs.from_triton(args)
+        self._calls_sent = 0
+
+        def send(*call: Any) -> Any:
+            self._calls_sent += 1
+            return self.channel.send(*call)
+
+        self.core = MetaModel.from_args(model_args, send)
+        self.channel = ChannelCalls(model_args.model_dir.parent, self.core.calls, foreign=_bls)
         family = pb_utils.MetricFamily
         self._families = [
             family(name=n, description=d, kind=family.COUNTER)
             for n, d in (
                 ("hloserve_meta_runs_total", "Meta model runs"),
                 ("hloserve_meta_calls_total", "Sub-calls sent by meta model runs"),
+                (
+                    "hloserve_meta_subcalls_total",
+                    "Meta sub-calls to this bundle (over the channel)",
+                ),
             )
         ]
         labels = {"model": model_args.name}
-        self._runs, self._calls = (f.Metric(labels=labels) for f in self._families)
-        self._sent = 0
+        self._runs, self._calls = (f.Metric(labels=labels) for f in self._families[:2])
+        self._subcalls = {
+            m: self._families[2].Metric(labels={"model": m})
+            for m in self.core.calls
+            if self.channel.serves(m)
+        }
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -58,34 +90,14 @@ class TritonPythonModel:
                 continue
             responses.append(pb.inference_response(pb_utils, outputs))
         self._runs.increment(float(len(requests)))
-        if self._sent:
-            self._calls.increment(float(self._sent))
-            self._sent = 0
+        if self._calls_sent:
+            self._calls.increment(float(self._calls_sent))
+            self._calls_sent = 0
+        for callee, count in self.channel.take_sent().items():
+            self._subcalls[callee].increment(float(count))
         return responses
-
-    def _send(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        timeout_us: int,
-    ) -> dict[str, np.ndarray]:
-        self._sent += 1
-        if self.channel.serves(model):
-            return self.channel.send(model, inputs, outputs, timeout_us)
-        request = pb_utils.InferenceRequest(
-            model_name=model,
-            requested_output_names=list(outputs),
-            inputs=[dlpack.to_triton_tensor(pb_utils, n, np.asarray(a)) for n, a in inputs.items()],
-            timeout=timeout_us,
-        )
-        response = request.exec()
-        if response.has_error():
-            raise pb.error_from_triton(pb_utils, response.error())
-        # The response owns the memory: copy what outlives it.
-        return {t.name(): dlpack.to_numpy(t).copy() for t in response.output_tensors()}
 
     def finalize(self) -> None:
         self.channel.close()
-        del self._runs, self._calls
+        del self._runs, self._calls, self._subcalls
         self._families.clear()

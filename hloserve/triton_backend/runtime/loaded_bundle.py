@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hloserve.bundle import Bundle
-from hloserve.triton_backend.compile import CompiledExecutable
+from hloserve.triton_backend.runtime.compile import CompiledExecutable
 
 
 @dataclass(frozen=True)

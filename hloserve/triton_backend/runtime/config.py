@@ -14,16 +14,15 @@ from typing import Any
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
-from hloserve.model_parameters import RuntimeParameters, check_one_budget
-from hloserve.triton_backend.device_memory import (
+from hloserve.model_parameters import ModelArgs, RuntimeParameters, check_one_budget
+from hloserve.triton_backend.runtime.device_memory import (
     MARGIN,
     DeviceMemory,
     allocator_environment,
     memory_stats,
 )
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.residency import Residency
-from hloserve.triton_backend.weight_cache import CacheObserver, WeightCache
+from hloserve.triton_backend.runtime.residency import Residency
+from hloserve.triton_backend.runtime.weight_cache import CacheObserver, WeightCache
 
 #: The runtime's logger: the budget lines are part of its start-up log.
 log = logging.getLogger("hloserve.triton_backend.runtime")

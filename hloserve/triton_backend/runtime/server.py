@@ -15,9 +15,11 @@ docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
   "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
   the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
   and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.scheduler.Scheduler`. A stateful model's work also has
-  ``"seq": [correlation ID, START, END]``: the runtime writes the sequence's state over the
-  state inputs and keeps the state outputs (:mod:`hloserve.triton_backend.sequence_state`).
+  the :class:`~hloserve.triton_backend.runtime.scheduler.Scheduler`; ``"committed": true`` marks
+  a meta's sub-call (``Work.committed``: ahead of its model's queue). A stateful model's work also
+  has ``"seq": [correlation ID, START, END]``: the runtime feeds the sequence's state, kept on the
+  device, as its rows of the state inputs (the front's bytes there are not read) and keeps its
+  rows of the state outputs on the device (:mod:`hloserve.triton_backend.runtime.sequence_state`).
 * front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
   queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
 * runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
@@ -51,16 +53,20 @@ import numpy as np
 
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
-from hloserve.triton_backend import batching, channel
-from hloserve.triton_backend.device_memory import DeviceMemory
-from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
-from hloserve.triton_backend.runtime import RuntimeModel
-from hloserve.triton_backend.runtime_state import Publish, RuntimeState, runtime_state
-from hloserve.triton_backend.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
-from hloserve.triton_backend.scheduler_config import SchedulerConfig, scheduler_config_from_args
-from hloserve.triton_backend.sequence_state import SequenceStates
+from hloserve.triton_backend import channel
+from hloserve.triton_backend.channel import batching
+from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.device_memory import DeviceMemory
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, variant_label
+from hloserve.triton_backend.runtime.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
+from hloserve.triton_backend.runtime.scheduler_config import (
+    SchedulerConfig,
+    scheduler_config_from_args,
+)
+from hloserve.triton_backend.runtime.sequence_state import SequenceStates, gather, scatter
+from hloserve.triton_backend.runtime.state import Publish, RuntimeState, runtime_state
 
-log = logging.getLogger("hloserve.triton_backend.runtime_server")
+log = logging.getLogger("hloserve.triton_backend.runtime.server")
 
 
 @dataclass(eq=False)
@@ -98,6 +104,8 @@ class _Job:
     segments: list[channel.Segment]
     #: a stateful model's ``[correlation ID, START, END]``, else None
     sequence: list[Any] | None = None
+    #: its state rows on the device, one per ``state`` pair (``SequenceStates.rows``)
+    state: list[Any] | None = None
 
 
 def error_message(exc: BaseException) -> dict[str, Any]:
@@ -156,8 +164,8 @@ class RuntimeServer:
         self._loading: set[_Connection] = set()
         self._executables_done = 0
         self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
-        #: each live sequence's state (stateful bundles)
-        self.sequences = SequenceStates()
+        #: each live sequence's state on the device (stateful bundles)
+        self.sequences = SequenceStates(place=core.place, memory=memory)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
@@ -367,6 +375,7 @@ class RuntimeServer:
                         rows=job.rows,
                         payload=job,
                         deadline=float(deadline) if deadline is not None else None,
+                        committed=bool(w.get("committed")),
                     )
                 )
             except ValueError as exc:
@@ -419,9 +428,9 @@ class RuntimeServer:
                     f"model {loaded.name!r}: a stateful model's work needs a sequence, one row"
                 )
             # the sequence's previous request was answered (Triton sends one request of a
-            # sequence at a time), so its state is stored: load it now
+            # sequence at a time), so its state is stored: take its rows now
             try:
-                self.sequences.load(loaded.key, manifest, job.sequence, _weight(loaded), job.inputs)
+                job.state = self.sequences.rows(loaded.key, manifest, job.sequence, _weight(loaded))
             except Exception:
                 _close_segments([job])
                 raise
@@ -490,28 +499,37 @@ class RuntimeServer:
             raise UnavailableError(f"runtime: model {batch.model!r} was unloaded")
         manifest = loaded.bundle.manifest
         size = batch.batch_size if manifest.batched else UNBATCHED
+        state_in, state_out = _state_indices(manifest) if manifest.stateful else ({}, {})
+        arrays: list[Any]
         if manifest.batched:
             arrays = [
-                batching.concatenate([j.inputs[i] for j in jobs], spec.batch_axis or 0, size)
+                gather([j.state[state_in[i]] for j in jobs], size)  # type: ignore[index]
+                if i in state_in
+                else batching.concatenate([j.inputs[i] for j in jobs], spec.batch_axis or 0, size)
                 for i, spec in enumerate(manifest.inputs)
             ]
         else:
-            arrays = jobs[0].inputs
+            arrays = list(jobs[0].inputs)
         start = time.perf_counter()
         results = self.core.run(loaded, batch.variant, size, arrays)
-        host = [np.asarray(r) for r in results]
+        host = {i: np.asarray(r) for i, r in enumerate(results) if i not in state_out}
         self.scheduler.record(batch, time.perf_counter() - start)
         rows = [j.rows for j in jobs]
         for i, spec in enumerate(manifest.outputs):
+            if i in state_out:  # stays on the device: clients do not receive it
+                continue
             parts = (
-                batching.split(host[i], spec.batch_axis or 0, rows) if manifest.batched else host
+                batching.split(host[i], spec.batch_axis or 0, rows)
+                if manifest.batched
+                else [host[i]]
             )
             for job, part in zip(jobs, parts, strict=True):
                 job.outputs[i][...] = part
-        if manifest.stateful:
-            for job in jobs:
+        if manifest.stateful:  # each sequence's new rows, split on the device
+            split = [scatter(results[i], len(jobs)) for i in state_out]
+            for n, job in enumerate(jobs):
                 assert job.sequence is not None
-                self.sequences.store(loaded.key, manifest, job.sequence, job.outputs)
+                self.sequences.store(loaded.key, job.sequence, [s[n] for s in split])
         label = variant_label(manifest.variant_dims[batch.variant])
         with self._counts_lock:
             self._counts[(loaded.name, label, size)] += 1
@@ -567,6 +585,16 @@ class RuntimeServer:
 
 def _invalid(exc: ValueError) -> HloserveError:
     return InvalidArgumentError(f"runtime: {exc}")
+
+
+def _state_indices(manifest: Any) -> tuple[dict[int, int], dict[int, int]]:
+    """A stateful manifest's state inputs and outputs: tensor index -> ``state`` pair index."""
+    inputs = {s.name: i for i, s in enumerate(manifest.inputs)}
+    outputs = {s.name: i for i, s in enumerate(manifest.outputs)}
+    return (
+        {inputs[p.input]: n for n, p in enumerate(manifest.state)},
+        {outputs[p.output]: n for n, p in enumerate(manifest.state)},
+    )
 
 
 def _weight(loaded: LoadedBundle) -> Callable[[str], np.ndarray]:

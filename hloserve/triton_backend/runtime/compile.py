@@ -5,7 +5,7 @@ benchmarks) goes through :func:`compile_artifact`, so a JAX API change is fixed 
 It uses ``jax.extend.backend.get_backend().compile_and_load`` (the PJRT client), which accepts
 StableHLO text, bytecode or a portable artifact; checked on JAX 0.7.1 and 0.10.2.
 
-With an :class:`~hloserve.triton_backend.executable_cache.ExecutableCache`, a compiled
+With an :class:`~hloserve.triton_backend.runtime.executable_cache.ExecutableCache`, a compiled
 executable is serialized to disk and later starts deserialize it instead of compiling
 (docs/serving.md, "Executable cache"): :func:`serialize_executable` and
 :func:`deserialize_executable` wrap PJRT's executable serialization (the client's
@@ -33,7 +33,7 @@ from hloserve.bundle.stablehlo import (
     to_portable_artifact,
 )
 from hloserve.errors import InvalidArgumentError
-from hloserve.triton_backend.executable_cache import (
+from hloserve.triton_backend.runtime.executable_cache import (
     COMPILED,
     FROM_CACHE,
     CacheKey,
@@ -41,7 +41,7 @@ from hloserve.triton_backend.executable_cache import (
     ExecutableLabel,
 )
 
-log = logging.getLogger("hloserve.triton_backend.compile")
+log = logging.getLogger("hloserve.triton_backend.runtime.compile")
 
 
 def _device(device: Any | None) -> Any:

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_parameters import RuntimeParameters
-from hloserve.triton_backend.executable_cache import DEFAULT_MAX_BYTES, ExecutableCache
+from hloserve.triton_backend.runtime.executable_cache import DEFAULT_MAX_BYTES, ExecutableCache
 
-log = logging.getLogger("hloserve.triton_backend.executable_cache")
+log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 
 #: Environment prefix of the cache settings (the project's scheme, hloserve.settings):
 #: ``HLOSERVE_EXECUTABLE_CACHE`` (directory or ``off``), ``HLOSERVE_EXECUTABLE_CACHE_BYTES``.
@@ -135,7 +135,7 @@ def executable_cache(
 def executable_cache_from_args(
     args: Any, observer: Callable[[str, str], None] | None = None
 ) -> ExecutableCache:
-    """The runtime's cache from its config (``hloserve.triton_backend.pb.ModelArgs``).
+    """The runtime's cache from its config (``hloserve.model_parameters.ModelArgs``).
 
     Raises:
         InvalidArgumentError: a malformed setting, naming the runtime model.

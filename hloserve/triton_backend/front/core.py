@@ -2,14 +2,14 @@
 
 One front model serves one bundle (docs/serving.md, "The generated model repository"). The
 Triton shim sends each request through the runtime's channel
-(:mod:`hloserve.triton_backend.front_channel`), using :meth:`FrontModel.prepare`,
+(:mod:`hloserve.triton_backend.front.front_channel`), using :meth:`FrontModel.prepare`,
 :meth:`~FrontModel.runtime_inputs` and :meth:`~FrontModel.finish` per request; the runtime's
 scheduler coalesces requests into executions (docs/serving.md, "Coalescing rule"). A request's
 own problem (bad tensor, hook error) fails only that request.
 
-Hooks (docs/bundles.md, "Hooks"; :mod:`hloserve.triton_backend.hooks`): a bundle's ``model.py``
-may define ``preprocess`` and ``postprocess``; they run here, per request, in the front's
-instances (never in the runtime).
+Hooks (docs/bundles.md, "Hooks"; :mod:`hloserve.triton_backend.front.hooks`): a bundle's
+``model.py`` may define ``preprocess`` and ``postprocess``; they run here, per request, in the
+front's instances (never in the runtime).
 Shape variants (docs/bundles.md, "Shape variants"): each request runs on the smallest variant
 holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
 back; requests are coalesced only with requests of the same variant.
@@ -37,11 +37,10 @@ from hloserve.bundle.front_spec import (
     read_front_spec,
 )
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
-from hloserve.model_parameters import FrontParameters
-from hloserve.triton_backend.batching import pad_variable, unpad_outputs
-from hloserve.triton_backend.hooks import Hooks, IdentityHooks, load_hooks
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.tensors import TensorChecker
+from hloserve.model_parameters import FrontParameters, ModelArgs
+from hloserve.triton_backend.channel.batching import pad_variable, unpad_outputs
+from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, load_hooks
+from hloserve.triton_backend.front.tensors import TensorChecker
 
 if TYPE_CHECKING:
     from hloserve.bundle import Bundle

@@ -45,7 +45,7 @@ def budget_problems(
     """What can never fit a weight cache budget, known before anything loads.
 
     The same rule as ``WeightCache.add`` and ``WeightCache.acquire``
-    (:mod:`hloserve.triton_backend.weight_cache`) applied to the whole repository at once
+    (:mod:`hloserve.triton_backend.runtime.weight_cache`) applied to the whole repository at once
     (``hloserve repo build`` refuses on it): ``device`` models pin their weights, so together
     they must fit the budget; every other model must fit what all pinned models leave. At run
     time the same configurations fail some model's load with INVALID_ARGUMENT (which one

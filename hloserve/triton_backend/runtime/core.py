@@ -6,11 +6,11 @@ of it when it finalizes (:meth:`RuntimeModel.release`); a bundle is held by refe
 generation (its directory and the identity of its manifest file), so a reloaded model's new
 instances load the new bundle next to the old one before the old instances let go. Loading
 checks the bundle, compiles every (shape variant, batch size) through
-:func:`~hloserve.triton_backend.compile.compile_artifact` and hands the weights to the
-:class:`~hloserve.triton_backend.weights.WeightStore`, once, under a per-bundle lock; only that
-bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
+:func:`~hloserve.triton_backend.runtime.compile.compile_artifact` and hands the weights to the
+:class:`~hloserve.triton_backend.runtime.weights.WeightStore`, once, under a per-bundle lock; only
+that bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
 bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`), called by the
-channel's :class:`~hloserve.triton_backend.runtime_server.RuntimeServer`.
+channel's :class:`~hloserve.triton_backend.runtime.server.RuntimeServer`.
 """
 
 from __future__ import annotations
@@ -29,22 +29,21 @@ import numpy as np
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
-from hloserve.model_parameters import RuntimeParameters
-from hloserve.triton_backend.compile import (
+from hloserve.model_parameters import ModelArgs, RuntimeParameters
+from hloserve.triton_backend.runtime.compile import (
     CompiledExecutable,
     compile_artifact,
     enable_x64,
     run_cpu_inline,
 )
-from hloserve.triton_backend.executable_cache import ExecutableCache, ExecutableLabel
-from hloserve.triton_backend.executable_cache_settings import executable_cache_from_args
-from hloserve.triton_backend.loaded_bundle import LoadedBundle, generation, variant_label
-from hloserve.triton_backend.pb import ModelArgs
-from hloserve.triton_backend.runtime_config import (
+from hloserve.triton_backend.runtime.config import (
     ObserverFactory,
     weight_cache_from_args,
 )
-from hloserve.triton_backend.weights import ResidentWeightStore, WeightStore, acquired
+from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
+from hloserve.triton_backend.runtime.executable_cache_settings import executable_cache_from_args
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, generation, variant_label
+from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
@@ -72,13 +71,12 @@ class RuntimeModel:
         store: where weights live; default :class:`ResidentWeightStore`.
         device: the ``jax.Device`` to run on; default JAX's first device.
         compile: the compile function (``compile_artifact``; injectable for tests).
-        on_execute: called after each execution with (model, variant label as given by
-            :func:`variant_label`, compiled batch size), e.g. to count executions.
         on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
             model whose load fails still shows).
 
-    Calls :func:`~hloserve.triton_backend.compile.enable_x64` (64-bit dtypes keep their width)
-    and :func:`~hloserve.triton_backend.compile.run_cpu_inline` (CPU executions inline).
+    Calls :func:`~hloserve.triton_backend.runtime.compile.enable_x64` (64-bit dtypes keep their
+    width) and :func:`~hloserve.triton_backend.runtime.compile.run_cpu_inline` (CPU executions
+    inline).
     """
 
     def __init__(
@@ -87,7 +85,6 @@ class RuntimeModel:
         store: WeightStore | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
-        on_execute: Callable[[str, str, int], None] | None = None,
         on_load: Callable[[str], None] | None = None,
     ) -> None:
         enable_x64()
@@ -100,7 +97,6 @@ class RuntimeModel:
         self.device = device if device is not None else jax.devices()[0]
         self.store: WeightStore = store if store is not None else ResidentWeightStore()
         self._compile = compile
-        self._on_execute = on_execute
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._execute_lock = threading.Lock()
@@ -300,7 +296,8 @@ class RuntimeModel:
         """One execution of ``loaded`` at (``variant``, ``batch_size``) on checked inputs.
 
         Args:
-            inputs: host arrays in the manifest's input order, at the executable's shapes.
+            inputs: host arrays (or arrays already on the device, e.g. a sequence's state) in
+                the manifest's input order, at the executable's shapes.
             batch_size: a compiled batch size, or ``UNBATCHED`` (0).
 
         Returns:
@@ -315,15 +312,16 @@ class RuntimeModel:
                 f"model {loaded.name!r}: no executable for batch size {batch_size}; "
                 f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
             )
-        args = [self._place(a) for a in inputs]
+        args = [self._place(a) if isinstance(a, np.ndarray) else a for a in inputs]
         with self._execute_lock, acquired(self.store, loaded.key) as weights:
             results = executable([*weights, *args])
             for result in results:  # one execution at a time: finish before the next
                 result.block_until_ready()
-        if self._on_execute is not None:
-            manifest = loaded.bundle.manifest
-            self._on_execute(loaded.name, variant_label(manifest.variant_dims[variant]), batch_size)
         return list(results)
+
+    def place(self, array: np.ndarray) -> Any:
+        """``array`` copied to the runtime's device (a ``jax.Array``)."""
+        return self._place(np.array(array))
 
     def close(self) -> None:
         """Drop every loaded bundle and its weights."""

@@ -1,6 +1,6 @@
 """What the runtime publishes besides execution counts (:class:`RuntimeState`, read into Triton
-metrics by :mod:`hloserve.triton_backend.metrics`; docs/observability.md), and how the runtime
-server assembles it from a scheduler snapshot (:func:`runtime_state`).
+metrics by :mod:`hloserve.triton_backend.backends.metrics`; docs/observability.md), and how the
+runtime server assembles it from a scheduler snapshot (:func:`runtime_state`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hloserve.triton_backend.loaded_bundle import LoadedBundle, variant_label
-from hloserve.triton_backend.scheduler import SchedulerSnapshot
+from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, variant_label
+from hloserve.triton_backend.runtime.scheduler import SchedulerSnapshot
 
 #: ``publish((model, variant label, batch size), executions since the last call)``.
 Publish = Callable[[tuple[str, str, int], int], None]

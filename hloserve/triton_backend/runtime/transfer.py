@@ -6,7 +6,7 @@ moves each chunk in one transfer and splits it on the device. docs/on_demand_wei
 figures", H200): ``pinned_host`` -> device runs at 45-48 GB/s against 7-8 GB/s from pageable
 NumPy, and each transfer costs ~70-80 us, so 1 GiB as 1024 arrays of 1 MiB moves at 11-12 GB/s
 against 49 GB/s as one array. Both implement
-:class:`~hloserve.triton_backend.weight_cache.Transfer`; JAX is imported on use.
+:class:`~hloserve.triton_backend.runtime.weight_cache.Transfer`; JAX is imported on use.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The array helpers of coalescing and shape variants: concatenate with zero padding, split,
 pad and cut variable axes.
 
-The runtime (:mod:`hloserve.triton_backend.runtime_server`) joins the requests of one execution
+The runtime (:mod:`hloserve.triton_backend.runtime.server`) joins the requests of one execution
 along the batch axis, padded (zeros) up to its compiled batch size, and slices the outputs back
-per request; the scheduler (:mod:`hloserve.triton_backend.scheduler`) decides which requests
-join (docs/scheduling.md, "Coalescing"). The front (:mod:`hloserve.triton_backend.front`) pads a
-request's variable axes up to its shape variant and cuts its outputs back.
+per request; the scheduler (:mod:`hloserve.triton_backend.runtime.scheduler`) decides which requests
+join (docs/scheduling.md, "Coalescing"). The front (:mod:`hloserve.triton_backend.front.core`) pads
+a request's variable axes up to its shape variant and cuts its outputs back.
 
 Everything here is pure NumPy. The batch axis is an argument everywhere: models served with
 ``max_batch_size: 0`` may carry their batch axis anywhere (``shape: "kn"``).

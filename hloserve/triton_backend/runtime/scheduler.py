@@ -8,7 +8,7 @@ The semantics are docs/scheduling.md (ReactantServer's scheduler): decision orde
 and the cost EMA. Configuration comes from the runtime model's parameters
 (:meth:`SchedulerConfig.from_parameters`).
 
-Pure Python and thread-safe: one lock and one condition guard all state; ``on_shed`` runs
+Pure Python and thread-safe: one condition (and its lock) guards all state; ``on_shed`` runs
 outside the lock. Nothing here imports JAX, Triton or NumPy.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import logging
 import math
 import threading
@@ -25,28 +26,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hloserve.errors import SchedulerClosedError
-from hloserve.triton_backend.scheduler_config import (
-    DEFAULT_WEIGHT,
-    DISCIPLINES,
-    Discipline,
-    SchedulerConfig,
-    deadline_from_parameters,
-)
+from hloserve.triton_backend.runtime.scheduler_config import Discipline, SchedulerConfig
 
 __all__ = [
-    "DEFAULT_WEIGHT",
-    "DISCIPLINES",
     "REASON_CANCELLED",
     "REASON_EXPIRED",
     "Batch",
-    "Discipline",
     "ModelSnapshot",
     "Scheduler",
-    "SchedulerClosedError",
-    "SchedulerConfig",
     "SchedulerSnapshot",
     "Work",
-    "deadline_from_parameters",
 ]
 
 #: Shed reason of a work whose deadline passed before its execution started: Triton's own
@@ -71,6 +60,9 @@ class Work:
         deadline: monotonic seconds on the scheduler's clock; None = no deadline.
         arrival: monotonic seconds on the scheduler's clock; NaN = set by
             :meth:`Scheduler.submit`.
+        committed: a meta's sub-call (docs/scheduling.md, "Decision order"): queued ahead of
+            its model's other works, its model served first; never shed by the ``edf``
+            laxity rule (its deadline still sheds it once passed).
     """
 
     model: str
@@ -79,6 +71,7 @@ class Work:
     payload: object
     deadline: float | None = None
     arrival: float = math.nan
+    committed: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,8 +171,7 @@ class Scheduler:
         self._config = config
         self._on_shed = on_shed
         self._clock = clock
-        self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
+        self._ready = threading.Condition(threading.Lock())  # guards all state
         self._models: dict[str, _Model] = {}
         self._costs: dict[tuple[str, int, int], float] = {}
         self._closed = False
@@ -212,7 +204,7 @@ class Scheduler:
                 f"model {model!r} variant {variant}: no compiled batch sizes or one below 1 "
                 f"(got {list(compiled_sizes)})"
             )
-        with self._lock:
+        with self._ready:
             entry = self._models.get(model)
             if entry is None:
                 entry = self._models[model] = _Model({}, {}, recent_at=self._clock())
@@ -231,21 +223,22 @@ class Scheduler:
 
         An unknown model returns ``[]``. The caller answers the returned works.
         """
-        with self._lock:
+        with self._ready:
             entry = self._models.pop(model, None)
             for key in [k for k in self._costs if k[0] == model]:
                 del self._costs[key]
             return list(entry.queue) if entry is not None else []
 
     def submit(self, work: Work) -> None:
-        """Queue ``work``; its ``arrival`` is set from the clock when NaN.
+        """Queue ``work``; its ``arrival`` is set from the clock when NaN. A committed work goes
+        ahead of its model's queued works, behind the committed ones queued before it.
 
         Raises:
             ValueError: unknown model or variant, ``rows < 1``, or ``rows`` above the variant's
                 largest compiled size (a request is never split).
             SchedulerClosedError: after :meth:`close`.
         """
-        with self._lock:
+        with self._ready:
             if self._closed:
                 raise SchedulerClosedError("the runtime's scheduler is closed (stopping)")
             entry = self._models.get(work.model)
@@ -264,7 +257,11 @@ class Scheduler:
                 )
             if math.isnan(work.arrival):
                 work.arrival = self._clock()
-            entry.queue.append(work)
+            if work.committed:
+                ahead = sum(1 for _ in itertools.takewhile(lambda w: w.committed, entry.queue))
+                entry.queue.insert(ahead, work)
+            else:
+                entry.queue.append(work)
             entry.plan = None
             self._ready.notify()
 
@@ -274,7 +271,7 @@ class Scheduler:
         Returns:
             How many were shed (a work already in a batch is not: it runs).
         """
-        with self._lock:
+        with self._ready:
             shed: list[tuple[Work, str]] = []
             for entry in self._models.values():
                 hit = {id(w) for w in entry.queue if match(w)}
@@ -290,8 +287,10 @@ class Scheduler:
         """The next batch to execute; blocks until there is one.
 
         First sheds works whose deadline passed (any discipline) and, under ``edf``, works
-        whose deadline ``now + cost estimate`` cannot meet; then picks the model by the
-        discipline and coalesces its leading run of same-variant works (docs/scheduling.md).
+        whose deadline ``now + cost estimate`` cannot meet (committed works excepted); then
+        picks the model whose queue starts with the oldest committed work, else the model
+        by the discipline, and coalesces its leading run of same-variant works
+        (docs/scheduling.md).
 
         Args:
             timeout: most seconds (wall clock) to wait for a work; None = forever.
@@ -301,7 +300,7 @@ class Scheduler:
         """
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._lock:
+            with self._ready:
                 while not self._closed and not any(m.queue for m in self._models.values()):
                     left = None if end is None else end - time.monotonic()
                     if left is not None and left <= 0:
@@ -324,7 +323,7 @@ class Scheduler:
         Updates the (model, variant, batch size) cost EMA (the first measurement seeds it)
         and the model's recent-compute EMA. A batch of a model unregistered since is ignored.
         """
-        with self._lock:
+        with self._ready:
             entry = self._models.get(batch.model)
             if entry is None:
                 return
@@ -338,12 +337,12 @@ class Scheduler:
 
     def cost(self, model: str, variant: int, batch_size: int) -> float:
         """Cost estimate of one execution, seconds (``unseeded_cost_s`` before any measurement)."""
-        with self._lock:
+        with self._ready:
             return self._cost(model, variant, batch_size)
 
     def snapshot(self) -> SchedulerSnapshot:
         """Queue depths, shares, recent compute and cost estimates of every registered model."""
-        with self._lock:
+        with self._ready:
             now = self._clock()
             total = sum(self._config.weight(m) for m in self._models) or 1.0
             models = {
@@ -364,7 +363,7 @@ class Scheduler:
     def close(self) -> None:
         """Stop: wake :meth:`next` (it returns None), refuse later submits, and shed every
         queued work with the reason "the runtime is stopping"."""
-        with self._lock:
+        with self._ready:
             self._closed = True
             left = [w for entry in self._models.values() for w in entry.queue]
             for entry in self._models.values():
@@ -402,7 +401,7 @@ class Scheduler:
                 if work.deadline is not None:
                     if now >= work.deadline:
                         reason = REASON_EXPIRED
-                    elif edf:
+                    elif edf and not work.committed:
                         size = _smallest_holding(work.rows, entry.sizes[work.variant])
                         estimate = self._cost(name, work.variant, size)
                         if now + estimate >= work.deadline:
@@ -425,7 +424,10 @@ class Scheduler:
         if not contenders:
             return None
         discipline = self._config.discipline
-        if len(contenders) == 1:  # every discipline picks the only model with work
+        committed = [c for c in contenders if c[1].queue[0].committed]
+        if committed:  # a meta's sub-call first, the oldest one
+            name = min(committed, key=lambda c: (c[1].queue[0].arrival, c[0]))[0]
+        elif len(contenders) == 1:  # every discipline picks the only model with work
             name = contenders[0][0]
         elif discipline == "fifo":
             name = min(contenders, key=lambda c: (c[1].queue[0].arrival, c[0]))[0]

@@ -2,8 +2,8 @@
 
 docs/on_demand_weights.md; semantics after ReactantServer's on-demand weights (the
 differences are listed there). :class:`WeightCache` implements the
-:class:`~hloserve.triton_backend.weights.WeightStore` protocol, so the runtime uses it like the
-all-resident store.
+:class:`~hloserve.triton_backend.runtime.weights.WeightStore` protocol, so the runtime uses it like
+the all-resident store.
 
 Tiers and residency (per model, :class:`Residency`):
 
@@ -23,8 +23,8 @@ weights exceed the budget left by the pinned models fails its :meth:`~WeightCach
 retrying is pointless (ReactantServer loads it anyway with a warning). Without a budget
 (``budget_bytes=None``) every model is loaded at add and stays, like the all-resident store.
 
-The device side sits behind :class:`Transfer` (:mod:`hloserve.triton_backend.transfer`), so the
-policy is unit-tested without JAX devices. This module imports only NumPy and
+The device side sits behind :class:`Transfer` (:mod:`hloserve.triton_backend.runtime.transfer`), so
+the policy is unit-tested without JAX devices. This module imports only NumPy and
 :mod:`hloserve.errors` (JAX and the bundle code on use).
 """
 
@@ -48,14 +48,14 @@ from hloserve.errors import (
     Status,
     UnavailableError,
 )
-from hloserve.triton_backend.residency import Residency
-from hloserve.triton_backend.transfer import JaxTransfer
+from hloserve.triton_backend.runtime.residency import Residency
+from hloserve.triton_backend.runtime.transfer import JaxTransfer
 from hloserve.units import format_size
 
 if TYPE_CHECKING:  # the policy imports only numpy and hloserve.errors (benchmarks need no more)
     from hloserve.bundle import Bundle
 
-log = logging.getLogger("hloserve.triton_backend.weight_cache")
+log = logging.getLogger("hloserve.triton_backend.runtime.weight_cache")
 
 
 class WeightSource(Protocol):
@@ -321,8 +321,8 @@ class WeightCache:
 
     def resize(self, budget_bytes: int) -> None:
         """Set the budget (the runtime re-sizes it on every bundle it takes,
-        :mod:`~hloserve.triton_backend.device_memory`) and evict least-recently-used models not
-        in use until the resident weights fit it.
+        :mod:`~hloserve.triton_backend.runtime.device_memory`) and evict least-recently-used models
+        not in use until the resident weights fit it.
 
         Raises:
             InvalidArgumentError: a cache without a budget, or pinned weights that exceed the new

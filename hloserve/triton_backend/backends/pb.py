@@ -8,29 +8,27 @@ this module never imports it, so everything here is unit-testable with stand-ins
   the way back from a Triton error (:func:`error_from_triton`; Triton's texts are read by
   :mod:`hloserve.triton_messages`);
 * :func:`inference_response`: a response holding tensors or an error;
-* :class:`ModelArgs`: the ``args`` dict Triton hands to ``initialize``.
+* :func:`configure_logging`: the ``hloserve`` loggers to the server's log.
 
-Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.dlpack`.
+The ``args`` of ``initialize`` are :class:`~hloserve.model_parameters.ModelArgs`.
+
+Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.backends.dlpack`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hloserve import triton_messages
 from hloserve.errors import (
     HloserveError,
-    InvalidArgumentError,
     ServerStartingError,
     Status,
 )
-from hloserve.triton_backend.dlpack import to_triton_tensor
+from hloserve.triton_backend.backends.dlpack import to_triton_tensor
 
 log = logging.getLogger("hloserve.triton_backend")
 
@@ -149,60 +147,8 @@ def configure_logging(level: int = logging.INFO) -> None:
     _logging_configured = True
 
 
-@dataclass(frozen=True)
-class ModelArgs:
-    """What Triton hands a Python model's ``initialize(args)``.
-
-    Attributes:
-        name: the model name.
-        model_dir: the model's directory in the repository (Triton's ``model_repository`` key
-            is the model directory, e.g. ``<repo>/<name>``; checked on 2.51).
-        version: the model version being loaded, e.g. ``"1"``.
-        instance: the instance name, e.g. ``"affine_0_0"``.
-        config: the model configuration as JSON (``config.pbtxt`` after auto-completion).
-    """
-
-    name: str
-    model_dir: Path
-    version: str
-    instance: str = ""
-    config: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_triton(cls, args: Mapping[str, str]) -> ModelArgs:
-        """Parse Triton's ``args`` (all values are strings; ``model_config`` is JSON)."""
-        return cls(
-            name=args["model_name"],
-            model_dir=Path(args["model_repository"]),
-            version=args.get("model_version", ""),
-            instance=args.get("model_instance_name", ""),
-            config=json.loads(args.get("model_config", "{}")),
-        )
-
-    @property
-    def parameters(self) -> dict[str, str]:
-        """``parameters`` of the config as plain strings (``{key: {string_value: v}}``)."""
-        params = self.config.get("parameters") or {}
-        return {k: str(v.get("string_value", "")) for k, v in params.items()}
-
-    def parameter(self, key: str, default: str | None = None) -> str:
-        """One parameter's value.
-
-        Raises:
-            InvalidArgumentError: the parameter is missing and has no default.
-        """
-        value = self.parameters.get(key, default)
-        if value is None:
-            raise InvalidArgumentError(
-                f"model {self.name!r}: config.pbtxt lacks parameter {key!r} "
-                "(regenerate the repository with `hloserve repo build`)"
-            )
-        return value
-
-
 __all__ = [
     "TRITON_ERROR_CODE",
-    "ModelArgs",
     "configure_logging",
     "error_code",
     "error_from_triton",

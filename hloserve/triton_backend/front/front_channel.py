@@ -42,10 +42,10 @@ import numpy as np
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front import FrontModel, Prepared
-from hloserve.triton_backend.hooks import IdentityHooks
+from hloserve.triton_backend.front.core import FrontModel, Prepared
+from hloserve.triton_backend.front.hooks import IdentityHooks
 
-log = logging.getLogger("hloserve.triton_backend.front_channel")
+log = logging.getLogger("hloserve.triton_backend.front.front_channel")
 
 #: Numbers of this process's shared-memory files, shared by every front of the process: two
 #: fronts in one process (tests, embedders) never make two files of one name, which would let
@@ -110,6 +110,8 @@ class ChannelFront:
         key: the server key segment names carry (default :func:`channel.server_key`).
         inline: answers are read by the thread that calls :meth:`run` (no reader thread; use
             :meth:`run`, not :meth:`submit`).
+        committed: its works are a meta's sub-calls: the runtime's scheduler serves them ahead
+            of the model's queue (``Work.committed`` of the runtime's scheduler).
     """
 
     def __init__(
@@ -124,9 +126,11 @@ class ChannelFront:
         max_request_bytes: int = 1 << 30,
         key: str | None = None,
         inline: bool = False,
+        committed: bool = False,
     ) -> None:
         self.core = core
         self.inline = inline
+        self.committed = committed
         self.bundle = Path(bundle)
         self.address = address
         self.wait_s = wait_s
@@ -490,6 +494,8 @@ class ChannelFront:
         }
         if prepared.sequence is not None:
             work["seq"] = list(prepared.sequence)
+        if self.committed:
+            work["committed"] = True
         return work, work_id
 
     def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> channel.Link | None:

@@ -4,9 +4,9 @@ Weights are ``main``'s leading arguments (docs/bundles.md), never constants, so 
 anywhere. The runtime asks the store for a bundle's device arrays around each execution
 (:meth:`WeightStore.acquire` / :meth:`WeightStore.release`): a store may move weights in and
 out between executions but never while they are acquired. :class:`ResidentWeightStore` keeps
-every registered bundle on the device; :class:`~hloserve.triton_backend.weight_cache.WeightCache`
-(the byte-budgeted LRU cache, docs/on_demand_weights.md) implements the same interface and is
-what the runtime model uses.
+every registered bundle on the device;
+:class:`~hloserve.triton_backend.runtime.weight_cache.WeightCache` (the byte-budgeted LRU cache,
+docs/on_demand_weights.md) implements the same interface and is what the runtime model uses.
 """
 
 from __future__ import annotations

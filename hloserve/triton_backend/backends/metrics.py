@@ -19,9 +19,7 @@ Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
 ``hloserve_weight_load_bytes_total{model}`` counter    bytes loaded to the device
 ==========================================  =========  ============================================
 
-and, from :class:`TritonExecutionMetrics` (docs/serving.md, "Shape variants"):
-``hloserve_executions_total{model,variant,batch_size}`` (counter): runtime executions per
-compiled executable (``variant`` is e.g. ``s32``, empty for a model without variants).
+and the runtime's execution, executable and scheduler series (:class:`TritonRuntimeMetrics`).
 
 Foreign models (Triton models of other backends in the repository, docs/serving.md "Foreign
 models") have no weights in the cache; the repository builder lists their device memory hints
@@ -29,9 +27,6 @@ in the runtime's ``hloserve.foreign_memory_bytes`` parameter (:func:`foreign_byt
 and :class:`TritonCacheMetrics` publishes each, from the start, as
 ``hloserve_weight_bytes{model, residency="foreign"}``, the series the gateway's ``lpt_packing``
 sizes models by (docs/gateway.md). The budget and resident bytes do not count them.
-
-Executable cache: ``hloserve_executables_total{model,source}`` (counter, ``source`` =
-``compiled`` or ``cache``) is made by ``executable_cache.TritonExecutableMetrics``.
 """
 
 from __future__ import annotations
@@ -48,6 +43,8 @@ from hloserve.model_parameters import RuntimeParameters
 LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 #: ``residency`` label of a foreign model's ``hloserve_weight_bytes`` series.
 FOREIGN_RESIDENCY = "foreign"
+#: Counter per (model, source): executables made ready (:meth:`TritonRuntimeMetrics.counted`).
+EXECUTABLES = "hloserve_executables_total"
 
 
 def foreign_bytes_from_args(args: Any) -> dict[str, int]:
@@ -55,7 +52,7 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
     ``hloserve.foreign_memory_bytes`` parameter (absent = none).
 
     Args:
-        args: the runtime's :class:`~hloserve.triton_backend.pb.ModelArgs`.
+        args: the runtime's :class:`~hloserve.model_parameters.ModelArgs`.
 
     Raises:
         InvalidArgumentError: a malformed value (the parameter and the item are named).
@@ -97,7 +94,8 @@ _FAMILIES = (
 
 
 class TritonCacheMetrics:
-    """A :class:`~hloserve.triton_backend.weight_cache.CacheObserver` writing Triton metrics.
+    """A :class:`~hloserve.triton_backend.runtime.weight_cache.CacheObserver` writing Triton
+    metrics.
 
     Args:
         pb_utils: the ``triton_python_backend_utils`` module (or a stand-in).
@@ -209,50 +207,15 @@ class TritonCacheMetrics:
                 self._budget.set(float(budget_bytes))
 
 
-class TritonExecutionMetrics:
-    """``hloserve_executions_total{model,variant,batch_size}``: the runtime's executions.
-
-        The runtime server counts executions itself and hands the counts to :meth:`publish` once a
-    second (a metric call is a synchronous stub -> server message); series appear on first use.
-    """
-
-    def __init__(self, pb_utils: Any) -> None:
-        family = pb_utils.MetricFamily
-        self._family = family(
-            name=metric_names.EXECUTIONS,
-            description="Runtime executions per compiled executable (variant, batch size)",
-            kind=family.COUNTER,
-        )
-        self._series: dict[tuple[str, str, int], Any] = {}
-        self._lock = threading.Lock()
-
-    def executed(self, model: str, variant: str, batch_size: int, count: int = 1) -> None:
-        """Add ``count`` executions of (model, variant label, compiled batch size)."""
-        key = (model, variant, batch_size)
-        with self._lock:
-            if self._family is None:
-                return
-            metric = self._series.get(key)
-            if metric is None:
-                labels = {"model": model, "variant": variant, "batch_size": str(batch_size)}
-                metric = self._series[key] = self._family.Metric(labels=labels)
-            metric.increment(float(count))
-
-    def publish(self, key: tuple[str, str, int], count: int) -> None:
-        """:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish``."""
-        self.executed(*key, count=count)
-
-    def close(self) -> None:
-        """Drop every series, then the family."""
-        with self._lock:
-            self._series.clear()
-            self._family = None
-
-
 class TritonRuntimeMetrics:
-    """The runtime's execution and scheduler metrics, published once a second
-    (:class:`~hloserve.triton_backend.runtime_server.RuntimeServer`'s ``publish_state``):
+    """The runtime's execution, executable and scheduler metrics; series appear on first use.
 
+    Counted by the runtime itself and handed over once a second (a metric call is a synchronous
+    stub -> server message) by :class:`~hloserve.triton_backend.runtime.server.RuntimeServer`:
+    its ``publish`` (:meth:`executed`) and ``publish_state`` (:meth:`publish`):
+
+    - ``hloserve_executions_total{model,variant,batch_size}`` (counter): executions per compiled
+      executable (``variant`` e.g. ``s32``, empty without variants; docs/serving.md);
     - ``hloserve_execution_items_total{model,variant}`` (counter): real items executed;
     - ``hloserve_execution_padding_total{model,variant}`` (counter): zero-padding items;
     - ``hloserve_scheduler_queue_depth{model}`` (gauge): requests queued;
@@ -264,7 +227,11 @@ class TritonRuntimeMetrics:
       ``deadline`` (passed), ``laxity`` (cannot be met), ``cancelled`` (its client gave up)
       or ``stopping``;
     - ``hloserve_device_memory_bytes{kind}`` (gauge): the runtime's device memory by kind
-      (``metric_names.DEVICE_MEMORY_KINDS``); absent on CPU.
+      (``metric_names.DEVICE_MEMORY_KINDS``); absent on CPU;
+
+    and, from :meth:`counted` at once, ``hloserve_executables_total{model,source}`` (counter):
+    executables made ready, ``source`` ``compiled`` or ``cache`` (docs/serving.md, "Executable
+    cache").
     """
 
     _SHED_REASONS = ("deadline", "laxity", "cancelled", "stopping")
@@ -272,6 +239,16 @@ class TritonRuntimeMetrics:
     def __init__(self, pb_utils: Any) -> None:
         family = pb_utils.MetricFamily
         specs = (
+            (
+                metric_names.EXECUTIONS,
+                "Runtime executions per compiled executable (variant, batch size)",
+                family.COUNTER,
+            ),
+            (
+                EXECUTABLES,
+                "Executables made ready by the runtime, by source (compiled or cache)",
+                family.COUNTER,
+            ),
             ("hloserve_execution_items_total", "Real items executed", family.COUNTER),
             ("hloserve_execution_padding_total", "Zero-padding items executed", family.COUNTER),
             ("hloserve_scheduler_queue_depth", "Requests queued in the runtime", family.GAUGE),
@@ -309,8 +286,22 @@ class TritonRuntimeMetrics:
             metric = self._series[key] = self._families[name].Metric(labels=dict(labels))
         return metric
 
+    def executed(self, key: tuple[str, str, int], count: int) -> None:
+        """Add ``count`` executions of ``key``: (model, variant label, compiled batch size)."""
+        model, variant, size = key
+        with self._lock:
+            if self._families:
+                labels = {"model": model, "variant": variant, "batch_size": str(size)}
+                self._metric(metric_names.EXECUTIONS, **labels).increment(float(count))
+
+    def counted(self, model: str, source: str) -> None:
+        """One executable of ``model`` made ready; ``source``: ``compiled`` or ``cache``."""
+        with self._lock:
+            if self._families:
+                self._metric(EXECUTABLES, model=model, source=source).increment(1.0)
+
     def publish(self, state: Any) -> None:
-        """Record one :class:`~hloserve.triton_backend.runtime_server.RuntimeState`."""
+        """Record one :class:`~hloserve.triton_backend.runtime.server.RuntimeState`."""
         with self._lock:
             if not self._families:
                 return
@@ -357,7 +348,6 @@ __all__ = [
     "FOREIGN_RESIDENCY",
     "LOAD_SECONDS_BUCKETS",
     "TritonCacheMetrics",
-    "TritonExecutionMetrics",
     "TritonRuntimeMetrics",
     "foreign_bytes_from_args",
 ]

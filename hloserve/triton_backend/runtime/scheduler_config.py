@@ -19,7 +19,7 @@ from hloserve.errors import InvalidArgumentError
 from hloserve.model_parameters import RuntimeParameters
 
 if TYPE_CHECKING:  # a type only: this module stays pure Python
-    from hloserve.triton_backend.pb import ModelArgs
+    from hloserve.model_parameters import ModelArgs
 
 Discipline = Literal["fair", "fifo", "edf"]
 #: The disciplines, the default first (docs/scheduling.md, "Disciplines").

@@ -4,7 +4,7 @@ docs/serving.md, "Executable cache". One entry per executable, a file ``<key>.xe
 cache directory, where ``<key>`` is the SHA-256 of :class:`CacheKey` (everything that changes
 the binary: the artifact's bytes, platform, device, jaxlib/XLA version, compile options,
 ``XLA_FLAGS``, 64-bit mode, variant and batch size). The payload is PJRT's serialized
-executable (:func:`hloserve.triton_backend.compile.serialize_executable`); this module only
+executable (:func:`hloserve.triton_backend.runtime.compile.serialize_executable`); this module only
 stores bytes and imports no JAX.
 
 Entry layout (format :data:`ENTRY_FORMAT`): the header ``struct`` :data:`_HEADER` (magic
@@ -45,7 +45,7 @@ from typing import Any
 
 from hloserve.errors import InvalidArgumentError
 
-log = logging.getLogger("hloserve.triton_backend.executable_cache")
+log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 
 #: First bytes of every entry.
 MAGIC = b"HLOSXEXE"
@@ -382,40 +382,6 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-class TritonExecutableMetrics:
-    """``hloserve_executables_total{model,source}``: executables made ready, ``source`` being
-    ``compiled`` or ``cache`` (docs/serving.md, "Executable cache").
-
-    Args:
-        pb_utils: the ``triton_python_backend_utils`` module (or a stand-in); see
-            :mod:`hloserve.triton_backend.metrics`.
-    """
-
-    def __init__(self, pb_utils: Any) -> None:
-        family = pb_utils.MetricFamily
-        self._family = family(
-            name="hloserve_executables_total",
-            description="Executables made ready by the runtime, by source (compiled or cache)",
-            kind=family.COUNTER,
-        )
-        self._series: dict[tuple[str, str], Any] = {}
-        self._lock = threading.Lock()
-
-    def counted(self, model: str, source: str) -> None:
-        with self._lock:
-            metric = self._series.get((model, source))
-            if metric is None:
-                labels = {"model": model, "source": source}
-                metric = self._series[(model, source)] = self._family.Metric(labels=labels)
-            metric.increment(1.0)
-
-    def close(self) -> None:
-        """Drop every series, then the family."""
-        with self._lock:
-            self._series.clear()
-            self._family = None
-
-
 __all__ = [
     "COMPILED",
     "DEFAULT_MAX_BYTES",
@@ -425,5 +391,4 @@ __all__ = [
     "CachedEntry",
     "ExecutableCache",
     "ExecutableLabel",
-    "TritonExecutableMetrics",
 ]

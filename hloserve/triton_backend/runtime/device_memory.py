@@ -9,6 +9,11 @@ card, and the figures it publishes (docs/on_demand_weights.md, "Device memory").
   minus a margin of :data:`MARGIN` of the limit; a bundle that leaves no room for the largest
   model's weights is refused with the numbers. An explicit budget (``--weight-cache-bytes``)
   stays as given, refused when it and the executables and scratch exceed the limit.
+- Stateful bundles' sequence state (:mod:`.sequence_state`) counts too:
+  :meth:`DeviceMemory.reserve_state` takes a new sequence's bytes out of the weight budget (or,
+  with an explicit budget, out of what the budget leaves), and refuses the sequence with
+  UNAVAILABLE naming the numbers when it does not fit; :meth:`DeviceMemory.release_state` gives
+  them back.
 - Where the device reports no statistics (CPU: ``memory_stats()`` is None) nothing changes and
   no device figures are published.
 
@@ -18,6 +23,7 @@ in place of ``memory_stats()``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.errors import InvalidArgumentError
+from hloserve.errors import InvalidArgumentError, UnavailableError
 from hloserve.units import format_size
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
@@ -122,6 +128,8 @@ class DeviceMemory:
         self._lock = threading.Lock()
         #: key -> (code bytes, largest scratch bytes) of its executables
         self._executables: dict[str, tuple[int, int]] = {}
+        #: bytes of every live sequence's state (:meth:`reserve_state`)
+        self._state = 0
 
     def admit(self, key: str, name: str, executables: Mapping[Any, Any]) -> None:
         """Account ``key``'s executables and re-size the budget (evicting to fit).
@@ -147,6 +155,48 @@ class DeviceMemory:
                     del self._executables[key]
                 raise
 
+    def reserve_state(self, name: str, nbytes: int) -> None:
+        """Count a new sequence's ``nbytes`` of state on the device (re-sizing the weight budget).
+
+        Where the device reports no statistics (CPU) the bytes are counted and nothing is
+        refused.
+
+        Raises:
+            UnavailableError: the state does not fit: with the budget sized from the card, the
+                weight budget left would not hold the largest model's weights; with an explicit
+                budget, the budget, executables, scratch, margin and state exceed the limit (the
+                numbers named). Nothing is counted then.
+        """
+        stats = memory_stats(self.device)
+        with self._lock:
+            self._state += nbytes
+            if stats is None or getattr(self.cache, "budget_bytes", None) is None:
+                return
+            try:
+                self._resize(name, stats["bytes_limit"])
+            except InvalidArgumentError as exc:
+                self._state -= nbytes
+                raise UnavailableError(
+                    f"model {name!r}: a new sequence's state ({format_size(nbytes)}) does not "
+                    f"fit the device budget; end a sequence or retry later ({exc.message})"
+                ) from None
+
+    def release_state(self, nbytes: int) -> None:
+        """A sequence's ``nbytes`` of state were dropped (END, idle, unloaded): the weight
+        budget gets them back."""
+        stats = memory_stats(self.device)
+        with self._lock:
+            self._state = max(self._state - nbytes, 0)
+            if stats is None or getattr(self.cache, "budget_bytes", None) is None:
+                return
+            with contextlib.suppress(InvalidArgumentError):  # only grows: a bigger budget
+                self._resize("", stats["bytes_limit"])
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of live sequences' state counted (:meth:`reserve_state`)."""
+        return self._state
+
     def forget(self, key: str) -> None:
         """``key`` was unloaded: its executables no longer count."""
         with self._lock:
@@ -156,15 +206,18 @@ class DeviceMemory:
         code = sum(c for c, _ in self._executables.values())
         scratch = max((t for _, t in self._executables.values()), default=0)
         margin = int(MARGIN * limit)
+        state = self._state
         models = self.cache.stats().models
         largest, heaviest = max(((m.nbytes, n) for n, m in models.items()), default=(0, ""))
         numbers = (
             f"bytes_limit {format_size(limit)} - executables {format_size(code)} - largest "
             f"scratch {format_size(scratch)} - margin {format_size(margin)} ({MARGIN:g})"
         )
+        if state:
+            numbers += f" - sequence state {format_size(state)}"
         if self.explicit:
             budget = int(self.cache.budget_bytes)
-            room = limit - code - scratch - margin
+            room = limit - code - scratch - margin - state
             if budget > room:
                 raise InvalidArgumentError(
                     f"model {name!r}: the weight cache budget of {format_size(budget)} does not "
@@ -173,7 +226,7 @@ class DeviceMemory:
                     f"{names.PARAM_DEVICE_MEMORY_FRACTION})"
                 )
             return
-        budget = limit - code - scratch - margin
+        budget = limit - code - scratch - margin - state
         if budget < largest:
             raise InvalidArgumentError(
                 f"model {name!r}: the device cannot hold the weights of {heaviest!r} "
