@@ -17,30 +17,22 @@ def _serve(args: argparse.Namespace) -> int:
 
     return run_serve(
         ServeOptions(
-            path=args.path,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            host=args.host,
-            model_control_mode=args.model_control_mode,
+            **{name: getattr(args, name) for name in _SAME_NAMES},
             load_models=tuple(args.load_model),
-            repository_out=args.repository_out,
             build=build_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
-            log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
-            workers=args.workers,
-            gpus=args.gpus,
-            worker_port_base=args.worker_port_base,
-            gateway_config=args.gateway_config,
-            admin_port=args.admin_port,
-            watch=args.watch,
             watch_interval_s=args.watch_interval,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca,
         )
     )
+
+
+#: The ``ServeOptions`` fields whose flag has the same name (``--http-port`` -> ``http_port``).
+_SAME_NAMES = (
+    *("path", "http_port", "grpc_port", "metrics_port", "host", "model_control_mode"),
+    *("repository_out", "log_verbose", "workers", "gpus", "worker_port_base", "gateway_config"),
+    *("admin_port", "watch", "tls_cert", "tls_key", "tls_client_ca"),
+)
 
 
 def add_serve(commands: argparse._SubParsersAction) -> None:
