@@ -187,7 +187,7 @@ def serve_start(
     bundles_dir: Path, cache: str, log: Path
 ) -> tuple[float, tuple[int, float, int, float]]:
     """Start ``hloserve serve`` until 'ready after', stop it; ('ready after' s, summary)."""
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.ports import free_ports
 
     http, grpc, metrics = free_ports(3)
     argv = [sys.executable, "-m", "hloserve.cli", "serve", str(bundles_dir)]

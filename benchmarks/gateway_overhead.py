@@ -140,8 +140,9 @@ def main() -> int:
     from hloserve.model_repository_tools import build_repository
     from hloserve.node.gateway_thread import GatewayThread
     from hloserve.node.perf_analyzer import run_perf_analyzer
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import TritonServer, free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.ports import free_ports
 
     rows: dict[tuple[str, int], list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="hloserve-gateway-overhead-") as tmp:

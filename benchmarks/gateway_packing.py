@@ -44,8 +44,9 @@ from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import SchedulingOptions, build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.perf_analyzer import perf_analyzer_binary, perf_analyzer_env
-from hloserve.node.serve import ServeOptions, server_options
-from hloserve.node.tritonserver import TritonServer, free_ports
+from hloserve.node.serve_options import ServeOptions, server_options
+from hloserve.node.tritonserver import TritonServer
+from hloserve.ports import free_ports
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 

@@ -156,8 +156,9 @@ def main() -> int:
     args = parser.parse_args()
 
     from hloserve.model_repository_tools import build_repository
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import TritonServer, free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.ports import free_ports
 
     with tempfile.TemporaryDirectory(prefix="hloserve-bench-") as tmp:
         bundles, repo = Path(tmp) / "bundles", Path(tmp) / "repository"

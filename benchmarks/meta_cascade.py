@@ -50,8 +50,9 @@ def main() -> int:
     import tritonclient.grpc as grpcclient
 
     from hloserve.model_repository_tools import build_repository
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import TritonServer, free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.ports import free_ports
 
     export = _load("export")
     client_mod = _load("client")

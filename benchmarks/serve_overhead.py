@@ -174,8 +174,9 @@ def main() -> int:
     from hloserve.model_repository_tools import build_repository
     from hloserve.model_repository_tools.build_options import BatchSizeOptions
     from hloserve.node.perf_analyzer import run_perf_analyzer
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import TritonServer, free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.ports import free_ports
 
     sys.path.insert(0, str(ROOT / "examples" / "digits"))
     import export as digits_export

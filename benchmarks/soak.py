@@ -201,8 +201,9 @@ def soak(
     """
     from hloserve.bundle import load_bundle
     from hloserve.model_repository_tools import WeightCacheOptions, build_repository
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import TritonServer, free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.node.tritonserver import TritonServer
+    from hloserve.ports import free_ports
 
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="hloserve-soak-") as tmp:

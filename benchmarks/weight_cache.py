@@ -160,9 +160,10 @@ def drive(
 
 def run(repo: Path, log: Path, models: list[str], items: int, args: Any) -> dict[str, Any]:
     from hloserve.node import tritonserver as ts
+    from hloserve.node.triton_options import TritonServerOptions
     from hloserve.triton_backend.backends import backend_dirs
 
-    options = ts.TritonServerOptions.on_free_ports(
+    options = TritonServerOptions.on_free_ports(
         repo, extra_backend_dirs=backend_dirs(), log_file=log, startup_timeout_s=300.0
     )
     with ts.TritonServer(options) as server:

@@ -12,6 +12,7 @@ Subcommands:
     status URL                      print a server's weight cache state (metrics endpoint)
     status --models ADMIN_URL       each model's version, state, last reload, error
     gateway --config FILE           one KServe V2 endpoint (gRPC, HTTP) over several tritonservers
+    node up|down [--config FILE]    one tritonserver per GPU plus the gateway, from a node file
     gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import __version__
-from hloserve.cli_options import add_build_options, add_tls_flags, build_options
+from hloserve.cli_options import add_build_options, add_config_flag, add_tls_flags, build_options
 from hloserve.cli_serve import add_serve
 from hloserve.errors import HloserveError
 
@@ -67,9 +68,16 @@ def _export_torch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _group(
+    commands: Any, name: str, help: str, metavar: str = "ACTION", description: str | None = None
+) -> Any:
+    """Subcommand ``name`` with actions of its own (``hloserve NAME ACTION``): their parsers."""
+    parser = commands.add_parser(name, help=help, description=description)
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
 def _add_export(commands: Any) -> None:
-    export = commands.add_parser("export", help="export a model as a bundle")
-    export_cmds = export.add_subparsers(dest="export_command", required=True, metavar="FRAMEWORK")
+    export_cmds = _group(commands, "export", "export a model as a bundle", "FRAMEWORK")
     torch = export_cmds.add_parser(
         "torch",
         help="export a torch.nn.Module (through torchax; pip install 'hloserve[export-torch]')",
@@ -129,10 +137,10 @@ def _bundle_convert(args: argparse.Namespace) -> int:
     from hloserve.bundle.convert import convert_bundle
 
     converted = convert_bundle(args.bundle_dir, args.target)
+    what = "every executable is already a portable artifact"
     if converted:
-        print(f"{args.bundle_dir}: converted {', '.join(converted)} to portable artifacts")
-    else:
-        print(f"{args.bundle_dir}: every executable is already a portable artifact")
+        what = f"converted {', '.join(converted)} to portable artifacts"
+    print(f"{args.bundle_dir}: {what}")
     return 0
 
 
@@ -199,6 +207,21 @@ def _gateway_ctl(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _node(args: argparse.Namespace) -> int:
+    from hloserve.node.node import run_node_down, run_node_up
+    from hloserve.node.node_config import load_node_config
+
+    config = load_node_config(args.config)
+    if args.node_command == "up":
+        return run_node_up(config)
+    stopped = run_node_down(config)
+    print(
+        f"node {config.name}: "
+        + (f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``hloserve`` (built on call, never at import)."""
     parser = argparse.ArgumentParser(
@@ -210,8 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_export(commands)
-    bundle = commands.add_parser("bundle", help="check, inspect and convert model bundles")
-    bundle_cmds = bundle.add_subparsers(dest="bundle_command", required=True, metavar="ACTION")
+    bundle_cmds = _group(commands, "bundle", "check, inspect and convert model bundles")
     validate = bundle_cmds.add_parser(
         "validate",
         help="check bundles against the format (manifest, weights, every executable's signature)",
@@ -230,14 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("bundle_dir", type=Path, metavar="BUNDLE_DIR")
     convert.add_argument(
         "--target",
-        default=None,
         metavar="VERSION",
         help="StableHLO version to target (default: the oldest supported, widest compatibility)",
     )
     convert.set_defaults(func=_bundle_convert)
 
-    repo = commands.add_parser("repo", help="build and check Triton model repositories")
-    repo_cmds = repo.add_subparsers(dest="repo_command", required=True, metavar="ACTION")
+    repo_cmds = _group(commands, "repo", "build and check Triton model repositories")
     build = repo_cmds.add_parser(
         "build",
         help="write a Triton model repository serving every bundle in BUNDLES_DIR",
@@ -294,21 +314,26 @@ def build_parser() -> argparse.ArgumentParser:
         "be overridden with HLOSERVE_GATEWAY_* variables (docs/gateway.md). Stops on "
         "Ctrl-C/SIGTERM.",
     )
-    gateway.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="gateway YAML file (default: environment variables only)",
-    )
+    add_config_flag(gateway, "gateway", "environment")
     add_tls_flags(gateway, "")
     gateway.set_defaults(func=_gateway)
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 
     add_gateway_ctl(commands, _gateway_ctl)
-    from hloserve.node.cli_node import add_parser as add_node
-
-    add_node(commands)
+    actions = _group(
+        commands,
+        "node",
+        "one tritonserver per GPU (processes or containers) plus the gateway",
+        description="Start or stop the workers of this machine from a node file "
+        "(docs/deployment.md); settings can be overridden with HLOSERVE_NODE_* variables.",
+    )
+    for action, text in (
+        ("up", "start the workers and the gateway; stop everything on Ctrl-C/SIGTERM"),
+        ("down", "stop the node: remove its containers (by label) or end its `node up`"),
+    ):
+        sub = actions.add_parser(action, help=text, description=text)
+        add_config_flag(sub, "node", "HLOSERVE_NODE_*")
+        sub.set_defaults(func=_node)
     return parser
 
 

@@ -294,3 +294,14 @@ def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
         metavar="FILE",
         help="require client certificates signed by these CAs, PEM (default: none asked)",
     )
+
+
+def add_config_flag(parser: argparse.ArgumentParser, what: str, variables: str) -> None:
+    """``--config FILE``: the YAML settings file of ``gateway`` or ``node``, whose keys the
+    ``variables`` (e.g. ``HLOSERVE_NODE_*``) override (the default: those alone)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"{what} YAML file (default: {variables} variables only)",
+    )

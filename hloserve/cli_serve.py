@@ -12,38 +12,32 @@ from hloserve.cli_options import add_build_options, add_tls_flags, build_options
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hloserve.node.serve import ServeOptions, run_serve
+    from hloserve.node.serve import run_serve
+    from hloserve.node.serve_options import ServeOptions
 
     return run_serve(
         ServeOptions(
-            path=args.path,
-            http_port=args.http_port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-            host=args.host,
-            model_control_mode=args.model_control_mode,
+            **{name: getattr(args, name) for name in _SAME_NAMES},
             load_models=tuple(args.load_model),
             open_repository_api=args.open_repository_api,
-            repository_out=args.repository_out,
             build=build_options(args),
             tritonserver_args=tuple(args.tritonserver_args),
-            log_verbose=args.log_verbose,
             startup_timeout_s=args.startup_timeout,
-            workers=args.workers,
-            gpus=args.gpus,
-            worker_port_base=args.worker_port_base,
-            gateway_config=args.gateway_config,
-            admin_port=args.admin_port,
-            watch=args.watch,
             watch_interval_s=args.watch_interval,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca,
         )
     )
 
 
+#: The ``ServeOptions`` fields whose flag has the same name (``--http-port`` -> ``http_port``).
+_SAME_NAMES = (
+    *("path", "http_port", "grpc_port", "metrics_port", "host", "model_control_mode"),
+    *("repository_out", "log_verbose", "workers", "gpus", "worker_port_base", "gateway_config"),
+    *("admin_port", "watch", "tls_cert", "tls_key", "tls_client_ca"),
+)
+
+
 def add_serve(commands: argparse._SubParsersAction) -> None:
+    """Add ``serve`` and its flags (docs/serving.md) to the ``hloserve`` subcommands."""
     serve = commands.add_parser(
         "serve",
         help="serve bundles (or a built repository) with a local tritonserver",
@@ -60,7 +54,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--admin-port",
         type=int,
-        default=None,
         metavar="PORT",
         help="the supervisor's own /metrics (workers up, restarts, stub reloads; "
         "docs/observability.md); default 8003, off with a warning when taken; 0 = a free port",
@@ -73,7 +66,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--model-control-mode",
         choices=("none", "poll", "explicit"),
-        default=None,
         help="tritonserver --model-control-mode; by default explicit with --load-model=* "
         "(everything loads at start, and a model whose process dies is reloaded), the "
         "repository API (load/unload) restricted to clients sending the header "
@@ -97,7 +89,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--repository-out",
         type=Path,
-        default=None,
         metavar="DIR",
         help="keep the repository built from bundles here (default: a temporary directory)",
     )
@@ -113,7 +104,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workers",
         type=int,
-        default=None,
         metavar="N",
         help="tritonservers to run, each on its own GPU: the first N visible GPUs (default: one "
         "per visible GPU, one CPU worker without GPUs); above 1 the gateway listens on "
@@ -122,7 +112,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--gpus",
-        default=None,
         metavar="all|none|0,1,...",
         help="the GPUs to serve on, one worker each (NVML / nvidia-smi indices, PCI bus order; "
         "CUDA_VISIBLE_DEVICES restricts them); none = CPU workers (--workers of them)",
@@ -138,7 +127,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--gateway-config",
         type=Path,
-        default=None,
         metavar="FILE",
         help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
         "workers, listen and admin ports",

@@ -45,45 +45,30 @@ class Status(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
+#: (gRPC numeric code as in grpc.StatusCode, HTTP status as Triton's HTTP frontend answers) of
+#: each :class:`Status`.
+_CODES: dict[Status, tuple[int, int]] = {
+    Status.INVALID_ARGUMENT: (3, 400),
+    Status.NOT_FOUND: (5, 404),
+    Status.UNAVAILABLE: (14, 503),
+    Status.UNIMPLEMENTED: (12, 501),
+    Status.FAILED_PRECONDITION: (9, 400),
+    Status.RESOURCE_EXHAUSTED: (8, 429),
+    Status.DEADLINE_EXCEEDED: (4, 504),
+    Status.INTERNAL: (13, 500),
+    Status.CANCELLED: (1, 499),
+    Status.UNKNOWN: (2, 500),
+    Status.ALREADY_EXISTS: (6, 409),
+    Status.PERMISSION_DENIED: (7, 403),
+    Status.ABORTED: (10, 409),
+    Status.OUT_OF_RANGE: (11, 400),
+    Status.DATA_LOSS: (15, 500),
+    Status.UNAUTHENTICATED: (16, 401),
+}
 #: gRPC numeric status code of each :class:`Status` (grpc.StatusCode values).
-GRPC_CODE: dict[Status, int] = {
-    Status.INVALID_ARGUMENT: 3,
-    Status.NOT_FOUND: 5,
-    Status.UNAVAILABLE: 14,
-    Status.UNIMPLEMENTED: 12,
-    Status.FAILED_PRECONDITION: 9,
-    Status.RESOURCE_EXHAUSTED: 8,
-    Status.DEADLINE_EXCEEDED: 4,
-    Status.INTERNAL: 13,
-    Status.CANCELLED: 1,
-    Status.UNKNOWN: 2,
-    Status.ALREADY_EXISTS: 6,
-    Status.PERMISSION_DENIED: 7,
-    Status.ABORTED: 10,
-    Status.OUT_OF_RANGE: 11,
-    Status.DATA_LOSS: 15,
-    Status.UNAUTHENTICATED: 16,
-}
-
+GRPC_CODE: dict[Status, int] = {status: grpc for status, (grpc, _) in _CODES.items()}
 #: HTTP status code of each :class:`Status`, as Triton's HTTP frontend answers.
-HTTP_STATUS: dict[Status, int] = {
-    Status.INVALID_ARGUMENT: 400,
-    Status.NOT_FOUND: 404,
-    Status.UNAVAILABLE: 503,
-    Status.UNIMPLEMENTED: 501,
-    Status.FAILED_PRECONDITION: 400,
-    Status.RESOURCE_EXHAUSTED: 429,
-    Status.DEADLINE_EXCEEDED: 504,
-    Status.INTERNAL: 500,
-    Status.CANCELLED: 499,
-    Status.UNKNOWN: 500,
-    Status.ALREADY_EXISTS: 409,
-    Status.PERMISSION_DENIED: 403,
-    Status.ABORTED: 409,
-    Status.OUT_OF_RANGE: 400,
-    Status.DATA_LOSS: 500,
-    Status.UNAUTHENTICATED: 401,
-}
+HTTP_STATUS: dict[Status, int] = {status: http for status, (_, http) in _CODES.items()}
 
 
 class HloserveError(Exception):
@@ -264,8 +249,6 @@ class WorkerSchedulingError(HloserveError):
 class TritonServerError(HloserveError):
     """The local tritonserver could not be found, started, made ready, or stopped."""
 
-    status = Status.INTERNAL
-
 
 class PortInUseError(TritonServerError):
     """A port the server was asked to bind is already taken on that address."""
@@ -285,8 +268,6 @@ class NodeError(HloserveError):
 
 class GpuNotFoundError(NodeError):
     """The node file asks for GPUs that this machine does not have."""
-
-    status = Status.FAILED_PRECONDITION
 
 
 class NodeConfigError(InvalidArgumentError):

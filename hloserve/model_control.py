@@ -81,9 +81,9 @@ def launcher_key(environ: Mapping[str, str] | None = None) -> str:
         InvalidArgumentError: :data:`ENV_KEY` is set to an unusable key (:func:`check_key`).
     """
     global _process_key
-    value = (os.environ if environ is None else environ).get(ENV_KEY, "")
-    if value:
-        return check_key(value)
+    key = local_key(environ)
+    if key is not None:
+        return key
     with _process_key_lock:
         if _process_key is None:
             _process_key = new_key()

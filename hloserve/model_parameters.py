@@ -37,7 +37,6 @@ class Parameter:
 
     Attributes:
         key: the parameter key, e.g. ``"hloserve.bundle"`` (from :mod:`hloserve.names`).
-        attr: the field of the kind's dataclass holding the typed value.
         expected: the accepted form, for error messages ("a positive integer").
         parse: text (stripped, not blank) -> value; raises ValueError when malformed (its
             message, if any, is added to the error).
@@ -46,16 +45,21 @@ class Parameter:
         always: the writer writes it even at its default (else it leaves defaults out).
         refusal: (model, text) -> the whole error message, for a malformed value whose
             message is not "must be <expected>".
+        attr: the field of the kind's dataclass holding the typed value; "" = the key
+            without ``hloserve.``.
     """
 
     key: str
-    attr: str
     expected: str
     parse: Callable[[str], Any]
     write: Callable[[Any], str] = str
     required: bool = False
     always: bool = False
     refusal: Callable[[str, str], str] | None = None
+    attr: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attr", self.attr or self.key.removeprefix("hloserve."))
 
     def read(self, model: str, params: Mapping[str, str], default: Any) -> Any:
         """The typed value of this parameter in ``params`` (``default`` when absent or blank).
@@ -133,7 +137,6 @@ def _format_refusal(model: str, text: str) -> str:
 def _repository_format(*, required: bool) -> Parameter:
     return Parameter(
         names.PARAM_REPOSITORY_FORMAT,
-        "repository_format",
         f"an integer from {names.MIN_REPOSITORY_FORMAT} to {names.MAX_REPOSITORY_FORMAT}",
         _format_parse,
         required=required,
@@ -152,7 +155,6 @@ def _format_parse(text: str) -> int:
 def _bundle() -> Parameter:
     return Parameter(
         names.PARAM_BUNDLE,
-        "bundle",
         "the bundle directory relative to the model directory",
         str,
         required=True,
@@ -264,21 +266,12 @@ class FrontParameters(ModelParameters):
 
     SCHEMA: ClassVar[tuple[Parameter, ...]] = (
         _bundle(),
-        Parameter(names.PARAM_RUNTIME_MODEL, "runtime_model", "a model name", str, always=True),
+        Parameter(names.PARAM_RUNTIME_MODEL, "a model name", str, always=True),
         _repository_format(required=False),
-        Parameter(
-            names.PARAM_MAX_REQUEST_BYTES,
-            "max_request_bytes",
-            "a positive integer",
-            _integer(1),
-            always=True,
-        ),
-        Parameter(
-            names.PARAM_FRONT_INFLIGHT, "front_inflight", "a non-negative integer", _integer(0)
-        ),
+        Parameter(names.PARAM_MAX_REQUEST_BYTES, "a positive integer", _integer(1), always=True),
+        Parameter(names.PARAM_FRONT_INFLIGHT, "a non-negative integer", _integer(0)),
         Parameter(
             names.PARAM_RUNTIME_WAIT_S,
-            "runtime_wait_s",
             "a number of seconds >= 0",
             _number(0.0, math.inf, low_open=False),
             write=repr,
@@ -307,19 +300,12 @@ class MetaParameters(ModelParameters):
         _bundle(),
         Parameter(
             names.PARAM_META_CALLS,
-            "meta_calls",
             "comma-separated model names",
             _names,
             write=names.BUNDLES_SEPARATOR.join,
             always=True,
         ),
-        Parameter(
-            names.PARAM_META_CONCURRENCY,
-            "meta_concurrency",
-            "an integer >= 1",
-            _integer(1),
-            always=True,
-        ),
+        Parameter(names.PARAM_META_CONCURRENCY, "an integer >= 1", _integer(1), always=True),
         _repository_format(required=False),
     )
 
@@ -362,70 +348,49 @@ class RuntimeParameters(ModelParameters):
 
     SCHEMA: ClassVar[tuple[Parameter, ...]] = (
         _repository_format(required=True),
-        Parameter(
-            names.PARAM_WEIGHT_CACHE_BYTES,
-            "weight_cache_bytes",
-            "a non-negative integer",
-            _integer(0),
-        ),
+        Parameter(names.PARAM_WEIGHT_CACHE_BYTES, "a non-negative integer", _integer(0)),
         Parameter(
             names.PARAM_WEIGHT_CACHE_FRACTION,
-            "weight_cache_fraction",
             "a number in (0, 1]",
             _number(0.0, 1.0, low_open=True),
             write=repr,
         ),
         Parameter(
             names.PARAM_DEVICE_MEMORY_FRACTION,
-            "device_memory_fraction",
             "a number in (0, 1]",
             _number(0.0, 1.0, low_open=True),
             write=repr,
         ),
         Parameter(
             names.PARAM_RESIDENCY,
-            "residency",
             f"'<model>=<residency>,...' with residencies from {list(names.RESIDENCIES)}",
             names.parse_residency,
             write=lambda v: names.format_residency(dict(v)),
         ),
-        Parameter(
-            names.PARAM_COMPACTION_INTERVAL,
-            "compaction_interval",
-            "a non-negative integer",
-            _integer(0),
-        ),
+        Parameter(names.PARAM_COMPACTION_INTERVAL, "a non-negative integer", _integer(0)),
         Parameter(
             names.PARAM_SCHEDULING,
-            "scheduling",
             f"one of {list(names.SCHEDULING_DISCIPLINES)}",
             _choice(names.SCHEDULING_DISCIPLINES),
         ),
         Parameter(
             names.PARAM_MODEL_WEIGHTS,
-            "model_weights",
             "'<model>=<weight>,...' with weights > 0",
             names.parse_model_weights,
             write=lambda v: names.format_model_weights(dict(v)),
         ),
         Parameter(
             names.PARAM_EXECUTABLE_CACHE,
-            "executable_cache",
             f"an absolute directory or {names.EXECUTABLE_CACHE_OFF!r}",
             str,
         ),
-        Parameter(
-            names.PARAM_EXECUTABLE_CACHE_BYTES,
-            "executable_cache_bytes",
-            "a positive integer (bytes)",
-            _integer(1),
-        ),
+        Parameter(names.PARAM_EXECUTABLE_CACHE_BYTES, "a positive integer (bytes)", _integer(1)),
         Parameter(
             names.PARAM_FOREIGN_BYTES,
-            "foreign_bytes",
             "'<model>=<bytes>,...' with bytes >= 0",
             names.parse_model_bytes,
             write=lambda v: names.format_model_bytes(dict(v)),
+            attr="foreign_bytes",
         ),
     )
     LEGACY: ClassVar[Mapping[str, str]] = MappingProxyType(
@@ -514,15 +479,3 @@ class ModelArgs:
                 "(regenerate the repository with `hloserve repo build`)"
             )
         return value
-
-
-__all__ = [
-    "FrontParameters",
-    "MetaParameters",
-    "ModelArgs",
-    "ModelParameters",
-    "Parameter",
-    "RuntimeParameters",
-    "check_one_budget",
-    "string_values",
-]

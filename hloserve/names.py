@@ -9,6 +9,10 @@ every Triton stub) may import it cheaply.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+V = TypeVar("V")
 
 #: Version of the generated repository layout; written to every front model's
 #: ``hloserve.repository_format`` parameter (as text). History: 1 = front/runtime split over
@@ -166,22 +170,15 @@ def parse_residency(text: str) -> dict[str, str]:
         ValueError: an item is not ``<model>=<residency>``, names a model twice, or gives a
             residency outside :data:`RESIDENCIES` (the message says which).
     """
-    out: dict[str, str] = {}
-    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
-        if not item:
-            continue
-        model, sep, value = (part.strip() for part in item.partition("="))
-        value = value.lower()
-        if not sep or not model:
-            raise ValueError(f"residency item {item!r} is not '<model>=<residency>'")
-        if value not in RESIDENCIES:
-            raise ValueError(
-                f"residency of model {model!r} is {value!r}, not one of {list(RESIDENCIES)}"
-            )
-        if model in out:
-            raise ValueError(f"residency of model {model!r} is given twice")
-        out[model] = value
-    return out
+
+    def residency(value: str) -> str:
+        if value.lower() not in RESIDENCIES:
+            raise ValueError(f"{value.lower()!r}, not one of {list(RESIDENCIES)}")
+        return value.lower()
+
+    return _parse_map(
+        text, "residency item", "<residency>", "residency of model {!r} is", residency
+    )
 
 
 def format_model_weights(weights: dict[str, float]) -> str:
@@ -198,23 +195,17 @@ def parse_model_weights(text: str) -> dict[str, float]:
         ValueError: an item is not ``<model>=<weight>``, names a model twice, or its weight is
             not a finite number > 0 (the message says which).
     """
-    out: dict[str, float] = {}
-    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
-        if not item:
-            continue
-        model, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not model:
-            raise ValueError(f"model weight {item!r} is not '<model>=<weight>'")
+
+    def weight(value: str) -> float:
         try:
-            weight = float(value)
+            number = float(value)
         except ValueError:
-            weight = math.nan
-        if not (math.isfinite(weight) and weight > 0):
-            raise ValueError(f"weight of model {model!r} is {value!r}, not a number > 0")
-        if model in out:
-            raise ValueError(f"weight of model {model!r} is given twice")
-        out[model] = weight
-    return out
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"{value!r}, not a number > 0")
+        return number
+
+    return _parse_map(text, "model weight", "<weight>", "weight of model {!r} is", weight)
 
 
 def format_model_bytes(sizes: dict[str, int]) -> str:
@@ -229,18 +220,34 @@ def parse_model_bytes(text: str) -> dict[str, int]:
         ValueError: an item is not ``<model>=<bytes>``, names a model twice, or its bytes are
             not a decimal integer >= 0 (the message says which).
     """
-    out: dict[str, int] = {}
-    for item in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
-        if not item:
-            continue
-        model, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not model:
-            raise ValueError(f"model bytes item {item!r} is not '<model>=<bytes>'")
+
+    def nbytes(value: str) -> int:
         if not value.isdigit():
-            raise ValueError(f"bytes of model {model!r} are {value!r}, not an integer >= 0")
+            raise ValueError(f"{value!r}, not an integer >= 0")
+        return int(value)
+
+    return _parse_map(text, "model bytes item", "<bytes>", "bytes of model {!r} are", nbytes)
+
+
+def _parse_map(
+    text: str, item: str, form: str, subject: str, parse: Callable[[str], V]
+) -> dict[str, V]:
+    """``"<model>=<value>,..."`` as a dict; ``parse`` raises ValueError with what follows
+    ``subject`` (a format of the model name) in the message."""
+    out: dict[str, V] = {}
+    for entry in (i.strip() for i in text.split(BUNDLES_SEPARATOR)):
+        if not entry:
+            continue
+        model, sep, value = (part.strip() for part in entry.partition("="))
+        if not sep or not model:
+            raise ValueError(f"{item} {entry!r} is not '<model>={form}'")
+        try:
+            parsed = parse(value)
+        except ValueError as exc:
+            raise ValueError(f"{subject.format(model)} {exc}") from None
         if model in out:
-            raise ValueError(f"bytes of model {model!r} are given twice")
-        out[model] = int(value)
+            raise ValueError(f"{subject.format(model)} given twice")
+        out[model] = parsed
     return out
 
 

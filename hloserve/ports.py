@@ -91,6 +91,3 @@ def check_ports_free(host: str, ports: Mapping[str, int], what: str = "", hint: 
                 raise PortInUseError(
                     f"{what}{endpoint} port {host}:{port} is already in use ({e}){hint}"
                 ) from e
-
-
-__all__ = ["check_ports_free", "free_port", "free_ports"]

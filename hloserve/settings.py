@@ -33,8 +33,9 @@ def env_overrides(
     list_keys: Collection[str] = (),
     raw_keys: Collection[str] = (),
     no_env_keys: Collection[str] = (),
-) -> tuple[dict[str, Any], list[str]]:
-    """The nested overrides that ``prefix`` variables give for ``root``, and the problems found.
+) -> tuple[dict[str, Any], list[str], dict[tuple[str, ...], str]]:
+    """The nested overrides that ``prefix`` variables give for ``root``, the problems found,
+    and the variable that set each key path.
 
     Args:
         environ: the environment to read.
@@ -45,11 +46,12 @@ def env_overrides(
         no_env_keys: keys with no environment form (maps such as per-model overrides).
 
     Returns:
-        ``(overrides, problems)``: a nested dict to merge over the file's data, and one line per
-        variable that names no setting.
+        ``(overrides, problems, variables)``: a nested dict to merge over the file's data, one
+        line per variable that names no setting, and key path -> the variable that set it.
     """
     overrides: dict[str, Any] = {}
     problems: list[str] = []
+    variables: dict[tuple[str, ...], str] = {}
     for name in sorted(environ):
         if not name.startswith(prefix):
             continue
@@ -75,7 +77,8 @@ def env_overrides(
             for part in path[:-1]:
                 target = target.setdefault(part, {})
             target[key] = _env_value(environ[name], key in list_keys, key in raw_keys)
-    return overrides, problems
+            variables[tuple(path)] = name
+    return overrides, problems, variables
 
 
 def _env_value(raw: str, is_list: bool, is_raw: bool) -> Any:
@@ -148,7 +151,7 @@ def load_settings(
         data = loaded
         if prepare_file is not None:
             prepare_file(data, Path(path))
-    overrides, problems = env_overrides(
+    overrides, problems, variables = env_overrides(
         environ,
         prefix,
         model,
@@ -161,30 +164,7 @@ def load_settings(
     try:
         return model.model_validate(merge(data, overrides))
     except ValidationError as exc:
-        variables = _override_variables(environ, prefix, overrides)
         raise error(f"{what} {source}: " + "; ".join(_problems(exc, variables))) from None
-
-
-def _override_variables(
-    environ: Mapping[str, str], prefix: str, overrides: Mapping[str, Any]
-) -> dict[tuple[str, ...], str]:
-    """Key path -> the variable that set it, for every leaf in ``overrides``."""
-    variables = {}
-    for name in environ:
-        if name.startswith(prefix):
-            path = tuple(part.lower() for part in name[len(prefix) :].split("__"))
-            if _holds(overrides, path):
-                variables[path] = name
-    return variables
-
-
-def _holds(tree: Mapping[str, Any], path: tuple[str, ...]) -> bool:
-    """Whether ``tree`` has a leaf at ``path`` (its value may be None)."""
-    for part in path[:-1]:
-        tree = tree.get(part, {})
-        if not isinstance(tree, Mapping):
-            return False
-    return bool(path) and path[-1] in tree
 
 
 def _problems(exc: ValidationError, variables: Mapping[tuple[str, ...], str]) -> list[str]:

@@ -91,8 +91,8 @@ def serving_options(repo: Path, log_file: Path | None = None) -> Any:
     """tritonserver options as ``hloserve serve`` sets them, on free ports, for a repository."""
     import dataclasses
 
-    from hloserve.node.serve import ServeOptions, server_options
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.node.serve_options import ServeOptions, server_options
+    from hloserve.ports import free_ports
 
     http, grpc, metrics = free_ports(3)
     options = ServeOptions(path=repo, http_port=http, grpc_port=grpc, metrics_port=metrics)

@@ -20,9 +20,9 @@ Modules:
     node: ``hloserve node up|down``: the node file's plan run by the supervisor.
     node_config: the typed node file of ``hloserve node up|down`` (YAML + HLOSERVE_NODE_*).
     watchdog: reload a model whose Python backend stub process died.
+    watcher: ``serve --watch``: bundles added, changed or removed while the server runs.
     model_control_client: Triton's repository API (index, load, reload, unload) with the
         launcher's key (:mod:`hloserve.model_control`).
     perf_analyzer: run Triton's ``perf_analyzer`` and read its CSV.
     status: ``hloserve status``: the weight cache table (:mod:`hloserve.prometheus_text`).
-    cli_node: the ``node`` subcommands.
 """

@@ -18,31 +18,27 @@ Each container is found again by its labels ``hloserve.node=<name>`` and ``hlose
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import socket
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from hloserve.errors import Status
+from hloserve.errors import NodeError, Status
 from hloserve.node.docker_spec import (
-    LABEL_GPU,
     LABEL_NODE,
     LABEL_WORKER,
-    container_name,
     container_spec,
     image_build_command,
     loads_when_ready,
     to_sdk,
-    worker_command,
 )
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import NodeError, WorkerPlan, connect_host, restart_allowed
+from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
+from hloserve.node.tritonserver import health_ready
 
 _LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
@@ -285,18 +281,11 @@ class DockerWorkers:
         timeout = self.config.tritonserver.startup_timeout_s
         start = time.monotonic()
         waiting = set(range(len(self.plan)))
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         while waiting and not stop.is_set():
             for i in sorted(waiting):
-                url = f"http://{host}:{self.plan[i].http_port}/v2/health/ready"
-                # HTTPException: a malformed answer (not Triton) counts as not ready yet
-                with (
-                    contextlib.suppress(OSError, http.client.HTTPException),
-                    opener.open(url, timeout=1.0) as response,
-                ):
-                    if response.status == 200:
-                        waiting.discard(i)
-                        continue
+                if health_ready(f"{host}:{self.plan[i].http_port}"):
+                    waiting.discard(i)
+                    continue
                 container = self._containers[i]
                 try:
                     container.reload()
@@ -340,18 +329,13 @@ class DockerWorkers:
     def _load_when_ready(self, i: int) -> None:
         """After Docker restarted worker ``i``: wait until it is ready, then load the rest
         (the restarted container loads the runtime model only, as at start)."""
-        url = f"http://{connect_host(self.config.host)}:{self.plan[i].http_port}/v2/health/ready"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        address = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
         deadline = time.monotonic() + self.config.tritonserver.startup_timeout_s
         while time.monotonic() < deadline and not self._logs_stop.is_set():
-            with (
-                contextlib.suppress(OSError, http.client.HTTPException),
-                opener.open(url, timeout=1.0) as response,
-            ):
-                if response.status == 200:
-                    with contextlib.suppress(Exception):  # Triton keeps each reason
-                        self._load_rest(i)
-                    return
+            if health_ready(address):
+                with contextlib.suppress(Exception):  # Triton keeps each reason
+                    self._load_rest(i)
+                return
             self._logs_stop.wait(0.5)
 
     def _will_restart(self, container: Any) -> bool:
@@ -422,20 +406,3 @@ class DockerWorkers:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-__all__ = [
-    "DOCKER_API_VERSION",
-    "LABEL_GPU",
-    "LABEL_NODE",
-    "LABEL_WORKER",
-    "DockerWorkers",
-    "connect",
-    "container_name",
-    "container_spec",
-    "image_build_command",
-    "node_containers",
-    "remove_node_containers",
-    "to_sdk",
-    "worker_command",
-]

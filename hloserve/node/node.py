@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from hloserve.errors import NodeError
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
-    NodeError,
     NodePlan,
     WorkerPlan,
     device_name,
@@ -31,6 +31,7 @@ from hloserve.node.plan import (
     plan_workers,
     planned_ports,
 )
+from hloserve.node.procfs import proc_stat
 from hloserve.node.serve_options import node_server_options
 from hloserve.node.supervisor import Workers, run_node, stop_on_signals
 from hloserve.ports import check_ports_free
@@ -119,15 +120,6 @@ def run_node_up(
             _pid_file(config.name).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
-
-
 def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
     """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process.
 
@@ -153,7 +145,8 @@ def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
         return []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        stat = proc_stat(pid)  # a zombie, exited but not yet reaped, does not run
+        if stat is None or stat[0] == "Z":
             return [f"pid {pid}"]
         time.sleep(0.2)
     raise NodeError(f"node {config.name}: process {pid} did not exit {timeout_s:g} s after SIGTERM")

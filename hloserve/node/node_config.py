@@ -27,9 +27,9 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hloserve.errors import NodeConfigError
 from hloserve.node.triton_options import ModelControlMode
@@ -43,8 +43,21 @@ Launcher = Literal["tritonserver", "hloserve"]
 RestartName = Literal["no", "on-failure", "always", "unless-stopped"]
 
 
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
-_SHM = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+def _matching(pattern: str, expected: str) -> AfterValidator:
+    """A check that a string matches ``pattern``: "expected <expected>, got '<value>'"."""
+
+    def check(value: str) -> str:
+        if not re.match(pattern, value):
+            raise ValueError(f"expected {expected}, got {value!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+_Name = Annotated[
+    str, _matching(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$", "letters, digits and _.- (at most 63)")
+]
+_ShmSize = Annotated[str, _matching(r"^[0-9]+[bkmgBKMG]?$", "a size like 1g, 512m or 1073741824")]
 
 
 class _Section(BaseModel):
@@ -160,19 +173,12 @@ class DockerConfig(_Section):
     backend_directory: str = "/opt/tritonserver/backends"
     repository_mount: str = "/models"
     ipc: Literal["host", "private"] = "host"
-    shm_size: str = "1g"
+    shm_size: _ShmSize = "1g"
     env: dict[str, str] = Field(default_factory=dict)
     mounts: tuple[str, ...] = ()
     stop_timeout_s: int = Field(default=30, ge=0)
     ulimits: dict[str, int] = Field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
     gpu_driver: str = "nvidia"
-
-    @field_validator("shm_size")
-    @classmethod
-    def _shm(cls, value: str) -> str:
-        if not _SHM.match(value):
-            raise ValueError(f"expected a size like 1g, 512m or 1073741824, got {value!r}")
-        return value
 
     @field_validator("mounts")
     @classmethod
@@ -244,7 +250,7 @@ class NodeConfig(_Section):
             (default) = 8003, turned off with a warning when taken; 0 = a free port.
     """
 
-    name: str = "hloserve"
+    name: _Name = "hloserve"
     runtime: Runtime = "process"
     repository: Path
     host: str = "127.0.0.1"
@@ -256,13 +262,6 @@ class NodeConfig(_Section):
     docker: DockerConfig = Field(default_factory=DockerConfig)
     gateway: NodeGatewayConfig = Field(default_factory=NodeGatewayConfig)
     admin_port: int | None = Field(default=None, ge=0, le=65535)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"expected letters, digits and _.- (at most 63), got {value!r}")
-        return value
 
     @field_validator("gpus", mode="before")
     @classmethod

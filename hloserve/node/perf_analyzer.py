@@ -102,66 +102,41 @@ def run_perf_analyzer(
     results: list[PerfResult] = []
     outputs: list[str] = []
     for level in concurrency:
-        result, output = _run_once(
-            model,
-            url,
-            protocol,
-            level,
-            shape,
-            input_data,
-            measurement_interval_ms,
-            extra_args,
-            timeout_s,
-        )
-        results.append(result)
-        outputs.append(output)
-    return results, "\n".join(outputs)
-
-
-def _run_once(
-    model: str,
-    url: str,
-    protocol: str,
-    concurrency: int,
-    shape: Sequence[str],
-    input_data: Path | None,
-    measurement_interval_ms: int,
-    extra_args: Sequence[str],
-    timeout_s: float,
-) -> tuple[PerfResult, str]:
-    with tempfile.TemporaryDirectory(prefix="hloserve-perf-") as tmp:
-        report = Path(tmp) / "report.csv"
-        argv = [
-            str(perf_analyzer_binary()), "-m", model, "-u", url, "-i", protocol,
-            "--concurrency-range", f"{concurrency}:{concurrency}:1",
-            "--measurement-interval", str(measurement_interval_ms),
-            "--percentile=99",
-            # This machine is noisy: accept 50 % spread between windows (default 10 %), else
-            # perf_analyzer fails with "Failed to obtain stable measurement".
-            "--stability-percentage=50",
-            "--max-trials=20",
-            "-f", str(report),
-        ]  # fmt: skip
-        for s in shape:
-            argv += ["--shape", s]
-        if input_data is not None:
-            argv += ["--input-data", str(input_data)]
-        argv += list(extra_args)
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env=perf_analyzer_env(), timeout=timeout_s,
-            check=False,
-        )  # fmt: skip
-        if proc.returncode != 0 or not report.exists():
-            raise PerfAnalyzerError(
-                f"perf_analyzer exited with {proc.returncode}:\n"
-                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        with tempfile.TemporaryDirectory(prefix="hloserve-perf-") as tmp:
+            report = Path(tmp) / "report.csv"
+            argv = [
+                str(perf_analyzer_binary()), "-m", model, "-u", url, "-i", protocol,
+                "--concurrency-range", f"{level}:{level}:1",
+                "--measurement-interval", str(measurement_interval_ms),
+                "--percentile=99",
+                # This machine is noisy: accept 50 % spread between windows (default 10 %),
+                # else perf_analyzer fails with "Failed to obtain stable measurement".
+                "--stability-percentage=50",
+                "--max-trials=20",
+                "-f", str(report),
+                *(arg for s in shape for arg in ("--shape", s)),
+                *(["--input-data", str(input_data)] if input_data is not None else []),
+                *extra_args,
+            ]  # fmt: skip
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, env=perf_analyzer_env(), timeout=timeout_s,
+                check=False,
+            )  # fmt: skip
+            if proc.returncode != 0 or not report.exists():
+                raise PerfAnalyzerError(
+                    f"perf_analyzer exited with {proc.returncode}:\n"
+                    f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+                )
+            with report.open() as f:
+                (row,) = list(csv.DictReader(f))
+        results.append(
+            PerfResult(
+                concurrency=int(row["Concurrency"]),
+                throughput=float(row["Inferences/Second"]),
+                p50_us=float(row["p50 latency"]),
+                p90_us=float(row["p90 latency"]),
+                p99_us=float(row["p99 latency"]),
             )
-        with report.open() as f:
-            (row,) = list(csv.DictReader(f))
-    return PerfResult(
-        concurrency=int(row["Concurrency"]),
-        throughput=float(row["Inferences/Second"]),
-        p50_us=float(row["p50 latency"]),
-        p90_us=float(row["p90 latency"]),
-        p99_us=float(row["p99 latency"]),
-    ), proc.stdout
+        )
+        outputs.append(proc.stdout)
+    return results, "\n".join(outputs)

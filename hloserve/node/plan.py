@@ -23,10 +23,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hloserve.errors import GpuNotFoundError, InvalidArgumentError
-from hloserve.errors import NodeError as NodeError
+from hloserve.errors import GpuNotFoundError, InvalidArgumentError, NodeConfigError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
-from hloserve.node.node_config import NodeConfig, NodeConfigError, PortsConfig, RestartConfig
+from hloserve.node.node_config import NodeConfig, PortsConfig, RestartConfig
 from hloserve.node.triton_options import TritonServerOptions
 from hloserve.ports import free_ports
 
@@ -314,21 +313,17 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     """Every port the node will bind: description -> (host, port)."""
     ports: dict[str, tuple[str, int]] = {}
     for w in plan:
-        for kind, port in (
-            ("http", w.http_port),
-            ("grpc", w.grpc_port),
-            ("metrics", w.metrics_port),
-        ):
-            ports[f"worker {w.index} {kind}"] = (config.host, port)
+        named = {"http": w.http_port, "grpc": w.grpc_port, "metrics": w.metrics_port}
+        ports.update({f"worker {w.index} {k}": (config.host, p) for k, p in named.items()})
+    gateway = config.gateway
     if gateway_enabled(config, len(plan)):
-        gw_host, _, gw_port = config.gateway.listen.rpartition(":")
+        gw_host, _, gw_port = gateway.listen.rpartition(":")
         ports["gateway grpc"] = (gw_host.strip("[]"), int(gw_port))
-        if config.gateway.http_listen is not None:
-            http_host, _, http_port = config.gateway.http_listen.rpartition(":")
-            if int(http_port):  # 0: a free port, picked when the gateway starts
-                ports["gateway http"] = (http_host.strip("[]"), int(http_port))
-        if config.gateway.admin_port:
-            ports["gateway admin"] = (gw_host.strip("[]"), config.gateway.admin_port)
+        http_host, _, http_port = (gateway.http_listen or ":0").rpartition(":")
+        if int(http_port):  # 0: a free port, picked when the gateway starts (None: no HTTP)
+            ports["gateway http"] = (http_host.strip("[]"), int(http_port))
+        if gateway.admin_port:
+            ports["gateway admin"] = (gw_host.strip("[]"), gateway.admin_port)
     if config.admin_port:  # None: the default 8003, off with a warning when taken
         ports["admin"] = (config.host, config.admin_port)
     seen: dict[int, str] = {}

@@ -25,7 +25,7 @@ def session_processes(session: int) -> Iterator[tuple[int, str, list[str]]]:
         pid = int(entry)
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            group, sid = stat[stat.rindex(")") + 2 :].split()[2:4]
+            group, sid = _fields(stat)[2:4]
             if session not in (int(group), int(sid)):
                 continue
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -37,23 +37,20 @@ def session_processes(session: int) -> Iterator[tuple[int, str, list[str]]]:
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, process group, session) of ``pid`` from ``/proc/<pid>/stat``, or None if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = _fields(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
     return fields[0], int(fields[2]), int(fields[3])
+
+
+def _fields(stat: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` line after the command name (state first)."""
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def session_pids(session: int) -> list[int]:
     """Live (non-zombie) processes whose process group or session is ``session``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = proc_stat(int(entry))
-        if stat is not None and stat[0] != "Z" and session in (stat[1], stat[2]):
-            pids.append(int(entry))
-    return pids
+    return [pid for pid, stat, _ in session_processes(session) if _fields(stat)[0] != "Z"]
 
 
 def kill_session(session: int, grace_s: float) -> list[int]:
@@ -100,13 +97,3 @@ def die_with_parent() -> None:
 
     pr_set_pdeathsig = 1  # <linux/prctl.h>
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-__all__ = [
-    "die_with_parent",
-    "kill_session",
-    "listening_ports",
-    "proc_stat",
-    "session_pids",
-    "session_processes",
-]

@@ -26,12 +26,10 @@ from hloserve import names
 from hloserve.errors import FailedPreconditionError, NotFoundError
 from hloserve.node.serve_options import (
     ServeOptions,
-    build_flags_set,
     check_options,
     is_repository,
     serve_gpus,
     serve_plan,
-    server_options,
 )
 from hloserve.node.supervisor import Node, run_node, stop_on_signals
 
@@ -99,7 +97,7 @@ def run_serve(options: ServeOptions) -> int:
     with stop_on_signals(stop, "hloserve"):
         watched = None
         if options.watch:  # before the build: a change made during it is acted on later
-            from hloserve.node.watch import scan
+            from hloserve.node.watcher import scan
 
             watched = scan(options.path)
         with prepared_repository(options) as repository:
@@ -124,7 +122,3 @@ def run_serve(options: ServeOptions) -> int:
                     )
 
             return run_node(plan, stop, serving=serving)
-
-
-# imported from here by benchmarks and tests
-__all__ = ["ServeOptions", "build_flags_set", "check_options", "run_serve", "server_options"]

@@ -88,7 +88,7 @@ class ServeOptions:
             reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
             0 = a free port.
         watch: keep the served models in line with the bundles directory while serving
-            (:mod:`hloserve.node.watch`; docs/serving.md, "Watching the bundles directory").
+            (:mod:`hloserve.node.watcher`; docs/serving.md, "Watching the bundles directory").
         watch_interval_s: seconds between two polls of the bundles directory with ``watch``.
     """
 
@@ -191,23 +191,36 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     )
 
 
+def worker_options(
+    options: ServeOptions, repository: Path, worker: WorkerPlan
+) -> TritonServerOptions:
+    """Worker ``worker``'s tritonserver options: :func:`server_options` on its ports, with its
+    environment (:func:`~hloserve.node.plan.worker_env`), ending with its supervisor."""
+    from hloserve.node.plan import worker_env
+
+    w = worker
+    on_ports = dataclasses.replace(
+        options, http_port=w.http_port, grpc_port=w.grpc_port, metrics_port=w.metrics_port
+    )
+    return dataclasses.replace(
+        server_options(on_ports, repository),
+        env=worker_env(worker, docker=False, repository=repository),
+        die_with_parent=True,
+    )
+
+
 def node_server_options(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> TritonServerOptions:
     """A ``node up`` worker's tritonserver options, as ``hloserve serve`` sets them
-    (:func:`server_options`), on its ports and with its environment; the docker runtime runs
-    their flags (:func:`~hloserve.node.triton_options.server_flags`) in its container.
+    (:func:`worker_options`); the docker runtime runs their flags
+    (:func:`~hloserve.node.triton_options.server_flags`) in its container.
 
     Without ``model_control_key`` the repository API stays open (no key is made).
     """
-    from hloserve.node.plan import worker_env
-
     t = config.tritonserver
     serve = ServeOptions(
         path=config.repository,
-        http_port=worker.http_port,
-        grpc_port=worker.grpc_port,
-        metrics_port=worker.metrics_port,
         host=config.host,
         model_control_mode=t.model_control_mode,
         load_models=t.loads,
@@ -216,13 +229,9 @@ def node_server_options(
         log_verbose=t.log_verbose,
         startup_timeout_s=t.startup_timeout_s,
     )
-    options = server_options(serve, config.repository)
-    return dataclasses.replace(
-        options,
-        model_control_key=model_control_key and options.model_control_key,
-        env=worker_env(worker, docker=False, repository=config.repository),
-        die_with_parent=True,
-    )
+    options = worker_options(serve, config.repository, worker)
+    key = model_control_key and options.model_control_key
+    return dataclasses.replace(options, model_control_key=key)
 
 
 def _check_ports(options: ServeOptions) -> dict[str, int]:
@@ -270,7 +279,7 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         GatewayConfigError: ``--gateway-config`` is invalid.
     """
     from hloserve.model_control import launcher_key
-    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_env
+    from hloserve.node.plan import WorkerPlan, device_name, fleet_gateway_config, worker_ports
 
     if options.model_control_key is None:  # one key for every worker
         options = dataclasses.replace(options, model_control_key=launcher_key())
@@ -278,8 +287,6 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
     if len(gpus) == 1:
         ports = [(options.http_port, options.grpc_port, options.metrics_port)]
     else:
-        from hloserve.node.plan import worker_ports
-
         if options.grpc_port == 0:
             options = dataclasses.replace(options, grpc_port=free_port(options.host))
         if options.http_port == 0:
@@ -287,18 +294,10 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         planned = worker_ports(len(gpus), options.worker_port_base, options.host)
         check_worker_ports(options, planned)
         ports = [(p.http, p.grpc, p.metrics) for p in planned]
-    servers = []
-    for i, ((http, grpc, metrics), gpu) in enumerate(zip(ports, gpus, strict=True)):
-        worker = dataclasses.replace(options, http_port=http, grpc_port=grpc, metrics_port=metrics)
-        servers.append(
-            dataclasses.replace(
-                server_options(worker, repository),
-                env=worker_env(
-                    WorkerPlan(i, gpu, http, grpc, metrics), docker=False, repository=repository
-                ),
-                die_with_parent=True,
-            )
-        )
+    servers = [
+        worker_options(options, repository, WorkerPlan(i, gpu, *p))
+        for i, (p, gpu) in enumerate(zip(ports, gpus, strict=True))
+    ]
     if len(gpus) > 1:
         from hloserve.gateway.config import with_tls
 
@@ -360,7 +359,7 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
         raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
     if options.watch:
-        from hloserve.node.watch import check_watch_options
+        from hloserve.node.watcher import check_watch_options
 
         check_watch_options(
             interval_s=options.watch_interval_s,

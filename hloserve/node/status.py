@@ -1,7 +1,7 @@
 """``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint;
 ``hloserve status --models ADMIN_URL``: each model's version, state, last reload and error,
 read from the ``/models`` page of ``hloserve serve``'s admin port
-(:mod:`hloserve.observability.node_metrics`).
+(:mod:`hloserve.observability.supervisor`).
 
 Renders the ``hloserve_weight_*`` and ``hloserve_device_memory_bytes`` series the runtime model
 exports as a table (read by
@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from hloserve import metric_names
@@ -81,11 +82,7 @@ def render_models(rows: list[dict[str, Any]]) -> str:
                 " ".join(str(error).split()) or "-",  # one line per model
             )
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    lines = [
-        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]) for r in table
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    return _table(table, left=len(header))
 
 
 def print_quietly(text: str) -> None:
@@ -131,9 +128,17 @@ def render_status(status: CacheStatus) -> str:
                 mean,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-        cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join([*lines, _table(rows, left=2)])
+
+
+def _table(rows: Sequence[Sequence[str]], left: int) -> str:
+    """``rows`` in aligned columns two spaces apart: the first ``left`` columns flush left,
+    the others right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in rows
+    )

@@ -171,10 +171,10 @@ class Node:
     def __enter__(self) -> Node:
         try:
             self.start()
+            return self
         except BaseException:
             self.close()
             raise
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -153,24 +153,22 @@ def compose_backend_dir(
             raise InvalidArgumentError(
                 f"tritonserver: backend {name!r}: {directory} has no model.py"
             )
-        _symlink(backends / name, directory.resolve())
+        _link_or_copy(backends / name, directory.resolve(), symbolic=True)
     return backends
 
 
-def _symlink(link: Path, target: Path) -> None:
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
-
-
-def _link_or_copy(dst: Path, src: Path) -> None:
-    """Hard-link ``src`` to ``dst``, copying across file systems; never a symlink.
+def _link_or_copy(dst: Path, src: Path, *, symbolic: bool = False) -> None:
+    """Link ``src`` at ``dst`` (replacing it): a symlink when ``symbolic``, else a hard link,
+    copying across file systems.
 
     Triton resolves symlinks and refuses a backend library that "escapes backend directory"
     (a symlinked ``python/libtriton_python.so`` fails every Python-based backend).
     """
     if dst.is_symlink() or dst.exists():
         dst.unlink()
+    if symbolic:
+        dst.symlink_to(src)
+        return
     try:
         os.link(src, dst)
     except OSError:
@@ -188,13 +186,3 @@ def remove_tree(path: Path) -> None:
                 os.rmdir(os.path.join(root, name))
     with contextlib.suppress(OSError):
         path.rmdir()
-
-
-__all__ = [
-    "PYTHON_BACKEND",
-    "STUB",
-    "TritonInstall",
-    "check_backends",
-    "compose_backend_dir",
-    "remove_tree",
-]

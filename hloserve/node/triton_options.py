@@ -142,6 +142,3 @@ def server_flags(o: TritonServerOptions) -> list[str]:
 
         flags += restricted_flags(o.model_control_key)
     return [*flags, *o.extra_args]
-
-
-__all__ = ["ModelControlMode", "TritonServerOptions", "TritonServerUrls", "server_flags"]

@@ -34,10 +34,9 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
-from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
+from hloserve.errors import TritonServerError
 from hloserve.node.procfs import (
     die_with_parent,
     kill_session,
@@ -54,15 +53,29 @@ from hloserve.node.triton_install import (
     remove_tree,
 )
 from hloserve.node.triton_options import (
-    ModelControlMode,
     TritonServerOptions,
     TritonServerUrls,
     server_flags,
 )
-from hloserve.ports import check_ports_free, free_port, free_ports
+from hloserve.ports import check_ports_free
 
 _LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
+
+
+def health_ready(address: str) -> bool:
+    """Whether ``GET http://<address>/v2/health/ready`` answers 200 within 1 s (no proxies).
+
+    Refused, timed out, an error status (503 while loading) or a malformed answer (a
+    half-started server, not Triton) count as not ready.
+    """
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with (
+        contextlib.suppress(OSError, http.client.HTTPException),
+        opener.open(f"http://{address}/v2/health/ready", timeout=1.0) as response,
+    ):
+        return bool(response.status == 200)
+    return False
 
 
 @dataclass(frozen=True)
@@ -221,8 +234,6 @@ class TritonServer:
         if self._process is None:
             raise TritonServerError("tritonserver: wait_ready() before start()")
         timeout = self.options.startup_timeout_s if timeout_s is None else timeout_s
-        url = f"http://{self.urls.http}/v2/health/ready"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxies
         start = time.monotonic()
         for _ in range(int(timeout / _POLL_INTERVAL_S) + 2):
             code = self._process.poll()
@@ -231,21 +242,15 @@ class TritonServer:
                     f"tritonserver exited with code {code} before it was ready "
                     f"(http {self.urls.http}, grpc {self.urls.grpc})\n{self.log_tail()}"
                 )
-            # OSError covers URLError, HTTPError (503 while loading), refused, timeout;
-            # HTTPException a malformed answer (BadStatusLine) from a half-started server.
-            with (
-                contextlib.suppress(OSError, http.client.HTTPException),
-                opener.open(url, timeout=1.0) as response,
-            ):
-                # A 200 from someone else on our port must not count: check the owner.
-                if response.status == 200 and self._listens_on(self.options.http_port):
-                    return time.monotonic() - start
+            # A 200 from someone else on our port must not count: check the owner.
+            if health_ready(self.urls.http) and self._listens_on(self.options.http_port):
+                return time.monotonic() - start
             if time.monotonic() - start > timeout:
                 break
             time.sleep(_POLL_INTERVAL_S)
         raise TritonServerError(
             f"tritonserver (pid {self._process.pid}) not ready after {timeout:.1f} s "
-            f"at {url}\n{self.log_tail()}"
+            f"at http://{self.urls.http}/v2/health/ready\n{self.log_tail()}"
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -299,12 +304,7 @@ class TritonServer:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- internals ----------------------------------------------------------------------------
@@ -395,21 +395,3 @@ class TritonServer:
     def _kill_at_exit(self) -> None:
         if self._process is not None:
             kill_session(self._process.pid, grace_s=1.0)
-
-
-__all__ = [
-    "PYTHON_BACKEND",
-    "InvalidArgumentError",
-    "ModelControlMode",
-    "PortInUseError",
-    "StubProcess",
-    "TritonInstall",
-    "TritonServer",
-    "TritonServerError",
-    "TritonServerOptions",
-    "TritonServerUrls",
-    "check_ports_free",
-    "free_port",
-    "free_ports",
-    "server_flags",
-]

@@ -6,10 +6,9 @@
 - :mod:`hloserve.observability.dashboards`: seven dashboards built with Grafana's
   ``grafana-foundation-sdk``; ``python -m hloserve.observability dashboards --out DIR
   [--check]`` writes them or checks the checked-in copies (``containers/grafana/dashboards``).
-- :mod:`hloserve.observability.node_metrics`: the supervising process's own metrics (workers
-  up, restarts) on its admin port.
-- :mod:`hloserve.observability.supervisor`: :class:`NodeObservability`, what a supervising
-  process (``serve``, ``node up``) starts and removes: the admin port and the targets file.
+- :mod:`hloserve.observability.supervisor`: what a supervising process (``serve``, ``node up``)
+  starts and removes (:class:`NodeObservability`): its own metrics (workers up, restarts) on
+  its admin port, and the targets file.
 - :mod:`hloserve.observability.admin_http`: the admin HTTP port (GET routes on a daemon
   thread) of the supervisor and of the gateway.
 

@@ -1,5 +1,5 @@
 """A loopback-style admin HTTP port (GET only) on a daemon thread: the supervisor's
-(:class:`hloserve.observability.node_metrics.NodeAdminServer`) and the gateway's
+(:class:`hloserve.observability.supervisor.NodeAdminServer`) and the gateway's
 (:class:`hloserve.gateway.admin.AdminServer`).
 
 The standard library's ``ThreadingHTTPServer``: scrapes never touch the caller's event loop.

@@ -41,7 +41,8 @@ class PanelSpec:
         exprs: PromQL expressions, one series group each, with ``legend`` formats.
         unit: Grafana unit id (``reqps``, ``s``, ``bytes``, ``percentunit``, ``short``...).
         kind: ``timeseries``, ``stat`` or ``table``.
-        legends: one Grafana legend format per expression (``{{model}}``).
+        legends: one Grafana legend format per expression (default ``{{model}}`` for the
+            first: most panels draw one series per model).
         description: the hover text: what is measured and where it comes from.
     """
 
@@ -49,7 +50,7 @@ class PanelSpec:
     exprs: tuple[str, ...]
     unit: str = "short"
     kind: str = "timeseries"
-    legends: tuple[str, ...] = ()
+    legends: tuple[str, ...] = ("{{model}}",)
     description: str = ""
 
 
@@ -67,6 +68,15 @@ def _rate(metric: str, selector: str, by: str = "model", window: str = "1m") -> 
     return f"sum by ({by}) (rate({metric}{selector}[{window}]))"
 
 
+def _per(metric: str, per: str, selector: str) -> str:
+    """``metric``'s rate over ``per``'s, by model (e.g. duration per request)."""
+    return f"{_rate(metric, selector)} / {_rate(per, selector)}"
+
+
+#: Triton's count of successful requests.
+_OK = "nv_inference_request_success"
+
+
 DASHBOARDS: tuple[DashboardSpec, ...] = (
     DashboardSpec(
         "fleet",
@@ -76,12 +86,14 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Workers up",
                 ('sum(up{job="hloserve-worker", node=~"$node"})',),
                 kind="stat",
+                legends=(),
                 description="Workers whose Triton metrics endpoint answers the scrape.",
             ),
             PanelSpec(
                 "Workers up (supervisor)",
                 (f"sum(hloserve_node_workers_up{_N})",),
                 kind="stat",
+                legends=(),
                 description="Workers the supervising process counts as running.",
             ),
             PanelSpec(
@@ -93,20 +105,18 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Requests per second by model",
-                (_rate("nv_inference_request_success", _M),),
+                (_rate(_OK, _M),),
                 unit="reqps",
-                legends=("{{model}}",),
                 description="Triton's successful inference requests, all workers.",
             ),
             PanelSpec(
                 "Failed requests per second by model",
                 (_rate("nv_inference_request_failure", _M),),
                 unit="reqps",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Requests per second by worker",
-                (_rate("nv_inference_request_success", _N, by="worker"),),
+                (_rate(_OK, _N, by="worker"),),
                 unit="reqps",
                 legends=("{{worker}}",),
             ),
@@ -116,27 +126,17 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         "worker",
         "hloserve / worker",
         (
-            PanelSpec(
-                "Requests per second",
-                (_rate("nv_inference_request_success", _WM),),
-                unit="reqps",
-                legends=("{{model}}",),
-            ),
+            PanelSpec("Requests per second", (_rate(_OK, _WM),), unit="reqps"),
             PanelSpec(
                 "Runtime executions per second",
                 (_rate("hloserve_executions_total", _WM),),
                 unit="ops",
-                legends=("{{model}}",),
                 description="Executions of compiled executables by the worker's one runtime.",
             ),
             PanelSpec(
                 "Mean request latency",
-                (
-                    f"sum by (model) (rate(nv_inference_request_duration_us{_WM}[1m])) / "
-                    f"sum by (model) (rate(nv_inference_request_success{_WM}[1m])) / 1e6",
-                ),
+                (_per("nv_inference_request_duration_us", _OK, _WM) + " / 1e6",),
                 unit="s",
-                legends=("{{model}}",),
                 description="Triton's cumulative request duration over its request count.",
             ),
             PanelSpec(
@@ -156,15 +156,14 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         (
             PanelSpec(
                 "Requests per second",
-                (_rate("nv_inference_request_success", _WM, by="model, worker"),),
+                (_rate(_OK, _WM, by="model, worker"),),
                 unit="reqps",
                 legends=("{{model}} on {{worker}}",),
             ),
             PanelSpec(
                 "Mean latency: total, queue, compute",
                 tuple(
-                    f"sum by (model) (rate({m}{_WM}[1m])) / "
-                    f"sum by (model) (rate(nv_inference_request_success{_WM}[1m])) / 1e6"
+                    _per(m, _OK, _WM) + " / 1e6"
                     for m in (
                         "nv_inference_request_duration_us",
                         "nv_inference_queue_duration_us",
@@ -178,11 +177,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             ),
             PanelSpec(
                 "Mean executed batch (items per execution)",
-                (
-                    f"sum by (model) (rate(hloserve_execution_items_total{_WM}[1m])) / "
-                    f"sum by (model) (rate(hloserve_executions_total{_WM}[1m]))",
-                ),
-                legends=("{{model}}",),
+                (_per("hloserve_execution_items_total", "hloserve_executions_total", _WM),),
                 description="Real items per runtime execution, coalesced across front "
                 "instances (padding excluded).",
             ),
@@ -194,7 +189,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum by (model) (rate(hloserve_execution_items_total{_WM}[1m])))",
                 ),
                 unit="percentunit",
-                legends=("{{model}}",),
                 description="Share of executed rows that were zero padding up to a compiled "
                 "batch size.",
             ),
@@ -223,7 +217,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 "Resident bytes by model",
                 (f"sum by (model) (hloserve_weight_resident_bytes{_WM})",),
                 unit="bytes",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Loads and evictions per second",
@@ -241,6 +234,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum(rate(hloserve_executions_total{_WM}[5m]))",
                 ),
                 unit="percentunit",
+                legends=(),
                 description="Executions that found their weights resident: one minus loads "
                 "per execution.",
             ),
@@ -251,6 +245,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                     f"sum(rate(hloserve_weight_load_seconds_sum{_WM}[5m]))",
                 ),
                 unit="Bps",
+                legends=(),
                 description="Bytes moved host-to-device per second of load time.",
             ),
         ),
@@ -262,7 +257,6 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
             PanelSpec(
                 "Queue depth",
                 (f"sum by (model) (hloserve_scheduler_queue_depth{_WM})",),
-                legends=("{{model}}",),
                 description="Requests waiting in the runtime's per-model queues.",
             ),
             PanelSpec(
@@ -302,11 +296,7 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
                 legends=("{{model}} -> {{worker}}",),
                 description="The routing table: 1 where a model has a replica.",
             ),
-            PanelSpec(
-                "Replicas",
-                ('max by (model) (hloserve_gateway_replicas{node=~"$node"})',),
-                legends=("{{model}}",),
-            ),
+            PanelSpec("Replicas", ('max by (model) (hloserve_gateway_replicas{node=~"$node"})',)),
             PanelSpec(
                 "Routed requests per second (HAProxy)",
                 (
@@ -351,17 +341,12 @@ DASHBOARDS: tuple[DashboardSpec, ...] = (
         (
             PanelSpec(
                 "Meta requests per second",
-                (_rate("nv_inference_request_success", '{node=~"$node", model=~"$model"}'),),
+                (_rate(_OK, '{node=~"$node", model=~"$model"}'),),
                 unit="reqps",
-                legends=("{{model}}",),
             ),
             PanelSpec(
                 "Sub-calls per meta request",
-                (
-                    f"sum by (model) (rate(hloserve_meta_calls_total{_M}[1m])) / "
-                    f"sum by (model) (rate(hloserve_meta_runs_total{_M}[1m]))",
-                ),
-                legends=("{{model}}",),
+                (_per("hloserve_meta_calls_total", "hloserve_meta_runs_total", _M),),
             ),
         ),
         variables=("node", "model"),

@@ -17,8 +17,8 @@ from tests.node.docker_image import Images, ensure_images
 def docker_client() -> Iterator[Any]:
     """The local daemon; skip without one, unless ``HLOSERVE_REQUIRE_DOCKER=1`` (CI)."""
     pytest.importorskip("docker")
+    from hloserve.errors import NodeError
     from hloserve.node.docker_runtime import connect
-    from hloserve.node.plan import NodeError
 
     try:
         daemon = connect()

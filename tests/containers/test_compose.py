@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from tests.containers.conftest import world_readable
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ROOT, Images
 from tests.node.node_testing import contiguous_free_ports, infer_digits, ready

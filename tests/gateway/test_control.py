@@ -255,7 +255,7 @@ def test_command_line_values_are_typed_before_sending() -> None:
 
 
 def test_unreachable_gateway_is_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.ports import free_ports
 
     (port,) = free_ports(1)
     assert main(["gateway-ctl", "--address", f"127.0.0.1:{port}", "--timeout", "2", "status"]) == 1

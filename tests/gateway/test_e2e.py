@@ -23,9 +23,9 @@ import pytest
 from hloserve.gateway.config import GatewayConfig
 from hloserve.model_repository_tools import build_repository
 from hloserve.node.plan import NodePlan
-from hloserve.node.serve import ServeOptions, server_options
+from hloserve.node.serve_options import ServeOptions, server_options
 from hloserve.node.supervisor import Node
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from tests.conftest import BIG_ITEMS, serving_bundles
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]

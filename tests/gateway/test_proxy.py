@@ -625,7 +625,7 @@ def test_cli_gateway_serves_until_sigterm() -> None:
 
     import tritonclient.grpc as triton_grpc
 
-    from hloserve.node.tritonserver import free_ports
+    from hloserve.ports import free_ports
 
     grpc_port, admin_port, dead_port = free_ports(3)
     env = dict(

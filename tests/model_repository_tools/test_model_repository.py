@@ -643,7 +643,8 @@ def test_residency_text_round_trips() -> None:
 
 def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
 
-    from hloserve.node.serve import ServeOptions, prepared_repository
+    from hloserve.node.serve import prepared_repository
+    from hloserve.node.serve_options import ServeOptions
 
     cache = WeightCacheOptions(weight_cache_bytes=4096, residency={"tiny": "unpinned"})
     options = ServeOptions(path=bundles, build=BuildOptions(weight_cache=cache))
@@ -655,7 +656,8 @@ def test_serve_builds_with_weight_cache_options(bundles: Path) -> None:
 
 
 def test_serve_builds_with_the_request_limit(bundles: Path) -> None:
-    from hloserve.node.serve import ServeOptions, prepared_repository
+    from hloserve.node.serve import prepared_repository
+    from hloserve.node.serve_options import ServeOptions
 
     with prepared_repository(
         ServeOptions(path=bundles, build=BuildOptions(max_request_bytes=4096))

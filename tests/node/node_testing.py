@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 
 HLOSERVE = str(Path(sys.executable).parent / "hloserve")
 

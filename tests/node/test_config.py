@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hloserve.errors import InvalidArgumentError, Status
-from hloserve.node.docker_runtime import container_spec, image_build_command, to_sdk
-from hloserve.node.docker_spec import loads_when_ready
+from hloserve.errors import InvalidArgumentError, NodeConfigError, PortInUseError, Status
+from hloserve.node.docker_spec import container_spec, image_build_command, loads_when_ready, to_sdk
 from hloserve.node.node import run_node_up
-from hloserve.node.node_config import NodeConfig, NodeConfigError, load_node_config
+from hloserve.node.node_config import NodeConfig, load_node_config
 from hloserve.node.plan import (
     GpuNotFoundError,
     WorkerPlan,
@@ -29,7 +28,6 @@ from hloserve.node.plan import (
     runtime_allocator_env,
     worker_env,
 )
-from hloserve.node.tritonserver import PortInUseError
 
 GPU_NODE = """
 name: gpunode
@@ -445,8 +443,8 @@ def test_missing_image_hint_builds_from_the_images_own_dockerfile(
 
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")
 def test_no_docker_daemon_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hloserve.errors import NodeError
     from hloserve.node.docker_runtime import connect
-    from hloserve.node.plan import NodeError
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     with pytest.raises(NodeError, match="no Docker daemon answers") as info:

@@ -24,10 +24,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.errors import Status
+from hloserve.errors import NodeError, Status
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.plan import NodeError
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ensure_images
 from tests.node.node_testing import (
     HLOSERVE,

@@ -14,12 +14,13 @@ import pytest
 docker = pytest.importorskip("docker")
 
 from hloserve.node import docker_runtime  # noqa: E402
+from hloserve.node.docker_spec import LABEL_WORKER  # noqa: E402
 
 
 class _Container:
     def __init__(self, name: str, worker: int, collection: _Containers) -> None:
         self.name = name
-        self.labels = {docker_runtime.LABEL_WORKER: str(worker)}
+        self.labels = {LABEL_WORKER: str(worker)}
         self._collection = collection
 
     def stop(self, timeout: int) -> None:

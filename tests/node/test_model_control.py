@@ -29,7 +29,7 @@ from hloserve.model_control import (
     restricted_flags,
 )
 from hloserve.node.plan import fleet_gateway_config
-from hloserve.node.serve import ServeOptions, server_options
+from hloserve.node.serve_options import ServeOptions, server_options
 
 KEY = "hmtestkey0123456789abcdef"
 
@@ -62,7 +62,8 @@ def test_serve_restricts_explicit_mode_and_hands_the_key_to_its_gateway(tmp_path
     server = server_options(options, tmp_path)
     assert (server.model_control_mode, server.model_control_key) == ("explicit", KEY)
     assert KEY not in repr(server) and KEY not in repr(options)
-    from hloserve.node.tritonserver import TritonInstall, TritonServer
+    from hloserve.node.triton_install import TritonInstall
+    from hloserve.node.tritonserver import TritonServer
 
     install = TritonInstall.from_pytriton_wheel()
     argv = TritonServer(server)._argv(install, tmp_path)
@@ -78,7 +79,7 @@ def test_serve_restricts_explicit_mode_and_hands_the_key_to_its_gateway(tmp_path
 
 
 def test_node_restricts_explicit_workers_and_gives_its_gateway_the_key(tmp_path: Path) -> None:
-    from hloserve.node.docker_runtime import container_spec
+    from hloserve.node.docker_spec import container_spec
     from hloserve.node.node_config import NodeConfig
     from hloserve.node.plan import WorkerPlan, gateway_config, plan_workers
     from hloserve.node.serve_options import node_server_options

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from hloserve.errors import TritonServerError
 from hloserve.node.node_config import RestartConfig
 from hloserve.node.plan import describe_exit, restart_allowed
 from hloserve.node.process_runtime import (
@@ -14,7 +15,6 @@ from hloserve.node.process_runtime import (
     restart_delay,
     wait_all_ready,
 )
-from hloserve.node.tritonserver import TritonServerError
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from hloserve.model_repository_tools import build_repository
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from tests.node.node_testing import (
     LoadLoop,
     NodeProcess,

@@ -171,7 +171,7 @@ def test_serve_refuses_bad_options_before_building(tmp_path: Path) -> None:
 
 
 def test_explicit_mode_loads_the_runtime_with_the_named_models(tmp_path: Path) -> None:
-    from hloserve.node.serve import ServeOptions, server_options
+    from hloserve.node.serve_options import ServeOptions, server_options
 
     options = ServeOptions(path=tmp_path, model_control_mode="explicit", load_models=("digits",))
     assert tuple(server_options(options, tmp_path).load_models) == ("digits", "hloserve_runtime")

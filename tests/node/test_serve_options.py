@@ -10,18 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hloserve.errors import InvalidArgumentError, Status
+from hloserve.errors import InvalidArgumentError, PortInUseError, Status, TritonServerError
 from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.node.plan import with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
-from hloserve.node.serve import (
-    ServeOptions,
-    check_options,
-    is_repository,
-    server_options,
-)
-from hloserve.node.tritonserver import PortInUseError, StubProcess, TritonServerError, free_ports
+from hloserve.node.serve_options import ServeOptions, check_options, is_repository, server_options
+from hloserve.node.tritonserver import StubProcess
 from hloserve.node.watchdog import StubWatchdog, describe_wait_status
+from hloserve.ports import free_ports
 
 
 def write_config(repo: Path, name: str, calls: str | None = None) -> None:

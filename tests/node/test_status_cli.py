@@ -12,7 +12,7 @@ from concurrent import futures
 import pytest
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
-from hloserve.node.tritonserver import free_port
+from hloserve.ports import free_port
 from hloserve.prometheus_text import fetch_metrics
 
 grpc = pytest.importorskip("grpc")  # absent from the numpy-2 leg (it comes with tritonclient)

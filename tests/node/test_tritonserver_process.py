@@ -28,8 +28,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from hloserve.errors import InvalidArgumentError, PortInUseError, TritonServerError
 from hloserve.node import procfs
 from hloserve.node import tritonserver as ts
+from hloserve.node.triton_options import TritonServerOptions
+from hloserve.ports import free_ports
 
 pytestmark = [
     pytest.mark.tritonserver,
@@ -173,7 +176,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer
     _write_model(repo, "add_one", "addone")
     _write_model(repo, "add_two_bls", "python", ADD_TWO_BLS)
     _write_model(repo, "bls_to_missing", "python", BLS_TO_MISSING)
-    options = ts.TritonServerOptions.on_free_ports(
+    options = TritonServerOptions.on_free_ports(
         repo,
         extra_backend_dirs={"addone": _backend_dir(root, "addone", ADD_ONE_BACKEND)},
         log_file=root / "tritonserver.log",
@@ -268,9 +271,7 @@ def test_stubs_run_in_server_session(server: ts.TritonServer) -> None:
 
 def test_second_server_on_same_ports_is_refused(server: ts.TritonServer) -> None:
     other = ts.TritonServer(server.options)
-    with pytest.raises(
-        ts.PortInUseError, match=rf"http port 127\.0\.0\.1:{server.options.http_port}"
-    ):
+    with pytest.raises(PortInUseError, match=rf"http port 127\.0\.0\.1:{server.options.http_port}"):
         other.start()
     assert other.pid is None
 
@@ -289,7 +290,7 @@ def test_port_taken_after_check_fails_clearly(tmp_path: Path) -> None:
 
     repo = tmp_path / "repo"
     _write_model(repo, "add_two_bls", "python", ADD_TWO_BLS)
-    options = ts.TritonServerOptions.on_free_ports(repo, log_file=tmp_path / "log.txt")
+    options = TritonServerOptions.on_free_ports(repo, log_file=tmp_path / "log.txt")
     foreign = http.server.ThreadingHTTPServer(("127.0.0.1", options.http_port), Ready)
     thread = threading.Thread(target=foreign.serve_forever, daemon=True)
     thread.start()
@@ -297,7 +298,7 @@ def test_port_taken_after_check_fails_clearly(tmp_path: Path) -> None:
     try:
         with mock.patch.object(ts, "check_ports_free"):
             server.start()
-        with pytest.raises(ts.TritonServerError, match="exited with code") as info:
+        with pytest.raises(TritonServerError, match="exited with code") as info:
             server.wait_ready(60.0)
         assert f"127.0.0.1:{options.http_port}' already in use" in str(info.value)
     finally:
@@ -310,11 +311,11 @@ def test_port_taken_after_check_fails_clearly(tmp_path: Path) -> None:
 def test_wait_ready_reports_model_failure_with_log_tail(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _write_model(repo, "broken", "python", BROKEN_BACKEND)
-    options = ts.TritonServerOptions.on_free_ports(repo)  # output forwarded, tail kept
+    options = TritonServerOptions.on_free_ports(repo)  # output forwarded, tail kept
     server = ts.TritonServer(options)
     server.start()
     try:
-        with pytest.raises(ts.TritonServerError, match="initialize refuses on purpose"):
+        with pytest.raises(TritonServerError, match="initialize refuses on purpose"):
             server.wait_ready(60.0)
     finally:
         server.stop()
@@ -324,7 +325,7 @@ def test_stop_leaves_no_process_nor_files(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _write_model(repo, "add_one", "addone")
     _write_model(repo, "add_two_bls", "python", ADD_TWO_BLS)
-    options = ts.TritonServerOptions.on_free_ports(
+    options = TritonServerOptions.on_free_ports(
         repo,
         extra_backend_dirs={"addone": _backend_dir(tmp_path, "addone", ADD_ONE_BACKEND)},
         log_file=tmp_path / "log.txt",
@@ -355,7 +356,7 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     """SIGKILL reaches stubs too: they share the server's process group."""
     repo = tmp_path / "repo"
     _write_model(repo, "add_two_bls", "python", ADD_TWO_BLS)
-    options = ts.TritonServerOptions.on_free_ports(repo, log_file=tmp_path / "log.txt")
+    options = TritonServerOptions.on_free_ports(repo, log_file=tmp_path / "log.txt")
     server = ts.TritonServer(options)
     server.start()
     server.wait_ready(90.0)
@@ -370,19 +371,19 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = ts.free_ports(5)
+    ports = free_ports(5)
     assert len(set(ports)) == 5
     for port in ports:
         assert 10000 <= port < ephemeral_low  # no self-connect when polled before bound
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
-    base, *rest = ts.free_ports(3, contiguous=True)
+    base, *rest = free_ports(3, contiguous=True)
     assert rest == [base + 1, base + 2]
 
 
 def test_backend_dir_without_model_py_is_rejected(tmp_path: Path) -> None:
-    options = ts.TritonServerOptions.on_free_ports(tmp_path, extra_backend_dirs={"empty": tmp_path})
+    options = TritonServerOptions.on_free_ports(tmp_path, extra_backend_dirs={"empty": tmp_path})
     server = ts.TritonServer(options)
-    with pytest.raises(ts.InvalidArgumentError, match=r"has no model\.py"):
+    with pytest.raises(InvalidArgumentError, match=r"has no model\.py"):
         server.start()
     assert server.pid is None

@@ -20,9 +20,10 @@ from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.model_control_client import error_text
-from hloserve.node.serve import ServeOptions, check_options
+from hloserve.node.serve_options import ServeOptions, check_options
 from hloserve.node.status import render_models
-from hloserve.node.watch import (
+from hloserve.node.watcher import (
+    BundleWatcher,
     Changes,
     Debouncer,
     ModelRecord,
@@ -36,8 +37,7 @@ from hloserve.node.watch import (
     roll_back,
     scan,
 )
-from hloserve.node.watcher import BundleWatcher
-from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
+from hloserve.observability.supervisor import NodeAdminServer, NodeMetrics
 from tests.conftest import GOLDEN
 
 GOLDEN_WEIGHTS = GOLDEN / "affine" / "weights.safetensors"

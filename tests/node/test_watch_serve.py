@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from hloserve.prometheus_text import parse_samples
 from tests.conftest import GOLDEN, ROOT
 from tests.node.test_serve_cli import stop_serve

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")  # the numpy-2 leg has no serving dependencies
 
-from hloserve.observability.node_metrics import NodeAdminServer, NodeMetrics
+from hloserve.observability.supervisor import NodeAdminServer, NodeMetrics
 from hloserve.observability.targets import (
     GATEWAY_JOB,
     NODE_JOB,

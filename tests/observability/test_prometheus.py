@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.node.tritonserver import free_ports
+from hloserve.ports import free_ports
 from tests.conftest import import_example
 from tests.node.test_serve_cli import serve_two_workers, wait_for_line
 

@@ -31,6 +31,7 @@ import pytest
 
 from hloserve.bundle import dtypes, load_bundle
 from hloserve.node import tritonserver as ts
+from hloserve.node.triton_options import TritonServerOptions
 from tests.conftest import export_wide, serving_options
 from tests.triton_backend.test_bundles import (
     EXECUTABLE_TOKENS,
@@ -308,7 +309,7 @@ def test_front_waits_for_a_runtime_loaded_later(tmp_path: Path) -> None:
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
     repo = tmp_path / "repo"
     build_repository(bundles, repo, front_instances=1)
-    options = ts.TritonServerOptions.on_free_ports(
+    options = TritonServerOptions.on_free_ports(
         repo,
         extra_backend_dirs=backend_dirs(),
         log_file=tmp_path / "tritonserver.log",

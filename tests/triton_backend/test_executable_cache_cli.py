@@ -14,7 +14,7 @@ from hloserve import cli, names
 from hloserve.cli import main
 from hloserve.model_repository_tools import ExecutableCacheOptions, validate_repository
 from hloserve.model_repository_tools.config import parse_config
-from hloserve.node import serve
+from hloserve.node import serve, serve_options
 from tests.conftest import GOLDEN
 
 
@@ -70,7 +70,7 @@ def test_a_negative_bound_is_refused(
 def test_serve_passes_the_options_to_the_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    captured: list[serve.ServeOptions] = []
+    captured: list[serve_options.ServeOptions] = []
     monkeypatch.setattr(serve, "run_serve", lambda options: captured.append(options) or 0)
     argv = ["serve", str(tmp_path), "--executable-cache", str(tmp_path / "x")]
     args = cli.build_parser().parse_args([*argv, "--executable-cache-bytes", "77"])
@@ -78,4 +78,7 @@ def test_serve_passes_the_options_to_the_build(
     assert captured[0].build.executable_cache == ExecutableCacheOptions(
         directory=str(tmp_path / "x"), max_bytes=77
     )
-    assert serve.build_flags_set(captured[0]) == ["--executable-cache", "--executable-cache-bytes"]
+    assert serve_options.build_flags_set(captured[0]) == [
+        "--executable-cache",
+        "--executable-cache-bytes",
+    ]

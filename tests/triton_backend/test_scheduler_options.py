@@ -17,8 +17,8 @@ from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError, Status
 from hloserve.model_repository_tools import SchedulingOptions, plan_repository
 from hloserve.model_repository_tools.validate import validate_repository
-from hloserve.node.serve import check_options
-from hloserve.node.tritonserver import free_ports
+from hloserve.node.serve_options import check_options
+from hloserve.ports import free_ports
 from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
 from tests.node.test_serve_options import _cli_serve_options, write_config
 
