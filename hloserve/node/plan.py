@@ -287,7 +287,7 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
 
     ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and ``XLA_CLIENT_MEM_FRACTION`` from the runtime
     model's ``hloserve.device_memory_fraction`` (absent: the default, 0.9), as
-    :func:`hloserve.triton_backend.device_memory.allocator_environment` sets them; the
+    :func:`hloserve.triton_backend.runtime.device_memory.allocator_environment` sets them; the
     runtime's stub sets the same values again before JAX loads (a tritonserver started by
     other means). A repository without the runtime model gets the default fraction.
 
@@ -298,7 +298,7 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
     from hloserve import names
     from hloserve.model_parameters import RuntimeParameters, string_values
     from hloserve.model_repository_tools.config import parse_config
-    from hloserve.triton_backend.device_memory import allocator_environment
+    from hloserve.triton_backend.runtime.device_memory import allocator_environment
 
     fraction = 0.0
     config_path = repository / names.RUNTIME_MODEL / "config.pbtxt"
