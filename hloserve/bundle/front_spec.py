@@ -37,12 +37,15 @@ if TYPE_CHECKING:
 #: Layout version of the front spec file (history in the module docstring).
 FRONT_SPEC_FORMAT = 1
 #: A stateful front's control inputs by Triton control kind (the names of Triton's sequence
-#: examples); START, END and READY are INT32 0/1, CORRID is UINT64.
+#: examples), each INT32 0/1. There is no ``CONTROL_SEQUENCE_CORRID``: the front reads the
+#: correlation ID from the request (the Python backend's ``request.correlation_id()``, an int
+#: or a string), since tritonserver 2.51 writes a string ID into a ``TYPE_UINT64`` CORRID
+#: tensor past its 8 bytes (a long ID kills the model's stub) and refuses every request to a
+#: Python model whose CORRID is ``TYPE_STRING``.
 SEQUENCE_CONTROLS = {
     "START": "CONTROL_SEQUENCE_START",
     "END": "CONTROL_SEQUENCE_END",
     "READY": "CONTROL_SEQUENCE_READY",
-    "CORRID": "CONTROL_SEQUENCE_CORRID",
 }
 
 

@@ -305,9 +305,9 @@ MAX_SEQUENCE_IDLE_US = 1_000_000
 class Sequencing(BaseModel):
     """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
 
-    ``CORRID`` is UINT64: tritonserver 2.51 refuses every request to a Python-backend model
-    whose ``CONTROL_SEQUENCE_CORRID`` is ``TYPE_STRING`` ("unexpected number of string
-    elements 2 for inference input 'CORRID', expecting 1", ids of 1 to 40 characters).
+    A sequence's correlation ID is an unsigned integer or a string, as in Triton; the config
+    has no ``CONTROL_SEQUENCE_CORRID`` input (the front reads the ID from the request:
+    :data:`~hloserve.bundle.front_spec.SEQUENCE_CONTROLS` says why).
 
     Attributes:
         max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton

@@ -137,7 +137,9 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
     Triton's implicit state does not reach a Python-backend model (2.51: the initial state
     comes on every request), so the runtime keeps the state and the config has no ``state``
     block. The sequence batcher has no ``default_queue_policy``: ``max_queue_size`` does not
-    bound it (its backlog waits for a free candidate slot).
+    bound it (its backlog waits for a free candidate slot). The control inputs are START, END
+    and READY; no CORRID (the front reads the correlation ID from the request, an int or a
+    string: :data:`~hloserve.bundle.front_spec.SEQUENCE_CONTROLS`).
 
     Raises:
         InvalidArgumentError: the model's batch axis is not every tensor's first axis.
@@ -154,10 +156,7 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
         control = seq.control_input.add(name=tensor).control.add(
             kind=getattr(m.ModelSequenceBatching.Control, kind)
         )
-        if tensor == "CORRID":
-            control.data_type = m.TYPE_UINT64
-        else:
-            control.int32_false_true.extend([0, 1])
+        control.int32_false_true.extend([0, 1])
     sizes = manifest.batching.compiled_batch_sizes
     seq.oldest.max_candidate_sequences = sequencing.max_candidate_sequences or max(sizes)
     # a batch of one is "preferred" the moment a request arrives, so Triton would send each

@@ -126,16 +126,19 @@ def test_interleaved_sequences_over_one_stream_through_the_gateway(
     fleet: tuple[list[TritonServer], Any, str],
 ) -> None:
     """Triton's stream variant (``simple_grpc_sequence_stream_infer_client.py``): two
-    sequences' steps interleaved on one bidirectional stream, answered in order."""
+    sequences' steps interleaved on one bidirectional stream, answered in order; the second
+    has a string ID (a UUID), as the example's third sequence."""
     import queue
+    import uuid
 
     _, client, _ = fleet
+    key = str(uuid.uuid4())
     answers: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         sent = []
         for step, value in enumerate([1, 2, 3, 4]):
-            for sequence, scale in ((41, 1), (42, -1)):
+            for sequence, scale in ((41, 1), (key, -1)):
                 x = np.full((1, 1), scale * value, np.int32)
                 tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
                 tensor.set_data_from_numpy(x)
@@ -157,4 +160,4 @@ def test_interleaved_sequences_over_one_stream_through_the_gateway(
     finally:
         client.stop_stream()
     assert [got[f"41-{s}"] for s in range(4)] == [1, 3, 6, 10]
-    assert [got[f"42-{s}"] for s in range(4)] == [-1, -3, -6, -10]
+    assert [got[f"{key}-{s}"] for s in range(4)] == [-1, -3, -6, -10]

@@ -9,6 +9,7 @@ Triton; the recorded executions show what the scheduler coalesced (docs/scheduli
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -289,6 +290,18 @@ def test_from_args(tmp_path: Path, tiny_bundle_src: Path) -> None:
                 **{"hloserve.bundle": "tiny", "hloserve.runtime_wait_s": "soon"},
             ),
         )
+    # a repository built with a UINT64 CORRID (a string sequence ID killed the server)
+    args = _args(tiny_bundle_src.parent, **{"hloserve.bundle": "tiny"})
+    corrid = {"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}
+    start = {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}
+    controls = [{"name": "START", "control": [start]}, {"name": "CORRID", "control": [corrid]}]
+    config = {**args.config, "sequence_batching": {"control_input": controls}}
+    with pytest.raises(InvalidArgumentError) as info:
+        FrontModel.from_args(dataclasses.replace(args, config=config))
+    assert str(info.value).startswith(
+        "model 'tiny': its config has the CONTROL_SEQUENCE_CORRID input 'CORRID'"
+    )
+    assert "hloserve repo build" in str(info.value)
 
 
 def test_front_does_not_import_jax() -> None:
@@ -362,7 +375,7 @@ def test_the_shim_never_returns_a_request_without_a_response(
             return False
 
     model = shim.TritonPythonModel()
-    model._slots = None
+    model._slots, model._stateful = None, False
 
     class Channel:
         core = types.SimpleNamespace(name="m")
@@ -375,3 +388,25 @@ def test_the_shim_never_returns_a_request_without_a_response(
     assert [r.error.code for r in responses] == ["INTERNAL"] * 3
     assert responses[0].error.message.endswith("first")  # answered by the channel
     assert all("left without an answer" in r.error.message for r in responses[1:])
+
+
+def test_a_stateful_front_takes_the_request_s_sequence_id(tmp_path: Path) -> None:
+    """The correlation ID comes with the request (an int or a string, as Triton's clients send
+    ``sequence_id``), not as a tensor; START and END are the control inputs; no ID is refused
+    naming the model."""
+    from hloserve.bundle.front_spec import FrontBundle
+    from tests.accumulator_bundle import WIDTH, export_accumulator
+
+    front = FrontModel("acc", FrontBundle.of(load_bundle(export_accumulator(tmp_path / "acc"))))
+    assert front.stateful
+    x = np.ones((1, WIDTH), np.float32)
+    one, zero = np.ones((1, 1), np.int32), np.zeros((1, 1), np.int32)
+    key = "6f1c2c5e-8f21-4f2a-9d55-8d8c7b5f3a11"
+    prepared = front.prepare({"x": x, "START": one, "END": zero, "READY": one}, sequence_id=key)
+    assert prepared.sequence == (key, True, False)
+    assert set(prepared.inputs) == {"s", "x"}  # the state input, zeros: the runtime fills it
+    prepared = front.prepare({"x": x, "START": zero, "END": one}, sequence_id=7)
+    assert prepared.sequence == (7, False, True)
+    for missing in (0, ""):
+        with pytest.raises(InvalidArgumentError, match="model 'acc' is stateful: send each"):
+            front.prepare({"x": x, "START": one}, sequence_id=missing)

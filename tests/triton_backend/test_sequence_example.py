@@ -25,4 +25,4 @@ def test_the_example_client_gets_running_sums(tmp_path: Path) -> None:
     build_repository(tmp_path / "bundles", tmp_path / "repo")
     with ts.TritonServer(serving_options(tmp_path / "repo", tmp_path / "triton.log")) as server:
         answers = import_example("sequence", "client").run(server.urls.grpc)
-    assert answers[-1] == (29, -29) and len(answers) == 7
+    assert answers[-1] == (29, -29, 58) and len(answers) == 7  # the third: a string ID

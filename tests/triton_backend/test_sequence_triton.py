@@ -15,6 +15,7 @@ import importlib.util
 import json
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,9 @@ def client(server: ts.TritonServer) -> Iterator[Any]:
         yield client
 
 
-def _step(client: Any, sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
+def _step(
+    client: Any, sequence: int | str, value: float, start: bool = False, end: bool = False
+) -> Any:
     import tritonclient.grpc as grpcclient
 
     x = np.full((1, WIDTH), value, np.float32)
@@ -156,6 +159,30 @@ def test_start_resets_a_sequence(client: Any) -> None:
     assert _step(client, 33, 5.0) == 10.0
     assert _step(client, 33, 7.0, start=True) == 7.0  # the same ID started again: from zero
     assert _step(client, 33, 1.0, end=True) == 8.0
+
+
+def test_string_sequence_ids_keep_their_own_state(client: Any) -> None:
+    """Triton's sequence examples send a UUID ``sequence_id`` to the model they sent integer
+    IDs (tritonserver 2.51 wrote a string ID past the 8 bytes of a UINT64 CORRID tensor and the
+    model's stub died): string IDs are sequences of their own, "55" apart from 55, and the
+    server serves on."""
+    from tritonclient.utils import InferenceServerException
+
+    uuid_id, long_id = str(uuid.uuid4()), "s" * 128  # 128 characters: Triton's longest
+    assert _step(client, 55, 1.0, start=True) == 1.0
+    assert _step(client, uuid_id, 10.0, start=True) == 10.0
+    assert _step(client, long_id, 100.0, start=True) == 100.0
+    assert _step(client, "55", 1000.0, start=True) == 1000.0
+    assert _step(client, uuid_id, 20.0) == 30.0
+    assert _step(client, 55, 2.0) == 3.0
+    assert _step(client, long_id, 200.0, end=True) == 300.0
+    assert _step(client, "55", 1.0, end=True) == 1001.0
+    assert _step(client, uuid_id, 30.0, end=True) == 60.0
+    with pytest.raises(InferenceServerException) as info:  # Triton's own limit
+        _step(client, "s" * 129, 1.0, start=True)
+    assert "128" in str(info.value), info.value
+    assert _step(client, 55, 3.0, end=True) == 6.0
+    assert client.is_server_live() and client.is_model_ready("accumulator")
 
 
 def test_a_request_without_a_sequence_is_refused(client: Any) -> None:

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hloserve.triton_backend.front")
 
 Tensors = dict[str, np.ndarray]
+#: A sequence's correlation ID as Triton gives it (``sequence_id`` in Triton's clients): an
+#: unsigned integer or a string; 0 and ``""`` mean "not part of a sequence".
+SequenceId = int | str
 
 
 @dataclass
@@ -69,7 +72,30 @@ class Prepared:
     #: the request's own sizes of the variable axes (before padding to the variant)
     sizes: dict[str, int] = field(default_factory=dict)
     #: a stateful model's (correlation ID, START, END); None for a model without state
-    sequence: tuple[int, bool, bool] | None = None
+    sequence: tuple[SequenceId, bool, bool] | None = None
+
+
+def _check_no_corrid(args: ModelArgs) -> None:
+    """Refuse a config with a ``CONTROL_SEQUENCE_CORRID`` control input.
+
+    A repository built before string sequence IDs were taken declared CORRID as UINT64;
+    tritonserver 2.51 writes a client's string ID (a UUID, as Triton's sequence examples send)
+    into that 8-byte tensor past its end, and the model's stub, then the server, dies. The
+    front reads the ID from the request instead (:data:`SEQUENCE_CONTROLS`).
+
+    Raises:
+        InvalidArgumentError: the config has such an input (rebuild the repository).
+    """
+    controls = (args.config.get("sequence_batching") or {}).get("control_input") or []
+    for control_input in controls:
+        kinds = {c.get("kind") for c in control_input.get("control") or []}
+        if "CONTROL_SEQUENCE_CORRID" in kinds:
+            raise InvalidArgumentError(
+                f"model {args.name!r}: its config has the CONTROL_SEQUENCE_CORRID input "
+                f"{control_input.get('name')!r}, into which tritonserver 2.51 writes a string "
+                "sequence ID past its end (the server dies); regenerate the repository with "
+                "`hloserve repo build` (the front reads the ID from the request)"
+            )
 
 
 class FrontModel:
@@ -138,10 +164,12 @@ class FrontModel:
 
         Raises:
             InvalidArgumentError: a parameter is missing or malformed, or an unsupported
-                repository format, or a damaged bundle (:func:`check_bundle_files`).
+                repository format, or a damaged bundle (:func:`check_bundle_files`), or a
+                ``CONTROL_SEQUENCE_CORRID`` control input (:func:`_check_no_corrid`).
             NotFoundError / ManifestError: the bundle cannot be read.
         """
         params = FrontParameters.from_parameters(args.name, args.parameters)
+        _check_no_corrid(args)
         bundle_dir = args.model_dir / params.bundle
         # beside the bundle, in its version folder (``serve --watch`` installs version N+1)
         spec_file = bundle_dir.parent / Path(names.FRONT_SPEC).name
@@ -164,16 +192,33 @@ class FrontModel:
 
     # -- serving ------------------------------------------------------------------------------
 
-    def prepare(self, request: Mapping[str, np.ndarray], index: int = 0) -> Prepared:
+    @property
+    def stateful(self) -> bool:
+        """Whether the bundle declares ``state`` (Triton's sequence batcher serves it)."""
+        return bool(self._state_in)
+
+    def prepare(
+        self,
+        request: Mapping[str, np.ndarray],
+        index: int = 0,
+        sequence_id: SequenceId = 0,
+    ) -> Prepared:
         """Check and preprocess one request; pick its variant (its own problem raises).
 
+        Args:
+            request: the client's tensors by name (a stateful model's with its START, END and
+                READY control inputs).
+            index: its position in the list it came in.
+            sequence_id: a stateful model's correlation ID (``request.correlation_id()`` of the
+                Python backend: an int or a string); ignored for a model without state.
+
         Raises:
-            HloserveError: the request's error (INVALID_ARGUMENT for a bad tensor or a hook
-                refusing it).
+            HloserveError: the request's error (INVALID_ARGUMENT for a bad tensor, a hook
+                refusing it, or a stateful model's request without a sequence ID).
         """
         sequence = None
         if self._state_in:
-            request, sequence = self._sequence(request)
+            request, sequence = self._sequence(request, sequence_id)
         request = self._drop_unit_axis(request)
         if self._check_client:
             self._check_client_inputs(request)
@@ -191,27 +236,29 @@ class FrontModel:
         return Prepared(index, inputs, batch, variant, sizes, sequence)
 
     def _sequence(
-        self, request: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], tuple[int, bool, bool]]:
-        """A stateful model's request without its control inputs, and (CORRID, START, END).
+        self, request: Mapping[str, np.ndarray], sequence_id: SequenceId
+    ) -> tuple[dict[str, np.ndarray], tuple[SequenceId, bool, bool]]:
+        """A stateful model's request without its control inputs, and (ID, START, END).
 
         Raises:
-            InvalidArgumentError: no CORRID (the request was not sent as part of a sequence:
-                ``sequence_id`` in Triton's clients).
+            InvalidArgumentError: no sequence ID (0 or ``""``: the request was not sent as
+                part of a sequence, ``sequence_id`` in Triton's clients).
         """
         inputs = dict(request)
         controls = {k: inputs.pop(k) for k in SEQUENCE_CONTROLS if k in inputs}
-        if "CORRID" not in controls or not int(controls["CORRID"].reshape(-1)[0]):
+        # a repository built with a CONTROL_SEQUENCE_CORRID input hands it over too; the
+        # request's own ID is the one that holds (a string ID does not fit that tensor)
+        inputs.pop("CORRID", None)
+        if not sequence_id:
             raise InvalidArgumentError(
                 f"model {self.name!r} is stateful: send each request with a sequence ID "
-                "(a correlation ID) and the START and END flags"
+                "(a correlation ID: an unsigned integer or a string) and the START and END flags"
             )
-        corrid = int(controls["CORRID"].reshape(-1)[0])
 
         def flag(key: str) -> bool:
             return key in controls and bool(controls[key].reshape(-1)[0])
 
-        return inputs, (corrid, flag("START"), flag("END"))
+        return inputs, (sequence_id, flag("START"), flag("END"))
 
     def runtime_inputs(self, prepared: Prepared) -> list[np.ndarray]:
         """The executable's inputs for one prepared request, in the manifest's order, each

@@ -42,7 +42,7 @@ import numpy as np
 from hloserve import names
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
-from hloserve.triton_backend.front.core import FrontModel, Prepared
+from hloserve.triton_backend.front.core import FrontModel, Prepared, SequenceId
 from hloserve.triton_backend.front.hooks import IdentityHooks
 
 log = logging.getLogger("hloserve.triton_backend.front.front_channel")
@@ -88,12 +88,15 @@ class Request:
         deadline: ``time.monotonic()`` seconds by which it must have run, or None.
         cancelled: whether its client gave up (the shim's ``request.is_cancelled``), asked
             once the request is prepared, just before it is sent; None = never.
+        sequence_id: a stateful model's correlation ID (the shim's
+            ``request.correlation_id()``: an int or a string; 0 = none).
     """
 
     handle: Any
     inputs: Mapping[str, np.ndarray] | Exception
     deadline: float | None = None
     cancelled: Callable[[], bool] | None = None
+    sequence_id: SequenceId = 0
 
 
 class ChannelFront:
@@ -408,7 +411,7 @@ class ChannelFront:
                 if isinstance(request.inputs, Exception):
                     raise request.inputs
                 self._check_size(request.inputs)
-                prepared = self.core.prepare(request.inputs)
+                prepared = self.core.prepare(request.inputs, sequence_id=request.sequence_id)
                 if self._keep_inputs:  # postprocess sees them after the request's memory
                     prepared.inputs = {
                         k: np.array(v, copy=True) for k, v in prepared.inputs.items()

@@ -63,7 +63,7 @@ class SequenceStates:
         self._clock = clock
         self._place = place or _device_put
         self._memory = memory
-        self._live: dict[tuple[str, int], _Live] = {}
+        self._live: dict[tuple[str, int | str], _Live] = {}  # (bundle key, correlation ID)
         self._lock = threading.Lock()
 
     def rows(

@@ -61,6 +61,8 @@ class TritonPythonModel:
         pb.configure_logging()
         model_args = ModelArgs.from_triton(args)
         core = FrontModel.from_args(model_args)
+        #: whether requests carry a correlation ID (Triton's sequence batcher serves the model)
+        self._stateful = core.stateful
         params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
         self._slots = (
@@ -99,6 +101,8 @@ class TritonPythonModel:
                     inputs,
                     now + timeout_us / 1e6 if timeout_us > 0 else None,
                     request.is_cancelled,
+                    # an int or a string (the config has no CORRID tensor to hold it)
+                    request.correlation_id() if self._stateful else 0,
                 )
             )
         if self._slots is not None:
