@@ -16,10 +16,23 @@ source "$ROOT/scripts/docker.sh"
 # Without a daemon the docker tests are deselected (CI sets HLOSERVE_REQUIRE_DOCKER=1: they run
 # and fail). Nothing else in the serving leg may skip: HLOSERVE_FAIL_ON_SKIP=1 (tests/conftest.py)
 # turns a skip there into a failure, so a broken dependency cannot pass as skipped tests.
-serving_marks=()
+deselected=()
 if ! ensure_docker && [ "${HLOSERVE_REQUIRE_DOCKER:-}" != "1" ]; then
   echo "==> no Docker daemon: the docker tests are deselected (-m 'not docker')"
-  serving_marks=(-m "not docker")
+  deselected+=("not docker")
+fi
+# Triton's own client examples are not in this repository (docs/conformance.md): with
+# HLOSERVE_TRITON_EXAMPLES naming a checkout's src/python/examples they run, else deselected.
+if [ -z "${HLOSERVE_TRITON_EXAMPLES:-}" ]; then
+  echo "==> HLOSERVE_TRITON_EXAMPLES is not set: Triton's client examples are deselected" \
+       "(-m 'not triton_examples'; docs/conformance.md)"
+  deselected+=("not triton_examples")
+fi
+serving_marks=()
+if [ ${#deselected[@]} -gt 0 ]; then
+  expression="${deselected[0]}"
+  for mark in "${deselected[@]:1}"; do expression="$expression and $mark"; done
+  serving_marks=(-m "$expression")
 fi
 source "$ROOT/scripts/prometheus.sh"
 ensure_prometheus  # tests/observability/test_prometheus.py runs a real Prometheus

@@ -22,7 +22,12 @@ from tests.conftest import ROOT, _import_script
 from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
 from tests.test_conformance_table import TABLE, rows
 
-pytestmark = [pytest.mark.tritonserver, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.tritonserver,
+    pytest.mark.slow,
+    pytest.mark.triton_examples,
+    pytest.mark.timeout(900),
+]
 pytest.importorskip("tritonclient.grpc")
 
 EXAMPLES = os.environ.get("HLOSERVE_TRITON_EXAMPLES")
