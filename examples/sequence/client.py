@@ -3,9 +3,11 @@
     python examples/sequence/client.py [--grpc localhost:8001] [--model simple_sequence]
 
 After Triton's ``simple_grpc_sequence_sync_infer_client.py``: sequences 1000 and 1001 and one
-with a string ID (a UUID, as Triton's example's third sequence) send their values one request at
-a time, interleaved (``sequence_id``, ``sequence_start`` on the first, ``sequence_end`` on the
-last); each answer is that sequence's running sum. Exits 1 on a wrong sum.
+with a string ID (a UUID, as Triton's example's third sequence) send ``[first] + values`` one
+request at a time, interleaved (``sequence_id``, ``sequence_start`` on the first,
+``sequence_end`` on the last), 1001 and the UUID's sequence with the values negated. As Triton's
+``simple_sequence`` does, each sequence's first request is answered with its input plus 1
+(0 -> 1, 100 -> 101, 20 -> 21) and every later one with its input. Exits 1 on a wrong answer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 VALUES = (11, 7, 5, 3, 2, 0, 1)
+FIRST = (0, 100, 20)  # the first input of sequence 1000, 1001 and the UUID's, as Triton's
 
 
 def send(client: Any, model: str, sequence: int | str, value: int, start: bool, end: bool) -> int:
@@ -33,25 +36,29 @@ def send(client: Any, model: str, sequence: int | str, value: int, start: bool, 
 
 
 def run(url: str, model: str = "simple_sequence") -> list[tuple[int, int, int]]:
-    """The three sequences' answers, step by step: ``[(sum of 1000, sum of 1001, sum of the
-    UUID's sequence), ...]``; the UUID's sequence sends twice the values.
+    """The three sequences' answers, step by step: ``[(answer of 1000, of 1001, of the UUID's
+    sequence), ...]``, ``len(VALUES) + 1`` steps; step 0 is ``FIRST`` plus 1, step ``i`` is
+    ``VALUES[i - 1]`` (negated for 1001 and the UUID's sequence).
 
     Raises:
-        AssertionError: an answer is not its sequence's running sum.
+        AssertionError: an answer is not the expected one (step, answers, expected).
     """
     import tritonclient.grpc as grpcclient
 
     key = str(uuid.uuid4())
     answers = []
     with grpcclient.InferenceServerClient(url) as client:
-        for i, value in enumerate(VALUES):
-            first, last = i == 0, i == len(VALUES) - 1
-            a = send(client, model, 1000, value, first, last)
-            b = send(client, model, 1001, -value, first, last)
-            c = send(client, model, key, 2 * value, first, last)
-            expected = sum(VALUES[: i + 1])
-            assert (a, b, c) == (expected, -expected, 2 * expected), (i, a, b, c, expected)
-            answers.append((a, b, c))
+        steps = [FIRST, *((v, -v, -v) for v in VALUES)]
+        for i, (x, y, z) in enumerate(steps):
+            first, last = i == 0, i == len(steps) - 1
+            got = (
+                send(client, model, 1000, x, first, last),
+                send(client, model, 1001, y, first, last),
+                send(client, model, key, z, first, last),
+            )
+            expected = (x + 1, y + 1, z + 1) if first else (x, y, z)
+            assert got == expected, (i, got, expected)
+            answers.append(got)
     return answers
 
 

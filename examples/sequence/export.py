@@ -3,10 +3,12 @@
     python examples/sequence/export.py --out bundles
 
 Like Triton's ``simple_sequence`` (the model its ``simple_grpc_sequence_sync_infer_client.py``
-drives): client input ``INPUT`` and output ``OUTPUT``, INT32 ``[batch, 1]``; each sequence's
-output is the running sum of its inputs, from 0 at START. The sum is the bundle's state
-(``ACC`` in, ``ACC_NEXT`` out; docs/bundles.md, "Stateful bundles"). Compiled batch sizes 1, 8:
-requests of different sequences run together, one row each.
+drives): client input ``INPUT`` and output ``OUTPUT``, INT32 ``[batch, 1]``; a sequence's first
+request is answered with its input plus 1, every later one with its input. Whether the sequence
+has been seen is the bundle's state (``SEEN`` in, ``SEEN_NEXT`` out, INT32 ``[batch, 1]``;
+docs/bundles.md, "Stateful bundles"): the runtime starts it at 0 at START and keeps it per
+sequence, so interleaved sequences each get the +1 on their own first request only. Compiled
+batch sizes 1, 8: requests of different sequences run together, one row each.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from hloserve.export import OutputSpec, TensorSpec, export_bundle
 BATCH_SIZES = (1, 8)
 
 
-def step(params: Any, acc: Any, value: Any) -> tuple[Any, Any]:
-    """``(OUTPUT, ACC_NEXT)``: the running sum, twice (returned and carried)."""
-    total = acc + value + params["zero"]
-    return total, total
+def step(params: Any, seen: Any, value: Any) -> tuple[Any, Any]:
+    """``(OUTPUT, SEEN_NEXT)``: ``INPUT + 1`` while ``SEEN`` is 0 (START), else ``INPUT``; 1."""
+    return value + (1 - seen) + params["zero"], seen * 0 + 1
 
 
 def export_sequence(bundles_dir: Path, name: str = "simple_sequence") -> Path:
@@ -36,12 +37,12 @@ def export_sequence(bundles_dir: Path, name: str = "simple_sequence") -> Path:
     export_bundle(
         step,
         {"zero": np.zeros((1,), np.int32)},
-        [TensorSpec(name="ACC", **spec), TensorSpec(name="INPUT", **spec)],
-        [OutputSpec("OUTPUT", "nk"), OutputSpec("ACC_NEXT", "nk")],
+        [TensorSpec(name="SEEN", **spec), TensorSpec(name="INPUT", **spec)],
+        [OutputSpec("OUTPUT", "nk"), OutputSpec("SEEN_NEXT", "nk")],
         list(BATCH_SIZES),
         out,
         overwrite=True,
-        state=[StateSpec(input="ACC", output="ACC_NEXT")],
+        state=[StateSpec(input="SEEN", output="SEEN_NEXT")],
     )
     return out
 
