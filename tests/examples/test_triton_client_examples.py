@@ -1,6 +1,7 @@
 """Triton's own client examples, unchanged, against ``hloserve serve --workers 2`` of ``simple``
-(examples/triton_simple): every example docs/conformance.md marks ``served`` on both, run on
-worker 0 directly (one tritonserver of hloserve) and through the gateway; each must exit 0.
+(examples/triton_simple) and ``simple_sequence`` (examples/sequence): every example
+docs/conformance.md marks ``served`` on both, run on worker 0 directly (one tritonserver of
+hloserve) and through the gateway; each must exit 0.
 
 The examples are not part of this repository (nor fetched here: the tests run offline):
 ``HLOSERVE_TRITON_EXAMPLES`` names a checkout's ``src/python/examples``
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, _import_script
+from tests.conftest import ROOT, _import_script, import_example
 from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
 from tests.test_conformance_table import TABLE, rows
 
@@ -56,10 +57,10 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, di
     """``{"direct" | "gateway": {"grpc": host:port, "http": host:port}}``."""
     if not EXAMPLES:
         pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
-    script = ROOT / "examples" / "triton_simple" / "export.py"
-    export = _import_script(script, "triton_simple_export")
     root = tmp_path_factory.mktemp("examples")
-    export.export_simple(root / "bundles")
+    script = ROOT / "examples" / "triton_simple" / "export.py"
+    _import_script(script, "triton_simple_export").export_simple(root / "bundles")
+    import_example("sequence", "export").export_sequence(root / "bundles")
     log = root / "serve.log"
     proc, grpc, http, _ = serve_two_workers(root / "bundles", log, "--admin-port", "0")
     try:

@@ -18,11 +18,14 @@ pytestmark = [
 ]
 
 
-def test_the_example_client_gets_running_sums(tmp_path: Path) -> None:
+def test_the_example_client_gets_tritons_simple_sequence_answers(tmp_path: Path) -> None:
     from hloserve.model_repository_tools.build import build_repository
 
     import_example("sequence", "export").export_sequence(tmp_path / "bundles")
     build_repository(tmp_path / "bundles", tmp_path / "repo")
     with ts.TritonServer(serving_options(tmp_path / "repo", tmp_path / "triton.log")) as server:
         answers = import_example("sequence", "client").run(server.urls.grpc)
-    assert answers[-1] == (29, -29, 58) and len(answers) == 7  # the third: a string ID
+    # each sequence's START is its input plus 1, later steps the input (the third: a string ID)
+    assert answers[0] == (1, 101, 21) and answers[1:] == [
+        (v, -v, -v) for v in (11, 7, 5, 3, 2, 0, 1)
+    ]
