@@ -8,6 +8,8 @@ Metrics (own registry, prefix ``hloserve_gateway_``; docs/gateway.md, "Admin por
 - ``placement{model, worker}``: 1 for each worker the current routing table routes a model to.
 - ``table_swaps_total``: routing tables installed (discovery passes).
 - ``repacks_total``: ``lpt_packing`` placements computed (startup, fleet changes, budget).
+- ``haproxy_restarts_total``: HAProxy started again after its process exited (killed,
+  crashed), :meth:`hloserve.gateway.haproxy.HAProxy.respawn`.
 - ``worker_healthy{worker}``: 1 while a worker is in the routing table, 0 while its health
   probes keep it out.
 
@@ -78,6 +80,11 @@ class GatewayMetrics:
         )
         self.repacks = Counter(
             PREFIX + "repacks", "lpt_packing placements computed.", registry=self.registry
+        )
+        self.haproxy_restarts = Counter(
+            PREFIX + "haproxy_restarts",
+            "HAProxy started again after its process exited.",
+            registry=self.registry,
         )
         self.worker_healthy = Gauge(
             PREFIX + "worker_healthy",

@@ -13,7 +13,10 @@ workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
 HTTP calls that need every worker. The control plane's calls and model control need a
 credential (:mod:`hloserve.gateway.auth`). The layout of the router's table
 (:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
-(checked every :data:`SYNC_INTERVAL_S`). With ``discovery.dns_name`` the workers themselves come
+(checked every :data:`SYNC_INTERVAL_S`); the same check finds an HAProxy that exited (killed,
+crashed), logs it and starts it again on the current layout and ports, after a backoff
+(:meth:`hloserve.gateway.haproxy.HAProxy.restart_delay`), counted in
+``hloserve_gateway_haproxy_restarts_total``. With ``discovery.dns_name`` the workers themselves come
 from DNS (:func:`~hloserve.gateway.discovery.resolve_workers`), resolved at start and every
 ``discovery.dns_interval_seconds``: a changed answer becomes the fleet (channels, health, fleet
 HTTP, HAProxy's servers by a hitless reload; docs/kubernetes.md, "DNS discovery").
@@ -221,9 +224,44 @@ async def run_gateway(
         if checked is not None:
             await checked.close()
 
-    async def sync() -> None:
-        """Apply the router's current table and knobs to HAProxy (no-op when unchanged)."""
+    async def revive() -> None:
+        """Start HAProxy again when its master exited, after the backoff; a start that fails
+        is logged and tried again by the next check, after a longer wait."""
         assert dataplane is not None
+        status = dataplane.exited()
+        if status is None:
+            return
+        delay = dataplane.restart_delay()
+        log.warning(
+            "gateway: HAProxy exited (status %s); starting it again in %.1f s", status, delay
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            return
+        if not dataplane.respawn():  # on this thread (HAProxy docstring); False: done already
+            return
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(dataplane.wait_started)
+        except UnavailableError as exc:
+            log.warning("%s; trying again", exc)
+            return
+        metrics.haproxy_restarts.inc()
+        log.warning(
+            "gateway: HAProxy started again (restart %d) on %s in %.2f s",
+            dataplane.restarts,
+            dataplane.listen.grpc,
+            time.monotonic() - started,
+        )
+
+    async def sync() -> None:
+        """Apply the router's current table and knobs to HAProxy (no-op when unchanged),
+        first starting it again if it exited (:func:`revive`)."""
+        assert dataplane is not None
+        await revive()
+        if dataplane.exited() is not None:
+            return
         layout = plan_layout(router.table, config, router.scheduling)
         await asyncio.to_thread(dataplane.apply, layout, config)
         router.record_counts(*await asyncio.to_thread(dataplane.counts))

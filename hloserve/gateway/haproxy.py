@@ -9,7 +9,11 @@
 - a layout with other backends (HAProxy 2.6 adds no backend at runtime) rewrites the
   configuration and the map and reloads hitlessly: SIGUSR2 to the master, which starts a new
   worker on the same listening sockets (handed over through ``expose-fd listeners``) while
-  the old worker finishes the requests it holds (management guide, "master-worker").
+  the old worker finishes the requests it holds (management guide, "master-worker");
+- a master that exited (killed, crashed; a killed worker takes its master down too, HAProxy's
+  default ``exit-on-failure``, and a killed master takes its workers down) is started again on
+  the current configuration, map and ports (:meth:`HAProxy.respawn`, after
+  :meth:`HAProxy.restart_delay`).
 
 The binary is Debian's ``haproxy`` package (2.6.12 in bookworm); a missing binary is an
 UNAVAILABLE error naming the package.
@@ -52,6 +56,14 @@ HAPROXY_ENV = "HLOSERVE_HAPROXY"
 
 #: Seconds HAProxy may take to accept its runtime socket after a start or a reload.
 START_TIMEOUT_S = 10.0
+
+#: Wait before HAProxy is started again after its master exited: the first, and the most
+#: (seconds); it doubles for each restart in a row and starts over once HAProxy has run
+#: :data:`RESTART_RESET_S` seconds.
+RESTART_BACKOFF_S = (0.1, 5.0)
+
+#: Seconds HAProxy must run after a start for the next restart to wait the shortest time.
+RESTART_RESET_S = 30.0
 
 
 def find_haproxy() -> str:
@@ -180,7 +192,12 @@ class HAProxy:
         self.config_file = self._dir / "haproxy.cfg"
         self.layout = Layout()
         self.reloads = 0
+        #: Times the master was started again after it exited (:meth:`respawn`).
+        self.restarts = 0
+        self._backoff_s = 0.0
+        self._started_at = 0.0
         self._carried: dict[tuple[str, str], int] = {}
+        self._routed: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._write(self.layout)
@@ -193,8 +210,18 @@ class HAProxy:
         self.config_file.write_text(text)
 
     def _start(self) -> None:
+        self._spawn()
+        try:
+            self.wait_started()
+        except UnavailableError:
+            self.close()
+            raise
+
+    def _spawn(self) -> None:
+        """Start the master on :attr:`config_file` (its output to ``haproxy.log``)."""
+        self._started_at = time.monotonic()
         log_file = self._dir / "haproxy.log"
-        with open(log_file, "wb") as out:
+        with open(log_file, "ab") as out:
             argv = [self.binary, "-W", "-S", self.master_socket, "-f", str(self.config_file)]
             setpriv = shutil.which("setpriv")  # util-linux: Linux PR_SET_PDEATHSIG, then exec
             if setpriv is not None:  # the master gets SIGTERM when the starting thread dies
@@ -206,14 +233,54 @@ class HAProxy:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def wait_started(self) -> None:
+        """Wait (blocking, up to :data:`START_TIMEOUT_S` each) until the worker answers on the
+        runtime socket and the master on its CLI socket.
+
+        Raises:
+            UnavailableError: HAProxy exited or did not answer in time; the message carries
+                its output (``haproxy.log``, the last 2,000 characters).
+        """
         ok = self._wait_runtime(lambda answer: "Name: HAProxy" in answer)
         if not ok or not master_ready(self.master_socket, START_TIMEOUT_S):
-            text = log_file.read_text(errors="replace").strip()
-            self.close()
+            text = (self._dir / "haproxy.log").read_text(errors="replace").strip()[-2000:]
             raise UnavailableError(
                 f"gateway: cannot listen on {self.listen.grpc}: HAProxy did not start: "
                 f"{text or 'no output'}"
             )
+
+    def exited(self) -> int | None:
+        """The master's exit status once it exited by itself (a negative signal number when
+        killed, as :attr:`subprocess.Popen.returncode`); None while it runs or once closed."""
+        process = self._process
+        return None if process is None else process.poll()
+
+    def restart_delay(self) -> float:
+        """Seconds to wait before the next :meth:`respawn`: :data:`RESTART_BACKOFF_S`'s first
+        value, doubled for each restart in a row up to its second; the first value again once
+        the last start ran :data:`RESTART_RESET_S` seconds."""
+        first, most = RESTART_BACKOFF_S
+        if time.monotonic() - self._started_at >= RESTART_RESET_S:
+            self._backoff_s = 0.0
+        self._backoff_s = first if self._backoff_s == 0.0 else min(most, 2 * self._backoff_s)
+        return self._backoff_s
+
+    def respawn(self) -> bool:
+        """Start the master again after it exited (:meth:`exited`), on the current layout's
+        configuration and map, on the same listening ports (HAProxy sets ``SO_REUSEADDR``);
+        then call :meth:`wait_started` (it blocks: from a worker thread). Call it on the thread
+        that started HAProxy (``--pdeathsig``, class docstring). The routed totals of
+        :meth:`counts` carry over from the last call. Returns False, doing nothing, while the
+        master runs or once closed."""
+        with self._lock:
+            if self.exited() is None:
+                return False
+            self._carried = dict(self._routed)
+            self._write(self.layout)
+            self._spawn()
+            self.restarts += 1
+            return True
 
     def _wait_runtime(self, ok: object) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -260,6 +327,7 @@ class HAProxy:
             key = (model_of[backend], self.config.workers[int(server[1:])])
             routed[key] = routed.get(key, 0) + int(row.get("stot") or 0)
             inflight[key] = inflight.get(key, 0) + int(row.get("scur") or 0)
+        self._routed = routed
         return routed, inflight
 
     def _stat_rows(self) -> list[dict[str, str]]:

@@ -9,7 +9,11 @@ tritonclient's stock ``grpc.aio`` client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,13 @@ from tritonclient.utils import InferenceServerException
 from hloserve.errors import UnavailableError
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.dataplane import CONTROL_BACKEND, plan_layout
-from hloserve.gateway.haproxy import HAPROXY_ENV, find_haproxy
+from hloserve.gateway.haproxy import (
+    HAPROXY_ENV,
+    RESTART_BACKOFF_S,
+    RESTART_RESET_S,
+    HAProxy,
+    find_haproxy,
+)
 from hloserve.gateway.routing import ModelRoute, RoutingTable
 from tests.gateway.test_admission import SlowWorker, _scrape
 from tests.gateway.test_proxy import FakeWorker, _infer, gateway
@@ -251,3 +261,96 @@ def test_bytes_requests_take_the_python_path_which_refuses_zero_rows() -> None:
             assert (await g.client.infer("echo", [ok])).as_numpy("OUT").shape == (1, 1)
 
     run(body)
+
+
+def _haproxy_master() -> int:
+    """The process id of the gateway's HAProxy master: this process's child named haproxy."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            comm, _, fields = stat.read_text().rpartition(")")
+            if comm.endswith("(haproxy") and int(fields.split()[1]) == os.getpid():
+                return int(stat.parent.name)
+    raise AssertionError("no HAProxy master among this process's children")
+
+
+def _children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (Linux ``/proc/PID/task/*/children``)."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in children.read_text().split()]
+    return found
+
+
+async def _recovered(port: int, limit_s: float) -> float:
+    """Seconds until an inference on a new connection to ``port`` succeeds, polled every
+    50 ms for at most ``limit_s`` seconds (inf when none did)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            await asyncio.wait_for(client.infer("echo", [_input(1)]), 2.0)
+            return time.monotonic() - start
+        except (InferenceServerException, TimeoutError):
+            await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+    return float("inf")
+
+
+def test_a_killed_haproxy_fails_in_flight_requests_fast_and_is_started_again() -> None:
+    """SIGKILL to HAProxy's master, then to its worker (which takes the master down), each
+    with four requests held by the worker: those fail UNAVAILABLE at once, the gateway starts
+    HAProxy again on the same port, and requests on new connections succeed (issue 28)."""
+
+    async def body() -> None:
+        w0 = SlowWorker("w0")
+        w0.release = asyncio.Event()
+        async with gateway(w0) as g:
+            for restarts, victim in enumerate(("master", "worker"), start=1):
+                w0.release.clear()
+                w0.arrived = 0
+                held = [
+                    asyncio.ensure_future(g.client.infer("echo", [_input(1)])) for _ in range(4)
+                ]
+                for _ in range(200):  # all four reached the worker (at most 10 s)
+                    if w0.arrived == 4:
+                        break
+                    await asyncio.sleep(0.05)
+                assert w0.arrived == 4
+                master = _haproxy_master()
+                pid = master if victim == "master" else _children(master)[0]
+                killed_at = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                answers = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 5)
+                failed_s = time.monotonic() - killed_at
+                assert all(isinstance(a, InferenceServerException) for a in answers), answers
+                assert {a.status() for a in answers} == {"StatusCode.UNAVAILABLE"}, answers
+                w0.release.set()
+                recovery_s = await _recovered(g.port, 30.0)
+                print(
+                    f"HAProxy {victim} SIGKILLed: in-flight failed in {failed_s:.3f} s, "
+                    f"recovered in {recovery_s:.2f} s"
+                )
+                assert recovery_s < 10.0  # issue 28's bound; a liveness check, not a benchmark
+                assert _haproxy_master() != master
+                after = triton_aio.InferenceServerClient(f"127.0.0.1:{g.port}")
+                try:
+                    for i in range(8):
+                        result = await after.infer("echo", [_input(1)], request_id=f"a{i}")
+                        assert result.as_numpy("OUT").shape == (1, 3)
+                finally:
+                    await after.close()
+                text = await asyncio.to_thread(_scrape, g.admin)
+                assert f"hloserve_gateway_haproxy_restarts_total {restarts}.0" in text
+
+    run(body)
+
+
+def test_restart_backoff_doubles_to_its_bound_and_starts_over_after_a_long_run() -> None:
+    proxy = HAProxy.__new__(HAProxy)  # the backoff only: no process
+    proxy._backoff_s, proxy._started_at = 0.0, time.monotonic()
+    delays = [proxy.restart_delay() for _ in range(9)]
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    proxy._started_at -= RESTART_RESET_S
+    assert proxy.restart_delay() == RESTART_BACKOFF_S[0]
