@@ -18,7 +18,8 @@ request answered correctly, every refused one Triton's queue-full status (UNAVAI
 within 1.2x of the baseline.
 
 **Kills**, each once under load (one closed-loop client per target): a front stub, the
-runtime stub, the tritonserver, SIGKILLed. Checked: no request hangs (every one answered within
+runtime stub, the tritonserver, the gateway's HAProxy master (``haproxy``: the gateway starts
+it again, docs/gateway.md), SIGKILLed. Checked: no request hangs (every one answered within
 ``--hang-seconds``), failures carry the statuses docs/serving.md lists (UNAVAILABLE, INTERNAL),
 recovery (a request answered on both targets) within ``--recovery-seconds``, and every request
 sent after recovery succeeds. Counts by status are printed per case; exit status 1 when a check
@@ -404,8 +405,10 @@ def overload(
 
 
 def _kill(r: Rig, kind: str) -> int:
-    """SIGKILL the process of ``kind`` (front, runtime, tritonserver); its pid."""
-    if kind == "tritonserver":
+    """SIGKILL the process of ``kind`` (front, runtime, tritonserver, haproxy); its pid."""
+    if kind == "haproxy":  # the gateway runs in this process: HAProxy's master is its child
+        pids = [p for p in children(os.getpid()) if (cmdline(p) or [b""])[0].endswith(b"haproxy")]
+    elif kind == "tritonserver":
         pids = [p for p in [r.tritonserver()] if p is not None]
     else:
         pids = r.stubs(MODEL if kind == "front" else "hloserve_runtime")
@@ -486,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=None, help="default: queue bound + 1")
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--rss-slack-mib", type=float, default=200.0)
-    parser.add_argument("--kills", default="front,runtime,tritonserver")
+    parser.add_argument("--kills", default="front,runtime,tritonserver,haproxy")
     parser.add_argument("--hang-seconds", type=float, default=10.0)
     parser.add_argument("--recovery-seconds", type=float, default=120.0)
     parser.add_argument("--hook-ms", type=float, default=20.0)

@@ -1,7 +1,8 @@
 """benchmarks/chaos.py, short (issue 28 item 5): one ``hloserve serve`` on a real tritonserver
 with a gateway in front; overload for a few seconds on each target, then a front stub, the
-runtime stub and the tritonserver each SIGKILLed once under load. The long versions (60 s of
-overload, the kill matrix) are the benchmark's defaults; figures in benchmarks/RESULTS.md."""
+runtime stub, the tritonserver and the gateway's HAProxy each SIGKILLed once under load. The
+long versions (60 s of overload, the kill matrix) are the benchmark's defaults; figures in
+benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_overload_refuses_with_queue_full_and_answers_the_rest(
     assert case.passed, "\n".join(case.lines())
 
 
-@pytest.mark.parametrize("kind", ["front", "runtime", "tritonserver"])
+@pytest.mark.parametrize("kind", ["front", "runtime", "tritonserver", "haproxy"])
 def test_a_kill_fails_fast_and_recovers(chaos: Any, rig: Any, kind: str) -> None:
     case = chaos.kill(rig, kind)
     print("\n".join(case.lines()))
