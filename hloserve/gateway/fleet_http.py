@@ -484,7 +484,9 @@ class FleetHttp:
         """``POST /v2/repository/models/{model}/load|unload`` where the gRPC servicer's
         :class:`~hloserve.gateway.model_control.ModelControl` decides (a meta's callees and
         the undo of a moved meta as bodiless calls with the client's headers); the answer is
-        the first worker's refusal, else the first worker's success."""
+        the first worker's refusal, else the first worker's success; a load whose body's
+        ``file:`` override tritonserver cannot create is answered 400 before any worker
+        (:func:`hloserve.gateway.model_control.check_file_overrides`)."""
         control, loop = self._control, self._loop
         assert control is not None and loop is not None  # answer() checked
         parameters = _load_parameters(body) if action == "load" else []
