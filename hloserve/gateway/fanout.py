@@ -181,7 +181,12 @@ class FleetRpcs:
         return reply
 
     async def _model_control(
-        self, action: Action, model: str, request: bytes, context: grpc.aio.ServicerContext
+        self,
+        action: Action,
+        model: str,
+        request: bytes,
+        context: grpc.aio.ServicerContext,
+        parameters: Sequence[str] = (),
     ) -> bytes:
         # the caller passed AuthInterceptor: its own key, else the gateway's
         key = restricted_metadata(context) or tuple(self.upstreams.repository_metadata or ())
@@ -193,7 +198,7 @@ class FleetRpcs:
                 body = getattr(service_pb2, f"{rpc}Request")(model_name=name).SerializeToString()
             return await self._fan_out(fleet_ops.Send((rpc, body, key), workers))
 
-        outcome = await self.control.run(action, model, send, _JUDGE.ok)
+        outcome = await self.control.run(action, model, send, _JUDGE.ok, parameters)
         method = "RepositoryModelLoad" if action == "load" else "RepositoryModelUnload"
         reply = fleet_ops.decided(_JUDGE, f"{method} {model!r}", outcome.answers)
         assert isinstance(reply, bytes)  # a refusal was raised
@@ -211,9 +216,13 @@ class FleetRpcs:
         Raises:
             UpstreamError: a worker refused (its code and message, e.g. no such model in its
                 repository, or the key missing).
+            InvalidArgumentError: a ``file:`` override tritonserver cannot create
+                (:func:`hloserve.gateway.model_control.check_file_overrides`; sent to no
+                worker).
         """
-        name = service_pb2.RepositoryModelLoadRequest.FromString(request).model_name
-        return await self._model_control("load", name, request, context)
+        load = service_pb2.RepositoryModelLoadRequest.FromString(request)
+        parameters = list(load.parameters.keys())
+        return await self._model_control("load", load.model_name, request, context, parameters)
 
     async def repository_model_unload(
         self, request: bytes, context: grpc.aio.ServicerContext

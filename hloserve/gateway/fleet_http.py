@@ -228,6 +228,17 @@ def _summed(responses: list[dict[str, Any]]) -> Reply:
     return _json_answer(merge_statistics_json(responses))
 
 
+def _load_parameters(body: bytes) -> list[str]:
+    """The parameter names of a model-load body (``{"parameters": {"config": ..., "file:<path>":
+    ...}}``, Triton's "Model Repository" extension); [] when it has none or is not such JSON
+    (the workers answer it)."""
+    try:
+        parameters = json.loads(body).get("parameters") if body else None
+    except (ValueError, AttributeError, RecursionError):
+        return []
+    return [str(k) for k in parameters] if isinstance(parameters, dict) else []
+
+
 def _connection(address: str, timeout_s: float) -> http.client.HTTPConnection:
     host, _, port = address.rpartition(":")
     return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
@@ -473,9 +484,12 @@ class FleetHttp:
         """``POST /v2/repository/models/{model}/load|unload`` where the gRPC servicer's
         :class:`~hloserve.gateway.model_control.ModelControl` decides (a meta's callees and
         the undo of a moved meta as bodiless calls with the client's headers); the answer is
-        the first worker's refusal, else the first worker's success."""
+        the first worker's refusal, else the first worker's success; a load whose body's
+        ``file:`` override tritonserver cannot create is answered 400 before any worker
+        (:func:`hloserve.gateway.model_control.check_file_overrides`)."""
         control, loop = self._control, self._loop
         assert control is not None and loop is not None  # answer() checked
+        parameters = _load_parameters(body) if action == "load" else []
 
         def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
             own = how == action and name == model
@@ -492,11 +506,15 @@ class FleetHttp:
             ) -> list[tuple[str, Reply]]:
                 return await asyncio.to_thread(send, how, name, workers)
 
-            return await control.run(action, model, step, lambda r: isinstance(r, Answer) and r.ok)
+            return await control.run(
+                action, model, step, lambda r: isinstance(r, Answer) and r.ok, parameters
+            )
 
         future = asyncio.run_coroutine_threadsafe(run(), loop)
         try:
             outcome = future.result(MODEL_CONTROL_TIMEOUT_S)
+        except HloserveError as exc:  # refused before any worker (ModelControl.run)
+            return Answer.error(exc)
         except TimeoutError:
             future.cancel()
             what = f"model {action} {model!r}: not done within {MODEL_CONTROL_TIMEOUT_S} s"

@@ -26,6 +26,12 @@ model READY, a meta's callees) come from the workers' gRPC ``RepositoryIndex`` a
   moved: its callees loaded on the group's workers, the meta loaded there and unloaded from
   the workers outside them.
 
+A load whose parameters carry a ``file:<path>`` override (Triton's "Model Repository"
+extension) with a path component over :data:`NAME_MAX` bytes, or a path over
+:data:`PATH_MAX` bytes, is refused before any worker (:func:`check_file_overrides`):
+tritonserver 2.51 stops on it (std::filesystem "File name too long"), and the gateway keeps
+its workers serving.
+
 After the steps the routing table is rediscovered (forced, not within its interval), so the
 next request finds the model, or NOT_FOUND after an unload.
 """
@@ -35,13 +41,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 import grpc
 
-from hloserve.errors import FailedPreconditionError
+from hloserve.errors import FailedPreconditionError, InvalidArgumentError
 from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
@@ -67,6 +73,47 @@ Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
 #: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model. It is also the
 #: state :meth:`ModelControl.indexes` gives such a row.
 UNLOADED_REASON = "unloaded"
+
+#: Prefix of a load parameter that overrides a file of the model's directory (Triton's
+#: "Model Repository" extension: ``file:<path relative to the model directory>``).
+FILE_OVERRIDE_PREFIX = "file:"
+#: Most bytes of one path component (Linux ``NAME_MAX``); a longer one stops tritonserver.
+NAME_MAX = 255
+#: Most bytes of a whole path (Linux ``PATH_MAX``).
+PATH_MAX = 4096
+
+
+def check_file_overrides(model: str, parameters: Collection[str]) -> None:
+    """Refuse a load whose ``file:`` override names a path tritonserver cannot create.
+
+    Args:
+        model: the model the client named (for the message).
+        parameters: the names of the load request's parameters (``config``,
+            ``file:<path>``, ...); the others are not looked at.
+
+    Raises:
+        InvalidArgumentError: a ``file:`` path (UTF-8) has a component over
+            :data:`NAME_MAX` bytes or is over :data:`PATH_MAX` bytes in all; the message
+            names the model, the parameter (its first 64 characters) and the limit.
+    """
+    for name in parameters:
+        if not name.startswith(FILE_OVERRIDE_PREFIX):
+            continue
+        path = name[len(FILE_OVERRIDE_PREFIX) :]
+        shown = name if len(name) <= 64 else f"{name[:64]}..."
+        size = len(path.encode("utf-8", "surrogatepass"))
+        longest = max((len(c.encode("utf-8", "surrogatepass")) for c in path.split("/")), default=0)
+        if longest > NAME_MAX:
+            what = f"a path component of {longest} bytes, over the limit of {NAME_MAX} bytes"
+        elif size > PATH_MAX:
+            what = f"a path of {size} bytes, over the limit of {PATH_MAX} bytes"
+        else:
+            continue
+        raise InvalidArgumentError(
+            f"load of model {model!r}: parameter {shown!r} names {what} (tritonserver cannot "
+            f"create such a file: at most {NAME_MAX} bytes per path component and "
+            f"{PATH_MAX} bytes per path); the load was sent to no worker"
+        )
 
 
 @dataclass(frozen=True)
@@ -158,7 +205,12 @@ class ModelControl:
         return list(self.place(model, calls, candidates)) or candidates
 
     async def run(
-        self, action: Action, model: str, send: Send[R], ok: Callable[[R], bool]
+        self,
+        action: Action,
+        model: str,
+        send: Send[R],
+        ok: Callable[[R], bool],
+        parameters: Collection[str] = (),
     ) -> Outcome[R]:
         """Load or unload ``model`` by the rules of the module docstring.
 
@@ -167,6 +219,8 @@ class ModelControl:
             model: the model the client named.
             send: carries one step in the caller's protocol (:data:`Send`).
             ok: whether an answer is a success.
+            parameters: the names of the client's load parameters (``config``,
+                ``file:<path>``, ...; :func:`check_file_overrides`).
 
         Returns:
             The answers of the deciding step: the first refused one, else the client's
@@ -175,12 +229,16 @@ class ModelControl:
         Raises:
             FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`
                 (every bundle model of a worker runs in it; never sent to a worker).
+            InvalidArgumentError: a ``file:`` override tritonserver cannot create
+                (:func:`check_file_overrides`; never sent to a worker).
         """
         if action == "unload" and model == RUNTIME_MODEL:
             raise FailedPreconditionError(
                 f"model {model!r} is hloserve's runtime: every bundle model of a worker runs "
                 "in it, so the gateway does not unload it; unload the bundle models instead"
             )
+        if action == "load":
+            check_file_overrides(model, parameters)
         try:
             return await self._run(action, model, send, ok)
         finally:

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc")
 
-from hloserve.errors import FailedPreconditionError
-from hloserve.gateway.model_control import Action, ModelControl
+from hloserve.errors import FailedPreconditionError, InvalidArgumentError
+from hloserve.gateway.model_control import NAME_MAX, PATH_MAX, Action, ModelControl
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.names import RUNTIME_MODEL
 
@@ -59,8 +59,8 @@ class Given(ModelControl):
             answers.append((w, ok))
         return answers
 
-    def run_one(self, action: Action, model: str) -> Any:
-        return asyncio.run(self.run(action, model, self.send, bool))
+    def run_one(self, action: Action, model: str, parameters: Sequence[str] = ()) -> Any:
+        return asyncio.run(self.run(action, model, self.send, bool, parameters))
 
 
 def test_a_held_model_goes_to_its_holders_and_an_unloaded_row_is_not_held() -> None:
@@ -149,3 +149,33 @@ def test_unloading_the_runtime_is_refused_before_any_worker_and_loading_it_is_no
     assert control.steps == []
     assert not control.run_one("load", RUNTIME_MODEL).failed
     assert control.steps == [("load", RUNTIME_MODEL, ("w0", "w1"))]
+
+
+def test_an_over_long_file_override_is_refused_before_any_worker() -> None:
+    """tritonserver 2.51 stops on a ``file:`` path it cannot create (std::filesystem "File
+    name too long"): a component over NAME_MAX bytes (UTF-8 bytes, not characters) or a path
+    over PATH_MAX is refused with INVALID_ARGUMENT naming the model, the parameter and the
+    limit; the limits themselves, other parameters and an unload go through."""
+    control = Given({"w0": {"m": ""}, "w1": {"m": ""}})
+    component = "file:1/" + "a" * (NAME_MAX + 1)
+    with pytest.raises(InvalidArgumentError, match="path component of 256 bytes") as info:
+        control.run_one("load", "m", ["config", component])
+    assert "'m'" in info.value.message and "file:1/aaa" in info.value.message
+    assert "255 bytes per path component" in info.value.message
+    wide = "file:" + "\u00e9" * 128  # 128 characters, 256 bytes
+    with pytest.raises(InvalidArgumentError, match="256 bytes"):
+        control.run_one("load", "m", [wide])
+    path = "file:" + "/".join(["b" * 200] * 21)  # 4220 bytes, each component 200
+    with pytest.raises(InvalidArgumentError, match=r"path of 4220 bytes.*4096"):
+        control.run_one("load", "m", [path])
+    assert control.steps == []
+    at_limits = [
+        "file:1/" + "a" * NAME_MAX,
+        "file:" + "/".join(["c" * 255] * 16) + "/" + "d" * (PATH_MAX - 16 * 256),
+        "config",
+        "x" * 1000,  # not a file override: the workers judge it
+    ]
+    assert len(at_limits[1]) - len("file:") == PATH_MAX
+    assert not control.run_one("load", "m", at_limits).failed
+    assert control.steps == [("load", "m", ("w0", "w1"))]
+    assert not control.run_one("unload", "m", [component]).failed  # unload: not looked at

@@ -284,3 +284,54 @@ def test_cuda_shared_memory_follows_the_system_shared_memory_rules(fleet: Fleet)
     for server in fleet.servers:
         direct = grpcclient.InferenceServerClient(server.urls.grpc)
         assert not direct.get_cuda_shared_memory_status().regions
+
+
+def test_an_over_long_file_override_is_refused_and_the_workers_keep_serving(fleet: Fleet) -> None:
+    """A load whose ``file:`` override has a first path component over 255 bytes stops
+    tritonserver 2.51 (measured: "terminate called after throwing an instance of
+    std::filesystem::filesystem_error ... File name too long"; a deeper one gets its 500):
+    the gateway refuses every component over 255 bytes before any worker, over HTTP (400)
+    and gRPC (INVALID_ARGUMENT), naming the model, the parameter and the limit; both
+    workers stay live and ``affine`` is served as before. A normal-length override is
+    forwarded: the gateway's answer is the worker's own."""
+    address = _http(fleet.round_robin)
+    expected = _affine_over_http(fleet.servers[0].urls.http, "affine")[1]["outputs"]
+    before = fleet.states("affine")
+    long_name = "file:" + "a" * 256 + "/model.py"  # stops tritonserver 2.51
+    content = base64.b64encode(b"x = 1\n").decode()
+    body = json.dumps({"parameters": {"config": "{}", long_name: content}}).encode()
+    status, reply = _call(
+        address, "POST", "/v2/repository/models/affine/load", body, headers=_key()
+    )
+    assert status == 400, reply
+    error = json.loads(reply)["error"]
+    assert "'affine'" in error and "file:aaa" in error, error
+    assert "path component of 256 bytes" in error and "255 bytes per path component" in error
+
+    client = grpcclient.InferenceServerClient(fleet.round_robin.address)
+    key = {GRPC_METADATA_KEY: launcher_key()}
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("affine", headers=key, config="{}", files={long_name: b"x = 1\n"})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'affine'" in info.value.message() and "255 bytes" in info.value.message()
+
+    for server in fleet.servers:  # sent to no worker: each is live and holds what it held
+        assert _call(server.urls.http, "GET", "/v2/health/live")[0] == 200
+    assert fleet.states("affine") == before
+    assert _until_served(address, "affine")["outputs"] == expected
+
+    normal = json.dumps({"parameters": {"file:1/model.py": content}}).encode()
+    path = "/v2/repository/models/nope/load"  # in no repository: every worker answers
+    own = _call(fleet.servers[0].urls.http, "POST", path, normal, headers=_key())
+    assert own[0] == 500 and b"failed to load 'nope'" in own[1], own  # the worker's words
+    assert _call(address, "POST", path, normal, headers=_key()) == own
+    direct = grpcclient.InferenceServerClient(fleet.servers[0].urls.grpc)
+    with pytest.raises(InferenceServerException) as info:
+        direct.load_model("nope", headers=key, files={"file:1/model.py": b"x = 1\n"})
+    worker_answer = (info.value.status(), info.value.message())
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("nope", headers=key, files={"file:1/model.py": b"x = 1\n"})
+    assert info.value.status() == worker_answer[0]
+    assert worker_answer[1] in info.value.message()
+    for server in fleet.servers:
+        assert _call(server.urls.http, "GET", "/v2/health/live")[0] == 200
