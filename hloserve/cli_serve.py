@@ -137,7 +137,7 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="PATH a bundles directory: load added bundles, reload changed ones and unload "
         "removed ones while serving, each once two polls see the same content "
-        "(docs/serving.md, 'Watching the bundles directory'); one worker only",
+        "(docs/serving.md, 'Watching the bundles directory'); with --workers, on every worker",
     )
     serve.add_argument(
         "--watch-interval",

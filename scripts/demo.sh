@@ -26,8 +26,10 @@ echo "==> 2/5 building the Triton model repository demo/repository/"
 .venv/bin/hloserve repo build "$WORK/bundles" -o "$WORK/repository"
 
 echo "==> 3/5 serving it (log: demo/server.log)"
-.venv/bin/hloserve serve "$WORK/repository" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
-  --metrics-port "$METRICS_PORT" --admin-port "$ADMIN_PORT" > "$WORK/server.log" 2>&1 &
+# one worker whatever the GPUs (several would add the gateway, which needs HAProxy)
+.venv/bin/hloserve serve "$WORK/repository" --workers 1 --http-port "$HTTP_PORT" \
+  --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" --admin-port "$ADMIN_PORT" \
+  > "$WORK/server.log" 2>&1 &
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
