@@ -11,6 +11,7 @@ import pytest
 
 from hloserve.bundle import validate_bundle
 from hloserve.model_repository_tools import parse_config_text, plan_repository
+from tests.conftest import needs_tritonclient
 
 Edit = Callable[[Path, Callable[[dict[str, Any]], None]], None]
 
@@ -19,6 +20,7 @@ def errors(bundle: Path) -> list[str]:
     return [str(p) for p in validate_bundle(bundle) if not p.warning]
 
 
+@needs_tritonclient
 def test_a_label_file_with_one_line_per_class_is_written_as_label_filename(
     tiny_bundle: Path, edit_manifest: Edit
 ) -> None:
@@ -67,6 +69,7 @@ def test_misplaced_keys_are_refused_naming_the_tensor(
     assert any(found in e for e in errors(tiny_bundle)), errors(tiny_bundle)
 
 
+@needs_tritonclient
 def test_a_meta_models_client_tensors_take_labels_and_format_too(tmp_path: Path) -> None:
     import yaml
 

@@ -12,6 +12,7 @@ from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.manifest import ManifestError, parse_manifest
 from hloserve.bundle.validate import validate_bundle
 from tests.accumulator_bundle import export_accumulator
+from tests.conftest import needs_tritonclient
 
 ROW = {"dtype": "f32", "shape": "nk", "dims": {"k": 4}}
 VALID: dict[str, Any] = {
@@ -64,6 +65,7 @@ def test_exported_accumulator_validates(tmp_path: Path) -> None:
     assert not [p for p in validate_bundle(path) if not p.warning]
 
 
+@needs_tritonclient
 def test_front_config_has_sequence_batching_without_triton_state() -> None:
     from hloserve.bundle.manifest_sections import MAX_SEQUENCE_IDLE_US
     from hloserve.model_repository_tools.build_options import BuildOptions
@@ -85,6 +87,7 @@ def test_front_config_has_sequence_batching_without_triton_state() -> None:
     assert [i.name for i in config.input] == ["x"] and [o.name for o in config.output] == ["y"]
 
 
+@needs_tritonclient
 def test_the_sequence_section_sets_the_sequence_batcher() -> None:
     """``sequence``: the idle timeout, the candidate sequences."""
     from hloserve.model_repository_tools.build_options import BuildOptions

@@ -26,7 +26,7 @@ from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.runtime.scheduler import Work
 from hloserve.triton_backend.runtime.server import RuntimeServer
-from tests.conftest import GOLDEN
+from tests.conftest import GOLDEN, needs_tritonclient
 from tests.echo_bundle import export_echo
 from tests.triton_backend.front_testing import (
     RecordingRuntime,
@@ -35,7 +35,8 @@ from tests.triton_backend.front_testing import (
     server_key,
 )
 
-pytestmark = pytest.mark.usefixtures("restore_x64")
+# the fixture builds a model repository (Triton model configs)
+pytestmark = [needs_tritonclient, pytest.mark.usefixtures("restore_x64")]
 
 EXPECTED = dict(np.load(GOLDEN / "affine.expected.npz"))
 

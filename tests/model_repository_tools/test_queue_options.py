@@ -9,6 +9,7 @@ import pytest
 from hloserve.cli_options import queue_options
 from hloserve.errors import InvalidArgumentError, RepositoryError
 from hloserve.model_repository_tools import QueueOptions, parse_config_text, plan_repository
+from tests.conftest import needs_tritonclient
 
 
 def test_values_parse_into_one_typed_option() -> None:
@@ -24,6 +25,7 @@ def _queue(plan: object, name: str) -> object:
     return parse_config_text(model.config_text).dynamic_batching.default_queue_policy
 
 
+@needs_tritonclient
 def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
     tiny_bundle: Path,
 ) -> None:

@@ -28,6 +28,7 @@ from hloserve.node.plan import (
     runtime_allocator_env,
     worker_env,
 )
+from tests.conftest import needs_tritonclient
 
 GPU_NODE = """
 name: gpunode
@@ -271,6 +272,7 @@ def _runtime_config(repository: Path, parameters: str) -> None:
     )
 
 
+@needs_tritonclient
 def test_gpu_workers_carry_the_runtimes_allocator_settings(tmp_path: Path) -> None:
     """The launcher sets JAX's allocator from the runtime model's device memory fraction, so
     the runtime's environment (``/proc/<pid>/environ``) holds it; CPU workers get none."""
@@ -292,6 +294,7 @@ def test_gpu_workers_carry_the_runtimes_allocator_settings(tmp_path: Path) -> No
     assert "XLA_CLIENT_MEM_FRACTION" not in worker_env(cpu, docker=False, repository=tmp_path)
 
 
+@needs_tritonclient
 def test_a_malformed_device_memory_fraction_is_refused_before_launch(tmp_path: Path) -> None:
     _runtime_config(
         tmp_path,

@@ -38,7 +38,7 @@ from hloserve.triton_backend.runtime.device_memory import (
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from hloserve.triton_backend.runtime.state import RuntimeState
 from hloserve.units import format_size
-from tests.conftest import GOLDEN
+from tests.conftest import GOLDEN, needs_tritonclient
 
 pytestmark = pytest.mark.usefixtures("restore_x64")
 
@@ -257,6 +257,7 @@ def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserv
     assert "device memory: total 1.1 GiB, limit 1.0 GiB, in use 300.0 MiB" in table, table
 
 
+@needs_tritonclient
 def test_device_memory_fraction_travels_from_the_flag_to_the_runtime_config(
     tmp_path: Path,
 ) -> None:
