@@ -77,6 +77,7 @@ def run_perf_analyzer(
     shape: Sequence[str] = (),
     input_data: Path | None = None,
     measurement_interval_ms: int = 2000,
+    request_count: int | None = None,
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
 ) -> tuple[list[PerfResult], str]:
@@ -90,6 +91,9 @@ def run_perf_analyzer(
         shape: ``--shape NAME:D1,D2`` values for inputs with variable dims.
         input_data: a perf_analyzer ``--input-data`` JSON file (default: random data).
         measurement_interval_ms: length of each measurement window, milliseconds.
+        request_count: measure exactly this many requests per level (perf_analyzer's
+            ``--request-count``) instead of repeating windows until two in a row agree; for a
+            run that must answer, not a stable rate (a loaded machine may never be stable).
         extra_args: further perf_analyzer flags.
         timeout_s: wall-clock limit for each run, seconds.
 
@@ -116,6 +120,7 @@ def run_perf_analyzer(
                 "-f", str(report),
                 *(arg for s in shape for arg in ("--shape", s)),
                 *(["--input-data", str(input_data)] if input_data is not None else []),
+                *(["--request-count", str(request_count)] if request_count else []),
                 *extra_args,
             ]  # fmt: skip
             proc = subprocess.run(

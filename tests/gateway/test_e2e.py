@@ -130,7 +130,7 @@ def test_perf_analyzer_through_the_gateway_has_zero_errors(fleet: Node) -> None:
     assert fleet.gateway is not None and fleet.gateway.http_address is not None
     for protocol, url in (("grpc", fleet.gateway.address), ("http", fleet.gateway.http_address)):
         results, output = run_perf_analyzer(
-            "affine", url, protocol=protocol, concurrency=(2,), measurement_interval_ms=2000
+            "affine", url, protocol=protocol, concurrency=(2,), request_count=200
         )
         assert [r.concurrency for r in results] == [2], output
         assert results[0].throughput > 0, output
