@@ -16,7 +16,6 @@ from hloserve.errors import InvalidArgumentError, SchedulerClosedError, Status
 from hloserve.triton_backend.runtime.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
 from hloserve.triton_backend.runtime.scheduler_config import (
     SchedulerConfig,
-    deadline_from_parameters,
 )
 
 
@@ -433,17 +432,6 @@ def test_config_ranges_are_checked() -> None:
             SchedulerConfig(**{field: value})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight of model 'a'"):
         SchedulerConfig(weights={"a": 0.0})
-
-
-def test_deadline_from_the_kserve_timeout_parameter_in_microseconds() -> None:
-    assert deadline_from_parameters({"timeout": 1_500_000}, now=10.0) == pytest.approx(11.5)
-    assert deadline_from_parameters({"timeout": "250"}, now=0.0) == pytest.approx(0.00025)
-    assert deadline_from_parameters({}, now=10.0) is None
-    assert deadline_from_parameters({"timeout": 0}, now=10.0) is None
-    for bad in (-1, "soon", 1.5, True):
-        with pytest.raises(InvalidArgumentError, match="timeout") as info:
-            deadline_from_parameters({"timeout": bad}, now=0.0)
-        assert info.value.status is Status.INVALID_ARGUMENT
 
 
 # --- committed works (a meta's sub-calls) --------------------------------------------------

@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from hloserve.bundle.safetensors_file import mmap_tensors
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.triton_backend.runtime.residency import Residency
 from hloserve.triton_backend.runtime.transfer import JaxTransfer, PackedJaxTransfer
-from hloserve.triton_backend.runtime.weight_cache import WeightCache, mmap_safetensors
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 
 KIB = 1024
 
@@ -342,13 +343,13 @@ def test_mmap_safetensors_matches_the_file(tmp_path: Path) -> None:
     }
     path = tmp_path / "weights.safetensors"
     save_file(tensors, str(path))
-    arrays = mmap_safetensors(path, ["h", "w", "b"])
+    arrays = mmap_tensors(path, ["h", "w", "b"])
     for array, name in zip(arrays, ["h", "w", "b"], strict=True):
         assert array.dtype == tensors[name].dtype and array.shape == tensors[name].shape
         np.testing.assert_array_equal(array, tensors[name])
         assert not array.flags.writeable
     with pytest.raises(HloserveError) as info:
-        mmap_safetensors(path, ["w", "nope"])
+        mmap_tensors(path, ["w", "nope"])
     assert info.value.status is Status.NOT_FOUND
 
 

@@ -1,16 +1,8 @@
 """The one compile path: StableHLO portable artifact -> loaded XLA executable -> call it.
 
-Everything that runs a bundle's executables (the runtime model, the validator's replay tests,
-benchmarks) goes through :func:`compile_artifact`, so a JAX API change is fixed in one place.
-It uses ``jax.extend.backend.get_backend().compile_and_load`` (the PJRT client), which accepts
-StableHLO text, bytecode or a portable artifact; checked on JAX 0.7.1 and 0.10.2.
-
-With an :class:`~hloserve.triton_backend.runtime.executable_cache.ExecutableCache`, a compiled
-executable is serialized to disk and later starts deserialize it instead of compiling
-(docs/serving.md, "Executable cache"): :func:`serialize_executable` and
-:func:`deserialize_executable` wrap PJRT's executable serialization (the client's
-``serialize_executable``/``deserialize_executable`` on jaxlib 0.7.1 and 0.10.2; 0.10.2's
-``LoadedExecutable.serialize`` where the client lacks the first).
+Everything that runs a bundle's executables goes through :func:`compile_artifact` (the PJRT
+client's ``compile_and_load``; JAX 0.7.1 and 0.10.2); :func:`serialize_executable` and
+:func:`deserialize_executable` serve the executable cache (docs/serving.md, "Executable cache").
 """
 
 from __future__ import annotations
@@ -54,34 +46,21 @@ def _device(device: Any | None) -> Any:
 class CompiledExecutable:
     """A loaded XLA executable for one StableHLO ``main`` on one device.
 
-    Attributes:
-        signature: ``main``'s argument and result types (weights first, then inputs).
-        device: the JAX device it runs on.
-        compile_seconds: wall time of compilation (or of loading it from the executable
-            cache), in seconds.
-        from_cache: whether it was loaded from the executable cache instead of compiled.
+    ``signature``: ``main``'s argument types (weights first, then inputs) and result types.
     """
 
     loaded: Any
     signature: Signature
     device: Any
-    compile_seconds: float
     from_cache: bool = False
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
-        """Execute on device arrays (or host arrays, which are copied to the device first).
-
-        Args:
-            args: one array per ``main`` argument, in order (weights, then inputs). Host NumPy
-                arrays are placed with ``jax.device_put``; 64-bit dtypes need JAX's x64 mode on
-                (:func:`enable_x64`), else JAX would narrow them.
-
-        Returns:
-            One ``jax.Array`` per ``main`` result, on :attr:`device`.
+        """Execute on one array per ``main`` argument (weights, then inputs); host arrays are
+        placed first (64-bit ones need :func:`enable_x64`). One ``jax.Array`` per result.
 
         Raises:
-            InvalidArgumentError: wrong argument count, or an argument whose shape or dtype
-                differs from the signature (named by position, expected vs actual).
+            InvalidArgumentError: wrong argument count, shape or dtype (position, expected vs
+                actual).
         """
         import jax
 
@@ -107,7 +86,6 @@ class CompiledExecutable:
 
     @functools.cached_property
     def _expected(self) -> tuple[tuple[tuple[int | None, ...], np.dtype], ...]:
-        """(shape, dtype) of each ``main`` argument, worked out once (checked every call)."""
         return tuple((tuple(t.shape), _numpy_dtype(t.element_type)) for t in self.signature.inputs)
 
     def run_numpy(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -122,25 +100,16 @@ def _numpy_dtype(element_type: str) -> np.dtype:
 
 
 def enable_x64() -> None:
-    """Turn on JAX's 64-bit mode for this process, so i64/u64/f64 tensors keep their width.
-
-    The runtime process calls it at start: it only runs compiled executables, whose types are
-    fixed, so the mode changes nothing else there.
-    """
+    """Turn on JAX's 64-bit mode, so i64/u64/f64 tensors keep their width (the runtime's)."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
 
 
 def run_cpu_inline() -> None:
-    """Have JAX's CPU backend run executions on the calling thread (before its first use).
+    """Have JAX's CPU backend execute on the calling thread; call before ``jax.devices()``.
 
-    JAX's ``jax_cpu_enable_async_dispatch`` (default on) hands each CPU execution to a worker
-    thread and returns at once; the runtime waits for every execution before the next anyway
-    (one execution at a time), so the hand-off is pure cost: the digits model at batch 4 took
-    108 us per execution with it and 76 us without (JAX 0.7.1, 2 CPU cores; CPU time 132 vs
-    79 us). The flag takes effect when the CPU client is created, so call this before
-    ``jax.devices()``; it changes nothing on GPU.
+    Turns off ``jax_cpu_enable_async_dispatch`` (docs/serving.md, "Requests"); no effect on GPU.
     """
     import jax
 
@@ -154,22 +123,14 @@ def compile_artifact(
     cache: ExecutableCache | None = None,
     label: ExecutableLabel | None = None,
 ) -> CompiledExecutable:
-    """Compile a StableHLO module for one device, or load it from the executable cache.
+    """Compile a StableHLO module (portable artifact or MLIR text) for ``device`` (default the
+    first), or load it from ``cache``; ``label`` names it in the key and messages.
 
-    Args:
-        artifact: a portable artifact (or MLIR text as bytes, converted first).
-        device: a ``jax.Device``; default the first device of the default backend.
-        cache: where compiled executables are kept (:func:`executable_key`); None compiles.
-            An entry that does not deserialize is logged, deleted, and recompiled and
-            rewritten; a failed write is logged. Each call is counted in ``cache``.
-        label: the model, variant and batch size, for the key and messages.
-
-    Returns:
-        The loaded executable with its signature and compile (or load) time.
+    A cache entry that does not deserialize is logged, deleted, recompiled and rewritten.
 
     Raises:
         ArtifactError: the module cannot be read.
-        InvalidArgumentError: XLA refuses to compile it (message from XLA).
+        InvalidArgumentError: XLA refuses to compile it (XLA's message).
     """
     import jax.extend as jex
     from jax._src.lib import xla_client
@@ -184,8 +145,7 @@ def compile_artifact(
         entry = cache.get(key, label)
         if entry is not None:
             try:
-                # the signature stored with it: parsing the module again costs more than
-                # deserializing (5 ms vs 1.4 ms for digits on CPU, benchmarks/executable_cache.py)
+                # the stored signature: parsing the module again costs more than deserializing
                 signature = _signature_from_json(entry.info["signature"])
                 loaded = deserialize_executable(entry.payload, dev, options)
             except Exception as exc:  # XlaRuntimeError: another XLA build, a foreign binary
@@ -197,9 +157,8 @@ def compile_artifact(
                 )
                 cache.discard(key)
             else:
-                seconds = time.perf_counter() - start
-                cache.counted(label, FROM_CACHE, seconds)
-                return CompiledExecutable(loaded, signature, dev, seconds, from_cache=True)
+                cache.counted(label, FROM_CACHE, time.perf_counter() - start)
+                return CompiledExecutable(loaded, signature, dev, from_cache=True)
     signature = read_signature(artifact)
     backend = jex.backend.get_backend(dev.platform)
     start = time.perf_counter()
@@ -221,7 +180,7 @@ def compile_artifact(
                     exc,
                 )
         cache.counted(label, COMPILED, seconds)
-    return CompiledExecutable(loaded, signature, dev, seconds)
+    return CompiledExecutable(loaded, signature, dev)
 
 
 def _signature_to_json(signature: Signature) -> dict[str, Any]:
@@ -232,11 +191,7 @@ def _signature_to_json(signature: Signature) -> dict[str, Any]:
 
 
 def _signature_from_json(data: Any) -> Signature:
-    """Inverse of :func:`_signature_to_json`.
-
-    Raises:
-        KeyError, TypeError, ValueError: not what :func:`_signature_to_json` writes.
-    """
+    """Inverse of :func:`_signature_to_json` (KeyError, TypeError, ValueError otherwise)."""
 
     def types(items: Any) -> tuple[TensorType, ...]:
         return tuple(TensorType(tuple(shape), str(element)) for shape, element in items)
@@ -245,14 +200,7 @@ def _signature_from_json(data: Any) -> Signature:
 
 
 def serialize_executable(loaded: Any) -> bytes:
-    """PJRT's serialized form of a loaded executable (``compile_and_load``'s result).
-
-    Uses the client's ``serialize_executable`` (jaxlib 0.7.1 and 0.10.2), else the
-    executable's own ``serialize`` (jaxlib 0.10.2).
-
-    Raises:
-        XlaRuntimeError: the platform cannot serialize executables.
-    """
+    """PJRT's serialized form of a loaded executable; XlaRuntimeError where unsupported."""
     client = loaded.client
     if hasattr(client, "serialize_executable"):
         return bytes(client.serialize_executable(loaded))
@@ -262,16 +210,8 @@ def serialize_executable(loaded: Any) -> bytes:
 def deserialize_executable(payload: bytes, device: Any, compile_options: Any = None) -> Any:
     """A loaded executable on ``device`` from :func:`serialize_executable`'s bytes.
 
-    Only for trusted bytes: loading a serialized executable may run code (XLA's warning on
-    ``deserialize_executable``).
-
-    Args:
-        payload: the serialized executable, made on the same platform, device kind and jaxlib.
-        device: the ``jax.Device`` to load it on.
-        compile_options: the ``CompileOptions`` it was compiled with (default: default ones).
-
-    Raises:
-        XlaRuntimeError: the bytes are not an executable this jaxlib and device can load.
+    Trusted bytes only: loading one may run code. XlaRuntimeError for bytes this jaxlib and
+    device cannot load.
     """
     from jax._src.lib import xla_client
 
@@ -282,11 +222,7 @@ def deserialize_executable(payload: bytes, device: Any, compile_options: Any = N
 def executable_key(
     artifact: bytes, device: Any, compile_options: Any, label: ExecutableLabel | None = None
 ) -> CacheKey:
-    """The executable cache key of compiling ``artifact`` for ``device`` now.
-
-    Reads the jaxlib version, the ``XLA_FLAGS`` environment variable and JAX's 64-bit mode of
-    this process; the model name in ``label`` is left out (a renamed bundle still hits).
-    """
+    """The executable cache key of compiling ``artifact`` for ``device`` in this process."""
     import jax
     from jax._src import lib
 

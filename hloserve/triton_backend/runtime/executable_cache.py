@@ -1,29 +1,7 @@
-"""The compiled-executable disk cache: restarts load serialized XLA executables, not compile.
+"""The compiled-executable disk cache (docs/serving.md, "Executable cache"): entries, bound.
 
-docs/serving.md, "Executable cache". One entry per executable, a file ``<key>.xexe`` in the
-cache directory, where ``<key>`` is the SHA-256 of :class:`CacheKey` (everything that changes
-the binary: the artifact's bytes, platform, device, jaxlib/XLA version, compile options,
-``XLA_FLAGS``, 64-bit mode, variant and batch size). The payload is PJRT's serialized
-executable (:func:`hloserve.triton_backend.runtime.compile.serialize_executable`); this module only
-stores bytes and imports no JAX.
-
-Entry layout (format :data:`ENTRY_FORMAT`): the header ``struct`` :data:`_HEADER` (magic
-:data:`MAGIC`, format version, metadata length, payload length, SHA-256 of metadata + payload),
-then the metadata (JSON: the key's fields, and the writer's ``info``, e.g. the executable's
-signature) and the payload. A reader checks the magic, the version
-(:data:`MIN_ENTRY_FORMAT`..:data:`MAX_ENTRY_FORMAT`), the length, the checksum and that the
-metadata's key equals the key it asked for; any failure is logged, the entry deleted and the
-caller recompiles and rewrites it. Writers write a temporary file in the directory, ``fsync``
-it and ``os.replace`` it into place (atomic on POSIX), so a server sharing the directory sees
-the old entry, the new one or none, never half of one.
-
-Size bound: after each write, the least recently used entries are deleted until the directory
-holds at most ``max_bytes``. "Used" is the entry's modification time, which the cache sets on
-every hit (``os.utime``); access times are not used (``noatime``/``relatime`` mounts).
-
-Loading a serialized executable runs code (XLA's own warning on ``deserialize_executable``):
-the directory must be writable only by users trusted to run code in the server; the cache
-creates it with mode 0700.
+An entry is ``<CacheKey digest>.xexe``: :data:`_HEADER`, JSON metadata (key, ``info``), then
+PJRT's serialized executable (``compile.serialize_executable``). Imports no JAX.
 """
 
 from __future__ import annotations
@@ -47,39 +25,28 @@ from hloserve.errors import InvalidArgumentError
 
 log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 
-#: First bytes of every entry.
 MAGIC = b"HLOSXEXE"
-#: Entry format this module writes. History: 1 = header + JSON key/info + payload (2026-12).
+#: Entry format written; formats read: MIN..MAX (others are ignored and rewritten).
 ENTRY_FORMAT = 1
-#: Oldest and newest entry format this module reads (others are ignored and rewritten).
 MIN_ENTRY_FORMAT = 1
 MAX_ENTRY_FORMAT = 1
-#: Header: magic, format version, metadata bytes, payload bytes, SHA-256(metadata + payload).
+#: magic, format version, metadata bytes, payload bytes, SHA-256(metadata + payload)
 _HEADER = struct.Struct(">8sIIQ32s")
-#: File name suffix of an entry; temporary files start with :data:`_TMP_PREFIX`.
 SUFFIX = ".xexe"
 _TMP_PREFIX = ".tmp-"
-#: A temporary file older than this (seconds) was left by a writer that died; cleanup removes it.
+#: a temporary file older than this (seconds) was left by a writer that died
 STALE_TMP_S = 3600.0
-
-#: Default size bound: 4 GiB. Serialized CPU executables measured 0.1-4 MiB each (digits,
-#: all-MiniLM-L6-v2; benchmarks/executable_cache.py), so the bound holds hundreds of them.
+#: 4 GiB; serialized CPU executables measured 0.1-4 MiB each (benchmarks/executable_cache.py)
 DEFAULT_MAX_BYTES = 4 << 30
-
-#: Where an executable came from, as counted (log and the ``source`` metric label).
+#: where an executable came from (log, the ``source`` metric label)
 COMPILED = "compiled"
 FROM_CACHE = "cache"
 
 
 @dataclass(frozen=True)
 class ExecutableLabel:
-    """Which executable of which model: for the key (variant, batch size) and for messages.
-
-    Attributes:
-        model: the model (bundle) name; not part of the key, so a renamed bundle still hits.
-        variant: the shape variant's label, e.g. ``"s32"`` (``""`` for a model without).
-        batch_size: the compiled batch size (0 for an unbatched model).
-    """
+    """Which executable of which model (``variant`` e.g. ``"s32"``, ``batch_size`` 0 when
+    unbatched); ``model`` is not in the key."""
 
     model: str
     variant: str = ""
@@ -92,12 +59,7 @@ class ExecutableLabel:
 
 @dataclass(frozen=True)
 class CachedEntry:
-    """What :meth:`ExecutableCache.get` returns.
-
-    Attributes:
-        payload: the stored bytes (a serialized executable).
-        info: the JSON-compatible mapping stored beside it (:meth:`ExecutableCache.put`).
-    """
+    """A stored serialized executable and the ``info`` mapping stored beside it."""
 
     payload: bytes
     info: Mapping[str, Any]
@@ -105,21 +67,8 @@ class CachedEntry:
 
 @dataclass(frozen=True)
 class CacheKey:
-    """Everything that changes a compiled executable's binary; equal keys share an entry.
-
-    Attributes:
-        artifact_sha256: SHA-256 (hex) of the StableHLO portable artifact compiled.
-        platform: the PJRT platform, e.g. ``"cpu"``, ``"cuda"``.
-        platform_version: the PJRT client's platform version (CUDA/driver for GPUs).
-        device_kind: ``jax.Device.device_kind``, e.g. ``"NVIDIA H200"``.
-        device_id: ``jax.Device.id`` (the serialized device assignment).
-        jaxlib_version: ``jaxlib`` version and extension version, e.g. ``"0.7.1/368"``.
-        compile_options_sha256: SHA-256 (hex) of the serialized ``CompileOptions``.
-        xla_flags: the ``XLA_FLAGS`` environment variable ("" when unset).
-        x64: JAX's 64-bit mode.
-        variant: the shape variant's label (:class:`ExecutableLabel`).
-        batch_size: the compiled batch size.
-    """
+    """Everything that changes a compiled executable's binary (docs/serving.md, "Executable
+    cache"); equal keys share an entry. Hashes are SHA-256 hex."""
 
     artifact_sha256: str
     platform: str
@@ -145,15 +94,11 @@ class CacheKey:
 
 
 class ExecutableCache:
-    """Serialized executables on disk, with a size bound and counts of where each came from.
+    """Serialized executables on disk under a size bound, with counts of where each came from.
 
-    Args:
-        directory: the cache directory (created, mode 0700); None = disabled (nothing is read
-            or written; :meth:`counted` still counts).
-        max_bytes: the size bound of the directory's entries, in bytes (>= 1).
-        observer: called with (model, source) by :meth:`counted`, e.g. a Triton metric.
-
-    Thread-safe; several processes may share one directory.
+    ``directory`` None: off (:meth:`counted` still counts); created with mode 0700.
+    ``observer(model, source)`` is called by :meth:`counted`. Thread-safe; processes may share
+    the directory.
     """
 
     def __init__(
@@ -178,21 +123,13 @@ class ExecutableCache:
         return self.directory is not None
 
     def path(self, key: CacheKey) -> Path:
-        """The entry file of ``key``.
-
-        Raises:
-            InvalidArgumentError: the cache is disabled.
-        """
+        """The entry file of ``key``; InvalidArgumentError when the cache is off."""
         if self.directory is None:
             raise InvalidArgumentError("the executable cache is off")
         return self.directory / f"{key.digest}{SUFFIX}"
 
     def get(self, key: CacheKey, label: ExecutableLabel | None = None) -> CachedEntry | None:
-        """The entry stored under ``key``, or None (disabled, missing or bad entry).
-
-        A hit marks the entry used now (its modification time). A truncated, corrupt,
-        foreign-version or mismatching entry is logged at WARNING and deleted.
-        """
+        """The entry under ``key`` (marked used), or None; a bad entry is logged and deleted."""
         if self.directory is None:
             return None
         path = self.path(key)
@@ -224,13 +161,9 @@ class ExecutableCache:
         label: ExecutableLabel | None = None,
         info: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Store ``payload`` (and ``info``, JSON-compatible) under ``key`` atomically, then
-        enforce the size bound.
+        """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound.
 
-        Failures (disk full, read-only directory) are logged, not raised: the server runs on.
-
-        Returns:
-            Whether the entry was written.
+        Whether it was written: failures (disk full, read-only directory) are logged, not raised.
         """
         if self.directory is None:
             return False
@@ -277,17 +210,8 @@ class ExecutableCache:
                 self.path(key).unlink()
 
     def cleanup(self, keep: Path | None = None) -> int:
-        """Delete least recently used entries until at most ``max_bytes`` remain.
-
-        Also deletes temporary files older than :data:`STALE_TMP_S` (a writer died). An entry
-        another process deletes meanwhile is skipped.
-
-        Args:
-            keep: an entry never deleted (the one just written).
-
-        Returns:
-            The bytes deleted.
-        """
+        """Delete LRU entries (never ``keep``) until at most ``max_bytes`` remain, and stale
+        temporary files; the bytes deleted."""
         if self.directory is None:
             return 0
         entries, total, now = [], 0, time.time()
@@ -341,7 +265,7 @@ class ExecutableCache:
 
 
 def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | None]:
-    """(problem or None, the entry) of an entry's bytes read for ``key``."""
+    """(problem or None, the entry)."""
     if len(data) < _HEADER.size:
         return f"truncated ({len(data)} bytes, shorter than the header)", None
     magic, version, meta_len, payload_len, digest = _HEADER.unpack_from(data)
@@ -370,7 +294,6 @@ def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | 
 
 
 def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX: fsync the directory)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

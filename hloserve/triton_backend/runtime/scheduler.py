@@ -1,15 +1,7 @@
-"""The runtime's scheduler: per-model queues, one execution at a time, coalescing, cost learning.
+"""The runtime's scheduler: per-model queues, coalescing, cost learning (docs/scheduling.md).
 
-Every front instance's requests (:class:`Work`) go into one queue per model; the runtime's
-single execution loop calls :meth:`Scheduler.next` for the next :class:`Batch`, executes it
-outside the scheduler's lock and reports the measured time with :meth:`Scheduler.record`.
-The semantics are docs/scheduling.md (ReactantServer's scheduler): decision order, the
-``fair`` / ``fifo`` / ``edf`` disciplines, deadline and laxity shedding, the coalescing rule
-and the cost EMA. Configuration comes from the runtime model's parameters
-(:meth:`SchedulerConfig.from_parameters`).
-
-Pure Python and thread-safe: one condition (and its lock) guards all state; ``on_shed`` runs
-outside the lock. Nothing here imports JAX, Triton or NumPy.
+The runtime's loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
+Thread-safe; no JAX, Triton or NumPy.
 """
 
 from __future__ import annotations
@@ -38,11 +30,8 @@ __all__ = [
     "Work",
 ]
 
-#: Shed reason of a work whose deadline passed before its execution started: Triton's own
-#: text for a request whose ``timeout`` passed in its queue (tritonserver 2.51, checked by
-#: tests/model_repository_tools/test_queue_serve.py), answered UNAVAILABLE as there.
+#: Triton's own text for a request whose ``timeout`` passed in its queue (answered UNAVAILABLE)
 REASON_EXPIRED = "Request timeout expired"
-#: Shed reason of a queued work whose client gave up (the front saw ``is_cancelled()``).
 REASON_CANCELLED = "the request was cancelled by its client before it was executed"
 
 _log = logging.getLogger(__name__)
@@ -50,19 +39,10 @@ _log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Work:
-    """One client request; the scheduler never splits it.
+    """One client request, never split: ``rows`` on the batch axis, times in clock seconds.
 
-    Attributes:
-        model: the model it is for.
-        variant: index of the bundle's shape variant (0 without variants).
-        rows: items on the batch axis (>= 1; 1 for unbatched models).
-        payload: opaque to the scheduler (the runtime's reply handle).
-        deadline: monotonic seconds on the scheduler's clock; None = no deadline.
-        arrival: monotonic seconds on the scheduler's clock; NaN = set by
-            :meth:`Scheduler.submit`.
-        committed: a meta's sub-call (docs/scheduling.md, "Decision order"): queued ahead of
-            its model's other works, its model served first; never shed by the ``edf``
-            laxity rule (its deadline still sheds it once passed).
+    ``committed`` marks a meta's sub-call: ahead of its model's queue, never shed by the
+    laxity rule (docs/scheduling.md, "The loop").
     """
 
     model: str
@@ -76,15 +56,8 @@ class Work:
 
 @dataclass(frozen=True)
 class Batch:
-    """One execution: whole works of one model and variant, in arrival order.
-
-    Attributes:
-        model: the model.
-        variant: the shape variant every work has.
-        batch_size: the compiled batch size it runs at (``>= items``; the rest is zero padding).
-        works: the works, in arrival order.
-        items: the sum of the works' rows.
-    """
+    """One execution: whole works of one model and variant, in arrival order, padded to
+    ``batch_size``."""
 
     model: str
     variant: int
@@ -100,16 +73,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class ModelSnapshot:
-    """One model's scheduling state at :meth:`Scheduler.snapshot` time.
-
-    Attributes:
-        queued: queued works.
-        queued_rows: their rows.
-        weight: the configured weight.
-        share: ``weight / sum of weights`` over the registered models.
-        recent_compute_s: the recent-compute EMA (seconds, decayed to now).
-        costs: (variant, batch size) -> cost estimate in seconds, measured ones only.
-    """
+    """One model's queue, weight and share, decayed recent compute (s), measured costs (s)."""
 
     queued: int
     queued_rows: int
@@ -121,14 +85,7 @@ class ModelSnapshot:
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    """The scheduler's state, for metrics and ``hloserve status``.
-
-    Attributes:
-        discipline: the configured discipline.
-        models: model -> :class:`ModelSnapshot`, registered models only.
-        shed: works shed since start (deadline passed or, under ``edf``, cannot be met).
-        batches: batches handed out by :meth:`Scheduler.next` since start.
-    """
+    """The scheduler's state (``shed`` and ``batches`` count since start)."""
 
     discipline: Discipline
     models: Mapping[str, ModelSnapshot]
@@ -155,11 +112,8 @@ class _Model:
 class Scheduler:
     """Per-model queues and the choice of the next execution (docs/scheduling.md).
 
-    Args:
-        config: the settings.
-        on_shed: called, outside the lock, with each work shed and the reason (text for the
-            client's UNAVAILABLE error); it must not call back into the scheduler's ``next``.
-        clock: monotonic seconds; arrivals, deadlines and the EMA decay use it.
+    ``on_shed(work, reason)`` runs outside the lock and must not call :meth:`next`; ``clock``
+    gives monotonic seconds.
     """
 
     def __init__(
@@ -186,17 +140,10 @@ class Scheduler:
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
     ) -> None:
-        """Make ``model``'s ``variant`` schedulable (again: a second call replaces its sizes).
+        """Make ``model``'s ``variant`` schedulable at ``compiled_sizes`` (again: replace them).
 
-        Args:
-            model: the model name.
-            variant: the shape variant index (0 without variants).
-            compiled_sizes: the batch sizes it is compiled at (positive; any order).
-            coalesce: False = one work per batch (the model has no batch axis to join on).
-
-        Raises:
-            ValueError: no sizes, a size below 1, or (replacing) a queued request of the
-                variant above the new largest size.
+        ``coalesce`` False: one work per batch. Raises ValueError for no sizes, a size below 1,
+        or a queued request above the new largest size.
         """
         sizes = tuple(sorted(set(int(s) for s in compiled_sizes)))
         if not sizes or sizes[0] < 1:
@@ -219,10 +166,7 @@ class Scheduler:
             entry.plan = None
 
     def unregister(self, model: str) -> list[Work]:
-        """Forget ``model`` (all variants, its costs and EMA); returns its queued works.
-
-        An unknown model returns ``[]``. The caller answers the returned works.
-        """
+        """Forget ``model`` (variants, costs, EMA); its queued works, for the caller to answer."""
         with self._ready:
             entry = self._models.pop(model, None)
             for key in [k for k in self._costs if k[0] == model]:
@@ -230,12 +174,10 @@ class Scheduler:
             return list(entry.queue) if entry is not None else []
 
     def submit(self, work: Work) -> None:
-        """Queue ``work``; its ``arrival`` is set from the clock when NaN. A committed work goes
-        ahead of its model's queued works, behind the committed ones queued before it.
+        """Queue ``work`` (a committed one behind the committed works only).
 
         Raises:
-            ValueError: unknown model or variant, ``rows < 1``, or ``rows`` above the variant's
-                largest compiled size (a request is never split).
+            ValueError: unknown model or variant, or rows outside 1..largest compiled size.
             SchedulerClosedError: after :meth:`close`.
         """
         with self._ready:
@@ -266,11 +208,7 @@ class Scheduler:
             self._ready.notify()
 
     def cancel(self, match: Callable[[Work], bool]) -> int:
-        """Shed every queued work ``match`` accepts, with :data:`REASON_CANCELLED`.
-
-        Returns:
-            How many were shed (a work already in a batch is not: it runs).
-        """
+        """Shed the queued works ``match`` accepts (:data:`REASON_CANCELLED`); how many."""
         with self._ready:
             shed: list[tuple[Work, str]] = []
             for entry in self._models.values():
@@ -284,19 +222,9 @@ class Scheduler:
         return len(shed)
 
     def next(self, timeout: float | None = None) -> Batch | None:
-        """The next batch to execute; blocks until there is one.
+        """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop").
 
-        First sheds works whose deadline passed (any discipline) and, under ``edf``, works
-        whose deadline ``now + cost estimate`` cannot meet (committed works excepted); then
-        picks the model whose queue starts with the oldest committed work, else the model
-        by the discipline, and coalesces its leading run of same-variant works
-        (docs/scheduling.md).
-
-        Args:
-            timeout: most seconds (wall clock) to wait for a work; None = forever.
-
-        Returns:
-            The batch, or None on timeout or after :meth:`close`.
+        Blocks up to ``timeout`` seconds (None = forever); None on timeout or after close.
         """
         end = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -318,11 +246,7 @@ class Scheduler:
                 return batch
 
     def record(self, batch: Batch, seconds: float) -> None:
-        """Learn from an execution: ``seconds`` of measured execution time for ``batch``.
-
-        Updates the (model, variant, batch size) cost EMA (the first measurement seeds it)
-        and the model's recent-compute EMA. A batch of a model unregistered since is ignored.
-        """
+        """Learn ``batch``'s measured execution time (cost EMA, recent-compute EMA)."""
         with self._ready:
             entry = self._models.get(batch.model)
             if entry is None:
@@ -480,14 +404,7 @@ def _smallest_holding(rows: int, sizes: tuple[int, ...]) -> int:
 
 
 def _plan(name: str, entry: _Model) -> Batch:
-    """The batch ``entry``'s queue would run now (docs/scheduling.md, "Coalescing").
-
-    The queued works of the head's variant, in arrival order (works of other variants stay
-    queued where they are); the target is the largest compiled size their rows fill (the
-    smallest size when they fill none); whole works are taken while they fit the target (the
-    head always: it is never above the largest size), and the batch runs at the smallest
-    compiled size holding them.
-    """
+    """The batch ``entry``'s queue would run now (docs/scheduling.md, "Coalescing")."""
     head = entry.queue[0]
     sizes = entry.sizes[head.variant]
     if not entry.coalesce[head.variant]:

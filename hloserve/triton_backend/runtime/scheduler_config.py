@@ -1,10 +1,4 @@
-"""Settings of the runtime's scheduler and request deadlines (docs/scheduling.md).
-
-:class:`SchedulerConfig` comes from the runtime model's config parameters
-(:meth:`SchedulerConfig.from_parameters`, :func:`scheduler_config_from_args` for the runtime's
-``initialize`` arguments); :func:`deadline_from_parameters` turns a request's
-KServe ``timeout`` parameter into a deadline on the monotonic clock. Pure Python.
-"""
+"""Settings of the runtime's scheduler (docs/scheduling.md, "Settings"). Pure Python."""
 
 from __future__ import annotations
 
@@ -15,7 +9,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, cast
 
 from hloserve import names
-from hloserve.errors import InvalidArgumentError
 from hloserve.model_parameters import RuntimeParameters
 
 if TYPE_CHECKING:  # a type only: this module stays pure Python
@@ -35,21 +28,10 @@ def _check(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Scheduler settings (docs/scheduling.md); every default is ReactantServer's.
+    """Scheduler settings (docs/scheduling.md, "Settings"); every default is ReactantServer's.
 
-    Attributes:
-        discipline: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
-        weights: model -> weight (> 0, finite); unlisted models weigh :data:`DEFAULT_WEIGHT`.
-            Only ``fair`` reads them.
-        ema_half_life_s: half-life of the per-model recent-compute EMA, seconds (> 0).
-        priority_cap: clamp of ``share - normalized EMA``, in (0, 1].
-        coalescing_discount: ``fair`` divides by ``cost * (1 - discount)`` when the planned
-            batch coalesces several requests, in [0, 1).
-        unseeded_cost_s: cost estimate of a (model, variant, batch size) never measured, s (> 0).
-        cost_ema_alpha: weight of a new measurement in the cost EMA, in (0, 1].
-
-    Raises:
-        ValueError: a value outside its range (the message names the field).
+    Unlisted models weigh :data:`DEFAULT_WEIGHT`. Raises ValueError (naming the field) for a
+    value outside its range.
     """
 
     discipline: Discipline = "fair"
@@ -93,70 +75,23 @@ class SchedulerConfig:
     def from_parameters(
         cls, parameters: Mapping[str, str], *, model: str = names.RUNTIME_MODEL
     ) -> SchedulerConfig:
-        """The config the runtime model's parameters give (docs/scheduling.md, "Settings").
+        """The config of the runtime model's parameters (docs/scheduling.md, "Settings").
 
-        Args:
-            parameters: the runtime model's config parameters as text (``string_value``):
-                ``names.PARAM_SCHEDULING`` (a discipline; absent or "" = ``fair``) and
-                ``names.PARAM_MODEL_WEIGHTS`` (``"<model>=<weight>,..."``; absent = all 1.0),
-                read by :class:`~hloserve.model_parameters.RuntimeParameters`. Other keys are
-                ignored.
-            model: the runtime model's name, for error messages.
-
-        Raises:
-            InvalidArgumentError: an unknown discipline or a malformed or non-positive weight
-                (the model and the parameter are named).
+        Reads ``names.PARAM_SCHEDULING`` and ``names.PARAM_MODEL_WEIGHTS``; other keys are
+        ignored. Raises InvalidArgumentError (naming ``model`` and the parameter) for an unknown
+        discipline or a malformed or non-positive weight.
         """
         discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
         weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
         return cls(discipline=cast(Discipline, discipline), weights=weights)
 
     def to_parameters(self) -> dict[str, str]:
-        """Inverse of :meth:`from_parameters` for the two keys it reads (the other fields are
-        not written: a repository always gets their defaults)."""
+        """Inverse of :meth:`from_parameters` (its two keys; the other fields are not written)."""
         written = RuntimeParameters(scheduling=self.discipline, model_weights=self.weights)
         keys = (names.PARAM_SCHEDULING, names.PARAM_MODEL_WEIGHTS)
         return {k: v for k, v in written.to_parameters().items() if k in keys}
 
 
-def deadline_from_parameters(params: Mapping[str, object], now: float) -> float | None:
-    """A request's deadline from its KServe ``timeout`` parameter (docs/scheduling.md, "Deadlines").
-
-    Args:
-        params: the request's parameters (a mapping of name to value, as the Python backend's
-            ``request.parameters()`` JSON decodes to).
-        now: the monotonic time (seconds) the request arrived.
-
-    Returns:
-        ``now + timeout`` in seconds, the timeout being in microseconds (Triton's
-        "timeout" request parameter, docs/protocol/extension_parameters.md); None when there
-        is no ``timeout`` or it is 0 (Triton's "no timeout").
-
-    Raises:
-        InvalidArgumentError: ``timeout`` is not a non-negative integer.
-    """
-    value = params.get("timeout")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidArgumentError(
-            f"request parameter 'timeout' must be an integer number of microseconds, got {value!r}"
-        )
-    try:
-        micros = int(value)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"request parameter 'timeout' must be an integer number of microseconds, got {value!r}"
-        ) from None
-    if micros < 0:
-        raise InvalidArgumentError(f"request parameter 'timeout' must be >= 0, got {micros}")
-    return None if micros == 0 else now + micros / 1e6
-
-
 def scheduler_config_from_args(args: ModelArgs) -> SchedulerConfig:
-    """The scheduler settings of the runtime's config (docs/scheduling.md, "Settings").
-
-    Raises:
-        InvalidArgumentError: an unknown discipline or a malformed weight.
-    """
+    """The scheduler settings of the runtime's config; InvalidArgumentError as above."""
     return SchedulerConfig.from_parameters(args.parameters, model=args.name)

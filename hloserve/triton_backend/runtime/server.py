@@ -1,36 +1,22 @@
-"""The runtime's side of the channel: one thread reads every front connection and executes.
+"""The runtime's side of the channel (docs/serving.md, "Front -> runtime (the channel)").
 
-docs/serving.md, "Front -> runtime (the channel)". Protocol (JSON messages,
-:mod:`hloserve.triton_backend.channel`):
+Messages (JSON, :mod:`hloserve.triton_backend.channel`):
 
-* front -> runtime ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the front's arena,
-  hold its bundle (:meth:`RuntimeModel.acquire`: compiled now unless this generation is held
-  already), register its queues with the scheduler. Answer ``{"op": "ready", "key"}`` or
-  ``{"op": "error", "status", "message"}``. Until then, ``{"op": "progress", "executables"}``
-  after each executable this hello compiles (or loads from the executable cache) and every
-  ``flush_interval_s``: ``executables`` counts every executable the runtime has finished, so a
-  front waiting in line behind other bundles' compiles sees the runtime moving too (its wait
-  follows this count, ``ChannelFront.start``).
-* front -> runtime ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in",
-  "out"}]}``: each work is one client request; ``in``/``out`` give, per executable tensor in
-  the manifest's order, ``[segment, offset]`` (segment ``""`` = the arena) where its inputs lie
-  and its outputs go, at the shapes the manifest gives for ``rows`` and the variant. Works go to
-  the :class:`~hloserve.triton_backend.runtime.scheduler.Scheduler`; ``"committed": true`` marks
-  a meta's sub-call (``Work.committed``: ahead of its model's queue). A stateful model's work also
-  has ``"seq": [correlation ID, START, END]``: the runtime feeds the sequence's state, kept on the
-  device, as its rows of the state inputs (the front's bytes there are not read) and keeps its
-  rows of the state outputs on the device (:mod:`hloserve.triton_backend.runtime.sequence_state`).
-* front -> runtime ``{"op": "cancel", "ids"}``: those works' clients gave up; the ones still
-  queued are shed, answered ``failed`` with status CANCELLED (a running one runs).
-* runtime -> front ``{"op": "done", "ids"}`` once the outputs are written, or ``{"op":
-  "failed", "ids", "status", "message"}``: a failed execution fails only its own works.
+* ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the arena, hold the bundle
+  (:meth:`RuntimeModel.acquire`), register its queues. Answer ``{"op": "ready", "key"}`` or
+  ``{"op": "error", "status", "message"}``; meanwhile ``{"op": "progress", "executables"}``
+  (every executable the runtime has finished) after each executable and every flush.
+* ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in", "out"}]}``: one work
+  per client request; ``in``/``out`` give ``[segment, offset]`` per executable tensor in the
+  manifest's order (segment ``""``: the arena). Optional ``"committed": true`` (a meta's
+  sub-call) and, for a stateful model, ``"seq": [correlation ID, START, END]`` (the state stays
+  on the device: :mod:`~hloserve.triton_backend.runtime.sequence_state`).
+* ``{"op": "cancel", "ids"}``: shed those still queued, ``failed`` with status CANCELLED.
+* Answers: ``{"op": "done", "ids"}`` or ``{"op": "failed", "ids", "status", "message"}``.
 
-One thread reads the connections and loops ``next()`` -> execute -> ``record()`` -> reply.
-Execution counts are
-kept here and handed to ``publish`` every ``flush_interval_s`` by a background thread, never
-per execution (a Triton metric call is a synchronous stub -> server message, ~48 us).
-When a front's connection ends (finalize, or its process died), its hold is released and its
-shared-memory files are removed.
+Counts go to ``publish`` every ``flush_interval_s``, never per execution (a Triton metric call
+is a synchronous stub -> server message, ~48 us). A closed connection releases its hold and
+removes its dead process's shared-memory files.
 """
 
 from __future__ import annotations
@@ -61,7 +47,6 @@ from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, variant_
 from hloserve.triton_backend.runtime.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
 from hloserve.triton_backend.runtime.scheduler_config import (
     SchedulerConfig,
-    scheduler_config_from_args,
 )
 from hloserve.triton_backend.runtime.sequence_state import SequenceStates, gather, scatter
 from hloserve.triton_backend.runtime.state import Publish, RuntimeState, runtime_state
@@ -117,18 +102,11 @@ def error_message(exc: BaseException) -> dict[str, Any]:
 
 
 class RuntimeServer:
-    """Serves ``core`` to the front instances of this tritonserver over the channel.
+    """Serves ``core`` to this tritonserver's front instances over the channel at ``address``.
 
-    Args:
-        core: the runtime core (the one JAX process).
-        address: the channel address (:func:`channel.address`).
-        scheduler_config: the scheduler's discipline and constants.
-        publish: receives execution counts off the hot path (e.g. Triton metrics).
-        publish_state: receives a :class:`RuntimeState` at the same cadence.
-        flush_interval_s: seconds between ``publish`` rounds.
-        key: the server key segment names carry (default :func:`channel.server_key`).
-        memory: device memory accounting: every bundle taken re-sizes the weight budget (and
-            may be refused there), its figures are published with the state.
+    ``publish`` gets execution counts and ``publish_state`` a :class:`RuntimeState` every
+    ``flush_interval_s``; ``memory`` re-sizes the weight budget for (or refuses) every bundle
+    taken. ``key``: the server key segment names carry (default :func:`channel.server_key`).
     """
 
     def __init__(
@@ -159,32 +137,27 @@ class RuntimeServer:
         self._loaded: dict[str, LoadedBundle] = {}
         self._holds_lock = threading.Lock()
         self._connections: set[_Connection] = set()
-        #: connections whose hello is loading, and executables finished (compiled or loaded
-        #: from the executable cache) by every hello so far: the ``progress`` messages
+        #: connections whose hello is loading; executables finished by every hello so far
         self._loading: set[_Connection] = set()
         self._executables_done = 0
         self._layouts: dict[tuple[str, int, int], tuple[_Layout, _Layout]] = {}
-        #: each live sequence's state on the device (stateful bundles)
         self.sequences = SequenceStates(place=core.place, memory=memory)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
-        #: executions run, all models (tests and benchmarks read it)
         self.executions = 0
         self.items = 0
 
     def start(self) -> None:
-        """Remove stale segments of dead servers, listen, start the threads.
+        """Remove dead servers' segments, listen, start the threads.
 
-        A reload starts the new runtime instance before Triton finalizes the old one, so when
-        the address is still taken the loop takes it over as soon as it is free.
+        A reload starts the new runtime before Triton finalizes the old one: while the address
+        is taken, the loop keeps trying to listen.
         """
         removed = channel.remove_stale_segments(self.key)
         if removed:
             log.info("removed %d shared-memory files left by dead processes", len(removed))
         self._wake_r, self._wake_w = socket.socketpair()
-        # listening before start returns, so a front started next finds the runtime there;
-        # when the address is taken (a reload's old runtime), the loop keeps trying
         with contextlib.suppress(OSError):
             self._listener = channel.listen(self.address)
         for target, name in (
@@ -214,12 +187,8 @@ class RuntimeServer:
     # -- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        """Accept, read every ready connection, then run one batch; again.
-
-        One thread does all of it, so a request goes from the socket to the executable without
-        a thread hop (a hop between Python threads costs ~64 us on 2 cores, docs/serving.md);
-        loading a bundle (``hello``) runs on a thread of its own so executions go on.
-        """
+        """Accept, read every ready connection, run one batch; again (no thread hop, see
+        docs/serving.md, "Requests"); a ``hello`` loads on a thread of its own."""
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self._listener is not None:  # bound by start()
@@ -427,8 +396,7 @@ class RuntimeServer:
                 raise InvalidArgumentError(
                     f"model {loaded.name!r}: a stateful model's work needs a sequence, one row"
                 )
-            # the sequence's previous request was answered (Triton sends one request of a
-            # sequence at a time), so its state is stored: take its rows now
+            # Triton sends one request of a sequence at a time: the previous one's state is stored
             try:
                 job.state = self.sequences.rows(loaded.key, manifest, job.sequence, _weight(loaded))
             except Exception:
@@ -437,8 +405,7 @@ class RuntimeServer:
         return job
 
     def _layout(self, loaded: LoadedBundle, variant: int, rows: int) -> tuple[_Layout, _Layout]:
-        """(name, shape, dtype, bytes) of each input and output of ``loaded`` at ``variant``
-        and ``rows``; worked out once per (bundle, variant, rows), then read from a table."""
+        """The inputs' and outputs' layouts at ``variant`` and ``rows``, cached."""
         manifest = loaded.bundle.manifest
         if not 0 <= variant < len(manifest.variant_dims):
             raise InvalidArgumentError(f"model {loaded.name!r}: no variant {variant}")
@@ -588,7 +555,7 @@ def _invalid(exc: ValueError) -> HloserveError:
 
 
 def _state_indices(manifest: Any) -> tuple[dict[int, int], dict[int, int]]:
-    """A stateful manifest's state inputs and outputs: tensor index -> ``state`` pair index."""
+    """Tensor index -> ``state`` pair index, of a stateful manifest's inputs and outputs."""
     inputs = {s.name: i for i, s in enumerate(manifest.inputs)}
     outputs = {s.name: i for i, s in enumerate(manifest.outputs)}
     return (
@@ -598,7 +565,7 @@ def _state_indices(manifest: Any) -> tuple[dict[int, int], dict[int, int]]:
 
 
 def _weight(loaded: LoadedBundle) -> Callable[[str], np.ndarray]:
-    """A held bundle's weight by name, read from its file (a ``weight:NAME`` initial state)."""
+    """A held bundle's weight by name (a ``weight:NAME`` initial state)."""
 
     def read(name: str) -> np.ndarray:
         order = loaded.bundle.manifest.weights.order
@@ -623,10 +590,4 @@ def _close_segments(jobs: Sequence[_Job]) -> None:
         job.segments.clear()
 
 
-__all__ = [
-    "Publish",
-    "RuntimeServer",
-    "RuntimeState",
-    "error_message",
-    "scheduler_config_from_args",
-]
+__all__ = ["RuntimeServer", "error_message"]

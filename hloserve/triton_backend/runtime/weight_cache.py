@@ -1,31 +1,8 @@
-"""On-demand weights: an LRU device weight cache under a byte budget, with residency tiers.
+"""On-demand weights: an LRU device weight cache under a byte budget (docs/on_demand_weights.md).
 
-docs/on_demand_weights.md; semantics after ReactantServer's on-demand weights (the
-differences are listed there). :class:`WeightCache` implements the
-:class:`~hloserve.triton_backend.runtime.weights.WeightStore` protocol, so the runtime uses it like
-the all-resident store.
-
-Tiers and residency (per model, :class:`Residency`):
-
-* ``system`` (default): the host tier is materialized once at :meth:`WeightCache.add` (on a GPU
-  in the ``pinned_host`` memory kind, plain NumPy on CPU); a load is one host-to-device copy.
-* ``unpinned``: only the memory-mapped safetensors file is kept; every load reads it again.
-* ``device``: loaded at :meth:`~WeightCache.add`, never evicted. Pinned bytes count against the
-  budget (ReactantServer: ``on_demand_budget = weight_pool - pinned_bytes``), so the resident
-  total never exceeds the budget.
-
-Policy: :meth:`~WeightCache.acquire` makes a model's weights resident (evicting
-least-recently-used, unacquired, unpinned models until they fit), bumps it to most recently
-used and counts one use in flight; :meth:`~WeightCache.release` ends it. Weights acquired and
-not released are never evicted. Eviction deletes the device buffers at once. A model whose
-weights exceed the budget left by the pinned models fails its :meth:`~WeightCache.add` (and
-:meth:`~WeightCache.acquire`) with INVALID_ARGUMENT naming both sizes: it can never fit, so
-retrying is pointless (ReactantServer loads it anyway with a warning). Without a budget
-(``budget_bytes=None``) every model is loaded at add and stays, like the all-resident store.
-
-The device side sits behind :class:`Transfer` (:mod:`hloserve.triton_backend.runtime.transfer`), so
-the policy is unit-tested without JAX devices. This module imports only NumPy and
-:mod:`hloserve.errors` (JAX and the bundle code on use).
+:class:`WeightCache` is a :class:`~hloserve.triton_backend.runtime.weights.WeightStore`; the
+residency tiers and the eviction policy are docs/on_demand_weights.md's "Residency tiers" and
+"Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX.
 """
 
 from __future__ import annotations
@@ -109,17 +86,7 @@ class CacheObserver(Protocol):
 
 @dataclass(frozen=True)
 class ModelStats:
-    """One model's cache state and counters.
-
-    Attributes:
-        residency: its residency.
-        nbytes: weight bytes.
-        resident: whether its weights are on the device now.
-        in_use: acquisitions not released.
-        loads: host-to-device loads (a ``device`` model: 1).
-        evictions: times its weights were evicted (compaction included).
-        load_seconds: total seconds spent in its loads.
-    """
+    """One model's cache state and counters (``load_seconds``: total seconds of its loads)."""
 
     residency: Residency
     nbytes: int
@@ -132,15 +99,7 @@ class ModelStats:
 
 @dataclass(frozen=True)
 class CacheStats:
-    """The whole cache.
-
-    Attributes:
-        budget_bytes: the byte budget for all weights (pinned included); None = unlimited.
-        resident_bytes: bytes of weights on the device now.
-        pinned_bytes: bytes of ``device`` models.
-        compactions: times every on-demand buffer was freed.
-        models: per model, by name.
-    """
+    """The whole cache: budget (None: unlimited), resident, pinned bytes, per-model stats."""
 
     budget_bytes: int | None
     resident_bytes: int
@@ -182,20 +141,9 @@ class _Counters:
 class WeightCache:
     """Byte-budgeted LRU cache of device weights (a :class:`WeightStore`; thread-safe).
 
-    Args:
-        budget_bytes: bytes of weights allowed on the device, pinned ones included; None (or
-            0) means no budget: every model is loaded at add and never evicted.
-        residency: per model name; others get ``default_residency``.
-        default_residency: residency of models not in ``residency`` (``system``).
-        transfer: host/device copies; default :class:`JaxTransfer`.
-        compaction_interval: free every on-demand device buffer before the load that follows
-            each ``N`` on-demand loads (0 = never; ReactantServer ``compaction_interval``).
-        observer: receives registration, load and eviction events.
-        wait_s: how long an acquire waits for acquired weights to be released when only they
-            could make room; then UNAVAILABLE.
-
-    Loads and evictions are serialized under one lock; acquires of resident models only bump
-    the LRU order.
+    ``budget_bytes`` None or 0: no budget, every model loaded at add and kept.
+    ``compaction_interval`` N: free every on-demand buffer after each N on-demand loads (0:
+    never). An acquire waits up to ``wait_s`` for in-use weights to make room, then UNAVAILABLE.
     """
 
     def __init__(
@@ -235,9 +183,8 @@ class WeightCache:
     def add_weights(self, name: str, source: WeightSource, device: Any) -> None:
         """Register ``source`` under ``name``: host tier for ``system``, device for ``device``.
 
-        Raises:
-            HloserveError: INTERNAL if ``name`` is registered; INVALID_ARGUMENT if the weights
-                exceed the budget left by pinned models (both sizes named).
+        Raises HloserveError: INTERNAL if ``name`` is registered, INVALID_ARGUMENT if the
+        weights exceed the budget left by pinned models.
         """
         residency = self._residency.get(name, self._default)
         pinned = residency is Residency.DEVICE or self.budget_bytes is None
@@ -312,21 +259,17 @@ class WeightCache:
             return self._resident_bytes()
 
     def pinned(self, name: str) -> bool:
-        """Whether ``name`` is (or, once added, will be) kept on the device: residency
-        ``device``, or no budget."""
+        """Whether ``name`` is (or will be) kept on the device: residency ``device``, no budget."""
         residency = self._residency.get(name, self._default)
         return residency is Residency.DEVICE or self.budget_bytes is None
 
     # -- control ------------------------------------------------------------------------------
 
     def resize(self, budget_bytes: int) -> None:
-        """Set the budget (the runtime re-sizes it on every bundle it takes,
-        :mod:`~hloserve.triton_backend.runtime.device_memory`) and evict least-recently-used models
-        not in use until the resident weights fit it.
+        """Set the budget, evicting LRU models not in use until the resident weights fit.
 
-        Raises:
-            InvalidArgumentError: a cache without a budget, or pinned weights that exceed the new
-                one (both sizes named); the budget is left unchanged.
+        Raises InvalidArgumentError (budget unchanged) for a cache without a budget or pinned
+        weights above the new one.
         """
         with self._lock:
             if self.budget_bytes is None:
@@ -347,11 +290,7 @@ class WeightCache:
                 self._observer.resized(budget_bytes)
 
     def compact(self) -> int:
-        """Free every resident on-demand model not in use (pinned ones stay).
-
-        Returns:
-            Bytes freed.
-        """
+        """Free every resident on-demand model not in use; the bytes freed."""
         with self._lock:
             return self._compact()
 
@@ -486,20 +425,12 @@ class BundleWeights:
         return self.bundle.weight_nbytes
 
     def read(self) -> list[np.ndarray]:
-        """Views into ``np.memmap`` of the safetensors file, in ``weights.order``.
-
-        Raises:
-            NotFoundError: a weight named in ``weights.order`` is not in the file.
-        """
+        """Memory-mapped views in ``weights.order``; NotFoundError for a weight not in the file."""
         path = self.bundle.weights_path
         order = self.bundle.manifest.weights.order
         if path is None or not order:
             return []
         return mmap_tensors(path, order)
-
-
-#: The memory-mapped reader, under its earlier name.
-mmap_safetensors = mmap_tensors
 
 
 __all__ = [
@@ -510,5 +441,4 @@ __all__ = [
     "Transfer",
     "WeightCache",
     "WeightSource",
-    "mmap_safetensors",
 ]
