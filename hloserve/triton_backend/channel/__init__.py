@@ -1,26 +1,9 @@
-"""The local channel between front instances and the runtime: messages and shared memory.
+"""The channel between front instances and the runtime: messages, sockets, shared memory.
 
-docs/serving.md, "Front -> runtime (the channel)". The runtime's stub listens on a Unix
-``SOCK_SEQPACKET`` socket in Linux's abstract namespace (no file to leave behind; message
-boundaries kept by the kernel); each front instance connects once. Control messages are small
-JSON objects, one per datagram. Tensors travel through shared memory: each front instance owns
-an arena file in ``/dev/shm`` (created mode 0600, sparse: only touched pages use memory) and
-writes a request's inputs there and reserves room for its outputs, which the runtime writes in
-place; a request too large for the arena's free space gets its own segment file, removed when
-its answer arrives.
-
-Measured before choosing (benchmarks/channel_roundtrip.py, 2 shared CPU cores): a small JSON
-round trip over this socket between two processes takes ~23-25 us (p50), over pyzmq 27.3
-``ipc://`` (DEALER/ROUTER, abstract address) ~61-63 us; zmq sockets also may not be shared
-between threads, so the runtime's executor thread would need one more thread hop to answer.
-
-Addresses and names (:func:`server_key`): derived from what every stub of one tritonserver sees
-alike, its parent process (tritonserver) id and the pid namespace's inode, so several servers on
-one machine, in containers sharing the host network and ``/dev/shm`` too, never meet. Shared
-memory files are named ``hloserve-<server key>-<front pid>-<n>``: leftovers of a server killed
-with SIGKILL are matched to their owner and removed by the next runtime of this namespace
-(:func:`remove_stale_segments`). The runtime accepts connections only from its own user
-(``SO_PEERCRED``).
+docs/serving.md, "Front -> runtime (the channel)": a Unix ``SOCK_SEQPACKET`` socket in the
+abstract namespace carries one JSON message per datagram; tensors travel through each front
+instance's shared-memory :class:`Arena` (or a :class:`Segment` of their own). Names derive from
+:func:`server_key`, so servers on one machine never meet.
 """
 
 from __future__ import annotations
@@ -41,24 +24,18 @@ from typing import Any
 
 from hloserve.errors import ChannelClosed
 
-#: Where shared-memory files live (tmpfs).
 SHM_DIR = Path("/dev/shm")
-#: Prefix of every shared-memory file and socket address of hloserve's channel.
 PREFIX = "hloserve.channel"
-#: Largest control message, bytes (one datagram); a message lists a few hundred requests at most.
+#: largest control message (one datagram), bytes
 MAX_MESSAGE_BYTES = 1 << 20
-#: Default size of a front instance's arena, bytes (sparse: pages cost memory once written).
+#: a front instance's arena, bytes (sparse: pages cost memory once written)
 DEFAULT_ARENA_BYTES = 64 << 20
-#: Alignment of every allocation in an arena, bytes (a cache line).
+#: alignment of every arena allocation, bytes (a cache line)
 ALIGN = 64
 
 
 def server_key() -> str:
-    """``<tritonserver pid>-<pid namespace inode>``: the same in every stub of one server.
-
-    A Python backend stub is a child of tritonserver, so its parent pid names the server; the
-    pid namespace's inode keeps servers in different containers apart.
-    """
+    """``<tritonserver pid>-<pid namespace inode>``: the same in every stub of one server."""
     try:
         ns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -80,11 +57,7 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 
 def receive(sock: socket.socket) -> dict[str, Any]:
-    """Receive one message.
-
-    Raises:
-        ChannelClosed: the peer closed the connection (or it broke).
-    """
+    """Receive one message; ChannelClosed when the peer closed the connection (or it broke)."""
     try:
         data = sock.recv(MAX_MESSAGE_BYTES)
     except OSError as exc:
@@ -96,11 +69,8 @@ def receive(sock: socket.socket) -> dict[str, Any]:
 
 
 def receive_ready(sock: socket.socket) -> list[dict[str, Any]]:
-    """Every message waiting on ``sock`` now (at least one: call when it is readable).
-
-    Raises:
-        ChannelClosed: the peer closed the connection and nothing is left to read.
-    """
+    """Every message waiting on readable ``sock`` (at least one, at most 64); ChannelClosed
+    when the peer closed and nothing is left."""
     messages: list[dict[str, Any]] = []
     while True:
         try:
@@ -122,11 +92,7 @@ def receive_ready(sock: socket.socket) -> list[dict[str, Any]]:
 
 
 def listen(addr: str) -> socket.socket:
-    """A listening ``SOCK_SEQPACKET`` socket at ``addr``.
-
-    Raises:
-        OSError: the address is in use (another runtime of this server is listening).
-    """
+    """A listening ``SOCK_SEQPACKET`` socket at ``addr``; OSError when it is in use."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.bind(addr)
     sock.listen(256)
@@ -134,11 +100,7 @@ def listen(addr: str) -> socket.socket:
 
 
 def connect(addr: str, timeout: float | None = None) -> socket.socket:
-    """A connection to the runtime listening at ``addr``.
-
-    Raises:
-        OSError: nobody listens there (ConnectionRefusedError / FileNotFoundError).
-    """
+    """A connection to the runtime at ``addr``; OSError when nobody listens."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(timeout)
     try:
@@ -161,13 +123,8 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class Segment:
-    """A shared-memory file in :data:`SHM_DIR`, mapped read-write.
-
-    Args:
-        name: the file name (no directory).
-        size: bytes; with ``create`` the file is made (mode 0600, must not exist).
-        create: create it (the owner) rather than open an existing one.
-    """
+    """A shared-memory file in :data:`SHM_DIR`, mapped read-write; ``create``: make it (mode
+    0600, must not exist) at ``size`` bytes."""
 
     def __init__(self, name: str, size: int = 0, *, create: bool = False) -> None:
         if "/" in name or not name.startswith(PREFIX + "-"):
@@ -203,10 +160,8 @@ def aligned(nbytes: int) -> int:
 
 
 class Arena:
-    """A front instance's arena: one :class:`Segment` and a first-fit allocator over it.
-
-    Thread-safe. Offsets are multiples of :data:`ALIGN`.
-    """
+    """A front instance's arena: a :class:`Segment` and a first-fit allocator (thread-safe;
+    offsets are multiples of :data:`ALIGN`)."""
 
     def __init__(self, segment: Segment) -> None:
         self.segment = segment
@@ -268,15 +223,7 @@ def segment_name(owner_pid: int, n: int, key: str | None = None) -> str:
 
 
 def remove_stale_segments(key: str | None = None) -> list[str]:
-    """Remove the segments of this pid namespace whose server or owner process is gone.
-
-    A segment belongs to the server whose pid its name carries; it is stale when that server
-    is not running, or when the front process that made it is not running. Segments of other
-    namespaces (other containers) are never touched.
-
-    Returns:
-        The names removed.
-    """
+    """Remove this pid namespace's segments whose server or owner process is gone; their names."""
     key = key or server_key()
     namespace = int(key.split("-")[1])
     try:
@@ -321,8 +268,7 @@ class Link:
 
 
 def wait_hangup(link: Link) -> None:
-    """Return once the peer hung up on ``link`` or the link was marked closed, without
-    reading from it (another thread reads the messages)."""
+    """Return once the peer hung up on ``link`` or it was marked closed (without reading)."""
     poller = select.poll()
     poller.register(link.sock, select.POLLRDHUP)  # POLLHUP and POLLERR are always reported
     while not link.closed.is_set():
@@ -331,9 +277,8 @@ def wait_hangup(link: Link) -> None:
 
 
 def runtime_stub_running(runtime_model: str) -> bool:
-    """Whether a stub of ``runtime_model`` runs beside this process: a child of the same
-    parent (tritonserver) whose command line names ``<repository>/<runtime_model>/<version>/
-    model.py`` (the Python backend stub's first argument)."""
+    """Whether a stub of ``runtime_model`` (a sibling process whose first argument is
+    ``<repository>/<runtime_model>/<version>/model.py``) runs beside this process."""
     parent = os.getppid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -1,14 +1,6 @@
-"""The array helpers of coalescing and shape variants: concatenate with zero padding, split,
-pad and cut variable axes.
-
-The runtime (:mod:`hloserve.triton_backend.runtime.server`) joins the requests of one execution
-along the batch axis, padded (zeros) up to its compiled batch size, and slices the outputs back
-per request; the scheduler (:mod:`hloserve.triton_backend.runtime.scheduler`) decides which requests
-join (docs/scheduling.md, "Coalescing"). The front (:mod:`hloserve.triton_backend.front.core`) pads
-a request's variable axes up to its shape variant and cuts its outputs back.
-
-Everything here is pure NumPy. The batch axis is an argument everywhere: models served with
-``max_batch_size: 0`` may carry their batch axis anywhere (``shape: "kn"``).
+"""Array helpers of coalescing and shape variants (pure NumPy): the runtime concatenates and
+splits works on the batch axis (an argument: ``max_batch_size: 0`` models carry it anywhere);
+the front pads a request's variable axes to its variant and cuts its outputs back.
 """
 
 from __future__ import annotations
@@ -23,11 +15,7 @@ if TYPE_CHECKING:
 
 
 def pad(array: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """``array`` zero-padded along ``axis`` up to ``size`` items (returned as is if equal).
-
-    Raises:
-        ValueError: ``array`` already has more than ``size`` items on ``axis``.
-    """
+    """``array`` zero-padded along ``axis`` up to ``size`` items; ValueError when it has more."""
     have = array.shape[axis]
     if have == size:
         return array
@@ -37,18 +25,10 @@ def pad(array: np.ndarray, axis: int, size: int) -> np.ndarray:
 
 
 def concatenate(arrays: Sequence[np.ndarray], axis: int, size: int | None = None) -> np.ndarray:
-    """Concatenate ``arrays`` along ``axis`` and zero-pad the result up to ``size`` items.
+    """Concatenate one dtype's ``arrays`` along ``axis``, zero-padded up to ``size`` items.
 
-    One allocation and one copy per array; a single array that already has ``size`` items is
-    returned without a copy. Zero padding is all-zero bytes: 0, ``False``, ``+0.0``.
-
-    Args:
-        arrays: at least one array; all of one dtype and equal on every axis but ``axis``.
-        axis: the batch axis (non-negative, or negative from the end).
-        size: total items along ``axis``; default the sum of the arrays' items.
-
-    Raises:
-        ValueError: no arrays, mixed dtypes or shapes, or more items than ``size``.
+    One allocation (none for a single array of ``size`` items). ValueError: no arrays, mixed
+    dtypes or shapes, or more items than ``size``.
     """
     if not arrays:
         raise ValueError("concatenate needs at least one array")
@@ -82,13 +62,8 @@ def concatenate(arrays: Sequence[np.ndarray], axis: int, size: int | None = None
 
 
 def split(array: np.ndarray, axis: int, sizes: Sequence[int]) -> list[np.ndarray]:
-    """Consecutive slices of ``array`` along ``axis`` with ``sizes`` items each (views).
-
-    Items past ``sum(sizes)`` (padding) are dropped.
-
-    Raises:
-        ValueError: ``sizes`` add up to more than the array holds.
-    """
+    """Consecutive views of ``array`` along ``axis`` with ``sizes`` items each (padding past
+    their sum dropped); ValueError when they add up to more than the array holds."""
     axis = axis % array.ndim
     if sum(sizes) > array.shape[axis]:
         raise ValueError(f"sizes {list(sizes)} exceed {array.shape[axis]} items on axis {axis}")
@@ -131,10 +106,4 @@ def unpad_outputs(
     return cut
 
 
-__all__ = [
-    "concatenate",
-    "pad",
-    "pad_variable",
-    "split",
-    "unpad_outputs",
-]
+__all__ = ["concatenate", "pad", "pad_variable", "split", "unpad_outputs"]

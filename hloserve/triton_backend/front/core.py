@@ -1,22 +1,9 @@
 """The front model's core: validate, preprocess, pick the variant, pad; then cut, postprocess.
 
-One front model serves one bundle (docs/serving.md, "The generated model repository"). The
-Triton shim sends each request through the runtime's channel
-(:mod:`hloserve.triton_backend.front.front_channel`), using :meth:`FrontModel.prepare`,
-:meth:`~FrontModel.runtime_inputs` and :meth:`~FrontModel.finish` per request; the runtime's
-scheduler coalesces requests into executions (docs/serving.md, "Coalescing rule"). A request's
-own problem (bad tensor, hook error) fails only that request.
-
-Hooks (docs/bundles.md, "Hooks"; :mod:`hloserve.triton_backend.front.hooks`): a bundle's
-``model.py`` may define ``preprocess`` and ``postprocess``; they run here, per request, in the
-front's instances (never in the runtime).
-Shape variants (docs/bundles.md, "Shape variants"): each request runs on the smallest variant
-holding its variable axes; its inputs are zero-padded up to the variant's sizes, outputs sliced
-back; requests are coalesced only with requests of the same variant.
-
-The front never imports JAX (docs/serving.md: the runtime is the only JAX process), nor the
-typed manifest (pydantic, PyYAML): it reads the front spec the repository builder wrote
-(:mod:`hloserve.bundle.front_spec`), which keeps each front stub's memory small.
+Per request: :meth:`FrontModel.prepare`, :meth:`~FrontModel.runtime_inputs` (sent over the
+channel), :meth:`~FrontModel.finish`. A request's own problem fails only that request. Hooks
+(docs/bundles.md, "Hooks") and shape variants (docs/bundles.md, "Shape variants") run here.
+No JAX and no typed manifest: it reads the builder's front spec (small stubs).
 """
 
 from __future__ import annotations
@@ -48,44 +35,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("hloserve.triton_backend.front")
 
 Tensors = dict[str, np.ndarray]
-#: A sequence's correlation ID as Triton gives it (``sequence_id`` in Triton's clients): an
-#: unsigned integer or a string; 0 and ``""`` mean "not part of a sequence".
+#: a sequence's correlation ID (an unsigned integer or a string; 0 and "": no sequence)
 SequenceId = int | str
 
 
 @dataclass
 class Prepared:
-    """A request checked and preprocessed, with its variant.
-
-    Attributes:
-        index: its position in the list it came in.
-        inputs: the executable's inputs (after ``preprocess``), by name.
-        batch_size: its rows (None for an unbatched model).
-        variant: the index of its shape variant.
-        sizes: its own sizes of the variable axes (before padding to the variant).
-    """
+    """A request checked and preprocessed: its position, executable inputs, rows (None when
+    unbatched), variant, own sizes of the variable axes, and (ID, START, END) when stateful."""
 
     index: int
     inputs: Tensors
     batch_size: int | None
     variant: int = 0
-    #: the request's own sizes of the variable axes (before padding to the variant)
     sizes: dict[str, int] = field(default_factory=dict)
-    #: a stateful model's (correlation ID, START, END); None for a model without state
     sequence: tuple[SequenceId, bool, bool] | None = None
 
 
 def _check_no_corrid(args: ModelArgs) -> None:
-    """Refuse a config with a ``CONTROL_SEQUENCE_CORRID`` control input.
-
-    A repository built before string sequence IDs were taken declared CORRID as UINT64;
-    tritonserver 2.51 writes a client's string ID (a UUID, as Triton's sequence examples send)
-    into that 8-byte tensor past its end, and the model's stub, then the server, dies. The
-    front reads the ID from the request instead (:data:`SEQUENCE_CONTROLS`).
-
-    Raises:
-        InvalidArgumentError: the config has such an input (rebuild the repository).
-    """
+    """Refuse a ``CONTROL_SEQUENCE_CORRID`` control input: tritonserver 2.51 writes a string
+    sequence ID past its 8 bytes and the stub dies (the front reads the request's ID)."""
     controls = (args.config.get("sequence_batching") or {}).get("control_input") or []
     for control_input in controls:
         kinds = {c.get("kind") for c in control_input.get("control") or []}
@@ -101,14 +70,8 @@ def _check_no_corrid(args: ModelArgs) -> None:
 class FrontModel:
     """Checks, pre/postprocesses and pads one bundle's requests for the runtime.
 
-    Args:
-        name: the model (= bundle) name.
-        bundle: the bundle: its front spec (a typed :class:`~hloserve.bundle.Bundle` is
-            turned into one, :meth:`FrontBundle.of`).
-        hooks: pre/post processing; identity by default.
-        runtime_model: the runtime model whose channel serves this front.
-        runtime_wait_s: how long a request waits for a runtime that is not (yet) there,
-            seconds (``hloserve.runtime_wait_s``).
+    ``bundle``: a front spec, or a typed :class:`~hloserve.bundle.Bundle` turned into one;
+    ``runtime_wait_s``: how long a request waits for an absent runtime, seconds.
     """
 
     def __init__(
@@ -122,7 +85,6 @@ class FrontModel:
     ) -> None:
         self.name = name
         self.bundle = FrontBundle.of(bundle)
-        #: what the front reads of the bundle's manifest (a FrontSpec; same attribute names)
         self.manifest = self.bundle.spec
         self.runtime_model = runtime_model
         self.runtime_wait_s = runtime_wait_s
@@ -132,8 +94,7 @@ class FrontModel:
         self._check_client_inputs = TensorChecker(name, "input", self.manifest.wire_inputs)
         self._check_client_outputs = TensorChecker(name, "output", self.manifest.wire_outputs)
         self._has_client_outputs = self.manifest.client_outputs is not None
-        #: per-item scalar inputs (shape "n"): config dims [1] without reshape, so Triton hands
-        #: them over as [batch, 1] (model_repository_tools.config explains why)
+        #: per-item scalar inputs (shape "n"): Triton hands them over as [batch, 1]
         self._scalar_inputs = {
             s.name
             for s in self.manifest.wire_inputs
@@ -145,7 +106,6 @@ class FrontModel:
         self._check_client = not isinstance(self.hooks, IdentityHooks)
         self._variants = [dict(d) for d in self.manifest.variant_dims]
         self._variable = sorted({a for s in self.manifest.inputs for a in s.variable_axes})
-        #: variant indices, smallest total size first (smallest_fitting tries them in order)
         self._variant_order = sorted(
             range(len(self._variants)), key=lambda i: (sum(self._variants[i].values()), i)
         )
@@ -154,18 +114,12 @@ class FrontModel:
     def from_args(cls, args: ModelArgs, *, hooks: Hooks | None = None) -> FrontModel:
         """Build from the model's Triton config (docs/serving.md, "Front model config").
 
-        Reads ``hloserve.bundle`` (bundle directory relative to the model directory),
-        ``hloserve.runtime_model``, ``hloserve.repository_format`` (checked against the
-        supported range) and the optional ``hloserve.runtime_wait_s``; the bundle's front spec
-        from ``front_spec.json`` in the bundle's version folder (``names.FRONT_SPEC`` for
-        version 1), or, in a repository built before
-        the builder wrote one, from the bundle's manifest (which costs the stub the typed
-        manifest's imports).
+        The front spec comes from ``front_spec.json`` beside the bundle, else (an older
+        repository) from the bundle's manifest.
 
         Raises:
-            InvalidArgumentError: a parameter is missing or malformed, or an unsupported
-                repository format, or a damaged bundle (:func:`check_bundle_files`), or a
-                ``CONTROL_SEQUENCE_CORRID`` control input (:func:`_check_no_corrid`).
+            InvalidArgumentError: a missing or malformed parameter, an unsupported repository
+                format, a damaged bundle, or a ``CONTROL_SEQUENCE_CORRID`` control input.
             NotFoundError / ManifestError: the bundle cannot be read.
         """
         params = FrontParameters.from_parameters(args.name, args.parameters)
@@ -203,18 +157,13 @@ class FrontModel:
         index: int = 0,
         sequence_id: SequenceId = 0,
     ) -> Prepared:
-        """Check and preprocess one request; pick its variant (its own problem raises).
+        """Check and preprocess one request (the client's tensors by name); pick its variant.
 
-        Args:
-            request: the client's tensors by name (a stateful model's with its START, END and
-                READY control inputs).
-            index: its position in the list it came in.
-            sequence_id: a stateful model's correlation ID (``request.correlation_id()`` of the
-                Python backend: an int or a string); ignored for a model without state.
+        ``sequence_id``: a stateful model's correlation ID (an int or a string).
 
         Raises:
-            HloserveError: the request's error (INVALID_ARGUMENT for a bad tensor, a hook
-                refusing it, or a stateful model's request without a sequence ID).
+            HloserveError: the request's own error (INVALID_ARGUMENT for a bad tensor, a hook
+                refusing it, a stateful model's request without a sequence ID).
         """
         sequence = None
         if self._state_in:
@@ -238,16 +187,10 @@ class FrontModel:
     def _sequence(
         self, request: Mapping[str, np.ndarray], sequence_id: SequenceId
     ) -> tuple[dict[str, np.ndarray], tuple[SequenceId, bool, bool]]:
-        """A stateful model's request without its control inputs, and (ID, START, END).
-
-        Raises:
-            InvalidArgumentError: no sequence ID (0 or ``""``: the request was not sent as
-                part of a sequence, ``sequence_id`` in Triton's clients).
-        """
+        """The request without its control inputs, and (ID, START, END); an ID is required."""
         inputs = dict(request)
         controls = {k: inputs.pop(k) for k in SEQUENCE_CONTROLS if k in inputs}
-        # a repository built with a CONTROL_SEQUENCE_CORRID input hands it over too; the
-        # request's own ID is the one that holds (a string ID does not fit that tensor)
+        # a repository built with a CONTROL_SEQUENCE_CORRID input hands it over too
         inputs.pop("CORRID", None)
         if not sequence_id:
             raise InvalidArgumentError(
@@ -261,8 +204,7 @@ class FrontModel:
         return inputs, (sequence_id, flag("START"), flag("END"))
 
     def runtime_inputs(self, prepared: Prepared) -> list[np.ndarray]:
-        """The executable's inputs for one prepared request, in the manifest's order, each
-        zero-padded on its variable axes up to the request's variant (its rows unpadded)."""
+        """The executable's inputs in the manifest's order, zero-padded to the variant."""
         variant = self._variants[prepared.variant]
         return [
             np.ascontiguousarray(pad_variable(spec, prepared.inputs[spec.name], variant))
@@ -278,8 +220,7 @@ class FrontModel:
     def finish(self, prepared: Prepared, outputs: Sequence[np.ndarray]) -> Tensors:
         """One request's client outputs from its executable outputs (manifest order).
 
-        Raises:
-            HloserveError: postprocess failed or broke the contract (INTERNAL).
+        Raises HloserveError INTERNAL when postprocess fails or breaks the contract.
         """
         named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
         cut = unpad_outputs(self.manifest.outputs, named, prepared.sizes)
@@ -288,11 +229,7 @@ class FrontModel:
         return self._postprocess(cut, prepared.inputs)
 
     def _drop_unit_axis(self, request: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        """Per-item scalar inputs as the bundle declares them: ``[batch, 1]`` -> ``[batch]``.
-
-        A repository built before inputs lost their ``reshape`` hands over ``[batch]``
-        already; that is kept as is.
-        """
+        """Per-item scalar inputs as the bundle declares them: ``[batch, 1]`` -> ``[batch]``."""
         if not self._scalar_inputs.intersection(request):
             return request
         inputs = dict(request)
@@ -333,14 +270,8 @@ class FrontModel:
         return result
 
     def _pick_variant(self, inputs: Tensors) -> tuple[int, dict[str, int]]:
-        """The variant for a request's executable inputs and its sizes of the variable axes.
-
-        ``smallest_fitting``: the first variant (they are tried smallest total size first)
-        whose every variable axis holds the request's size.
-
-        Raises:
-            InvalidArgumentError: tensors disagree on a variable axis, or no variant holds it.
-        """
+        """The first variant (smallest total size first) holding the request's sizes of the
+        variable axes, and those sizes; InvalidArgumentError when tensors disagree or none fits."""
         if not self._variable:
             return 0, {}
         sizes: dict[str, int] = {}
@@ -381,7 +312,4 @@ class FrontModel:
         return batch
 
 
-__all__ = [
-    "FrontModel",
-    "Prepared",
-]  # Hooks, IdentityHooks, ModuleHooks, load_hooks: hooks.py; check_bundle_files: front_spec
+__all__ = ["FrontModel", "Prepared"]

@@ -1,24 +1,10 @@
-"""A front instance's side of the channel: its requests to the runtime, answers by callback.
+"""A front instance's side of the channel (docs/serving.md, "Front -> runtime (the channel)").
 
-docs/serving.md, "Front -> runtime (the channel)". :class:`ChannelFront` connects to the
-runtime of this tritonserver, has it load the front's bundle (``hello``), and then sends every
-request as one work: its executable inputs written into the instance's shared-memory arena,
-room reserved there for its outputs. The runtime's scheduler coalesces works across instances;
-its answer names the finished works, whose outputs are read back, cut, postprocessed and handed
-to ``respond(handle, result)``. Two ways to wait:
-
-- ``run`` (``inline=True``): the calling thread (Triton's ``execute``) sends the batch's works
-  and reads their answers itself, so an answer reaches ``execute`` without a thread hop; one
-  batch is in flight per front instance, as with any Python model.
-- ``submit`` (``inline=False``): returns at once, a reader thread answers, so one front instance
-  keeps many requests in flight (the Triton shim returns ``None`` from ``execute`` and answers
-  through each request's response sender).
-
-``start`` returns once the runtime has compiled and accepted the bundle (the front's
-``initialize``: READY means servable), waiting as long as the runtime makes compile progress.
-When the runtime goes away (killed, reloaded) every request in flight fails UNAVAILABLE at once
-and the front reconnects in the background (and loads its bundle again); new requests wait up
-to ``wait_s`` for it. The front never imports JAX.
+:class:`ChannelFront` has the runtime load its bundle (``hello``), then sends each request as
+one work (inputs written into the instance's shared-memory arena, room for its outputs) and
+answers it through ``respond``: read inline by :meth:`~ChannelFront.run` (``inline=True``) or
+by a reader thread after :meth:`~ChannelFront.submit`. A lost runtime fails what is in flight
+UNAVAILABLE; the front reconnects in the background. No JAX.
 """
 
 from __future__ import annotations
@@ -47,20 +33,14 @@ from hloserve.triton_backend.front.hooks import IdentityHooks
 
 log = logging.getLogger("hloserve.triton_backend.front.front_channel")
 
-#: Numbers of this process's shared-memory files, shared by every front of the process: two
-#: fronts in one process (tests, embedders) never make two files of one name, which would let
-#: the runtime map the other front's arena (``next`` on a count is atomic under the GIL).
+#: numbers of this process's shared-memory files, shared by every front of the process
 _SEGMENT_NUMBERS = itertools.count(1)
-
-#: Seconds between two looks at ``is_cancelled()`` of the requests ``run()`` waits for.
+#: seconds between two looks at ``is_cancelled()`` of the requests ``run()`` waits for
 CANCEL_POLL_S = 0.05
-
-#: How long a starting front waits for its runtime's stub to appear before it stops waiting
-#: for the runtime (seconds): Triton starts a model's stub within milliseconds of taking it
-#: on a load thread, so a runtime that has none after this is queued behind the fronts.
+#: seconds a starting front waits for its runtime's stub to appear (then it loads in the
+#: background: Triton's load threads may all be taken by fronts)
 RUNTIME_GRACE_S = 2.0
-
-#: ``respond(handle, result)``: answer one request (outputs by name, or its error).
+#: ``respond(handle, result)``: answer one request (outputs by name, or its error)
 Respond = Callable[[Any, "Mapping[str, np.ndarray] | Exception"], None]
 
 
@@ -74,23 +54,14 @@ class _Pending:
     overflow: channel.Segment | None = None
     #: the link it was sent over; None until sent (a lost link fails only its own works)
     link: channel.Link | None = None
-    #: whether its client gave up (:attr:`Request.cancelled`)
     cancelled: Callable[[], bool] | None = None
 
 
 @dataclass
 class Request:
-    """One request handed to :meth:`ChannelFront.submit`.
-
-    Attributes:
-        handle: passed back to ``respond`` (the shim's response sender).
-        inputs: client tensors by name, or the exception it already failed with.
-        deadline: ``time.monotonic()`` seconds by which it must have run, or None.
-        cancelled: whether its client gave up (the shim's ``request.is_cancelled``), asked
-            once the request is prepared, just before it is sent; None = never.
-        sequence_id: a stateful model's correlation ID (the shim's
-            ``request.correlation_id()``: an int or a string; 0 = none).
-    """
+    """One request: ``handle`` goes back to ``respond``; ``inputs`` by name or the exception it
+    failed with; ``deadline`` in ``time.monotonic()`` seconds; ``cancelled`` asked just before
+    it is sent; ``sequence_id`` 0 = none."""
 
     handle: Any
     inputs: Mapping[str, np.ndarray] | Exception
@@ -100,21 +71,12 @@ class Request:
 
 
 class ChannelFront:
-    """Serves one front instance's requests through the runtime's channel.
+    """Serves one front instance's requests through the runtime's channel at ``address``.
 
-    Args:
-        core: the front core (checks, hooks, variants).
-        bundle: the bundle directory the runtime loads.
-        respond: answers one request (called on the reader thread).
-        address: the runtime's channel address (:func:`channel.address`).
-        wait_s: how long a request waits for a runtime that is not (yet) there, seconds.
-        arena_bytes: size of this instance's shared-memory arena (sparse).
-        max_request_bytes: largest request accepted, bytes of client input tensors.
-        key: the server key segment names carry (default :func:`channel.server_key`).
-        inline: answers are read by the thread that calls :meth:`run` (no reader thread; use
-            :meth:`run`, not :meth:`submit`).
-        committed: its works are a meta's sub-calls: the runtime's scheduler serves them ahead
-            of the model's queue (``Work.committed`` of the runtime's scheduler).
+    ``respond`` answers one request (on the reader thread); ``wait_s``: how long a request
+    waits for an absent runtime; ``max_request_bytes``: of client input tensors; ``inline``:
+    answers are read by :meth:`run`'s caller (no reader thread); ``committed``: its works are
+    a meta's sub-calls, served ahead of the model's queue.
     """
 
     def __init__(
@@ -149,7 +111,7 @@ class ChannelFront:
         self._link: channel.Link | None = None
         self._ready = threading.Event()
         self._load_error: HloserveError | None = None
-        #: the runtime's latest executables-finished count, and when it last grew (monotonic s)
+        #: the runtime's latest executables-finished count, and when it grew (monotonic s)
         self._progress = -1
         self._progress_at = 0.0
         self._closed = threading.Event()
@@ -159,23 +121,14 @@ class ChannelFront:
     # -- connection -----------------------------------------------------------------------------
 
     def start(self, wait_s: float = 0.0) -> None:
-        """Connect and load the bundle; with ``wait_s`` > 0, return only once the runtime has
-        compiled (or loaded from its executable cache) and accepted the bundle, so the model is
-        servable when Triton marks it READY (docs/serving.md, "READY means servable").
-
-        The wait has two bounded parts: up to ``wait_s`` for the runtime to listen, then for
-        the bundle, a deadline ``wait_s`` after the runtime's latest compile progress (its
-        ``progress`` messages count every executable it finishes, this bundle's or others'): a
-        large repository compiling in line never times out while the runtime moves. When no
-        runtime stub has started within :data:`RUNTIME_GRACE_S` (Triton loading every model at
-        once, its load threads all taken by fronts: waiting would deadlock them), the front
-        warns and returns, loading in the background as before. After start, a lost runtime
-        is reconnected in the background (and the bundle loaded again).
+        """Connect and load the bundle; with ``wait_s`` > 0 return only once the runtime has
+        accepted it (docs/serving.md, "Front -> runtime (the channel)", Loading): ``wait_s``
+        for the runtime to listen, then ``wait_s`` after its latest compile progress. No
+        runtime stub within :data:`RUNTIME_GRACE_S`: warn and load in the background.
 
         Raises:
-            HloserveError: the runtime answered that the bundle failed to load (its status and
-                reason), or UNAVAILABLE: its runtime started but did not listen, or made no
-                compile progress, for ``wait_s`` seconds.
+            HloserveError: the runtime's status and reason for a bundle that failed to load, or
+                UNAVAILABLE: the runtime did not listen, or made no progress, for ``wait_s``.
         """
         listening = wait_s > 0 and self._wait_listening(wait_s)
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
@@ -189,12 +142,8 @@ class ChannelFront:
             raise error
 
     def _wait_listening(self, seconds: float) -> bool:
-        """Whether the runtime listens (an empty connection; it closes it), waiting up to
-        ``seconds`` once its stub runs; False when no stub ran within the grace.
-
-        Raises:
-            UnavailableError: its stub ran but nothing listened for ``seconds``.
-        """
+        """Whether the runtime listens, waiting up to ``seconds`` once its stub runs; False when
+        no stub ran within the grace. UnavailableError: a stub ran, nothing listened."""
         begun = time.monotonic()
         grace = min(RUNTIME_GRACE_S, seconds)
         seen = False
@@ -227,8 +176,8 @@ class ChannelFront:
             delay = min(delay * 2, 0.25)
 
     def _wait_ready(self, seconds: float) -> bool:
-        """Wait until loaded; False once the runtime refused the bundle, or when ``seconds``
-        passed since the later of now and the runtime's latest compile progress."""
+        """Wait until loaded; False once refused, or ``seconds`` after the later of now and the
+        runtime's latest compile progress."""
         start = time.monotonic()
         while not self._ready.is_set():
             if self._load_error is not None or self._closed.is_set():
@@ -285,8 +234,7 @@ class ChannelFront:
                 self._progress_at = time.monotonic()
             answer = channel.receive(link.sock)
         if answer.get("op") != "ready":
-            # requests get this error; the connection stays (idle) so a new runtime is asked
-            # again, but this one does not compile the bundle again and again
+            # requests get this error; the idle connection stays so a new runtime is asked again
             self._load_error = HloserveError(
                 str(answer.get("message", answer)),
                 status=Status[answer.get("status", "INTERNAL")],
@@ -299,8 +247,7 @@ class ChannelFront:
         self._ready.set()
 
     def _lost(self, link: channel.Link) -> None:
-        """Fail what is in flight on ``link`` (once per link: a later call, from another
-        thread, returns once the first has answered every request it took)."""
+        """Fail what is in flight on ``link``, once (a second caller waits for the first)."""
         with self._lock:
             first = not link.closed.is_set()
             link.closed.set()
@@ -317,8 +264,7 @@ class ChannelFront:
         with self._lock:
             if self._link is link:
                 self._link = None
-            # only what went over this link: a work placed but not sent yet waits for the
-            # next link (``_send_works``) instead of failing with a runtime it never met
+            # only what went over this link: a work placed but not sent waits for the next
             lost = [k for k, p in self._pending.items() if p.link is link]
             pending = {k: self._pending.pop(k) for k in lost}
         with contextlib.suppress(OSError):
@@ -340,8 +286,7 @@ class ChannelFront:
             self._answer(p.handle, error)
 
     def close(self) -> None:
-        """Disconnect (the runtime releases the bundle), fail what is in flight, remove the
-        arena."""
+        """Disconnect (the runtime releases the bundle), fail what is in flight, drop the arena."""
         self._closed.set()
         with self._lock:
             link = self._link
@@ -357,22 +302,14 @@ class ChannelFront:
     # -- requests -------------------------------------------------------------------------------
 
     def submit(self, requests: Sequence[Request]) -> None:
-        """Send each request to the runtime as one work; answers come through ``respond``.
-
-        A request's own problem (bad tensor, too large, hook error) is answered at once.
-        """
+        """Send each request as one work; answers come through ``respond`` (a request's own
+        problem at once)."""
         assert not self.inline, "an inline front reads its answers in run()"
         self._submit(requests)
 
     def run(self, requests: Sequence[Request]) -> None:
         """Send each request as one work and answer them all before returning, reading the
-        runtime's answers on this thread (``inline=True``).
-
-        When the runtime goes away meanwhile, what is in flight fails UNAVAILABLE at once and
-        the front reconnects in the background. Either way every request is answered before
-        this returns (the Triton shim returns their responses from ``execute``), even when the
-        hang-up watcher fails them first.
-        """
+        answers on this thread (``inline=True``); a lost runtime fails them UNAVAILABLE."""
         assert self.inline, "run() needs inline=True (a reader thread would race it)"
         sent = self._submit(requests)
         if sent is None:
@@ -394,8 +331,7 @@ class ChannelFront:
     def _cancel(
         self, link: channel.Link, probes: dict[int, Callable[[], bool]], left: set[int]
     ) -> None:
-        """Tell the runtime which of ``left`` its clients gave up on (each once); it sheds
-        those still queued (docs/serving.md, "Queue bounds and deadlines")."""
+        """Tell the runtime which of ``left`` their clients gave up on (each once)."""
         gone = [i for i in left if i in probes and probes[i]()]
         for work_id in gone:
             del probes[work_id]
@@ -429,8 +365,8 @@ class ChannelFront:
             works.append(work)
             ids.append(work_id)
         if works:
-            # one execute call's requests grouped by variant (groups in order of their first
-            # request): the scheduler coalesces a model's leading run of one variant
+            # grouped by variant, groups in order of their first request: the scheduler
+            # coalesces a model's leading run of one variant
             order = {v: i for i, v in reversed(list(enumerate(w["variant"] for w in works)))}
             pairs = sorted(zip(works, ids, strict=True), key=lambda p: order[p[0]["variant"]])
             link = self._send_works([w for w, _ in pairs], [i for _, i in pairs])
@@ -502,12 +438,8 @@ class ChannelFront:
         return work, work_id
 
     def _send_works(self, works: list[dict[str, Any]], ids: list[int]) -> channel.Link | None:
-        """Send ``works``; the link they went over, or None when they failed (answered).
-
-        Waits up to ``wait_s`` for a link. A link that is lost before the works went out over
-        it is waited past: they never reached a runtime, so they go to the next one (only the
-        works sent over a link fail with it, :meth:`_fail_in_flight`).
-        """
+        """Send ``works`` (waiting up to ``wait_s`` for a link); the link, or None when they
+        failed (answered). Works not sent before a link was lost go to the next link."""
         deadline = time.monotonic() + self.wait_s
         error: HloserveError | None = None
         while True:

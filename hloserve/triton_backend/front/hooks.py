@@ -1,9 +1,4 @@
-"""A bundle's hooks in the front: ``preprocess`` and ``postprocess`` from its ``model.py``.
-
-docs/bundles.md, "Hooks": they run per request in the front's instances, never in the runtime.
-:func:`load_hooks` imports the module (or gives the identity) and checks that declared
-``client_inputs``/``client_outputs`` have the hook that makes them.
-"""
+"""A bundle's ``preprocess``/``postprocess`` from its ``model.py`` (docs/bundles.md, "Hooks")."""
 
 from __future__ import annotations
 
@@ -24,13 +19,10 @@ Tensors = dict[str, np.ndarray]
 
 
 class Hooks(Protocol):
-    """Per-request pre/post processing around the executable (a bundle's ``model.py``).
+    """Per-request pre/post processing around the executable (docs/bundles.md, "Hooks").
 
-    ``preprocess`` turns a request's client-facing inputs into the executable's inputs (the
-    manifest's ``inputs``); ``postprocess`` turns one request's executable outputs into its
-    client-facing outputs, and also gets that request's executable inputs (what
-    ``preprocess`` returned, e.g. an attention mask). Both see one request (its own batch
-    size and, with shape variants, its own sizes of the variable axes), never padding.
+    Each call sees one request, never padding; ``postprocess`` also gets what ``preprocess``
+    returned.
     """
 
     def preprocess(self, inputs: Tensors) -> Tensors: ...
@@ -49,11 +41,8 @@ class IdentityHooks:
 
 
 class ModuleHooks:
-    """Hooks from a bundle's ``model.py``: its ``preprocess(inputs)`` and ``postprocess``.
-
-    ``postprocess`` may take ``(outputs)`` or ``(outputs, inputs)``. A function the module does
-    not define is the identity.
-    """
+    """Hooks from a module; ``postprocess`` may take ``(outputs)`` or ``(outputs, inputs)``; a
+    function the module lacks is the identity."""
 
     def __init__(self, module: object) -> None:
         self.module = module
@@ -93,15 +82,10 @@ def _positional_count(fn: Callable[..., object]) -> int:
 
 
 def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
-    """The hooks of a bundle: its ``model.py`` (:class:`ModuleHooks`), else the identity.
+    """The hooks of a bundle: its ``model.py`` (imported with ``__file__`` set), else identity.
 
-    The module is imported under a private name with ``__file__`` set to its path, so it can
-    read files beside it (e.g. ``Path(__file__).parent / "tokenizer.json"``).
-
-    Raises:
-        InvalidArgumentError: ``model.py`` fails to import (its error in the message), or
-            ``client_inputs``/``client_outputs`` are declared without the hook that makes
-            them (``preprocess``/``postprocess``).
+    Raises InvalidArgumentError: ``model.py`` fails to import, or ``client_inputs`` /
+    ``client_outputs`` are declared without ``preprocess`` / ``postprocess``.
     """
     bundle = FrontBundle.of(bundle)
     path = bundle.path / MODEL_PY

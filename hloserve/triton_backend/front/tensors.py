@@ -1,8 +1,7 @@
-"""Checking request tensors against a manifest's tensor specs (front and runtime share it).
+"""Checking request tensors against a manifest's tensor specs (front and meta share it).
 
-Error text names the model, the tensor, expected vs actual, the way ``jax.export`` reports a
-shape mismatch.
-Shapes are shown row-major with ``-1`` at the batch axis, as Triton shows variable dims.
+Errors name the model, the tensor, expected vs actual; shapes show ``-1`` at the batch axis,
+as Triton shows variable dims.
 """
 
 from __future__ import annotations
@@ -28,19 +27,10 @@ def spec_shape(spec: Spec) -> list[int]:
 
 
 def check_tensor(model: str, role: str, spec: Spec, array: np.ndarray) -> int | None:
-    """Check one tensor's dtype and shape against its spec.
+    """Check one tensor's dtype and shape (``role``: "input" or "output", for the text).
 
-    Args:
-        model: the model name, for error text.
-        role: ``"input"`` or ``"output"``, for error text.
-        spec: the manifest's spec of the tensor.
-        array: the tensor.
-
-    Returns:
-        Its batch size (size along the spec's batch axis), or None for an unbatched spec.
-
-    Raises:
-        InvalidArgumentError: wrong dtype, rank, or a non-batch dimension.
+    Its batch size, or None for an unbatched spec; InvalidArgumentError for a wrong dtype, rank
+    or non-batch dimension.
     """
     want = spec.dtype_info.numpy
     where = f"model {model!r}: {role} {spec.name!r}"
@@ -57,11 +47,7 @@ def check_tensor(model: str, role: str, spec: Spec, array: np.ndarray) -> int | 
 
 
 class TensorChecker:
-    """:func:`check_tensors` for one fixed list of specs, with the expectations precomputed.
-
-    Serving checks every request, so the per-spec work (dtype, shape with ``-1`` at the batch
-    axis) is done once here.
-    """
+    """Checks a set of tensors against fixed specs (the per-spec work done once)."""
 
     def __init__(self, model: str, role: str, specs: Sequence[Spec]) -> None:
         self.model = model
@@ -73,14 +59,10 @@ class TensorChecker:
         ]
 
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> int | None:
-        """Check a whole set of tensors: names, dtypes, shapes, and one common batch size.
+        """Check names, dtypes, shapes and one common batch size; that size (None: unbatched).
 
-        Returns:
-            The common batch size, or None when unbatched (or when there are no specs).
-
-        Raises:
-            InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or
-                tensors disagreeing on the batch size.
+        Raises InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or
+        tensors disagreeing on the batch size.
         """
         model, role = self.model, self.role
         if len(tensors) != len(self.names) or any(n not in tensors for n in self.names):
@@ -119,13 +101,6 @@ class TensorChecker:
         return batch
 
 
-def check_tensors(
-    model: str, role: str, specs: Sequence[Spec], tensors: Mapping[str, np.ndarray]
-) -> int | None:
-    """Check a whole set of tensors against ``specs`` (see :class:`TensorChecker`)."""
-    return TensorChecker(model, role, specs)(tensors)
-
-
 def _dtype_name(dtype: np.dtype) -> str:
     from hloserve.bundle import dtypes
 
@@ -136,4 +111,4 @@ def _dtype_name(dtype: np.dtype) -> str:
     return f"{row.kserve} ({row.token})"
 
 
-__all__ = ["TensorChecker", "check_tensor", "check_tensors", "spec_shape"]
+__all__ = ["TensorChecker", "check_tensor", "spec_shape"]
