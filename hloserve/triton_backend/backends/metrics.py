@@ -1,32 +1,9 @@
-"""Weight cache metrics on Triton's Prometheus endpoint (:8002) through Python-backend metrics.
+"""Weight cache and runtime metrics on Triton's :8002 endpoint (docs/observability.md).
 
-The runtime shim passes ``triton_python_backend_utils`` in; this module never imports it.
-Triton 2.51's Python backend offers ``pb_utils.MetricFamily(name, description, kind)`` with
-kinds COUNTER, GAUGE and HISTOGRAM, and ``family.Metric(labels, buckets=...)`` with
-``increment``, ``set`` and ``observe`` (python_backend README, "Custom Metrics").
-
-Series (docs/on_demand_weights.md, "Metrics"); ``model`` labels name the bundle:
-
-==========================================  =========  ============================================
-``hloserve_weight_cache_budget_bytes``      gauge      the budget (0 = none)
-``hloserve_weight_cache_resident_bytes``    gauge      bytes of weights on the device, all models
-``hloserve_weight_bytes{model,residency}``  gauge      the model's weight bytes (once registered)
-                                                       or a foreign model's hint (``foreign``)
-``hloserve_weight_resident_bytes{model}``   gauge      the model's bytes on the device (0 or all)
-``hloserve_weight_loads_total{model}``      counter    host-to-device loads
-``hloserve_weight_evictions_total{model}``  counter    evictions (compaction included)
-``hloserve_weight_load_seconds{model}``     histogram  seconds per load
-``hloserve_weight_load_bytes_total{model}`` counter    bytes loaded to the device
-==========================================  =========  ============================================
-
-and the runtime's execution, executable and scheduler series (:class:`TritonRuntimeMetrics`).
-
-Foreign models (Triton models of other backends in the repository, docs/serving.md "Foreign
-models") have no weights in the cache; the repository builder lists their device memory hints
-in the runtime's ``hloserve.foreign_memory_bytes`` parameter (:func:`foreign_bytes_from_args`)
-and :class:`TritonCacheMetrics` publishes each, from the start, as
-``hloserve_weight_bytes{model, residency="foreign"}``, the series the gateway's ``lpt_packing``
-sizes models by (docs/gateway.md). The budget and resident bytes do not count them.
+Through the Python backend's custom metrics (``pb_utils.MetricFamily``, python_backend README,
+"Custom Metrics"); ``pb_utils`` is passed in, never imported. Foreign models' memory hints
+(docs/serving.md, "Foreign models") appear as ``hloserve_weight_bytes{residency="foreign"}``,
+which the gateway's ``lpt_packing`` sizes models by; the budget and resident bytes exclude them.
 """
 
 from __future__ import annotations
@@ -38,29 +15,19 @@ from typing import Any
 from hloserve import metric_names, names
 from hloserve.model_parameters import RuntimeParameters
 
-#: Histogram buckets of load seconds: 100 us to 10 s (a 1 GiB load from pinned host memory
-#: takes ~21 ms on an H200, docs/on_demand_weights.md "GPU figures").
+#: load seconds, 100 us to 10 s (1 GiB from pinned host memory: ~21 ms on an H200)
 LOAD_SECONDS_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
-#: ``residency`` label of a foreign model's ``hloserve_weight_bytes`` series.
 FOREIGN_RESIDENCY = "foreign"
-#: Counter per (model, source): executables made ready (:meth:`TritonRuntimeMetrics.counted`).
 EXECUTABLES = "hloserve_executables_total"
 
 
 def foreign_bytes_from_args(args: Any) -> dict[str, int]:
-    """Foreign model -> device memory hint (bytes), from the runtime's
-    ``hloserve.foreign_memory_bytes`` parameter (absent = none).
-
-    Args:
-        args: the runtime's :class:`~hloserve.model_parameters.ModelArgs`.
-
-    Raises:
-        InvalidArgumentError: a malformed value (the parameter and the item are named).
-    """
+    """Foreign model -> device memory hint (bytes) of ``hloserve.foreign_memory_bytes``;
+    InvalidArgumentError for a malformed value."""
     return dict(RuntimeParameters.read(args.name, args.parameters, names.PARAM_FOREIGN_BYTES))
 
 
-#: (name, description, kind) of every metric family, in the order ``__init__`` unpacks them.
+#: (name, description, kind) of every family, in the order ``__init__`` unpacks them
 _FAMILIES = (
     (
         metric_names.WEIGHT_CACHE_BUDGET_BYTES,
@@ -94,16 +61,10 @@ _FAMILIES = (
 
 
 class TritonCacheMetrics:
-    """A :class:`~hloserve.triton_backend.runtime.weight_cache.CacheObserver` writing Triton
-    metrics.
+    """A weight cache observer writing Triton metrics (``pb_utils`` passed in).
 
-    Args:
-        pb_utils: the ``triton_python_backend_utils`` module (or a stand-in).
-        budget_bytes: the cache's budget (None or 0 = none).
-        models: the model names to create series for up front (all at 0); others get theirs
-            when the cache registers them (a front loads its bundle).
-        foreign: foreign model -> device memory hint in bytes, published at once as
-            ``hloserve_weight_bytes{model, residency="foreign"}`` (no other series).
+    ``models``: series made at 0 up front (others when registered); ``foreign``: model -> device
+    memory hint, published at once as ``hloserve_weight_bytes{residency="foreign"}``.
     """
 
     def __init__(
@@ -139,8 +100,7 @@ class TritonCacheMetrics:
             self._size[name].set(float(nbytes))
 
     def _series(self, name: str) -> None:
-        """Create ``name``'s series (at 0) unless they exist; call with the lock held or from
-        ``__init__``."""
+        """Create ``name``'s series at 0 unless they exist (lock held, or from ``__init__``)."""
         if name in self._resident:
             return
         _, _, _, resident, loads, evictions, seconds, nbytes = self._families
@@ -208,31 +168,9 @@ class TritonCacheMetrics:
 
 
 class TritonRuntimeMetrics:
-    """The runtime's execution, executable and scheduler metrics; series appear on first use.
-
-    Counted by the runtime itself and handed over once a second (a metric call is a synchronous
-    stub -> server message) by :class:`~hloserve.triton_backend.runtime.server.RuntimeServer`:
-    its ``publish`` (:meth:`executed`) and ``publish_state`` (:meth:`publish`):
-
-    - ``hloserve_executions_total{model,variant,batch_size}`` (counter): executions per compiled
-      executable (``variant`` e.g. ``s32``, empty without variants; docs/serving.md);
-    - ``hloserve_execution_items_total{model,variant}`` (counter): real items executed;
-    - ``hloserve_execution_padding_total{model,variant}`` (counter): zero-padding items;
-    - ``hloserve_scheduler_queue_depth{model}`` (gauge): requests queued;
-    - ``hloserve_scheduler_share{model}`` (gauge): weight / sum of weights;
-    - ``hloserve_scheduler_recent_compute_share{model}`` (gauge): the model's share of the
-      recent-compute EMA (docs/scheduling.md);
-    - ``hloserve_scheduler_cost_seconds{model,variant,batch_size}`` (gauge): learned cost;
-    - ``hloserve_scheduler_shed_total{model,reason}`` (counter): requests shed, ``reason`` =
-      ``deadline`` (passed), ``laxity`` (cannot be met), ``cancelled`` (its client gave up)
-      or ``stopping``;
-    - ``hloserve_device_memory_bytes{kind}`` (gauge): the runtime's device memory by kind
-      (``metric_names.DEVICE_MEMORY_KINDS``); absent on CPU;
-
-    and, from :meth:`counted` at once, ``hloserve_executables_total{model,source}`` (counter):
-    executables made ready, ``source`` ``compiled`` or ``cache`` (docs/serving.md, "Executable
-    cache").
-    """
+    """The runtime's execution, executable, scheduler and device memory series (docs/
+    observability.md), created on first use; handed over by the runtime server every flush
+    (:meth:`executed`, :meth:`publish`), :meth:`counted` at once."""
 
     _SHED_REASONS = ("deadline", "laxity", "cancelled", "stopping")
 
@@ -301,7 +239,7 @@ class TritonRuntimeMetrics:
                 self._metric(EXECUTABLES, model=model, source=source).increment(1.0)
 
     def publish(self, state: Any) -> None:
-        """Record one :class:`~hloserve.triton_backend.runtime.server.RuntimeState`."""
+        """Record one :class:`~hloserve.triton_backend.runtime.state.RuntimeState`."""
         with self._lock:
             if not self._families:
                 return

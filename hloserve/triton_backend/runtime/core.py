@@ -1,16 +1,9 @@
 """The runtime model's core: the one JAX process that compiles and runs every bundle.
 
-docs/serving.md, "Front -> runtime (the channel)": the runtime model has one instance per
-device. A front instance asks it to load its bundle (:meth:`RuntimeModel.acquire`) and lets go
-of it when it finalizes (:meth:`RuntimeModel.release`); a bundle is held by reference count per
-generation (its directory and the identity of its manifest file), so a reloaded model's new
-instances load the new bundle next to the old one before the old instances let go. Loading
-checks the bundle, compiles every (shape variant, batch size) through
-:func:`~hloserve.triton_backend.runtime.compile.compile_artifact` and hands the weights to the
-:class:`~hloserve.triton_backend.runtime.weights.WeightStore`, once, under a per-bundle lock; only
-that bundle is compiled. A bundle that fails to load keeps failing with its own error; the other
-bundles keep serving. Executions run one at a time (:meth:`RuntimeModel.run`), called by the
-channel's :class:`~hloserve.triton_backend.runtime.server.RuntimeServer`.
+Fronts hold bundles (:meth:`RuntimeModel.acquire` / :meth:`~RuntimeModel.release`) by
+reference count per generation, so a reloaded model's new bundle loads beside the old one
+(docs/serving.md, "Front -> runtime (the channel)"). A bundle that fails to load keeps its own
+error; the others keep serving.
 """
 
 from __future__ import annotations
@@ -47,7 +40,7 @@ from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightS
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
-#: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`.
+#: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`
 Compile = Callable[..., CompiledExecutable]
 
 
@@ -60,23 +53,12 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: LoadedBundle | None = None
     error: HloserveError | None = None
-    #: holders (front instances)
     refs: int = 0
 
 
 class RuntimeModel:
-    """Runs the executables of the bundles its fronts load, on one device.
-
-    Args:
-        store: where weights live; default :class:`ResidentWeightStore`.
-        device: the ``jax.Device`` to run on; default JAX's first device.
-        compile: the compile function (``compile_artifact``; injectable for tests).
-        on_load: called with a bundle's key before it loads (e.g. to create its metrics, so a
-            model whose load fails still shows).
-
-    Calls :func:`~hloserve.triton_backend.runtime.compile.enable_x64` (64-bit dtypes keep their
-    width) and :func:`~hloserve.triton_backend.runtime.compile.run_cpu_inline` (CPU executions
-    inline).
+    """Runs the executables of the bundles its fronts load, on one device (JAX x64 on, CPU
+    executions inline). ``on_load(key)`` runs before a bundle loads (metrics show a failed one).
     """
 
     def __init__(
@@ -90,7 +72,6 @@ class RuntimeModel:
         enable_x64()
         run_cpu_inline()
         self._on_load = on_load
-        #: the executable cache behind ``compile`` (set by :meth:`from_args`), for the log
         self.executable_cache: ExecutableCache | None = None
         import jax
 
@@ -113,18 +94,9 @@ class RuntimeModel:
     ) -> RuntimeModel:
         """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
 
-        The config lists no bundles: fronts load theirs (:meth:`acquire`). Unless ``store`` is
-        given, weights live in a :class:`~.weight_cache.WeightCache` set from the weight cache
-        parameters (:func:`~.runtime_config.weight_cache_from_args`), reporting to
-        ``observer(budget_bytes, models)`` (e.g. Triton metrics). Unless ``compile`` is given,
-        executables go through the executable cache of the runtime's parameters
-        (docs/serving.md, "Executable cache"), each counted by ``executables(model, source)``;
-        after each bundle loads, the log says how many executables were compiled and how many
-        loaded from the cache so far.
-
-        Raises:
-            InvalidArgumentError: a parameter is malformed, or the config lists bundles (a
-                repository built by an older hloserve: rebuild it).
+        Unless given, ``store`` is the configured weight cache (reporting to ``observer``) and
+        ``compile`` goes through the configured executable cache (counting by ``executables``).
+        InvalidArgumentError for a malformed parameter.
         """
         RuntimeParameters.from_parameters(args.name, args.parameters)  # every one valid
         run_cpu_inline()  # before the first jax.devices()
@@ -136,7 +108,6 @@ class RuntimeModel:
             kwargs["store"] = weight_cache_from_args(
                 args, device=kwargs["device"], observer=observer
             )
-        # executable cache (executable_cache.py): the compile path, one summary line per load
         cache = None if "compile" in kwargs else executable_cache_from_args(args, executables)
         if cache is not None:
             kwargs["compile"] = functools.partial(compile_artifact, cache=cache)
@@ -155,14 +126,11 @@ class RuntimeModel:
     def acquire(
         self, name: str, path: Path, progress: Callable[[], None] | None = None
     ) -> LoadedBundle:
-        """Hold bundle ``name`` at ``path`` (loading it if no one holds this generation).
+        """Hold bundle ``name`` at ``path``, loading it if no one holds this generation.
 
-        Each call must be paired with one :meth:`release` of the returned bundle's ``key``.
-        ``progress()`` is called after each executable this call compiles or loads from the
-        executable cache.
-
-        Raises:
-            HloserveError: the bundle failed to load (its status); nothing is held then.
+        Pair each call with one :meth:`release` of the bundle's ``key``. ``progress()`` runs
+        after each executable this call makes ready. Raises the bundle's load error
+        (HloserveError; nothing held then).
         """
         path = Path(path)
         gen = generation(path)
@@ -189,11 +157,7 @@ class RuntimeModel:
             raise
 
     def release(self, key: str) -> bool:
-        """Let go of one hold on ``key``; the last one unloads it (weights freed).
-
-        Returns:
-            Whether the bundle was unloaded.
-        """
+        """Let go of one hold on ``key``; whether that unloaded it (the last hold)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -210,12 +174,9 @@ class RuntimeModel:
         return True
 
     def load(self, name: str) -> LoadedBundle:
-        """The loaded bundle ``name`` (its newest held generation), loading it on first use
-        (once; thread-safe).
+        """The loaded bundle ``name`` (its newest held generation), loading it on first use.
 
-        Raises:
-            NotFoundError: no one holds ``name``.
-            HloserveError: the bundle failed to load (now or before): its error, naming it.
+        Raises NotFoundError (no one holds ``name``) or the bundle's load error.
         """
         with self._lock:
             entry = self._entries.get(name)
@@ -293,18 +254,11 @@ class RuntimeModel:
     def run(
         self, loaded: LoadedBundle, variant: int, batch_size: int, inputs: Sequence[np.ndarray]
     ) -> list[Any]:
-        """One execution of ``loaded`` at (``variant``, ``batch_size``) on checked inputs.
+        """One execution of ``loaded`` at (``variant``, ``batch_size``; 0 = UNBATCHED).
 
-        Args:
-            inputs: host arrays (or arrays already on the device, e.g. a sequence's state) in
-                the manifest's input order, at the executable's shapes.
-            batch_size: a compiled batch size, or ``UNBATCHED`` (0).
-
-        Returns:
-            The outputs in the manifest's order (JAX arrays; ``np.asarray`` gives host NumPy).
-
-        Raises:
-            InvalidArgumentError: no executable for (variant, batch size).
+        ``inputs``: host or device arrays in the manifest's order at the executable's shapes.
+        The outputs are JAX arrays in the manifest's order. InvalidArgumentError: no executable
+        for (variant, batch size).
         """
         executable = loaded.executables.get((variant, batch_size))
         if executable is None:
@@ -336,13 +290,8 @@ class RuntimeModel:
 
 
 def _placer(device: Any) -> Callable[[np.ndarray], Any]:
-    """A function placing a host array on ``device`` as a ``jax.Array``.
-
-    Uses the PJRT client's ``buffer_from_pyval`` (~6 us for a small array on CPU, against
-    ~120 us for ``jax.device_put``, JAX 0.7.1); falls back to ``jax.device_put`` where the
-    client lacks it. Host memory may be aliased on CPU, as ``jax.device_put`` does: the
-    arrays must not change until the execution has finished.
-    """
+    """Places a host array on ``device`` through the PJRT client's ``buffer_from_pyval`` (~6 us
+    against ~120 us for ``jax.device_put`` on CPU); host memory may be aliased on CPU."""
     import jax
 
     client = getattr(device, "client", None)
@@ -355,6 +304,4 @@ def _placer(device: Any) -> Callable[[np.ndarray], Any]:
     return place
 
 
-__all__ = [
-    "RuntimeModel",
-]
+__all__ = ["RuntimeModel"]

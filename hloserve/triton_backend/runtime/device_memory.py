@@ -1,24 +1,6 @@
-"""The runtime owns its device memory: JAX's allocator settings, the weight budget sized from the
-card, and the figures it publishes (docs/on_demand_weights.md, "Device memory").
-
-- :func:`allocator_environment` sets, before JAX opens the device, no preallocation and the
-  memory fraction of ``hloserve.device_memory_fraction``.
-- :class:`DeviceMemory` re-sizes the weight cache's budget on every bundle the runtime takes:
-  what the allocator allows (``bytes_limit``), minus the compiled executables, minus the largest
-  scratch any loaded executable needs (XLA's compiled memory analysis, ``temp_size_in_bytes``),
-  minus a margin of :data:`MARGIN` of the limit; a bundle that leaves no room for the largest
-  model's weights is refused with the numbers. An explicit budget (``--weight-cache-bytes``)
-  stays as given, refused when it and the executables and scratch exceed the limit.
-- Stateful bundles' sequence state (:mod:`.sequence_state`) counts too:
-  :meth:`DeviceMemory.reserve_state` takes a new sequence's bytes out of the weight budget (or,
-  with an explicit budget, out of what the budget leaves), and refuses the sequence with
-  UNAVAILABLE naming the numbers when it does not fit; :meth:`DeviceMemory.release_state` gives
-  them back.
-- Where the device reports no statistics (CPU: ``memory_stats()`` is None) nothing changes and
-  no device figures are published.
-
-Tests fake the statistics at JAX's device only: :data:`FAKE_STATS_ENV` names a JSON file read
-in place of ``memory_stats()``.
+"""The runtime's device memory: JAX's allocator settings, the weight budget sized from the
+card on every bundle taken, sequence state, and the figures published (docs/on_demand_weights.md,
+"Device memory"). Nothing changes where the device has no statistics (CPU).
 """
 
 from __future__ import annotations
@@ -38,40 +20,19 @@ from hloserve.units import format_size
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
-#: Share of the allocator's limit kept free beyond executables and scratch (fragmentation,
-#: cuBLAS/cuDNN workspaces, requests' inputs and outputs): ReactantServer's "wiggle" of 0.1.
+#: share of the allocator's limit kept free beyond executables and scratch (ReactantServer's
+#: "wiggle")
 MARGIN = 0.1
-#: Environment variable naming a JSON file of ``memory_stats()`` figures that the runtime reads
-#: instead of asking the device (tests on CPU; never set in production).
+#: names a JSON file of ``memory_stats()`` figures read instead of the device's (tests only)
 FAKE_STATS_ENV = "HLOSERVE_FAKE_MEMORY_STATS"
 
 
 def allocator_environment(
     fraction: float = 0.0, environ: MutableMapping[str, str] | None = None
 ) -> dict[str, str]:
-    """Set JAX's GPU allocator for the runtime; call before JAX opens the device.
-
-    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``: the pool grows on demand instead of taking its
-    whole limit at start, so ``bytes_in_use`` is what the runtime holds. The limit is the
-    memory fraction: jaxlib 0.7.1's ``generate_pjrt_gpu_plugin_options`` reads
-    ``XLA_CLIENT_MEM_FRACTION`` first and the older ``XLA_PYTHON_CLIENT_MEM_FRACTION`` only
-    as a fallback, and refuses the two together (ValueError); newer JAX reads the first only.
-    So the first is set and the second removed.
-
-    The default, :data:`~hloserve.names.DEFAULT_DEVICE_MEMORY_FRACTION` = 0.9, leaves 10% of
-    the card to what is not the runtime's allocator: tritonserver's CUDA context (~0.3-0.5 GiB)
-    and its CUDA memory pool (``--cuda-memory-pool-byte-size``, 64 MiB per GPU by default; the
-    pinned pool, 256 MiB, is host memory), and the runtime's own CUDA context, cuBLAS/cuDNN
-    handles and module images outside the pool (~0.5-1 GiB). On a 16 GiB card that is 1.6 GiB
-    for ~1.1-1.6 GiB of needs; on an 80 GiB card 8 GiB, on a 141 GB H200 14 GB: room to spare,
-    raise it there. JAX's own default, 0.75 with preallocation, takes a quarter more.
-
-    Args:
-        fraction: in (0, 1]; 0 = the default.
-        environ: the environment to set (default ``os.environ``).
-
-    Returns:
-        The variables set.
+    """Set JAX's GPU allocator (before JAX opens the device): no preallocation, memory
+    ``fraction`` (0: the default 0.9) as ``XLA_CLIENT_MEM_FRACTION``, the older variable removed
+    (docs/on_demand_weights.md, "Device memory"). The variables set.
     """
     env = os.environ if environ is None else environ
     value = fraction or names.DEFAULT_DEVICE_MEMORY_FRACTION
@@ -82,10 +43,8 @@ def allocator_environment(
 
 
 def memory_stats(device: Any) -> dict[str, int] | None:
-    """``device.memory_stats()`` when it reports ``bytes_limit`` (a GPU), else None (CPU).
-
-    With :data:`FAKE_STATS_ENV` set, the figures of that JSON file instead (read every call).
-    """
+    """``device.memory_stats()`` when it reports ``bytes_limit`` (a GPU), else None (CPU); the
+    JSON file named by :data:`FAKE_STATS_ENV` instead when set."""
     fake = os.environ.get(FAKE_STATS_ENV)
     if fake:
         stats: Any = json.loads(Path(fake).read_text())
@@ -110,14 +69,10 @@ def executable_memory(executable: Any) -> tuple[int, int]:
 
 
 class DeviceMemory:
-    """The runtime's device memory accounting over its weight cache (thread-safe).
+    """The runtime's device memory accounting over its weight ``cache`` (thread-safe).
 
-    Args:
-        device: the runtime's JAX device.
-        cache: the weight cache (``budget_bytes``, ``resize``, ``stats``); its budget is sized
-            here unless ``explicit``.
-        explicit: the budget was given (``--weight-cache-bytes`` or ``--weight-cache-fraction``).
-        fraction: the allocator's memory fraction (for the card's total: limit / fraction).
+    ``explicit``: the budget was given, not sized here; ``fraction``: the allocator's memory
+    fraction (the card's total is limit / fraction).
     """
 
     def __init__(self, device: Any, cache: Any, *, explicit: bool, fraction: float) -> None:
@@ -128,15 +83,13 @@ class DeviceMemory:
         self._lock = threading.Lock()
         #: key -> (code bytes, largest scratch bytes) of its executables
         self._executables: dict[str, tuple[int, int]] = {}
-        #: bytes of every live sequence's state (:meth:`reserve_state`)
         self._state = 0
 
     def admit(self, key: str, name: str, executables: Mapping[Any, Any]) -> None:
         """Account ``key``'s executables and re-size the budget (evicting to fit).
 
-        Raises:
-            InvalidArgumentError: the budget cannot hold the largest model's weights besides the
-                executables and the largest scratch (all numbers named); ``key`` is not kept.
+        InvalidArgumentError (``key`` not kept) when the budget cannot hold the largest model's
+        weights besides the executables and the largest scratch, numbers named.
         """
         stats = memory_stats(self.device)
         if stats is None or getattr(self.cache, "budget_bytes", None) is None:
@@ -156,16 +109,10 @@ class DeviceMemory:
                 raise
 
     def reserve_state(self, name: str, nbytes: int) -> None:
-        """Count a new sequence's ``nbytes`` of state on the device (re-sizing the weight budget).
+        """Count a new sequence's ``nbytes`` of state on the device, re-sizing the budget.
 
-        Where the device reports no statistics (CPU) the bytes are counted and nothing is
-        refused.
-
-        Raises:
-            UnavailableError: the state does not fit: with the budget sized from the card, the
-                weight budget left would not hold the largest model's weights; with an explicit
-                budget, the budget, executables, scratch, margin and state exceed the limit (the
-                numbers named). Nothing is counted then.
+        UnavailableError (nothing counted) when it does not fit, numbers named; on CPU nothing
+        is refused.
         """
         stats = memory_stats(self.device)
         with self._lock:
@@ -182,8 +129,7 @@ class DeviceMemory:
                 ) from None
 
     def release_state(self, nbytes: int) -> None:
-        """A sequence's ``nbytes`` of state were dropped (END, idle, unloaded): the weight
-        budget gets them back."""
+        """A sequence's ``nbytes`` of state were dropped: the weight budget gets them back."""
         stats = memory_stats(self.device)
         with self._lock:
             self._state = max(self._state - nbytes, 0)
@@ -194,7 +140,7 @@ class DeviceMemory:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of live sequences' state counted (:meth:`reserve_state`)."""
+        """Bytes of live sequences' state counted."""
         return self._state
 
     def forget(self, key: str) -> None:
@@ -237,10 +183,8 @@ class DeviceMemory:
         log.info("weight cache: budget %d bytes = %s", budget, numbers)
 
     def figures(self) -> dict[str, int] | None:
-        """Device memory by kind, bytes: ``total`` (the card: limit / fraction), ``limit``,
-        ``in_use``, ``peak``, ``weights`` (resident), ``executables``, ``scratch`` (the largest
-        of any loaded executable), ``headroom`` (limit - in use), ``budget`` (the weight
-        budget); None on CPU (:data:`~hloserve.metric_names.DEVICE_MEMORY_KINDS`)."""
+        """Device memory by kind (:data:`~hloserve.metric_names.DEVICE_MEMORY_KINDS`), bytes;
+        None on CPU (docs/on_demand_weights.md, "Device memory", Figures)."""
         stats = memory_stats(self.device)
         if stats is None:
             return None
