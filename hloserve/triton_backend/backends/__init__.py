@@ -1,10 +1,5 @@
-"""The ``pb_utils`` shims: the Python-based Triton backends and their adapters.
-
-``<name>/model.py`` (``hloserve_front``, ``hloserve_runtime``, ``hloserve_meta``) is selected by
-``backend: "<name>"``; :func:`backend_dirs` gives the directories a tritonserver's
-``--backend-directory`` needs. ``pb`` (error codes, responses), ``dlpack`` (tensor moves) and
-``metrics`` (Triton custom metrics) take ``pb_utils`` as an argument and never import it.
-"""
+"""The ``pb_utils`` shims (``<name>/model.py``, selected by ``backend: "<name>"``) and their
+adapters, which take ``pb_utils`` as an argument and never import it."""
 
 from __future__ import annotations
 

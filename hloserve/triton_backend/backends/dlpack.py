@@ -1,19 +1,7 @@
-"""Tensors between ``pb_utils`` and NumPy/JAX by DLPack, bfloat16 included.
-
-Numeric tensors move by DLPack in both directions (docs/notes_tritonserver.md: ``as_numpy()``
-and ``pb_utils.Tensor(name, array)`` corrupt data silently under numpy 2 with the 2.51 stub);
-BYTES tensors by ``as_numpy()`` / ``pb_utils.Tensor(name, array)``. ``pb_utils`` is passed in,
-never imported. Two fixes, both checked against tritonserver 2.51
-(tests/triton_backend/test_backend_triton.py):
-
-* bfloat16: NumPy cannot export or import DLPack ``kDLBfloat`` (code 4). An incoming bf16
-  capsule is relabelled ``kDLUInt``/16 bits and viewed as ``ml_dtypes.bfloat16``; an outgoing
-  bf16 array is exported as ``uint16`` and its capsule relabelled ``kDLBfloat``. The bits are
-  untouched, so values round-trip exactly (NaN payloads included).
-* ``pb_utils.Tensor.from_dlpack`` renames the capsule it consumed ``"used_dlpack"``; NumPy 1.26's
-  capsule destructor only accepts ``"used_dltensor"`` and otherwise makes the stub spin on
-  ``PyCapsule_GetPointer called with incorrect name``. :func:`to_triton_tensor` renames the
-  capsule ``"used_dltensor"`` (the DLPack spec's name for a consumed capsule) after the call.
+"""Tensors between ``pb_utils`` and NumPy/JAX by DLPack, bfloat16 included (``pb_utils`` is
+passed in). Why DLPack and the ``used_dltensor`` rename: docs/notes_tritonserver.md, "Tensors
+in the stub". bfloat16: NumPy cannot export or import DLPack ``kDLBfloat``, so capsules are
+relabelled ``kDLUInt``/16 bits (and back) and viewed as ``ml_dtypes.bfloat16``, bits untouched.
 """
 
 from __future__ import annotations
@@ -26,12 +14,11 @@ import numpy as np
 
 from hloserve.errors import InvalidArgumentError
 
-#: DLPack ``DLDataTypeCode`` values (dlpack.h).
+#: DLPack ``DLDataTypeCode`` values (dlpack.h)
 DL_UINT = 1
 DL_BFLOAT = 4
-#: Offset of ``DLTensor.dtype`` in ``DLManagedTensor`` (``data`` pointer, ``DLDevice`` 8 bytes,
-#: ``ndim`` int32) and in ``DLManagedTensorVersioned`` (version, manager_ctx, deleter, flags
-#: first: 32 bytes). ``dtype`` is ``{uint8 code; uint8 bits; uint16 lanes}``.
+#: offset of ``DLTensor.dtype`` ``{uint8 code; uint8 bits; uint16 lanes}`` in
+#: ``DLManagedTensor`` and in ``DLManagedTensorVersioned`` (32 bytes of header first)
 _DTYPE_OFFSET = {b"dltensor": 20, b"dltensor_versioned": 32 + 20}
 _DEVICE_OFFSET = {b"dltensor": 8, b"dltensor_versioned": 32 + 8}
 
@@ -100,11 +87,8 @@ def from_capsule(capsule: Any) -> np.ndarray:
 
 
 def to_capsule(array: Any) -> Any:
-    """A DLPack capsule for a host NumPy array (bf16 included) or any DLPack exporter.
-
-    NumPy arrays are made C-contiguous and, if read-only (NumPy 1.x refuses to export those),
-    copied. A bf16 array is exported as its ``uint16`` bits and relabelled ``kDLBfloat``.
-    """
+    """A DLPack capsule for a host NumPy array (made contiguous and writable; bf16 as its
+    ``uint16`` bits relabelled ``kDLBfloat``) or any DLPack exporter."""
     if not isinstance(array, np.ndarray):
         return array.__dlpack__()
     a = np.ascontiguousarray(array)
@@ -118,16 +102,8 @@ def to_capsule(array: Any) -> Any:
 
 
 def to_numpy(tensor: Any, dtype: np.dtype | None = None) -> np.ndarray:
-    """A ``pb_utils.Tensor`` as a NumPy array viewing its memory (no copy for numeric types).
-
-    Args:
-        tensor: a ``pb_utils.Tensor`` in host memory (anything with ``to_dlpack()`` and
-            ``as_numpy()``).
-        dtype: the expected dtype when known; ``object`` (BYTES) goes through ``as_numpy()``.
-
-    The array is only valid while the request or response owning the tensor is alive: copy
-    what must outlive it.
-    """
+    """A host ``pb_utils.Tensor`` as a NumPy view (valid while its owner lives); BYTES (or
+    ``dtype`` object) through ``as_numpy()``."""
     if dtype is not None and np.dtype(dtype) == np.dtype(object):
         return np.asarray(tensor.as_numpy())
     try:
@@ -138,11 +114,8 @@ def to_numpy(tensor: Any, dtype: np.dtype | None = None) -> np.ndarray:
 
 
 def to_triton_tensor(pb_utils: Any, name: str, array: Any) -> Any:
-    """A ``pb_utils.Tensor`` named ``name`` from a host NumPy array or a JAX array.
-
-    Numeric data moves by DLPack without a copy (except for a non-contiguous or read-only
-    NumPy array); object arrays (BYTES) go through ``pb_utils.Tensor(name, array)``.
-    """
+    """A ``pb_utils.Tensor`` named ``name`` from a host NumPy or JAX array (DLPack, no copy;
+    BYTES through ``pb_utils.Tensor(name, array)``)."""
     if isinstance(array, np.ndarray) and array.dtype == np.dtype(object):
         return pb_utils.Tensor(name, array)
     capsule = to_capsule(array)
@@ -152,14 +125,8 @@ def to_triton_tensor(pb_utils: Any, name: str, array: Any) -> Any:
 
 
 def request_inputs(request: Any) -> dict[str, np.ndarray]:
-    """Every input tensor of a ``pb_utils.InferenceRequest`` as NumPy arrays, by name.
-
-    ``as_numpy()`` where the Python backend gives one (every numeric type and BYTES): on a
-    fresh request tensor it takes ~2.5 us against ~30 us for the DLPack route (measured
-    inside tritonserver 2.51, one FP32 [1, 8, 8, 1] input; docs/serving.md). BF16, which
-    ``as_numpy()`` refuses, goes through :func:`to_numpy`. Like :func:`to_numpy`'s, the
-    arrays are only valid while the request is alive.
-    """
+    """Every input of a ``pb_utils.InferenceRequest`` as NumPy arrays by name, valid while the
+    request lives: ``as_numpy()`` (~2.5 us against ~30 us by DLPack), BF16 by DLPack."""
     inputs: dict[str, np.ndarray] = {}
     for tensor in request.inputs():
         try:

@@ -1,18 +1,5 @@
-"""Adapters between Triton Python backend objects and the typed core, without importing them.
-
-The ``model.py`` shims pass ``triton_python_backend_utils`` (``pb_utils``) in as an argument;
-this module never imports it, so everything here is unit-testable with stand-ins. It holds:
-
-* :data:`TRITON_ERROR_CODE`: the one table from :class:`~hloserve.errors.Status` to the
-  ``pb_utils.TritonError`` code a response carries (Triton maps those to gRPC/HTTP codes), and
-  the way back from a Triton error (:func:`error_from_triton`; Triton's texts are read by
-  :mod:`hloserve.triton_messages`);
-* :func:`inference_response`: a response holding tensors or an error;
-* :func:`configure_logging`: the ``hloserve`` loggers to the server's log.
-
-The ``args`` of ``initialize`` are :class:`~hloserve.model_parameters.ModelArgs`.
-
-Tensor conversion (DLPack, bfloat16 included) is :mod:`hloserve.triton_backend.backends.dlpack`.
+"""Adapters between Triton Python backend objects and the typed core (``pb_utils`` passed in):
+the Status <-> ``TritonError`` code table, responses, logging to the server's log.
 """
 
 from __future__ import annotations
@@ -32,12 +19,8 @@ from hloserve.triton_backend.backends.dlpack import to_triton_tensor
 
 log = logging.getLogger("hloserve.triton_backend")
 
-#: ``pb_utils.TritonError`` code (attribute name) for each Status. Triton 2.51's codes are
-#: UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS,
-#: CANCELLED; its gRPC frontend answers them as INTERNAL/UNKNOWN, NOT_FOUND, INVALID_ARGUMENT,
-#: UNAVAILABLE, UNIMPLEMENTED, ALREADY_EXISTS, CANCELLED. Statuses Triton lacks map to the
-#: nearest code a client treats the same way (retryable ones to UNAVAILABLE). The first Status
-#: listed for a code is the one :func:`status_of_code` gives back.
+#: ``pb_utils.TritonError`` code name per Status (Triton 2.51 has 8 codes; missing statuses map
+#: to the nearest code a client treats alike); the first Status of a code is the way back
 TRITON_ERROR_CODE: dict[Status, str] = {
     Status.INVALID_ARGUMENT: "INVALID_ARG",
     Status.NOT_FOUND: "NOT_FOUND",
@@ -47,8 +30,7 @@ TRITON_ERROR_CODE: dict[Status, str] = {
     Status.FAILED_PRECONDITION: "INVALID_ARG",
     Status.RESOURCE_EXHAUSTED: "UNAVAILABLE",
     Status.DEADLINE_EXCEEDED: "UNAVAILABLE",
-    # Statuses only relayed from a worker by the gateway; a backend never raises them, and
-    # status_of_code keeps reading those Triton codes as INTERNAL (as before they existed).
+    # only relayed from a worker by the gateway; a backend never raises them
     Status.CANCELLED: "INTERNAL",
     Status.UNKNOWN: "INTERNAL",
     Status.ALREADY_EXISTS: "INTERNAL",
@@ -61,11 +43,8 @@ TRITON_ERROR_CODE: dict[Status, str] = {
 
 
 def error_code(error: BaseException) -> tuple[str, str]:
-    """Message and ``pb_utils.TritonError`` code name for an exception raised by the core.
-
-    An :class:`~hloserve.errors.HloserveError` keeps its message and status; anything else is a
-    bug: INTERNAL, with its type in the message and the traceback logged.
-    """
+    """Message and ``pb_utils.TritonError`` code name for an exception: an HloserveError's own,
+    else INTERNAL with its type (traceback logged)."""
     if isinstance(error, HloserveError):
         return error.message, TRITON_ERROR_CODE[error.status]
     log.error(
@@ -76,11 +55,8 @@ def error_code(error: BaseException) -> tuple[str, str]:
 
 
 def status_of_code(code_name: str, message: str = "") -> Status:
-    """The Status of a Triton error code name (inverse of :data:`TRITON_ERROR_CODE`).
-
-    A message saying a model "is not ready" is UNAVAILABLE whatever its code (Triton 2.51 gives
-    that text for BLS to a model that is still loading). Unknown codes are INTERNAL.
-    """
+    """The Status of a Triton error code name (unknown: INTERNAL); a "not ready" message is
+    UNAVAILABLE whatever its code (BLS to a model still loading)."""
     if triton_messages.model_not_ready(message):
         return Status.UNAVAILABLE
     for status, name in TRITON_ERROR_CODE.items():
@@ -90,12 +66,8 @@ def status_of_code(code_name: str, message: str = "") -> Status:
 
 
 def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
-    """An :class:`HloserveError` from a ``pb_utils.TritonError`` (e.g. a BLS response's).
-
-    The status comes from the message's not-ready texts, else from the error code (Triton 2.51
-    hands a BLS caller every callee error as INTERNAL, measured; a meta's sub-calls to bundles
-    go over the channel instead, with their status).
-    """
+    """An :class:`HloserveError` from a ``pb_utils.TritonError`` (a BLS response's): status from
+    the not-ready texts, else the code (Triton 2.51 hands BLS callers every error INTERNAL)."""
     message = str(error.message())
     if triton_messages.server_not_ready(message):
         return ServerStartingError(message)
@@ -124,18 +96,11 @@ def inference_response(pb_utils: Any, result: Mapping[str, Any] | BaseException)
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
-# -- initialize(args) --------------------------------------------------------------------------
-
-
 _logging_configured = False
 
 
 def configure_logging(level: int = logging.INFO) -> None:
-    """Send the ``hloserve`` loggers' records to stderr (the server's log), once per process.
-
-    A stub's stdout and stderr go to tritonserver's output; without a handler only warnings
-    would reach it (Python's last-resort handler).
-    """
+    """Send the ``hloserve`` loggers' records to stderr (the server's log), once per process."""
     global _logging_configured
     if _logging_configured:
         return

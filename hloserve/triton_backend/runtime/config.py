@@ -1,9 +1,6 @@
-"""The runtime model's weight cache from its config parameters (:func:`weight_cache_from_args`,
-docs/on_demand_weights.md; docs/serving.md, "Runtime model config").
-
-The parameters are written by ``hloserve repo build`` and read through
-:class:`~hloserve.model_parameters.RuntimeParameters`; every malformed value is an
-:class:`~hloserve.errors.InvalidArgumentError` naming the model and the parameter.
+"""The runtime's allocator, device memory and weight cache from its config parameters
+(docs/serving.md, "Runtime model config"); malformed values are InvalidArgumentError naming
+the model and the parameter.
 """
 
 from __future__ import annotations
@@ -24,10 +21,8 @@ from hloserve.triton_backend.runtime.device_memory import (
 from hloserve.triton_backend.runtime.residency import Residency
 from hloserve.triton_backend.runtime.weight_cache import CacheObserver, WeightCache
 
-#: The runtime's logger: the budget lines are part of its start-up log.
 log = logging.getLogger("hloserve.triton_backend.runtime")
-
-#: Makes the weight cache's observer from (budget bytes or None, model names).
+#: makes the weight cache's observer from (budget bytes or None, model names)
 ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
 
 
@@ -38,16 +33,11 @@ def weight_cache_from_args(
     device: Any = None,
     observer: ObserverFactory | None = None,
 ) -> WeightCache:
-    """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md).
+    """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md,
+    "Configure"); logs the budget.
 
-    ``hloserve.weight_cache_bytes`` (absent/0: no budget) or ``hloserve.weight_cache_fraction``
-    (of ``device``'s free memory now), ``hloserve.residency`` (``model=residency,...``),
-    ``hloserve.compaction_interval`` (absent/0: off). Logs the budget it chose.
-
-    Raises:
-        InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for
-            a model not in ``models`` (when given; the runtime's fronts load bundles later, so
-            the runtime passes none).
+    InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for a
+    model not in ``models`` (when given).
     """
     budget = _budget(args, device)
     interval = _read(args, names.PARAM_COMPACTION_INTERVAL)
@@ -81,15 +71,15 @@ def weight_cache_from_args(
 
 def allocator_from_args(args: ModelArgs) -> dict[str, str]:
     """Set JAX's allocator from ``hloserve.device_memory_fraction`` (before JAX opens the
-    device; :func:`~.device_memory.allocator_environment`) and log it; the variables set."""
+    device) and log it; the variables set."""
     settings = allocator_environment(_read(args, names.PARAM_DEVICE_MEMORY_FRACTION))
     log.info("device memory: %s", " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     return settings
 
 
 def device_memory_from_args(args: ModelArgs, device: Any, cache: Any) -> DeviceMemory:
-    """The runtime's :class:`~.device_memory.DeviceMemory` over its weight cache: the budget is
-    sized from the card unless ``hloserve.weight_cache_bytes`` or ``_fraction`` gives it."""
+    """The runtime's :class:`DeviceMemory` over its weight cache (budget sized from the card
+    unless given)."""
     explicit = bool(
         _read(args, names.PARAM_WEIGHT_CACHE_BYTES)
         or _read(args, names.PARAM_WEIGHT_CACHE_FRACTION)
@@ -99,11 +89,8 @@ def device_memory_from_args(args: ModelArgs, device: Any, cache: Any) -> DeviceM
 
 
 def _budget(args: ModelArgs, device: Any) -> int:
-    """Bytes from ``hloserve.weight_cache_bytes``, or ``hloserve.weight_cache_fraction`` of
-    ``device``'s free memory (``bytes_limit - bytes_in_use``); neither given: sized from the
-    card (``bytes_limit`` less the :data:`~.device_memory.MARGIN`, re-sized on every bundle
-    load by :class:`~.device_memory.DeviceMemory`); 0 = no budget (a device without memory
-    statistics: CPU)."""
+    """Bytes of ``hloserve.weight_cache_bytes``, else ``_fraction`` of ``device``'s free memory,
+    else sized from the card (re-sized later by :class:`DeviceMemory`); 0: no budget (CPU)."""
     budget: int = _read(args, names.PARAM_WEIGHT_CACHE_BYTES)
     fraction: float = _read(args, names.PARAM_WEIGHT_CACHE_FRACTION)
     stats = memory_stats(device)

@@ -1,10 +1,6 @@
-"""Where the executable cache lives and how big it may grow: flags, parameters, environment.
-
-docs/serving.md, "Executable cache". The runtime's parameters ``hloserve.executable_cache`` and
-``hloserve.executable_cache_bytes`` (written by ``--executable-cache`` and
-``--executable-cache-bytes``) win over the environment (``HLOSERVE_EXECUTABLE_CACHE``,
-``HLOSERVE_EXECUTABLE_CACHE_BYTES``: the project's settings scheme, :mod:`hloserve.settings`),
-which wins over the defaults (:func:`default_directory`, :data:`DEFAULT_MAX_BYTES`).
+"""Where the executable cache lives and how big it may grow (docs/serving.md, "Executable
+cache"): runtime parameters over ``HLOSERVE_EXECUTABLE_*`` (:mod:`hloserve.settings`) over the
+defaults.
 """
 
 from __future__ import annotations
@@ -24,18 +20,12 @@ from hloserve.triton_backend.runtime.executable_cache import DEFAULT_MAX_BYTES, 
 
 log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 
-#: Environment prefix of the cache settings (the project's scheme, hloserve.settings):
-#: ``HLOSERVE_EXECUTABLE_CACHE`` (directory or ``off``), ``HLOSERVE_EXECUTABLE_CACHE_BYTES``.
+#: ``HLOSERVE_EXECUTABLE_CACHE`` (directory or ``off``), ``HLOSERVE_EXECUTABLE_CACHE_BYTES``
 ENV_PREFIX = "HLOSERVE_EXECUTABLE_"
 
 
 class ExecutableCacheSettings(BaseModel):
-    """The cache's settings (flags, runtime parameters, environment: docs/serving.md).
-
-    Attributes:
-        cache: the directory; ``off`` disables the cache; "" = :func:`default_directory`.
-        cache_bytes: the size bound in bytes (>= 1); default :data:`DEFAULT_MAX_BYTES`.
-    """
+    """The cache's settings: ``cache`` a directory, ``off``, or "" (the default directory)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,11 +34,8 @@ class ExecutableCacheSettings(BaseModel):
 
 
 def default_directory(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CACHE_HOME/hloserve/executables``, or ``~/.cache/hloserve/executables``.
-
-    The XDG Base Directory Specification's user cache directory (specifications.freedesktop.org,
-    basedir-spec): ``$XDG_CACHE_HOME`` when set to an absolute path, else ``$HOME/.cache``.
-    """
+    """The XDG user cache directory's ``hloserve/executables`` (``$XDG_CACHE_HOME`` when
+    absolute, else ``$HOME/.cache``; freedesktop.org basedir-spec)."""
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_CACHE_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path(environ.get("HOME", "~")) / ".cache"
@@ -61,19 +48,9 @@ def cache_settings(
     *,
     model: str = names.RUNTIME_MODEL,
 ) -> ExecutableCacheSettings:
-    """The runtime's settings: its parameters over ``HLOSERVE_EXECUTABLE_*`` over the defaults.
-
-    Args:
-        parameters: runtime parameter key -> value (``hloserve.executable_cache``,
-            ``hloserve.executable_cache_bytes``; absent or "" = not set), read by
-            :class:`~hloserve.model_parameters.RuntimeParameters`.
-        environ: the environment (default ``os.environ``).
-        model: the runtime model's name, for error messages.
-
-    Raises:
-        InvalidArgumentError: a variable naming no setting, or a bound that is not a positive
-            integer (the parameter or variable is named).
-    """
+    """The runtime's settings: its ``parameters`` over ``HLOSERVE_EXECUTABLE_*`` over the
+    defaults; InvalidArgumentError (naming the parameter or variable) for a variable naming no
+    setting or a bound that is not a positive integer."""
     from hloserve.settings import load_settings
 
     environ = os.environ if environ is None else environ
@@ -102,17 +79,8 @@ def executable_cache(
     observer: Callable[[str, str], None] | None = None,
     source: str = "",
 ) -> ExecutableCache:
-    """The cache ``settings`` describe (disabled for ``off``), with its directory logged.
-
-    Args:
-        settings: the settings.
-        observer: see :class:`ExecutableCache`.
-        source: where the directory setting came from, for the log line.
-
-    Raises:
-        InvalidArgumentError: a relative directory (the runtime's working directory is
-            Triton's, not the user's).
-    """
+    """The cache ``settings`` describe (off: disabled), its directory logged with ``source``
+    (where the setting came from); InvalidArgumentError for a relative directory."""
     said = f" (from {source})" if source else ""
     if settings.cache.strip().lower() == names.EXECUTABLE_CACHE_OFF:
         log.info("executable cache: off%s; every executable is compiled", said)
@@ -135,11 +103,7 @@ def executable_cache(
 def executable_cache_from_args(
     args: Any, observer: Callable[[str, str], None] | None = None
 ) -> ExecutableCache:
-    """The runtime's cache from its config (``hloserve.model_parameters.ModelArgs``).
-
-    Raises:
-        InvalidArgumentError: a malformed setting, naming the runtime model.
-    """
+    """The runtime's cache from its config; InvalidArgumentError naming the runtime model."""
     parameters = args.parameters
     if RuntimeParameters.read(args.name, parameters, names.PARAM_EXECUTABLE_CACHE):
         source = f"parameter {names.PARAM_EXECUTABLE_CACHE}"

@@ -1,9 +1,4 @@
-"""A bundle the runtime has loaded (:class:`LoadedBundle`), and what names its generations
-and variants: :func:`generation` (which bundle at a path) and :func:`variant_label`.
-
-docs/serving.md, "Front -> runtime (the channel)": a bundle is held per generation, so a
-reloaded model's new bundle loads beside the old one.
-"""
+"""A bundle the runtime has loaded, what tells its generations apart, and variant labels."""
 
 from __future__ import annotations
 
@@ -18,17 +13,8 @@ from hloserve.triton_backend.runtime.compile import CompiledExecutable
 
 @dataclass(frozen=True)
 class LoadedBundle:
-    """A bundle ready to run.
-
-    Attributes:
-        name: the model name.
-        key: the name its weights and scheduler queue go by: ``name``, or ``name#<n>`` for a
-            generation loaded while an older one of the same name is still held.
-        bundle: the checked bundle.
-        executables: by ``(variant index, compiled batch size)``; variant 0 for a model
-            without shape variants, batch size ``0`` for an unbatched model.
-        load_seconds: wall time of checking, compiling and placing weights, in seconds.
-    """
+    """A bundle ready to run: ``key`` is ``name``, or ``name#<n>`` for a generation loaded while
+    an older one is held; ``executables`` by (variant index, compiled batch size, 0 unbatched)."""
 
     name: str
     key: str

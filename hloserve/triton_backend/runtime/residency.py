@@ -1,10 +1,5 @@
-"""Residency tiers of a model's weights and the weight budget rule, known before anything loads.
-
-docs/on_demand_weights.md: ``system`` (default; a host copy, one host-to-device copy per load),
-``unpinned`` (the memory-mapped file only), ``device`` (loaded once, never evicted; its bytes
-count against the budget). :func:`budget_problems` is the rule the weight cache applies at load
-time, applied to a whole repository at once (``hloserve repo build`` refuses on it).
-Dependency-free (:mod:`hloserve.errors`, :mod:`hloserve.units`): every layer may import it.
+"""Residency tiers of a model's weights and the budget rule (docs/on_demand_weights.md,
+"Residency tiers"); dependency-free, so every layer may import it.
 """
 
 from __future__ import annotations
@@ -25,11 +20,7 @@ class Residency(enum.Enum):
 
     @classmethod
     def parse(cls, text: str, *, model: str = "") -> Residency:
-        """The residency named ``text`` (case-insensitive).
-
-        Raises:
-            InvalidArgumentError: not one of system, device, unpinned.
-        """
+        """The residency named ``text`` (any case); InvalidArgumentError for another name."""
         try:
             return cls(text.strip().lower())
         except ValueError:
@@ -42,24 +33,12 @@ class Residency(enum.Enum):
 def budget_problems(
     budget_bytes: int, weight_bytes: Mapping[str, int], residency: Mapping[str, str]
 ) -> list[str]:
-    """What can never fit a weight cache budget, known before anything loads.
+    """What can never fit a weight cache budget of ``budget_bytes`` (> 0): one message per
+    problem, naming the models, their weight bytes and the budget; empty when all fit.
 
-    The same rule as ``WeightCache.add`` and ``WeightCache.acquire``
-    (:mod:`hloserve.triton_backend.runtime.weight_cache`) applied to the whole repository at once
-    (``hloserve repo build`` refuses on it): ``device`` models pin their weights, so together
-    they must fit the budget; every other model must fit what all pinned models leave. At run
-    time the same configurations fail some model's load with INVALID_ARGUMENT (which one
-    depends on the load order).
-
-    Args:
-        budget_bytes: the budget in bytes, > 0.
-        weight_bytes: model name -> its weight bytes.
-        residency: model name -> ``"system"``, ``"device"`` or ``"unpinned"`` (missing:
-            ``system``).
-
-    Returns:
-        One message per problem, naming the model(s), their weight bytes and the budget; empty
-        when every model can fit.
+    The weight cache's load-time rule applied to a whole repository (``hloserve repo build``
+    refuses on it): ``device`` models together must fit; every other model must fit what they
+    leave. ``residency``: model -> residency name (missing: ``system``).
     """
     pinned = {
         name: n

@@ -1,20 +1,8 @@
-"""Each live sequence's state, kept on the device by the runtime between its requests.
+"""Each live sequence's state, kept on the runtime's device between its requests.
 
-docs/bundles.md, "Stateful bundles". Triton's sequence batcher routes a sequence's requests
-(a correlation ID, START and END flags) to the front; Triton's implicit state does not reach a
-Python-backend model, so the runtime keeps the state: per (bundle key, correlation ID), one row
-(``[1, ...]``) per ``state`` pair of the manifest, as arrays on the runtime's device (never
-copied to the host). An execution gathers its sequences' rows into the state inputs
-(:func:`gather`) and splits the state outputs back into rows (:func:`scatter`), both on the
-device.
-
-At START a sequence's rows are reset to the initial value (zeros or a weight), at END they are
-dropped, and a sequence idle for its model's ``max_sequence_idle_microseconds`` (the manifest's
-``sequence`` section, which the front config says too; Triton's 1 s by default) is dropped by
-:meth:`SequenceStates.expire`, as Triton frees its slot without telling the backend. A new
-sequence's bytes count against the device budget
-(:meth:`.device_memory.DeviceMemory.reserve_state`): one that does not
-fit is refused with UNAVAILABLE.
+docs/bundles.md, "Stateful bundles": per (bundle key, correlation ID), one row per ``state``
+pair; reset at START, dropped at END or when idle. Executions :func:`gather` and
+:func:`scatter` the rows on the device.
 """
 
 from __future__ import annotations
@@ -38,20 +26,12 @@ class _Live:
     rows: list[Any]
     used: float
     nbytes: int
-    #: seconds idle before it is dropped
     idle_s: float
 
 
 class SequenceStates:
-    """The state rows of every live sequence of every stateful bundle this runtime holds.
-
-    Args:
-        clock: ``time.monotonic`` (tests pass another).
-        place: puts a host array on the runtime's device (``RuntimeModel.place``); default
-            ``jax.device_put`` to JAX's default device.
-        memory: the runtime's device memory accounting; a new sequence's state is reserved
-            there (None: nothing is counted or refused).
-    """
+    """The state rows of every live sequence of the stateful bundles held; ``place`` puts a host
+    array on the device, ``memory`` reserves a new sequence's bytes (None: nothing refused)."""
 
     def __init__(
         self,
@@ -73,18 +53,11 @@ class SequenceStates:
         sequence: Sequence[Any],
         initial: Callable[[str], np.ndarray],
     ) -> list[Any]:
-        """A sequence's state rows for its next request (device arrays ``[1, ...]``, one per
-        ``state`` pair in the manifest's order); at START, fresh rows of the initial value.
-
-        Args:
-            key: the bundle key (``name`` or ``name#generation``).
-            manifest: its manifest (``state`` gives the pairs, ``inputs`` their specs).
-            sequence: the work's ``[correlation ID, START, END]``.
-            initial: a weight's host array by name (for ``initial: weight:NAME``).
+        """A sequence's state rows (device ``[1, ...]``, one per ``state`` pair) for its next
+        request; fresh rows of the initial value at START (``initial``: a weight by name).
 
         Raises:
-            InvalidArgumentError: a request without START for a sequence the runtime does not
-                hold (never started, ended, idle past the timeout, or the runtime restarted).
+            InvalidArgumentError: no START for a sequence the runtime does not hold.
             UnavailableError: a new sequence whose state does not fit the device budget.
         """
         corrid, start = sequence[0], bool(sequence[1])
@@ -137,8 +110,7 @@ class SequenceStates:
             self._release(live.nbytes)
 
     def expire(self) -> int:
-        """Drop the sequences idle longer than their model's idle timeout; how many were
-        dropped."""
+        """Drop the sequences idle past their model's timeout; how many."""
         now = self._clock()
         with self._lock:
             idle = [k for k, live in self._live.items() if live.used < now - live.idle_s]
@@ -167,17 +139,14 @@ class SequenceStates:
 
 
 def gather(rows: Sequence[Any], size: int) -> Any:
-    """One state input of an execution: ``rows`` (device ``[1, ...]`` each) stacked on axis 0,
-    zero rows after them up to ``size`` (a compiled batch size >= ``len(rows)``); on the device.
-    """
+    """``rows`` (``[1, ...]`` each) stacked on the device, zero rows after them up to ``size``."""
     if len(rows) == size == 1:
         return rows[0]
     return _gather(size)(*rows)
 
 
 def scatter(array: Any, count: int) -> list[Any]:
-    """The first ``count`` rows of a state output (device ``[size, ...]``) as ``[1, ...]`` device
-    arrays, one per sequence of the execution."""
+    """The first ``count`` rows of a state output as ``[1, ...]`` device arrays."""
     if count == array.shape[0] == 1:
         return [array]
     return list(_scatter(count)(array))

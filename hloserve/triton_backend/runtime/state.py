@@ -1,7 +1,5 @@
-"""What the runtime publishes besides execution counts (:class:`RuntimeState`, read into Triton
-metrics by :mod:`hloserve.triton_backend.backends.metrics`; docs/observability.md), and how the
-runtime server assembles it from a scheduler snapshot (:func:`runtime_state`).
-"""
+"""What the runtime publishes besides execution counts (:class:`RuntimeState`; the metrics
+are docs/observability.md's), assembled from a scheduler snapshot."""
 
 from __future__ import annotations
 
@@ -18,17 +16,9 @@ Publish = Callable[[tuple[str, str, int], int], None]
 
 @dataclass(frozen=True)
 class RuntimeState:
-    """What the runtime publishes once a second besides execution counts (metrics).
-
-    Attributes:
-        rows: (model, variant label) -> (real items, padding items) executed since the last one.
-        shed: (model, reason) -> requests shed since the last one (``deadline``, ``laxity``,
-            ``stopping``).
-        models: model -> its scheduler snapshot (queue depth, share, recent compute).
-        costs: (model, variant label, batch size) -> learned cost, seconds.
-        memory: device memory by kind, bytes (``DeviceMemory.figures``); None on CPU.
-        sequence_bytes: stateful model -> bytes of its live sequences' state (0 when none).
-    """
+    """What the runtime publishes every flush besides execution counts: per (model, variant)
+    real and padding rows, sheds per (model, reason), scheduler snapshots by model, learned
+    costs (s), device memory figures (None on CPU), bytes of live sequences' state."""
 
     rows: dict[tuple[str, str], tuple[int, int]]
     shed: dict[tuple[str, str], int]
@@ -46,17 +36,8 @@ def runtime_state(
     memory: dict[str, int] | None = None,
     sequence_bytes: Mapping[str, int] | None = None,
 ) -> RuntimeState:
-    """The :class:`RuntimeState` of one publishing round.
-
-    Args:
-        snapshot: the scheduler's state now; its models go by key (``name`` or
-            ``name#<generation>``).
-        loaded: key -> the bundle held under it (names the model and its variants).
-        rows: (model, variant label) -> ``[real items, padding items]`` since the last round.
-        shed: (model, reason) -> requests shed since the last round.
-        memory: device memory by kind, bytes; None on CPU.
-        sequence_bytes: model name -> bytes of its live sequences' state.
-    """
+    """The :class:`RuntimeState` of one publishing round, from the scheduler's snapshot (by
+    bundle key) and the bundles held under each key."""
     models: dict[str, Any] = {}
     costs: dict[tuple[str, str, int], float] = {}
     for key, snap in snapshot.models.items():

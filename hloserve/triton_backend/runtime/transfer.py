@@ -1,12 +1,6 @@
-"""Host <-> device weight transfers with JAX: the device side of the weight cache.
+"""Host <-> device weight transfers with JAX: the weight cache's :class:`Transfer`.
 
-:class:`JaxTransfer` moves each weight array in its own ``jax.device_put`` (batched in one
-call); :class:`PackedJaxTransfer` packs a model's weights into a few contiguous host chunks,
-moves each chunk in one transfer and splits it on the device. docs/on_demand_weights.md ("GPU
-figures", H200): ``pinned_host`` -> device runs at 45-48 GB/s against 7-8 GB/s from pageable
-NumPy, and each transfer costs ~70-80 us, so 1 GiB as 1024 arrays of 1 MiB moves at 11-12 GB/s
-against 49 GB/s as one array. Both implement
-:class:`~hloserve.triton_backend.runtime.weight_cache.Transfer`; JAX is imported on use.
+Figures (pinned vs pageable, per-transfer cost) are docs/on_demand_weights.md, "GPU figures".
 """
 
 from __future__ import annotations
@@ -20,12 +14,8 @@ import numpy as np
 
 
 class JaxTransfer:
-    """:class:`Transfer` with JAX: pinned host memory on accelerators, NumPy on CPU.
-
-    Each array moves in its own ``jax.device_put`` (batched in one call). ``pinned_host`` ->
-    device runs at 45-48 GB/s against 7-8 GB/s from pageable NumPy on an H200
-    (docs/on_demand_weights.md, "GPU figures").
-    """
+    """:class:`Transfer` with JAX, one ``device_put`` call: pinned host memory on accelerators,
+    NumPy on CPU."""
 
     def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:
         if not arrays:
@@ -56,8 +46,8 @@ class JaxTransfer:
 
 
 def memory_sharding(device: Any, memory_kind: str | None) -> Any:
-    """``SingleDeviceSharding(device, memory_kind)``; None for the default kind, or when
-    ``device`` does not offer ``memory_kind`` (CPU has no ``pinned_host`` tier worth using)."""
+    """``SingleDeviceSharding(device, memory_kind)`` (None: the default kind), or None when the
+    device lacks the kind (CPU: no ``pinned_host``)."""
     from jax.sharding import SingleDeviceSharding
 
     if memory_kind is None:
@@ -76,33 +66,23 @@ def memory_sharding(device: Any, memory_kind: str | None) -> Any:
     return SingleDeviceSharding(device, memory_kind=memory_kind)
 
 
-#: Alignment of each array inside a packed chunk, in bytes.
+#: alignment of each array inside a packed chunk, bytes
 PACK_ALIGN = 64
 
 
 @dataclass(frozen=True)
 class PackedHost:
-    """A model's weights in the host tier as contiguous uint8 chunks.
-
-    Attributes:
-        chunks: host buffers (``pinned_host`` JAX arrays on a GPU, NumPy on CPU).
-        layout: per chunk, ``(offset, shape, dtype name)`` of each array it holds, in argument
-            order across chunks.
-    """
+    """A model's weights in the host tier as contiguous uint8 chunks, with each chunk's
+    ``(offset, shape, dtype name)`` per array, in argument order."""
 
     chunks: tuple[Any, ...]
     layout: tuple[tuple[tuple[int, tuple[int, ...], str], ...], ...]
 
 
 class PackedJaxTransfer(JaxTransfer):
-    """:class:`JaxTransfer` moving weights as few large transfers: chunks of ``chunk_bytes``.
-
-    The host tier is one :class:`PackedHost` per model; a load moves each chunk in one
-    ``jax.device_put`` and splits it on the device (slices + bitcasts, one jitted function per
-    chunk layout), then deletes the chunk's device copy. The device holds the model plus one
-    chunk at the peak, so keep ``chunk_bytes`` small against the budget. Arrays read per load
-    (residency ``unpinned``) move as :class:`JaxTransfer` moves them.
-    """
+    """:class:`JaxTransfer` moving a model's weights as chunks of ``chunk_bytes``, each in one
+    transfer, split on the device (peak: the model plus one chunk); unpinned reads move as
+    :class:`JaxTransfer` moves them."""
 
     def __init__(self, chunk_bytes: int = 64 << 20) -> None:
         self.chunk_bytes = chunk_bytes

@@ -1,12 +1,6 @@
-"""Where the runtime keeps each bundle's weights: the :class:`WeightStore` interface.
-
-Weights are ``main``'s leading arguments (docs/bundles.md), never constants, so they can live
-anywhere. The runtime asks the store for a bundle's device arrays around each execution
-(:meth:`WeightStore.acquire` / :meth:`WeightStore.release`): a store may move weights in and
-out between executions but never while they are acquired. :class:`ResidentWeightStore` keeps
-every registered bundle on the device;
-:class:`~hloserve.triton_backend.runtime.weight_cache.WeightCache` (the byte-budgeted LRU cache,
-docs/on_demand_weights.md) implements the same interface and is what the runtime model uses.
+"""Where the runtime keeps each bundle's weights (``main``'s leading arguments): the
+:class:`WeightStore` interface, acquired around each execution, and the all-resident store.
+The weight cache (:mod:`~hloserve.triton_backend.runtime.weight_cache`) is the other store.
 """
 
 from __future__ import annotations
@@ -21,26 +15,16 @@ from hloserve.errors import HloserveError, Status
 
 
 class WeightStore(Protocol):
-    """A runtime's weights, by bundle (model) name.
-
-    Implementations are thread-safe.
-    """
+    """A runtime's weights, by bundle key (thread-safe)."""
 
     def add(self, name: str, bundle: Bundle, device: Any) -> None:
-        """Register ``bundle``'s weights under ``name`` for ``device``.
-
-        Raises:
-            HloserveError: ``name`` is already registered (INTERNAL), or the weights cannot be
-                read or placed (the bundle's error).
-        """
+        """Register ``bundle``'s weights under ``name`` for ``device``; HloserveError INTERNAL
+        if registered, or the bundle's error."""
         ...
 
     def acquire(self, name: str) -> Sequence[Any]:
-        """The weights as device arrays in ``weights.order``, kept in place until release.
-
-        Raises:
-            HloserveError: NOT_FOUND if ``name`` is not registered.
-        """
+        """The weights as device arrays in ``weights.order``, kept in place until release;
+        NOT_FOUND if ``name`` is not registered."""
         ...
 
     def release(self, name: str) -> None:
@@ -57,11 +41,7 @@ class WeightStore(Protocol):
         ...
 
     def pinned(self, name: str) -> bool:
-        """Whether ``name``'s weights stay on the device from :meth:`add` on (never evicted).
-
-        The runtime preloads pinned models first, so they claim their share of a budget before
-        on-demand models are checked against it.
-        """
+        """Whether ``name``'s weights stay on the device from :meth:`add` on (never evicted)."""
         ...
 
 

@@ -1,15 +1,6 @@
-"""Triton backend ``hloserve_front``: a shim over the typed cores ``FrontModel`` and
-``ChannelFront``.
-
-Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. ``execute`` hands the
-requests to the runtime over the channel. With ``hloserve.front_inflight`` = 0 it reads their
-answers itself (``ChannelFront.run``, no reader thread) and returns the responses (one stub ->
-server message per batch); with N > 0 it
-returns ``None`` and each request is answered through its response sender from the channel's
-reader thread (allowed for a non-decoupled model in Triton 2.51; one message per request), with
-at most N batches in flight per instance. ``initialize`` returns once the runtime has compiled
-and accepted the bundle (``ChannelFront.start``: READY means servable), or fails the model's
-load with the runtime's reason.
+"""Triton backend ``hloserve_front``: a ``pb_utils`` shim over ``FrontModel`` and
+``ChannelFront`` (docs/serving.md, "Front -> runtime (the channel)", Answering: ``execute``
+returns the responses with ``hloserve.front_inflight`` 0, else None and response senders).
 """
 
 from __future__ import annotations
@@ -61,7 +52,6 @@ class TritonPythonModel:
         pb.configure_logging()
         model_args = ModelArgs.from_triton(args)
         core = FrontModel.from_args(model_args)
-        #: whether requests carry a correlation ID (Triton's sequence batcher serves the model)
         self._stateful = core.stateful
         params = FrontParameters.from_parameters(model_args.name, model_args.parameters)
         #: None: ``execute`` waits and returns the responses; else at most N batches in flight
@@ -80,9 +70,8 @@ class TritonPythonModel:
         self.channel.start(wait_s=core.runtime_wait_s)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        # In flight mode, wait while this instance has its most batches unanswered: Triton's
-        # dynamic batcher gathers the next batch meanwhile (an instance that is always free
-        # gets batches of one request).
+        # in flight mode, wait while this instance has its most batches unanswered: Triton's
+        # dynamic batcher gathers the next batch meanwhile
         if self._slots is not None:
             self._slots.acquire()
         batch = _Batch(len(requests), self._slots)
@@ -114,9 +103,8 @@ class TritonPythonModel:
         return batch.responses
 
     def _answer_missing(self, batch: _Batch) -> None:
-        """Fail INTERNAL every request of ``batch`` left without a response (a bug in the
-        channel: a None response makes Triton release the request unanswered, and its client
-        waits out its deadline)."""
+        """Fail INTERNAL every request of ``batch`` left without a response (a bug: Triton would
+        release it unanswered)."""
         missing = [i for i, r in enumerate(batch.responses) if r is None]
         log.error(
             "model %r: %d of %d requests were left without an answer; failing them INTERNAL",

@@ -1,14 +1,6 @@
-"""Triton backend ``hloserve_meta``: a shim over the typed cores ``MetaModel`` and
-``ChannelCalls``.
-
-Adapts ``pb_utils`` objects only; the behaviour lives in ``hloserve.meta``. ``call`` to a
-bundle goes over the runtime's channel from this process (``ChannelCalls``: the callee's hooks
-run here, and the runtime serves it ahead of the callee's queue); ``call`` to a foreign model is
-BLS, with the time left as the request's ``timeout``. Counters on Triton's metrics port:
-``hloserve_meta_runs_total{model}`` and ``hloserve_meta_calls_total{model}`` (sub-calls sent) of
-the meta, and ``hloserve_meta_subcalls_total{model}`` of each bundle callee (its sub-calls over
-the channel, which Triton's statistics of the callee do not count); each is one synchronous
-stub -> server message per meta ``execute`` (~50 us).
+"""Triton backend ``hloserve_meta``: a ``pb_utils`` shim over ``MetaModel`` and
+``ChannelCalls`` (docs/meta_models.md): sub-calls to bundles over the channel, to foreign
+models by BLS with the time left as ``timeout``; counters per docs/observability.md.
 """
 
 from __future__ import annotations
@@ -37,7 +29,7 @@ def _bls(model: str, inputs: Mapping[str, Any], outputs: Sequence[str], timeout_
     response = request.exec()
     if response.has_error():
         raise pb.error_from_triton(pb_utils, response.error())
-    # The response owns the memory: copy what outlives it.
+    # the response owns the memory: copy what outlives it
     return {t.name(): dlpack.to_numpy(t).copy() for t in response.output_tensors()}
 
 

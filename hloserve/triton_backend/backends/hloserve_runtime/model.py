@@ -1,15 +1,6 @@
-"""Triton backend ``hloserve_runtime``: a shim over the typed cores ``RuntimeModel`` and
-``RuntimeServer``.
-
-Adapts ``pb_utils`` objects only; the behaviour lives in the typed cores. One instance per
-device: the only process of the server that imports JAX. It serves the fronts over the channel
-(docs/serving.md, "Front -> runtime (the channel)"), not through inference requests. Weight
-cache events and execution counts become metrics on Triton's :8002 endpoint
-(hloserve.triton_backend.backends.metrics), and so do executables compiled or loaded from the
-executable cache (hloserve.triton_backend.runtime.executable_cache); the foreign models' memory
-hints (``hloserve.foreign_memory_bytes``) become ``hloserve_weight_bytes{residency="foreign"}``.
-It owns its device memory (hloserve.triton_backend.runtime.device_memory): JAX's allocator is set
-before JAX opens the device, and the weight budget is sized from the card on every bundle load.
+"""Triton backend ``hloserve_runtime``: a ``pb_utils`` shim over ``RuntimeModel`` and
+``RuntimeServer``, one instance per device, the only JAX process; it serves fronts over the
+channel, not inference requests, and owns the device memory (allocator set before JAX starts).
 """
 
 from __future__ import annotations
