@@ -16,6 +16,3 @@ def backend_dirs() -> dict[str, Path]:
         name: _HERE / name
         for name in (names.FRONT_BACKEND, names.RUNTIME_BACKEND, names.META_BACKEND)
     }
-
-
-__all__ = ["backend_dirs"]

@@ -134,18 +134,3 @@ def request_inputs(request: Any) -> dict[str, np.ndarray]:
         except Exception:  # BF16: "use to_dlpack()"
             inputs[tensor.name()] = to_numpy(tensor)
     return inputs
-
-
-__all__ = [
-    "BFLOAT16",
-    "DL_BFLOAT",
-    "DL_UINT",
-    "capsule_dtype",
-    "from_capsule",
-    "mark_consumed",
-    "relabel_capsule",
-    "request_inputs",
-    "to_capsule",
-    "to_numpy",
-    "to_triton_tensor",
-]

@@ -280,12 +280,3 @@ class TritonRuntimeMetrics:
         with self._lock:
             self._series.clear()
             self._families.clear()
-
-
-__all__ = [
-    "FOREIGN_RESIDENCY",
-    "LOAD_SECONDS_BUCKETS",
-    "TritonCacheMetrics",
-    "TritonRuntimeMetrics",
-    "foreign_bytes_from_args",
-]

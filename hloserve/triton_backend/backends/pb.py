@@ -110,14 +110,3 @@ def configure_logging(level: int = logging.INFO) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     _logging_configured = True
-
-
-__all__ = [
-    "TRITON_ERROR_CODE",
-    "configure_logging",
-    "error_code",
-    "error_from_triton",
-    "inference_response",
-    "status_of_code",
-    "triton_error",
-]

@@ -303,29 +303,3 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != b"Z"
-
-
-__all__ = [
-    "ALIGN",
-    "DEFAULT_ARENA_BYTES",
-    "Arena",
-    "ChannelClosed",
-    "Link",
-    "Segment",
-    "SegmentName",
-    "address",
-    "aligned",
-    "connect",
-    "listen",
-    "peer_uid",
-    "process_alive",
-    "receive",
-    "receive_ready",
-    "remove_segments_of",
-    "remove_stale_segments",
-    "runtime_stub_running",
-    "segment_name",
-    "send",
-    "server_key",
-    "wait_hangup",
-]

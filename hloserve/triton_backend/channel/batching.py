@@ -104,6 +104,3 @@ def unpad_outputs(
         )
         cut[spec.name] = array[index]
     return cut
-
-
-__all__ = ["concatenate", "pad", "pad_variable", "split", "unpad_outputs"]

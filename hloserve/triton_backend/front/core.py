@@ -310,6 +310,3 @@ class FrontModel:
                 f"(compiled batch sizes {self._compiled})"
             )
         return batch
-
-
-__all__ = ["FrontModel", "Prepared"]

@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from hloserve import names
-from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.errors import (
+    ChannelClosed,
+    HloserveError,
+    InvalidArgumentError,
+    Status,
+    UnavailableError,
+)
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel, Prepared, SequenceId
 from hloserve.triton_backend.front.hooks import IdentityHooks
@@ -206,7 +212,7 @@ class ChannelFront:
                     channel.wait_hangup(link)
                     continue
                 self._read(link)
-            except channel.ChannelClosed:
+            except ChannelClosed:
                 pass
             except Exception:
                 log.exception("model %r: channel to the runtime failed", self.core.name)
@@ -325,7 +331,7 @@ class ChannelFront:
                     continue
                 for work_id in self._handle(channel.receive(link.sock)):
                     left.discard(work_id)
-        except channel.ChannelClosed:
+        except ChannelClosed:
             self._lost(link)
 
     def _cancel(
@@ -545,6 +551,3 @@ class ChannelFront:
         """Requests sent and not answered yet."""
         with self._lock:
             return len(self._pending)
-
-
-__all__ = ["ChannelFront", "Request", "Respond"]

@@ -113,6 +113,3 @@ def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
             "postprocess to make them from the executable's outputs"
         )
     return hooks
-
-
-__all__ = ["Hooks", "IdentityHooks", "ModuleHooks", "load_hooks"]

@@ -109,6 +109,3 @@ def _dtype_name(dtype: np.dtype) -> str:
     except InvalidArgumentError:
         return str(dtype)
     return f"{row.kserve} ({row.token})"
-
-
-__all__ = ["TensorChecker", "check_tensor", "spec_shape"]

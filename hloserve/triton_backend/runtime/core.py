@@ -302,6 +302,3 @@ def _placer(device: Any) -> Callable[[np.ndarray], Any]:
         return client.buffer_from_pyval(np.ascontiguousarray(array), device)
 
     return place
-
-
-__all__ = ["RuntimeModel"]

@@ -203,13 +203,3 @@ class DeviceMemory:
             "headroom": limit - in_use,
             "budget": int(self.cache.budget_bytes or 0),
         }
-
-
-__all__ = [
-    "FAKE_STATS_ENV",
-    "MARGIN",
-    "DeviceMemory",
-    "allocator_environment",
-    "executable_memory",
-    "memory_stats",
-]

@@ -303,15 +303,3 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
-
-
-__all__ = [
-    "COMPILED",
-    "DEFAULT_MAX_BYTES",
-    "ENTRY_FORMAT",
-    "FROM_CACHE",
-    "CacheKey",
-    "CachedEntry",
-    "ExecutableCache",
-    "ExecutableLabel",
-]

@@ -119,13 +119,3 @@ def executable_cache_from_args(
         if exc.message.startswith(named):  # a parameter's error names the model already
             raise
         raise InvalidArgumentError(named + exc.message) from None
-
-
-__all__ = [
-    "ENV_PREFIX",
-    "ExecutableCacheSettings",
-    "cache_settings",
-    "default_directory",
-    "executable_cache",
-    "executable_cache_from_args",
-]

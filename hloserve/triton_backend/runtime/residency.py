@@ -72,6 +72,3 @@ def budget_problems(
                 )
             problems.append(f"weights of model {name!r} are {format_size(n)}, more than {limit}")
     return problems
-
-
-__all__ = ["Residency", "budget_problems"]

@@ -20,16 +20,6 @@ from types import MappingProxyType
 from hloserve.errors import SchedulerClosedError
 from hloserve.triton_backend.runtime.scheduler_config import Discipline, SchedulerConfig
 
-__all__ = [
-    "REASON_CANCELLED",
-    "REASON_EXPIRED",
-    "Batch",
-    "ModelSnapshot",
-    "Scheduler",
-    "SchedulerSnapshot",
-    "Work",
-]
-
 #: Triton's own text for a request whose ``timeout`` passed in its queue (answered UNAVAILABLE)
 REASON_EXPIRED = "Request timeout expired"
 REASON_CANCELLED = "the request was cancelled by its client before it was executed"

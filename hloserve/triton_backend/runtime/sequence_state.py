@@ -176,6 +176,3 @@ def _device_put(array: np.ndarray) -> Any:
     import jax
 
     return jax.device_put(array)
-
-
-__all__ = ["SequenceStates", "gather", "scatter"]

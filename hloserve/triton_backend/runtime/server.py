@@ -38,7 +38,13 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle.manifest import UNBATCHED
-from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
+from hloserve.errors import (
+    ChannelClosed,
+    HloserveError,
+    InvalidArgumentError,
+    Status,
+    UnavailableError,
+)
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.channel import batching
 from hloserve.triton_backend.runtime.core import RuntimeModel
@@ -207,7 +213,7 @@ class RuntimeServer:
                 conn = key.data
                 try:
                     messages = channel.receive_ready(conn.sock)
-                except channel.ChannelClosed:
+                except ChannelClosed:
                     sel.unregister(conn.sock)
                     self._drop(conn)
                     continue
@@ -588,6 +594,3 @@ def _close_segments(jobs: Sequence[_Job]) -> None:
         for seg in job.segments:
             seg.close()
         job.segments.clear()
-
-
-__all__ = ["RuntimeServer", "error_message"]

@@ -153,6 +153,3 @@ def _splitter(entries: tuple[tuple[int, tuple[int, ...], str], ...]) -> Any:
         return out
 
     return jax.jit(split)
-
-
-__all__ = ["PACK_ALIGN", "JaxTransfer", "PackedHost", "PackedJaxTransfer", "memory_sharding"]

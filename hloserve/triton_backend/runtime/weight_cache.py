@@ -41,11 +41,9 @@ class WeightSource(Protocol):
     @property
     def nbytes(self) -> int:
         """Total bytes of the weights."""
-        ...
 
     def read(self) -> list[np.ndarray]:
         """The weights in argument order; may be memory-mapped views of the file."""
-        ...
 
 
 class Transfer(Protocol):
@@ -53,15 +51,12 @@ class Transfer(Protocol):
 
     def to_host(self, arrays: Sequence[np.ndarray], device: Any) -> list[Any]:
         """Materialize ``arrays`` in the host tier for ``device`` (a copy, not a view)."""
-        ...
 
     def to_device(self, arrays: Sequence[Any], device: Any) -> list[Any]:
         """Copy host arrays to ``device``; returns when the copies are complete."""
-        ...
 
     def delete(self, arrays: Sequence[Any]) -> None:
         """Free device arrays now."""
-        ...
 
 
 class CacheObserver(Protocol):
@@ -69,19 +64,15 @@ class CacheObserver(Protocol):
 
     def registered(self, name: str, nbytes: int, residency: str) -> None:
         """``name`` (``nbytes`` of weights, ``residency``) was added to the cache."""
-        ...
 
     def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
         """``name``'s weights became resident; ``resident_bytes`` is the new total."""
-        ...
 
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         """``name``'s weights left the device; ``resident_bytes`` is the new total."""
-        ...
 
     def resized(self, budget_bytes: int) -> None:
         """The budget became ``budget_bytes`` (:meth:`WeightCache.resize`)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -431,14 +422,3 @@ class BundleWeights:
         if path is None or not order:
             return []
         return mmap_tensors(path, order)
-
-
-__all__ = [
-    "BundleWeights",
-    "CacheObserver",
-    "CacheStats",
-    "ModelStats",
-    "Transfer",
-    "WeightCache",
-    "WeightSource",
-]

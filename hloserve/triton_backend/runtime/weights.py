@@ -20,29 +20,23 @@ class WeightStore(Protocol):
     def add(self, name: str, bundle: Bundle, device: Any) -> None:
         """Register ``bundle``'s weights under ``name`` for ``device``; HloserveError INTERNAL
         if registered, or the bundle's error."""
-        ...
 
     def acquire(self, name: str) -> Sequence[Any]:
         """The weights as device arrays in ``weights.order``, kept in place until release;
         NOT_FOUND if ``name`` is not registered."""
-        ...
 
     def release(self, name: str) -> None:
         """End one :meth:`acquire` of ``name``."""
-        ...
 
     def remove(self, name: str) -> None:
         """Forget ``name`` and free its device memory (no-op if unknown)."""
-        ...
 
     @property
     def resident_bytes(self) -> int:
         """Bytes of weights currently on the device."""
-        ...
 
     def pinned(self, name: str) -> bool:
         """Whether ``name``'s weights stay on the device from :meth:`add` on (never evicted)."""
-        ...
 
 
 @contextlib.contextmanager
@@ -112,6 +106,3 @@ class ResidentWeightStore:
         """How many acquisitions of ``name`` are not released yet."""
         with self._lock:
             return self._in_use.get(name, 0)
-
-
-__all__ = ["ResidentWeightStore", "WeightStore", "acquired"]
