@@ -13,5 +13,4 @@ tests/test_import_graph.py):
               ``weights``, ``weight_cache``, ``residency``, ``transfer``, ``sequence_state``,
               ``config``, ``state``, ``loaded_bundle``.
     backends: the ``pb_utils`` shims ``hloserve_front``, ``hloserve_runtime``, ``hloserve_meta``
-              and their adapters ``pb``, ``dlpack``, ``metrics``.
-"""
+              and their adapters ``pb``, ``dlpack``, ``metrics``."""

@@ -1,8 +1,7 @@
 """Tensors between ``pb_utils`` and NumPy/JAX by DLPack, bfloat16 included (``pb_utils`` is
 passed in). Why DLPack and the ``used_dltensor`` rename: docs/notes_tritonserver.md, "Tensors
 in the stub". bfloat16: NumPy cannot export or import DLPack ``kDLBfloat``, so capsules are
-relabelled ``kDLUInt``/16 bits (and back) and viewed as ``ml_dtypes.bfloat16``, bits untouched.
-"""
+relabelled ``kDLUInt``/16 bits (and back) and viewed as ``ml_dtypes.bfloat16``, bits untouched."""
 
 from __future__ import annotations
 

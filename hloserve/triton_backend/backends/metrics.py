@@ -1,10 +1,7 @@
-"""Weight cache and runtime metrics on Triton's :8002 endpoint (docs/observability.md).
-
-Through the Python backend's custom metrics (``pb_utils.MetricFamily``, python_backend README,
-"Custom Metrics"); ``pb_utils`` is passed in, never imported. Foreign models' memory hints
-(docs/serving.md, "Foreign models") appear as ``hloserve_weight_bytes{residency="foreign"}``,
-which the gateway's ``lpt_packing`` sizes models by; the budget and resident bytes exclude them.
-"""
+"""Weight cache and runtime metrics on Triton's :8002 endpoint (docs/observability.md) through
+the Python backend's custom metrics (``pb_utils.MetricFamily``, passed in). Foreign models'
+memory hints (``residency="foreign"``) size models for the gateway's ``lpt_packing``; the budget
+and resident bytes exclude them."""
 
 from __future__ import annotations
 
@@ -61,11 +58,9 @@ _FAMILIES = (
 
 
 class TritonCacheMetrics:
-    """A weight cache observer writing Triton metrics (``pb_utils`` passed in).
-
-    ``models``: series made at 0 up front (others when registered); ``foreign``: model -> device
-    memory hint, published at once as ``hloserve_weight_bytes{residency="foreign"}``.
-    """
+    """A weight cache observer writing Triton metrics; ``models`` get series at 0 up front
+    (others when registered), ``foreign`` hints appear at once as
+    ``hloserve_weight_bytes{residency="foreign"}``."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
 """Adapters between Triton Python backend objects and the typed core (``pb_utils`` passed in):
-the Status <-> ``TritonError`` code table, responses, logging to the server's log.
-"""
+the Status <-> ``TritonError`` code table, responses, logging to the server's log."""
 
 from __future__ import annotations
 

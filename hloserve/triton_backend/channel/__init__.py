@@ -3,8 +3,7 @@
 docs/serving.md, "Front -> runtime (the channel)": a Unix ``SOCK_SEQPACKET`` socket in the
 abstract namespace carries one JSON message per datagram; tensors travel through each front
 instance's shared-memory :class:`Arena` (or a :class:`Segment` of their own). Names derive from
-:func:`server_key`, so servers on one machine never meet.
-"""
+:func:`server_key`, so servers on one machine never meet."""
 
 from __future__ import annotations
 
@@ -117,9 +116,6 @@ def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
-
-
-# -- shared memory -----------------------------------------------------------------------------
 
 
 class Segment:

@@ -1,7 +1,6 @@
 """Array helpers of coalescing and shape variants (pure NumPy): the runtime concatenates and
 splits works on the batch axis (an argument: ``max_batch_size: 0`` models carry it anywhere);
-the front pads a request's variable axes to its variant and cuts its outputs back.
-"""
+the front pads a request's variable axes to its variant and cuts its outputs back."""
 
 from __future__ import annotations
 
@@ -25,11 +24,9 @@ def pad(array: np.ndarray, axis: int, size: int) -> np.ndarray:
 
 
 def concatenate(arrays: Sequence[np.ndarray], axis: int, size: int | None = None) -> np.ndarray:
-    """Concatenate one dtype's ``arrays`` along ``axis``, zero-padded up to ``size`` items.
-
-    One allocation (none for a single array of ``size`` items). ValueError: no arrays, mixed
-    dtypes or shapes, or more items than ``size``.
-    """
+    """Concatenate one dtype's ``arrays`` along ``axis``, zero-padded up to ``size`` items, in
+    one allocation (none for one array of ``size``); ValueError: no arrays, mixed dtypes or
+    shapes, too many items."""
     if not arrays:
         raise ValueError("concatenate needs at least one array")
     first = arrays[0]

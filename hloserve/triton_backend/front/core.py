@@ -1,10 +1,8 @@
 """The front model's core: validate, preprocess, pick the variant, pad; then cut, postprocess.
 
-Per request: :meth:`FrontModel.prepare`, :meth:`~FrontModel.runtime_inputs` (sent over the
-channel), :meth:`~FrontModel.finish`. A request's own problem fails only that request. Hooks
-(docs/bundles.md, "Hooks") and shape variants (docs/bundles.md, "Shape variants") run here.
-No JAX and no typed manifest: it reads the builder's front spec (small stubs).
-"""
+Per request: :meth:`FrontModel.prepare`, :meth:`~FrontModel.runtime_inputs`,
+:meth:`~FrontModel.finish`; hooks and shape variants are docs/bundles.md's. No JAX and no typed
+manifest (it reads the builder's front spec: small stubs)."""
 
 from __future__ import annotations
 
@@ -68,11 +66,8 @@ def _check_no_corrid(args: ModelArgs) -> None:
 
 
 class FrontModel:
-    """Checks, pre/postprocesses and pads one bundle's requests for the runtime.
-
-    ``bundle``: a front spec, or a typed :class:`~hloserve.bundle.Bundle` turned into one;
-    ``runtime_wait_s``: how long a request waits for an absent runtime, seconds.
-    """
+    """Checks, pre/postprocesses and pads one bundle's requests for the runtime (``bundle``: a front
+    spec or a typed Bundle; ``runtime_wait_s``: how long a request waits for an absent runtime)."""
 
     def __init__(
         self,
@@ -112,16 +107,10 @@ class FrontModel:
 
     @classmethod
     def from_args(cls, args: ModelArgs, *, hooks: Hooks | None = None) -> FrontModel:
-        """Build from the model's Triton config (docs/serving.md, "Front model config").
-
-        The front spec comes from ``front_spec.json`` beside the bundle, else (an older
-        repository) from the bundle's manifest.
-
-        Raises:
-            InvalidArgumentError: a missing or malformed parameter, an unsupported repository
-                format, a damaged bundle, or a ``CONTROL_SEQUENCE_CORRID`` control input.
-            NotFoundError / ManifestError: the bundle cannot be read.
-        """
+        """Build from the model's Triton config (docs/serving.md, "Front model config"; the front
+        spec from ``front_spec.json`` beside the bundle, else the manifest). InvalidArgumentError
+        (bad parameter or repository format, damaged bundle, a ``CONTROL_SEQUENCE_CORRID``
+        input), NotFoundError or ManifestError."""
         params = FrontParameters.from_parameters(args.name, args.parameters)
         _check_no_corrid(args)
         bundle_dir = args.model_dir / params.bundle
@@ -144,8 +133,6 @@ class FrontModel:
             runtime_wait_s=params.runtime_wait_s,
         )
 
-    # -- serving ------------------------------------------------------------------------------
-
     @property
     def stateful(self) -> bool:
         """Whether the bundle declares ``state`` (Triton's sequence batcher serves it)."""
@@ -157,14 +144,9 @@ class FrontModel:
         index: int = 0,
         sequence_id: SequenceId = 0,
     ) -> Prepared:
-        """Check and preprocess one request (the client's tensors by name); pick its variant.
-
-        ``sequence_id``: a stateful model's correlation ID (an int or a string).
-
-        Raises:
-            HloserveError: the request's own error (INVALID_ARGUMENT for a bad tensor, a hook
-                refusing it, a stateful model's request without a sequence ID).
-        """
+        """Check and preprocess one request (the client's tensors by name, a stateful model's
+        ``sequence_id``); pick its variant. Its own error raises: INVALID_ARGUMENT for a bad
+        tensor, a hook refusing it, a stateful model's request without a sequence ID."""
         sequence = None
         if self._state_in:
             request, sequence = self._sequence(request, sequence_id)
@@ -220,8 +202,7 @@ class FrontModel:
     def finish(self, prepared: Prepared, outputs: Sequence[np.ndarray]) -> Tensors:
         """One request's client outputs from its executable outputs (manifest order).
 
-        Raises HloserveError INTERNAL when postprocess fails or breaks the contract.
-        """
+        Raises HloserveError INTERNAL when postprocess fails or breaks the contract."""
         named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
         cut = unpad_outputs(self.manifest.outputs, named, prepared.sizes)
         for name in self._state_out:  # the runtime keeps it; clients do not receive it

@@ -1,11 +1,8 @@
 """A front instance's side of the channel (docs/serving.md, "Front -> runtime (the channel)").
 
-:class:`ChannelFront` has the runtime load its bundle (``hello``), then sends each request as
-one work (inputs written into the instance's shared-memory arena, room for its outputs) and
-answers it through ``respond``: read inline by :meth:`~ChannelFront.run` (``inline=True``) or
-by a reader thread after :meth:`~ChannelFront.submit`. A lost runtime fails what is in flight
-UNAVAILABLE; the front reconnects in the background. No JAX.
-"""
+:class:`ChannelFront` sends each request as one work (inputs in the instance's shared-memory
+arena, room for its outputs) and answers it through ``respond``: inline in
+:meth:`~ChannelFront.run`, or from a reader thread after :meth:`~ChannelFront.submit`. No JAX."""
 
 from __future__ import annotations
 
@@ -77,13 +74,9 @@ class Request:
 
 
 class ChannelFront:
-    """Serves one front instance's requests through the runtime's channel at ``address``.
-
-    ``respond`` answers one request (on the reader thread); ``wait_s``: how long a request
-    waits for an absent runtime; ``max_request_bytes``: of client input tensors; ``inline``:
-    answers are read by :meth:`run`'s caller (no reader thread); ``committed``: its works are
-    a meta's sub-calls, served ahead of the model's queue.
-    """
+    """Serves one front instance's requests through the runtime's channel at ``address``:
+    ``respond`` answers one request; ``wait_s``: how long a request waits for an absent runtime;
+    ``inline``: answers read by :meth:`run`'s caller; ``committed``: a meta's sub-calls."""
 
     def __init__(
         self,
@@ -124,18 +117,11 @@ class ChannelFront:
         self._thread: threading.Thread | None = None
         self._keep_inputs = not isinstance(core.hooks, IdentityHooks)
 
-    # -- connection -----------------------------------------------------------------------------
-
     def start(self, wait_s: float = 0.0) -> None:
-        """Connect and load the bundle; with ``wait_s`` > 0 return only once the runtime has
-        accepted it (docs/serving.md, "Front -> runtime (the channel)", Loading): ``wait_s``
-        for the runtime to listen, then ``wait_s`` after its latest compile progress. No
-        runtime stub within :data:`RUNTIME_GRACE_S`: warn and load in the background.
-
-        Raises:
-            HloserveError: the runtime's status and reason for a bundle that failed to load, or
-                UNAVAILABLE: the runtime did not listen, or made no progress, for ``wait_s``.
-        """
+        """Connect and load the bundle; with ``wait_s`` > 0 return once the runtime accepted it
+        (docs/serving.md, "Front -> runtime (the channel)", Loading; no runtime stub within
+        :data:`RUNTIME_GRACE_S`: warn and load in the background). Raises the runtime's error for a
+        bundle that failed to load, or UNAVAILABLE: no listening or no progress for ``wait_s``."""
         listening = wait_s > 0 and self._wait_listening(wait_s)
         self._thread = threading.Thread(target=self._run, name="hloserve-front", daemon=True)
         self._thread.start()
@@ -304,8 +290,6 @@ class ChannelFront:
             self._thread.join(timeout=5)
         self.arena.segment.unlink()
         self.arena.segment.close()
-
-    # -- requests -------------------------------------------------------------------------------
 
     def submit(self, requests: Sequence[Request]) -> None:
         """Send each request as one work; answers come through ``respond`` (a request's own
@@ -484,8 +468,6 @@ class ChannelFront:
                 self._release(p)
                 self._answer(p.handle, error)
         return None
-
-    # -- answers --------------------------------------------------------------------------------
 
     def _read(self, link: channel.Link) -> None:
         while True:

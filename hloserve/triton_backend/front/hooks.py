@@ -19,11 +19,8 @@ Tensors = dict[str, np.ndarray]
 
 
 class Hooks(Protocol):
-    """Per-request pre/post processing around the executable (docs/bundles.md, "Hooks").
-
-    Each call sees one request, never padding; ``postprocess`` also gets what ``preprocess``
-    returned.
-    """
+    """Per-request pre/post processing (docs/bundles.md, "Hooks"): each call sees one request,
+    never padding; ``postprocess`` also gets what ``preprocess`` returned."""
 
     def preprocess(self, inputs: Tensors) -> Tensors: ...
 
@@ -83,10 +80,8 @@ def _positional_count(fn: Callable[..., object]) -> int:
 
 def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
     """The hooks of a bundle: its ``model.py`` (imported with ``__file__`` set), else identity.
-
-    Raises InvalidArgumentError: ``model.py`` fails to import, or ``client_inputs`` /
-    ``client_outputs`` are declared without ``preprocess`` / ``postprocess``.
-    """
+    InvalidArgumentError: ``model.py`` fails to import, or ``client_inputs`` / ``client_outputs``
+    lack ``preprocess`` / ``postprocess``."""
     bundle = FrontBundle.of(bundle)
     path = bundle.path / MODEL_PY
     manifest = bundle.spec

@@ -1,8 +1,5 @@
-"""Checking request tensors against a manifest's tensor specs (front and meta share it).
-
-Errors name the model, the tensor, expected vs actual; shapes show ``-1`` at the batch axis,
-as Triton shows variable dims.
-"""
+"""Checking request tensors against a manifest's tensor specs (front and meta): errors name the
+model, the tensor, expected vs actual, with ``-1`` at the batch axis as Triton shows it."""
 
 from __future__ import annotations
 
@@ -27,11 +24,8 @@ def spec_shape(spec: Spec) -> list[int]:
 
 
 def check_tensor(model: str, role: str, spec: Spec, array: np.ndarray) -> int | None:
-    """Check one tensor's dtype and shape (``role``: "input" or "output", for the text).
-
-    Its batch size, or None for an unbatched spec; InvalidArgumentError for a wrong dtype, rank
-    or non-batch dimension.
-    """
+    """Check one tensor's dtype and shape (``role``: "input" or "output"); its batch size (None:
+    unbatched spec). InvalidArgumentError for a wrong dtype, rank or non-batch dimension."""
     want = spec.dtype_info.numpy
     where = f"model {model!r}: {role} {spec.name!r}"
     if array.dtype != want:
@@ -59,11 +53,9 @@ class TensorChecker:
         ]
 
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> int | None:
-        """Check names, dtypes, shapes and one common batch size; that size (None: unbatched).
-
-        Raises InvalidArgumentError: a missing or unknown tensor, a bad dtype or shape, or
-        tensors disagreeing on the batch size.
-        """
+        """Check names, dtypes, shapes and one common batch size, returned (None: unbatched);
+        InvalidArgumentError for a missing or unknown tensor, bad dtype or shape, or differing
+        batch sizes."""
         model, role = self.model, self.role
         if len(tensors) != len(self.names) or any(n not in tensors for n in self.names):
             missing = [n for n in self.names if n not in tensors]

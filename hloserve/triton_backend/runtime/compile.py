@@ -1,9 +1,5 @@
-"""The one compile path: StableHLO portable artifact -> loaded XLA executable -> call it.
-
-Everything that runs a bundle's executables goes through :func:`compile_artifact` (the PJRT
-client's ``compile_and_load``; JAX 0.7.1 and 0.10.2); :func:`serialize_executable` and
-:func:`deserialize_executable` serve the executable cache (docs/serving.md, "Executable cache").
-"""
+"""The one compile path: StableHLO portable artifact -> loaded XLA executable (PJRT
+``compile_and_load``; JAX 0.7.1 and 0.10.2), and PJRT serialization for the executable cache."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def _device(device: Any | None) -> Any:
 class CompiledExecutable:
     """A loaded XLA executable for one StableHLO ``main`` on one device.
 
-    ``signature``: ``main``'s argument types (weights first, then inputs) and result types.
-    """
+    ``signature``: ``main``'s argument types (weights first, then inputs) and result types."""
 
     loaded: Any
     signature: Signature
@@ -55,13 +50,10 @@ class CompiledExecutable:
     from_cache: bool = False
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
-        """Execute on one array per ``main`` argument (weights, then inputs); host arrays are
-        placed first (64-bit ones need :func:`enable_x64`). One ``jax.Array`` per result.
-
-        Raises:
-            InvalidArgumentError: wrong argument count, shape or dtype (position, expected vs
-                actual).
-        """
+        """Execute on one array per ``main`` argument (weights, then inputs; host arrays placed
+        first, 64-bit ones need :func:`enable_x64`); one ``jax.Array`` per result.
+        InvalidArgumentError for a wrong argument count, shape or dtype (position, expected vs
+        actual)."""
         import jax
 
         expected = self._expected
@@ -109,8 +101,7 @@ def enable_x64() -> None:
 def run_cpu_inline() -> None:
     """Have JAX's CPU backend execute on the calling thread; call before ``jax.devices()``.
 
-    Turns off ``jax_cpu_enable_async_dispatch`` (docs/serving.md, "Requests"); no effect on GPU.
-    """
+    Turns off ``jax_cpu_enable_async_dispatch`` (docs/serving.md, "Requests"); no effect on GPU."""
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
@@ -124,14 +115,8 @@ def compile_artifact(
     label: ExecutableLabel | None = None,
 ) -> CompiledExecutable:
     """Compile a StableHLO module (portable artifact or MLIR text) for ``device`` (default the
-    first), or load it from ``cache``; ``label`` names it in the key and messages.
-
-    A cache entry that does not deserialize is logged, deleted, recompiled and rewritten.
-
-    Raises:
-        ArtifactError: the module cannot be read.
-        InvalidArgumentError: XLA refuses to compile it (XLA's message).
-    """
+    first), or load it from ``cache`` (a bad entry is logged and rewritten); ``label`` names it.
+    ArtifactError: unreadable module; InvalidArgumentError: XLA refuses it (XLA's message)."""
     import jax.extend as jex
     from jax._src.lib import xla_client
 
@@ -208,11 +193,8 @@ def serialize_executable(loaded: Any) -> bytes:
 
 
 def deserialize_executable(payload: bytes, device: Any, compile_options: Any = None) -> Any:
-    """A loaded executable on ``device`` from :func:`serialize_executable`'s bytes.
-
-    Trusted bytes only: loading one may run code. XlaRuntimeError for bytes this jaxlib and
-    device cannot load.
-    """
+    """A loaded executable on ``device`` from :func:`serialize_executable`'s (trusted: loading runs
+    code) bytes; XlaRuntimeError when this jaxlib and device cannot load them."""
     from jax._src.lib import xla_client
 
     options = compile_options if compile_options is not None else xla_client.CompileOptions()

@@ -1,7 +1,6 @@
 """The runtime's allocator, device memory and weight cache from its config parameters
 (docs/serving.md, "Runtime model config"); malformed values are InvalidArgumentError naming
-the model and the parameter.
-"""
+the model and the parameter."""
 
 from __future__ import annotations
 
@@ -34,11 +33,8 @@ def weight_cache_from_args(
     observer: ObserverFactory | None = None,
 ) -> WeightCache:
     """The runtime's :class:`WeightCache` from its config parameters (docs/on_demand_weights.md,
-    "Configure"); logs the budget.
-
-    InvalidArgumentError: a malformed value, bytes and a fraction both, or a residency for a
-    model not in ``models`` (when given).
-    """
+    "Configure"), budget logged; InvalidArgumentError for a malformed value, bytes and a fraction
+    both, or a residency for a model not in ``models`` (when given)."""
     budget = _budget(args, device)
     interval = _read(args, names.PARAM_COMPACTION_INTERVAL)
     listed = dict(_read(args, names.PARAM_RESIDENCY))

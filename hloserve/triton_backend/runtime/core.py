@@ -3,8 +3,7 @@
 Fronts hold bundles (:meth:`RuntimeModel.acquire` / :meth:`~RuntimeModel.release`) by
 reference count per generation, so a reloaded model's new bundle loads beside the old one
 (docs/serving.md, "Front -> runtime (the channel)"). A bundle that fails to load keeps its own
-error; the others keep serving.
-"""
+error; the others keep serving."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class _Entry:
 
 class RuntimeModel:
     """Runs the executables of the bundles its fronts load, on one device (JAX x64 on, CPU
-    executions inline). ``on_load(key)`` runs before a bundle loads (metrics show a failed one).
-    """
+    executions inline). ``on_load(key)`` runs before a bundle loads (metrics show a failed one)."""
 
     def __init__(
         self,
@@ -92,12 +90,10 @@ class RuntimeModel:
         executables: Callable[[str, str], None] | None = None,
         **kwargs: Any,
     ) -> RuntimeModel:
-        """Build from the runtime model's Triton config (docs/serving.md, "Runtime model config").
-
-        Unless given, ``store`` is the configured weight cache (reporting to ``observer``) and
-        ``compile`` goes through the configured executable cache (counting by ``executables``).
-        InvalidArgumentError for a malformed parameter.
-        """
+        """Build from the runtime model's Triton config (docs/serving.md, "Runtime model
+        config"): unless given, ``store`` is the configured weight cache (reporting to
+        ``observer``) and ``compile`` uses the configured executable cache (counted by
+        ``executables``). InvalidArgumentError for a malformed parameter."""
         RuntimeParameters.from_parameters(args.name, args.parameters)  # every one valid
         run_cpu_inline()  # before the first jax.devices()
         if "store" not in kwargs:
@@ -121,17 +117,12 @@ class RuntimeModel:
         with self._lock:
             return sorted({e.name for e in self._entries.values()})
 
-    # -- loading ------------------------------------------------------------------------------
-
     def acquire(
         self, name: str, path: Path, progress: Callable[[], None] | None = None
     ) -> LoadedBundle:
-        """Hold bundle ``name`` at ``path``, loading it if no one holds this generation.
-
-        Pair each call with one :meth:`release` of the bundle's ``key``. ``progress()`` runs
-        after each executable this call makes ready. Raises the bundle's load error
-        (HloserveError; nothing held then).
-        """
+        """Hold bundle ``name`` at ``path``, loading it if no one holds this generation; pair
+        each call with one :meth:`release` of its ``key``. ``progress()`` runs after each
+        executable made ready. Raises the bundle's load error (nothing held then)."""
         path = Path(path)
         gen = generation(path)
         with self._lock:
@@ -176,8 +167,7 @@ class RuntimeModel:
     def load(self, name: str) -> LoadedBundle:
         """The loaded bundle ``name`` (its newest held generation), loading it on first use.
 
-        Raises NotFoundError (no one holds ``name``) or the bundle's load error.
-        """
+        Raises NotFoundError (no one holds ``name``) or the bundle's load error."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
@@ -249,17 +239,12 @@ class RuntimeModel:
             log.info("%s", self.executable_cache.summary())
         return LoadedBundle(name, key, bundle, executables, seconds)
 
-    # -- serving ------------------------------------------------------------------------------
-
     def run(
         self, loaded: LoadedBundle, variant: int, batch_size: int, inputs: Sequence[np.ndarray]
     ) -> list[Any]:
-        """One execution of ``loaded`` at (``variant``, ``batch_size``; 0 = UNBATCHED).
-
-        ``inputs``: host or device arrays in the manifest's order at the executable's shapes.
-        The outputs are JAX arrays in the manifest's order. InvalidArgumentError: no executable
-        for (variant, batch size).
-        """
+        """One execution of ``loaded`` at (``variant``, ``batch_size``; 0 = UNBATCHED) on host or
+        device ``inputs`` in the manifest's order; JAX array outputs in the manifest's order.
+        InvalidArgumentError: no such executable."""
         executable = loaded.executables.get((variant, batch_size))
         if executable is None:
             raise InvalidArgumentError(

@@ -1,7 +1,6 @@
 """The runtime's device memory: JAX's allocator settings, the weight budget sized from the
 card on every bundle taken, sequence state, and the figures published (docs/on_demand_weights.md,
-"Device memory"). Nothing changes where the device has no statistics (CPU).
-"""
+"Device memory"). Nothing changes where the device has no statistics (CPU)."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def allocator_environment(
 ) -> dict[str, str]:
     """Set JAX's GPU allocator (before JAX opens the device): no preallocation, memory
     ``fraction`` (0: the default 0.9) as ``XLA_CLIENT_MEM_FRACTION``, the older variable removed
-    (docs/on_demand_weights.md, "Device memory"). The variables set.
-    """
+    (docs/on_demand_weights.md, "Device memory"). The variables set."""
     env = os.environ if environ is None else environ
     value = fraction or names.DEFAULT_DEVICE_MEMORY_FRACTION
     settings = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": repr(value)}
@@ -69,11 +67,9 @@ def executable_memory(executable: Any) -> tuple[int, int]:
 
 
 class DeviceMemory:
-    """The runtime's device memory accounting over its weight ``cache`` (thread-safe).
-
-    ``explicit``: the budget was given, not sized here; ``fraction``: the allocator's memory
-    fraction (the card's total is limit / fraction).
-    """
+    """The runtime's device memory accounting over its weight ``cache`` (thread-safe);
+    ``explicit``: the budget was given, not sized here; ``fraction``: the allocator's (card total
+    = limit / fraction)."""
 
     def __init__(self, device: Any, cache: Any, *, explicit: bool, fraction: float) -> None:
         self.device = device
@@ -86,11 +82,9 @@ class DeviceMemory:
         self._state = 0
 
     def admit(self, key: str, name: str, executables: Mapping[Any, Any]) -> None:
-        """Account ``key``'s executables and re-size the budget (evicting to fit).
-
-        InvalidArgumentError (``key`` not kept) when the budget cannot hold the largest model's
-        weights besides the executables and the largest scratch, numbers named.
-        """
+        """Account ``key``'s executables and re-size the budget (evicting to fit);
+        InvalidArgumentError (``key`` not kept, numbers named) when the largest model's weights
+        no longer fit."""
         stats = memory_stats(self.device)
         if stats is None or getattr(self.cache, "budget_bytes", None) is None:
             return
@@ -109,11 +103,8 @@ class DeviceMemory:
                 raise
 
     def reserve_state(self, name: str, nbytes: int) -> None:
-        """Count a new sequence's ``nbytes`` of state on the device, re-sizing the budget.
-
-        UnavailableError (nothing counted) when it does not fit, numbers named; on CPU nothing
-        is refused.
-        """
+        """Count a new sequence's ``nbytes`` of state, re-sizing the budget; UnavailableError
+        (nothing counted, numbers named) when it does not fit; never refused on CPU."""
         stats = memory_stats(self.device)
         with self._lock:
             self._state += nbytes

@@ -1,8 +1,7 @@
 """The compiled-executable disk cache (docs/serving.md, "Executable cache"): entries, bound.
 
 An entry is ``<CacheKey digest>.xexe``: :data:`_HEADER`, JSON metadata (key, ``info``), then
-PJRT's serialized executable (``compile.serialize_executable``). Imports no JAX.
-"""
+PJRT's serialized executable (``compile.serialize_executable``). Imports no JAX."""
 
 from __future__ import annotations
 
@@ -94,12 +93,9 @@ class CacheKey:
 
 
 class ExecutableCache:
-    """Serialized executables on disk under a size bound, with counts of where each came from.
-
-    ``directory`` None: off (:meth:`counted` still counts); created with mode 0700.
-    ``observer(model, source)`` is called by :meth:`counted`. Thread-safe; processes may share
-    the directory.
-    """
+    """Serialized executables on disk under a size bound, counting where each came from
+    (``directory`` None: off; made with mode 0700; shareable by processes). ``observer(model,
+    source)`` is called by :meth:`counted`."""
 
     def __init__(
         self,
@@ -163,8 +159,7 @@ class ExecutableCache:
     ) -> bool:
         """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound.
 
-        Whether it was written: failures (disk full, read-only directory) are logged, not raised.
-        """
+        Whether it was written: failures (disk full, read-only directory) are logged, not raised."""
         if self.directory is None:
             return False
         document = {"key": key.as_dict(), "info": dict(info or {})}

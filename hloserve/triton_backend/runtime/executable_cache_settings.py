@@ -1,7 +1,6 @@
 """Where the executable cache lives and how big it may grow (docs/serving.md, "Executable
 cache"): runtime parameters over ``HLOSERVE_EXECUTABLE_*`` (:mod:`hloserve.settings`) over the
-defaults.
-"""
+defaults."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Residency tiers of a model's weights and the budget rule (docs/on_demand_weights.md,
-"Residency tiers"); dependency-free, so every layer may import it.
-"""
+"Residency tiers"); dependency-free, so every layer may import it."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def budget_problems(
 
     The weight cache's load-time rule applied to a whole repository (``hloserve repo build``
     refuses on it): ``device`` models together must fit; every other model must fit what they
-    leave. ``residency``: model -> residency name (missing: ``system``).
-    """
+    leave. ``residency``: model -> residency name (missing: ``system``)."""
     pinned = {
         name: n
         for name, n in sorted(weight_bytes.items())

@@ -1,8 +1,7 @@
 """The runtime's scheduler: per-model queues, coalescing, cost learning (docs/scheduling.md).
 
 The runtime's loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
-Thread-safe; no JAX, Triton or NumPy.
-"""
+Thread-safe; no JAX, Triton or NumPy."""
 
 from __future__ import annotations
 
@@ -29,11 +28,9 @@ _log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Work:
-    """One client request, never split: ``rows`` on the batch axis, times in clock seconds.
-
-    ``committed`` marks a meta's sub-call: ahead of its model's queue, never shed by the
-    laxity rule (docs/scheduling.md, "The loop").
-    """
+    """One client request, never split: ``rows`` on the batch axis, times in clock seconds;
+    ``committed``: a meta's sub-call, ahead of its model's queue and never shed by the laxity
+    rule (docs/scheduling.md, "The loop")."""
 
     model: str
     variant: int
@@ -100,11 +97,8 @@ class _Model:
 
 
 class Scheduler:
-    """Per-model queues and the choice of the next execution (docs/scheduling.md).
-
-    ``on_shed(work, reason)`` runs outside the lock and must not call :meth:`next`; ``clock``
-    gives monotonic seconds.
-    """
+    """Per-model queues and the choice of the next execution (docs/scheduling.md);
+    ``on_shed(work, reason)`` runs outside the lock and must not call :meth:`next`."""
 
     def __init__(
         self,
@@ -130,11 +124,9 @@ class Scheduler:
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
     ) -> None:
-        """Make ``model``'s ``variant`` schedulable at ``compiled_sizes`` (again: replace them).
-
-        ``coalesce`` False: one work per batch. Raises ValueError for no sizes, a size below 1,
-        or a queued request above the new largest size.
-        """
+        """Make ``model``'s ``variant`` schedulable at ``compiled_sizes`` (again: replace them;
+        ``coalesce`` False: one work per batch); ValueError for no sizes, a size below 1, or a
+        queued request above the new largest."""
         sizes = tuple(sorted(set(int(s) for s in compiled_sizes)))
         if not sizes or sizes[0] < 1:
             raise ValueError(
@@ -164,12 +156,9 @@ class Scheduler:
             return list(entry.queue) if entry is not None else []
 
     def submit(self, work: Work) -> None:
-        """Queue ``work`` (a committed one behind the committed works only).
-
-        Raises:
-            ValueError: unknown model or variant, or rows outside 1..largest compiled size.
-            SchedulerClosedError: after :meth:`close`.
-        """
+        """Queue ``work`` (a committed one behind the committed works only). ValueError: unknown
+        model or variant, or rows outside 1..largest compiled size; SchedulerClosedError after
+        :meth:`close`."""
         with self._ready:
             if self._closed:
                 raise SchedulerClosedError("the runtime's scheduler is closed (stopping)")
@@ -214,8 +203,7 @@ class Scheduler:
     def next(self, timeout: float | None = None) -> Batch | None:
         """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop").
 
-        Blocks up to ``timeout`` seconds (None = forever); None on timeout or after close.
-        """
+        Blocks up to ``timeout`` seconds (None = forever); None on timeout or after close."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._ready:

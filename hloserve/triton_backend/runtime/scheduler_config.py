@@ -28,11 +28,9 @@ def _check(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Scheduler settings (docs/scheduling.md, "Settings"); every default is ReactantServer's.
-
-    Unlisted models weigh :data:`DEFAULT_WEIGHT`. Raises ValueError (naming the field) for a
-    value outside its range.
-    """
+    """Scheduler settings (docs/scheduling.md, "Settings"; defaults are ReactantServer's);
+    unlisted models weigh :data:`DEFAULT_WEIGHT`; ValueError (naming the field) for a value out
+    of range."""
 
     discipline: Discipline = "fair"
     weights: Mapping[str, float] = field(default_factory=dict)
@@ -75,12 +73,9 @@ class SchedulerConfig:
     def from_parameters(
         cls, parameters: Mapping[str, str], *, model: str = names.RUNTIME_MODEL
     ) -> SchedulerConfig:
-        """The config of the runtime model's parameters (docs/scheduling.md, "Settings").
-
-        Reads ``names.PARAM_SCHEDULING`` and ``names.PARAM_MODEL_WEIGHTS``; other keys are
-        ignored. Raises InvalidArgumentError (naming ``model`` and the parameter) for an unknown
-        discipline or a malformed or non-positive weight.
-        """
+        """The config of the runtime model's parameters ``names.PARAM_SCHEDULING`` and
+        ``names.PARAM_MODEL_WEIGHTS``; InvalidArgumentError (naming ``model`` and the parameter)
+        for an unknown discipline or a bad weight."""
         discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
         weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
         return cls(discipline=cast(Discipline, discipline), weights=weights)

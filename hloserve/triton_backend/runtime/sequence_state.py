@@ -2,8 +2,7 @@
 
 docs/bundles.md, "Stateful bundles": per (bundle key, correlation ID), one row per ``state``
 pair; reset at START, dropped at END or when idle. Executions :func:`gather` and
-:func:`scatter` the rows on the device.
-"""
+:func:`scatter` the rows on the device."""
 
 from __future__ import annotations
 
@@ -54,12 +53,9 @@ class SequenceStates:
         initial: Callable[[str], np.ndarray],
     ) -> list[Any]:
         """A sequence's state rows (device ``[1, ...]``, one per ``state`` pair) for its next
-        request; fresh rows of the initial value at START (``initial``: a weight by name).
-
-        Raises:
-            InvalidArgumentError: no START for a sequence the runtime does not hold.
-            UnavailableError: a new sequence whose state does not fit the device budget.
-        """
+        request, fresh at START (``initial``: a weight by name). InvalidArgumentError: no START
+        for a sequence not held; UnavailableError: a new sequence's state does not fit the device
+        budget."""
         corrid, start = sequence[0], bool(sequence[1])
         name = key.partition("#")[0]
         idle_s = manifest.sequencing.max_sequence_idle_microseconds / 1e6

@@ -1,23 +1,13 @@
 """The runtime's side of the channel (docs/serving.md, "Front -> runtime (the channel)").
 
-Messages (JSON, :mod:`hloserve.triton_backend.channel`):
-
-* ``{"op": "hello", "pid", "arena", "model", "bundle"}``: map the arena, hold the bundle
-  (:meth:`RuntimeModel.acquire`), register its queues. Answer ``{"op": "ready", "key"}`` or
-  ``{"op": "error", "status", "message"}``; meanwhile ``{"op": "progress", "executables"}``
-  (every executable the runtime has finished) after each executable and every flush.
-* ``{"op": "run", "works": [{"id", "variant", "rows", "deadline", "in", "out"}]}``: one work
-  per client request; ``in``/``out`` give ``[segment, offset]`` per executable tensor in the
-  manifest's order (segment ``""``: the arena). Optional ``"committed": true`` (a meta's
-  sub-call) and, for a stateful model, ``"seq": [correlation ID, START, END]`` (the state stays
-  on the device: :mod:`~hloserve.triton_backend.runtime.sequence_state`).
-* ``{"op": "cancel", "ids"}``: shed those still queued, ``failed`` with status CANCELLED.
-* Answers: ``{"op": "done", "ids"}`` or ``{"op": "failed", "ids", "status", "message"}``.
-
-Counts go to ``publish`` every ``flush_interval_s``, never per execution (a Triton metric call
-is a synchronous stub -> server message, ~48 us). A closed connection releases its hold and
-removes its dead process's shared-memory files.
-"""
+Messages (JSON): ``hello`` {pid, arena, model, bundle} -> ``progress`` {executables} (after
+each executable and every flush) ... then ``ready`` {key} or ``error`` {status, message};
+``run`` {works: [{id, variant, rows, deadline, in, out, committed?, seq?}]}, ``in``/``out``
+giving ``[segment, offset]`` per executable tensor in the manifest's order (segment "": the
+arena), ``seq`` a stateful model's [correlation ID, START, END]; ``cancel`` {ids} sheds those
+still queued (CANCELLED). Answers: ``done`` {ids} or ``failed`` {ids, status, message}.
+Counts go to ``publish`` every flush, never per execution (a Triton metric call is a ~48 us
+synchronous stub -> server message)."""
 
 from __future__ import annotations
 
@@ -108,12 +98,10 @@ def error_message(exc: BaseException) -> dict[str, Any]:
 
 
 class RuntimeServer:
-    """Serves ``core`` to this tritonserver's front instances over the channel at ``address``.
-
-    ``publish`` gets execution counts and ``publish_state`` a :class:`RuntimeState` every
-    ``flush_interval_s``; ``memory`` re-sizes the weight budget for (or refuses) every bundle
-    taken. ``key``: the server key segment names carry (default :func:`channel.server_key`).
-    """
+    """Serves ``core`` to this tritonserver's front instances over the channel at ``address``;
+    ``publish``/``publish_state`` get counts and a :class:`RuntimeState` every
+    ``flush_interval_s``; ``memory`` re-sizes the weight budget for (or refuses) each bundle
+    taken."""
 
     def __init__(
         self,
@@ -155,11 +143,8 @@ class RuntimeServer:
         self.items = 0
 
     def start(self) -> None:
-        """Remove dead servers' segments, listen, start the threads.
-
-        A reload starts the new runtime before Triton finalizes the old one: while the address
-        is taken, the loop keeps trying to listen.
-        """
+        """Remove dead servers' segments, listen (a reload's new runtime retries while the old
+        one holds the address), start the threads."""
         removed = channel.remove_stale_segments(self.key)
         if removed:
             log.info("removed %d shared-memory files left by dead processes", len(removed))
@@ -189,8 +174,6 @@ class RuntimeServer:
         self._wake_r.close()
         self._wake_w.close()
         self._flush()
-
-    # -- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         """Accept, read every ready connection, run one batch; again (no thread hop, see
@@ -333,8 +316,6 @@ class RuntimeServer:
         if conn.pid and not channel.process_alive(conn.pid):  # the front died: clean up
             channel.remove_segments_of(conn.pid, self.key)
 
-    # -- works ----------------------------------------------------------------------------------
-
     def _submit(self, conn: _Connection, works: Sequence[dict[str, Any]]) -> None:
         loaded = conn.loaded
         for w in works:
@@ -448,8 +429,6 @@ class RuntimeServer:
         job.conn.send({"op": "failed", "ids": [job.id], "status": status.name, "message": reason})
         _close_segments([job])
 
-    # -- execution ------------------------------------------------------------------------------
-
     def _run_batch(self, batch: Batch) -> None:
         jobs = [w.payload for w in batch.works]
         assert all(isinstance(j, _Job) for j in jobs)
@@ -511,8 +490,6 @@ class RuntimeServer:
             rows[1] += size - batch.items if manifest.batched else 0
             self.executions += 1
             self.items += batch.items
-
-    # -- metrics --------------------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval_s):

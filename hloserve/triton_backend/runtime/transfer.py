@@ -1,7 +1,6 @@
 """Host <-> device weight transfers with JAX: the weight cache's :class:`Transfer`.
 
-Figures (pinned vs pageable, per-transfer cost) are docs/on_demand_weights.md, "GPU figures".
-"""
+Figures (pinned vs pageable, per-transfer cost) are docs/on_demand_weights.md, "GPU figures"."""
 
 from __future__ import annotations
 

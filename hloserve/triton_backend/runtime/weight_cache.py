@@ -2,8 +2,7 @@
 
 :class:`WeightCache` is a :class:`~hloserve.triton_backend.runtime.weights.WeightStore`; the
 residency tiers and the eviction policy are docs/on_demand_weights.md's "Residency tiers" and
-"Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX.
-"""
+"Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX."""
 
 from __future__ import annotations
 
@@ -131,11 +130,9 @@ class _Counters:
 
 class WeightCache:
     """Byte-budgeted LRU cache of device weights (a :class:`WeightStore`; thread-safe).
-
-    ``budget_bytes`` None or 0: no budget, every model loaded at add and kept.
-    ``compaction_interval`` N: free every on-demand buffer after each N on-demand loads (0:
-    never). An acquire waits up to ``wait_s`` for in-use weights to make room, then UNAVAILABLE.
-    """
+    ``budget_bytes`` None or 0: every model loaded at add and kept; ``compaction_interval`` N >
+    0: free every on-demand buffer after each N on-demand loads; an acquire waits up to
+    ``wait_s`` for in-use weights to make room, then UNAVAILABLE."""
 
     def __init__(
         self,
@@ -165,18 +162,14 @@ class WeightCache:
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident on-demand, oldest first
         self._counters = _Counters()
 
-    # -- WeightStore ------------------------------------------------------------------------
-
     def add(self, name: str, bundle: Bundle, device: Any) -> None:
         """Register ``bundle``'s weights (see :meth:`add_weights`)."""
         self.add_weights(name, BundleWeights(bundle), device)
 
     def add_weights(self, name: str, source: WeightSource, device: Any) -> None:
-        """Register ``source`` under ``name``: host tier for ``system``, device for ``device``.
-
-        Raises HloserveError: INTERNAL if ``name`` is registered, INVALID_ARGUMENT if the
-        weights exceed the budget left by pinned models.
-        """
+        """Register ``source`` under ``name`` (host tier for ``system``, device for ``device``);
+        HloserveError INTERNAL if registered, INVALID_ARGUMENT if it exceeds what pinned models
+        leave."""
         residency = self._residency.get(name, self._default)
         pinned = residency is Residency.DEVICE or self.budget_bytes is None
         model = _Model(name, residency, source, device, int(source.nbytes), pinned)
@@ -254,14 +247,10 @@ class WeightCache:
         residency = self._residency.get(name, self._default)
         return residency is Residency.DEVICE or self.budget_bytes is None
 
-    # -- control ------------------------------------------------------------------------------
-
     def resize(self, budget_bytes: int) -> None:
-        """Set the budget, evicting LRU models not in use until the resident weights fit.
-
-        Raises InvalidArgumentError (budget unchanged) for a cache without a budget or pinned
-        weights above the new one.
-        """
+        """Set the budget, evicting LRU models not in use until the resident weights fit;
+        InvalidArgumentError (budget unchanged) without a budget or when pinned weights exceed
+        the new one."""
         with self._lock:
             if self.budget_bytes is None:
                 raise InvalidArgumentError("a weight cache without a budget cannot be re-sized")
@@ -312,8 +301,6 @@ class WeightCache:
         """Resident on-demand models, least recently used first (the eviction order)."""
         with self._lock:
             return list(self._lru)
-
-    # -- internals (called with the lock held) ------------------------------------------------
 
     def _resident_bytes(self) -> int:
         return sum(m.nbytes for m in self._models.values() if m.resident is not None)

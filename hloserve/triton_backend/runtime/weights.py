@@ -1,7 +1,6 @@
 """Where the runtime keeps each bundle's weights (``main``'s leading arguments): the
 :class:`WeightStore` interface, acquired around each execution, and the all-resident store.
-The weight cache (:mod:`~hloserve.triton_backend.runtime.weight_cache`) is the other store.
-"""
+The weight cache (:mod:`~hloserve.triton_backend.runtime.weight_cache`) is the other store."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Triton backend ``hloserve_front``: a ``pb_utils`` shim over ``FrontModel`` and
 ``ChannelFront`` (docs/serving.md, "Front -> runtime (the channel)", Answering: ``execute``
-returns the responses with ``hloserve.front_inflight`` 0, else None and response senders).
-"""
+returns the responses with ``hloserve.front_inflight`` 0, else None and response senders)."""
 
 from __future__ import annotations
 

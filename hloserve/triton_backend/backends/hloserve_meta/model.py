@@ -1,7 +1,6 @@
 """Triton backend ``hloserve_meta``: a ``pb_utils`` shim over ``MetaModel`` and
 ``ChannelCalls`` (docs/meta_models.md): sub-calls to bundles over the channel, to foreign
-models by BLS with the time left as ``timeout``; counters per docs/observability.md.
-"""
+models by BLS with the time left as ``timeout``; counters per docs/observability.md."""
 
 from __future__ import annotations
 

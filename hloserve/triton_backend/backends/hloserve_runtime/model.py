@@ -1,7 +1,6 @@
 """Triton backend ``hloserve_runtime``: a ``pb_utils`` shim over ``RuntimeModel`` and
 ``RuntimeServer``, one instance per device, the only JAX process; it serves fronts over the
-channel, not inference requests, and owns the device memory (allocator set before JAX starts).
-"""
+channel, not inference requests, and owns the device memory (allocator set before JAX starts)."""
 
 from __future__ import annotations
 
