@@ -55,6 +55,14 @@ _FAMILIES = (
     ),
     (metric_names.WEIGHT_LOAD_BYTES, "Bytes of weights loaded to the device", "COUNTER"),
 )
+_RESIDENT, _SECONDS = metric_names.WEIGHT_RESIDENT_BYTES, metric_names.WEIGHT_LOAD_SECONDS
+#: per-model series besides ``_SECONDS`` (a histogram)
+_PER_MODEL = (
+    _RESIDENT,
+    metric_names.WEIGHT_LOADS,
+    metric_names.WEIGHT_EVICTIONS,
+    metric_names.WEIGHT_LOAD_BYTES,
+)
 
 
 class TritonCacheMetrics:
@@ -71,89 +79,74 @@ class TritonCacheMetrics:
     ) -> None:
         family = pb_utils.MetricFamily
         self._lock = threading.Lock()
-        self._families = [
-            family(name=name, description=description, kind=getattr(family, kind))
+        self._families = {
+            name: family(name=name, description=description, kind=getattr(family, kind))
             for name, description, kind in _FAMILIES
-        ]
-        budget, total, self._sizes, _resident, _loads, _evictions, _seconds, _bytes = self._families
-        self._budget = budget.Metric(labels={})
+        }
+        self._budget = self._families[metric_names.WEIGHT_CACHE_BUDGET_BYTES].Metric(labels={})
         self._budget.set(float(budget_bytes or 0))
-        self._total = total.Metric(labels={})
+        self._total = self._families[metric_names.WEIGHT_CACHE_RESIDENT_BYTES].Metric(labels={})
         self._total.set(0.0)
-        self._resident: dict[str, Any] = {}
-        self._loads: dict[str, Any] = {}
-        self._evictions: dict[str, Any] = {}
-        self._seconds: dict[str, Any] = {}
-        self._bytes: dict[str, Any] = {}
+        #: model -> its series by metric name; model -> its weight bytes series
+        self._series: dict[str, dict[str, Any]] = {}
         self._size: dict[str, Any] = {}
         for name in sorted(models):
-            self._series(name)
+            self._add(name)
         for name, nbytes in sorted((foreign or {}).items()):
-            self._size[name] = self._sizes.Metric(
-                labels={"model": name, "residency": FOREIGN_RESIDENCY}
-            )
-            self._size[name].set(float(nbytes))
+            self._set_size(name, FOREIGN_RESIDENCY, nbytes)
 
-    def _series(self, name: str) -> None:
+    def _add(self, name: str) -> None:
         """Create ``name``'s series at 0 unless they exist (lock held, or from ``__init__``)."""
-        if name in self._resident:
+        if name in self._series:
             return
-        _, _, _, resident, loads, evictions, seconds, nbytes = self._families
         labels = {"model": name}
-        self._resident[name] = resident.Metric(labels=labels)
-        self._resident[name].set(0.0)
-        self._loads[name] = loads.Metric(labels=labels)
-        self._evictions[name] = evictions.Metric(labels=labels)
-        self._seconds[name] = seconds.Metric(labels=labels, buckets=list(LOAD_SECONDS_BUCKETS))
-        self._bytes[name] = nbytes.Metric(labels=labels)
+        series = {n: self._families[n].Metric(labels=labels) for n in _PER_MODEL}
+        series[_SECONDS] = self._families[_SECONDS].Metric(
+            labels=labels, buckets=list(LOAD_SECONDS_BUCKETS)
+        )
+        series[_RESIDENT].set(0.0)
+        self._series[name] = series
+
+    def _set_size(self, name: str, residency: str, nbytes: int) -> None:
+        if name not in self._size:
+            labels = {"model": name, "residency": residency}
+            self._size[name] = self._families[metric_names.WEIGHT_BYTES].Metric(labels=labels)
+        self._size[name].set(float(nbytes))
 
     def close(self) -> None:
         """Drop every series, then the families (Triton wants the metrics deleted first)."""
         with self._lock:
-            tables = (
-                self._size,
-                self._resident,
-                self._loads,
-                self._evictions,
-                self._seconds,
-                self._bytes,
-            )
-            for table in tables:
-                table.clear()
-            self._budget = self._total = self._sizes = None
+            self._size.clear()
+            self._series.clear()
+            self._budget = self._total = None
             self._families.clear()
 
     def announce(self, name: str) -> None:
         """Create ``name``'s series at 0 (a front asked the runtime to load it)."""
         with self._lock:
             if self._families:
-                self._series(name)
+                self._add(name)
 
     def registered(self, name: str, nbytes: int, residency: str) -> None:
         with self._lock:
-            if not self._families:
-                return
-            self._series(name)
-            if name not in self._size:
-                self._size[name] = self._sizes.Metric(
-                    labels={"model": name, "residency": residency}
-                )
-            self._size[name].set(float(nbytes))
+            if self._families:
+                self._add(name)
+                self._set_size(name, residency, nbytes)
 
     def loaded(self, name: str, nbytes: int, seconds: float, resident_bytes: int) -> None:
         with self._lock:
-            if name in self._resident:
-                self._resident[name].set(float(nbytes))
-                self._loads[name].increment(1.0)
-                self._bytes[name].increment(float(nbytes))
-                self._seconds[name].observe(seconds)
+            if (series := self._series.get(name)) is not None:
+                series[_RESIDENT].set(float(nbytes))
+                series[metric_names.WEIGHT_LOADS].increment(1.0)
+                series[metric_names.WEIGHT_LOAD_BYTES].increment(float(nbytes))
+                series[_SECONDS].observe(seconds)
             self._total.set(float(resident_bytes))
 
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         with self._lock:
-            if name in self._resident:
-                self._resident[name].set(0.0)
-                self._evictions[name].increment(1.0)
+            if (series := self._series.get(name)) is not None:
+                series[_RESIDENT].set(0.0)
+                series[metric_names.WEIGHT_EVICTIONS].increment(1.0)
             self._total.set(float(resident_bytes))
 
     def resized(self, budget_bytes: int) -> None:

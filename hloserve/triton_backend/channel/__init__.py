@@ -63,8 +63,7 @@ def receive(sock: socket.socket) -> dict[str, Any]:
         raise ChannelClosed(str(exc)) from None
     if not data:
         raise ChannelClosed("the peer closed the channel")
-    message: dict[str, Any] = json.loads(data)
-    return message
+    return json.loads(data)
 
 
 def receive_ready(sock: socket.socket) -> list[dict[str, Any]]:

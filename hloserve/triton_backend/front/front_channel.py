@@ -106,7 +106,7 @@ class ChannelFront:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
-        self._next_id = 0
+        self._ids = itertools.count()
         self._link: channel.Link | None = None
         self._ready = threading.Event()
         self._load_error: HloserveError | None = None
@@ -380,9 +380,7 @@ class ChannelFront:
             math.prod(shape) * spec.dtype_info.numpy.itemsize
             for spec, shape in zip(out_specs, out_shapes, strict=True)
         ]
-        sizes = [channel.aligned(a.nbytes) for a in arrays] + [
-            channel.aligned(n) for n in out_sizes
-        ]
+        sizes = [channel.aligned(n) for n in [*(a.nbytes for a in arrays), *out_sizes]]
         total = sum(sizes)
         pending = _Pending(request.handle, prepared, [], nbytes=total, cancelled=request.cancelled)
         base = self.arena.allocate(total)
@@ -396,10 +394,7 @@ class ChannelFront:
         places: list[list[Any]] = []
         offset = base
         for array, size in zip(arrays, sizes, strict=False):
-            view: np.ndarray = np.ndarray(
-                array.shape, array.dtype, buffer=segment.buffer, offset=offset
-            )
-            view[...] = array
+            np.ndarray(array.shape, array.dtype, buffer=segment.buffer, offset=offset)[...] = array
             places.append([segment_name, offset])
             offset += size
         out_places: list[list[Any]] = []
@@ -409,9 +404,8 @@ class ChannelFront:
             )
             out_places.append([segment_name, offset])
             offset += size
+        work_id = next(self._ids)
         with self._lock:
-            work_id = self._next_id
-            self._next_id += 1
             self._pending[work_id] = pending
         work: dict[str, Any] = {
             "id": work_id,

@@ -434,13 +434,12 @@ class RuntimeServer:
         assert all(isinstance(j, _Job) for j in jobs)
         try:
             self._execute(batch, jobs)  # type: ignore[arg-type]
+            answer: dict[str, Any] = {"op": "done"}
         except Exception as exc:
-            fields = error_message(exc)
+            answer = {"op": "failed", **error_message(exc)}
+        try:
             for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
-                conn.send({"op": "failed", "ids": ids, **fields})
-        else:
-            for conn, ids in _by_connection(jobs):  # type: ignore[arg-type]
-                conn.send({"op": "done", "ids": ids})
+                conn.send({**answer, "ids": ids})
         finally:
             _close_segments(jobs)  # type: ignore[arg-type]
 

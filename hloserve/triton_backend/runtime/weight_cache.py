@@ -99,10 +99,12 @@ class CacheStats:
 
     @property
     def loads(self) -> int:
+        """Host-to-device loads, all models."""
         return sum(m.loads for m in self.models.values())
 
     @property
     def evictions(self) -> int:
+        """Evictions, all models (compaction included)."""
         return sum(m.evictions for m in self.models.values())
 
 
@@ -198,6 +200,8 @@ class WeightCache:
         )
 
     def acquire(self, name: str) -> Sequence[Any]:
+        """``name``'s device arrays, loaded first if needed (evicting LRU models not in use);
+        NotFoundError for an unknown model, UnavailableError when no room frees in time."""
         deadline = time.monotonic() + self._wait_s
         with self._lock:
             model = self._models.get(name)
@@ -218,6 +222,7 @@ class WeightCache:
             return model.resident
 
     def release(self, name: str) -> None:
+        """End one :meth:`acquire` of ``name``."""
         with self._lock:
             model = self._models.get(name)
             if model is not None and model.in_use > 0:
