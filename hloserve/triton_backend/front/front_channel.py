@@ -23,13 +23,7 @@ from typing import Any
 import numpy as np
 
 from hloserve import names
-from hloserve.errors import (
-    ChannelClosed,
-    HloserveError,
-    InvalidArgumentError,
-    Status,
-    UnavailableError,
-)
+from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel, Prepared, SequenceId
 from hloserve.triton_backend.front.hooks import IdentityHooks
@@ -198,7 +192,7 @@ class ChannelFront:
                     channel.wait_hangup(link)
                     continue
                 self._read(link)
-            except ChannelClosed:
+            except channel.ChannelClosed:
                 pass
             except Exception:
                 log.exception("model %r: channel to the runtime failed", self.core.name)
@@ -315,7 +309,7 @@ class ChannelFront:
                     continue
                 for work_id in self._handle(channel.receive(link.sock)):
                     left.discard(work_id)
-        except ChannelClosed:
+        except channel.ChannelClosed:
             self._lost(link)
 
     def _cancel(

@@ -32,10 +32,10 @@ from hloserve.triton_backend.runtime.executable_cache import (
 log = logging.getLogger("hloserve.triton_backend.runtime.compile")
 
 
-def _device(device: Any | None) -> Any:
-    import jax
+def _numpy_dtype(element_type: str) -> np.dtype:
+    from hloserve.bundle import dtypes
 
-    return device if device is not None else jax.devices()[0]
+    return dtypes.from_stablehlo(element_type).numpy
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,6 @@ class CompiledExecutable:
         return [np.asarray(out) for out in self(args)]
 
 
-def _numpy_dtype(element_type: str) -> np.dtype:
-    from hloserve.bundle import dtypes
-
-    return dtypes.from_stablehlo(element_type).numpy
-
-
 def enable_x64() -> None:
     """Turn on JAX's 64-bit mode, so i64/u64/f64 tensors keep their width (the runtime's)."""
     import jax
@@ -117,11 +111,12 @@ def compile_artifact(
     """Compile a StableHLO module (portable artifact or MLIR text) for ``device`` (default the
     first), or load it from ``cache`` (a bad entry is logged and rewritten); ``label`` names it.
     ArtifactError: unreadable module; InvalidArgumentError: XLA refuses it (XLA's message)."""
+    import jax
     import jax.extend as jex
     from jax._src.lib import xla_client
 
     artifact = to_portable_artifact(artifact)
-    dev = _device(device)
+    dev = device if device is not None else jax.devices()[0]
     options = xla_client.CompileOptions()
     key = None
     if cache is not None and cache.enabled:

@@ -28,13 +28,7 @@ from typing import Any
 import numpy as np
 
 from hloserve.bundle.manifest import UNBATCHED
-from hloserve.errors import (
-    ChannelClosed,
-    HloserveError,
-    InvalidArgumentError,
-    Status,
-    UnavailableError,
-)
+from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.channel import batching
 from hloserve.triton_backend.runtime.core import RuntimeModel
@@ -196,7 +190,7 @@ class RuntimeServer:
                 conn = key.data
                 try:
                     messages = channel.receive_ready(conn.sock)
-                except ChannelClosed:
+                except channel.ChannelClosed:
                     sel.unregister(conn.sock)
                     self._drop(conn)
                     continue
