@@ -116,11 +116,6 @@ class Scheduler:
         self._shed = 0
         self._batches = 0
 
-    @property
-    def config(self) -> SchedulerConfig:
-        """The settings it was built with."""
-        return self._config
-
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
     ) -> None:

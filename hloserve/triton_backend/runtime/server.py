@@ -12,6 +12,7 @@ synchronous stub -> server message)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -379,7 +380,9 @@ class RuntimeServer:
                 )
             # Triton sends one request of a sequence at a time: the previous one's state is stored
             try:
-                job.state = self.sequences.rows(loaded.key, manifest, job.sequence, _weight(loaded))
+                job.state = self.sequences.rows(
+                    loaded.key, manifest, job.sequence, functools.partial(_weight, loaded)
+                )
             except Exception:
                 _close_segments([job])
                 raise
@@ -540,14 +543,9 @@ def _state_indices(manifest: Any) -> tuple[dict[int, int], dict[int, int]]:
     )
 
 
-def _weight(loaded: LoadedBundle) -> Callable[[str], np.ndarray]:
+def _weight(loaded: LoadedBundle, name: str) -> np.ndarray:
     """A held bundle's weight by name (a ``weight:NAME`` initial state)."""
-
-    def read(name: str) -> np.ndarray:
-        order = loaded.bundle.manifest.weights.order
-        return loaded.bundle.load_weights()[order.index(name)]
-
-    return read
+    return loaded.bundle.load_weights()[loaded.bundle.manifest.weights.order.index(name)]
 
 
 def _by_connection(jobs: Sequence[_Job]) -> list[tuple[_Connection, list[int]]]:
