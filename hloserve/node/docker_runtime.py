@@ -32,9 +32,10 @@ from hloserve.node.docker_spec import (
     LABEL_NODE,
     LABEL_WORKER,
     container_spec,
-    image_build_command,
+    image_build_hint,
     loads_when_ready,
     to_sdk,
+    worker_image,
 )
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
@@ -220,13 +221,13 @@ class DockerWorkers:
         import docker
 
         self._client = client = connect()
-        image = self.config.docker.image
+        image = worker_image(self.config)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"({image_build_command(self.config)}) or pull it, "
+                f"({image_build_hint(self.config)}) or pull it, "
                 "or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None

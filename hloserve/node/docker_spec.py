@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import WorkerPlan, runtime_first, worker_env
+from hloserve.node.plan import WorkerPlan, runtime_first, worker_admin_port, worker_env
 from hloserve.node.serve_options import node_server_options
 from hloserve.node.triton_options import server_flags
 
@@ -30,17 +30,58 @@ def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
     return f"hloserve-{config.name}-worker{worker.index}"
 
 
-def image_build_command(config: NodeConfig) -> str:
-    """The ``docker build`` line that makes ``docker.image`` from this repository's Dockerfiles.
+#: The NGC worker image (``containers/worker.Dockerfile``) under its documented name.
+NGC_WORKER_IMAGE = "hloserve-worker:24.12"
 
-    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image: the CPU image,
-    ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
-    ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
+
+def _script_image(config: NodeConfig) -> str:
+    """``scripts/images.sh``'s target for the ``hloserve`` launcher: ``gpu`` or ``cpu``."""
+    return "cpu" if config.cpu_workers else "gpu"
+
+
+def worker_image(config: NodeConfig) -> str:
+    """The worker containers' image: ``docker.image``, or by default the image the launcher
+    runs under the name its documented build gives it: ``hloserve-worker-gpu:latest`` /
+    ``hloserve-worker-cpu:latest`` (``docker.launcher: hloserve`` with GPUs / CPU workers;
+    ``bash scripts/images.sh gpu|cpu``), :data:`NGC_WORKER_IMAGE` (``tritonserver``)."""
+    if config.docker.image:
+        return config.docker.image
+    if config.docker.launcher == "hloserve":
+        return f"hloserve-worker-{_script_image(config)}:latest"
+    return NGC_WORKER_IMAGE
+
+
+def image_build_command(config: NodeConfig) -> str:
+    """The ``docker build`` line that makes the worker image (:func:`worker_image`) from this
+    repository's Dockerfiles, as their headers write it (``--network=host``: a daemon without a
+    bridge has no other build network).
+
+    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image:
+    ``containers/worker-gpu.Dockerfile`` with GPUs, ``worker-cpu.Dockerfile`` with CPU
+    workers; ``tritonserver`` runs the NGC image's server: ``containers/worker.Dockerfile``.
+    Used in the "image missing" hint of ``node up`` (:func:`image_build_hint`).
     """
-    image = config.docker.image
-    if config.docker.launcher == "hloserve":  # as scripts/images.sh builds it
-        return f"docker build --network=host -f containers/worker-cpu.Dockerfile -t {image} ."
-    return f"docker build -f containers/worker.Dockerfile -t {image} ."
+    image = worker_image(config)
+    if config.docker.launcher == "hloserve":
+        dockerfile = f"worker-{_script_image(config)}.Dockerfile"
+    else:
+        dockerfile = "worker.Dockerfile"
+    return f"docker build --network=host -f containers/{dockerfile} -t {image} ."
+
+
+def image_build_hint(config: NodeConfig) -> str:
+    """How to build the missing worker image: ``bash scripts/images.sh cpu|gpu`` (with
+    ``TAG=`` for a tag other than ``latest``) when the image has the name that script gives
+    it, then :func:`image_build_command`."""
+    build = image_build_command(config)
+    if config.docker.launcher != "hloserve":
+        return build
+    target = _script_image(config)
+    name, _, tag = worker_image(config).partition(":")
+    if name != f"hloserve-worker-{target}":
+        return build
+    tagged = "" if tag in ("", "latest") else f"TAG={tag} "
+    return f"{tagged}bash scripts/images.sh {target}, or {build}"
 
 
 def worker_command(
@@ -80,6 +121,7 @@ def worker_command(
             *(f"--load-model={m}" for m in t.loads),
             f"--log-verbose={t.log_verbose}",
             f"--startup-timeout={t.startup_timeout_s:g}",
+            f"--admin-port={worker_admin_port(config, worker)}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
     options, _ = runtime_first(node_server_options(config, worker, model_control_key))
@@ -158,7 +200,7 @@ def container_spec(
     if config.restart.policy == "on-failure":
         policy["MaximumRetryCount"] = config.restart.max_retries
     return {
-        "image": d.image,
+        "image": worker_image(config),
         "name": container_name(config, worker),
         "command": worker_command(config, worker, model_control_key),
         "labels": {

@@ -73,12 +73,16 @@ class PortsConfig(_Section):
         metrics_base: Prometheus port of worker 0 (8102).
         stride: distance between two workers' ports (3, so worker 1 takes 8103-8105 as with
             ``hloserve serve --workers``); must exceed the spread of the three bases.
+        admin_base: admin port (``hloserve status --models``) of the ``hloserve serve`` in
+            worker container ``i`` (``docker.launcher: hloserve``): ``admin_base + i``
+            (8004, 8005, ...; the node's own is ``admin_port``, 8003); 0 = a free port each.
     """
 
     http_base: int = Field(default=8100, ge=1, le=65535)
     grpc_base: int = Field(default=8101, ge=1, le=65535)
     metrics_base: int = Field(default=8102, ge=1, le=65535)
     stride: int = Field(default=3, ge=1)
+    admin_base: int = Field(default=8004, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsConfig:
@@ -144,7 +148,11 @@ class DockerConfig(_Section):
     """Settings of the docker runtime (ignored by the process runtime).
 
     Attributes:
-        image: worker image (``containers/worker.Dockerfile`` or ``worker-cpu.Dockerfile``).
+        image: worker image; None (default): the one the launcher runs, under the name its
+            documented build gives it (:func:`hloserve.node.docker_spec.worker_image`):
+            ``hloserve-worker:24.12`` for ``tritonserver`` (``containers/worker.Dockerfile``),
+            ``hloserve-worker-gpu:latest`` / ``hloserve-worker-cpu:latest`` for ``hloserve``
+            with ``gpus`` / ``cpu_workers`` (``bash scripts/images.sh gpu`` / ``cpu``).
         launcher: what the container runs: ``tritonserver`` (the NGC image's
             ``/opt/tritonserver/bin/tritonserver`` with hloserve's backends in
             ``backend_directory``) or ``hloserve`` (``hloserve serve``, which runs the
@@ -168,7 +176,7 @@ class DockerConfig(_Section):
         gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
     """
 
-    image: str = "hloserve-worker:latest"
+    image: str | None = None
     launcher: Launcher = "tritonserver"
     backend_directory: str = "/opt/tritonserver/backends"
     repository_mount: str = "/models"

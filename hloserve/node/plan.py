@@ -309,11 +309,21 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
     return allocator_environment(fraction, environ={})
 
 
+def worker_admin_port(config: NodeConfig, worker: WorkerPlan) -> int:
+    """The ``--admin-port`` of the ``hloserve serve`` a worker container runs
+    (``docker.launcher: hloserve``): ``ports.admin_base + i``, or 0 (a free port) when
+    ``admin_base`` is 0; with host networking each container needs its own."""
+    return config.ports.admin_base + worker.index if config.ports.admin_base else 0
+
+
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
     """Every port the node will bind: description -> (host, port)."""
     ports: dict[str, tuple[str, int]] = {}
     for w in plan:
         named = {"http": w.http_port, "grpc": w.grpc_port, "metrics": w.metrics_port}
+        serves = config.runtime == "docker" and config.docker.launcher == "hloserve"
+        if serves and config.ports.admin_base:  # the admin port of its `hloserve serve`
+            named["admin"] = worker_admin_port(config, w)
         ports.update({f"worker {w.index} {k}": (config.host, p) for k, p in named.items()})
     gateway = config.gateway
     if gateway_enabled(config, len(plan)):
