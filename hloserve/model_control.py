@@ -119,34 +119,24 @@ class RepositoryClient:
 
     def index(self) -> list[dict[str, Any]]:
         """Triton's repository index: ``[{"name", "version", "state", "reason"}, ...]``."""
-        client = self._client()
-        try:
+        with self._client() as client:
             return list(client.get_model_repository_index(headers=self.headers))
-        finally:
-            client.close()
 
     def load(self, model: str) -> None:
         """Load (or reload from changed files) ``model`` from the repository."""
-        client = self._client()
-        try:
+        with self._client() as client:
             client.load_model(model, headers=self.headers)
-        finally:
-            client.close()
 
     def reload(self, model: str) -> None:
         """Load ``model`` again with its current configuration (fresh instances swapped in)."""
-        client = self._client()
-        try:
+        with self._client() as client:
             config = client.get_model_config(model)
             client.load_model(model, headers=self.headers, config=json.dumps(config))
-        finally:
-            client.close()
 
     def unload(self, model: str) -> None:
         """Unload ``model`` and wait (up to the timeout) until it is no longer READY or
         UNLOADING."""
-        client = self._client()
-        try:
+        with self._client() as client:
             client.unload_model(model, headers=self.headers)
             deadline = time.monotonic() + self.timeout_s
             while time.monotonic() < deadline:
@@ -155,5 +145,3 @@ class RepositoryClient:
                 if states.get(model) not in ("READY", "UNLOADING"):
                     return
                 time.sleep(0.1)
-        finally:
-            client.close()

@@ -220,15 +220,8 @@ def _frozen_mapping(obj: Any, *attrs: str) -> None:
 
 @dataclass(frozen=True)
 class FrontParameters(ModelParameters):
-    """A front model's parameters (backend ``hloserve_front``, docs/serving.md).
-
-    Attributes:
-        bundle: the bundle directory relative to the model directory (required).
-        max_request_bytes: the largest request accepted, bytes of input tensors, >= 1.
-        front_inflight: 0 = ``execute`` waits for its batch's answers; N > 0 = at most N
-            batches in flight per instance, answered through the response senders.
-        runtime_wait_s: how long to wait for the runtime to become ready, seconds, >= 0.
-    """
+    """A front model's parameters (backend ``hloserve_front``); each field is the parameter
+    ``hloserve.<field>`` of docs/serving.md's "Config parameters" table."""
 
     bundle: str
     runtime_model: str = names.RUNTIME_MODEL
@@ -254,12 +247,8 @@ class FrontParameters(ModelParameters):
 
 @dataclass(frozen=True)
 class MetaParameters(ModelParameters):
-    """A meta model's parameters (backend ``hloserve_meta``, docs/meta_models.md).
-
-    Attributes:
-        meta_calls: the meta's ``meta.calls`` (written comma-separated, "" for none).
-        meta_concurrency: the most meta runs at once per worker, >= 1.
-    """
+    """A meta model's parameters (backend ``hloserve_meta``); fields as in docs/serving.md's
+    "Config parameters" table."""
 
     bundle: str
     meta_calls: tuple[str, ...] = ()
@@ -282,20 +271,9 @@ class MetaParameters(ModelParameters):
 
 @dataclass(frozen=True)
 class RuntimeParameters(ModelParameters):
-    """The runtime model's parameters (backend ``hloserve_runtime``, docs/serving.md).
-
-    Attributes:
-        weight_cache_bytes: the weight cache's budget in bytes; 0 = none.
-        weight_cache_fraction: instead, a fraction of the device memory free at start, in
-            (0, 1]; 0.0 = unused.
-        device_memory_fraction: the share of the card the allocator may take, in (0, 1];
-            0.0 = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
-        compaction_interval: free on-demand buffers every N on-demand loads; 0 = off.
-        model_weights: model -> ``fair`` weight (> 0), 1.0 left out.
-        executable_cache: a directory or ``"off"``; "" = the runtime's default.
-        executable_cache_bytes: the executable cache's bound in bytes; 0 = the default.
-        foreign_bytes: foreign model -> device memory hint in bytes.
-    """
+    """The runtime model's parameters (backend ``hloserve_runtime``); fields as in
+    docs/serving.md's "Config parameters" table (``foreign_bytes``:
+    ``hloserve.foreign_memory_bytes``), bytes in bytes."""
 
     repository_format: int = names.REPOSITORY_FORMAT
     weight_cache_bytes: int = 0
@@ -391,14 +369,12 @@ class ModelArgs:
 
     Attributes:
         model_dir: ``<repo>/<name>`` (Triton's ``model_repository`` key, checked on 2.51).
-        instance: the instance name, e.g. ``"affine_0_0"``.
         config: ``config.pbtxt`` after auto-completion, as JSON.
     """
 
     name: str
     model_dir: Path
     version: str
-    instance: str = ""
     config: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -408,7 +384,6 @@ class ModelArgs:
             name=args["model_name"],
             model_dir=Path(args["model_repository"]),
             version=args.get("model_version", ""),
-            instance=args.get("model_instance_name", ""),
             config=json.loads(args.get("model_config", "{}")),
         )
 
@@ -417,12 +392,3 @@ class ModelArgs:
         """``parameters`` of the config as plain strings (``{key: {string_value: v}}``)."""
         params = self.config.get("parameters") or {}
         return {k: str(v.get("string_value", "")) for k, v in params.items()}
-
-    def parameter(self, key: str, default: str | None = None) -> str:
-        """One parameter's value; InvalidArgumentError when missing without a default."""
-        value = self.parameters.get(key, default)
-        if value is None:
-            raise InvalidArgumentError(
-                f"model {self.name!r}: config.pbtxt lacks parameter {key!r} ({_REBUILD})"
-            )
-        return value

@@ -64,15 +64,6 @@ class RepositoryPlan:
     runtime_config_text: str
     foreign: tuple[ForeignModel, ...] = ()
 
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        """Front model names, the foreign models' names, then the runtime model's."""
-        return (
-            *(m.name for m in self.models),
-            *(f.name for f in self.foreign),
-            names.RUNTIME_MODEL,
-        )
-
 
 def plan_repository(
     bundles_dir: Path | str,
