@@ -51,11 +51,8 @@ class Parameter:
         object.__setattr__(self, "attr", self.attr or self.key.removeprefix("hloserve."))
 
     def read(self, model: str, params: Mapping[str, str], default: Any) -> Any:
-        """The typed value in ``params`` (``default`` when absent or blank).
-
-        Raises:
-            InvalidArgumentError: required and absent, or malformed.
-        """
+        """The typed value in ``params`` (``default`` when absent or blank); InvalidArgumentError
+        when required and absent, or malformed."""
         text = params.get(self.key, "").strip()
         if not text:
             if self.required:
@@ -176,12 +173,8 @@ class ModelParameters:
 
     @classmethod
     def read(cls, model: str, params: Mapping[str, str], key: str) -> Any:
-        """The typed value of the one parameter ``key`` (its default when absent or blank).
-
-        Raises:
-            KeyError: not a parameter of this kind.
-            InvalidArgumentError: as :meth:`from_parameters`.
-        """
+        """The typed value of parameter ``key`` (its default when absent or blank); KeyError when
+        not a parameter of this kind, InvalidArgumentError as :meth:`from_parameters`."""
         for p in cls.SCHEMA:
             if p.key == key:
                 return p.read(model, params, _defaults(cls).get(p.attr))

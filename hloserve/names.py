@@ -109,11 +109,8 @@ def format_residency(residency: dict[str, str]) -> str:
 
 
 def parse_residency(text: str) -> dict[str, str]:
-    """Inverse of :func:`format_residency` (also accepts the default value and spaces).
-
-    Raises:
-        ValueError: a malformed item, a model named twice, a residency not in :data:`RESIDENCIES`.
-    """
+    """Inverse of :func:`format_residency` (also accepts the default and spaces); ValueError
+    for a malformed item, a model named twice, a residency not in :data:`RESIDENCIES`."""
 
     def residency(value: str) -> str:
         if value.lower() not in RESIDENCIES:
@@ -133,11 +130,8 @@ def format_model_weights(weights: dict[str, float]) -> str:
 
 
 def parse_model_weights(text: str) -> dict[str, float]:
-    """Inverse of :func:`format_model_weights` (also accepts spaces and weights of 1).
-
-    Raises:
-        ValueError: a malformed item, a model named twice, a weight not a finite number > 0.
-    """
+    """Inverse of :func:`format_model_weights` (also accepts spaces and weights of 1);
+    ValueError for a malformed item, a model named twice, a weight not a finite number > 0."""
 
     def weight(value: str) -> float:
         try:
@@ -157,11 +151,8 @@ def format_model_bytes(sizes: dict[str, int]) -> str:
 
 
 def parse_model_bytes(text: str) -> dict[str, int]:
-    """Inverse of :func:`format_model_bytes` (also accepts spaces).
-
-    Raises:
-        ValueError: a malformed item, a model named twice, bytes not a decimal integer >= 0.
-    """
+    """Inverse of :func:`format_model_bytes` (also accepts spaces); ValueError for a malformed
+    item, a model named twice, bytes not a decimal integer >= 0."""
 
     def nbytes(value: str) -> int:
         if not value.isdigit():

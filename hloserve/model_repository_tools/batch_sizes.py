@@ -19,11 +19,8 @@ DEFAULT_LADDER_MAX_BYTES = 64 * 1024 * 1024
 
 def parse_batch_sizes(values: Sequence[str]) -> BatchSizeOptions:
     """Parse repeated ``--batch-sizes`` values: ``1,4,16`` (every symbolic bundle) or ``M=1,8``.
-
-    Raises:
-        BatchSizeError: a size that is not a positive integer, a repeated size, a model named
-            twice, or two default lists.
-    """
+    BatchSizeError for a size not a positive integer, a repeated size, a model named twice, or
+    two default lists."""
     default: tuple[int, ...] = ()
     per_model: dict[str, tuple[int, ...]] = {}
     for value in values:

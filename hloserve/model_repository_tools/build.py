@@ -72,11 +72,7 @@ def build_repository(
     progress: Progress | None = None,
     **fields: Any,
 ) -> RepositoryPlan:
-    """:func:`plan_repository` then :func:`write_repository`; returns the plan written.
-
-    Raises:
-        BundleError, RepositoryError: see :func:`plan_repository` and :func:`write_repository`.
-    """
+    """:func:`plan_repository` then :func:`write_repository` (their errors); returns the plan."""
     out = Path(out_dir).absolute()
     _check_target(out, [], overwrite)  # fail before validating when the answer is known
     plan = plan_repository(bundles_dir, options, progress=progress, **fields)

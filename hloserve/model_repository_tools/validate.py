@@ -36,10 +36,7 @@ K = TypeVar("K", bound=ModelParameters)
 
 def validate_repository(repo_dir: Path | str) -> list[Problem]:
     """Every problem (``file`` relative to the repository) found at ``repo_dir``; [] = consistent.
-
-    Raises:
-        NotFoundError: ``repo_dir`` is not a directory.
-    """
+    NotFoundError when ``repo_dir`` is not a directory."""
     root = Path(repo_dir)
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
