@@ -23,12 +23,7 @@ from hloserve.gateway.auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth, read_t
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
-from hloserve.gateway.discovery import (
-    SingleFlight,
-    discover_table,
-    resolve_workers,
-    with_workers,
-)
+from hloserve.gateway.discovery import SingleFlight, discover_table, resolve_workers, with_workers
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy

@@ -28,13 +28,7 @@ from pathlib import Path
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.dataplane import (
-    Layout,
-    Listen,
-    map_changes,
-    render_config,
-    render_map,
-)
+from hloserve.gateway.dataplane import Layout, Listen, map_changes, render_config, render_map
 from hloserve.ports import free_ports
 
 log = logging.getLogger("hloserve.gateway")
