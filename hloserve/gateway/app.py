@@ -51,20 +51,6 @@ def _public_address(address: str) -> str:
     return f"{host}:{port}"
 
 
-def _start_haproxy(
-    config: GatewayConfig,
-    public: str,
-    control_port: int,
-    fleet_http: FleetHttpServer | None,
-    cert_secret: str | None,
-) -> HAProxy:
-    control = f"127.0.0.1:{control_port}"
-    if fleet_http is None:
-        return HAProxy(config, public, control, client_cert_secret=cert_secret)
-    fleet = fleet_http.fleet
-    return HAProxy(config, public, control, fleet_http.address, fleet.checked, cert_secret)
-
-
 def _fleet_http(
     config: GatewayConfig, auth: ControlAuth, control: ModelControl
 ) -> FleetHttpServer | None:
@@ -256,7 +242,14 @@ async def run_gateway(
         server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc, auth)
         fleet_http = _fleet_http(config, auth, proxy.model_control)
         # on this (the gateway's) thread: HAProxy stops when it dies
-        dataplane = _start_haproxy(config, address, control_port, fleet_http, auth.cert_secret)
+        dataplane = HAProxy(
+            config,
+            address,
+            f"127.0.0.1:{control_port}",
+            fleet_http.address if fleet_http is not None else None,
+            fleet_http.fleet.checked if fleet_http is not None else None,
+            auth.cert_secret,
+        )
         metrics.extra = dataplane.prometheus_text
         checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
         control = SchedulingControl(

@@ -106,14 +106,7 @@ class UpstreamConfig(_Section):
 
 
 class DiscoveryConfig(_Section):
-    """Route discovery, and the workers from DNS (docs/kubernetes.md, "DNS discovery").
-
-    Attributes:
-        dns_name: a name whose A records are the workers; set, ``workers``, ``worker_http`` and
-            ``worker_metrics`` stay empty.
-        dns_nameserver: ``host:port``; None: the system's ``/etc/resolv.conf``.
-        worker_metrics_port: 0 = none.
-    """
+    """Route discovery, and the workers from DNS (docs/kubernetes.md, "DNS discovery")."""
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     dns_name: str | None = Field(default=None, min_length=1)
@@ -125,35 +118,21 @@ class DiscoveryConfig(_Section):
 
 
 class HealthConfig(_Section):
-    """Worker health probes (docs/gateway.md, "Health probes").
-
-    A worker failing ``failure_threshold`` ``ServerReady`` probes in a row leaves the routing
-    table; one passing probe brings it back after a discovery pass of its models.
-    """
+    """Worker health probes (docs/gateway.md, "Health probes")."""
 
     interval_seconds: float = Field(default=2.0, gt=0)
     failure_threshold: int = Field(default=2, ge=1)
 
 
 class AdmissionConfig(_Section):
-    """Bounds on the requests in flight (docs/gateway.md, "Admission").
-
-    Attributes:
-        max_inflight_requests_per_worker: requests of one model in flight on one replica (0 =
-            unbounded); over it, HAProxy answers UNAVAILABLE at once naming the model and bound.
-    """
+    """Requests of one model in flight per replica (docs/gateway.md, "Admission"; 0 = unbounded)."""
 
     max_inflight_requests_per_worker: int = Field(default=64, ge=0)
 
 
 class TlsConfig(_Section):
-    """TLS on the gateway's public ports (HAProxy terminates it; plaintext is refused).
-
-    Attributes:
-        client_ca: CAs client certificates must chain to; None: none asked for. A verified
-            certificate opens the control plane.
-        verify_client: ``required`` or ``optional`` (no certificate: served, control calls need
-            the token; an invalid one is still refused).
+    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane:
+    authentication").
     """
 
     cert: Path
@@ -163,11 +142,7 @@ class TlsConfig(_Section):
 
 
 class AuthConfig(_Section):
-    """Control-plane credentials (docs/gateway.md, "Control plane: authentication").
-
-    Attributes:
-        token_file: first line is the token; None: :func:`hloserve.gateway.auth.read_token`.
-    """
+    """Control-plane credentials (docs/gateway.md, "Control plane: authentication")."""
 
     token_file: Path | None = None
 
@@ -225,12 +200,7 @@ KNOBS = (
 
 
 class GatewayConfig(_Section):
-    """Settings of one gateway process (keys: docs/gateway.md, "Configuration").
-
-    Attributes:
-        exit_timeout_seconds: on stop, the public ports stop taking connections at once and the
-            gateway stops when the last request in flight is answered or this runs out.
-    """
+    """Settings of one gateway process (keys: docs/gateway.md, "Configuration")."""
 
     listen: HostPort = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)

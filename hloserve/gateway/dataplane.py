@@ -154,15 +154,12 @@ class Listen:
 
     Attributes:
         control: the control plane's gRPC server (loopback).
-        grpc_checked: a loopback bind of the gRPC frontend where the control plane sends the
-            ModelInfer requests it checked (a name the map lacks is refused there); None: none.
-        http_control: the control plane's HTTP server (:mod:`hloserve.gateway.fleet_http`);
-            None: any worker answers those paths.
-        http_checked: a loopback HTTP frontend routing like ``http``, where checked JSON
-            inference requests are re-sent; None: they go to the workers unchecked.
-        pem: certificate chain and key in one PEM (TLS on), or None.
-        client_cert_secret: the value of :data:`hloserve.gateway.auth.CERT_HEADER` set on
-            control requests of a connection with a verified client certificate; None: removed.
+        grpc_checked: a loopback bind of the gRPC frontend for the ModelInfer requests the
+            control plane checked (a name the map lacks is refused there).
+        http_control: the control plane's HTTP server; None: any worker answers those paths.
+        http_checked: a loopback HTTP frontend for checked JSON inference; None: unchecked.
+        client_cert_secret: the :data:`~hloserve.gateway.auth.CERT_HEADER` value set on control
+            requests of a verified client certificate; None: the header is removed.
     """
 
     grpc: str

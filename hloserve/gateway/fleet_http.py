@@ -253,14 +253,11 @@ def _leaves(data: Any) -> int:
 
 
 def json_data_mismatch(model: str, body: bytes) -> str | None:
-    """Why a JSON KServe inference request for ``model`` cannot be parsed, or None.
+    """Why a JSON inference request for ``model`` cannot be parsed, or None.
 
-    Only what tritonserver 2.51 trips on is judged: an input with ``data`` and a ``shape`` of
-    non-negative integers whose product differs from the element count. Anything else (JSON
-    that does not parse, inputs in shared memory or binary data) is left to the worker.
-
-    Returns:
-        Triton's text, then the model, the input and both counts; or None.
+    Only what tritonserver 2.51 trips on is judged: an input whose ``data`` element count
+    differs from the product of its ``shape`` (non-negative integers); anything else is left to
+    the worker. The message is Triton's text, then the model, the input and both counts.
     """
     try:
         request = json.loads(body)
@@ -290,15 +287,13 @@ class FleetHttp:
     """The fleet's answers to the KServe HTTP calls of the module docstring (no server).
 
     Args:
-        workers: every worker's Triton HTTP endpoint (host:port), in the gateway's worker order.
-        request_timeout_s: timeout of a register, unregister or status call, seconds.
-        probe_timeout_s: timeout of an index call and of a register's roll-back, seconds.
+        workers: every worker's Triton HTTP endpoint, in the order of ``grpc_workers`` (the
+            names ``control`` decides in).
+        probe_timeout_s: of an index call and a register's roll-back (other calls:
+            ``request_timeout_s``).
         repository_headers: headers of every index call (the workers' model-control key).
-        control: decides where a model load or unload goes, run on ``loop``; None: those paths
-            go to the first worker.
-        grpc_workers: every worker's gRPC endpoint, in the order of ``workers`` (the names
-            ``control`` decides in).
-        checked: HAProxy's ``http_checked`` frontend (host:port); None: no JSON inference here.
+        control: decides model loads and unloads, run on ``loop``; None: the first worker.
+        checked: HAProxy's ``http_checked`` frontend; None: no JSON inference comes here.
         auth: credentials a model load or unload needs; None: none checked.
 
     Raises:

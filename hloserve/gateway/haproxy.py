@@ -101,15 +101,10 @@ def master_ready(path: str, timeout_s: float) -> bool:
 class HAProxy:
     """One HAProxy master-worker process serving a :class:`Layout`.
 
-    Args:
-        grpc: host:port clients connect to (a concrete port).
-        control: host:port of the Python control plane (the fallback backend).
-        http_control, http_checked, client_cert_secret: as
-            :class:`~hloserve.gateway.dataplane.Listen`'s.
-
-    With ``config.tls``, certificate and key are joined into one PEM and plaintext is refused.
-    The master gets SIGTERM when the thread that started it dies (``setpriv --pdeathsig``, when
-    util-linux is there): start it from a thread that lives as long as the gateway.
+    ``grpc`` is the public host:port (a concrete port), ``control`` the control plane's;
+    the others are :class:`~hloserve.gateway.dataplane.Listen`'s. The master gets SIGTERM when
+    the thread that started it dies (``setpriv --pdeathsig``): start it from a thread that lives
+    as long as the gateway.
 
     Raises:
         UnavailableError: HAProxy is missing, refuses the configuration or cannot bind.

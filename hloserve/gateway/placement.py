@@ -17,13 +17,8 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class ModelLoad:
-    """What the packer knows of one model.
-
-    Attributes:
-        arrival_rate: items per second (an EWMA), >= 0.
-        cost_per_item_seconds: compute seconds per item on one worker, >= 0.
-        weight_bytes: device weight footprint, bytes, charged in full to every replica.
-        replicas: a positive integer (clamped to the fleet size) or ``"all"``.
+    """What the packer knows of one model: arrival rate (items/s), cost per item (seconds), weight
+    bytes (charged in full to every replica), replicas (clamped to the fleet, or ``"all"``).
     """
 
     name: str
@@ -40,12 +35,8 @@ class ModelLoad:
 
 @dataclass(frozen=True)
 class WorkerCapacity:
-    """What the packer knows of one worker.
-
-    Attributes:
-        name: worker endpoint (host:port), the key used in assignments.
-        weight_budget_bytes: device bytes for model weights; 0 = unconstrained.
-        compute_capacity: compute seconds per second the worker delivers (1.0 = one GPU).
+    """What the packer knows of one worker: its endpoint, weight budget (bytes; 0 = unconstrained),
+    compute capacity (compute seconds per second; 1.0 = one GPU).
     """
 
     name: str
@@ -60,10 +51,8 @@ class Placement:
     Attributes:
         assignment: model name -> workers holding it (distinct, in the order chosen).
         compute_share: worker -> compute seconds per second assigned / capacity.
-        weight_bytes: worker -> bytes of weights assigned.
         moved: models whose worker set differs from the previous placement.
         held_by_hysteresis: models that kept a worker although another was less pressured.
-        warnings: oversubscription, clamped replica counts.
     """
 
     assignment: Mapping[str, tuple[str, ...]]

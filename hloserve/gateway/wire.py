@@ -17,11 +17,7 @@ from hloserve.protos.infer_head_pb2 import InferRequestHead
 
 @dataclass(frozen=True)
 class InferHead:
-    """What the gateway reads of an inference request (fields 1, 2, 3; "" when absent).
-
-    Attributes:
-        inputs: (name, shape) of every input tensor, in request order.
-    """
+    """What the gateway reads of an inference request ("" when absent); input shapes only."""
 
     model_name: str
     model_version: str
@@ -45,11 +41,8 @@ def peek_infer_request(data: bytes) -> InferHead:
 
 
 def check_shapes(head: InferHead, max_batch: int | None) -> None:
-    """Refuse input shapes no model can run, before the request is forwarded (a 0-row BYTES input
-    crashed tritonserver's Python backend).
-
-    ``max_batch``: the model's ``max_batch_size`` when it batches; None: only negative extents
-    are refused.
+    """Refuse input shapes no model can run (a 0-row BYTES input crashed tritonserver's Python
+    backend); ``max_batch`` None: only negative extents are refused.
 
     Raises:
         InvalidArgumentError: a negative extent; or, batching, a leading extent of 0 or above
