@@ -85,10 +85,8 @@ class GatewayMetrics:
 
 
 class AdminServer(AdminHttpServer):
-    """``/healthz`` (200 while running), ``/readyz`` (200 when ``ready()``, else 503), ``/metrics``,
-    on a daemon thread (port 0: a free one, see :attr:`port`).
-
-    ``ready`` is called per ``/readyz`` request: cheap and thread-safe.
+    """``/healthz`` (200), ``/readyz`` (200 when ``ready()``, cheap and thread-safe, else 503),
+    ``/metrics``, on a daemon thread (port 0: a free one, see :attr:`port`).
 
     Raises:
         OSError: the port is taken.

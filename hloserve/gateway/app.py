@@ -94,13 +94,9 @@ async def run_gateway(
     admin_port: int | None = None,
     on_ready: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Serve the gateway until ``stop`` is set, then shut down (draining up to
-    ``exit_timeout_seconds``).
-
-    Args:
-        listen: overrides ``config.listen`` (port 0: a free one).
-        admin_port: overrides ``config.admin_port`` (0: a free one).
-        on_ready: called with the bound gRPC port and admin port once both accept calls.
+    """Serve the gateway until ``stop`` is set, then shut down, draining up to
+    ``exit_timeout_seconds``; ``listen`` and ``admin_port`` override the config's (port 0: a
+    free one); ``on_ready`` gets the bound gRPC and admin ports once both accept calls.
 
     Raises:
         UnavailableError: the listen address or the admin port cannot be bound.

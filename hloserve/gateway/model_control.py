@@ -97,12 +97,9 @@ class Outcome(Generic[R]):
 class ModelControl:
     """The model-control decision of the module docstring, on the gateway's event loop.
 
-    Attributes:
-        upstreams: gRPC channels to the workers (index and config reads).
-        probe_timeout_s: deadline of one index or config read, seconds.
-        refresh: rediscovers the routing table after the steps (forced when a
-            :class:`~hloserve.gateway.discovery.SingleFlight`).
-        place: where a model no worker holds goes (:data:`Place`); None = every candidate.
+    ``refresh`` rediscovers the routing table after the steps (forced when a
+    :class:`~hloserve.gateway.discovery.SingleFlight`); ``place``: where a model no worker holds
+    goes (None: every candidate).
     """
 
     router: Router

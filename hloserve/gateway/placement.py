@@ -87,16 +87,9 @@ def compute_placement(
     hysteresis: float = 0.0,
     forbid_memory_oversubscription: bool = True,
 ) -> Placement:
-    """Place every model on its replica count of distinct workers, heaviest first.
-
-    Models are sorted by descending utilization ``u`` (ties: larger weight, then name); each
-    goes on ``k = clamp(replicas, 1, N)`` workers, one replica at a time on the worker with the
-    lowest ``pressure = max(compute share, weight bytes / budget)`` after it, charged ``u / k``
-    and the full weights; cold models (``u == 0``) by memory share. With
-    ``forbid_memory_oversubscription`` a worker the model would overflow is skipped while another
-    has room (else placed anyway, with a warning). Hysteresis: a worker of ``previous`` is kept
-    when its pressure x (1 - hysteresis) is at most the best. Ties: fewer models, then earlier
-    in ``workers``.
+    """Place every model on its replica count of distinct workers, heaviest first, by Graham's LPT
+    rule over compute share and weight memory with hysteresis (docs/gateway.md, "Placement
+    (lpt_packing)").
 
     Raises:
         ValueError: no workers, duplicate worker names, or hysteresis outside [0, 1).

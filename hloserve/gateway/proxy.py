@@ -32,12 +32,9 @@ from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
 class GatewayProxy:
     """Handlers of the gateway's ``inference.GRPCInferenceService``.
 
-    Args:
-        request_timeout_s: deadline of one forwarded call, seconds.
-        probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
-        refresh: called when a request names a model not in the table (a discovery pass).
-        place: where a model no worker holds is loaded (:attr:`model_control`, shared with the
-            KServe HTTP server).
+    ``refresh`` runs when a request names a model not in the table (a discovery pass);
+    ``place``: where a model no worker holds is loaded (:attr:`model_control`, shared with the
+    KServe HTTP server).
     """
 
     def __init__(
