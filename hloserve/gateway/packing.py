@@ -84,19 +84,15 @@ class _Estimate:
 class LptController:
     """Turns discovery results and statistics into the ``lpt_packing`` routing table.
 
-    Not thread-safe: one discovery loop owns it. ``internal_models`` (default the runtime model)
-    are never estimated or placed and keep every replica. A meta model and its callees are one
+    Not thread-safe: one discovery loop owns it. The runtime model is never estimated or placed
+    and keeps every replica. A meta model and its callees are one
     placement unit (docs/meta_models.md): the meta weighs its callees' bytes with no compute of
     its own, and each callee is also routed where the meta went.
     """
 
-    def __init__(
-        self,
-        scheduling: SchedulingConfig,
-        internal_models: frozenset[str] = frozenset({RUNTIME_MODEL}),
-    ) -> None:
+    def __init__(self, scheduling: SchedulingConfig) -> None:
         self._scheduling = scheduling
-        self._internal = internal_models
+        self._internal = frozenset({RUNTIME_MODEL})
         self.clock = RepackClock(
             scheduling.rebalance_compute_seconds, scheduling.first_rebalance_compute_seconds
         )
@@ -109,11 +105,6 @@ class LptController:
         self._placed_workers: frozenset[str] = frozenset()
         self._discovered = RoutingTable()
         self.weights = WeightInfo()
-
-    @property
-    def scheduling(self) -> SchedulingConfig:
-        """The knobs in force."""
-        return self._scheduling
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
         """Use new knobs: replica counts and hysteresis at the next repack, budgets at once
