@@ -1,11 +1,5 @@
-"""Option groups shared by ``hloserve repo build``, ``serve`` and ``gateway``.
-
-Each group is an ``add_*`` function that adds its flags to a parser and, where the flags make a
-typed value, a reader that turns the parsed arguments into it (raising
-:class:`~hloserve.errors.InvalidArgumentError` for a malformed value): the weight cache
-(docs/on_demand_weights.md), compiled batch sizes (docs/bundles.md), scheduling
-(docs/scheduling.md), the executable cache (docs/serving.md) and the gateway's TLS flags
-(docs/gateway.md).
+"""Option groups shared by ``hloserve repo build``, ``serve`` and ``gateway``: ``add_*`` adds
+a group's flags, its reader makes the typed value (InvalidArgumentError when malformed).
 """
 
 from __future__ import annotations
@@ -169,7 +163,7 @@ def add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
 
 def executable_cache_options(args: argparse.Namespace) -> typed.ExecutableCacheOptions:
     """The ``ExecutableCacheOptions`` of :func:`add_executable_cache_options`'s arguments
-    (a directory made absolute: the runtime runs elsewhere).
+    (the directory made absolute).
 
     Raises:
         InvalidArgumentError: --executable-cache-bytes below 0.
@@ -191,12 +185,8 @@ def executable_cache_options(args: argparse.Namespace) -> typed.ExecutableCacheO
 
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     """Every flag that shapes the repository built from bundles (docs/serving.md, "Build
-    options"): one per scalar field of
-    :class:`~hloserve.model_repository_tools.build_options.BuildOptions` with a help text,
-    declared there, then --max-queue-size and the weight cache, batch size, scheduling and
-    executable cache groups. ``when`` fills the fields' ``{when}`` (e.g. ``" when building"``
-    for ``serve``, whose PATH may be a built repository).
-    """
+    options"), the scalar ones declared on ``BuildOptions``' fields; ``when`` fills their
+    help's ``{when}`` (``" when building"`` for ``serve``)."""
     from hloserve.model_repository_tools.build_options import BuildOptions
 
     for f in dataclasses.fields(BuildOptions):
@@ -226,8 +216,7 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 
 def build_options(args: argparse.Namespace) -> typed.BuildOptions:
-    """The one :class:`~hloserve.model_repository_tools.build_options.BuildOptions` of
-    :func:`add_build_options`'s flags, for ``build_repository`` and ``ServeOptions.build``.
+    """The ``BuildOptions`` of :func:`add_build_options`'s flags.
 
     Raises:
         InvalidArgumentError: a malformed --residency or --model-weight, a weight <= 0, or
@@ -297,8 +286,7 @@ def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
 
 
 def add_config_flag(parser: argparse.ArgumentParser, what: str, variables: str) -> None:
-    """``--config FILE``: the YAML settings file of ``gateway`` or ``node``, whose keys the
-    ``variables`` (e.g. ``HLOSERVE_NODE_*``) override (the default: those alone)."""
+    """``--config FILE``: the YAML settings of ``gateway`` or ``node``."""
     parser.add_argument(
         "--config",
         type=Path,
