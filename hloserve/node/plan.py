@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hloserve.errors import GpuNotFoundError, InvalidArgumentError, NodeConfigError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
@@ -344,8 +344,16 @@ def gateway_config(
 PORTS_PER_WORKER = 3
 
 
-def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[tuple[int, int, int]]:
-    """``(http, grpc, metrics)`` of ``count`` workers: worker i takes ``base + 3i`` ..
+class WorkerPorts(NamedTuple):
+    """The three ports of one worker."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
+    """The ports of ``count`` workers: worker i takes ``base + 3i`` ..
     ``base + 3i + 2``, as the node file's default port plan; ``base`` 0: free ports on ``host``.
 
     Raises:
@@ -355,7 +363,7 @@ def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[tuple[i
         raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
     if base == 0:
         free = free_ports(PORTS_PER_WORKER * count, host)
-        return [(free[i], free[i + 1], free[i + 2]) for i in range(0, len(free), 3)]
+        return [WorkerPorts(*free[i : i + 3]) for i in range(0, len(free), 3)]
     last = base + PORTS_PER_WORKER * count - 1
     if base < 1 or last > 65535:
         raise InvalidArgumentError(
@@ -365,7 +373,7 @@ def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[tuple[i
     plan = PortsConfig(
         http_base=base, grpc_base=base + 1, metrics_base=base + 2, stride=PORTS_PER_WORKER
     )
-    return [plan.of_worker(i) for i in range(count)]
+    return [WorkerPorts(*plan.of_worker(i)) for i in range(count)]
 
 
 def fleet_gateway_config(

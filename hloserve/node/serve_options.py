@@ -227,7 +227,9 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         options = dataclasses.replace(options, model_control_key=launcher_key())
     gateway = None
     if len(gpus) == 1:
-        ports = [(options.http_port, options.grpc_port, options.metrics_port)]
+        ports: Sequence[tuple[int, int, int]] = [
+            (options.http_port, options.grpc_port, options.metrics_port)
+        ]
     else:
         if options.grpc_port == 0:
             options = dataclasses.replace(options, grpc_port=free_port(options.host))

@@ -58,9 +58,9 @@ def _serve_two_workers(
 
 def test_worker_ports_are_consecutive_from_the_base() -> None:
     ports = worker_ports(2, 8100)
-    assert ports == [(8100, 8101, 8102), (8103, 8104, 8105)]
+    assert [(p.http, p.grpc, p.metrics) for p in ports] == [(8100, 8101, 8102), (8103, 8104, 8105)]
     free = worker_ports(2, 0)
-    assert len({p for w in free for p in w}) == 6
+    assert len({p for w in free for p in (w.http, w.grpc, w.metrics)}) == 6
 
 
 def test_serve_workers_refuses_bad_settings_before_starting(tmp_path: Path) -> None:
