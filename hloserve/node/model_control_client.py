@@ -33,12 +33,15 @@ class FleetModelControl:
                 raise RuntimeError(f"worker {i} ({control.http_url}): {error_text(exc)}") from exc
 
     def load(self, model: str) -> None:
+        """Load or reload ``model`` on every running worker."""
         self._each(lambda c: c.load(model))
 
     def reload(self, model: str) -> None:
+        """Load ``model`` again (fresh instances) on every running worker."""
         self._each(lambda c: c.reload(model))
 
     def unload(self, model: str) -> None:
+        """Unload ``model`` on every running worker."""
         self._each(lambda c: c.unload(model))
 
     def index(self) -> list[dict[str, Any]]:
