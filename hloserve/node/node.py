@@ -17,7 +17,6 @@ from hloserve.errors import NodeError
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodePlan,
-    WorkerPlan,
     device_name,
     gateway_config,
     gateway_enabled,
@@ -35,28 +34,6 @@ log = logging.getLogger("hloserve.node")
 def _pid_file(name: str) -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"hloserve-node-{name}.pid"
-
-
-def node_plan(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> NodePlan:
-    """The node the supervisor runs for ``config``'s workers.
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
-    use_gateway = gateway_enabled(config, len(plan))
-    return NodePlan(
-        servers=tuple(node_server_options(config, w, model_control_key) for w in plan),
-        gateway=gateway_config(config, plan, model_control_key) if use_gateway else None,
-        devices=tuple(device_name(w.gpu) for w in plan),
-        restart=config.restart,
-        name=config.name,
-        prefix=f"hloserve node {config.name}",
-        host=config.host,
-        admin_port=config.admin_port,
-        startup_timeout_s=config.tritonserver.startup_timeout_s,
-    )
 
 
 def run_node_up(
@@ -84,7 +61,17 @@ def run_node_up(
         from hloserve.model_control import launcher_key
 
         key = launcher_key()
-    node = node_plan(config, plan, key)
+    node = NodePlan(
+        servers=tuple(node_server_options(config, w, key) for w in plan),
+        gateway=gateway_config(config, plan, key) if gateway_enabled(config, len(plan)) else None,
+        devices=tuple(device_name(w.gpu) for w in plan),
+        restart=config.restart,
+        name=config.name,
+        prefix=f"hloserve node {config.name}",
+        host=config.host,
+        admin_port=config.admin_port,
+        startup_timeout_s=config.tritonserver.startup_timeout_s,
+    )
     stop = stop or threading.Event()
     workers: Workers | None = None
     if config.runtime == "docker":

@@ -296,15 +296,20 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     return ports
 
 
-def worker_endpoints(
+def _fleet_keys(
     workers: Sequence[tuple[str, int, int, int | None]],
-) -> dict[str, list[str]]:
-    """The gateway's ``workers``, ``worker_metrics`` and ``worker_http`` from each worker's
-    ``(host, http_port, grpc_port, metrics_port)`` (metrics None: left out)."""
+    listen: str,
+    http_listen: str | None,
+    admin_port: int,
+) -> dict[str, Any]:
+    """The gateway keys a node sets, from each worker's ``(host, http, grpc, metrics)``."""
     return {
         "workers": [f"{h}:{grpc}" for h, _, grpc, _ in workers],
         "worker_metrics": [f"{h}:{m}" for h, _, _, m in workers if m is not None],
         "worker_http": [f"{h}:{http}" for h, http, _, _ in workers],
+        "listen": listen,
+        "http_listen": http_listen,
+        "admin_port": admin_port,
     }
 
 
@@ -319,15 +324,9 @@ def gateway_config(
     """
     from pydantic import ValidationError
 
-    host = connect_host(config.host)
-    endpoints = worker_endpoints([(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan])
-    data = {
-        **config.gateway.settings,
-        "listen": config.gateway.listen,
-        "http_listen": config.gateway.http_listen,
-        "admin_port": config.gateway.admin_port,
-        **endpoints,
-    }
+    g, host = config.gateway, connect_host(config.host)
+    workers = [(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan]
+    data = {**g.settings, **_fleet_keys(workers, g.listen, g.http_listen, g.admin_port)}
     if model_control_key:
         upstream = dict(data.get("upstream") or {})
         data["upstream"] = {**upstream, "model_control_key": model_control_key}
@@ -392,15 +391,12 @@ def fleet_gateway_config(
         GatewayConfigError: the file or an environment override is invalid.
     """
     env = dict(os.environ if environ is None else environ)
-    endpoints = worker_endpoints(
-        [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
-    )
-    for key, values in endpoints.items():
-        env[ENV_PREFIX + key.upper()] = ",".join(values)
-    env[ENV_PREFIX + "LISTEN"] = listen
-    if http_listen is not None:
-        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
-    env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
+    fleet = [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
+    for key, value in _fleet_keys(fleet, listen, http_listen, admin_port).items():
+        if value is not None:
+            env[ENV_PREFIX + key.upper()] = (
+                ",".join(value) if isinstance(value, list) else str(value)
+            )
     keys = sorted({w.model_control_key for w in workers if w.model_control_key})
     if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
         env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]

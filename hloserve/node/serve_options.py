@@ -92,21 +92,6 @@ MANAGED_FLAGS = {
 }
 
 
-def check_passthrough(args: Sequence[str]) -> None:
-    """Refuse tritonserver flags after ``--`` that ``hloserve serve`` sets itself.
-
-    Raises:
-        InvalidArgumentError: names the flag and the ``hloserve serve`` option to use instead.
-    """
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            raise InvalidArgumentError(
-                f"{flag} after '--' would change what hloserve serve sets and watches: use "
-                f"hloserve serve's {MANAGED_FLAGS[flag]} instead"
-            )
-
-
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models, with
     :data:`~hloserve.node.plan.SERVING_FLAGS`; in explicit mode the named models' dependencies
@@ -278,19 +263,21 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
             settings.
         PortInUseError: (UNAVAILABLE) a port of the server or of the gateway is taken.
     """
-    check_passthrough(options.tritonserver_args)
+    for flag in (arg.split("=", 1)[0] for arg in options.tritonserver_args):
+        if flag in MANAGED_FLAGS:
+            raise InvalidArgumentError(
+                f"{flag} after '--' would change what hloserve serve sets and watches: use "
+                f"hloserve serve's {MANAGED_FLAGS[flag]} instead"
+            )
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
     workers = len(serve_gpus(options) if gpus is None else gpus)
     build = options.build
-    if build is not None and build.front_instances < 1:
-        raise InvalidArgumentError(
-            f"--front-instances must be at least 1, got {build.front_instances}"
-        )
-    if build is not None and build.max_request_bytes < 1:
-        raise InvalidArgumentError(
-            f"--max-request-bytes must be at least 1, got {build.max_request_bytes}"
-        )
+    sizes = {} if build is None else {"--front-instances": build.front_instances}
+    sizes |= {} if build is None else {"--max-request-bytes": build.max_request_bytes}
+    for flag, value in sizes.items():
+        if value < 1:
+            raise InvalidArgumentError(f"{flag} must be at least 1, got {value}")
     if options.gateway_config is not None and workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
     if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):

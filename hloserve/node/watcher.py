@@ -25,6 +25,7 @@ from hloserve.model_control import RepositoryClient
 from hloserve.node.model_control_client import FleetModelControl, error_text
 
 if TYPE_CHECKING:
+    from hloserve.bundle.manifest import Manifest
     from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.tritonserver import TritonServer
     from hloserve.observability.supervisor import NodeObservability
@@ -323,10 +324,13 @@ class BundleWatcher:
         self._calls: dict[str, tuple[str, ...]] = {}
         self._kinds: dict[str, str] = {}
         for name in self.acted:
-            manifest = load_bundle(self._served_copy(name)).manifest
-            self._kinds[name] = manifest.kind
-            if manifest.is_meta:
-                self._calls[name] = tuple(manifest.calls)
+            self._remember(name, load_bundle(self._served_copy(name)).manifest)
+
+    def _remember(self, name: str, manifest: Manifest) -> None:
+        self._kinds[name] = manifest.kind
+        self._calls.pop(name, None)
+        if manifest.is_meta:
+            self._calls[name] = tuple(manifest.calls)
 
     def run(self, stop: threading.Event) -> None:
         """Poll every ``interval_s`` until ``stop`` is set; a failed round is reported."""
@@ -375,17 +379,8 @@ class BundleWatcher:
 
     def _source_calls(self, models: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """What the meta bundles among ``models`` call (a bad manifest: nothing)."""
-        from hloserve.bundle import load_bundle
-
-        found = {}
-        for name in models:
-            try:
-                manifest = load_bundle(self.bundles_dir / name).manifest
-            except HloserveError:
-                continue
-            if manifest.is_meta:
-                found[name] = tuple(manifest.calls)
-        return found
+        manifests = {n: _manifest(self.bundles_dir / n) for n in models}
+        return {n: tuple(m.calls) for n, m in manifests.items() if m is not None and m.is_meta}
 
     def records(self) -> list[ModelRecord]:
         """A copy of every model's record, by name."""
@@ -435,9 +430,9 @@ class BundleWatcher:
         from hloserve.bundle import check_bundle
 
         source = self.bundles_dir / name
-        kinds = {**self._kinds}
+        kind = getattr(_manifest(source), "kind", "model")  # check_bundle reports a bad one
         try:
-            bundle = check_bundle(source, models={**kinds, name: _kind(source)})
+            bundle = check_bundle(source, models={**self._kinds, name: kind})
         except HloserveError as exc:
             self._fail(name, "validation", exc.message)
             return False
@@ -465,10 +460,7 @@ class BundleWatcher:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         prune_versions(self.repository / name, keep_from=installed.version - 1)
-        self._kinds[name] = manifest.kind
-        self._calls.pop(name, None)
-        if manifest.is_meta:
-            self._calls[name] = tuple(manifest.calls)
+        self._remember(name, manifest)
         self._record(
             name, version=installed.version, state="READY", error="", last_reload=time.time()
         )
@@ -509,13 +501,13 @@ class BundleWatcher:
         return self.repository / name / str(max(versions, default=1)) / leaf
 
 
-def _kind(bundle: Path) -> str:
+def _manifest(bundle: Path) -> Manifest | None:
     from hloserve.bundle import load_bundle
 
     try:
-        return load_bundle(bundle).manifest.kind
+        return load_bundle(bundle).manifest
     except HloserveError:
-        return "model"  # check_bundle reports why
+        return None
 
 
 def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
