@@ -45,18 +45,11 @@ def perf_analyzer_binary() -> Path:
 
 def perf_analyzer_env() -> dict[str, str]:
     """Environment with ``libcudart.so.12`` from the nvidia-cuda-runtime-cu12 wheel."""
-    env = dict(os.environ)
     spec = importlib.util.find_spec("nvidia")
-    libdirs = []
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            lib = Path(root) / "cuda_runtime" / "lib"
-            if lib.is_dir():
-                libdirs.append(str(lib))
-    if env.get("LD_LIBRARY_PATH"):
-        libdirs.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs)
-    return env
+    roots = (spec.submodule_search_locations if spec else None) or []
+    libdirs = [str(p) for r in roots if (p := Path(r) / "cuda_runtime" / "lib").is_dir()]
+    inherited = [os.environ["LD_LIBRARY_PATH"]] if os.environ.get("LD_LIBRARY_PATH") else []
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libdirs + inherited)}
 
 
 def run_perf_analyzer(
@@ -75,12 +68,8 @@ def run_perf_analyzer(
     """Measure ``model`` at ``url`` (``host:port``) at each concurrency level, one run each;
     (a result per level, every run's stdout).
 
-    Args:
-        shape: ``--shape NAME:D1,D2`` values for inputs with variable dims.
-        input_data: an ``--input-data`` JSON file (default: random data).
-        request_count: ``--request-count`` instead of windows repeated until two agree (a
-            loaded machine may never be stable).
-        timeout_s: wall-clock limit for each run.
+    Arguments map to perf_analyzer's flags (``shape``: ``--shape NAME:D1,D2`` values;
+    ``request_count``: instead of windows repeated until two agree); ``timeout_s`` per run.
 
     Raises:
         PerfAnalyzerError: perf_analyzer failed (its output is in the message).

@@ -39,15 +39,9 @@ class WorkerPlan:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What :func:`hloserve.node.supervisor.run_node` runs, for ``serve`` and ``node up``.
-
-    Attributes:
-        gateway: the gateway's settings, or None to run without one.
-        devices: a word per worker for the report ("GPU 0", "CPU").
-        name: the node's name (admin port's ``node`` label, run directory, target file).
-        prefix: the first words of each report line ("hloserve", "hloserve node NAME").
-        admin_port: the supervisor's admin port; None = 8003, off with a warning when taken.
-    """
+    """What :func:`hloserve.node.supervisor.run_node` runs, for ``serve`` and ``node up``:
+    ``gateway`` None runs none; ``devices`` and ``prefix`` ("hloserve node NAME") word the
+    report; ``admin_port`` None = 8003, off with a warning when taken."""
 
     servers: tuple[TritonServerOptions, ...]
     gateway: GatewayConfig | None = None
@@ -128,16 +122,13 @@ def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
 def assign_gpus(
     gpus: str | Sequence[int] | None, workers: int | None, visible: Sequence[int]
 ) -> list[int | None]:
-    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``.
-
-    ``gpus`` is ``"all"``, ``"none"``, indices (a list or ``"0,1"``) or None. Neither given:
-    one worker per visible GPU (one CPU worker without GPUs); ``workers`` alone: the first
-    ``workers`` GPUs; ``"none"``: ``workers`` (default 1) CPU workers.
+    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``
+    (semantics: ``hloserve serve --help``; ``visible``: :func:`detect_gpus`).
 
     Raises:
         InvalidArgumentError: ``--workers`` below 1, disagreeing with ``--gpus``, or above the
-            visible GPUs; an index not visible; a malformed ``--gpus``.
-        GpuNotFoundError: ``--gpus`` asks for GPUs but none is visible.
+            visible GPUs; a malformed ``--gpus``.
+        GpuNotFoundError: a GPU asked for is not visible.
     """
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")

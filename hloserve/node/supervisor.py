@@ -184,12 +184,8 @@ def run_node(
     workers: Workers | None = None,
     serving: Serving | None = None,
 ) -> int:
-    """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1).
-
-    Args:
-        workers: the runtime's workers (docker); None = process workers.
-        serving: entered once the node is ready (``serve --watch``); None = the admin port's
-            ``/models`` answers from the workers' repository index (process workers).
+    """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1) on ``workers``
+    (None: process workers); ``serving`` is entered once the node is ready (``--watch``).
 
     Raises:
         HloserveError: a worker or the gateway did not start.

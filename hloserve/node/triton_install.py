@@ -4,7 +4,6 @@ the Python backend, one stub per Python version) and the backend directory a ser
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
@@ -114,8 +113,11 @@ def check_backends(repository: Path, available: set[str]) -> None:
 def compose_backend_dir(
     run_dir: Path, install: TritonInstall, extra_backend_dirs: Mapping[str, Path]
 ) -> Path:
-    """Build ``<run_dir>/backends``: ``python/`` (hard links or copies) and one symlink per
-    extra backend directory."""
+    """Build ``<run_dir>/backends``: ``python/`` and one symlink per extra backend.
+
+    Raises:
+        InvalidArgumentError: a backend name is reserved, or its directory has no model.py.
+    """
     backends = run_dir / "backends"
     python = backends / PYTHON_BACKEND
     python.mkdir(parents=True, exist_ok=True)
@@ -146,16 +148,3 @@ def _link_or_copy(dst: Path, src: Path, *, symbolic: bool = False) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` without following symlinks (the links point into the wheel)."""
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, name))
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(root, name))
-    with contextlib.suppress(OSError):
-        path.rmdir()

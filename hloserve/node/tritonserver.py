@@ -15,6 +15,7 @@ import contextlib
 import http.client
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -41,7 +42,6 @@ from hloserve.node.triton_install import (
     TritonInstall,
     check_backends,
     compose_backend_dir,
-    remove_tree,
 )
 from hloserve.node.triton_options import (
     TritonServerOptions,
@@ -351,7 +351,7 @@ class TritonServer:
                 with contextlib.suppress(OSError):
                     shm.unlink()
         if self._owns_run_dir and self._run_dir is not None:
-            remove_tree(self._run_dir)
+            shutil.rmtree(self._run_dir, ignore_errors=True)  # links into the wheel: not followed
             self._run_dir = None
             self._owns_run_dir = False
 
