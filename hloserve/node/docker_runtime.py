@@ -1,18 +1,7 @@
 """The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
 
-:func:`~hloserve.node.docker_spec.container_spec` (pure, in :mod:`hloserve.node.docker_spec`)
-turns the node settings and one worker's plan into the keyword arguments of
-``containers.run``. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
-containers, waits for readiness, streams their logs with a ``[worker i]`` prefix, reports
-restarts, and stops and removes them. :func:`remove_node_containers` is ``hloserve node down``.
-
-Restarts are Docker's: every container carries the node's restart policy
-(``restart_policy``), so a worker that crashes is restarted by the daemon even when the
-``node up`` process is gone; ``node up`` only watches ``RestartCount``, re-attaches the log
-stream and, for the ``tritonserver`` launcher, loads the models after the runtime again once
-the restarted worker is ready (the load order of :func:`~hloserve.node.plan.runtime_first`;
-a restart while ``node up`` is gone leaves the restarted worker with the runtime model only).
-Each container is found again by its labels ``hloserve.node=<name>`` and ``hloserve.worker=<i>``.
+:class:`DockerWorkers` starts, watches and stops the containers (restarts are Docker's own,
+docs/deployment.md); :func:`remove_node_containers` is ``hloserve node down``.
 """
 
 from __future__ import annotations
