@@ -1,11 +1,7 @@
 """The manifest's named-axis tensor notation, as plain functions (docs/bundles.md).
 
-A tensor's ``shape`` is a row-major string of single letters (NumPy/JAX order) and ``dims``
-gives the size of each letter but the batch letter: ``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is
-an array of shape ``(batch, 8, 8, 1)``. The manifest's typed tensors
-(:class:`hloserve.bundle.manifest_sections.TensorSpec`) and the front's spec
-(:class:`hloserve.bundle.front_spec.SpecTensor`) both take :class:`TensorNotation`'s answers,
-so the rules live once. Imports the dtype table only (no pydantic).
+``shape`` is a row-major string of letters, ``dims`` the size of each but the batch letter:
+``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is shape ``(batch, 8, 8, 1)``. Imports no pydantic.
 """
 
 from __future__ import annotations
@@ -34,8 +30,8 @@ def batch_axis(shape: str) -> int | None:
 def wire_tensors(
     declared: Sequence[_T] | None, tensors: Sequence[_T], carried: set[str]
 ) -> list[_T]:
-    """The tensors clients send or receive: the declared client tensors (``client_inputs`` /
-    ``client_outputs``) when given, else ``tensors`` less the state-carried names."""
+    """The tensors clients send or receive: ``declared`` (client tensors) when given, else
+    ``tensors`` less the state-``carried`` names."""
     if declared is not None:
         return list(declared)
     return [t for t in tensors if t.name not in carried]  # type: ignore[attr-defined]
@@ -49,12 +45,7 @@ def shape_at(
 ) -> tuple[int, ...]:
     """Row-major shape with the batch axis (if any) set to ``batch_size``.
 
-    Args:
-        shape: the axis letters.
-        dims: the size of each non-batch letter (:data:`VARIABLE` for a variable axis).
-        batch_size: size of the batch axis.
-        sizes: sizes of variable axes, e.g. a variant's ``dims``; a variable axis not in
-            ``sizes`` stays ``-1``.
+    ``sizes``: of variable axes, e.g. a variant's ``dims``; a variable axis not in it stays -1.
     """
     sizes = sizes or {}
     return tuple(
@@ -73,8 +64,7 @@ def variable_axes(shape: str, dims: Mapping[str, int]) -> list[str]:
 
 
 class TensorNotation:
-    """What a tensor's ``dtype``, ``shape`` and ``dims`` say; mixed into the tensor classes
-    (which hold those three as fields)."""
+    """What a tensor's ``dtype``, ``shape`` and ``dims`` fields say (a mixin)."""
 
     if TYPE_CHECKING:
         dtype: str
@@ -92,18 +82,12 @@ class TensorNotation:
         return batch_axis(self.shape)
 
     def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """Row-major shape with the batch axis (if any) set to ``batch_size``.
-
-        Args:
-            batch_size: size of the batch axis.
-            sizes: sizes of variable axes (``-1`` in ``dims``), e.g. a variant's ``dims``;
-                a variable axis not in ``sizes`` stays ``-1``.
-        """
+        """:func:`shape_at` of this tensor."""
         return shape_at(self.shape, self.dims, batch_size, sizes)
 
     @property
     def variable_axes(self) -> list[str]:
-        """Letters whose size is ``-1`` (varies between variants), in shape order."""
+        """:func:`variable_axes` of this tensor."""
         return variable_axes(self.shape, self.dims)
 
 

@@ -1,11 +1,7 @@
-"""The one reader of a bundle's ``weights.safetensors``: its tensors' shapes and dtypes, the
-tensors as host arrays, or as memory-mapped views.
+"""The one reader of ``weights.safetensors``: shapes and dtypes, arrays, or memory-mapped views.
 
-Format (huggingface/safetensors README, "Format"): an 8-byte little-endian header size N, N
-bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data; offsets are
-relative to the data's start. The header listing and the copies go through the ``safetensors``
-library (``safe_open``, which validates the file); the views need the data offsets, which the
-library does not expose, so they are computed from the header JSON.
+Format: huggingface/safetensors README, "Format". Views need the data offsets, which the
+``safetensors`` library does not expose, so :func:`mmap_tensors` reads the header JSON itself.
 """
 
 from __future__ import annotations

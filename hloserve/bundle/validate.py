@@ -1,14 +1,8 @@
-"""Check a bundle end to end: manifest rules, weights, and every executable's ``main`` signature.
+"""Check a bundle end to end: manifest rules, weights, ``model.py``, every executable's ``main``.
 
-``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
-every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
-A symbolic-batch bundle's one artifact per variant must have a dynamic size (``?``) at every
-batch axis and nowhere else, and must specialize to each declared compiled batch size (its shape
-assertions, e.g. ``b >= 2``, hold there).
-A meta bundle (``kind: meta``) has no executable: its ``model.py`` must define a top-level
-``run(inputs, call)`` (read with :mod:`ast` and compiled; nothing is imported or run), and each
-model in ``meta.calls`` must be among the bundles being built, not a meta, and not the meta
-itself. A model's ``model.py`` (hooks) is parsed and compiled the same way.
+``main`` takes ``(*weights_in_order, *inputs)`` and returns ``outputs`` at every compiled batch
+size; a symbolic artifact is dynamic (``?``) at the batch axes only and specializes to each
+compiled size. ``model.py`` is parsed and compiled, never imported (docs/bundles.md).
 """
 
 from __future__ import annotations
@@ -43,13 +37,7 @@ from hloserve.errors import (
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of the validator.
-
-    Attributes:
-        file: the file it is about, relative to the bundle directory.
-        message: what is wrong, naming the tensor or weight and expected vs actual.
-        warning: True for findings that do not make the bundle invalid.
-    """
+    """One finding: the file (relative to the bundle), what is wrong, whether only a warning."""
 
     file: str
     message: str
@@ -64,14 +52,9 @@ def validate_bundle(
 ) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
-    Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header; for
-    a meta bundle, parses ``model.py``.
-
     Args:
-        path: the bundle directory.
-        models: the bundles being built with it, model name -> kind (``"model"``/``"meta"``);
-            when given, a meta's ``meta.calls`` are checked against it. None skips that check
-            (a bundle validated on its own).
+        models: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
+            meta's ``meta.calls`` against; None skips that check.
         name: the model's name when it is not the directory's (a repository's bundle copy).
     """
     path = Path(path)
@@ -121,7 +104,6 @@ def read_labels(path: Path) -> list[str]:
 
 
 def _check_labels(bundle: Bundle) -> list[Problem]:
-    """Each labelled output's file: readable, one non-empty label per class."""
     problems = []
     for spec in bundle.manifest.wire_outputs:
         if spec.labels is None:
@@ -148,32 +130,21 @@ def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Proble
     problems = []
     for call in bundle.manifest.calls:
         if call == bundle.name:
-            problems.append(Problem(MANIFEST_FILE, f"meta.calls: {call!r} is this meta itself"))
-        elif models is None:
-            continue
-        elif call not in models:
+            problems.append(f"meta.calls: {call!r} is this meta itself")
+        elif models is not None and call not in models:
             problems.append(
-                Problem(
-                    MANIFEST_FILE,
-                    f"meta.calls: model {call!r} is not among the bundles being built "
-                    f"{sorted(models)}",
-                )
+                f"meta.calls: model {call!r} is not among the bundles being built {sorted(models)}"
             )
-        elif models[call] == "meta":
+        elif models is not None and models[call] == "meta":
             problems.append(
-                Problem(
-                    MANIFEST_FILE,
-                    f"meta.calls: model {call!r} is a meta model; a meta may only call models",
-                )
+                f"meta.calls: model {call!r} is a meta model; a meta may only call models"
             )
-    return problems + _check_run(bundle.path / MODEL_PY)
+    return [Problem(MANIFEST_FILE, p) for p in problems] + _check_run(bundle.path / MODEL_PY)
 
 
 def _check_hooks(bundle: Bundle) -> list[Problem]:
-    """Problems with a model's hooks: ``model.py`` parses, and defines ``preprocess`` when
-    ``client_inputs`` are declared and ``postprocess`` when ``client_outputs`` are."""
+    """``model.py`` defines ``preprocess``/``postprocess`` for declared client tensors."""
     manifest = bundle.manifest
-    file = bundle.path / MODEL_PY
     needed = [
         hook
         for hook, declared in (
@@ -182,18 +153,13 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
         )
         if declared is not None
     ]
-    if not file.exists():
-        return [
-            Problem(MODEL_PY, f"missing: client tensors are declared, so model.py must define {h}")
-            for h in needed
-        ]
-    try:
-        source = file.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    tree = _parse(file, source)
-    if isinstance(tree, Problem):
-        return [tree]
+    missing = [
+        Problem(MODEL_PY, f"missing: client tensors are declared, so model.py must define {h}")
+        for h in needed
+    ]
+    tree = _parse(bundle.path / MODEL_PY, missing)
+    if isinstance(tree, list):
+        return tree
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     return [
         Problem(
@@ -206,39 +172,36 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
     ]
 
 
-def _parse(file: Path, source: str) -> ast.Module | Problem:
-    """``model.py``'s syntax tree, or the problem that stops Python from importing it.
+def _parse(file: Path, missing: list[Problem]) -> ast.Module | list[Problem]:
+    """``model.py``'s syntax tree, or ``missing`` / the problems that stop its import.
 
-    Besides parsing, the source is compiled (never run): the compiler alone refuses some
-    code the parser accepts (a ``from __future__`` import after other statements, ``return``
-    outside a function, ``nonlocal`` at module level). Warnings the compiler raises (invalid
-    escape sequences) are left for the import to report.
+    The source is also compiled (never run): the compiler refuses code the parser accepts
+    (``return`` outside a function, a late ``from __future__``); its warnings are left alone.
     """
+    try:
+        source = file.read_text()
+    except FileNotFoundError:
+        return missing
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Problem(MODEL_PY, f"cannot read: {exc}")]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tree = ast.parse(source, filename=str(file))
             compile(source, str(file), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")
+        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
     except ValueError as exc:  # null bytes in the source
-        return Problem(MODEL_PY, f"cannot compile: {exc}")
+        return [Problem(MODEL_PY, f"cannot compile: {exc}")]
     return tree
 
 
 def _check_run(file: Path) -> list[Problem]:
-    """Problems with a meta's ``model.py``: it must define a top-level ``run(inputs, call)``."""
-    try:
-        source = file.read_text()
-    except FileNotFoundError:
-        return [
-            Problem(MODEL_PY, "missing: a meta bundle needs model.py defining run(inputs, call)")
-        ]
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    tree = _parse(file, source)
-    if isinstance(tree, Problem):
-        return [tree]
+    """A meta's ``model.py`` defines a top-level ``run(inputs, call)``."""
+    missing = "missing: a meta bundle needs model.py defining run(inputs, call)"
+    tree = _parse(file, [Problem(MODEL_PY, missing)])
+    if isinstance(tree, list):
+        return tree
     runs = [
         node
         for node in tree.body
@@ -286,7 +249,6 @@ def _check_weights(bundle: Bundle) -> list[Problem]:
 
 
 def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> list[Problem]:
-    """A ``weight:NAME`` initial state has the state tensor's dtype and shape without batch."""
     manifest, problems = bundle.manifest, []
     inputs = {s.name: s for s in manifest.inputs}
     for state in manifest.state:
@@ -308,7 +270,6 @@ def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> li
 
 
 def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
-    """The symbolic artifact's signature, then its specialization to each compiled size."""
     manifest = bundle.manifest
     file = manifest.symbolic_executables[variant]
     problems = _check_executable(bundle, None, variant)
@@ -334,20 +295,15 @@ def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
 
 def _check_executable(bundle: Bundle, size: int | None, variant: int = 0) -> list[Problem]:
     """Check one artifact's ``main`` against the manifest; ``size`` None: a symbolic batch."""
+    manifest = bundle.manifest
     if size is None:
-        file = bundle.manifest.symbolic_executables[variant]
+        file, what = manifest.symbolic_executables[variant], "the symbolic batch"
     else:
-        file = bundle.manifest.all_executables[(variant, size)]
-    sizes = bundle.manifest.variant_dims[variant]
+        file = manifest.all_executables[(variant, size)]
+        what = f"batch size {size}" if size else "the unbatched executable"
+    sizes = manifest.variant_dims[variant]
     exe_path = bundle.path / file
     if not exe_path.is_file():
-        what = (
-            "the symbolic batch"
-            if size is None
-            else f"batch size {size}"
-            if size
-            else "the unbatched executable"
-        )
         return [Problem(file, f"artifact for {what} is missing")]
     data = exe_path.read_bytes()
     problems = []
@@ -364,7 +320,6 @@ def _check_executable(bundle: Bundle, size: int | None, variant: int = 0) -> lis
         signature = read_signature(data)
     except ArtifactError as exc:
         return [*problems, Problem(file, exc.message)]
-    manifest = bundle.manifest
     order = manifest.weights.order
     expected_args = len(order) + len(manifest.inputs)
     if len(signature.inputs) != expected_args:
@@ -450,5 +405,5 @@ def _compare(
 
 
 def _dims(shape: tuple[int | None, ...]) -> str:
-    """``[?, 8, 8, 1]``: a shape with ``?`` for a dynamic (symbolic) size."""
+    """``[?, 8, 8, 1]``: ``?`` for a dynamic size."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
