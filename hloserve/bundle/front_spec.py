@@ -81,10 +81,10 @@ class FrontSpec:
 
     def to_json(self) -> str:
         """The file's text (sorted keys, one line per top-level key)."""
-        data = {
+        data: dict[str, Any] = {
             "format": FRONT_SPEC_FORMAT,
-            "inputs": [_tensor_data(t) for t in self.inputs],
-            "outputs": [_tensor_data(t) for t in self.outputs],
+            "inputs": _tensors_data(self.inputs),
+            "outputs": _tensors_data(self.outputs),
             "client_inputs": _tensors_data(self.client_inputs),
             "client_outputs": _tensors_data(self.client_outputs),
             "compiled_batch_sizes": list(self.compiled_batch_sizes),
@@ -139,12 +139,10 @@ class FrontSpec:
             ) from None
 
 
-def _tensor_data(t: SpecTensor) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)}
-
-
 def _tensors_data(ts: tuple[SpecTensor, ...] | None) -> list[dict[str, Any]] | None:
-    return None if ts is None else [_tensor_data(t) for t in ts]
+    if ts is None:
+        return None
+    return [{"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)} for t in ts]
 
 
 def _tensors(items: list[dict[str, Any]]) -> tuple[SpecTensor, ...]:

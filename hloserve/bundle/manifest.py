@@ -114,26 +114,18 @@ class Manifest(BaseModel):
         return problems
 
     def _version_rules(self) -> list[str]:
-        problems = []
-        if self.state and self.format_version < STATE_FORMAT_VERSION:
-            problems.append(
-                f"state needs format_version {STATE_FORMAT_VERSION} or later, "
-                f"got {self.format_version}"
-            )
-        if self.batching.symbolic is not None and self.format_version < SYMBOLIC_FORMAT_VERSION:
-            problems.append(
-                f"batching.symbolic needs format_version {SYMBOLIC_FORMAT_VERSION} or later, "
-                f"got {self.format_version}"
-            )
-        if self.format_version >= META_FORMAT_VERSION:
-            return problems
-        keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta", "variants")
-        used = [k for k in keys if k in self.model_fields_set]
-        if self.kind == "meta":
-            used.insert(0, "kind 'meta'")
-        return problems + [
-            f"{key} needs format_version {META_FORMAT_VERSION} or later, got {self.format_version}"
-            for key in used
+        uses = [
+            ("state", STATE_FORMAT_VERSION, bool(self.state)),
+            ("batching.symbolic", SYMBOLIC_FORMAT_VERSION, self.batching.symbolic is not None),
+            ("kind 'meta'", META_FORMAT_VERSION, self.kind == "meta"),
+        ] + [
+            (key, META_FORMAT_VERSION, key in self.model_fields_set)
+            for key in ("client_inputs", "client_outputs", "meta", "variants")
+        ]
+        return [
+            f"{key} needs format_version {version} or later, got {self.format_version}"
+            for key, version, used in uses
+            if used and self.format_version < version
         ]
 
     def _meta_rules(self) -> list[str]:
@@ -189,15 +181,8 @@ class Manifest(BaseModel):
         if self.variants is not None or any(s.variable_axes for s in self.inputs + self.outputs):
             problems += self._variant_rules(expected)
             return problems
-        for size in sorted(expected - set(self.executables)):
-            problems.append(f"executables: {_key_text(size)} has no artifact")
-        for size, file in sorted(self.executables.items()):
-            why = _inside_bundle(file)
-            if why:
-                problems.append(f"executables: {_key_name(size)}: {why}")
-        for size in sorted(set(self.executables) - expected):
-            problems.append(f"executables: {_unexpected_key(size, expected)}")
-        return problems
+        missing, outside, unexpected = _table_rules("executables", self.executables, expected)
+        return problems + missing + outside + unexpected
 
     def _state_rules(self) -> list[str]:
         """Each state pairs an input and an output of one dtype and shape, each used once."""
@@ -281,14 +266,8 @@ class Manifest(BaseModel):
             if variant.dims in seen:
                 problems.append(f"{where}: repeats sizes {variant.dims}")
             seen.append(variant.dims)
-            for size in sorted(expected - set(variant.executables)):
-                problems.append(f"{where}: {_key_text(size)} has no artifact")
-            for size in sorted(set(variant.executables) - expected):
-                problems.append(f"{where}: {_unexpected_key(size, expected)}")
-            for size, file in sorted(variant.executables.items()):
-                why = _inside_bundle(file)
-                if why:
-                    problems.append(f"{where}.executables: {_key_name(size)}: {why}")
+            tables = _table_rules(where, variant.executables, expected, f"{where}.executables")
+            problems += tables[0] + tables[2] + tables[1]
         if not self.variants.shapes:
             problems.append("variants.shapes is empty")
         return problems
@@ -391,8 +370,19 @@ class Manifest(BaseModel):
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
 
 
-def _key_name(key: int) -> str:
-    return _SYMBOLIC_TEXT if key == SYMBOLIC else str(key)
+def _table_rules(
+    where: str, table: dict[int, str], expected: set[int], files_where: str = "executables"
+) -> tuple[list[str], list[str], list[str]]:
+    """An executables table's keys without a file, files outside the bundle, unexpected keys."""
+    return (
+        [f"{where}: {_key_text(key)} has no artifact" for key in sorted(expected - set(table))],
+        [
+            f"{files_where}: {_SYMBOLIC_TEXT if key == SYMBOLIC else key}: {why}"
+            for key, file in sorted(table.items())
+            if (why := _inside_bundle(file))
+        ],
+        [f"{where}: {_unexpected_key(key, expected)}" for key in sorted(set(table) - expected)],
+    )
 
 
 def _key_text(key: int) -> str:

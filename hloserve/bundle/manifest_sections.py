@@ -1,6 +1,6 @@
 """The sections of a bundle manifest: tensors, batching, variants, weights, meta, state.
 
-docs/bundles.md, "Manifest", describes each field; :mod:`hloserve.bundle.manifest` the whole.
+docs/bundles.md, "manifest.yaml", describes each field; :mod:`hloserve.bundle.manifest` the whole.
 """
 
 from __future__ import annotations

@@ -148,7 +148,8 @@ def read_signature(data: bytes, function: str = "main") -> Signature:
     from jax._src.interpreters import mlir as jax_mlir  # the context with every dialect loaded
 
     with jax_mlir.make_ir_context() as ctx:
-        op = _function(ir, _parse(ir, ctx, _module_text(data)), function)
+        module = _parse(ir, ctx, _module_text(data))  # keep alive: op refers into it
+        op = _function(ir, module, function)
         fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         return Signature(
             inputs=tuple(

@@ -91,27 +91,15 @@ def check_bundle(
     return load_bundle(path, name=name)
 
 
-def read_labels(path: Path) -> list[str]:
-    """The labels of a label file: one per line (Triton's ``label_filename`` format).
-
-    Raises:
-        InvalidArgumentError: the file cannot be read as UTF-8 text.
-    """
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"cannot read: {exc}") from None
-
-
 def _check_labels(bundle: Bundle) -> list[Problem]:
     problems = []
     for spec in bundle.manifest.wire_outputs:
         if spec.labels is None:
             continue
-        try:
-            labels = read_labels(bundle.path / spec.labels)
-        except InvalidArgumentError as exc:
-            problems.append(Problem(spec.labels, exc.message))
+        try:  # one label per line: Triton's label_filename
+            labels = (bundle.path / spec.labels).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(Problem(spec.labels, f"cannot read: {exc}"))
             continue
         classes = math.prod(spec.shape_at(1))
         if len(labels) != classes or not all(label.strip() for label in labels):
