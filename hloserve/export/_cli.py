@@ -1,13 +1,7 @@
 """``hloserve export torch``: the command line's tensor notation and factory loading.
 
-Tensor notation (the manifest's, on one line; docs/bundles.md):
-
-- input ``NAME:DTYPE:SHAPE[:DIMS]``, e.g. ``x:f32:nchw:c=3,h=224,w=224`` is the manifest entry
-  ``{name: x, dtype: f32, shape: nchw, dims: {c: 3, h: 224, w: 224}}``; ``s=-1`` marks a
-  variable axis (sizes from ``--variant``).
-- output ``NAME:SHAPE``, e.g. ``logits:nk`` (sizes and dtype come from the traced module).
-
-Each spec is checked by :class:`~hloserve.bundle.TensorSpec`, the manifest's own rules.
+Input ``NAME:DTYPE:SHAPE[:DIMS]`` (``x:f32:nchw:c=3,h=224,w=224``; ``s=-1`` a variable axis),
+output ``NAME:SHAPE`` (``logits:nk``), each checked by the manifest's :class:`TensorSpec`.
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ from hloserve.export._export import OutputSpec
 
 
 def _sizes(text: str, what: str) -> dict[str, int]:
-    """``"c=3,h=224"`` -> ``{"c": 3, "h": 224}``."""
     sizes: dict[str, int] = {}
     for item in filter(None, text.split(",")):
         letter, eq, size = item.partition("=")
@@ -121,7 +114,7 @@ def export_torch_command(
     overwrite: bool = False,
     say: Callable[[str], None] = print,
 ) -> Bundle:
-    """What ``hloserve export torch`` does: parse, build the module, export, report progress."""
+    """``hloserve export torch``: parse, build the module, export, report progress."""
     from hloserve.export._torch import export_torch
 
     for package in ("torch", "torchax"):
