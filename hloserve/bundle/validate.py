@@ -20,6 +20,7 @@ from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.bundle.manifest_sections import TensorSpec
 from hloserve.bundle.safetensors_file import WeightInfo
 from hloserve.bundle.stablehlo import (
+    Signature,
     TensorType,
     is_portable_artifact,
     read_signature,
@@ -247,14 +248,11 @@ def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> li
         row = tuple(d for i, d in enumerate(spec.shape_at(1)) if i != spec.batch_axis)
         if (tuple(info.shape), info.dtype) != (row, spec.dtype):
             problems.append(
-                Problem(
-                    str(manifest.weights.file),
-                    f"initial state of {spec.name!r}: weight {state.initial_weight!r} is "
-                    f"{info.dtype} {_dims(tuple(info.shape))}, the state row is "
-                    f"{spec.dtype} {_dims(row)}",
-                )
+                f"initial state of {spec.name!r}: weight {state.initial_weight!r} is "
+                f"{info.dtype} {_dims(tuple(info.shape))}, the state row is "
+                f"{spec.dtype} {_dims(row)}"
             )
-    return problems
+    return [Problem(str(manifest.weights.file), p) for p in problems]
 
 
 def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
@@ -270,12 +268,11 @@ def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
         try:
             specialize_batch(data, size)
         except ArtifactError as exc:
+            why = f"(input {spec.name!r}, batch axis {letter!r}): {exc.message}"
             problems.append(
                 Problem(
                     file,
-                    f"compiled batch size {size} is refused by the artifact's constraints "
-                    f"(input {spec.name!r}, batch axis {letter!r}): "
-                    f"{exc.message}",
+                    f"compiled batch size {size} is refused by the artifact's constraints {why}",
                 )
             )
     return problems
@@ -289,60 +286,49 @@ def _check_executable(bundle: Bundle, size: int | None, variant: int = 0) -> lis
     else:
         file = manifest.all_executables[(variant, size)]
         what = f"batch size {size}" if size else "the unbatched executable"
-    sizes = manifest.variant_dims[variant]
-    exe_path = bundle.path / file
-    if not exe_path.is_file():
+    if not (bundle.path / file).is_file():
         return [Problem(file, f"artifact for {what} is missing")]
-    data = exe_path.read_bytes()
-    problems = []
+    data = (bundle.path / file).read_bytes()
+    warnings = []
     if not is_portable_artifact(data) and _is_text(data):
-        problems.append(
-            Problem(
-                file,
-                "MLIR text, not a portable artifact: run `hloserve bundle convert` "
-                "(text has no compatibility guarantee across StableHLO versions)",
-                warning=True,
-            )
+        text = "MLIR text, not a portable artifact: run `hloserve bundle convert` (text has no "
+        warnings.append(
+            Problem(file, text + "compatibility guarantee across StableHLO versions)", warning=True)
         )
     try:
-        signature = read_signature(data)
+        errors = _signature_errors(bundle, read_signature(data), size, variant)
     except ArtifactError as exc:
-        return [*problems, Problem(file, exc.message)]
+        errors = [exc.message]
+    return warnings + [Problem(file, e) for e in errors]
+
+
+def _signature_errors(
+    bundle: Bundle, signature: Signature, size: int | None, variant: int
+) -> list[str]:
+    manifest, sizes = bundle.manifest, bundle.manifest.variant_dims[variant]
     order = manifest.weights.order
     expected_args = len(order) + len(manifest.inputs)
     if len(signature.inputs) != expected_args:
-        problems.append(
-            Problem(
-                file,
-                f"main takes {len(signature.inputs)} arguments, expected {expected_args} "
-                f"({len(order)} weights + {len(manifest.inputs)} inputs)",
-            )
-        )
-        return problems
+        return [
+            f"main takes {len(signature.inputs)} arguments, expected {expected_args} "
+            f"({len(order)} weights + {len(manifest.inputs)} inputs)"
+        ]
     try:
         stored = bundle.stored_weights
     except InvalidArgumentError:
         stored = {}  # unreadable weights file: reported once by _check_weights
+    errors = []
     for name, actual in zip(order, signature.inputs[: len(order)], strict=True):
-        info = stored.get(name)
-        if info is not None:
-            problems += _compare(
-                file, f"weight {name!r}", info.shape, info.dtype, actual, "safetensors"
-            )
+        if (info := stored.get(name)) is not None:
+            errors += _compare(f"weight {name!r}", info.shape, info.dtype, actual, "safetensors")
     for spec, actual in zip(manifest.inputs, signature.inputs[len(order) :], strict=True):
-        problems += _compare_spec(file, "input", spec, size, actual, sizes)
+        errors += _compare_spec("input", spec, size, actual, sizes)
     if len(signature.outputs) != len(manifest.outputs):
-        problems.append(
-            Problem(
-                file,
-                f"main returns {len(signature.outputs)} results, "
-                f"manifest declares {len(manifest.outputs)} outputs",
-            )
-        )
-        return problems
+        n, declared = len(signature.outputs), len(manifest.outputs)
+        return [*errors, f"main returns {n} results, manifest declares {declared} outputs"]
     for spec, actual in zip(manifest.outputs, signature.outputs, strict=True):
-        problems += _compare_spec(file, "output", spec, size, actual, sizes)
-    return problems
+        errors += _compare_spec("output", spec, size, actual, sizes)
+    return errors
 
 
 def _is_text(data: bytes) -> bool:
@@ -353,43 +339,27 @@ def _is_text(data: bytes) -> bool:
 
 
 def _compare_spec(
-    file: str,
-    role: str,
-    spec: TensorSpec,
-    size: int | None,
-    actual: TensorType,
-    sizes: dict[str, int] | None = None,
-) -> list[Problem]:
+    role: str, spec: TensorSpec, size: int | None, actual: TensorType, sizes: dict[str, int]
+) -> list[str]:
     shape: tuple[int | None, ...] = spec.shape_at(size or 0, sizes)
     if size is None:  # a symbolic batch: dynamic at the batch axis
         shape = tuple(None if i == spec.batch_axis else d for i, d in enumerate(shape))
-    return _compare(file, f"{role} {spec.name!r}", shape, spec.dtype, actual, "manifest")
+    return _compare(f"{role} {spec.name!r}", shape, spec.dtype, actual, "manifest")
 
 
 def _compare(
-    file: str,
-    subject: str,
-    shape: tuple[int | None, ...],
-    dtype: str,
-    actual: TensorType,
-    source: str,
-) -> list[Problem]:
-    problems = []
+    subject: str, shape: tuple[int | None, ...], dtype: str, actual: TensorType, source: str
+) -> list[str]:
+    errors = []
     if actual.dtype_token != dtype:
-        problems.append(
-            Problem(
-                file, f"{subject}: dtype {dtype} in {source}, {actual.element_type} in the artifact"
-            )
+        errors.append(
+            f"{subject}: dtype {dtype} in {source}, {actual.element_type} in the artifact"
         )
     if actual.shape != shape:
-        problems.append(
-            Problem(
-                file,
-                f"{subject}: shape {_dims(shape)} in {source}, {_dims(actual.shape)} in the "
-                "artifact",
-            )
+        errors.append(
+            f"{subject}: shape {_dims(shape)} in {source}, {_dims(actual.shape)} in the artifact"
         )
-    return problems
+    return errors
 
 
 def _dims(shape: tuple[int | None, ...]) -> str:
