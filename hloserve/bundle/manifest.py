@@ -291,25 +291,23 @@ class Manifest(BaseModel):
                 for v, file in self.symbolic_executables.items()
                 for size in self.batching.compiled_batch_sizes
             }
-        if self.variants is None:
-            return {(0, size): file for size, file in self.executables.items()}
-        return {
-            (i, size): file
-            for i, v in enumerate(self.variants.shapes)
-            for size, file in v.executables.items()
-        }
+        return {(i, size): file for i, t in enumerate(self._tables) for size, file in t.items()}
+
+    @property
+    def _tables(self) -> list[dict[int, str]]:
+        """Each variant's ``executables`` (the top-level one without variants)."""
+        return (
+            [self.executables]
+            if self.variants is None
+            else [v.executables for v in self.variants.shapes]
+        )
 
     @property
     def symbolic_executables(self) -> dict[int, str]:
         """Each variant's symbolic-batch artifact by variant index; empty unless symbolic."""
         if self.batching.symbolic is None:
             return {}
-        tables = (
-            [self.executables]
-            if self.variants is None
-            else [v.executables for v in self.variants.shapes]
-        )
-        return {i: t[SYMBOLIC] for i, t in enumerate(tables) if SYMBOLIC in t}
+        return {i: t[SYMBOLIC] for i, t in enumerate(self._tables) if SYMBOLIC in t}
 
     @property
     def is_symbolic(self) -> bool:

@@ -5,6 +5,7 @@ docs/bundles.md, "manifest.yaml", describes each field; :mod:`hloserve.bundle.ma
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
@@ -126,10 +127,7 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     @property
     def nbytes_per_item(self) -> int:
         """Bytes of one batch item (the whole tensor when unbatched)."""
-        count = 1
-        for size in self.shape_at(1):
-            count *= size
-        return count * self.dtype_info.itemsize
+        return math.prod(self.shape_at(1)) * self.dtype_info.itemsize
 
 
 class ClientTensorSpec(TensorSpec):

@@ -46,11 +46,16 @@ def parse_input(text: str) -> TensorSpec:
         )
     name, dtype, shape = parts[:3]
     dims = _sizes(parts[3], f"--input {text!r}") if len(parts) == 4 else {}
+    return _spec(f"--input {text!r}", name=name, dtype=dtype, shape=shape, dims=dims)
+
+
+def _spec(flag: str, **fields: Any) -> TensorSpec:
+    """A :class:`TensorSpec`, its rule violations raised as :class:`ExportError`."""
     try:
-        return TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims)
+        return TensorSpec(**fields)
     except ValidationError as e:
         problems = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-        raise ExportError(f"--input {text!r}: {problems}") from None
+        raise ExportError(f"{flag}: {problems}") from None
 
 
 def parse_output(text: str) -> OutputSpec:
@@ -58,11 +63,8 @@ def parse_output(text: str) -> OutputSpec:
     name, colon, shape = text.partition(":")
     if not colon or ":" in shape:
         raise ExportError(f"--output {text!r} must be NAME:SHAPE, e.g. logits:nk")
-    try:  # the manifest's name and shape-letter rules (dims are read from the module)
-        TensorSpec(name=name, dtype="f32", shape=shape, dims={c: 1 for c in shape if c not in "nb"})
-    except ValidationError as e:
-        problems = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-        raise ExportError(f"--output {text!r}: {problems}") from None
+    dims = {c: 1 for c in shape if c not in "nb"}  # the manifest's name and letter rules only
+    _spec(f"--output {text!r}", name=name, dtype="f32", shape=shape, dims=dims)
     return OutputSpec(name=name, shape=shape)
 
 

@@ -208,14 +208,9 @@ def export_bundle(
             jobs = [(v, size) for v in range(len(shapes)) for size in sizes]
             batch_dim = _symbolic_batch(symbolic) if symbolic else None
             for i, (v, size) in enumerate(jobs, 1):
-                log.info(
-                    "exporting %s: %s%s (%d/%d)",
-                    out_dir.name,
-                    "symbolic batch" if size is None else f"batch size {size}",
-                    f", variant {shapes[v]}" if variants else "",
-                    i,
-                    len(jobs),
-                )
+                what = "symbolic batch" if size is None else f"batch size {size}"
+                what += f", variant {shapes[v]}" if variants else ""
+                log.info("exporting %s: %s (%d/%d)", out_dir.name, what, i, len(jobs))
                 started = time.perf_counter()
                 in_structs = [
                     jax.ShapeDtypeStruct(_input_shape(spec, size, shapes[v], batch_dim), dt)
@@ -232,21 +227,15 @@ def export_bundle(
                     )
                 out_specs = specs
                 tag = "".join(f"{a}{n}." for a, n in sorted(shapes[v].items()))
-                if size is None:
-                    file = f"model.{tag}symbolic.mlirbc"
-                else:
-                    file = f"model.{tag}b{size}.mlirbc" if size else f"model.{tag}mlirbc"
+                tag += "symbolic." if size is None else f"b{size}." if size else ""
+                file = f"model.{tag}mlirbc"
                 text = exported.mlir_module()
                 keep = debug_locations if debug_locations is not None else symbolic is None
                 artifact = to_portable_artifact(text if keep else strip_locations(text), target)
                 (staging / file).write_bytes(artifact)
                 executables[v][SYMBOLIC if size is None else size] = file
                 if progress is not None:
-                    what = "symbolic batch" if size is None else f"batch size {size}"
-                    progress(
-                        f"{what}{f', variant {shapes[v]}' if variants else ''}: "
-                        f"{time.perf_counter() - started:.1f} s ({i}/{len(jobs)})"
-                    )
+                    progress(f"{what}: {time.perf_counter() - started:.1f} s ({i}/{len(jobs)})")
         assert out_specs is not None  # sizes is never empty
         for name, source in (files or {}).items():
             shutil.copyfile(source, staging / name)
