@@ -40,7 +40,7 @@ class _Callee:
         self.front = ChannelFront(
             core,
             core.bundle.path,
-            self._respond,
+            list.append,  # the request's handle is the list its answer goes to
             address=channel.address(core.runtime_model, key),
             wait_s=core.runtime_wait_s,
             key=key,
@@ -48,10 +48,6 @@ class _Callee:
             committed=True,
         )
         self.front.start()  # connects and loads in the background
-
-    @staticmethod
-    def _respond(handle: Any, result: Any) -> None:
-        handle.append(result)
 
 
 def _out_of_time(result: Any, deadline: float | None) -> bool:
