@@ -100,16 +100,13 @@ def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")
-    if name is not None:
-        if not MODEL_NAME.match(name):
-            raise InvalidArgumentError(
-                f"{path}: model name {name!r} is not a valid model name "
-                f"(must match {MODEL_NAME.pattern})"
-            )
-    elif not MODEL_NAME.match(path.resolve().name):
+    if name is None:
+        what, shown, name_checked = "bundle directory name", path.name, path.resolve().name
+    else:
+        what, shown, name_checked = "model name", name, name
+    if not MODEL_NAME.match(name_checked):
         raise InvalidArgumentError(
-            f"{path}: bundle directory name {path.name!r} is not a valid model name "
-            f"(must match {MODEL_NAME.pattern})"
+            f"{path}: {what} {shown!r} is not a valid model name (must match {MODEL_NAME.pattern})"
         )
     return Bundle(path, load_manifest(path / MANIFEST_FILE), name)
 

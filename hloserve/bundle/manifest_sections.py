@@ -88,11 +88,11 @@ class TensorSpec(BaseModel, notation.TensorNotation):
                 f"shape {self.shape!r} has two batch letters {batch[0]!r} and {batch[1]!r}; "
                 "at most one of 'n'/'b' per tensor"
             )
-        for letter in dict.fromkeys(self.shape):
-            if letter in BATCH_LETTERS or not letter.isascii() or not letter.isalpha():
-                continue
-            if letter not in self.dims:
-                problems.append(f"shape {self.shape!r}: axis {letter!r} has no size in dims")
+        problems += [
+            f"shape {self.shape!r}: axis {c!r} has no size in dims"
+            for c in dict.fromkeys(self.shape)
+            if c.isascii() and c.isalpha() and c not in BATCH_LETTERS and c not in self.dims
+        ]
         for letter, size in self.dims.items():
             if letter in BATCH_LETTERS:
                 problems.append(
