@@ -37,30 +37,18 @@ if TYPE_CHECKING:  # the names of __all__, for type checkers
     from hloserve.bundle.validate import Problem, check_bundle, validate_bundle
     from hloserve.errors import BundleError, ManifestError
 
+#: The names of ``__all__`` by defining module.
 _MODULES = {
-    "hloserve.bundle.bundle": ("Bundle", "discover_bundles", "load_bundle"),
-    "hloserve.bundle.files": ("MODEL_PY",),
-    "hloserve.bundle.manifest": (
-        "FORMAT_VERSION",
-        "MAX_FORMAT_VERSION",
-        "META_FORMAT_VERSION",
-        "MIN_FORMAT_VERSION",
-        "Manifest",
-        "load_manifest",
-        "parse_manifest",
-    ),
-    "hloserve.bundle.manifest_sections": (
-        "ClientTensorSpec",
-        "MetaSection",
-        "TensorSpec",
-        "Variant",
-        "Variants",
-    ),
-    "hloserve.bundle.safetensors_file": ("WeightInfo",),
-    "hloserve.bundle.validate": ("Problem", "check_bundle", "validate_bundle"),
-    "hloserve.errors": ("BundleError", "ManifestError"),
+    "hloserve.bundle.bundle": "Bundle discover_bundles load_bundle",
+    "hloserve.bundle.files": "MODEL_PY",
+    "hloserve.bundle.manifest": "FORMAT_VERSION MAX_FORMAT_VERSION META_FORMAT_VERSION "
+    "MIN_FORMAT_VERSION Manifest load_manifest parse_manifest",
+    "hloserve.bundle.manifest_sections": "ClientTensorSpec MetaSection TensorSpec Variant Variants",
+    "hloserve.bundle.safetensors_file": "WeightInfo",
+    "hloserve.bundle.validate": "Problem check_bundle validate_bundle",
+    "hloserve.errors": "BundleError ManifestError",
 }
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
 __all__ = sorted(_WHERE)
 
 

@@ -38,10 +38,7 @@ def wire_tensors(
 
 
 def shape_at(
-    shape: str,
-    dims: Mapping[str, int],
-    batch_size: int,
-    sizes: Mapping[str, int] | None = None,
+    shape: str, dims: Mapping[str, int], batch_size: int, sizes: Mapping[str, int] | None = None
 ) -> tuple[int, ...]:
     """Row-major shape with the batch axis (if any) set to ``batch_size``.
 
@@ -91,11 +88,4 @@ class TensorNotation:
         return variable_axes(self.shape, self.dims)
 
 
-__all__ = [
-    "BATCH_LETTERS",
-    "VARIABLE",
-    "TensorNotation",
-    "batch_axis",
-    "shape_at",
-    "variable_axes",
-]
+__all__ = ["BATCH_LETTERS", "VARIABLE", "TensorNotation", "batch_axis", "shape_at", "variable_axes"]

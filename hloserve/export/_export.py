@@ -41,11 +41,7 @@ from hloserve.bundle.manifest_sections import (
     repeated,
 )
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
-from hloserve.bundle.stablehlo import (
-    default_target_version,
-    strip_locations,
-    to_portable_artifact,
-)
+from hloserve.bundle.stablehlo import default_target_version, strip_locations, to_portable_artifact
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import ExportError, InvalidArgumentError
 

@@ -120,11 +120,7 @@ class ChannelCalls:
         return model in self._callees
 
     def send(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        timeout_us: int,
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_us: int
     ) -> dict[str, np.ndarray]:
         """One sub-call (:data:`hloserve.meta.core.Send`) over the channel, else ``foreign``.
 

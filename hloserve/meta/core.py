@@ -299,14 +299,8 @@ class MetaModel:
         run = load_run(bundle.path / MODEL_PY, args.name)
         remove_stale_gates()
         gate = MetaGate(server_gate_dir(), params.meta_concurrency)
-        return cls(
-            args.name,
-            bundle,
-            run,
-            send,
-            gate=gate,
-            describe=repository_describer(args.model_dir.parent),
-        )
+        describe = repository_describer(args.model_dir.parent)
+        return cls(args.name, bundle, run, send, gate=gate, describe=describe)
 
     def execute(self, inputs: Mapping[str, np.ndarray], *, timeout_us: int = 0) -> Tensors:
         """Serve one request: the ``client_outputs`` ``run`` returned (``timeout_us`` 0: none).
@@ -332,12 +326,7 @@ class MetaModel:
 
     def _run_once(self, inputs: Mapping[str, np.ndarray], deadline: Deadline) -> Tensors:
         call = MetaCall(
-            self.name,
-            self.calls,
-            self._send,
-            deadline,
-            describe=self._describe,
-            clock=self._clock,
+            self.name, self.calls, self._send, deadline, describe=self._describe, clock=self._clock
         )
         try:
             result = self._run(dict(inputs), call)
