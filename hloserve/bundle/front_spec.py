@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from hloserve.bundle.bundle import Bundle
     from hloserve.bundle.manifest import Manifest
     from hloserve.bundle.manifest_sections import TensorSpec
-    from hloserve.bundle.safetensors_file import WeightInfo
 
 #: Layout version of the front spec file.
 FRONT_SPEC_FORMAT = 1
@@ -213,16 +212,6 @@ class FrontBundle:
         """Path of the safetensors file, or None for a model without weights."""
         return self.path / self.spec.weights_file if self.spec.weights_file else None
 
-    def stored_weights(self) -> dict[str, WeightInfo]:
-        """Every tensor in the safetensors file, by name, from its header.
-
-        Raises:
-            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-        """
-        from hloserve.bundle.safetensors_file import stored_tensors
-
-        return {} if self.weights_path is None else stored_tensors(self.weights_path)
-
 
 def read_front_spec(path: Path) -> FrontSpec:
     """Read a front spec file (raises InvalidArgumentError: unreadable or malformed)."""
@@ -240,6 +229,7 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
     Raises:
         InvalidArgumentError: naming the model and the damaged file.
     """
+    from hloserve.bundle.safetensors_file import stored_tensors
     from hloserve.bundle.stablehlo import is_portable_artifact
 
     bundle = FrontBundle.of(bundle)
@@ -258,7 +248,7 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
                 "(rebuild the repository with `hloserve repo build`)"
             )
     try:
-        stored = bundle.stored_weights()
+        stored = {} if bundle.weights_path is None else stored_tensors(bundle.weights_path)
     except HloserveError as exc:
         raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
     missing = [w for w in bundle.spec.weights_order if w not in stored]
