@@ -1,7 +1,7 @@
-"""The manifest's named-axis tensor notation, as plain functions (docs/bundles.md).
+"""The manifest's named-axis tensor notation (docs/bundles.md), without pydantic.
 
 ``shape`` is a row-major string of letters, ``dims`` the size of each but the batch letter:
-``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is shape ``(batch, 8, 8, 1)``. Imports no pydantic.
+``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is shape ``(batch, 8, 8, 1)``.
 """
 
 from __future__ import annotations
@@ -19,14 +19,6 @@ BATCH_LETTERS = frozenset("nb")
 VARIABLE = -1
 
 
-def batch_axis(shape: str) -> int | None:
-    """Index of the batch axis in the row-major ``shape``, or None when unbatched."""
-    for i, letter in enumerate(shape):
-        if letter in BATCH_LETTERS:
-            return i
-    return None
-
-
 def wire_tensors(
     declared: Sequence[_T] | None, tensors: Sequence[_T], carried: set[str]
 ) -> list[_T]:
@@ -35,29 +27,6 @@ def wire_tensors(
     if declared is not None:
         return list(declared)
     return [t for t in tensors if t.name not in carried]  # type: ignore[attr-defined]
-
-
-def shape_at(
-    shape: str, dims: Mapping[str, int], batch_size: int, sizes: Mapping[str, int] | None = None
-) -> tuple[int, ...]:
-    """Row-major shape with the batch axis (if any) set to ``batch_size``.
-
-    ``sizes``: of variable axes, e.g. a variant's ``dims``; a variable axis not in it stays -1.
-    """
-    sizes = sizes or {}
-    return tuple(
-        batch_size
-        if letter in BATCH_LETTERS
-        else sizes.get(letter, dims[letter])
-        if dims[letter] == VARIABLE
-        else dims[letter]
-        for letter in shape
-    )
-
-
-def variable_axes(shape: str, dims: Mapping[str, int]) -> list[str]:
-    """Letters whose size is :data:`VARIABLE` (varies between variants), in shape order."""
-    return [c for c in shape if dims.get(c) == VARIABLE]
 
 
 class TensorNotation:
@@ -76,16 +45,27 @@ class TensorNotation:
     @property
     def batch_axis(self) -> int | None:
         """Index of the batch axis in the row-major shape, or None when unbatched."""
-        return batch_axis(self.shape)
+        return next((i for i, c in enumerate(self.shape) if c in BATCH_LETTERS), None)
 
     def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """:func:`shape_at` of this tensor."""
-        return shape_at(self.shape, self.dims, batch_size, sizes)
+        """Row-major shape with the batch axis (if any) set to ``batch_size``.
+
+        ``sizes``: of variable axes, e.g. a variant's ``dims``; one not in it stays -1.
+        """
+        sizes = sizes or {}
+        return tuple(
+            batch_size
+            if c in BATCH_LETTERS
+            else sizes.get(c, self.dims[c])
+            if self.dims[c] == VARIABLE
+            else self.dims[c]
+            for c in self.shape
+        )
 
     @property
     def variable_axes(self) -> list[str]:
-        """:func:`variable_axes` of this tensor."""
-        return variable_axes(self.shape, self.dims)
+        """Letters whose size is :data:`VARIABLE` (varies between variants), in shape order."""
+        return [c for c in self.shape if self.dims.get(c) == VARIABLE]
 
 
-__all__ = ["BATCH_LETTERS", "VARIABLE", "TensorNotation", "batch_axis", "shape_at", "variable_axes"]
+__all__ = ["BATCH_LETTERS", "VARIABLE", "TensorNotation", "wire_tensors"]
