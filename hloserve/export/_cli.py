@@ -79,11 +79,6 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_variant(text: str) -> dict[str, int]:
-    """``"s=32"`` -> ``{"s": 32}`` (sizes of the variable axes of one variant)."""
-    return _sizes(text, f"--variant {text!r}")
-
-
 def load_factory(target: str) -> Callable[[], Any]:
     """``PACKAGE.MODULE:FACTORY`` -> the factory (the current directory is importable).
 
@@ -127,7 +122,7 @@ def export_torch_command(
     in_specs = [parse_input(t) for t in inputs]
     out_specs = [parse_output(t) for t in outputs]
     sizes = parse_batch_sizes(batch_sizes)
-    shapes = [parse_variant(t) for t in variants]
+    shapes = [_sizes(t, f"--variant {t!r}") for t in variants]  # e.g. s=32
     factory = load_factory(target)
     module = factory()
     started = time.perf_counter()
