@@ -5,8 +5,11 @@ item 3; docs/serving.md, "Model control mode").
 The calls are those of Triton's ``simple_grpc_model_control.py`` /
 ``simple_http_model_control.py`` (triton-inference-server/client, src/python/examples), made
 on ``affine`` with tritonclient as the examples make them: index, load, ready, a load with a
-malformed config override refused ("failed to load"), unload, a load of a name the repository
-lacks refused. The default (the key) refuses the same load from the same client.
+malformed config override refused ("failed to load"), the load with the examples' override
+``{"max_batch_size":"16"}`` (no ``backend``: Triton infers ``python`` from the front's
+``1/model.py``) read back through ModelConfig and serving the same answers, unload, a load
+of a name the repository lacks refused. The default (the key) refuses the same load from the same
+client.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -56,13 +60,41 @@ def _model_control_calls(client: Any) -> None:
     with pytest.raises(InferenceServerException) as bad:
         client.load_model("affine", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
     assert "failed to load" in bad.value.message()
+    before = _infer(client)
+    # the override names no backend: Triton infers `python` from the front's 1/model.py
+    client.load_model("affine", config='{"max_batch_size":"16"}')
+    assert _config(client)["max_batch_size"] == 16
+    assert _config(client)["backend"] == "python"
+    after = _infer(client)
+    for name in before:  # the same front: same answers, same shapes (label's reshape kept)
+        np.testing.assert_array_equal(after[name], before[name])
     client.unload_model("affine")
     assert not client.is_model_ready("affine")
     with pytest.raises(InferenceServerException) as wrong:
         client.load_model("wrong_model_name")
     assert "failed to load" in wrong.value.message()
-    client.load_model("affine")  # served again
+    client.load_model("affine")  # served again, from its config.pbtxt (the override is gone)
     assert client.is_model_ready("affine")
+    assert _config(client)["max_batch_size"] == 2
+    assert _config(client)["backend"] == "hloserve_front"
+
+
+def _config(client: Any) -> dict[str, Any]:
+    """``affine``'s ModelConfig as JSON-like dict (gRPC: the message's fields)."""
+    config = client.get_model_config("affine")
+    if isinstance(config, dict):
+        return config
+    return {"max_batch_size": config.config.max_batch_size, "backend": config.config.backend}
+
+
+def _infer(client: Any) -> dict[str, np.ndarray]:
+    """``affine`` on two rows: its outputs by name."""
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    tensor = module.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("affine", [tensor])
+    return {name: result.as_numpy(name) for name in ("y", "label")}
 
 
 @pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
@@ -70,9 +102,11 @@ def test_tritons_model_control_calls_work_unchanged_with_the_opt_in(
     tmp_path: Path, module: Any
 ) -> None:
     proc, grpc, http = _serve(tmp_path, "--open-repository-api")
+    client = module.InferenceServerClient(grpc if module is grpcclient else http)
     try:
-        _model_control_calls(module.InferenceServerClient(grpc if module is grpcclient else http))
+        _model_control_calls(client)
     finally:
+        client.close()
         stop_serve(proc)
 
 
