@@ -207,6 +207,12 @@ class OverriddenFront(TritonPythonModel):
         return config
 
     def initialize(self, args: dict[str, str]) -> None:
+        """The front's ``initialize``, with the generated config's ``hloserve.*`` parameters
+        under those of ``args["model_config"]`` (an override's own win).
+
+        Raises:
+            InvalidArgumentError: the generated ``config.pbtxt`` is missing or does not parse.
+        """
         model_config = json.loads(args["model_config"])
         generated = _generated_config(Path(args["model_repository"])).get("parameters", {})
         model_config["parameters"] = {**generated, **(model_config.get("parameters") or {})}
