@@ -25,7 +25,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from hloserve.ports import free_ports
-from tests.conftest import GOLDEN
+from tests.conftest import GOLDEN, import_example
 from tests.node.test_serve_cli import launch_serve, serve_two_workers, stop_serve, wait_for_line
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
@@ -183,3 +183,30 @@ def test_through_the_gateway_the_same_calls_work_with_the_control_token(
     finally:
         for one in (client, *replicas):
             one.close()
+
+
+def test_an_override_without_sequence_batching_of_a_stateful_front_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A stateful front (examples/sequence's ``simple_sequence``) cannot be completed into a
+    stateful model (Triton's Python auto-complete sets no ``sequence_batching``): the load is
+    refused naming the model and what is missing, and the model keeps serving as before."""
+    bundles = tmp_path / "bundles"
+    import_example("sequence", "export").export_sequence(bundles)
+    (name,) = [p.name for p in bundles.iterdir()]
+    http, grpc, metrics = free_ports(3)
+    ports = ("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
+    log = tmp_path / "serve.log"
+    proc = launch_serve(bundles, log, *ports, "--admin-port", "0", "--open-repository-api")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 300)
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model(name, config='{"max_batch_size":"16"}')
+        message = refused.value.message()
+        assert f"model {name!r}" in message and "sequence_batching" in message, message
+        assert client.is_model_ready(name)
+        assert client.get_model_config(name).config.HasField("sequence_batching")
+    finally:
+        client.close()
+        stop_serve(proc)
