@@ -32,6 +32,10 @@ MODEL_VERSION = "1"
 BUNDLE_SUBDIR = "1/bundle"
 #: The front spec file (:mod:`hloserve.bundle.front_spec`), relative to the model directory.
 FRONT_SPEC = "1/front_spec.json"
+#: A front's Python model file, relative to the model directory: Triton infers the ``python``
+#: backend from it when a load's config override names none (docs/serving.md, "Model control
+#: mode"); the ordinary load does not read it.
+FRONT_SHIM = "1/model.py"
 
 # config.pbtxt parameters: docs/serving.md, "Config parameters", gives each one's form, default
 # and writer.

@@ -30,6 +30,19 @@ from hloserve.model_repository_tools.repository_plan import (
     report,
 )
 
+#: Each front's ``1/model.py`` (:data:`~hloserve.names.FRONT_SHIM`): the front as a ``python``
+#: model, for a load whose config override names no backend.
+FRONT_SHIM_TEXT = '''"""Written by `hloserve repo build`: this front as a `python` model, for
+a load whose config override names no backend (Triton infers `python` from this file). The
+ordinary load (backend "hloserve_front") does not read it."""
+
+from hloserve.triton_backend.backends.hloserve_front.model import OverriddenFront
+
+
+class TritonPythonModel(OverriddenFront):
+    model_file = __file__
+'''
+
 
 def write_repository(
     plan: RepositoryPlan,
@@ -129,6 +142,7 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
                 shutil.copyfile(bundle_copy / spec.labels, model_dir / label_file(spec))
         if not manifest.is_meta:  # what the front reads instead of the manifest (its memory)
             (model_dir / names.FRONT_SPEC).write_text(front_spec(manifest).to_json())
+            (model_dir / names.FRONT_SHIM).write_text(FRONT_SHIM_TEXT)
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         report(progress, line)
     for foreign in plan.foreign:
