@@ -194,7 +194,7 @@ class FleetRpcs:
 
         Raises:
             UpstreamError: a worker refused (its code and message).
-            InvalidArgumentError: a bad ``file:`` override (sent to no worker).
+            HloserveError: a bad ``file:`` override (INTERNAL; sent to no worker).
         """
         load = service_pb2.RepositoryModelLoadRequest.FromString(request)
         parameters = list(load.parameters.keys())

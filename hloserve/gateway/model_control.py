@@ -20,7 +20,7 @@ from typing import Generic, Literal, TypeVar
 
 import grpc
 
-from hloserve.errors import FailedPreconditionError, InvalidArgumentError
+from hloserve.errors import FailedPreconditionError, HloserveError, Status
 from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
@@ -56,9 +56,12 @@ def check_file_overrides(model: str, parameters: Collection[str]) -> None:
     """Refuse a load whose ``file:<path>`` parameter names a path tritonserver cannot create.
 
     Raises:
-        InvalidArgumentError: a path (UTF-8) with a component over :data:`NAME_MAX` bytes or over
-            :data:`PATH_MAX` bytes in all; names the model, the parameter (64 characters) and
-            the limit.
+        HloserveError: status INTERNAL, text starting "failed to load 'm', failed to poll from
+            model repository"
+            (what tritonserver answers for such a path where it does not abort, and what
+            Triton's model-control examples expect): a path (UTF-8) with a component over
+            :data:`NAME_MAX` bytes or over :data:`PATH_MAX` bytes in all; names the model, the
+            parameter (64 characters) and the limit.
     """
     for name in parameters:
         if not name.startswith(FILE_OVERRIDE_PREFIX):
@@ -73,10 +76,12 @@ def check_file_overrides(model: str, parameters: Collection[str]) -> None:
             what = f"a path of {size} bytes, over the limit of {PATH_MAX} bytes"
         else:
             continue
-        raise InvalidArgumentError(
-            f"load of model {model!r}: parameter {shown!r} names {what} (tritonserver cannot "
-            f"create such a file: at most {NAME_MAX} bytes per path component and "
-            f"{PATH_MAX} bytes per path); the load was sent to no worker"
+        raise HloserveError(
+            f"failed to load {model!r}, failed to poll from model repository: parameter "
+            f"{shown!r} names {what} (tritonserver cannot create such a file: at most "
+            f"{NAME_MAX} bytes per path component and {PATH_MAX} bytes per path); the load was "
+            "sent to no worker",
+            status=Status.INTERNAL,
         )
 
 
@@ -180,7 +185,7 @@ class ModelControl:
 
         Raises:
             FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`.
-            InvalidArgumentError: a bad ``file:`` override (:func:`check_file_overrides`).
+            HloserveError: a bad ``file:`` override (INTERNAL, :func:`check_file_overrides`).
         """
         if action == "unload" and model == RUNTIME_MODEL:
             raise FailedPreconditionError(
