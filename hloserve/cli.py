@@ -184,6 +184,12 @@ def _gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_ctl(args: argparse.Namespace) -> int:
+    from hloserve.gateway.ctl import run
+
+    return run(args)
+
+
 def _node(args: argparse.Namespace) -> int:
     from hloserve.node.node import run_node_down, run_node_up
     from hloserve.node.node_config import load_node_config
@@ -296,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.set_defaults(func=_gateway)
     from hloserve.gateway.ctl import add_parser as add_gateway_ctl
 
-    add_gateway_ctl(commands)
+    add_gateway_ctl(commands, _gateway_ctl)
     actions = _group(
         commands,
         "node",

@@ -9,6 +9,7 @@ only by the actions, so building ``hloserve``'s parser stays cheap; a gRPC error
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,7 @@ def run(args: argparse.Namespace, console: Any = None) -> int:
     return 0
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction, func: Callable[..., int]) -> None:
     """Register ``gateway-ctl`` and its actions on the ``hloserve`` subcommand parser."""
     ctl = commands.add_parser(
         "gateway-ctl",
@@ -316,4 +317,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     knob.add_argument("knob", metavar="KNOB", choices=KNOBS)
     knob.add_argument("value", metavar="VALUE")
     actions.add_parser("repack", help="repack now with the current estimates")
-    ctl.set_defaults(func=run)
+    ctl.set_defaults(func=func)
