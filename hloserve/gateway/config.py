@@ -155,6 +155,9 @@ class ModelScheduling(_Section):
     fill_factor: float | None = Field(default=None, gt=0)
 
 
+_NO_OVERRIDE = ModelScheduling()
+
+
 class SchedulingConfig(_Section):
     """Knobs of ``lpt_packing``, ReactantServer's defaults (docs/gateway.md, "Configuration")."""
 
@@ -174,17 +177,11 @@ class SchedulingConfig(_Section):
 
     def fill_mode_of(self, model: str) -> FillMode:
         """Fill mode of ``model`` (its entry, else ``routing_fill_mode``)."""
-        entry = self.models.get(model)
-        if entry is not None and entry.fill_mode is not None:
-            return entry.fill_mode
-        return self.routing_fill_mode
+        return self.models.get(model, _NO_OVERRIDE).fill_mode or self.routing_fill_mode
 
     def fill_factor_of(self, model: str) -> float:
         """Fill factor of ``model`` (its entry, else ``routing_fill_factor``)."""
-        entry = self.models.get(model)
-        if entry is not None and entry.fill_factor is not None:
-            return entry.fill_factor
-        return self.routing_fill_factor
+        return self.models.get(model, _NO_OVERRIDE).fill_factor or self.routing_fill_factor
 
 
 #: Knobs of :class:`SchedulingConfig` the control plane may change live.

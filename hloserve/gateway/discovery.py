@@ -154,15 +154,12 @@ async def discover_table(
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
-    sizes = [size for size, _, _ in configs]
-    if previous is not None:  # a replica that did not answer: the size known before
-        for i, name in enumerate(names):
-            old = previous.get(name)
-            if sizes[i] is None and old is not None:
-                sizes[i] = old.max_batch
-    for name, (_, calls, stateful) in zip(names, configs, strict=True):
+    routes: dict[str, ModelRoute] = {}
+    for name, (size, calls, stateful) in zip(names, configs, strict=True):
+        old = previous.get(name) if previous is not None else None
+        if size is None and old is not None:  # a replica that did not answer: the size known
+            size = old.max_batch
         if stateful:  # one replica: every request of a sequence reaches the same runtime
-            old = previous.get(name) if previous is not None else None
             kept = [w for w in (old.replicas if old else ()) if w in replicas[name]]
             replicas[name] = (kept or replicas[name])[:1]
         if calls:  # a meta or an ensemble: only the workers that serve its whole group
@@ -171,14 +168,8 @@ async def discover_table(
                 replicas[name] = whole
             else:
                 log.warning("model %s: no worker serves all of %s; routing it anyway", name, calls)
-    return RoutingTable(
-        {
-            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c, stateful=st)
-            for n, s, (_, c, st) in zip(names, sizes, configs, strict=True)
-        },
-        unready=unready,
-        unreachable=unreachable,
-    )
+        routes[name] = ModelRoute(tuple(replicas[name]), size, calls=calls, stateful=stateful)
+    return RoutingTable(routes, unready=unready, unreachable=unreachable)
 
 
 class SingleFlight:

@@ -67,10 +67,6 @@ class _GrpcJudge:
 _JUDGE = _GrpcJudge()
 
 
-def _parse_index(reply: _Reply) -> service_pb2.RepositoryIndexResponse:
-    return service_pb2.RepositoryIndexResponse.FromString(reply)
-
-
 def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
     """The client's restricted-protocol keys (``RESTRICTED_METADATA_PREFIX``), to pass on."""
     return tuple(
@@ -134,9 +130,10 @@ class FleetRpcs:
             return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
 
         call = ("RepositoryIndex", request, self.upstreams.repository_metadata)
+        parse = service_pb2.RepositoryIndexResponse.FromString
         with contextlib.suppress(HloserveError):
             return await self._run(
-                fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
+                fleet_ops.merged(_JUDGE, "RepositoryIndex", call, parse, merge, probe=True)
             )
         return b""  # an empty RepositoryIndexResponse
 
@@ -219,10 +216,8 @@ class FleetRpcs:
         def merge(replies: list[service_pb2.ModelStatisticsResponse]) -> bytes:
             return bytes(merge_model_statistics(replies).SerializeToString())
 
-        def parse(reply: _Reply) -> service_pb2.ModelStatisticsResponse:
-            return service_pb2.ModelStatisticsResponse.FromString(reply)
-
         call = ("ModelStatistics", request, ())
+        parse = service_pb2.ModelStatisticsResponse.FromString
         return await self._run(fleet_ops.merged(_JUDGE, "ModelStatistics", call, parse, merge))
 
     def shm_handlers(self) -> dict[str, Callable[[bytes, Any], Awaitable[bytes]]]:

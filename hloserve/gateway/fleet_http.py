@@ -375,7 +375,9 @@ class FleetHttp:
                     **({} if HEADER in sent else self._repository_headers),
                 }
             return self.model_control(action, model, path, body, passed)
-        return self._first_worker(request)
+        # the first worker's answer; no connection or a 503 moves on to the next
+        what = f"{method} {path}"
+        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
     def _call(
         self,
@@ -500,11 +502,6 @@ class FleetHttp:
         if connection is not None:
             connection.close()
             self._local.connection = None
-
-    def _first_worker(self, request: _Request) -> Answer:
-        """The first worker's answer; no connection or a 503 moves on to the next."""
-        what = f"{request[0]} {request[1]}"
-        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
 
 class _Server(ThreadingHTTPServer):

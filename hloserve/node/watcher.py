@@ -517,17 +517,16 @@ def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
 
     from hloserve.model_repository_tools.build_options import BuildOptions
 
+    def only(per_model: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in per_model.items() if k in models}
+
     build = build or BuildOptions()
     cache, sched, queue = build.weight_cache, build.scheduling, build.queue
     return replace(
         build,
-        weight_cache=replace(
-            cache, residency={k: v for k, v in cache.residency.items() if k in models}
-        ),
-        scheduling=replace(
-            sched, model_weights={k: v for k, v in sched.model_weights.items() if k in models}
-        ),
-        queue=replace(queue, per_model={k: v for k, v in queue.per_model.items() if k in models}),
+        weight_cache=replace(cache, residency=only(cache.residency)),
+        scheduling=replace(sched, model_weights=only(sched.model_weights)),
+        queue=replace(queue, per_model=only(queue.per_model)),
     )
 
 
