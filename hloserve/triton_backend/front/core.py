@@ -43,7 +43,7 @@ from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, load_hooks
 from hloserve.triton_backend.front.tensors import TensorChecker
 
 if TYPE_CHECKING:
-    from hloserve.bundle import Bundle
+    from hloserve.bundle.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
@@ -176,7 +176,7 @@ class FrontModel:
         if spec_file.is_file():
             bundle = FrontBundle(bundle_dir, read_front_spec(spec_file))
         else:
-            from hloserve.bundle import load_bundle
+            from hloserve.bundle.bundle import load_bundle
 
             bundle = FrontBundle.of(load_bundle(bundle_dir))
         check_bundle_files(args.name, bundle)
