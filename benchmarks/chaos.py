@@ -116,7 +116,7 @@ def make_slow(out: Path, hook_ms: float) -> Path:
 
 def expected_y(x: np.ndarray) -> np.ndarray:
     """What ``slow`` answers for ``x``."""
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
 
     b, w = load_bundle(GOLDEN).load_weights()
     return np.asarray(np.tanh(x @ w + b), np.float32)

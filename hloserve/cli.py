@@ -18,7 +18,7 @@ from hloserve.errors import HloserveError
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
-    from hloserve.bundle import validate_bundle
+    from hloserve.bundle.validate import validate_bundle
 
     failed = 0
     for path in args.bundle_dirs:
@@ -112,7 +112,7 @@ def _add_export(commands: Any) -> None:
 def _bundle_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.bundle.inspect import render_bundle
 
     Console().print(render_bundle(load_bundle(args.bundle_dir)))
@@ -131,7 +131,7 @@ def _bundle_convert(args: argparse.Namespace) -> int:
 
 
 def _repo_build(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     plan = build_repository(
         args.bundles_dir, args.output, build_options(args), overwrite=args.overwrite, progress=print
@@ -141,7 +141,7 @@ def _repo_build(args: argparse.Namespace) -> int:
 
 
 def _repo_validate(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import validate_repository
+    from hloserve.model_repository_tools.validate import validate_repository
 
     problems = validate_repository(args.repo_dir)
     for p in problems:

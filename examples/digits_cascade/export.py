@@ -20,7 +20,7 @@ import digits_model
 import fast_model
 from export import BATCH_SIZES, IMAGE, LOGITS, copy_folder, export_digits, export_main
 
-from hloserve.bundle import check_bundle
+from hloserve.bundle.validate import check_bundle
 from hloserve.export import export_bundle
 
 HERE = Path(__file__).resolve().parent

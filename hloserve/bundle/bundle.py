@@ -117,6 +117,3 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-__all__ = ["Bundle", "discover_bundles", "load_bundle"]

@@ -33,6 +33,3 @@ def import_model_py(path: Path, module_name: str) -> ModuleType:
             "".join(traceback.format_exception_only(type(exc), exc)).strip()
         ) from None
     return module
-
-
-__all__ = ["MODEL_PY", "import_model_py"]

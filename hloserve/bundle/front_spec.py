@@ -254,15 +254,3 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
     missing = [w for w in bundle.spec.weights_order if w not in stored]
     if missing:
         raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
-
-
-__all__ = [
-    "FRONT_SPEC_FORMAT",
-    "SEQUENCE_CONTROLS",
-    "FrontBundle",
-    "FrontSpec",
-    "SpecTensor",
-    "check_bundle_files",
-    "front_spec",
-    "read_front_spec",
-]

@@ -470,18 +470,3 @@ def load_manifest(path: Path) -> Manifest:
     except yaml.YAMLError as exc:
         raise ManifestError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_manifest(data, path=str(path))
-
-
-__all__ = [
-    "FORMAT_VERSION",
-    "MANIFEST_FILE",
-    "MAX_FORMAT_VERSION",
-    "META_FORMAT_VERSION",
-    "MIN_FORMAT_VERSION",
-    "STATE_FORMAT_VERSION",
-    "SYMBOLIC_FORMAT_VERSION",
-    "UNBATCHED",
-    "Manifest",
-    "load_manifest",
-    "parse_manifest",
-]

@@ -66,6 +66,3 @@ class TensorNotation:
     def variable_axes(self) -> list[str]:
         """Letters whose size is :data:`VARIABLE` (varies between variants), in shape order."""
         return [c for c in self.shape if self.dims.get(c) == VARIABLE]
-
-
-__all__ = ["BATCH_LETTERS", "VARIABLE", "TensorNotation", "wire_tensors"]

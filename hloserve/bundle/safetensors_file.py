@@ -100,6 +100,3 @@ def mmap_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
         dtype = dtypes.from_safetensors(info["dtype"]).numpy
         arrays.append(data[begin:end].view(dtype).reshape(info["shape"]))
     return arrays
-
-
-__all__ = ["WeightInfo", "load_tensors", "mmap_tensors", "stored_tensors"]

@@ -106,6 +106,3 @@ def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             _stream_response(handler.unary_stream), **serdes
         )
     return grpc.stream_stream_rpc_method_handler(_stream_response(handler.stream_stream), **serdes)
-
-
-__all__ = ["ErrorInterceptor", "grpc_code", "relayed", "status_of"]

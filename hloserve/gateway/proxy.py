@@ -158,6 +158,3 @@ def make_server(
 
 async def _nothing(model: str) -> None:
     """The default ``routable``: nothing to wait for."""
-
-
-__all__ = ["GatewayProxy", "make_server"]

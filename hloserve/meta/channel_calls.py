@@ -164,6 +164,3 @@ class ChannelCalls:
         for callee in self._callees.values():
             callee.front.close()
         self._callees.clear()
-
-
-__all__ = ["ChannelCalls", "front_args"]

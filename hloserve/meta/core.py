@@ -17,8 +17,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve import names, triton_messages
-from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, Manifest, TensorSpec, load_bundle
-from hloserve.bundle.files import import_model_py
+from hloserve.bundle.bundle import Bundle, load_bundle
+from hloserve.bundle.files import MODEL_PY, import_model_py
+from hloserve.bundle.manifest import Manifest
+from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec
 from hloserve.errors import (
     DeadlineExceededError,
     HloserveError,
@@ -354,15 +356,3 @@ class MetaModel:
 
 def _internal(message: str) -> HloserveError:
     return HloserveError(message, status=Status.INTERNAL)
-
-
-__all__ = [
-    "Call",
-    "Describe",
-    "MetaCall",
-    "MetaModel",
-    "Run",
-    "Send",
-    "load_run",
-    "repository_describer",
-]

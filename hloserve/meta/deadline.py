@@ -44,6 +44,3 @@ class Deadline:
                 f"model {model!r}: deadline exceeded before {before} "
                 f"({-left * 1e3:.1f} ms past the client's timeout)"
             )
-
-
-__all__ = ["Deadline"]

@@ -101,6 +101,3 @@ class MetaGate:
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
-
-
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "MetaGate", "remove_stale_gates", "server_gate_dir"]

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.bundle import check_bundle, load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
+from hloserve.bundle.validate import check_bundle
 from hloserve.errors import RepositoryError, Status
 from hloserve.model_repository_tools.config import label_file
 from hloserve.model_repository_tools.foreign import CONFIG_FILE, write_foreign

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.bundle import Manifest, TensorSpec
 from hloserve.bundle.front_spec import SEQUENCE_CONTROLS
+from hloserve.bundle.manifest import Manifest
+from hloserve.bundle.manifest_sections import TensorSpec
 from hloserve.errors import InvalidArgumentError, Status, UnimplementedError
 from hloserve.model_parameters import (
     FrontParameters,

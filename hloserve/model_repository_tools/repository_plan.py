@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.bundle import Bundle, discover_bundles, load_bundle
 from hloserve.bundle.manifest import Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
+from hloserve.bundle.validate import check_bundle
 from hloserve.errors import (
     BatchSizeError,
+    BundleError,
     ForeignModelError,
     HloserveError,
     InvalidArgumentError,

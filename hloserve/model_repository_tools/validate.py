@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hloserve import names
-from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.bundle.front_spec import front_spec, read_front_spec
-from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError
+from hloserve.bundle.validate import Problem, check_bundle
+from hloserve.errors import BundleError, HloserveError, InvalidArgumentError, NotFoundError
 from hloserve.model_parameters import (
     FrontParameters,
     MetaParameters,

@@ -44,14 +44,14 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
     if is_repository(path):
         yield path
         return
-    from hloserve.bundle import discover_bundles
+    from hloserve.bundle.bundle import discover_bundles
 
     if not discover_bundles(path):
         raise NotFoundError(
             f"{path}: neither a bundles directory (no */manifest.yaml) "
             "nor a model repository (no */config.pbtxt)"
         )
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     scratch: Path | None = None
     if options.repository_out is None:

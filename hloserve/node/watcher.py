@@ -64,7 +64,7 @@ def fingerprint(bundle: Path) -> Fingerprint:
 
 def scan(bundles_dir: Path) -> dict[str, Fingerprint]:
     """Bundle name -> :func:`fingerprint` of every subfolder holding a ``manifest.yaml``."""
-    from hloserve.bundle import discover_bundles
+    from hloserve.bundle.bundle import discover_bundles
 
     return {path.name: fingerprint(path) for path in discover_bundles(bundles_dir)}
 
@@ -316,7 +316,7 @@ class BundleWatcher:
     report: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
-        from hloserve.bundle import load_bundle
+        from hloserve.bundle.bundle import load_bundle
 
         self._debounce = Debouncer(self.acted)
         self._records = {n: ModelRecord(n) for n in self.acted}
@@ -427,7 +427,7 @@ class BundleWatcher:
 
     def _install(self, name: str) -> bool:
         """Validate, build, move in and load bundle ``name``; whether it now serves."""
-        from hloserve.bundle import check_bundle
+        from hloserve.bundle.validate import check_bundle
 
         source = self.bundles_dir / name
         kind = getattr(_manifest(source), "kind", "model")  # check_bundle reports a bad one
@@ -502,7 +502,7 @@ class BundleWatcher:
 
 
 def _manifest(bundle: Path) -> Manifest | None:
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
 
     try:
         return load_bundle(bundle).manifest

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.containers.conftest import world_readable
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ROOT, Images

@@ -24,7 +24,8 @@ import pytest
 from hloserve import names
 from hloserve.gateway.config import DiscoveryConfig, GatewayConfig
 from hloserve.model_control import GRPC_METADATA_KEY, launcher_key
-from hloserve.model_repository_tools import SchedulingOptions, build_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import SchedulingOptions
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import QueueOptions, build_repository, parse_config
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import QueueOptions
+from hloserve.model_repository_tools.config import parse_config
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import TINY_PARAMS, serving_options
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from hloserve.errors import NodeError, Status
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ensure_images
 from tests.node.node_testing import (
