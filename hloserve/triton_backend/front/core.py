@@ -103,7 +103,7 @@ class FrontModel:
 
     Args:
         name: the model (= bundle) name.
-        bundle: the bundle: its front spec (a typed :class:`~hloserve.bundle.Bundle` is
+        bundle: the bundle: its front spec (a typed :class:`~hloserve.bundle.bundle.Bundle` is
             turned into one, :meth:`FrontBundle.of`).
         hooks: pre/post processing; identity by default.
         runtime_model: the runtime model whose channel serves this front.
