@@ -1,11 +1,13 @@
 """Chaos on real servers: overload and kills, directly and through the gateway (issue 28).
 
     .venv/bin/python benchmarks/chaos.py [--overload-seconds 60] [--kills front,runtime,...]
+        [--soak-seconds 1800 --reload-seconds 60]
 
 One ``hloserve serve`` (one worker under the node supervisor: a dead stub is reloaded, a dead
 tritonserver restarted) serves ``slow``: the golden ``affine`` bundle with a ``preprocess``
 hook sleeping ``--hook-ms`` per call, one front instance, Triton's queue bounded to
-``--max-queue-size`` requests. A gateway (this process, HAProxy) stands in front of it. Every
+``--max-queue-size`` requests; beside it ``watched``, the same bundle with no sleep, which the
+soak rewrites. A gateway (this process, HAProxy) stands in front of it. Every
 case runs against both targets, ``direct`` (the worker's gRPC port) and ``gateway``.
 
 **Overload**, per target: the saturation throughput of ``--clients`` closed-loop clients (as
@@ -22,8 +24,22 @@ runtime stub, the tritonserver, the gateway's HAProxy master (``haproxy``: the g
 it again, docs/gateway.md), SIGKILLed. Checked: no request hangs (every one answered within
 ``--hang-seconds``), failures carry the statuses docs/serving.md lists (UNAVAILABLE, INTERNAL),
 recovery (a request answered on both targets) within ``--recovery-seconds``, and every request
-sent after recovery succeeds. Counts by status are printed per case; exit status 1 when a check
-fails. On the 2-core shared development machine the figures are noisy: read the checks and
+sent after recovery succeeds.
+
+**Two replicas** (``--kills replicas``): two ``hloserve serve`` processes, one worker each, and
+the gateway routing ``slow`` to both (round robin); two closed-loop clients through the gateway,
+and the first worker's tritonserver SIGKILLed. Checked: every request sent after the kill
+answered, correctly (HAProxy re-sends a request whose connection could not be made to the other
+replica: ``retry-on conn-failure``, ``option redispatch``, hloserve/gateway/dataplane.py); those
+in flight at the kill answered or UNAVAILABLE; the killed worker serving again.
+
+**Soak** (``--soak-seconds``, 0 = off): serve runs with ``--watch`` (``--watch-interval``),
+three closed-loop clients through the gateway (two on ``slow``, one on ``watched``) while
+``watched``'s hook file is rewritten every ``--reload-seconds`` (each a reload of a new version).
+Checked: zero failed requests, every rewrite reloaded, the RSS growth from minute 5 (the first
+sample in a shorter soak) to the end under 5%.
+
+Counts by status are printed per case; exit status 1 when a check fails. On the 2-core shared development machine the figures are noisy: read the checks and
 the ratios.
 """
 
