@@ -39,8 +39,8 @@ three closed-loop clients through the gateway (two on ``slow``, one on ``watched
 Checked: zero failed requests, every rewrite reloaded, the RSS growth from minute 5 (the first
 sample in a shorter soak) to the end under 5%.
 
-Counts by status are printed per case; exit status 1 when a check fails. On the 2-core shared development machine the figures are noisy: read the checks and
-the ratios.
+Counts by status are printed per case; exit status 1 when a check fails. On the 2-core shared
+development machine the figures are noisy: read the checks and the ratios.
 """
 
 from __future__ import annotations
