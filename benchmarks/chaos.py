@@ -552,6 +552,7 @@ def kill(
         "killed": f"pid {pid}",
         "recovery": f"{recovery:.1f} s",
         "slowest failure": f"{max((o.seconds for o in failed), default=0.0):.2f} s",
+        "slowest request": f"{max((o.seconds for o in outcomes), default=0.0):.2f} s",
         "in flight at the kill": ", ".join(sorted(o.status for o in in_flight)) or "none",
         **{f"failures {t}": text or "none" for t, text in by_target.items()},
     }
