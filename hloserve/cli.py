@@ -1,19 +1,5 @@
-"""The ``hloserve`` command line.
-
-Subcommands:
-    export torch PKG.MOD:FACTORY    export a PyTorch module as a bundle (docs/bundles.md, PyTorch)
-    bundle validate BUNDLE_DIR...   check bundles; one line per problem on stderr; exit 1 if any
-    bundle inspect BUNDLE_DIR       table of tensors, batch sizes, executables, weight bytes
-    bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
-    repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
-    repo validate REPO_DIR          check a repository's configs against their bundles
-    serve PATH [--workers N]        serve bundles with tritonserver (N > 1: behind the gateway);
-                                    --watch follows the bundles directory while serving
-    status URL                      print a server's weight cache state (metrics endpoint)
-    status --models ADMIN_URL       each model's version, state, last reload, error
-    gateway --config FILE           one KServe V2 endpoint (gRPC, HTTP) over several tritonservers
-    node up|down [--config FILE]    one tritonserver per GPU plus the gateway, from a node file
-    gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
+"""The ``hloserve`` command line (``hloserve --help`` lists the subcommands; ``serve``'s
+flags are in :mod:`hloserve.cli_serve`, shared option groups in :mod:`hloserve.cli_options`).
 """
 
 from __future__ import annotations
@@ -168,16 +154,13 @@ def _repo_validate(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hloserve.node.status import print_quietly, render_status
+    from hloserve.node.status import fetch_models, print_quietly, render_models, render_status
     from hloserve.prometheus_text import cache_status, fetch_metrics
 
     if args.models:
-        from hloserve.node.status import fetch_models, render_models
-
         print_quietly(render_models(fetch_models(args.url)))
-        return 0
-
-    print_quietly(render_status(cache_status(fetch_metrics(args.url))))
+    else:
+        print_quietly(render_status(cache_status(fetch_metrics(args.url))))
     return 0
 
 

@@ -1,8 +1,6 @@
 """JAX function + params (or a torch.nn.Module) + named input specs + batch sizes -> a bundle.
 
-Public API: :func:`export_bundle` (JAX), :func:`export_torch` (PyTorch, through torchax; needs
-the ``export-torch`` extra), :class:`OutputSpec`, and :class:`TensorSpec` /
-:class:`ClientTensorSpec` (the bundle format's, :mod:`hloserve.bundle.manifest_sections`).
+:func:`export_torch` needs the ``export-torch`` extra; docs/bundles.md shows both.
 """
 
 from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec

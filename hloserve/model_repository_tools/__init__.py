@@ -1,28 +1,18 @@
-"""Bundles -> Triton model repository: configs, atomic writes, validation.
+"""Bundles -> Triton model repository (docs/serving.md, "The generated model repository").
 
-The layout and every field are fixed by docs/serving.md ("The generated model repository").
-The strings the backends share live in :mod:`hloserve.names`, which
-imports nothing else; so that importing it stays cheap inside Triton's stub processes, the
-names below are imported from their modules on first use (PEP 562), and Triton's
-``model_config_pb2`` (tritonclient) only when a config is built or parsed.
-
-Modules:
-    build_options: :class:`BuildOptions`, every option that shapes a repository, with its flags.
-    repository_plan: bundles directory -> a validated plan of the repository, nothing written.
-    build: write a plan atomically (:func:`build_repository`, :func:`write_repository`).
-    config: ``config.pbtxt`` of the front and runtime models as ``ModelConfig`` messages.
-    batch_sizes: the compiled batch sizes of symbolic-batch bundles.
-    foreign: Triton models of other backends beside the bundles.
-    validate: check a generated repository against its bundles.
+Modules: build_options, repository_plan (validate and plan, nothing written), build (write a plan
+atomically), config (``ModelConfig`` messages), batch_sizes, foreign (models of other backends),
+validate (check a repository against its bundles). The names below are imported from their
+modules on first use (PEP 562), so that Triton stubs importing one module stay light.
 """
 
-# ruff: noqa: F401 (the names re-exported on first use)
+# ruff: noqa: F401
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the names of __all__, for type checkers
+if TYPE_CHECKING:
     from hloserve.errors import RepositoryError
     from hloserve.model_repository_tools.build import build_repository, write_repository
     from hloserve.model_repository_tools.build_options import (
@@ -40,8 +30,8 @@ if TYPE_CHECKING:  # the names of __all__, for type checkers
         parse_config_text,
         runtime_config,
     )
+    from hloserve.model_repository_tools.foreign import CONFIG_FILE
     from hloserve.model_repository_tools.repository_plan import (
-        CONFIG_FILE,
         FrontModel,
         RepositoryPlan,
         check_names,
@@ -68,8 +58,8 @@ _MODULES = {
         "SchedulingOptions",
         "WeightCacheOptions",
     ),
+    "hloserve.model_repository_tools.foreign": ("CONFIG_FILE",),
     "hloserve.model_repository_tools.repository_plan": (
-        "CONFIG_FILE",
         "FrontModel",
         "RepositoryPlan",
         "check_names",

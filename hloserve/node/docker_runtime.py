@@ -1,24 +1,8 @@
 """The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
 
-:func:`~hloserve.node.docker_spec.container_spec` (pure, in :mod:`hloserve.node.docker_spec`)
-turns the node settings and one worker's plan into the keyword arguments of
-``containers.run``. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
-containers, waits for readiness, streams their logs with a ``[worker i]`` prefix, reports
-restarts, and stops and removes them. :func:`remove_node_containers` is ``hloserve node down``.
-
-Restarts are Docker's: every container carries the node's restart policy
-(``restart_policy``), so a worker that crashes is restarted by the daemon even when the
-``node up`` process is gone; ``node up`` only watches ``RestartCount``, re-attaches the log
-stream and, for the ``tritonserver`` launcher, loads the models after the runtime again once
-the restarted worker is ready (the load order of :func:`~hloserve.node.plan.runtime_first`;
-a restart while ``node up`` is gone leaves the restarted worker with the runtime model only).
-With the ``tritonserver`` launcher ``node up`` also watches each container's Python backend
-stubs (:class:`ContainerStubs`, :class:`~hloserve.node.watchdog.StubWatchdog`): in explicit
-mode a model whose stub died is reloaded through the repository API; in ``none`` and ``poll``
-the container is restarted gracefully (``docker restart``: requests in flight finish) after the
-process runtime's backoff (:func:`~hloserve.node.process_runtime.restart_delay`). The
-``hloserve`` launcher's ``hloserve serve`` watches its own.
-Each container is found again by its labels ``hloserve.node=<name>`` and ``hloserve.worker=<i>``.
+:class:`DockerWorkers` starts, watches and stops the containers (restarts are Docker's own,
+docs/deployment.md; with the ``tritonserver`` launcher it also watches each container's Python
+backend stubs, :class:`ContainerStubs`); :func:`remove_node_containers` is ``hloserve node down``.
 """
 
 from __future__ import annotations
@@ -39,9 +23,10 @@ from hloserve.node.docker_spec import (
     LABEL_NODE,
     LABEL_WORKER,
     container_spec,
-    image_build_command,
+    image_build_hint,
     loads_when_ready,
     to_sdk,
+    worker_image,
 )
 from hloserve.node.node_config import NodeConfig, TritonConfig
 from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
@@ -261,13 +246,13 @@ class DockerWorkers:
         import docker
 
         self._client = client = connect()
-        image = self.config.docker.image
+        image = worker_image(self.config)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"({image_build_command(self.config)}) or pull it, "
+                f"({image_build_hint(self.config)}) or pull it, "
                 "or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None

@@ -158,7 +158,7 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
 def test_layout_and_options(bundles: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     plan = build_repository(bundles, repo, front_instances=3, max_queue_delay_us=100)
-    assert plan.model_names == ("affine", "tiny", names.RUNTIME_MODEL)
+    assert [m.name for m in plan.models] == ["affine", "tiny"] and plan.foreign == ()
     assert sorted(p.name for p in repo.iterdir()) == ["affine", names.RUNTIME_MODEL, "tiny"]
     assert sorted(p.name for p in (repo / "tiny" / "1" / "bundle").iterdir()) == sorted(
         p.name for p in (bundles / "tiny").iterdir()
