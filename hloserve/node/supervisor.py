@@ -190,6 +190,7 @@ def run_node(
     Raises:
         HloserveError: a worker or the gateway did not start.
     """
+    from hloserve.node.docker_runtime import DockerWorkers
     from hloserve.node.watcher import serve_model_list, server_model_control
     from hloserve.observability.supervisor import NodeObservability
 
@@ -215,7 +216,7 @@ def run_node(
             )
         )
         node.workers.on_restart = observe.worker_restarted
-        if isinstance(node.workers, ProcessWorkers):
+        if isinstance(node.workers, (ProcessWorkers, DockerWorkers)):
             node.workers.on_stub_reload = observe.stub_reloaded
         observe.workers_up(len(plan.servers))
         lines = []

@@ -105,6 +105,29 @@ class StubProcess:
         )
 
 
+def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubProcess]:
+    """The Python backend stubs among the processes of ``session`` (a tritonserver started in
+    a session of its own, or a container's init), dead (unreaped) ones included.
+
+    Args:
+        session: the session (or process group) id, as this process's ``/proc`` shows it.
+        argv_seen: pid -> command line of stubs seen running, kept by the caller between calls
+            (a zombie's ``/proc/<pid>/cmdline`` is empty); updated here.
+    """
+    stubs = []
+    for pid, stat, words in session_processes(session):
+        if not words:  # a zombie's cmdline is empty: use what was seen while it ran
+            words = argv_seen.get(pid, [])
+        elif Path(words[0]).name == STUB:
+            argv_seen[pid] = words
+        else:
+            argv_seen.pop(pid, None)  # the pid was reused
+        stub = StubProcess.from_proc(pid, words, stat)
+        if stub is not None:
+            stubs.append(stub)
+    return stubs
+
+
 class TritonServer:
     """One local tritonserver process, in its own session, and the stubs it starts.
 
@@ -150,18 +173,7 @@ class TritonServer:
         """The Python backend stubs of this server's session, dead (unreaped) ones included."""
         if self._process is None:
             return []
-        stubs = []
-        for pid, stat, words in session_processes(self._process.pid):
-            if not words:  # a zombie's cmdline is empty: use what was seen while it ran
-                words = self._stub_argv.get(pid, [])
-            elif Path(words[0]).name == STUB:
-                self._stub_argv[pid] = words
-            else:
-                self._stub_argv.pop(pid, None)  # the pid was reused
-            stub = StubProcess.from_proc(pid, words, stat)
-            if stub is not None:
-                stubs.append(stub)
-        return stubs
+        return session_stubs(self._process.pid, self._stub_argv)
 
     def start(self) -> None:
         """Compose the backend directory and launch tritonserver; do not wait for readiness.

@@ -9,11 +9,35 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from hloserve.model_control import RepositoryClient
 from hloserve.node.tritonserver import StubProcess, TritonServer
 
 log = logging.getLogger("hloserve.watchdog")
+
+
+class ControlMode(Protocol):
+    """Settings that name the server's ``--model-control-mode``."""
+
+    @property
+    def model_control_mode(self) -> str:
+        """``explicit``, ``none`` or ``poll``."""
+        ...
+
+
+class StubSource(Protocol):
+    """What :class:`StubWatchdog` watches: a local :class:`TritonServer`, or a container's
+    (:class:`hloserve.node.docker_runtime.ContainerStubs`)."""
+
+    @property
+    def options(self) -> ControlMode:
+        """The server's settings."""
+        ...
+
+    def stub_processes(self) -> list[StubProcess]:
+        """The server's Python backend stubs, dead (unreaped) ones included."""
+        ...
 
 
 def describe_wait_status(status: int) -> str:
@@ -30,6 +54,7 @@ def describe_wait_status(status: int) -> str:
 class StubWatchdog:
     """Notices dead stubs of one server and reloads their models.
 
+    ``server`` is a local server or a container's stubs (:class:`StubSource`).
     ``reload(model)`` runs in a thread of its own; without it ``restart(model)`` has the
     worker drained and restarted; with neither, deaths are only reported. Call :meth:`check`
     periodically (one ``/proc`` scan).
@@ -37,7 +62,7 @@ class StubWatchdog:
 
     def __init__(
         self,
-        server: TritonServer,
+        server: StubSource,
         reload: Callable[[str], None] | None,
         report: Callable[[str], None] = log.warning,
         restart: Callable[[str], None] | None = None,
