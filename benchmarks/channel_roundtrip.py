@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _runtime(address: str, bundle: str, ready: Any, stop: Any, stats: Any) -> None:
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.triton_backend.runtime.core import RuntimeModel
     from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
     from hloserve.triton_backend.runtime.server import RuntimeServer
@@ -124,7 +124,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "examples" / "digits"))
     import export as digits_export
 
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.triton_backend.front.core import FrontModel
     from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 

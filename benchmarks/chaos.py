@@ -1,11 +1,13 @@
 """Chaos on real servers: overload and kills, directly and through the gateway (issue 28).
 
     .venv/bin/python benchmarks/chaos.py [--overload-seconds 60] [--kills front,runtime,...]
+        [--soak-seconds 1800 --reload-seconds 60]
 
 One ``hloserve serve`` (one worker under the node supervisor: a dead stub is reloaded, a dead
 tritonserver restarted) serves ``slow``: the golden ``affine`` bundle with a ``preprocess``
 hook sleeping ``--hook-ms`` per call, one front instance, Triton's queue bounded to
-``--max-queue-size`` requests. A gateway (this process, HAProxy) stands in front of it. Every
+``--max-queue-size`` requests; beside it ``watched``, the same bundle with no sleep, which the
+soak rewrites. A gateway (this process, HAProxy) stands in front of it. Every
 case runs against both targets, ``direct`` (the worker's gRPC port) and ``gateway``.
 
 **Overload**, per target: the saturation throughput of ``--clients`` closed-loop clients (as
@@ -22,9 +24,23 @@ runtime stub, the tritonserver, the gateway's HAProxy master (``haproxy``: the g
 it again, docs/gateway.md), SIGKILLed. Checked: no request hangs (every one answered within
 ``--hang-seconds``), failures carry the statuses docs/serving.md lists (UNAVAILABLE, INTERNAL),
 recovery (a request answered on both targets) within ``--recovery-seconds``, and every request
-sent after recovery succeeds. Counts by status are printed per case; exit status 1 when a check
-fails. On the 2-core shared development machine the figures are noisy: read the checks and
-the ratios.
+sent after recovery succeeds.
+
+**Two replicas** (``--kills replicas``): two ``hloserve serve`` processes, one worker each, and
+the gateway routing ``slow`` to both (round robin); two closed-loop clients through the gateway,
+and the first worker's tritonserver SIGKILLed. Checked: every request sent after the kill
+answered, correctly (HAProxy re-sends a request whose connection could not be made to the other
+replica: ``retry-on conn-failure``, ``option redispatch``, hloserve/gateway/dataplane.py); those
+in flight at the kill answered or UNAVAILABLE; the killed worker serving again.
+
+**Soak** (``--soak-seconds``, 0 = off): serve runs with ``--watch`` (``--watch-interval``),
+three closed-loop clients through the gateway (two on ``slow``, one on ``watched``) while
+``watched``'s hook file is rewritten every ``--reload-seconds`` (each a reload of a new version).
+Checked: zero failed requests, every rewrite reloaded, the RSS growth from minute 5 (the first
+sample in a shorter soak) to the end under 5%.
+
+Counts by status are printed per case; exit status 1 when a check fails. On the 2-core shared
+development machine the figures are noisy: read the checks and the ratios.
 """
 
 from __future__ import annotations
@@ -58,6 +74,8 @@ QUEUE_FULL = "Exceeds maximum queue size"
 #: Statuses a request in flight at a kill may get (docs/serving.md, docs/gateway.md).
 KILL_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.INTERNAL")
 MODEL = "slow"
+#: The bundle the soak rewrites while ``--watch`` follows the bundles directory.
+WATCHED = "watched"
 
 
 @dataclass(frozen=True)
@@ -116,7 +134,7 @@ def make_slow(out: Path, hook_ms: float) -> Path:
 
 def expected_y(x: np.ndarray) -> np.ndarray:
     """What ``slow`` answers for ``x``."""
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
 
     b, w = load_bundle(GOLDEN).load_weights()
     return np.asarray(np.tanh(x @ w + b), np.float32)
@@ -141,63 +159,50 @@ def cmdline(pid: int) -> list[bytes]:
         return []
 
 
-class Rig:
-    """``hloserve serve`` on ``slow`` and a gateway in front of it (module docstring).
+class Worker:
+    """One ``hloserve serve`` process (one tritonserver under the node supervisor) on
+    ``bundles``, its gRPC port ``direct``.
 
     Args:
-        work: a scratch directory.
-        hook_ms: the hook's sleep per call, ms.
+        bundles: the bundles directory it serves.
+        log: its log file.
+        key: the model-control key it and the gateway share.
         max_queue_size: Triton's queue bound of ``slow``, requests.
+        watch_s: with ``--watch``: seconds between two polls of ``bundles``; None: no watch.
     """
 
-    def __init__(self, work: Path, hook_ms: float, max_queue_size: int) -> None:
-        from hloserve.model_control import ENV_KEY, new_key
+    def __init__(
+        self, bundles: Path, log: Path, key: str, max_queue_size: int, watch_s: float | None
+    ) -> None:
+        from hloserve.model_control import ENV_KEY
         from hloserve.ports import free_ports
 
-        self.max_queue_size = max_queue_size
-        bundles = work / "bundles"
-        bundles.mkdir(parents=True)
-        make_slow(bundles / MODEL, hook_ms)
-        http, grpc, metrics = free_ports(3)
+        http, grpc, metrics, admin = free_ports(4)
         self.direct = f"127.0.0.1:{grpc}"
-        self.log = work / "serve.log"
-        self.key = os.environ.get(ENV_KEY) or new_key()  # serve's workers and the gateway
+        self.log = log
         command = [
             *(sys.executable, "-m", "hloserve.cli", "serve", str(bundles)),
             *("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)),
-            *("--front-instances", "1", "--max-queue-size", f"{MODEL}={max_queue_size}"),
+            *("--admin-port", str(admin), "--front-instances", "1"),
+            *("--max-queue-size", f"{MODEL}={max_queue_size}"),
         ]
+        if watch_s is not None:
+            command += ["--watch", "--watch-interval", f"{watch_s:g}"]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: self.key},
+                env={**os.environ, "PYTHONPATH": str(ROOT), ENV_KEY: key},
                 start_new_session=True,
             )
-        self.gateway: Any = None
 
-    def start(self, timeout_s: float = 300.0) -> None:
-        """Wait for serve to be ready, then start the gateway in front of it."""
-        from hloserve.gateway.config import GatewayConfig
-        from hloserve.node.gateway_thread import GatewayThread
-
-        deadline = time.monotonic() + timeout_s
+    def wait_ready(self, deadline: float) -> None:
+        """Wait until serve logs that it is ready (``time.monotonic()`` ``deadline``)."""
         while "hloserve: ready after" not in self.log.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("serve did not get ready:\n" + self.tail())
             time.sleep(0.5)
-        config = GatewayConfig.model_validate(
-            {
-                "workers": [self.direct],
-                "health": {"interval_seconds": 0.5, "failure_threshold": 1},
-                "upstream": {"model_control_key": self.key},
-            }
-        )
-        self.gateway = GatewayThread(
-            config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0})
-        )
-        self.targets = {"direct": self.direct, "gateway": f"127.0.0.1:{self.gateway.port}"}
 
     def tail(self, chars: int = 3000) -> str:
         """The end of serve's log."""
@@ -238,9 +243,7 @@ class Rig:
         return total
 
     def close(self) -> None:
-        """Stop the gateway and serve (SIGKILL after 60 s)."""
-        if self.gateway is not None:
-            self.gateway.close()
+        """Stop serve (SIGTERM; SIGKILL to its process group after 60 s)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -250,11 +253,96 @@ class Rig:
                 self.proc.wait(10)
 
 
+class Rig:
+    """``workers`` ``hloserve serve`` processes on ``slow`` (and ``watched``, the bundle the
+    soak rewrites) and a gateway in front of them (module docstring).
+
+    Args:
+        work: a scratch directory.
+        hook_ms: the hook's sleep per call, ms.
+        max_queue_size: Triton's queue bound of ``slow``, requests.
+        workers: serve processes, each one worker; the gateway routes ``slow`` to every one
+            (round robin), so 2 gives it two replicas.
+        watch_s: serve with ``--watch`` polling every ``watch_s`` seconds; None: no watch.
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        hook_ms: float,
+        max_queue_size: int,
+        workers: int = 1,
+        watch_s: float | None = None,
+    ) -> None:
+        from hloserve.model_control import ENV_KEY, new_key
+
+        self.max_queue_size = max_queue_size
+        self.bundles = work / "bundles"
+        self.bundles.mkdir(parents=True)
+        make_slow(self.bundles / MODEL, hook_ms)
+        make_slow(self.bundles / WATCHED, 0.0)
+        self.key = os.environ.get(ENV_KEY) or new_key()  # serve's workers and the gateway
+        self.workers = [
+            Worker(self.bundles, work / f"serve{i}.log", self.key, max_queue_size, watch_s)
+            for i in range(workers)
+        ]
+        self.direct = self.workers[0].direct
+        self.gateway: Any = None
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        """Wait for every serve to be ready, then start the gateway in front of them."""
+        from hloserve.gateway.config import GatewayConfig
+        from hloserve.node.gateway_thread import GatewayThread
+
+        deadline = time.monotonic() + timeout_s
+        for w in self.workers:
+            w.wait_ready(deadline)
+        config = GatewayConfig.model_validate(
+            {
+                "workers": [w.direct for w in self.workers],
+                "health": {"interval_seconds": 0.5, "failure_threshold": 1},
+                "upstream": {"model_control_key": self.key},
+            }
+        )
+        self.gateway = GatewayThread(
+            config.model_copy(update={"listen": "127.0.0.1:0", "admin_port": 0})
+        )
+        self.targets = {"direct": self.direct, "gateway": f"127.0.0.1:{self.gateway.port}"}
+
+    def tail(self, chars: int = 3000) -> str:
+        """The end of every serve's log."""
+        return "\n".join(w.tail(chars) for w in self.workers)
+
+    def tritonserver(self) -> int | None:
+        """The pid of the first worker's tritonserver now."""
+        return self.workers[0].tritonserver()
+
+    def stubs(self, model: str) -> list[int]:
+        """The live Python backend stubs of ``model`` on the first worker."""
+        return self.workers[0].stubs(model)
+
+    def rss(self) -> int:
+        """Bytes resident in every tritonserver and its stubs."""
+        return sum(w.rss() for w in self.workers)
+
+    def close(self) -> None:
+        """Stop the gateway and every serve."""
+        if self.gateway is not None:
+            self.gateway.close()
+        for w in self.workers:
+            w.close()
+
+
 @contextmanager
-def rig(hook_ms: float = 20.0, max_queue_size: int = 4) -> Iterator[Rig]:
+def rig(
+    hook_ms: float = 20.0,
+    max_queue_size: int = 4,
+    workers: int = 1,
+    watch_s: float | None = None,
+) -> Iterator[Rig]:
     """A started :class:`Rig` in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="hloserve-chaos-") as work:
-        r = Rig(Path(work), hook_ms, max_queue_size)
+        r = Rig(Path(work), hook_ms, max_queue_size, workers, watch_s)
         try:
             r.start()
             yield r
@@ -263,12 +351,14 @@ def rig(hook_ms: float = 20.0, max_queue_size: int = 4) -> Iterator[Rig]:
 
 
 class Sender:
-    """Sends ``slow`` requests of one row to one target and records each :class:`Outcome`."""
+    """Sends requests of one row to ``model`` (``slow``, or ``watched``: the same answers) on
+    one target and records each :class:`Outcome`."""
 
-    def __init__(self, target: str, address: str, timeout_s: float) -> None:
+    def __init__(self, target: str, address: str, timeout_s: float, model: str = MODEL) -> None:
         import tritonclient.grpc as grpcclient
 
         self.target = target
+        self.model = model
         self.client = grpcclient.InferenceServerClient(address)
         self.timeout_s = timeout_s
         self.x = np.arange(4, dtype=np.float32).reshape(1, 4) / 4
@@ -282,7 +372,7 @@ class Sender:
 
         start = time.monotonic()
         try:
-            reply = self.client.infer(MODEL, [self.tensor], client_timeout=self.timeout_s)
+            reply = self.client.infer(self.model, [self.tensor], client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             return Outcome(
                 self.target, start, time.monotonic() - start, str(exc.status()), exc.message()
@@ -462,6 +552,7 @@ def kill(
         "killed": f"pid {pid}",
         "recovery": f"{recovery:.1f} s",
         "slowest failure": f"{max((o.seconds for o in failed), default=0.0):.2f} s",
+        "slowest request": f"{max((o.seconds for o in outcomes), default=0.0):.2f} s",
         "in flight at the kill": ", ".join(sorted(o.status for o in in_flight)) or "none",
         **{f"failures {t}": text or "none" for t, text in by_target.items()},
     }
@@ -481,6 +572,130 @@ def kill(
     return case
 
 
+def two_replicas(r: Rig, recovery_s: float = 120.0, after_s: float = 2.0) -> Case:
+    """A model with two replicas (``r`` with two workers): the first worker's tritonserver
+    SIGKILLed under load through the gateway (module docstring)."""
+    if len(r.workers) < 2:
+        raise ValueError(f"two_replicas needs a rig of 2 workers, got {len(r.workers)}")
+    case = Case("kill tritonserver, two replicas, through the gateway")
+    address = r.targets["gateway"]
+    senders = [Sender("gateway", address, 60.0) for _ in range(2)]
+    stop = threading.Event()
+    outcomes: list[Outcome] = []
+    loader = threading.Thread(
+        target=lambda: outcomes.extend(closed_loop(senders, 3600.0, stop)), daemon=True
+    )
+    loader.start()
+    time.sleep(1.0)
+    server = r.workers[0].tritonserver()
+    if server is None:
+        raise RuntimeError("no tritonserver to kill:\n" + r.tail())
+    killed_at = time.monotonic()
+    os.kill(server, signal.SIGKILL)
+    # the killed worker is back once its tritonserver answers a request directly
+    probe = Sender("direct", r.workers[0].direct, 10.0)
+    recovered_at = None
+    while time.monotonic() - killed_at < recovery_s:
+        time.sleep(0.25)
+        if probe.send().status == "OK":
+            recovered_at = time.monotonic()
+            break
+    time.sleep(after_s)
+    stop.set()
+    loader.join(120)
+    for s in [*senders, probe]:
+        s.close()
+    case.outcomes = outcomes
+    failed = [o for o in outcomes if o.status != "OK"]
+    in_flight = [o for o in outcomes if o.started <= killed_at <= o.started + o.seconds]
+    new = [o for o in outcomes if o.started > killed_at]
+    recovery = (recovered_at - killed_at) if recovered_at is not None else float("inf")
+    case.figures = {
+        "killed": f"tritonserver pid {server} of worker {r.workers[0].direct}",
+        "requests sent after the kill": f"{len(new)}, failed {sum(o.status != 'OK' for o in new)}",
+        "in flight at the kill": ", ".join(sorted(o.status for o in in_flight)) or "none",
+        "killed worker serving again": f"{recovery:.1f} s",
+        "slowest failure": f"{max((o.seconds for o in failed), default=0.0):.2f} s",
+        "slowest request": f"{max((o.seconds for o in outcomes), default=0.0):.2f} s",
+    }
+    case.checks = {
+        "requests sent after the kill: every one answered, correctly": bool(new)
+        and all(o.status == "OK" and o.correct for o in new),
+        "in flight at the kill: UNAVAILABLE or answered": all(
+            o.status in ("OK", "StatusCode.UNAVAILABLE") for o in in_flight
+        ),
+        f"the killed worker serves again within {recovery_s:g} s": recovered_at is not None,
+    }
+    return case
+
+
+def soak(
+    r: Rig,
+    seconds: float,
+    reload_s: float = 60.0,
+    sample_s: float = 30.0,
+    from_s: float = 300.0,
+    growth_limit: float = 0.05,
+) -> Case:
+    """The soak (module docstring): closed-loop clients through the gateway on ``slow`` and
+    ``watched`` for ``seconds`` while ``watched``'s hook is rewritten every ``reload_s``
+    (serve's ``--watch`` reloads it); RSS sampled every ``sample_s``, its growth measured from
+    ``from_s`` (or the first sample when the soak is shorter)."""
+    case = Case(f"soak through the gateway, {seconds:g} s")
+    address = r.targets["gateway"]
+    senders = [Sender("gateway", address, 60.0, m) for m in (MODEL, MODEL, WATCHED)]
+    stop = threading.Event()
+    outcomes: list[Outcome] = []
+    loader = threading.Thread(
+        target=lambda: outcomes.extend(closed_loop(senders, seconds, stop)), daemon=True
+    )
+    start = time.monotonic()
+    loader.start()
+    hook = r.bundles / WATCHED / "model.py"
+    original = hook.read_text()
+    samples: list[tuple[float, int]] = []
+    rewrites = 0
+    next_reload, next_sample = start + reload_s, start
+    for _ in range(10_000_000):
+        now = time.monotonic()
+        if now - start >= seconds:
+            break
+        if now >= next_sample:
+            samples.append((now - start, r.rss()))
+            next_sample += sample_s
+        if now >= next_reload:
+            rewrites += 1
+            hook.write_text(f"{original}\n# generation {rewrites}\n")
+            next_reload += reload_s
+        time.sleep(0.2)
+    stop.set()
+    loader.join(120)
+    samples.append((time.monotonic() - start, r.rss()))
+    for s in senders:
+        s.close()
+    case.outcomes = outcomes
+    ready = len(re.findall(rf"model '{WATCHED}': version \d+ READY", r.tail(10_000_000)))
+    base_t, base = next(((t, b) for t, b in samples if t >= from_s), samples[0])
+    end = samples[-1][1]
+    growth = (end - base) / base if base else float("inf")
+    failed = [o for o in outcomes if o.status != "OK" or not o.correct]
+    case.figures = {
+        "requests": f"{len(outcomes)} ({len(outcomes) / seconds:.1f} req/s), failed {len(failed)}",
+        "bundle rewrites / reloads READY": f"{rewrites} / {ready}",
+        "RSS": f"{samples[0][1] / MIB:.0f} MiB at start, {base / MIB:.0f} MiB at {base_t:.0f} s,"
+        f" {end / MIB:.0f} MiB at the end ({growth * 100:+.1f}%)",
+        "p50 / slowest": f"{p50(outcomes) * 1e3:.1f} ms"
+        f" / {max((o.seconds for o in outcomes), default=0.0):.2f} s",
+        "failures": "; ".join(sorted({f"{o.status} {o.message[:120]}" for o in failed})) or "none",
+    }
+    case.checks = {
+        "zero failed requests": bool(outcomes) and not failed,
+        "every rewrite reloaded (the last may still be settling)": ready >= max(rewrites - 1, 0),
+        f"RSS growth under {growth_limit * 100:g}% from {base_t:.0f} s": growth < growth_limit,
+    }
+    return case
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the cases of the command line; 1 when a check fails."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -489,26 +704,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=None, help="default: queue bound + 1")
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--rss-slack-mib", type=float, default=200.0)
-    parser.add_argument("--kills", default="front,runtime,tritonserver,haproxy")
+    parser.add_argument(
+        "--kills",
+        default="front,runtime,tritonserver,haproxy,replicas",
+        help="comma-separated: front, runtime, tritonserver, haproxy (each on a rig of one"
+        " worker, directly and through the gateway), replicas (a tritonserver of a model with"
+        " two replicas, through the gateway, on a rig of two workers)",
+    )
     parser.add_argument("--hang-seconds", type=float, default=10.0)
     parser.add_argument("--recovery-seconds", type=float, default=120.0)
+    parser.add_argument("--soak-seconds", type=float, default=0.0, help="1800 for the full soak")
+    parser.add_argument("--reload-seconds", type=float, default=60.0)
+    parser.add_argument("--watch-interval", type=float, default=5.0)
     parser.add_argument("--hook-ms", type=float, default=20.0)
     parser.add_argument("--max-queue-size", type=int, default=4)
     args = parser.parse_args(argv)
+    kills = [k for k in args.kills.split(",") if k]
     cases: list[Case] = []
-    with rig(args.hook_ms, args.max_queue_size) as r:
-        if args.overload_seconds > 0:
-            for target in r.targets:
-                cases.append(
-                    overload(
-                        r, target, args.overload_seconds, args.measure_seconds, args.clients,
-                        args.factor, args.rss_slack_mib,
-                    )
-                )  # fmt: skip
-                print("\n".join(cases[-1].lines()), flush=True)
-        for kind in [k for k in args.kills.split(",") if k]:
-            cases.append(kill(r, kind, args.hang_seconds, args.recovery_seconds))
-            print("\n".join(cases[-1].lines()), flush=True)
+
+    def report(case: Case) -> None:
+        cases.append(case)
+        print("\n".join(case.lines()), flush=True)
+
+    single = [k for k in kills if k != "replicas"]
+    if args.overload_seconds > 0 or single or args.soak_seconds > 0:
+        watch = args.watch_interval if args.soak_seconds > 0 else None
+        with rig(args.hook_ms, args.max_queue_size, watch_s=watch) as r:
+            if args.overload_seconds > 0:
+                for target in r.targets:
+                    report(
+                        overload(
+                            r, target, args.overload_seconds, args.measure_seconds, args.clients,
+                            args.factor, args.rss_slack_mib,
+                        )
+                    )  # fmt: skip
+            for kind in single:
+                report(kill(r, kind, args.hang_seconds, args.recovery_seconds))
+            if args.soak_seconds > 0:
+                report(soak(r, args.soak_seconds, args.reload_seconds))
+    if "replicas" in kills:
+        with rig(args.hook_ms, args.max_queue_size, workers=2) as r:
+            report(two_replicas(r, args.recovery_seconds))
     failed = [c.name for c in cases if not c.passed]
     print(f"chaos: {len(cases) - len(failed)}/{len(cases)} cases passed" + (
         f"; failed: {', '.join(failed)}" if failed else ""

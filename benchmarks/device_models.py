@@ -115,7 +115,7 @@ def run(models: int, scratch: Path) -> dict[str, Any]:
     import digits_model
     import export as digits_export
 
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.triton_backend.front.core import FrontModel
     from hloserve.triton_backend.front.front_channel import ChannelFront, Request
     from hloserve.triton_backend.runtime.core import RuntimeModel

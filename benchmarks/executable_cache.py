@@ -77,7 +77,7 @@ def export_bundles(root: Path, *, offline: bool = False) -> dict[str, Path]:
 
 def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> list[dict[str, Any]]:
     """Print one row per executable; return the rows (seconds, ratios compile / load)."""
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.bundle.manifest import UNBATCHED
     from hloserve.triton_backend.runtime.compile import compile_artifact, enable_x64
     from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel

@@ -137,7 +137,7 @@ def main() -> int:
     import tritonclient.grpc as grpcclient
 
     from hloserve.gateway.config import GatewayConfig
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.node.gateway_thread import GatewayThread
     from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve_options import ServeOptions, server_options

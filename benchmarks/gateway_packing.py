@@ -41,7 +41,8 @@ import tritonclient.grpc as grpcclient
 
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import SchedulingOptions, build_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import SchedulingOptions
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.perf_analyzer import perf_analyzer_binary, perf_analyzer_env
 from hloserve.node.serve_options import ServeOptions, server_options

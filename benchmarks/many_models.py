@@ -155,7 +155,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.node.serve_options import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer
     from hloserve.ports import free_ports

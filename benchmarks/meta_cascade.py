@@ -49,7 +49,7 @@ def main() -> int:
 
     import tritonclient.grpc as grpcclient
 
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.node.serve_options import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer
     from hloserve.ports import free_ports

@@ -171,7 +171,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.model_repository_tools.build_options import BatchSizeOptions
     from hloserve.node.perf_analyzer import run_perf_analyzer
     from hloserve.node.serve_options import ServeOptions, server_options

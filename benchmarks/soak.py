@@ -199,8 +199,9 @@ def soak(
 
     Prints one line per sample to ``out`` (default stdout).
     """
-    from hloserve.bundle import load_bundle
-    from hloserve.model_repository_tools import WeightCacheOptions, build_repository
+    from hloserve.bundle.bundle import load_bundle
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.build_options import WeightCacheOptions
     from hloserve.node.serve_options import ServeOptions, server_options
     from hloserve.node.tritonserver import TritonServer
     from hloserve.ports import free_ports

@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=0.5, help="timeline period (0.5)")
     args = parser.parse_args(argv)
 
-    from hloserve.model_repository_tools import WeightCacheOptions, build_repository
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.build_options import WeightCacheOptions
 
     items = int(args.weight_mib * 2**20) // 4
     with tempfile.TemporaryDirectory(prefix="weight_cache_bench.") as tmp:

@@ -1,4 +1,5 @@
-# hloserve gateway: one KServe V2 gRPC endpoint over the workers of a node (docs/gateway.md):
+# hloserve gateway: one KServe V2 endpoint (gRPC 8001, HTTP 8000 with http_listen; admin 8002)
+# over the workers of a node (docs/gateway.md):
 # HAProxy (Debian bookworm's haproxy 2.6.12) carries ModelInfer, the Python control plane the rest.
 #   bash scripts/images.sh gateway  (docs/deployment.md, "Images"); by hand:
 #   docker build --network=host -f containers/gateway.Dockerfile -t hloserve-gateway .
@@ -40,6 +41,6 @@ ENV PATH=/opt/hloserve/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
     JAX_PLATFORMS=cpu
 USER hloserve
 WORKDIR /home/hloserve
-EXPOSE 8001 8002
+EXPOSE 8000 8001 8002
 ENTRYPOINT ["hloserve", "gateway"]
 CMD []

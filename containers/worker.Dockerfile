@@ -1,5 +1,5 @@
 # hloserve GPU worker: NVIDIA's Triton container plus hloserve and its Python-based backends.
-#   docker build -f containers/worker.Dockerfile -t hloserve-worker:24.12 .
+#   docker build --network=host -f containers/worker.Dockerfile -t hloserve-worker:24.12 .
 # Run by `hloserve node up` (runtime: docker, docker.launcher: tritonserver), one container per
 # GPU, or by containers/compose.yaml. docs/deployment.md.
 #

@@ -1,19 +1,5 @@
-"""The ``hloserve`` command line.
-
-Subcommands:
-    export torch PKG.MOD:FACTORY    export a PyTorch module as a bundle (docs/bundles.md, PyTorch)
-    bundle validate BUNDLE_DIR...   check bundles; one line per problem on stderr; exit 1 if any
-    bundle inspect BUNDLE_DIR       table of tensors, batch sizes, executables, weight bytes
-    bundle convert BUNDLE_DIR       rewrite MLIR text executables as portable artifacts
-    repo build BUNDLES_DIR -o REPO  validate every bundle, then write a Triton model repository
-    repo validate REPO_DIR          check a repository's configs against their bundles
-    serve PATH [--workers N]        serve bundles with tritonserver (N > 1: behind the gateway);
-                                    --watch follows the bundles directory while serving
-    status URL                      print a server's weight cache state (metrics endpoint)
-    status --models ADMIN_URL       each model's version, state, last reload, error
-    gateway --config FILE           one KServe V2 endpoint (gRPC, HTTP) over several tritonservers
-    node up|down [--config FILE]    one tritonserver per GPU plus the gateway, from a node file
-    gateway-ctl ACTION              read/change a running gateway's scheduling (control plane)
+"""The ``hloserve`` command line (``hloserve --help`` lists the subcommands; ``serve``'s
+flags are in :mod:`hloserve.cli_serve`, shared option groups in :mod:`hloserve.cli_options`).
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ from hloserve.errors import HloserveError
 
 
 def _bundle_validate(args: argparse.Namespace) -> int:
-    from hloserve.bundle import validate_bundle
+    from hloserve.bundle.validate import validate_bundle
 
     failed = 0
     for path in args.bundle_dirs:
@@ -126,7 +112,7 @@ def _add_export(commands: Any) -> None:
 def _bundle_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
     from hloserve.bundle.inspect import render_bundle
 
     Console().print(render_bundle(load_bundle(args.bundle_dir)))
@@ -145,7 +131,7 @@ def _bundle_convert(args: argparse.Namespace) -> int:
 
 
 def _repo_build(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     plan = build_repository(
         args.bundles_dir, args.output, build_options(args), overwrite=args.overwrite, progress=print
@@ -155,7 +141,7 @@ def _repo_build(args: argparse.Namespace) -> int:
 
 
 def _repo_validate(args: argparse.Namespace) -> int:
-    from hloserve.model_repository_tools import validate_repository
+    from hloserve.model_repository_tools.validate import validate_repository
 
     problems = validate_repository(args.repo_dir)
     for p in problems:
@@ -168,16 +154,13 @@ def _repo_validate(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hloserve.node.status import print_quietly, render_status
+    from hloserve.node.status import fetch_models, print_quietly, render_models, render_status
     from hloserve.prometheus_text import cache_status, fetch_metrics
 
     if args.models:
-        from hloserve.node.status import fetch_models, render_models
-
         print_quietly(render_models(fetch_models(args.url)))
-        return 0
-
-    print_quietly(render_status(cache_status(fetch_metrics(args.url))))
+    else:
+        print_quietly(render_status(cache_status(fetch_metrics(args.url))))
     return 0
 
 

@@ -1,11 +1,5 @@
-"""Option groups shared by ``hloserve repo build``, ``serve`` and ``gateway``.
-
-Each group is an ``add_*`` function that adds its flags to a parser and, where the flags make a
-typed value, a reader that turns the parsed arguments into it (raising
-:class:`~hloserve.errors.InvalidArgumentError` for a malformed value): the weight cache
-(docs/on_demand_weights.md), compiled batch sizes (docs/bundles.md), scheduling
-(docs/scheduling.md), the executable cache (docs/serving.md) and the gateway's TLS flags
-(docs/gateway.md).
+"""Option groups shared by ``hloserve repo build``, ``serve`` and ``gateway``: ``add_*`` adds
+a group's flags, its reader makes the typed value (InvalidArgumentError when malformed).
 """
 
 from __future__ import annotations
@@ -69,27 +63,6 @@ def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
-    """--batch-sizes (docs/bundles.md, "Symbolic batch")."""
-    parser.add_argument(
-        "--batch-sizes",
-        action="append",
-        default=[],
-        metavar="[MODEL=]SIZES",
-        help="compiled batch sizes of symbolic-batch bundles, e.g. 1,4,16,64 for all of them "
-        "or MODEL=1,8 for one (repeatable); default: 1,4,16,64 within each bundle's "
-        "constraints and 64 MiB of inputs+outputs per execution. A bundle exported with "
-        "fixed batch sizes keeps them and refuses this flag",
-    )
-
-
-def batch_size_options(args: argparse.Namespace) -> typed.BatchSizeOptions:
-    """The ``BatchSizeOptions`` of :func:`add_batch_size_option`'s argument."""
-    from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
-
-    return parse_batch_sizes(args.batch_sizes)
-
-
 def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
     """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
 
@@ -112,91 +85,10 @@ def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
     )
 
 
-def add_scheduling_options(parser: argparse.ArgumentParser) -> None:
-    """--scheduling, --model-weight (docs/scheduling.md)."""
-    parser.add_argument(
-        "--scheduling",
-        choices=("fair", "fifo", "edf"),
-        default="fair",
-        help="the runtime's scheduling discipline across models: fair (default: compute "
-        "shared by weight), fifo (globally oldest request first) or edf (soonest deadline "
-        "first, hopeless requests shed); docs/scheduling.md",
-    )
-    parser.add_argument(
-        "--model-weight",
-        action="append",
-        default=[],
-        metavar="MODEL=W",
-        help="MODEL's weight under fair scheduling (W > 0; default 1.0); repeatable",
-    )
-
-
-def scheduling_options(args: argparse.Namespace) -> typed.SchedulingOptions:
-    """The ``SchedulingOptions`` of :func:`add_scheduling_options`'s arguments.
-
-    Raises:
-        InvalidArgumentError: a malformed ``--model-weight`` or a weight <= 0.
-    """
-    from hloserve.model_repository_tools.build_options import SchedulingOptions
-    from hloserve.names import parse_model_weights
-
-    try:
-        weights = parse_model_weights(",".join(args.model_weight))
-    except ValueError as exc:
-        raise InvalidArgumentError(f"--model-weight: {exc}") from None
-    return SchedulingOptions(scheduling=args.scheduling, model_weights=weights)
-
-
-def add_executable_cache_options(parser: argparse.ArgumentParser) -> None:
-    """--executable-cache, --executable-cache-bytes (docs/serving.md, "Executable cache")."""
-    parser.add_argument(
-        "--executable-cache",
-        default="",
-        metavar="DIR",
-        help="where the runtime keeps compiled executables, so restarts load them instead of "
-        "compiling; 'off' disables it (default: $HLOSERVE_EXECUTABLE_CACHE, else "
-        "$XDG_CACHE_HOME/hloserve/executables, i.e. ~/.cache/hloserve/executables)",
-    )
-    parser.add_argument(
-        "--executable-cache-bytes",
-        type=int,
-        default=0,
-        metavar="N",
-        help="size bound of the executable cache in bytes; least recently used entries are "
-        "deleted beyond it (default: $HLOSERVE_EXECUTABLE_CACHE_BYTES, else 4 GiB)",
-    )
-
-
-def executable_cache_options(args: argparse.Namespace) -> typed.ExecutableCacheOptions:
-    """The ``ExecutableCacheOptions`` of :func:`add_executable_cache_options`'s arguments
-    (a directory made absolute: the runtime runs elsewhere).
-
-    Raises:
-        InvalidArgumentError: --executable-cache-bytes below 0.
-    """
-    from hloserve.model_repository_tools.build_options import ExecutableCacheOptions
-    from hloserve.names import EXECUTABLE_CACHE_OFF
-
-    if args.executable_cache_bytes < 0:
-        raise InvalidArgumentError(
-            f"--executable-cache-bytes must be >= 0, got {args.executable_cache_bytes}"
-        )
-    directory = args.executable_cache.strip()
-    if directory.lower() == EXECUTABLE_CACHE_OFF:
-        directory = EXECUTABLE_CACHE_OFF
-    elif directory:
-        directory = str(Path(directory).expanduser().absolute())
-    return ExecutableCacheOptions(directory=directory, max_bytes=args.executable_cache_bytes)
-
-
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     """Every flag that shapes the repository built from bundles (docs/serving.md, "Build
-    options"): one per scalar field of
-    :class:`~hloserve.model_repository_tools.build_options.BuildOptions` with a help text,
-    declared there, then --max-queue-size and the weight cache, batch size, scheduling and
-    executable cache groups. ``when`` fills the fields' ``{when}`` (e.g. ``" when building"``
-    for ``serve``, whose PATH may be a built repository).
-    """
+    options"), the scalar ones declared on ``BuildOptions``' fields; ``when`` fills their
+    help's ``{when}`` (``" when building"`` for ``serve``)."""
     from hloserve.model_repository_tools.build_options import BuildOptions
 
     for f in dataclasses.fields(BuildOptions):
@@ -220,21 +112,80 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
         "model, repeatable; docs/serving.md",
     )
     add_weight_cache_options(parser)
-    add_batch_size_option(parser)
-    add_scheduling_options(parser)
-    add_executable_cache_options(parser)
+    parser.add_argument(  # docs/bundles.md, "Symbolic batch"
+        "--batch-sizes",
+        action="append",
+        default=[],
+        metavar="[MODEL=]SIZES",
+        help="compiled batch sizes of symbolic-batch bundles, e.g. 1,4,16,64 for all of them "
+        "or MODEL=1,8 for one (repeatable); default: 1,4,16,64 within each bundle's "
+        "constraints and 64 MiB of inputs+outputs per execution. A bundle exported with "
+        "fixed batch sizes keeps them and refuses this flag",
+    )
+    parser.add_argument(
+        "--scheduling",
+        choices=("fair", "fifo", "edf"),
+        default="fair",
+        help="the runtime's scheduling discipline across models: fair (default: compute "
+        "shared by weight), fifo (globally oldest request first) or edf (soonest deadline "
+        "first, hopeless requests shed); docs/scheduling.md",
+    )
+    parser.add_argument(
+        "--model-weight",
+        action="append",
+        default=[],
+        metavar="MODEL=W",
+        help="MODEL's weight under fair scheduling (W > 0; default 1.0); repeatable",
+    )
+    parser.add_argument(  # docs/serving.md, "Executable cache"
+        "--executable-cache",
+        default="",
+        metavar="DIR",
+        help="where the runtime keeps compiled executables, so restarts load them instead of "
+        "compiling; 'off' disables it (default: $HLOSERVE_EXECUTABLE_CACHE, else "
+        "$XDG_CACHE_HOME/hloserve/executables, i.e. ~/.cache/hloserve/executables)",
+    )
+    parser.add_argument(
+        "--executable-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="size bound of the executable cache in bytes; least recently used entries are "
+        "deleted beyond it (default: $HLOSERVE_EXECUTABLE_CACHE_BYTES, else 4 GiB)",
+    )
 
 
 def build_options(args: argparse.Namespace) -> typed.BuildOptions:
-    """The one :class:`~hloserve.model_repository_tools.build_options.BuildOptions` of
-    :func:`add_build_options`'s flags, for ``build_repository`` and ``ServeOptions.build``.
+    """The ``BuildOptions`` of :func:`add_build_options`'s flags (the executable cache
+    directory made absolute).
 
     Raises:
-        InvalidArgumentError: a malformed --residency or --model-weight, a weight <= 0, or
-            --executable-cache-bytes below 0.
+        InvalidArgumentError: a malformed --residency, --model-weight or --max-queue-size, a
+            weight <= 0, or --executable-cache-bytes below 0.
     """
-    from hloserve.model_repository_tools.build_options import BuildOptions
+    from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
+    from hloserve.model_repository_tools.build_options import (
+        BuildOptions,
+        ExecutableCacheOptions,
+        SchedulingOptions,
+    )
+    from hloserve.names import EXECUTABLE_CACHE_OFF, parse_model_weights
 
+    weight_cache = weight_cache_options(args)
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
+    try:
+        weights = parse_model_weights(",".join(args.model_weight))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--model-weight: {exc}") from None
+    if args.executable_cache_bytes < 0:
+        raise InvalidArgumentError(
+            f"--executable-cache-bytes must be >= 0, got {args.executable_cache_bytes}"
+        )
+    directory = args.executable_cache.strip()
+    if directory.lower() == EXECUTABLE_CACHE_OFF:
+        directory = EXECUTABLE_CACHE_OFF
+    elif directory:
+        directory = str(Path(directory).expanduser().absolute())
     scalars = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(BuildOptions)
@@ -242,10 +193,12 @@ def build_options(args: argparse.Namespace) -> typed.BuildOptions:
     }
     return BuildOptions(
         **scalars,
-        weight_cache=weight_cache_options(args),
-        batch_sizes=batch_size_options(args),
-        scheduling=scheduling_options(args),
-        executable_cache=executable_cache_options(args),
+        weight_cache=weight_cache,
+        batch_sizes=batch_sizes,
+        scheduling=SchedulingOptions(scheduling=args.scheduling, model_weights=weights),
+        executable_cache=ExecutableCacheOptions(
+            directory=directory, max_bytes=args.executable_cache_bytes
+        ),
         queue=queue_options(args.max_queue_size),
     )
 
@@ -297,8 +250,7 @@ def add_tls_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
 
 
 def add_config_flag(parser: argparse.ArgumentParser, what: str, variables: str) -> None:
-    """``--config FILE``: the YAML settings file of ``gateway`` or ``node``, whose keys the
-    ``variables`` (e.g. ``HLOSERVE_NODE_*``) override (the default: those alone)."""
+    """``--config FILE``: the YAML settings of ``gateway`` or ``node``."""
     parser.add_argument(
         "--config",
         type=Path,

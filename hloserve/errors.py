@@ -1,18 +1,9 @@
-"""The one error root of hloserve and its mapping to gRPC and HTTP status codes.
+"""Every hloserve error class, and the mapping of their :class:`Status` to gRPC and HTTP codes.
 
-Every error hloserve raises on purpose derives from :class:`HloserveError` and carries a
-:class:`Status`. Transports (the Triton backend, the gateway, the CLI) translate it with
-:data:`GRPC_CODE` and :data:`HTTP_STATUS`; nothing else decides a status code.
-
-The table follows Triton's conventions (KServe V2 "Errors" section and Triton's
-``TRITONSERVER_Error_Code``): unknown model -> NOT_FOUND, not ready -> UNAVAILABLE, bad
-tensor -> INVALID_ARGUMENT, unsupported -> UNIMPLEMENTED, anything else -> INTERNAL. The
-statuses hloserve never decides itself (CANCELLED, UNKNOWN, ALREADY_EXISTS, ...) are there so
-that a worker's answer relayed by the gateway (:class:`UpstreamError`) keeps its code; their HTTP
-codes are the ones of ``google/rpc/code.proto``.
-
-Every error class of the package is defined here, grouped by the layer that raises it, and is
-imported from here.
+Each deliberate error derives from :class:`HloserveError`; transports translate its status with
+:data:`GRPC_CODE` and :data:`HTTP_STATUS` following Triton's ``TRITONSERVER_Error_Code`` and
+KServe V2 "Errors"; statuses hloserve never decides itself are kept for relayed worker answers
+(:class:`UpstreamError`), with ``google/rpc/code.proto``'s HTTP codes.
 """
 
 from __future__ import annotations
@@ -45,8 +36,7 @@ class Status(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
-#: (gRPC numeric code as in grpc.StatusCode, HTTP status as Triton's HTTP frontend answers) of
-#: each :class:`Status`.
+#: (gRPC numeric code, HTTP status) of each :class:`Status`.
 _CODES: dict[Status, tuple[int, int]] = {
     Status.INVALID_ARGUMENT: (3, 400),
     Status.NOT_FOUND: (5, 404),
@@ -72,11 +62,7 @@ HTTP_STATUS: dict[Status, int] = {status: http for status, (_, http) in _CODES.i
 
 
 class HloserveError(Exception):
-    """Root of every deliberate hloserve error.
-
-    Attributes:
-        status: the canonical status that transports map to a gRPC/HTTP code.
-    """
+    """Root of every deliberate hloserve error; ``status`` maps to a gRPC/HTTP code."""
 
     status: Status = Status.INTERNAL
 
@@ -116,30 +102,21 @@ class UnimplementedError(HloserveError):
 
 
 class FailedPreconditionError(HloserveError):
-    """The system is not in a state the operation needs (the command would destroy something
-    it does not own, a setting contradicts the workers' own)."""
+    """The system is not in a state the operation needs."""
 
     status = Status.FAILED_PRECONDITION
 
 
 class DeadlineExceededError(HloserveError):
-    """The request's time budget ran out.
-
-    Triton 2.51 has no deadline error code for a backend to answer: clients of a worker see
-    UNAVAILABLE (gRPC 14, HTTP 503) with this message, which starts "... deadline exceeded".
-    """
+    """The request's time budget ran out (a worker's clients see UNAVAILABLE: Triton 2.51
+    backends cannot answer DEADLINE_EXCEEDED)."""
 
     status = Status.DEADLINE_EXCEEDED
 
 
 class UpstreamError(HloserveError):
-    """A worker's error answer, relayed by the gateway with the worker's own status and text.
-
-    Args:
-        message: the worker's message (``grpc-message``), possibly prefixed by the gateway.
-        code_name: the worker's gRPC status code name, e.g. ``"UNAVAILABLE"`` (an unknown
-            name is INTERNAL).
-    """
+    """A worker's error answer relayed by the gateway; ``code_name`` is its gRPC status code
+    name (unknown = INTERNAL)."""
 
     def __init__(self, message: str, code_name: str) -> None:
         super().__init__(message, status=Status.__members__.get(code_name, Status.INTERNAL))
@@ -153,11 +130,7 @@ class ArtifactError(InvalidArgumentError):
 
 
 class ManifestError(InvalidArgumentError):
-    """A manifest breaks a format rule.
-
-    Attributes:
-        problems: one line per problem, each naming the tensor or key and expected vs actual.
-    """
+    """A manifest breaks a format rule; ``problems``: one line each."""
 
     def __init__(self, path: str, problems: list[str], *, status: Status | None = None) -> None:
         self.path = path
@@ -166,14 +139,8 @@ class ManifestError(InvalidArgumentError):
 
 
 class BundleError(InvalidArgumentError):
-    """A bundle failed validation.
-
-    Attributes:
-        bundle: the bundle directory.
-        problems: the errors found (warnings excluded), each a
-            :class:`hloserve.bundle.validate.Problem`.
-        name: the model's name (the directory's unless given).
-    """
+    """A bundle failed validation; ``problems`` are its errors
+    (:class:`hloserve.bundle.validate.Problem`), ``name`` defaults to the directory's."""
 
     def __init__(self, bundle: Path, problems: Sequence[Any], name: str | None = None) -> None:
         self.bundle = bundle
@@ -184,11 +151,8 @@ class BundleError(InvalidArgumentError):
 
 
 class ModelPyImportError(Exception):
-    """A bundle's ``model.py`` could not be imported; ``str()`` is the exception, one line per
-    ``traceback.format_exception_only`` line (file and line included for a syntax error).
-
-    Not an :class:`HloserveError`: the caller wraps it in the error of its own layer.
-    """
+    """A bundle's ``model.py`` could not be imported (``str()``: the exception's lines); not
+    an :class:`HloserveError`: callers wrap it."""
 
 
 class ExportError(InvalidArgumentError):
@@ -211,11 +175,8 @@ class ForeignModelError(InvalidArgumentError):
 
 
 class ServerStartingError(UnavailableError):
-    """Triton refused a BLS request because the server itself is not ready yet.
-
-    Retrying cannot help while the calling model is still loading (server readiness waits for
-    it): the caller should fail at once.
-    """
+    """Triton refused a BLS request because the server is not ready yet (fail at once: it
+    waits for the calling model)."""
 
 
 class SchedulerClosedError(UnavailableError):
@@ -223,11 +184,8 @@ class SchedulerClosedError(UnavailableError):
 
 
 class ChannelClosed(ConnectionError):
-    """The other end of a front-runtime channel went away.
-
-    A ``ConnectionError`` rather than an :class:`HloserveError`: it is the transport's signal
-    to its owner, which answers the requests it held with an error of its own.
-    """
+    """The other end of a front-runtime channel went away (the owner answers with its own
+    error)."""
 
 
 # -- gateway -----------------------------------------------------------------------------------

@@ -1,9 +1,5 @@
-"""Names of the metrics the runtime model exports on Triton's metrics port (:8002).
-
-Written by :mod:`hloserve.triton_backend.backends.metrics` and read back by
-:func:`hloserve.prometheus_text.cache_status` (``hloserve status``, the gateway's lpt_packing
-weights); the table of names, labels and meanings is docs/observability.md, "Metrics".
-Standard library only, so every layer may import it.
+"""Names of the metrics the runtime model exports on Triton's metrics port (:8002), shared by
+their writer and readers; the table is docs/observability.md, "Metrics". Standard library only.
 """
 
 from __future__ import annotations
@@ -28,15 +24,11 @@ WEIGHT_LOAD_SECONDS = "hloserve_weight_load_seconds"
 WEIGHT_LOAD_BYTES = "hloserve_weight_load_bytes_total"
 #: Counter per (model, variant, batch_size): executions.
 EXECUTIONS = "hloserve_executions_total"
-#: Gauge ``{kind}``: the runtime's device memory, bytes, by kind (:data:`DEVICE_MEMORY_KINDS`);
-#: absent where the device reports no statistics (CPU). docs/observability.md.
+#: Gauge ``{kind}``: the runtime's device memory, bytes (absent on CPU).
 DEVICE_MEMORY_BYTES = "hloserve_device_memory_bytes"
-#: Gauge ``{model}``: bytes of the state the runtime keeps for the live sequences of a stateful
-#: model (live sequences x state bytes per sequence); docs/bundles.md, "Stateful bundles".
+#: Gauge ``{model}``: bytes of the state kept for a stateful model's live sequences.
 SEQUENCE_STATE_BYTES = "hloserve_sequence_state_bytes"
-#: The ``kind`` labels of :data:`DEVICE_MEMORY_BYTES`: the card's total, the allocator's limit,
-#: in use and peak (``memory_stats()``), resident weights, compiled executables, the largest
-#: scratch of a loaded executable, headroom (limit - in use), the weight budget.
+#: The ``kind`` labels of :data:`DEVICE_MEMORY_BYTES` (docs/observability.md).
 DEVICE_MEMORY_KINDS = (
     "total",
     "limit",
@@ -48,19 +40,3 @@ DEVICE_MEMORY_KINDS = (
     "headroom",
     "budget",
 )
-
-__all__ = [
-    "DEVICE_MEMORY_BYTES",
-    "DEVICE_MEMORY_KINDS",
-    "EXECUTIONS",
-    "SEQUENCE_STATE_BYTES",
-    "WEIGHT_BYTES",
-    "WEIGHT_CACHE_BUDGET_BYTES",
-    "WEIGHT_CACHE_RESIDENT_BYTES",
-    "WEIGHT_EVICTIONS",
-    "WEIGHT_LOADS",
-    "WEIGHT_LOAD_BYTES",
-    "WEIGHT_LOAD_SECONDS",
-    "WEIGHT_PREFIX",
-    "WEIGHT_RESIDENT_BYTES",
-]

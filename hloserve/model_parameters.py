@@ -1,17 +1,11 @@
 """The ``hloserve.*`` parameters of the generated ``config.pbtxt`` files, each declared once.
 
-``hloserve repo build`` writes them (:meth:`FrontParameters.to_parameters` and its siblings);
-the front, meta and runtime backends, the validator, the node and the gateway read them back
-(:meth:`~FrontParameters.from_parameters`, or :meth:`~FrontParameters.read` for one key). Each
-:class:`Parameter` gives its key, the form of its text, its validation and whether the writer
-leaves it out at its default; each model kind's frozen dataclass gives the Python type and the
-default of every field. The table of keys is in docs/serving.md ("Config parameters").
-:class:`ModelArgs` is what Triton hands a Python model's ``initialize``, where they are read.
-
-Values are ``string_value`` texts (Triton's ``ModelParameter``). Absent or blank text means the
-field's default; a required parameter that is absent or blank, or a malformed value, raises
-:class:`~hloserve.errors.InvalidArgumentError` naming the model, the key, the expected form and
-the text found. Standard library only: every Triton stub (the front's included) imports it.
+Each model kind (:class:`FrontParameters`, :class:`MetaParameters`, :class:`RuntimeParameters`)
+lists its :class:`Parameter` s; ``to_parameters`` writes them, ``from_parameters`` and ``read``
+read them back. Keys: docs/serving.md ("Config parameters"). Values are ``string_value`` texts;
+absent or blank means the default; a required one absent, or a malformed value, raises
+:class:`~hloserve.errors.InvalidArgumentError` naming the model, key, expected form and text.
+Standard library only: every Triton stub imports it.
 """
 
 from __future__ import annotations
@@ -36,17 +30,12 @@ class Parameter:
     """One config.pbtxt parameter of one model kind.
 
     Attributes:
-        key: the parameter key, e.g. ``"hloserve.bundle"`` (from :mod:`hloserve.names`).
         expected: the accepted form, for error messages ("a positive integer").
-        parse: text (stripped, not blank) -> value; raises ValueError when malformed (its
-            message, if any, is added to the error).
-        write: value -> text, the inverse of ``parse``.
+        parse: stripped non-blank text -> value; ValueError (its message added) if malformed.
         required: absent or blank text is refused (else it means the field's default).
-        always: the writer writes it even at its default (else it leaves defaults out).
-        refusal: (model, text) -> the whole error message, for a malformed value whose
-            message is not "must be <expected>".
-        attr: the field of the kind's dataclass holding the typed value; "" = the key
-            without ``hloserve.``.
+        always: written even at its default.
+        refusal: (model, text) -> the whole error message for a malformed value.
+        attr: the dataclass field; "" = the key without ``hloserve.``.
     """
 
     key: str
@@ -62,11 +51,8 @@ class Parameter:
         object.__setattr__(self, "attr", self.attr or self.key.removeprefix("hloserve."))
 
     def read(self, model: str, params: Mapping[str, str], default: Any) -> Any:
-        """The typed value of this parameter in ``params`` (``default`` when absent or blank).
-
-        Raises:
-            InvalidArgumentError: required and absent, or malformed.
-        """
+        """The typed value in ``params`` (``default`` when absent or blank); InvalidArgumentError
+        when required and absent, or malformed."""
         text = params.get(self.key, "").strip()
         if not text:
             if self.required:
@@ -86,11 +72,7 @@ class Parameter:
             ) from None
 
 
-# -- forms ----------------------------------------------------------------------------------
-
-
 def _integer(low: int) -> Callable[[str], int]:
-    """Decimal integer >= ``low`` (ASCII digits only: no sign, no exponent)."""
 
     def parse(text: str) -> int:
         if not (text.isascii() and text.isdigit()) or int(text) < low:
@@ -101,7 +83,6 @@ def _integer(low: int) -> Callable[[str], int]:
 
 
 def _number(low: float, high: float, *, low_open: bool) -> Callable[[str], float]:
-    """Finite decimal number in ``[low, high]`` (``(low, high]`` when ``low_open``)."""
 
     def parse(text: str) -> float:
         value = float(text)  # ValueError: not a number
@@ -162,8 +143,6 @@ def _bundle() -> Parameter:
     )
 
 
-# -- the kinds ------------------------------------------------------------------------------
-
 P = TypeVar("P", bound="ModelParameters")
 
 
@@ -177,12 +156,11 @@ class ModelParameters:
 
     @classmethod
     def from_parameters(cls: type[P], model: str, params: Mapping[str, str]) -> P:
-        """Every parameter of this kind read from ``params`` (key -> ``string_value``; keys
-        of other kinds and unknown keys are ignored).
+        """Every parameter of this kind read from ``params`` (other keys are ignored).
 
         Raises:
-            InvalidArgumentError: a legacy key, a required parameter absent, a malformed value
-                or an inconsistent pair (the model, the key, the form and the text are named).
+            InvalidArgumentError: a legacy key, a required one absent, a malformed value or an
+                inconsistent pair.
         """
         for key, message in cls.LEGACY.items():
             if key in params:
@@ -195,22 +173,16 @@ class ModelParameters:
 
     @classmethod
     def read(cls, model: str, params: Mapping[str, str], key: str) -> Any:
-        """The typed value of the one parameter ``key`` (its default when absent or blank).
-
-        Raises:
-            KeyError: ``key`` is not a parameter of this kind.
-            InvalidArgumentError: as :meth:`from_parameters`, for this key only.
-        """
+        """The typed value of parameter ``key`` (its default when absent or blank); KeyError when
+        not a parameter of this kind, InvalidArgumentError as :meth:`from_parameters`."""
         for p in cls.SCHEMA:
             if p.key == key:
                 return p.read(model, params, _defaults(cls).get(p.attr))
         raise KeyError(key)
 
     def to_parameters(self) -> dict[str, str]:
-        """The parameters to write: key -> text, defaults left out unless ``always``.
-
-        ``from_parameters(model, values.to_parameters()) == values`` for valid values.
-        """
+        """Key -> text to write, defaults left out unless ``always``; ``from_parameters``
+        inverts it."""
         defaults = _defaults(type(self))
         out = {}
         for p in self.SCHEMA:
@@ -221,11 +193,7 @@ class ModelParameters:
         return out
 
     def check(self, model: str) -> None:
-        """Checks across parameters (none by default).
-
-        Raises:
-            InvalidArgumentError: the values do not go together.
-        """
+        """Checks across parameters (none by default); InvalidArgumentError if they clash."""
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -245,17 +213,8 @@ def _frozen_mapping(obj: Any, *attrs: str) -> None:
 
 @dataclass(frozen=True)
 class FrontParameters(ModelParameters):
-    """A front model's parameters (backend ``hloserve_front``, docs/serving.md).
-
-    Attributes:
-        bundle: the bundle directory relative to the model directory (required).
-        runtime_model: the runtime model the front reaches over the channel.
-        repository_format: the repository format it was built with.
-        max_request_bytes: the largest request the front accepts, bytes of input tensors, >= 1.
-        front_inflight: 0 = ``execute`` waits for its batch's answers; N > 0 = at most N
-            batches in flight per instance, answered through the response senders.
-        runtime_wait_s: how long to wait for the runtime to become ready, seconds, >= 0.
-    """
+    """A front model's parameters (backend ``hloserve_front``); each field is the parameter
+    ``hloserve.<field>`` of docs/serving.md's "Config parameters" table."""
 
     bundle: str
     runtime_model: str = names.RUNTIME_MODEL
@@ -281,15 +240,8 @@ class FrontParameters(ModelParameters):
 
 @dataclass(frozen=True)
 class MetaParameters(ModelParameters):
-    """A meta model's parameters (backend ``hloserve_meta``, docs/meta_models.md).
-
-    Attributes:
-        bundle: the bundle directory relative to the model directory (required).
-        meta_calls: the meta's ``meta.calls`` (written comma-separated, "" for none); the
-            gateway routes a meta only to workers serving all of them.
-        meta_concurrency: the worker's gate size, the most meta runs at once, >= 1.
-        repository_format: the repository format it was built with.
-    """
+    """A meta model's parameters (backend ``hloserve_meta``); fields as in docs/serving.md's
+    "Config parameters" table."""
 
     bundle: str
     meta_calls: tuple[str, ...] = ()
@@ -312,27 +264,9 @@ class MetaParameters(ModelParameters):
 
 @dataclass(frozen=True)
 class RuntimeParameters(ModelParameters):
-    """The runtime model's parameters (backend ``hloserve_runtime``, docs/serving.md).
-
-    Attributes:
-        repository_format: the repository format it was built with (required when read).
-        weight_cache_bytes: the weight cache's budget in bytes; 0 = none
-            (docs/on_demand_weights.md).
-        weight_cache_fraction: instead, the budget as this fraction of the device memory free
-            at start, in (0, 1]; 0.0 = unused.
-        device_memory_fraction: the fraction of the card's memory the runtime's allocator may
-            take, in (0, 1]; 0.0 = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
-        residency: model -> residency (one of ``names.RESIDENCIES``), defaults left out.
-        compaction_interval: free on-demand buffers every N on-demand loads; 0 = off.
-        scheduling: the discipline, one of ``names.SCHEDULING_DISCIPLINES``
-            (docs/scheduling.md).
-        model_weights: model -> ``fair`` weight (> 0), 1.0 left out.
-        executable_cache: the executable cache directory or ``"off"``; "" = the runtime's
-            default (docs/serving.md, "Executable cache").
-        executable_cache_bytes: the executable cache's bound in bytes, >= 1; 0 = the default.
-        foreign_bytes: foreign model -> device memory hint in bytes (docs/serving.md,
-            "Foreign models").
-    """
+    """The runtime model's parameters (backend ``hloserve_runtime``); fields as in
+    docs/serving.md's "Config parameters" table (``foreign_bytes``:
+    ``hloserve.foreign_memory_bytes``), bytes in bytes."""
 
     repository_format: int = names.REPOSITORY_FORMAT
     weight_cache_bytes: int = 0
@@ -404,20 +338,12 @@ class RuntimeParameters(ModelParameters):
         _frozen_mapping(self, "residency", "model_weights", "foreign_bytes")
 
     def check(self, model: str) -> None:
-        """Refuse a budget given both in bytes and as a fraction.
-
-        Raises:
-            InvalidArgumentError: both are set.
-        """
+        """Refuse a budget given both in bytes and as a fraction (InvalidArgumentError)."""
         check_one_budget(model, self.weight_cache_bytes, self.weight_cache_fraction)
 
 
 def check_one_budget(model: str, budget_bytes: int, fraction: float) -> None:
-    """Refuse a weight cache budget given both in bytes and as a fraction.
-
-    Raises:
-        InvalidArgumentError: both ``budget_bytes`` and ``fraction`` are non-zero.
-    """
+    """Raise InvalidArgumentError when both ``budget_bytes`` and ``fraction`` are non-zero."""
     if budget_bytes and fraction:
         raise InvalidArgumentError(
             f"model {model!r}: parameters {names.PARAM_WEIGHT_CACHE_BYTES!r} and "
@@ -435,18 +361,13 @@ class ModelArgs:
     """What Triton hands a Python model's ``initialize(args)``.
 
     Attributes:
-        name: the model name.
-        model_dir: the model's directory in the repository (Triton's ``model_repository`` key
-            is the model directory, e.g. ``<repo>/<name>``; checked on 2.51).
-        version: the model version being loaded, e.g. ``"1"``.
-        instance: the instance name, e.g. ``"affine_0_0"``.
-        config: the model configuration as JSON (``config.pbtxt`` after auto-completion).
+        model_dir: ``<repo>/<name>`` (Triton's ``model_repository`` key, checked on 2.51).
+        config: ``config.pbtxt`` after auto-completion, as JSON.
     """
 
     name: str
     model_dir: Path
     version: str
-    instance: str = ""
     config: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -456,7 +377,6 @@ class ModelArgs:
             name=args["model_name"],
             model_dir=Path(args["model_repository"]),
             version=args.get("model_version", ""),
-            instance=args.get("model_instance_name", ""),
             config=json.loads(args.get("model_config", "{}")),
         )
 
@@ -465,17 +385,3 @@ class ModelArgs:
         """``parameters`` of the config as plain strings (``{key: {string_value: v}}``)."""
         params = self.config.get("parameters") or {}
         return {k: str(v.get("string_value", "")) for k, v in params.items()}
-
-    def parameter(self, key: str, default: str | None = None) -> str:
-        """One parameter's value.
-
-        Raises:
-            InvalidArgumentError: the parameter is missing and has no default.
-        """
-        value = self.parameters.get(key, default)
-        if value is None:
-            raise InvalidArgumentError(
-                f"model {self.name!r}: config.pbtxt lacks parameter {key!r} "
-                "(regenerate the repository with `hloserve repo build`)"
-            )
-        return value

@@ -1,6 +1,5 @@
-"""Free TCP ports and the check that the ports a server will bind are free.
-
-Linux: the kernel's ephemeral range is read from ``/proc/sys/net/ipv4/ip_local_port_range``.
+"""Free TCP ports (Linux: below ``/proc/sys/net/ipv4/ip_local_port_range``) and the check that a
+server's ports are free.
 """
 
 from __future__ import annotations
@@ -15,16 +14,11 @@ from hloserve.errors import PortInUseError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that was free when asked.
-
-    Another process may take the port before it is used; tests that start servers should pick
-    ports immediately before starting them.
-    """
+    """A TCP port on ``host`` that was free when asked (pick it just before binding)."""
     return free_ports(1, host)[0]
 
 
 def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (``ip_local_port_range``; 32768 if unread)."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -32,18 +26,11 @@ def _ephemeral_low() -> int:
 
 
 def free_ports(count: int, host: str = "127.0.0.1", *, contiguous: bool = False) -> tuple[int, ...]:
-    """Return ``count`` distinct TCP ports on ``host`` that were free when asked.
+    """``count`` distinct TCP ports on ``host`` (consecutive if ``contiguous``) free when asked.
 
-    Ports come from 10000 up to the kernel's ephemeral range, never from inside it: a client
-    polling a port in the ephemeral range before its server binds it can connect to itself (TCP
-    simultaneous open, its own source port being the target) and then hold the port, so the
-    server fails with "address already in use". All sockets are held open until every port is
-    chosen, so the ports differ.
-
-    Args:
-        count: how many ports.
-        host: the address they must be free on.
-        contiguous: the ports must be consecutive (``base .. base + count - 1``).
+    Ports come from 10000 up to the kernel's ephemeral range, never inside it: a client polling
+    an ephemeral port before its server binds it can connect to itself (TCP simultaneous open)
+    and hold the port.
 
     Raises:
         ValueError: ``count`` is below 1.
@@ -71,17 +58,9 @@ def free_ports(count: int, host: str = "127.0.0.1", *, contiguous: bool = False)
 
 
 def check_ports_free(host: str, ports: Mapping[str, int], what: str = "", hint: str = "") -> None:
-    """Raise PortInUseError if a port cannot be bound on ``host`` (TIME_WAIT is not "in use").
-
-    Args:
-        host: the address the ports will be bound on.
-        ports: port by endpoint name ("gRPC", "metrics", ...).
-        what: prefix of the message's endpoint name, e.g. "gateway ".
-        hint: appended to the message, e.g. what to change.
-
-    Raises:
-        PortInUseError: (UNAVAILABLE) "<what><endpoint> port <host>:<port> is already in use".
-    """
+    """Raise PortInUseError (UNAVAILABLE) "<what><endpoint> port <host>:<port> is already in
+    use ...<hint>" if a port of ``ports`` (endpoint name -> port) cannot be bound on ``host``
+    (TIME_WAIT is not "in use")."""
     for endpoint, port in ports.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

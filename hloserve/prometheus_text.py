@@ -1,11 +1,6 @@
 """Prometheus text as tritonserver's metrics endpoint writes it: fetched, parsed, and the
 runtime's weight cache state read from it (``hloserve status``, the gateway's lpt_packing).
-
-The parser covers the Prometheus text exposition format as Triton writes it (one sample per
-line, ``name{label="value",...} value``; prometheus.io/docs/instrumenting/exposition_formats).
-The ``hloserve_weight_*`` and ``hloserve_device_memory_bytes`` series are the runtime model's
-(docs/on_demand_weights.md, "Metrics" and "Device memory";
-:mod:`hloserve.metric_names`). A bottom-layer module: gateway and node both use it.
+Series: docs/on_demand_weights.md, "Metrics"; :mod:`hloserve.metric_names`.
 """
 
 from __future__ import annotations
@@ -47,6 +42,15 @@ class CacheStatus:
     device: dict[str, float] = field(default_factory=dict)
 
 
+#: Per-model series -> the :class:`ModelCacheRow` field they set.
+_ROW_FIELDS = {
+    metric_names.WEIGHT_RESIDENT_BYTES: "resident_bytes",
+    metric_names.WEIGHT_LOADS: "loads",
+    metric_names.WEIGHT_EVICTIONS: "evictions",
+    metric_names.WEIGHT_LOAD_SECONDS + "_sum": "load_seconds",
+}
+
+
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     """``(name, labels, value)`` of every sample line of Prometheus text."""
     samples = []
@@ -67,11 +71,8 @@ def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 def cache_status(text: str) -> CacheStatus:
-    """The weight cache state in Prometheus text from a tritonserver's metrics endpoint.
-
-    Raises:
-        InvalidArgumentError: the text holds no hloserve weight cache series.
-    """
+    """The weight cache state in a tritonserver's metrics text; InvalidArgumentError when it
+    holds no hloserve weight cache series."""
     status = CacheStatus()
     seen = False
     for name, labels, value in parse_samples(text):
@@ -93,14 +94,8 @@ def cache_status(text: str) -> CacheStatus:
         row = status.models.setdefault(model, ModelCacheRow(model))
         if name == metric_names.WEIGHT_BYTES:
             row.nbytes, row.residency = value, labels.get("residency", "")
-        elif name == metric_names.WEIGHT_RESIDENT_BYTES:
-            row.resident_bytes = value
-        elif name == metric_names.WEIGHT_LOADS:
-            row.loads = value
-        elif name == metric_names.WEIGHT_EVICTIONS:
-            row.evictions = value
-        elif name == metric_names.WEIGHT_LOAD_SECONDS + "_sum":
-            row.load_seconds = value
+        elif name in _ROW_FIELDS:
+            setattr(row, _ROW_FIELDS[name], value)
     if not seen:
         raise InvalidArgumentError(
             "no hloserve_weight_* series: is this the metrics endpoint (:8002) of a tritonserver "
@@ -114,8 +109,7 @@ def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
 
     Raises:
         UnavailableError: the endpoint cannot be reached.
-        InvalidArgumentError: something answers there, but not like a metrics endpoint (an
-            HTTP error status, or not HTTP/1 at all, e.g. Triton's gRPC port).
+        InvalidArgumentError: something answers there, but not like a metrics endpoint.
     """
     if "://" not in url:
         url = f"http://{url}"

@@ -1,14 +1,8 @@
-"""Typed settings from a YAML file plus environment overrides: one scheme for every config.
+"""Typed settings from a YAML file plus environment overrides (gateway, node).
 
-The gateway (``HLOSERVE_GATEWAY_*``) and node (``HLOSERVE_NODE_*``) settings are pydantic models
-read the same way: the YAML file first, then one variable per key path, ``__`` between nesting
-levels, names case-insensitive after the prefix::
-
-    HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2   ->  scheduling.hysteresis = 0.2
-
-A variable's value is parsed as a YAML scalar (``0.2`` is a number, ``true`` a boolean), except
-for list keys (comma-separated) and raw keys (kept as the string). A variable naming no setting,
-or naming a whole section, is an error: a typo must not be ignored silently.
+One variable per key path, ``__`` between levels, case-insensitive after the prefix
+(``HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2``); values are YAML scalars, except list keys
+(comma-separated) and raw keys. A variable naming no setting, or a whole section, is an error.
 """
 
 from __future__ import annotations
@@ -34,21 +28,10 @@ def env_overrides(
     raw_keys: Collection[str] = (),
     no_env_keys: Collection[str] = (),
 ) -> tuple[dict[str, Any], list[str], dict[tuple[str, ...], str]]:
-    """The nested overrides that ``prefix`` variables give for ``root``, the problems found,
-    and the variable that set each key path.
-
-    Args:
-        environ: the environment to read.
-        prefix: e.g. ``"HLOSERVE_GATEWAY_"``.
-        root: the settings model the key paths are checked against.
-        list_keys: leaf keys whose value is a comma-separated list.
-        raw_keys: leaf keys whose value stays the string given.
-        no_env_keys: keys with no environment form (maps such as per-model overrides).
-
-    Returns:
-        ``(overrides, problems, variables)``: a nested dict to merge over the file's data, one
-        line per variable that names no setting, and key path -> the variable that set it.
-    """
+    """``(overrides, problems, variables)`` of the ``prefix`` variables for ``root``: a nested
+    dict to merge over the file's data, one line per variable naming no setting, and key path
+    -> the variable that set it. ``list_keys`` are comma-separated, ``raw_keys`` kept as
+    strings, ``no_env_keys`` have no environment form."""
     overrides: dict[str, Any] = {}
     problems: list[str] = []
     variables: dict[tuple[str, ...], str] = {}
@@ -116,25 +99,13 @@ def load_settings(
     no_env_keys: Collection[str] = (),
     prepare_file: Callable[[dict[str, Any], Path], None] | None = None,
 ) -> Settings:
-    """Read ``model`` from a YAML file (optional) and ``prefix`` environment variables.
-
-    Args:
-        model: the pydantic settings model.
-        what: the name in messages, e.g. ``"gateway config"``.
-        error: raised for every problem.
-        path: the YAML file, a mapping of the model's keys; None reads the environment alone.
-        environ: the environment to read.
-        prefix, list_keys, raw_keys, no_env_keys: see :func:`env_overrides`.
-        prepare_file: adjusts the file's data in place before the overrides (e.g. resolve a
-            relative path against the file's directory).
-
-    Returns:
-        The validated settings.
+    """Read ``model`` from a YAML file (``path``; None = environment alone) and ``prefix``
+    variables (:func:`env_overrides`). ``what`` names it in messages; ``prepare_file`` adjusts
+    the file's data in place first.
 
     Raises:
-        error: unreadable file, not a mapping, unknown key or variable, or a value out of range;
-            the message names every offending key path, and the variable for a value set by
-            one.
+        error: unreadable file, not a mapping, unknown key or variable, or a value out of range,
+            naming every offending key path (and the variable that set it).
     """
     data: dict[str, Any] = {}
     source = "environment"
@@ -168,7 +139,6 @@ def load_settings(
 
 
 def _problems(exc: ValidationError, variables: Mapping[tuple[str, ...], str]) -> list[str]:
-    """One line per error; an error in a value a variable set names the variable."""
     found = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top)"

@@ -1,34 +1,25 @@
-"""Triton's error texts that hloserve must recognise, in one place.
+"""Triton's error texts that hloserve must recognise, and predicates over them.
 
-Triton does not always carry what went wrong in its status code: a BLS response reaches the
-caller as INTERNAL whatever the callee answered, a model that is still loading and one that is
-absent answer with the same words, and there is no deadline code for a backend. Where hloserve's
-behaviour depends on what Triton meant, it reads the message text, and only through the
-predicates of this module; each text was measured on tritonserver 2.51 (the examples below are
-verbatim) and tests/test_triton_messages.py holds them. Dependency-free: every layer may import it.
+Triton's status code does not always say what went wrong (BLS answers INTERNAL whatever the
+callee said; no deadline code), so hloserve reads the text, only through these predicates. Texts
+measured on tritonserver 2.51 (tests/test_triton_messages.py). Dependency-free.
 """
 
 from __future__ import annotations
 
-#: A model that is not (yet) loaded, e.g. over BLS "Failed for execute the inference request.
-#: Model 'hloserve_runtime' is not ready." (also what BLS says for a model absent from the
-#: server).
+#: A model that is not (yet) loaded, or absent over BLS: "... Model 'x' is not ready."
 MODEL_NOT_READY = "is not ready"
 
-#: Any inference, BLS included, refused while the server itself is starting (core
-#: ``InferenceServer::InferAsync``; BLS: "Model X - Error when running inference: Server not
-#: ready"). Models load before the server is ready.
+#: Any inference, BLS included, refused while the server itself is starting.
 SERVER_NOT_READY = "Server not ready"
 
-#: A model the server does not know: "Request for unknown model: 'x' is not found" (lower-cased
-#: texts; matched case-insensitively).
+#: A model the server does not know: "Request for unknown model: 'x' is not found" (lower-cased).
 UNKNOWN_MODEL = ("unknown model", "is not found")
 
 #: A request whose ``timeout`` ran out while it waited in a queue (lower-cased).
 TIMEOUT_EXPIRED = "timeout expired"
 
-#: A restricted API called without its key: "This API is restricted, expecting header
-#: '<header>'".
+#: A restricted API called without its key: "This API is restricted, expecting header '<h>'".
 API_RESTRICTED = "restricted"
 
 
@@ -56,17 +47,3 @@ def timeout_expired(message: str) -> bool:
 def api_restricted(message: str) -> bool:
     """Whether ``message`` is Triton's refusal of a restricted API called without its key."""
     return API_RESTRICTED in message
-
-
-__all__ = [
-    "API_RESTRICTED",
-    "MODEL_NOT_READY",
-    "SERVER_NOT_READY",
-    "TIMEOUT_EXPIRED",
-    "UNKNOWN_MODEL",
-    "api_restricted",
-    "model_not_ready",
-    "server_not_ready",
-    "timeout_expired",
-    "unknown_model",
-]

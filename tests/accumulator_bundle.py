@@ -44,3 +44,25 @@ def export_accumulator(
         sequence=sequence,
     )
     return out_dir
+
+
+def infer_step(
+    client: Any, sequence: int | str, value: float, start: bool = False, end: bool = False
+) -> float:
+    """One step of a sequence: ``x`` filled with ``value`` sent to ``accumulator`` over gRPC
+    (``client``: a tritonclient.grpc client); returns ``y[0, 0]`` (the running sum)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    x = np.full((1, WIDTH), value, np.float32)
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer(
+        "accumulator",
+        [tensor],
+        sequence_id=sequence,
+        sequence_start=start,
+        sequence_end=end,
+        client_timeout=60,
+    )
+    return float(result.as_numpy("y")[0, 0])

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hloserve.bundle import validate_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact, module_text
+from hloserve.bundle.validate import validate_bundle
 from tests.conftest import GOLDEN, ROOT
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hloserve import names
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import InvalidArgumentError, Status
 from hloserve.model_parameters import (
     FrontParameters,

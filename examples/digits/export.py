@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +84,29 @@ def main() -> int:
     logging.getLogger("jax").setLevel(logging.WARNING)  # its platform probing is INFO noise
     export_digits(args.out, symbolic=args.symbolic)
     return 0
+
+
+def export_main(doc: str, *steps: Callable[[Path], object]) -> int:
+    """The command line of the examples built on digits: ``--out BUNDLES_DIR``, then each step
+    (a function of the bundles directory) in order; ``doc``'s first paragraph is the help."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, metavar="BUNDLES_DIR")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("jax").setLevel(logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        step(args.out)
+    return 0
+
+
+def copy_folder(source: Path, bundles_dir: Path) -> Path:
+    """Copy ``source`` to ``bundles_dir/<its name>`` (replacing it, no __pycache__); its path."""
+    out = bundles_dir / source.name
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("__pycache__"))
+    return out
 
 
 if __name__ == "__main__":

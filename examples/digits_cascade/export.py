@@ -8,9 +8,6 @@ Both models train on the digits training split (fixed seeds); prints their held-
 
 from __future__ import annotations
 
-import argparse
-import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -21,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "digits"))
 
 import digits_model
 import fast_model
-from export import BATCH_SIZES, IMAGE, LOGITS, export_digits
+from export import BATCH_SIZES, IMAGE, LOGITS, copy_folder, export_digits, export_main
 
-from hloserve.bundle import check_bundle
+from hloserve.bundle.validate import check_bundle
 from hloserve.export import export_bundle
 
 HERE = Path(__file__).resolve().parent
@@ -47,26 +44,14 @@ def export_fast(bundles_dir: Path, *, overwrite: bool = True) -> Path:
 
 def write_meta(bundles_dir: Path) -> Path:
     """Copy the meta bundle to ``bundles_dir/digits_cascade`` (replacing it) and check it."""
-    out = bundles_dir / "digits_cascade"
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(META_SOURCE, out, ignore=shutil.ignore_patterns("__pycache__"))
+    out = copy_folder(META_SOURCE, bundles_dir)
     check_bundle(out, models={"digits": "model", "digits_fast": "model"})
     print(f"digits_cascade: meta bundle written to {out}")
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, metavar="BUNDLES_DIR")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("jax").setLevel(logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    export_digits(args.out)
-    export_fast(args.out)
-    write_meta(args.out)
-    return 0
+    return export_main(__doc__, export_digits, export_fast, write_meta)
 
 
 if __name__ == "__main__":

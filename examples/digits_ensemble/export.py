@@ -11,15 +11,12 @@ step a bundle model served by hloserve.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "digits"))
 
-from export import BATCH_SIZES, export_digits
+from export import BATCH_SIZES, copy_folder, export_digits, export_main
 
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 
@@ -48,25 +45,13 @@ def export_softmax(bundles_dir: Path, *, overwrite: bool = True) -> Path:
 
 def write_ensemble(bundles_dir: Path) -> Path:
     """Copy the ensemble folder to ``bundles_dir/digits_probs`` (replacing it)."""
-    out = bundles_dir / ENSEMBLE_SOURCE.name
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(ENSEMBLE_SOURCE, out)
+    out = copy_folder(ENSEMBLE_SOURCE, bundles_dir)
     print(f"{out.name}: ensemble written to {out}")
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, metavar="BUNDLES_DIR")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("jax").setLevel(logging.WARNING)
-    args.out.mkdir(parents=True, exist_ok=True)
-    export_digits(args.out)
-    export_softmax(args.out)
-    write_ensemble(args.out)
-    return 0
+    return export_main(__doc__, export_digits, export_softmax, write_ensemble)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import minilm_model
 
-from hloserve.bundle import Bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.export import ClientTensorSpec, OutputSpec, TensorSpec, export_bundle
 
 HERE = Path(__file__).resolve().parent

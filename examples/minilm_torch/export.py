@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "minilm"))
 
 import minilm_model  # examples/minilm: package path, reference embeddings, shape constants
 
-from hloserve.bundle import Bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.export import export_torch
 
 MINILM = Path(__file__).resolve().parent.parent / "minilm"

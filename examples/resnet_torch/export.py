@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import resnet
 
-from hloserve.bundle import Bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.export import OutputSpec, TensorSpec, export_torch
 
 SEED = 0

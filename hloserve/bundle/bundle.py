@@ -1,12 +1,7 @@
-"""A bundle on disk: a directory holding ``manifest.yaml``, executables and weights.
-
-The directory name is the model name. Loading a bundle reads and checks only the manifest;
-:mod:`hloserve.bundle.validate` checks the artifacts and weights against it.
-"""
+"""A bundle on disk, named after its model; loading checks only the manifest (see validate)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -14,24 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from hloserve.bundle.manifest import MANIFEST_FILE, Manifest, load_manifest
+from hloserve.bundle.manifest_sections import MODEL_NAME
 from hloserve.bundle.safetensors_file import WeightInfo, load_tensors, stored_tensors
 from hloserve.bundle.stablehlo import specialize_batch, to_portable_artifact
 from hloserve.errors import InvalidArgumentError, NotFoundError
 
-#: Model names Triton accepts as repository directory names (and hloserve as bundle names).
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
 
 @dataclass(frozen=True)
 class Bundle:
-    """A bundle whose manifest parsed and passed the format rules.
-
-    Attributes:
-        path: the bundle directory.
-        manifest: the typed manifest.
-        model_name: the model's name when it is not the directory's (a repository's bundle
-            copy lives in ``<model>/1/bundle``); None = the directory's name.
-    """
+    """A bundle whose manifest passed the format rules; ``model_name`` None: the directory's."""
 
     path: Path
     manifest: Manifest
@@ -43,11 +29,7 @@ class Bundle:
         return self.model_name or self.path.name
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
-        """Path of the executable compiled for ``batch_size`` (0 for an unbatched model).
-
-        Args:
-            batch_size: a compiled batch size.
-            variant: index into ``variants.shapes`` (0 for a model without variants).
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant`` index.
 
         Raises:
             NotFoundError: no executable for that size (and variant).
@@ -62,11 +44,8 @@ class Bundle:
             ) from None
 
     def read_artifact(self, batch_size: int, variant: int = 0) -> bytes:
-        """The portable artifact for ``batch_size`` (MLIR text is converted in memory).
-
-        A symbolic-batch bundle's artifact is specialized to ``batch_size`` here
-        (:func:`hloserve.bundle.stablehlo.specialize_batch`), so every caller compiles a module
-        with static shapes, exactly as for a bundle with one artifact per batch size.
+        """The portable artifact for ``batch_size``, with static shapes (text converted, a
+        symbolic batch specialized).
 
         Raises:
             NotFoundError: ``batch_size`` is not a compiled batch size (of that variant).
@@ -85,7 +64,7 @@ class Bundle:
 
     @cached_property
     def stored_weights(self) -> dict[str, WeightInfo]:
-        """Every tensor in the safetensors file, by name, read from its header only.
+        """Every tensor in the safetensors file, by name, from its header.
 
         Raises:
             InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
@@ -96,7 +75,7 @@ class Bundle:
 
     @property
     def weight_nbytes(self) -> int:
-        """Total bytes of the weights ``main`` takes (those named in ``weights.order``)."""
+        """Total bytes of the weights in ``weights.order``."""
         return sum(self.stored_weights[n].nbytes for n in self.manifest.weights.order)
 
     def load_weights(self) -> list[np.ndarray]:
@@ -111,12 +90,7 @@ class Bundle:
 
 
 def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
-    """Read a bundle directory's manifest and check its format rules.
-
-    Args:
-        path: the bundle directory.
-        name: the model's name when it is not the directory's (a repository's bundle copy,
-            ``<model>/1/bundle``); None = the directory's name.
+    """Read a bundle directory's manifest and check its format rules (``name``: see Bundle).
 
     Raises:
         NotFoundError: the directory or its manifest.yaml does not exist.
@@ -126,16 +100,13 @@ def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")
-    if name is not None:
-        if not _MODEL_NAME.match(name):
-            raise InvalidArgumentError(
-                f"{path}: model name {name!r} is not a valid model name "
-                f"(must match {_MODEL_NAME.pattern})"
-            )
-    elif not _MODEL_NAME.match(path.resolve().name):
+    if name is None:
+        what, shown, name_checked = "bundle directory name", path.name, path.resolve().name
+    else:
+        what, shown, name_checked = "model name", name, name
+    if not MODEL_NAME.match(name_checked):
         raise InvalidArgumentError(
-            f"{path}: bundle directory name {path.name!r} is not a valid model name "
-            f"(must match {_MODEL_NAME.pattern})"
+            f"{path}: {what} {shown!r} is not a valid model name (must match {MODEL_NAME.pattern})"
         )
     return Bundle(path, load_manifest(path / MANIFEST_FILE), name)
 
@@ -146,10 +117,3 @@ def discover_bundles(root: Path | str) -> list[Path]:
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
     return sorted(p for p in root.iterdir() if (p / MANIFEST_FILE).is_file())
-
-
-__all__ = [
-    "Bundle",
-    "discover_bundles",
-    "load_bundle",
-]

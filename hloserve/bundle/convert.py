@@ -5,29 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hloserve.bundle.bundle import Bundle, load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.bundle.stablehlo import is_portable_artifact, to_portable_artifact
 
 
 def convert_bundle(path: Path | str, target_version: str | None = None) -> list[str]:
-    """Convert every text executable of a bundle to a portable artifact.
+    """Convert each text executable ``X.mlir`` to ``X.mlirbc``; the converted file names.
 
-    Each ``X.mlir`` becomes ``X.mlirbc``; the manifest is rewritten atomically (temp file +
-    rename) after the new artifacts exist, then the text files are removed.
-
-    Args:
-        path: the bundle directory.
-        target_version: StableHLO target version (default: the widest-compatibility one).
-
-    Returns:
-        The executable file names that were converted (empty if all were artifacts already).
+    The manifest is replaced atomically once the artifacts exist, then the text files removed.
 
     Raises:
         ManifestError: the manifest is invalid.
         ArtifactError: a text executable does not parse.
     """
-    bundle: Bundle = load_bundle(path)
+    bundle = load_bundle(path)
     manifest = bundle.manifest
     files = dict(manifest.all_executables)
     converted = []
@@ -49,12 +41,10 @@ def convert_bundle(path: Path | str, target_version: str | None = None) -> list[
             for i, v in enumerate(manifest.variants.shapes)
         ]
         update = {"variants": manifest.variants.model_copy(update={"shapes": shapes})}
-    manifest = manifest.model_copy(update=update)
-    executables = files
     tmp = bundle.path / f".{MANIFEST_FILE}.tmp"
-    tmp.write_text(manifest.to_yaml())
+    tmp.write_text(manifest.model_copy(update=update).to_yaml())
     os.replace(tmp, bundle.path / MANIFEST_FILE)
     for file in converted:
-        if file not in executables.values():
+        if file not in files.values():
             (bundle.path / file).unlink()
     return converted

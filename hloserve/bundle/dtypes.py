@@ -1,9 +1,7 @@
 """The one dtype table: manifest token, NumPy, KServe V2, Triton, StableHLO, safetensors.
 
-Sources: KServe V2 "Tensor Data Types" (kserve.github.io, open inference protocol); Triton
-``model_config.proto`` ``DataType``; StableHLO spec "Types" (element types ``i1``, ``si``/``ui``,
-``f16``/``bf16``/``f32``/``f64``); safetensors format (``Dtype`` enum). bf16 uses
-``ml_dtypes.bfloat16`` because NumPy has no bfloat16.
+Sources: KServe V2 "Tensor Data Types"; Triton ``model_config.proto`` ``DataType``; StableHLO
+spec "Types"; safetensors ``Dtype``. bf16 is ``ml_dtypes.bfloat16`` (NumPy has none).
 """
 
 from __future__ import annotations
@@ -19,17 +17,8 @@ from hloserve.errors import InvalidArgumentError
 
 @dataclass(frozen=True)
 class DType:
-    """One row of the dtype table.
-
-    Attributes:
-        token: the manifest token, e.g. ``"f32"``.
-        numpy: the NumPy dtype (``object`` for bytes: Triton hands BYTES over as object arrays).
-        kserve: the KServe V2 datatype string, e.g. ``"FP32"``.
-        triton: the Triton ``config.pbtxt`` data type, e.g. ``"TYPE_FP32"``.
-        stablehlo: the StableHLO element type, or ``None`` for bytes (client-facing only).
-        safetensors: the safetensors dtype string, or ``None`` for bytes.
-        itemsize: bytes per element (0 for bytes: variable length).
-    """
+    """One row of the dtype table, e.g. ``f32``, ``float32``, ``FP32``, ``TYPE_FP32``, ``f32``,
+    ``F32``; bytes: NumPy ``object``, no StableHLO or safetensors type (None)."""
 
     token: str
     numpy: np.dtype

@@ -1,12 +1,4 @@
-"""A bundle's files read without its manifest model: the weights' header and ``model.py``.
-
-The weights' header is read by the one safetensors reader,
-:func:`hloserve.bundle.safetensors_file.stored_tensors`.
-
-The front reads these in every Triton stub (docs/serving.md, "Front model config"), so this
-module imports only NumPy, the dtype table and, on use, ``safetensors``; the typed
-:class:`~hloserve.bundle.bundle.Bundle` answers through the same functions.
-"""
+"""``model.py`` import, without the typed manifest (the front's Triton stubs import this)."""
 
 from __future__ import annotations
 
@@ -18,15 +10,12 @@ from types import ModuleType
 
 from hloserve.errors import ModelPyImportError
 
-#: The Python file of a meta bundle (and of a model's hooks), relative to the bundle directory.
+#: The Python file of a meta bundle or of a model's hooks, in the bundle directory.
 MODEL_PY = "model.py"
 
 
 def import_model_py(path: Path, module_name: str) -> ModuleType:
-    """Import a bundle's ``model.py`` (hooks or a meta's ``run``) as ``module_name``.
-
-    The module is registered in ``sys.modules`` (so its own dataclasses and pickling work) and
-    removed again when its import fails.
+    """Import a bundle's ``model.py`` as ``module_name`` (in ``sys.modules`` unless it fails).
 
     Raises:
         ModelPyImportError: the file cannot be loaded or running it raised.
@@ -44,6 +33,3 @@ def import_model_py(path: Path, module_name: str) -> ModuleType:
             "".join(traceback.format_exception_only(type(exc), exc)).strip()
         ) from None
     return module
-
-
-__all__ = ["MODEL_PY", "import_model_py"]

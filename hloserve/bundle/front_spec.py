@@ -1,26 +1,14 @@
-"""The front spec: what a front model reads of its bundle's manifest, as a small JSON file.
+"""The front spec (``<model>/1/front_spec.json``): what a front reads of its bundle's manifest.
 
-Every front instance is a Triton stub process of its own. Reading ``manifest.yaml`` there
-through the typed manifest (pydantic, PyYAML) costs about 13 MiB of RSS per stub (measured:
-numpy alone 38.7 MiB, the manifest's imports and models 56.8 MiB), so ``hloserve repo build``
-writes this digest of the manifest beside the bundle copy (``<model>/1/front_spec.json``,
-docs/serving.md) and the front reads it with the standard library's ``json``. The manifest
-stays the one source: :func:`front_spec` makes the digest from the typed manifest, at build
-time, and ``hloserve repo validate`` checks the file against the bundle copy.
-
-Format versions (bump :data:`FRONT_SPEC_FORMAT` and add a line when the layout changes):
-
-* 1 (2026-12-01, ``state`` added 2026-12-03 as an optional key, read as empty when absent):
-  tensors (name, dtype token, shape letters, dims), client tensors, compiled
-  batch sizes, symbolic batch, variant sizes, executables by (variant, batch size), weights.
-
-Imports NumPy and the dtype table only (never pydantic, PyYAML or the manifest module).
+Written by ``hloserve repo build`` from the typed manifest (:func:`front_spec`), read with
+``json`` so that a front stub never imports pydantic or PyYAML (docs/serving.md). Format 1;
+the optional ``state`` key is read as empty when absent.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,16 +20,11 @@ if TYPE_CHECKING:
     from hloserve.bundle.bundle import Bundle
     from hloserve.bundle.manifest import Manifest
     from hloserve.bundle.manifest_sections import TensorSpec
-    from hloserve.bundle.safetensors_file import WeightInfo
 
-#: Layout version of the front spec file (history in the module docstring).
+#: Layout version of the front spec file.
 FRONT_SPEC_FORMAT = 1
-#: A stateful front's control inputs by Triton control kind (the names of Triton's sequence
-#: examples), each INT32 0/1. There is no ``CONTROL_SEQUENCE_CORRID``: the front reads the
-#: correlation ID from the request (the Python backend's ``request.correlation_id()``, an int
-#: or a string), since tritonserver 2.51 writes a string ID into a ``TYPE_UINT64`` CORRID
-#: tensor past its 8 bytes (a long ID kills the model's stub) and refuses every request to a
-#: Python model whose CORRID is ``TYPE_STRING``.
+#: A stateful front's control inputs (INT32 0/1) by Triton control kind; no CORRID input
+#: (docs/bundles.md, "Stateful bundles").
 SEQUENCE_CONTROLS = {
     "START": "CONTROL_SEQUENCE_START",
     "END": "CONTROL_SEQUENCE_END",
@@ -51,14 +34,7 @@ SEQUENCE_CONTROLS = {
 
 @dataclass(frozen=True)
 class SpecTensor(notation.TensorNotation):
-    """One tensor of the front spec: the manifest's notation (:mod:`hloserve.bundle.notation`).
-
-    Attributes:
-        name: the tensor's name.
-        dtype: its manifest dtype token, e.g. ``"f32"``.
-        shape: its axis letters, row-major, e.g. ``"nhwc"``.
-        dims: the size of each non-batch letter (``-1`` for a variable axis).
-    """
+    """One tensor of the front spec, in the manifest's notation."""
 
     name: str
     dtype: str
@@ -68,18 +44,7 @@ class SpecTensor(notation.TensorNotation):
 
 @dataclass(frozen=True)
 class FrontSpec:
-    """What the front needs of a manifest (``kind: model``); names follow the manifest's.
-
-    Attributes:
-        inputs, outputs: the executable's tensors.
-        client_inputs, client_outputs: the wire tensors when the bundle declares them.
-        compiled_batch_sizes: ascending; empty for an unbatched model.
-        symbolic: whether the batch axis is symbolic (``batching.symbolic``).
-        variant_dims: each variant's sizes of the variable axes (``[{}]`` without variants).
-        all_executables: executable file (relative to the bundle) by (variant, batch size).
-        weights_file: the safetensors file relative to the bundle, or None.
-        weights_order: the weights ``main`` takes, in order.
-    """
+    """What the front needs of a ``kind: model`` manifest; names as in :class:`Manifest`."""
 
     inputs: tuple[SpecTensor, ...]
     outputs: tuple[SpecTensor, ...]
@@ -91,7 +56,6 @@ class FrontSpec:
     all_executables: Mapping[tuple[int, int], str] = field(default_factory=dict)
     weights_file: str | None = None
     weights_order: tuple[str, ...] = ()
-    #: (input, output) names of each state pair (the manifest's ``state``)
     state: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -116,10 +80,10 @@ class FrontSpec:
 
     def to_json(self) -> str:
         """The file's text (sorted keys, one line per top-level key)."""
-        data = {
+        data: dict[str, Any] = {
             "format": FRONT_SPEC_FORMAT,
-            "inputs": [_tensor_data(t) for t in self.inputs],
-            "outputs": [_tensor_data(t) for t in self.outputs],
+            "inputs": _tensors_data(self.inputs),
+            "outputs": _tensors_data(self.outputs),
             "client_inputs": _tensors_data(self.client_inputs),
             "client_outputs": _tensors_data(self.client_outputs),
             "compiled_batch_sizes": list(self.compiled_batch_sizes),
@@ -129,7 +93,7 @@ class FrontSpec:
             "weights_file": self.weights_file,
             "weights_order": list(self.weights_order),
         }
-        if self.state:  # absent for a model without state: its file as before
+        if self.state:
             data["state"] = [list(p) for p in self.state]
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data.items())]
         return "{\n" + ",\n".join(lines) + "\n}\n"
@@ -139,8 +103,7 @@ class FrontSpec:
         """Parse :meth:`to_json`'s text.
 
         Raises:
-            InvalidArgumentError: not JSON, another format version, or a key missing or of the
-                wrong type (the message names the file and says to rebuild).
+            InvalidArgumentError: malformed or another format (naming the file; rebuild).
         """
         rebuild = "(rebuild the repository with `hloserve repo build`)"
         try:
@@ -175,12 +138,10 @@ class FrontSpec:
             ) from None
 
 
-def _tensor_data(t: SpecTensor) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)}
-
-
 def _tensors_data(ts: tuple[SpecTensor, ...] | None) -> list[dict[str, Any]] | None:
-    return None if ts is None else [_tensor_data(t) for t in ts]
+    if ts is None:
+        return None
+    return [{"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)} for t in ts]
 
 
 def _tensors(items: list[dict[str, Any]]) -> tuple[SpecTensor, ...]:
@@ -199,18 +160,21 @@ def _optional_tensors(items: list[dict[str, Any]] | None) -> tuple[SpecTensor, .
     return None if items is None else _tensors(items)
 
 
-def _spec_tensor(t: TensorSpec) -> SpecTensor:
-    return SpecTensor(t.name, t.dtype, t.shape, dict(t.dims))
+def _spec_tensors(ts: Sequence[TensorSpec] | None) -> tuple[SpecTensor, ...] | None:
+    return (
+        None
+        if ts is None
+        else tuple(SpecTensor(t.name, t.dtype, t.shape, dict(t.dims)) for t in ts)
+    )
 
 
 def front_spec(manifest: Manifest) -> FrontSpec:
-    """The front spec of a typed manifest (the one source of every value in it)."""
-    client_in, client_out = manifest.client_inputs, manifest.client_outputs
+    """The front spec of a typed manifest."""
     return FrontSpec(
-        inputs=tuple(_spec_tensor(t) for t in manifest.inputs),
-        outputs=tuple(_spec_tensor(t) for t in manifest.outputs),
-        client_inputs=None if client_in is None else tuple(_spec_tensor(t) for t in client_in),
-        client_outputs=None if client_out is None else tuple(_spec_tensor(t) for t in client_out),
+        inputs=_spec_tensors(manifest.inputs) or (),
+        outputs=_spec_tensors(manifest.outputs) or (),
+        client_inputs=_spec_tensors(manifest.client_inputs),
+        client_outputs=_spec_tensors(manifest.client_outputs),
         compiled_batch_sizes=tuple(manifest.batching.compiled_batch_sizes),
         symbolic=manifest.is_symbolic,
         variant_dims=tuple(manifest.variant_dims),
@@ -223,12 +187,7 @@ def front_spec(manifest: Manifest) -> FrontSpec:
 
 @dataclass(frozen=True)
 class FrontBundle:
-    """A bundle directory as the front sees it: its path and its front spec.
-
-    Attributes:
-        path: the bundle directory (a repository's bundle copy, ``<model>/1/bundle``).
-        spec: what the front reads of its manifest.
-    """
+    """A bundle directory (a repository's ``<model>/1/bundle``) and its front spec."""
 
     path: Path
     spec: FrontSpec
@@ -253,23 +212,9 @@ class FrontBundle:
         """Path of the safetensors file, or None for a model without weights."""
         return self.path / self.spec.weights_file if self.spec.weights_file else None
 
-    def stored_weights(self) -> dict[str, WeightInfo]:
-        """Every tensor in the safetensors file, by name, from its header (empty without one).
-
-        Raises:
-            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-        """
-        from hloserve.bundle.safetensors_file import stored_tensors
-
-        return {} if self.weights_path is None else stored_tensors(self.weights_path)
-
 
 def read_front_spec(path: Path) -> FrontSpec:
-    """Read a front spec file.
-
-    Raises:
-        InvalidArgumentError: unreadable or malformed (see :meth:`FrontSpec.from_json`).
-    """
+    """Read a front spec file (raises InvalidArgumentError: unreadable or malformed)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -278,18 +223,13 @@ def read_front_spec(path: Path) -> FrontSpec:
 
 
 def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
-    """Cheap integrity checks a front can make without JAX, so a damaged bundle fails to load.
-
-    A front cannot ask the runtime whether its bundle compiles: BLS is refused in
-    ``initialize`` and, at server startup, in warmup too. So the front checks what it can read
-    alone: every executable is a StableHLO portable artifact (its header; the generated
-    repository converts MLIR text), and the safetensors header is readable and holds every
-    weight ``main`` takes, with the shapes and dtypes of the file. Compilation problems surface
-    on the first request, from the runtime.
+    """Check without JAX that every executable is a portable artifact (its header) and the
+    safetensors header holds every weight ``main`` takes.
 
     Raises:
         InvalidArgumentError: naming the model and the damaged file.
     """
+    from hloserve.bundle.safetensors_file import stored_tensors
     from hloserve.bundle.stablehlo import is_portable_artifact
 
     bundle = FrontBundle.of(bundle)
@@ -308,21 +248,9 @@ def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
                 "(rebuild the repository with `hloserve repo build`)"
             )
     try:
-        stored = bundle.stored_weights()
+        stored = {} if bundle.weights_path is None else stored_tensors(bundle.weights_path)
     except HloserveError as exc:
         raise InvalidArgumentError(f"model {name!r}: {exc.message}") from None
     missing = [w for w in bundle.spec.weights_order if w not in stored]
     if missing:
         raise InvalidArgumentError(f"model {name!r}: {bundle.weights_path} lacks weights {missing}")
-
-
-__all__ = [
-    "FRONT_SPEC_FORMAT",
-    "SEQUENCE_CONTROLS",
-    "FrontBundle",
-    "FrontSpec",
-    "SpecTensor",
-    "check_bundle_files",
-    "front_spec",
-    "read_front_spec",
-]

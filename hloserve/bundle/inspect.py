@@ -25,9 +25,7 @@ def render_bundle(bundle: Bundle) -> Group:
     """Rich renderables describing ``bundle`` (print them with a rich Console)."""
     m = bundle.manifest
     title = Text.assemble(
-        (bundle.name, "bold"),
-        f"  format v{m.format_version}, kind {m.kind}, ",
-        _batching(bundle),
+        (bundle.name, "bold"), f"  format v{m.format_version}, kind {m.kind}, ", _batching(bundle)
     )
     tensors = Table(title="tensors", title_justify="left")
     for col in ("role", "name", "dtype", "axes", "shape", "KServe", "bytes/item"):

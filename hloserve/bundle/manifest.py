@@ -1,24 +1,8 @@
-"""The bundle manifest (``manifest.yaml``), formats 1 to 3: typed model, parsing, and rules.
+"""The bundle manifest (``manifest.yaml``): typed model, parser, and cross-section rules.
 
-Format versions (the newest first; bump MAX and add a line when the format changes):
-
-* 4 (2026-12-03): ``state`` (pairs of executable input and output carried between the requests
-  of one sequence, served with Triton's sequence batcher; docs/bundles.md, "Stateful bundles").
-
-* 3 (2026-12-01): ``batching.symbolic`` (``min``, optional ``max``): ONE portable artifact per
-  variant whose batch axes are symbolic, under the ``executables`` key ``symbolic``; the
-  compiled batch sizes become a serving decision (``hloserve repo build --batch-sizes``) and
-  each is specialized from that artifact when the repository loads. A manifest that uses none
-  of this may keep an older ``format_version``.
-* 2 (2026-11-30): ``kind: meta`` (Python glue calling other models: ``meta.calls``, a
-  ``model.py`` defining ``run``, no executable); ``client_inputs``/``client_outputs`` (the wire
-  tensors, same notation; required for a meta, optional for a model, where hooks use them).
-  ``variants``: several executables per batch size that differ in non-batch axes (sizes
-  ``-1`` in ``dims``), sharing one weights file, with the rule that picks one per request.
-  A manifest that uses none of these may keep ``format_version: 1``.
-* 1 (2026-11-29): first version: ``kind: model``; executable inputs/outputs in named-axis
-  notation; one StableHLO portable artifact per compiled batch size; weights as the leading
-  arguments of ``main``.
+Format versions (docs/bundles.md shows each): 1 ``kind: model``, one artifact per compiled
+batch size; 2 ``kind: meta``, ``client_inputs``/``client_outputs``, ``variants``; 3
+``batching.symbolic``; 4 ``state``. A manifest may keep the oldest version that expresses it.
 """
 
 from __future__ import annotations
@@ -43,6 +27,7 @@ from hloserve.bundle.manifest_sections import (
     Weights,
     _executable_keys,
     _inside_bundle,
+    repeated,
 )
 from hloserve.bundle.notation import wire_tensors
 from hloserve.errors import ManifestError
@@ -51,11 +36,9 @@ from hloserve.errors import ManifestError
 MIN_FORMAT_VERSION = 1
 #: Newest manifest ``format_version`` this release reads.
 MAX_FORMAT_VERSION = 4
-#: Version written by :mod:`hloserve.export` for a plain model (the oldest that expresses it,
-#: so that older hloserve releases still read it).
+#: Version written by :mod:`hloserve.export` for a plain model (older releases read it).
 FORMAT_VERSION = 1
-#: Oldest ``format_version`` that may use ``kind: meta``, ``meta``, ``client_inputs`` and
-#: ``client_outputs``.
+#: Oldest ``format_version`` that may use ``kind: meta``, client tensors and ``variants``.
 META_FORMAT_VERSION = 2
 #: Oldest ``format_version`` that may declare ``batching.symbolic``.
 SYMBOLIC_FORMAT_VERSION = 3
@@ -70,10 +53,7 @@ UNBATCHED = 0
 
 
 class Manifest(BaseModel):
-    """A parsed, rule-checked ``manifest.yaml`` (any format version this release reads).
-
-    The model name is not here: it is the bundle directory's name.
-    """
+    """A parsed, rule-checked ``manifest.yaml`` (the model name is the directory's)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,9 +81,7 @@ class Manifest(BaseModel):
             ("client_inputs", self.client_inputs),
             ("client_outputs", self.client_outputs),
         ):
-            names = [s.name for s in client_specs or []]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
+            if dup := repeated([s.name for s in client_specs or []]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         problems += self._wire_rules()
         if self.kind == "meta":
@@ -117,8 +95,10 @@ class Manifest(BaseModel):
     def _wire_rules(self) -> list[str]:
         """``labels`` only on outputs clients receive, ``format`` only on inputs they send."""
         problems = []
-        ins, outs = map(id, self.wire_inputs), map(id, self.wire_outputs)
-        wire = {"inputs": set(ins), "outputs": set(outs)}
+        wire = {
+            "inputs": set(map(id, self.wire_inputs)),
+            "outputs": set(map(id, self.wire_outputs)),
+        }
         for section in ("inputs", "outputs", "client_inputs", "client_outputs"):
             side = "outputs" if section.endswith("outputs") else "inputs"
             for spec in getattr(self, section) or []:
@@ -134,26 +114,18 @@ class Manifest(BaseModel):
         return problems
 
     def _version_rules(self) -> list[str]:
-        problems = []
-        if self.state and self.format_version < STATE_FORMAT_VERSION:
-            problems.append(
-                f"state needs format_version {STATE_FORMAT_VERSION} or later, "
-                f"got {self.format_version}"
-            )
-        if self.batching.symbolic is not None and self.format_version < SYMBOLIC_FORMAT_VERSION:
-            problems.append(
-                f"batching.symbolic needs format_version {SYMBOLIC_FORMAT_VERSION} or later, "
-                f"got {self.format_version}"
-            )
-        if self.format_version >= META_FORMAT_VERSION:
-            return problems
-        keys: tuple[str, ...] = ("client_inputs", "client_outputs", "meta", "variants")
-        used = [k for k in keys if k in self.model_fields_set]
-        if self.kind == "meta":
-            used.insert(0, "kind 'meta'")
-        return problems + [
-            f"{key} needs format_version {META_FORMAT_VERSION} or later, got {self.format_version}"
-            for key in used
+        uses = [
+            ("state", STATE_FORMAT_VERSION, bool(self.state)),
+            ("batching.symbolic", SYMBOLIC_FORMAT_VERSION, self.batching.symbolic is not None),
+            ("kind 'meta'", META_FORMAT_VERSION, self.kind == "meta"),
+        ] + [
+            (key, META_FORMAT_VERSION, key in self.model_fields_set)
+            for key in ("client_inputs", "client_outputs", "meta", "variants")
+        ]
+        return [
+            f"{key} needs format_version {version} or later, got {self.format_version}"
+            for key, version, used in uses
+            if used and self.format_version < version
         ]
 
     def _meta_rules(self) -> list[str]:
@@ -181,9 +153,7 @@ class Manifest(BaseModel):
             if key not in self.model_fields_set:
                 problems.append(f"{key}: required key is missing")
         for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
-            names = [s.name for s in specs]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
+            if dup := repeated([s.name for s in specs]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         if not self.outputs and "outputs" in self.model_fields_set:
             problems.append("outputs is empty; a model returns at least one tensor")
@@ -211,15 +181,8 @@ class Manifest(BaseModel):
         if self.variants is not None or any(s.variable_axes for s in self.inputs + self.outputs):
             problems += self._variant_rules(expected)
             return problems
-        for size in sorted(expected - set(self.executables)):
-            problems.append(f"executables: {_key_text(size)} has no artifact")
-        for size, file in sorted(self.executables.items()):
-            why = _inside_bundle(file)
-            if why:
-                problems.append(f"executables: {_key_name(size)}: {why}")
-        for size in sorted(set(self.executables) - expected):
-            problems.append(f"executables: {_unexpected_key(size, expected)}")
-        return problems
+        missing, outside, unexpected = _table_rules("executables", self.executables, expected)
+        return problems + missing + outside + unexpected
 
     def _state_rules(self) -> list[str]:
         """Each state pairs an input and an output of one dtype and shape, each used once."""
@@ -233,16 +196,7 @@ class Manifest(BaseModel):
                 problems.append(f"{where}: input {state.input!r} is not in inputs")
             if b is None:
                 problems.append(f"{where}: output {state.output!r} is not in outputs")
-            if (
-                a is not None
-                and b is not None
-                and (a.dtype, a.shape, a.dims)
-                != (
-                    b.dtype,
-                    b.shape,
-                    b.dims,
-                )
-            ):
+            if a and b and (a.dtype, a.shape, a.dims) != (b.dtype, b.shape, b.dims):
                 problems.append(
                     f"{where}: input {a.name!r} and output {b.name!r} differ in dtype or shape"
                 )
@@ -254,9 +208,7 @@ class Manifest(BaseModel):
             if weight is not None and weight not in self.weights.order:
                 problems.append(f"{where}: initial weight {weight!r} is not in weights.order")
         for side in ("input", "output"):
-            names = [getattr(s, side) for s in self.state]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
+            if dup := repeated([getattr(s, side) for s in self.state]):
                 problems.append(f"state repeats {side} {dup}")
         if self.state and self.variants is not None:
             problems.append("state: not supported with variants")
@@ -314,14 +266,8 @@ class Manifest(BaseModel):
             if variant.dims in seen:
                 problems.append(f"{where}: repeats sizes {variant.dims}")
             seen.append(variant.dims)
-            for size in sorted(expected - set(variant.executables)):
-                problems.append(f"{where}: {_key_text(size)} has no artifact")
-            for size in sorted(set(variant.executables) - expected):
-                problems.append(f"{where}: {_unexpected_key(size, expected)}")
-            for size, file in sorted(variant.executables.items()):
-                why = _inside_bundle(file)
-                if why:
-                    problems.append(f"{where}.executables: {_key_name(size)}: {why}")
+            tables = _table_rules(where, variant.executables, expected, f"{where}.executables")
+            problems += tables[0] + tables[2] + tables[1]
         if not self.variants.shapes:
             problems.append("variants.shapes is empty")
         return problems
@@ -337,8 +283,7 @@ class Manifest(BaseModel):
     def all_executables(self) -> dict[tuple[int, int], str]:
         """Every executable file by ``(variant index, batch size)``; variant 0 without variants.
 
-        For a symbolic-batch manifest every compiled batch size maps to its variant's one
-        symbolic artifact (:attr:`symbolic_executables`); none when no size is chosen yet.
+        Symbolic batch: each compiled size maps to its variant's one symbolic artifact.
         """
         if self.batching.symbolic is not None:
             return {
@@ -346,25 +291,23 @@ class Manifest(BaseModel):
                 for v, file in self.symbolic_executables.items()
                 for size in self.batching.compiled_batch_sizes
             }
-        if self.variants is None:
-            return {(0, size): file for size, file in self.executables.items()}
-        return {
-            (i, size): file
-            for i, v in enumerate(self.variants.shapes)
-            for size, file in v.executables.items()
-        }
+        return {(i, size): file for i, t in enumerate(self._tables) for size, file in t.items()}
+
+    @property
+    def _tables(self) -> list[dict[int, str]]:
+        """Each variant's ``executables`` (the top-level one without variants)."""
+        return (
+            [self.executables]
+            if self.variants is None
+            else [v.executables for v in self.variants.shapes]
+        )
 
     @property
     def symbolic_executables(self) -> dict[int, str]:
         """Each variant's symbolic-batch artifact by variant index; empty unless symbolic."""
         if self.batching.symbolic is None:
             return {}
-        tables = (
-            [self.executables]
-            if self.variants is None
-            else [v.executables for v in self.variants.shapes]
-        )
-        return {i: t[SYMBOLIC] for i, t in enumerate(tables) if SYMBOLIC in t}
+        return {i: t[SYMBOLIC] for i, t in enumerate(self._tables) if SYMBOLIC in t}
 
     @property
     def is_symbolic(self) -> bool:
@@ -418,20 +361,26 @@ class Manifest(BaseModel):
         else:
             if not data["weights"].get("file"):
                 data["weights"].pop("file", None)
-            tables = [data["executables"], *(v["executables"] for v in _shapes(data))]
-            for table in tables:
+            shapes = data["variants"]["shapes"] if data.get("variants") else []
+            for table in [data["executables"], *(v["executables"] for v in shapes)]:
                 if SYMBOLIC in table:
                     table[_SYMBOLIC_TEXT] = table.pop(SYMBOLIC)
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
 
 
-def _shapes(data: Mapping[str, Any]) -> list[Any]:
-    variants = data.get("variants")
-    return list(variants["shapes"]) if variants else []
-
-
-def _key_name(key: int) -> str:
-    return _SYMBOLIC_TEXT if key == SYMBOLIC else str(key)
+def _table_rules(
+    where: str, table: dict[int, str], expected: set[int], files_where: str = "executables"
+) -> tuple[list[str], list[str], list[str]]:
+    """An executables table's keys without a file, files outside the bundle, unexpected keys."""
+    return (
+        [f"{where}: {_key_text(key)} has no artifact" for key in sorted(expected - set(table))],
+        [
+            f"{files_where}: {_SYMBOLIC_TEXT if key == SYMBOLIC else key}: {why}"
+            for key, file in sorted(table.items())
+            if (why := _inside_bundle(file))
+        ],
+        [f"{where}: {_unexpected_key(key, expected)}" for key in sorted(set(table) - expected)],
+    )
 
 
 def _key_text(key: int) -> str:
@@ -449,7 +398,7 @@ def _unexpected_key(key: int, expected: set[int]) -> str:
 
 
 def _where(data: Any, loc: tuple[int | str, ...]) -> str:
-    """Render a pydantic error location, naming the tensor when the path goes through one."""
+    """A pydantic error location as text, naming the tensor the path goes through."""
     parts: list[str] = []
     node = data
     for key in loc:
@@ -457,32 +406,20 @@ def _where(data: Any, loc: tuple[int | str, ...]) -> str:
             parts[-1] = f"{parts[-1]}[{key}]" if parts else f"[{key}]"
         else:
             parts.append(str(key))
-        node = node[key] if isinstance(node, (Mapping, list)) and _has(node, key) else None  # type: ignore[index]
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            node = None
         if isinstance(node, Mapping) and isinstance(node.get("name"), str) and isinstance(key, int):
             parts[-1] += f" {node['name']!r}"
     return ".".join(parts) if parts else "manifest"
 
 
-def _has(node: Any, key: int | str) -> bool:
-    if isinstance(node, list):
-        return isinstance(key, int) and 0 <= key < len(node)
-    return key in node
-
-
 def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
-    """Check and type a manifest already loaded from YAML.
-
-    Args:
-        data: the YAML document (a mapping).
-        path: the file name used in error text.
-
-    Returns:
-        The typed manifest.
+    """Check and type a manifest loaded from YAML (``path``: the file name in error text).
 
     Raises:
-        ManifestError: with one line per problem. A ``format_version`` outside
-            [MIN_FORMAT_VERSION, MAX_FORMAT_VERSION] is reported alone, before anything else,
-            since other keys may mean something else in another version.
+        ManifestError: one line per problem; an unsupported ``format_version`` alone.
     """
     if not isinstance(data, Mapping):
         raise ManifestError(
@@ -520,8 +457,7 @@ def load_manifest(path: Path) -> Manifest:
     """Read and check ``manifest.yaml``.
 
     Raises:
-        ManifestError: the file is not valid YAML or breaks a rule (see :func:`parse_manifest`).
-        NotFoundError-like OSError is turned into ManifestError naming the path.
+        ManifestError: unreadable, not valid YAML, or breaks a rule (:func:`parse_manifest`).
     """
     try:
         text = path.read_text()
@@ -534,19 +470,3 @@ def load_manifest(path: Path) -> Manifest:
     except yaml.YAMLError as exc:
         raise ManifestError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_manifest(data, path=str(path))
-
-
-#: The section models live in :mod:`hloserve.bundle.manifest_sections`.
-__all__ = [
-    "FORMAT_VERSION",
-    "MANIFEST_FILE",
-    "MAX_FORMAT_VERSION",
-    "META_FORMAT_VERSION",
-    "MIN_FORMAT_VERSION",
-    "STATE_FORMAT_VERSION",
-    "SYMBOLIC_FORMAT_VERSION",
-    "UNBATCHED",
-    "Manifest",
-    "load_manifest",
-    "parse_manifest",
-]

@@ -1,23 +1,16 @@
-"""The sections of a bundle manifest (formats 1 to 3): tensors, batching, variants, weights, meta.
+"""The sections of a bundle manifest: tensors, batching, variants, weights, meta, state.
 
-:mod:`hloserve.bundle.manifest` holds the whole :class:`~hloserve.bundle.manifest.Manifest`,
-the format versions and the parser. docs/bundles.md, "Manifest", describes each field.
+docs/bundles.md, "manifest.yaml", describes each field; :mod:`hloserve.bundle.manifest` the whole.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hloserve.bundle import dtypes, notation
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
@@ -27,16 +20,17 @@ SYMBOLIC = -1
 _SYMBOLIC_TEXT = "symbolic"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-#: Model names (the bundle directory names; kept in step with ``hloserve.bundle.bundle``).
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+#: Model names Triton accepts as repository directory names (and hloserve as bundle names).
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def repeated(items: list[str]) -> list[str]:
+    """The items that occur more than once, sorted."""
+    return sorted({i for i in items if items.count(i) > 1})
 
 
 def _inside_bundle(path: str) -> str | None:
-    """Why ``path`` may not name a file of the bundle, or None when it may.
-
-    Files are named relative to the bundle directory, without ``..`` or an absolute path, so
-    that a bundle can be copied (into a model repository) as one directory.
-    """
+    """Why ``path`` may not name a file of the bundle (relative, no ``..``), or None."""
     parts = path.replace("\\", "/").split("/")
     if path.startswith("/") or ".." in parts or not path.strip():
         return f"{path!r} must be a relative path inside the bundle (no '..', not absolute)"
@@ -50,26 +44,23 @@ def _tensor_name(value: str) -> str:
 
 
 class TensorSpec(BaseModel, notation.TensorNotation):
-    """One executable tensor: name, dtype token, named-axis shape, and the sizes of its axes.
+    """One executable tensor: name, dtype token, named-axis ``shape`` and ``dims``.
 
-    ``shape`` is a row-major string of single letters (NumPy/JAX order): ``"nhwc"`` with
-    ``dims: {h: 8, w: 8, c: 1}`` is an array of shape ``(batch, 8, 8, 1)``. ``n`` or ``b`` marks
-    the batch axis (at most one); every other letter needs a positive size in ``dims``.
+    ``"nhwc"`` with ``dims: {h: 8, w: 8, c: 1}`` is shape ``(batch, 8, 8, 1)``
+    (:mod:`hloserve.bundle.notation`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: Whether dtype ``bytes`` is allowed (only on client-facing tensors).
     _allow_bytes: ClassVar[bool] = False
 
     name: Annotated[str, AfterValidator(_tensor_name)]
     dtype: str
     shape: str
     dims: dict[str, int] = Field(default_factory=dict)
-    #: a classification output's label file in the bundle, one label per line, one line per
-    #: class (the tensor's one non-batch axis); Triton's ``label_filename``.
+    #: Triton's ``label_filename``: one label per class (the one non-batch axis), per line
     labels: str | None = None
-    #: an image input's layout (three non-batch axes); Triton's ``format``.
+    #: Triton's ``format`` of an image input (three non-batch axes)
     format: Literal["NHWC", "NCHW"] | None = None
 
     @model_validator(mode="after")
@@ -97,11 +88,11 @@ class TensorSpec(BaseModel, notation.TensorNotation):
                 f"shape {self.shape!r} has two batch letters {batch[0]!r} and {batch[1]!r}; "
                 "at most one of 'n'/'b' per tensor"
             )
-        for letter in dict.fromkeys(self.shape):
-            if letter in BATCH_LETTERS or not letter.isascii() or not letter.isalpha():
-                continue
-            if letter not in self.dims:
-                problems.append(f"shape {self.shape!r}: axis {letter!r} has no size in dims")
+        problems += [
+            f"shape {self.shape!r}: axis {c!r} has no size in dims"
+            for c in dict.fromkeys(self.shape)
+            if c.isascii() and c.isalpha() and c not in BATCH_LETTERS and c not in self.dims
+        ]
         for letter, size in self.dims.items():
             if letter in BATCH_LETTERS:
                 problems.append(
@@ -109,9 +100,7 @@ class TensorSpec(BaseModel, notation.TensorNotation):
                 )
             elif letter not in self.shape:
                 problems.append(f"dims names {letter!r}, which is not in shape {self.shape!r}")
-            elif size == VARIABLE:
-                pass  # the manifest checks that variants list its sizes (or: a client tensor)
-            elif size <= 0:
+            elif size <= 0 and size != VARIABLE:
                 problems.append(f"dims {letter}: size must be positive, got {size}")
         problems += self._classification_rules()
         if problems:
@@ -138,28 +127,17 @@ class TensorSpec(BaseModel, notation.TensorNotation):
     @property
     def nbytes_per_item(self) -> int:
         """Bytes of one batch item (the whole tensor when unbatched)."""
-        count = 1
-        for size in self.shape_at(1):
-            count *= size
-        return count * self.dtype_info.itemsize
+        return math.prod(self.shape_at(1)) * self.dtype_info.itemsize
 
 
 class ClientTensorSpec(TensorSpec):
-    """One client-facing (wire) tensor: the notation of :class:`TensorSpec`, ``bytes`` allowed.
-
-    Declared by ``client_inputs``/``client_outputs``: what clients send and receive when that
-    differs from the executable's tensors (a meta model, or a model with hooks).
-    """
+    """One ``client_inputs``/``client_outputs`` (wire) tensor; dtype ``bytes`` allowed."""
 
     _allow_bytes: ClassVar[bool] = True
 
 
 class MetaSection(BaseModel):
-    """``meta`` section of a ``kind: meta`` manifest.
-
-    Attributes:
-        calls: the models ``run`` may call (by model name); empty for a compute-only meta.
-    """
+    """``meta`` section of a ``kind: meta`` manifest: ``calls``, the models ``run`` may call."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -168,25 +146,16 @@ class MetaSection(BaseModel):
     @field_validator("calls")
     @classmethod
     def _calls_ok(cls, calls: list[str]) -> list[str]:
-        bad = [c for c in calls if not isinstance(c, str) or not _MODEL_NAME.match(c)]
+        bad = [c for c in calls if not isinstance(c, str) or not MODEL_NAME.match(c)]
         if bad:
-            raise ValueError(f"meta.calls: {bad} are not model names ({_MODEL_NAME.pattern})")
-        dup = sorted({c for c in calls if calls.count(c) > 1})
-        if dup:
+            raise ValueError(f"meta.calls: {bad} are not model names ({MODEL_NAME.pattern})")
+        if dup := repeated(calls):
             raise ValueError(f"meta.calls names a model twice: {dup}")
         return calls
 
 
 class SymbolicBatch(BaseModel):
-    """``batching.symbolic``: the batch sizes a symbolic-batch artifact accepts.
-
-    The same constraints are inside the artifact as ``jax.export`` shape assertions; these are
-    the ones the validator and ``hloserve repo build`` check chosen sizes against.
-
-    Attributes:
-        min: smallest batch size (``>= 1``).
-        max: largest batch size, or None for no bound.
-    """
+    """``batching.symbolic``: the batch sizes ``min`` (>= 1) to ``max`` (None: no bound)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -211,18 +180,14 @@ class SymbolicBatch(BaseModel):
 
 
 def _executable_keys(value: Any) -> Any:
-    """``executables`` as read from YAML: the key ``symbolic`` is :data:`SYMBOLIC`."""
+    """Read the YAML key ``symbolic`` as :data:`SYMBOLIC`."""
     if isinstance(value, Mapping):
         return {SYMBOLIC if k == _SYMBOLIC_TEXT else k: v for k, v in value.items()}
     return value
 
 
 class Batching(BaseModel):
-    """``batching`` section: the compiled batch sizes, and whether the artifacts are symbolic.
-
-    With ``symbolic`` the sizes may be empty in a bundle (they are chosen when a repository is
-    built, which writes them into its copy of the bundle).
-    """
+    """``batching`` section; with ``symbolic`` the sizes may be empty (chosen at repo build)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -241,7 +206,7 @@ class Batching(BaseModel):
 
 
 class Variant(BaseModel):
-    """One shape variant: sizes of the variable axes and its executables by batch size."""
+    """One shape variant: sizes of the variable axes, its executables by batch size."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -260,13 +225,7 @@ class Variant(BaseModel):
 
 
 class Variants(BaseModel):
-    """``variants`` section: executables differing in non-batch axes, and how to pick one.
-
-    ``pick: smallest_fitting`` (the only rule): a request runs on the variant whose sizes are
-    the smallest that hold every variable axis of its executable inputs (after ``preprocess``);
-    the front zero-pads those axes up to the variant's sizes and slices outputs back. Requests
-    are coalesced only with requests of the same variant.
-    """
+    """``variants`` section: executables differing in non-batch axes (docs/bundles.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -284,8 +243,7 @@ class Weights(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self) -> Weights:
-        dup = sorted({w for w in self.order if self.order.count(w) > 1})
-        if dup:
+        if dup := repeated(self.order):
             raise ValueError(f"weights.order names a weight twice: {dup}")
         if self.order and not self.file:
             raise ValueError("weights.order is not empty but weights.file is missing")
@@ -295,25 +253,14 @@ class Weights(BaseModel):
         return self
 
 
-#: Triton's default ``max_sequence_idle_microseconds`` (1 s; model_config.proto,
-#: ``ModelSequenceBatching``), the default of :class:`Sequencing`: a stateful front's config
-#: says it, and the runtime drops a sequence's state after the same idle time (Triton frees an
-#: idle slot without telling it).
+#: Triton's default ``max_sequence_idle_microseconds`` (model_config.proto).
 MAX_SEQUENCE_IDLE_US = 1_000_000
 
 
 class Sequencing(BaseModel):
-    """``sequence``: how Triton's sequence batcher serves a stateful model (its front config).
+    """``sequence``: Triton's sequence batcher settings of a stateful model (docs/bundles.md).
 
-    A sequence's correlation ID is an unsigned integer or a string, as in Triton; the config
-    has no ``CONTROL_SEQUENCE_CORRID`` input (the front reads the ID from the request:
-    :data:`~hloserve.bundle.front_spec.SEQUENCE_CONTROLS` says why).
-
-    Attributes:
-        max_sequence_idle_microseconds: a sequence idle this long (us, > 0) is freed by Triton
-            and its state dropped by the runtime (default Triton's 1 s).
-        max_candidate_sequences: sequences the ``oldest`` strategy batches from at once (the
-            rest wait in Triton's backlog until one ends); 0 = the largest compiled batch size.
+    ``max_candidate_sequences`` 0 means the largest compiled batch size.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -323,13 +270,9 @@ class Sequencing(BaseModel):
 
 
 class StateSpec(BaseModel):
-    """One ``state`` entry: an executable input and output carried between a sequence's requests.
+    """One ``state`` entry: an input fed the ``output`` of the sequence's previous request.
 
-    The runtime keeps, per live sequence (Triton's correlation ID), the row of ``output`` that
-    the last request returned and feeds it as that sequence's row of ``input`` next time.
-    Neither tensor is sent or received by clients. ``initial`` is the value at a sequence's
-    START: ``zeros``, or ``weight:NAME`` (a weight of ``weights.order`` with the tensor's shape
-    without the batch axis).
+    ``initial`` (at START): ``zeros`` or ``weight:NAME`` (docs/bundles.md, "Stateful bundles").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

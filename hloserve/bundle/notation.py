@@ -1,11 +1,7 @@
-"""The manifest's named-axis tensor notation, as plain functions (docs/bundles.md).
+"""The manifest's named-axis tensor notation (docs/bundles.md), without pydantic.
 
-A tensor's ``shape`` is a row-major string of single letters (NumPy/JAX order) and ``dims``
-gives the size of each letter but the batch letter: ``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is
-an array of shape ``(batch, 8, 8, 1)``. The manifest's typed tensors
-(:class:`hloserve.bundle.manifest_sections.TensorSpec`) and the front's spec
-(:class:`hloserve.bundle.front_spec.SpecTensor`) both take :class:`TensorNotation`'s answers,
-so the rules live once. Imports the dtype table only (no pydantic).
+``shape`` is a row-major string of letters, ``dims`` the size of each but the batch letter:
+``"nhwc"`` with ``{h: 8, w: 8, c: 1}`` is shape ``(batch, 8, 8, 1)``.
 """
 
 from __future__ import annotations
@@ -23,58 +19,18 @@ BATCH_LETTERS = frozenset("nb")
 VARIABLE = -1
 
 
-def batch_axis(shape: str) -> int | None:
-    """Index of the batch axis in the row-major ``shape``, or None when unbatched."""
-    for i, letter in enumerate(shape):
-        if letter in BATCH_LETTERS:
-            return i
-    return None
-
-
 def wire_tensors(
     declared: Sequence[_T] | None, tensors: Sequence[_T], carried: set[str]
 ) -> list[_T]:
-    """The tensors clients send or receive: the declared client tensors (``client_inputs`` /
-    ``client_outputs``) when given, else ``tensors`` less the state-carried names."""
+    """The tensors clients send or receive: ``declared`` (client tensors) when given, else
+    ``tensors`` less the state-``carried`` names."""
     if declared is not None:
         return list(declared)
     return [t for t in tensors if t.name not in carried]  # type: ignore[attr-defined]
 
 
-def shape_at(
-    shape: str,
-    dims: Mapping[str, int],
-    batch_size: int,
-    sizes: Mapping[str, int] | None = None,
-) -> tuple[int, ...]:
-    """Row-major shape with the batch axis (if any) set to ``batch_size``.
-
-    Args:
-        shape: the axis letters.
-        dims: the size of each non-batch letter (:data:`VARIABLE` for a variable axis).
-        batch_size: size of the batch axis.
-        sizes: sizes of variable axes, e.g. a variant's ``dims``; a variable axis not in
-            ``sizes`` stays ``-1``.
-    """
-    sizes = sizes or {}
-    return tuple(
-        batch_size
-        if letter in BATCH_LETTERS
-        else sizes.get(letter, dims[letter])
-        if dims[letter] == VARIABLE
-        else dims[letter]
-        for letter in shape
-    )
-
-
-def variable_axes(shape: str, dims: Mapping[str, int]) -> list[str]:
-    """Letters whose size is :data:`VARIABLE` (varies between variants), in shape order."""
-    return [c for c in shape if dims.get(c) == VARIABLE]
-
-
 class TensorNotation:
-    """What a tensor's ``dtype``, ``shape`` and ``dims`` say; mixed into the tensor classes
-    (which hold those three as fields)."""
+    """What a tensor's ``dtype``, ``shape`` and ``dims`` fields say (a mixin)."""
 
     if TYPE_CHECKING:
         dtype: str
@@ -89,29 +45,24 @@ class TensorNotation:
     @property
     def batch_axis(self) -> int | None:
         """Index of the batch axis in the row-major shape, or None when unbatched."""
-        return batch_axis(self.shape)
+        return next((i for i, c in enumerate(self.shape) if c in BATCH_LETTERS), None)
 
     def shape_at(self, batch_size: int, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
         """Row-major shape with the batch axis (if any) set to ``batch_size``.
 
-        Args:
-            batch_size: size of the batch axis.
-            sizes: sizes of variable axes (``-1`` in ``dims``), e.g. a variant's ``dims``;
-                a variable axis not in ``sizes`` stays ``-1``.
+        ``sizes``: of variable axes, e.g. a variant's ``dims``; one not in it stays -1.
         """
-        return shape_at(self.shape, self.dims, batch_size, sizes)
+        sizes = sizes or {}
+        return tuple(
+            batch_size
+            if c in BATCH_LETTERS
+            else sizes.get(c, self.dims[c])
+            if self.dims[c] == VARIABLE
+            else self.dims[c]
+            for c in self.shape
+        )
 
     @property
     def variable_axes(self) -> list[str]:
-        """Letters whose size is ``-1`` (varies between variants), in shape order."""
-        return variable_axes(self.shape, self.dims)
-
-
-__all__ = [
-    "BATCH_LETTERS",
-    "VARIABLE",
-    "TensorNotation",
-    "batch_axis",
-    "shape_at",
-    "variable_axes",
-]
+        """Letters whose size is :data:`VARIABLE` (varies between variants), in shape order."""
+        return [c for c in self.shape if self.dims.get(c) == VARIABLE]

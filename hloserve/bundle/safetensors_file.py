@@ -1,20 +1,18 @@
-"""The one reader of a bundle's ``weights.safetensors``: its tensors' shapes and dtypes, the
-tensors as host arrays, or as memory-mapped views.
+"""The one reader of ``weights.safetensors``: shapes and dtypes, arrays, or memory-mapped views.
 
-Format (huggingface/safetensors README, "Format"): an 8-byte little-endian header size N, N
-bytes of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data; offsets are
-relative to the data's start. The header listing and the copies go through the ``safetensors``
-library (``safe_open``, which validates the file); the views need the data offsets, which the
-library does not expose, so they are computed from the header JSON.
+Format: huggingface/safetensors README, "Format". Views need the data offsets, which the
+``safetensors`` library does not expose, so :func:`mmap_tensors` reads the header JSON itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,16 +39,23 @@ def stored_tensors(path: Path) -> dict[str, WeightInfo]:
     Raises:
         InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
     """
+    with _open(path) as f:
+        infos = {}
+        for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
+            tensor = f.get_slice(key)
+            token = dtypes.from_safetensors(tensor.get_dtype()).token
+            infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
+        return infos
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[Any]:
+    """``safe_open`` for NumPy, its read errors raised as :class:`InvalidArgumentError`."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
-            infos = {}
-            for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
-                tensor = f.get_slice(key)
-                token = dtypes.from_safetensors(tensor.get_dtype()).token
-                infos[key] = WeightInfo(key, tuple(tensor.get_shape()), token)
-            return infos
+            yield f
     except (OSError, SafetensorError) as exc:
         raise InvalidArgumentError(f"{path}: cannot read safetensors file: {exc}") from None
 
@@ -68,14 +73,9 @@ def load_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
         NotFoundError: a name is not in the file.
         InvalidArgumentError: the file cannot be read (:func:`stored_tensors`).
     """
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            _check_present(path, order, list(f.keys()))
-            return [f.get_tensor(name) for name in order]
-    except (OSError, SafetensorError) as exc:
-        raise InvalidArgumentError(f"{path}: cannot read safetensors file: {exc}") from None
+    with _open(path) as f:
+        _check_present(path, order, list(f.keys()))
+        return [f.get_tensor(name) for name in order]
 
 
 def mmap_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
@@ -100,6 +100,3 @@ def mmap_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
         dtype = dtypes.from_safetensors(info["dtype"]).numpy
         arrays.append(data[begin:end].view(dtype).reshape(info["shape"]))
     return arrays
-
-
-__all__ = ["WeightInfo", "load_tensors", "mmap_tensors", "stored_tensors"]

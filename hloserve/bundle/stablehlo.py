@@ -1,13 +1,8 @@
-"""StableHLO artifacts: recognize, convert text to a portable artifact, read ``main``'s signature,
-specialize a symbolic batch size.
+"""StableHLO artifacts: recognize, convert text to portable, read ``main``, specialize a batch.
 
-This is the one place that touches MLIR. It uses the MLIR Python bindings and the StableHLO
-serialization entry points that jaxlib ships under ``jax.extend.mlir`` (public since JAX 0.4.x;
-checked on JAX 0.7.1 and 0.10.2).
-
-Portable artifacts (StableHLO's VHLO bytecode) are read back by StableHLO releases up to 5 years
-newer and 2 older (StableHLO compatibility RFC, openxla/stablehlo ``docs/compatibility.md``).
-Plain MLIR text has no such guarantee, so hloserve converts text once, when a bundle is written.
+The one place that touches MLIR, through ``jax.extend.mlir``. Portable artifacts (VHLO bytecode)
+are read by StableHLO releases up to 5 years newer and 2 older (openxla/stablehlo
+``docs/compatibility.md``); MLIR text has no such guarantee.
 """
 
 from __future__ import annotations
@@ -27,12 +22,7 @@ _PORTABLE_PRODUCER = b"StableHLO_v"
 
 @dataclass(frozen=True)
 class TensorType:
-    """A ranked tensor type in a signature.
-
-    Attributes:
-        shape: row-major sizes; ``None`` for a dynamic size.
-        element_type: StableHLO element type, e.g. ``"f32"``, ``"ui8"``, ``"i1"``.
-    """
+    """A ranked tensor type: row-major sizes (None: dynamic), StableHLO element type."""
 
     shape: tuple[int | None, ...]
     element_type: str
@@ -65,7 +55,6 @@ def is_portable_artifact(data: bytes) -> bool:
 
 @cache
 def _mlir() -> Any:
-    # Imported lazily: jaxlib is heavy, and manifest-only checks must not pay for it.
     import jax.extend.mlir as mlir_ext
     from jax.extend.mlir import ir
     from jax.extend.mlir.dialects import stablehlo
@@ -74,11 +63,7 @@ def _mlir() -> Any:
 
 
 def default_target_version() -> str:
-    """StableHLO version that artifacts are written for: the oldest this StableHLO supports.
-
-    That is StableHLO's ``StablehloCompatibilityRequirement.MAX`` (5 years of consumers), so an
-    artifact written by a new exporter still loads in an older serving JAX.
-    """
+    """StableHLO version artifacts are written for: ``StablehloCompatibilityRequirement.MAX``."""
     _, _, stablehlo = _mlir()
     return str(
         stablehlo.get_version_from_compatibility_requirement(
@@ -88,13 +73,9 @@ def default_target_version() -> str:
 
 
 def to_portable_artifact(module: bytes | str, target_version: str | None = None) -> bytes:
-    """Convert StableHLO (MLIR text or bytecode, or an artifact) to a portable artifact.
+    """Convert MLIR text or bytecode to a portable artifact (an artifact is returned as is).
 
-    Args:
-        module: MLIR text (``str`` or UTF-8 ``bytes``), MLIR bytecode, or a portable artifact
-            (returned unchanged).
-        target_version: StableHLO version to target, e.g. ``"1.0.0"``; default
-            :func:`default_target_version`.
+    ``target_version`` e.g. ``"1.0.0"``; default :func:`default_target_version`.
 
     Raises:
         ArtifactError: the module does not parse, or uses ops newer than the target.
@@ -123,6 +104,21 @@ def module_text(data: bytes) -> str:
         return _module_text(data)
 
 
+def _parse(ir: Any, ctx: Any, text: str) -> Any:
+    try:
+        return ir.Module.parse(text, context=ctx)
+    except Exception as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
+
+
+def _function(ir: Any, module: Any, name: str) -> Any:
+    for op in module.body.operations:
+        if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise ArtifactError(f"module has no function named {name!r}")
+
+
 def _module_text(data: bytes) -> str:
     if is_portable_artifact(data):
         mlir_ext, _, _ = _mlir()
@@ -142,11 +138,7 @@ def _module_text(data: bytes) -> str:
 
 
 def read_signature(data: bytes, function: str = "main") -> Signature:
-    """Read the argument and result types of ``function`` in a StableHLO module.
-
-    Args:
-        data: a portable artifact, or MLIR text as bytes.
-        function: the public function to read.
+    """The argument and result types of ``function`` in a portable artifact or MLIR text.
 
     Raises:
         ArtifactError: the module does not parse, has no such function, or has a non-tensor
@@ -156,27 +148,17 @@ def read_signature(data: bytes, function: str = "main") -> Signature:
     from jax._src.interpreters import mlir as jax_mlir  # the context with every dialect loaded
 
     with jax_mlir.make_ir_context() as ctx:
-        text = _module_text(data)  # newer bindings take the context from the surrounding `with`
-        try:
-            module = ir.Module.parse(text, context=ctx)
-        except Exception as exc:
-            detail = " ".join(str(exc).split()) or type(exc).__name__
-            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
-        for op in module.body.operations:
-            if (
-                "sym_name" in op.attributes
-                and ir.StringAttr(op.attributes["sym_name"]).value == function
-            ):
-                fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                return Signature(
-                    inputs=tuple(
-                        _tensor_type(ir, t, f"argument {i}") for i, t in enumerate(fn_type.inputs)
-                    ),
-                    outputs=tuple(
-                        _tensor_type(ir, t, f"result {i}") for i, t in enumerate(fn_type.results)
-                    ),
-                )
-    raise ArtifactError(f"module has no function named {function!r}")
+        module = _parse(ir, ctx, _module_text(data))  # keep alive: op refers into it
+        op = _function(ir, module, function)
+        fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        return Signature(
+            inputs=tuple(
+                _tensor_type(ir, t, f"argument {i}") for i, t in enumerate(fn_type.inputs)
+            ),
+            outputs=tuple(
+                _tensor_type(ir, t, f"result {i}") for i, t in enumerate(fn_type.results)
+            ),
+        )
 
 
 def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:
@@ -196,34 +178,19 @@ def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:
     return TensorType(shape, element)
 
 
-#: Name the symbolic ``main`` gets inside a specialized module (private, called by the new main).
 _SYMBOLIC_MAIN = "_hloserve_symbolic_main"
 
 
 def specialize_batch(data: bytes, batch_size: int, target_version: str | None = None) -> bytes:
-    """Specialize a module whose batch axes are symbolic (``?``) to one concrete batch size.
+    """A portable artifact of ``data`` whose dynamic (``?``) sizes are all ``batch_size``.
 
-    The module's ``main`` becomes a private function called by a new ``main`` whose dynamic
-    sizes are all ``batch_size`` (a symbolic-batch bundle's only dynamic sizes are batch axes;
-    docs/bundles.md, "Symbolic batch"); StableHLO's shape refinement then propagates the static
-    shapes through the whole module and checks the module's shape assertions (the constraints
-    ``jax.export`` writes, e.g. ``b >= 1``). This is how ``jax.export`` calls an exported
-    function at concrete shapes (``stablehlo.convert`` to the dynamic type, a call, then
-    ``jax.extend.mlir.refine_polymorphic_shapes``); substituting sizes into the module text
-    would not update the shape computations inside.
-
-    Args:
-        data: a portable artifact (or MLIR text as bytes) with a public ``main``.
-        batch_size: the concrete size of every dynamic axis of ``main``'s arguments and results.
-        target_version: StableHLO version of the returned artifact (default
-            :func:`default_target_version`).
-
-    Returns:
-        A portable artifact whose ``main`` has only static shapes.
+    As ``jax.export`` calls at concrete shapes: a new ``main`` converts to the dynamic types and
+    calls the old one, then ``refine_polymorphic_shapes`` propagates the static shapes and
+    checks the module's shape assertions (docs/bundles.md, "Symbolic batch").
 
     Raises:
-        ArtifactError: the module does not parse or has no ``main``; or refinement fails, e.g.
-            ``batch_size`` breaks one of the module's shape assertions (the message says which).
+        ArtifactError: the module does not parse or has no ``main``; or ``batch_size`` breaks
+            a shape assertion (the message says which).
     """
     from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib.mlir.dialects import func as func_dialect
@@ -231,23 +198,8 @@ def specialize_batch(data: bytes, batch_size: int, target_version: str | None = 
 
     _, ir, _ = _mlir()
     with jax_mlir.make_ir_context() as ctx, ir.Location.unknown():
-        text = _module_text(data)
-        try:
-            module = ir.Module.parse(text, context=ctx)
-        except Exception as exc:
-            detail = " ".join(str(exc).split()) or type(exc).__name__
-            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
-        main = next(
-            (
-                op
-                for op in module.body.operations
-                if "sym_name" in op.attributes
-                and ir.StringAttr(op.attributes["sym_name"]).value == "main"
-            ),
-            None,
-        )
-        if main is None:
-            raise ArtifactError("module has no function named 'main'")
+        module = _parse(ir, ctx, _module_text(data))
+        main = _function(ir, module, "main")
         fn_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
 
         def static(mlir_type: Any) -> Any:
@@ -296,8 +248,6 @@ def specialize_batch(data: bytes, batch_size: int, target_version: str | None = 
 def strip_locations(module: str) -> str:
     """MLIR text of ``module`` without debug locations (MLIR's ``strip-debuginfo`` pass).
 
-    Locations name the Python source lines that produced each op; XLA needs none of them.
-
     Raises:
         ArtifactError: the module does not parse.
     """
@@ -306,10 +256,6 @@ def strip_locations(module: str) -> str:
 
     _, ir, _ = _mlir()
     with jax_mlir.make_ir_context() as ctx:
-        try:
-            parsed = ir.Module.parse(module, context=ctx)
-        except Exception as exc:
-            detail = " ".join(str(exc).split()) or type(exc).__name__
-            raise ArtifactError(f"MLIR does not parse: {detail[:400]}") from None
+        parsed = _parse(ir, ctx, module)
         passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(parsed.operation)
         return str(parsed)

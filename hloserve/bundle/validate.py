@@ -1,14 +1,8 @@
-"""Check a bundle end to end: manifest rules, weights, and every executable's ``main`` signature.
+"""Check a bundle end to end: manifest rules, weights, ``model.py``, every executable's ``main``.
 
-``main`` must take ``(*weights_in_order, *inputs)`` and return ``outputs`` in manifest order, at
-every compiled batch size, with the shapes and dtypes the manifest and the safetensors file give.
-A symbolic-batch bundle's one artifact per variant must have a dynamic size (``?``) at every
-batch axis and nowhere else, and must specialize to each declared compiled batch size (its shape
-assertions, e.g. ``b >= 2``, hold there).
-A meta bundle (``kind: meta``) has no executable: its ``model.py`` must define a top-level
-``run(inputs, call)`` (read with :mod:`ast` and compiled; nothing is imported or run), and each
-model in ``meta.calls`` must be among the bundles being built, not a meta, and not the meta
-itself. A model's ``model.py`` (hooks) is parsed and compiled the same way.
+``main`` takes ``(*weights_in_order, *inputs)`` and returns ``outputs`` at every compiled batch
+size; a symbolic artifact is dynamic (``?``) at the batch axes only and specializes to each
+compiled size. ``model.py`` is parsed and compiled, never imported (docs/bundles.md).
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from hloserve.bundle.manifest import MANIFEST_FILE
 from hloserve.bundle.manifest_sections import TensorSpec
 from hloserve.bundle.safetensors_file import WeightInfo
 from hloserve.bundle.stablehlo import (
+    Signature,
     TensorType,
     is_portable_artifact,
     read_signature,
@@ -43,13 +38,7 @@ from hloserve.errors import (
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding of the validator.
-
-    Attributes:
-        file: the file it is about, relative to the bundle directory.
-        message: what is wrong, naming the tensor or weight and expected vs actual.
-        warning: True for findings that do not make the bundle invalid.
-    """
+    """One finding: the file (relative to the bundle), what is wrong, whether only a warning."""
 
     file: str
     message: str
@@ -64,14 +53,9 @@ def validate_bundle(
 ) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
-    Reads each executable (MLIR is parsed, nothing is compiled) and the safetensors header; for
-    a meta bundle, parses ``model.py``.
-
     Args:
-        path: the bundle directory.
-        models: the bundles being built with it, model name -> kind (``"model"``/``"meta"``);
-            when given, a meta's ``meta.calls`` are checked against it. None skips that check
-            (a bundle validated on its own).
+        models: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
+            meta's ``meta.calls`` against; None skips that check.
         name: the model's name when it is not the directory's (a repository's bundle copy).
     """
     path = Path(path)
@@ -108,28 +92,15 @@ def check_bundle(
     return load_bundle(path, name=name)
 
 
-def read_labels(path: Path) -> list[str]:
-    """The labels of a label file: one per line (Triton's ``label_filename`` format).
-
-    Raises:
-        InvalidArgumentError: the file cannot be read as UTF-8 text.
-    """
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"cannot read: {exc}") from None
-
-
 def _check_labels(bundle: Bundle) -> list[Problem]:
-    """Each labelled output's file: readable, one non-empty label per class."""
     problems = []
     for spec in bundle.manifest.wire_outputs:
         if spec.labels is None:
             continue
-        try:
-            labels = read_labels(bundle.path / spec.labels)
-        except InvalidArgumentError as exc:
-            problems.append(Problem(spec.labels, exc.message))
+        try:  # one label per line: Triton's label_filename
+            labels = (bundle.path / spec.labels).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(Problem(spec.labels, f"cannot read: {exc}"))
             continue
         classes = math.prod(spec.shape_at(1))
         if len(labels) != classes or not all(label.strip() for label in labels):
@@ -148,32 +119,21 @@ def _check_meta(bundle: Bundle, models: Mapping[str, str] | None) -> list[Proble
     problems = []
     for call in bundle.manifest.calls:
         if call == bundle.name:
-            problems.append(Problem(MANIFEST_FILE, f"meta.calls: {call!r} is this meta itself"))
-        elif models is None:
-            continue
-        elif call not in models:
+            problems.append(f"meta.calls: {call!r} is this meta itself")
+        elif models is not None and call not in models:
             problems.append(
-                Problem(
-                    MANIFEST_FILE,
-                    f"meta.calls: model {call!r} is not among the bundles being built "
-                    f"{sorted(models)}",
-                )
+                f"meta.calls: model {call!r} is not among the bundles being built {sorted(models)}"
             )
-        elif models[call] == "meta":
+        elif models is not None and models[call] == "meta":
             problems.append(
-                Problem(
-                    MANIFEST_FILE,
-                    f"meta.calls: model {call!r} is a meta model; a meta may only call models",
-                )
+                f"meta.calls: model {call!r} is a meta model; a meta may only call models"
             )
-    return problems + _check_run(bundle.path / MODEL_PY)
+    return [Problem(MANIFEST_FILE, p) for p in problems] + _check_run(bundle.path / MODEL_PY)
 
 
 def _check_hooks(bundle: Bundle) -> list[Problem]:
-    """Problems with a model's hooks: ``model.py`` parses, and defines ``preprocess`` when
-    ``client_inputs`` are declared and ``postprocess`` when ``client_outputs`` are."""
+    """``model.py`` defines ``preprocess``/``postprocess`` for declared client tensors."""
     manifest = bundle.manifest
-    file = bundle.path / MODEL_PY
     needed = [
         hook
         for hook, declared in (
@@ -182,18 +142,13 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
         )
         if declared is not None
     ]
-    if not file.exists():
-        return [
-            Problem(MODEL_PY, f"missing: client tensors are declared, so model.py must define {h}")
-            for h in needed
-        ]
-    try:
-        source = file.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    tree = _parse(file, source)
-    if isinstance(tree, Problem):
-        return [tree]
+    missing = [
+        Problem(MODEL_PY, f"missing: client tensors are declared, so model.py must define {h}")
+        for h in needed
+    ]
+    tree = _parse(bundle.path / MODEL_PY, missing)
+    if isinstance(tree, list):
+        return tree
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     return [
         Problem(
@@ -206,39 +161,36 @@ def _check_hooks(bundle: Bundle) -> list[Problem]:
     ]
 
 
-def _parse(file: Path, source: str) -> ast.Module | Problem:
-    """``model.py``'s syntax tree, or the problem that stops Python from importing it.
+def _parse(file: Path, missing: list[Problem]) -> ast.Module | list[Problem]:
+    """``model.py``'s syntax tree, or ``missing`` / the problems that stop its import.
 
-    Besides parsing, the source is compiled (never run): the compiler alone refuses some
-    code the parser accepts (a ``from __future__`` import after other statements, ``return``
-    outside a function, ``nonlocal`` at module level). Warnings the compiler raises (invalid
-    escape sequences) are left for the import to report.
+    The source is also compiled (never run): the compiler refuses code the parser accepts
+    (``return`` outside a function, a late ``from __future__``); its warnings are left alone.
     """
+    try:
+        source = file.read_text()
+    except FileNotFoundError:
+        return missing
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Problem(MODEL_PY, f"cannot read: {exc}")]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tree = ast.parse(source, filename=str(file))
             compile(source, str(file), "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")
+        return [Problem(MODEL_PY, f"line {exc.lineno}: syntax error: {exc.msg}")]
     except ValueError as exc:  # null bytes in the source
-        return Problem(MODEL_PY, f"cannot compile: {exc}")
+        return [Problem(MODEL_PY, f"cannot compile: {exc}")]
     return tree
 
 
 def _check_run(file: Path) -> list[Problem]:
-    """Problems with a meta's ``model.py``: it must define a top-level ``run(inputs, call)``."""
-    try:
-        source = file.read_text()
-    except FileNotFoundError:
-        return [
-            Problem(MODEL_PY, "missing: a meta bundle needs model.py defining run(inputs, call)")
-        ]
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Problem(MODEL_PY, f"cannot read: {exc}")]
-    tree = _parse(file, source)
-    if isinstance(tree, Problem):
-        return [tree]
+    """A meta's ``model.py`` defines a top-level ``run(inputs, call)``."""
+    missing = "missing: a meta bundle needs model.py defining run(inputs, call)"
+    tree = _parse(file, [Problem(MODEL_PY, missing)])
+    if isinstance(tree, list):
+        return tree
     runs = [
         node
         for node in tree.body
@@ -286,7 +238,6 @@ def _check_weights(bundle: Bundle) -> list[Problem]:
 
 
 def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> list[Problem]:
-    """A ``weight:NAME`` initial state has the state tensor's dtype and shape without batch."""
     manifest, problems = bundle.manifest, []
     inputs = {s.name: s for s in manifest.inputs}
     for state in manifest.state:
@@ -297,18 +248,14 @@ def _check_state_initial(bundle: Bundle, stored: Mapping[str, WeightInfo]) -> li
         row = tuple(d for i, d in enumerate(spec.shape_at(1)) if i != spec.batch_axis)
         if (tuple(info.shape), info.dtype) != (row, spec.dtype):
             problems.append(
-                Problem(
-                    str(manifest.weights.file),
-                    f"initial state of {spec.name!r}: weight {state.initial_weight!r} is "
-                    f"{info.dtype} {_dims(tuple(info.shape))}, the state row is "
-                    f"{spec.dtype} {_dims(row)}",
-                )
+                f"initial state of {spec.name!r}: weight {state.initial_weight!r} is "
+                f"{info.dtype} {_dims(tuple(info.shape))}, the state row is "
+                f"{spec.dtype} {_dims(row)}"
             )
-    return problems
+    return [Problem(str(manifest.weights.file), p) for p in problems]
 
 
 def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
-    """The symbolic artifact's signature, then its specialization to each compiled size."""
     manifest = bundle.manifest
     file = manifest.symbolic_executables[variant]
     problems = _check_executable(bundle, None, variant)
@@ -321,12 +268,11 @@ def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
         try:
             specialize_batch(data, size)
         except ArtifactError as exc:
+            why = f"(input {spec.name!r}, batch axis {letter!r}): {exc.message}"
             problems.append(
                 Problem(
                     file,
-                    f"compiled batch size {size} is refused by the artifact's constraints "
-                    f"(input {spec.name!r}, batch axis {letter!r}): "
-                    f"{exc.message}",
+                    f"compiled batch size {size} is refused by the artifact's constraints {why}",
                 )
             )
     return problems
@@ -334,72 +280,55 @@ def _check_symbolic(bundle: Bundle, variant: int) -> list[Problem]:
 
 def _check_executable(bundle: Bundle, size: int | None, variant: int = 0) -> list[Problem]:
     """Check one artifact's ``main`` against the manifest; ``size`` None: a symbolic batch."""
+    manifest = bundle.manifest
     if size is None:
-        file = bundle.manifest.symbolic_executables[variant]
+        file, what = manifest.symbolic_executables[variant], "the symbolic batch"
     else:
-        file = bundle.manifest.all_executables[(variant, size)]
-    sizes = bundle.manifest.variant_dims[variant]
-    exe_path = bundle.path / file
-    if not exe_path.is_file():
-        what = (
-            "the symbolic batch"
-            if size is None
-            else f"batch size {size}"
-            if size
-            else "the unbatched executable"
-        )
+        file = manifest.all_executables[(variant, size)]
+        what = f"batch size {size}" if size else "the unbatched executable"
+    if not (bundle.path / file).is_file():
         return [Problem(file, f"artifact for {what} is missing")]
-    data = exe_path.read_bytes()
-    problems = []
+    data = (bundle.path / file).read_bytes()
+    warnings = []
     if not is_portable_artifact(data) and _is_text(data):
-        problems.append(
-            Problem(
-                file,
-                "MLIR text, not a portable artifact: run `hloserve bundle convert` "
-                "(text has no compatibility guarantee across StableHLO versions)",
-                warning=True,
-            )
+        text = "MLIR text, not a portable artifact: run `hloserve bundle convert` (text has no "
+        warnings.append(
+            Problem(file, text + "compatibility guarantee across StableHLO versions)", warning=True)
         )
     try:
-        signature = read_signature(data)
+        errors = _signature_errors(bundle, read_signature(data), size, variant)
     except ArtifactError as exc:
-        return [*problems, Problem(file, exc.message)]
-    manifest = bundle.manifest
+        errors = [exc.message]
+    return warnings + [Problem(file, e) for e in errors]
+
+
+def _signature_errors(
+    bundle: Bundle, signature: Signature, size: int | None, variant: int
+) -> list[str]:
+    manifest, sizes = bundle.manifest, bundle.manifest.variant_dims[variant]
     order = manifest.weights.order
     expected_args = len(order) + len(manifest.inputs)
     if len(signature.inputs) != expected_args:
-        problems.append(
-            Problem(
-                file,
-                f"main takes {len(signature.inputs)} arguments, expected {expected_args} "
-                f"({len(order)} weights + {len(manifest.inputs)} inputs)",
-            )
-        )
-        return problems
+        return [
+            f"main takes {len(signature.inputs)} arguments, expected {expected_args} "
+            f"({len(order)} weights + {len(manifest.inputs)} inputs)"
+        ]
     try:
         stored = bundle.stored_weights
     except InvalidArgumentError:
         stored = {}  # unreadable weights file: reported once by _check_weights
+    errors = []
     for name, actual in zip(order, signature.inputs[: len(order)], strict=True):
-        info = stored.get(name)
-        if info is not None:
-            problems += _compare(
-                file, f"weight {name!r}", info.shape, info.dtype, actual, "safetensors"
-            )
+        if (info := stored.get(name)) is not None:
+            errors += _compare(f"weight {name!r}", info.shape, info.dtype, actual, "safetensors")
     for spec, actual in zip(manifest.inputs, signature.inputs[len(order) :], strict=True):
-        problems += _compare_spec(file, "input", spec, size, actual, sizes)
+        errors += _compare_spec("input", spec, size, actual, sizes)
     if len(signature.outputs) != len(manifest.outputs):
-        problems.append(
-            Problem(
-                file,
-                f"main returns {len(signature.outputs)} results, "
-                f"manifest declares {len(manifest.outputs)} outputs",
-            )
-        )
-        return problems
+        n, declared = len(signature.outputs), len(manifest.outputs)
+        return [*errors, f"main returns {n} results, manifest declares {declared} outputs"]
     for spec, actual in zip(manifest.outputs, signature.outputs, strict=True):
-        problems += _compare_spec(file, "output", spec, size, actual, sizes)
-    return problems
+        errors += _compare_spec("output", spec, size, actual, sizes)
+    return errors
 
 
 def _is_text(data: bytes) -> bool:
@@ -410,45 +339,29 @@ def _is_text(data: bytes) -> bool:
 
 
 def _compare_spec(
-    file: str,
-    role: str,
-    spec: TensorSpec,
-    size: int | None,
-    actual: TensorType,
-    sizes: dict[str, int] | None = None,
-) -> list[Problem]:
+    role: str, spec: TensorSpec, size: int | None, actual: TensorType, sizes: dict[str, int]
+) -> list[str]:
     shape: tuple[int | None, ...] = spec.shape_at(size or 0, sizes)
     if size is None:  # a symbolic batch: dynamic at the batch axis
         shape = tuple(None if i == spec.batch_axis else d for i, d in enumerate(shape))
-    return _compare(file, f"{role} {spec.name!r}", shape, spec.dtype, actual, "manifest")
+    return _compare(f"{role} {spec.name!r}", shape, spec.dtype, actual, "manifest")
 
 
 def _compare(
-    file: str,
-    subject: str,
-    shape: tuple[int | None, ...],
-    dtype: str,
-    actual: TensorType,
-    source: str,
-) -> list[Problem]:
-    problems = []
+    subject: str, shape: tuple[int | None, ...], dtype: str, actual: TensorType, source: str
+) -> list[str]:
+    errors = []
     if actual.dtype_token != dtype:
-        problems.append(
-            Problem(
-                file, f"{subject}: dtype {dtype} in {source}, {actual.element_type} in the artifact"
-            )
+        errors.append(
+            f"{subject}: dtype {dtype} in {source}, {actual.element_type} in the artifact"
         )
     if actual.shape != shape:
-        problems.append(
-            Problem(
-                file,
-                f"{subject}: shape {_dims(shape)} in {source}, {_dims(actual.shape)} in the "
-                "artifact",
-            )
+        errors.append(
+            f"{subject}: shape {_dims(shape)} in {source}, {_dims(actual.shape)} in the artifact"
         )
-    return problems
+    return errors
 
 
 def _dims(shape: tuple[int | None, ...]) -> str:
-    """``[?, 8, 8, 1]``: a shape with ``?`` for a dynamic (symbolic) size."""
+    """``[?, 8, 8, 1]``: ``?`` for a dynamic size."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

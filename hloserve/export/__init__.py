@@ -1,8 +1,9 @@
 """JAX function + params (or a torch.nn.Module) + named input specs + batch sizes -> a bundle.
 
-Public API: :func:`export_bundle` (JAX), :func:`export_torch` (PyTorch, through torchax; needs
-the ``export-torch`` extra), :class:`OutputSpec`, and :class:`TensorSpec` /
-:class:`ClientTensorSpec` (the bundle format's, :mod:`hloserve.bundle.manifest_sections`).
+:func:`export_torch` needs the ``export-torch`` extra; docs/bundles.md shows both.
+This package's names below are the public export API (README, docs/bundles.md): import them
+from ``hloserve.export``. Modules: _export (:func:`export_bundle`), _torch (:func:`export_torch`),
+_torchax_compat, _cli (``hloserve export``).
 """
 
 from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec

@@ -1,13 +1,7 @@
 """``hloserve export torch``: the command line's tensor notation and factory loading.
 
-Tensor notation (the manifest's, on one line; docs/bundles.md):
-
-- input ``NAME:DTYPE:SHAPE[:DIMS]``, e.g. ``x:f32:nchw:c=3,h=224,w=224`` is the manifest entry
-  ``{name: x, dtype: f32, shape: nchw, dims: {c: 3, h: 224, w: 224}}``; ``s=-1`` marks a
-  variable axis (sizes from ``--variant``).
-- output ``NAME:SHAPE``, e.g. ``logits:nk`` (sizes and dtype come from the traced module).
-
-Each spec is checked by :class:`~hloserve.bundle.TensorSpec`, the manifest's own rules.
+Input ``NAME:DTYPE:SHAPE[:DIMS]`` (``x:f32:nchw:c=3,h=224,w=224``; ``s=-1`` a variable axis),
+output ``NAME:SHAPE`` (``logits:nk``), each checked by the manifest's :class:`TensorSpec`.
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ from hloserve.export._export import OutputSpec
 
 
 def _sizes(text: str, what: str) -> dict[str, int]:
-    """``"c=3,h=224"`` -> ``{"c": 3, "h": 224}``."""
     sizes: dict[str, int] = {}
     for item in filter(None, text.split(",")):
         letter, eq, size = item.partition("=")
@@ -53,11 +46,16 @@ def parse_input(text: str) -> TensorSpec:
         )
     name, dtype, shape = parts[:3]
     dims = _sizes(parts[3], f"--input {text!r}") if len(parts) == 4 else {}
+    return _spec(f"--input {text!r}", name=name, dtype=dtype, shape=shape, dims=dims)
+
+
+def _spec(flag: str, **fields: Any) -> TensorSpec:
+    """A :class:`TensorSpec`, its rule violations raised as :class:`ExportError`."""
     try:
-        return TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims)
+        return TensorSpec(**fields)
     except ValidationError as e:
         problems = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-        raise ExportError(f"--input {text!r}: {problems}") from None
+        raise ExportError(f"{flag}: {problems}") from None
 
 
 def parse_output(text: str) -> OutputSpec:
@@ -65,11 +63,8 @@ def parse_output(text: str) -> OutputSpec:
     name, colon, shape = text.partition(":")
     if not colon or ":" in shape:
         raise ExportError(f"--output {text!r} must be NAME:SHAPE, e.g. logits:nk")
-    try:  # the manifest's name and shape-letter rules (dims are read from the module)
-        TensorSpec(name=name, dtype="f32", shape=shape, dims={c: 1 for c in shape if c not in "nb"})
-    except ValidationError as e:
-        problems = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-        raise ExportError(f"--output {text!r}: {problems}") from None
+    dims = {c: 1 for c in shape if c not in "nb"}  # the manifest's name and letter rules only
+    _spec(f"--output {text!r}", name=name, dtype="f32", shape=shape, dims=dims)
     return OutputSpec(name=name, shape=shape)
 
 
@@ -82,11 +77,6 @@ def parse_batch_sizes(text: str) -> list[int]:
     if any(s <= 0 for s in sizes):
         raise ExportError(f"--batch-sizes {text!r}: every size must be positive")
     return sizes
-
-
-def parse_variant(text: str) -> dict[str, int]:
-    """``"s=32"`` -> ``{"s": 32}`` (sizes of the variable axes of one variant)."""
-    return _sizes(text, f"--variant {text!r}")
 
 
 def load_factory(target: str) -> Callable[[], Any]:
@@ -121,7 +111,7 @@ def export_torch_command(
     overwrite: bool = False,
     say: Callable[[str], None] = print,
 ) -> Bundle:
-    """What ``hloserve export torch`` does: parse, build the module, export, report progress."""
+    """``hloserve export torch``: parse, build the module, export, report progress."""
     from hloserve.export._torch import export_torch
 
     for package in ("torch", "torchax"):
@@ -132,7 +122,7 @@ def export_torch_command(
     in_specs = [parse_input(t) for t in inputs]
     out_specs = [parse_output(t) for t in outputs]
     sizes = parse_batch_sizes(batch_sizes)
-    shapes = [parse_variant(t) for t in variants]
+    shapes = [_sizes(t, f"--variant {t!r}") for t in variants]  # e.g. s=32
     factory = load_factory(target)
     module = factory()
     started = time.perf_counter()

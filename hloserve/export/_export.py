@@ -1,4 +1,4 @@
-"""Implementation of :func:`export_bundle` (see the package docstring)."""
+"""Implementation of :func:`export_bundle`."""
 
 from __future__ import annotations
 
@@ -38,13 +38,10 @@ from hloserve.bundle.manifest_sections import (
     Variant,
     Variants,
     Weights,
+    repeated,
 )
 from hloserve.bundle.notation import BATCH_LETTERS, VARIABLE
-from hloserve.bundle.stablehlo import (
-    default_target_version,
-    strip_locations,
-    to_portable_artifact,
-)
+from hloserve.bundle.stablehlo import default_target_version, strip_locations, to_portable_artifact
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import ExportError, InvalidArgumentError
 
@@ -55,44 +52,32 @@ WEIGHTS_FILE = "weights.safetensors"
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """A named output: its name and its named-axis shape string (e.g. ``"nk"``).
-
-    Sizes and dtype are read from the traced function; ``n``/``b`` marks the batch axis.
-    """
+    """A named output and its shape letters (e.g. ``"nk"``); sizes and dtype come from tracing."""
 
     name: str
     shape: str
 
 
 def weight_names(params: Any) -> list[str]:
-    """Stable, readable names of the leaves of a params pytree, in flattening order.
+    """Names of a params pytree's leaves in flattening order: ``{"conv1": {"kernel": w}}`` ->
+    ``"conv1.kernel"``; a bare array is ``"params"``.
 
-    Dict keys, sequence indices and attribute names are joined with ``.``:
-    ``{"conv1": {"kernel": w}}`` -> ``"conv1.kernel"``. A bare array is named ``"params"``.
+    Raises:
+        ExportError: two leaves get one name.
     """
     import jax
 
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)
-    names = []
-    for path, _leaf in leaves:
-        parts = []
-        for key in path:
-            for attr in ("key", "idx", "name"):
-                if hasattr(key, attr):
-                    parts.append(str(getattr(key, attr)))
-                    break
-            else:
-                parts.append(str(key))
-        names.append(".".join(parts) or "params")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
+    keystr = jax.tree_util.keystr
+    names = [keystr(path, simple=True, separator=".") or "params" for path, _ in leaves]
+    if dup := repeated(names):
         raise ExportError(f"params flatten to repeated weight names {dup}; use distinct keys")
     return names
 
 
 @contextlib.contextmanager
 def _x64(enabled: bool) -> Iterator[None]:
-    """JAX's 64-bit mode for the duration of an export (restored afterwards)."""
+    """JAX's 64-bit mode while exporting (restored afterwards)."""
     import jax
 
     previous = bool(jax.config.read("jax_enable_x64"))
@@ -128,58 +113,37 @@ def export_bundle(
 ) -> Bundle:
     """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
 
+    docs/bundles.md, "Exporting from JAX", shows each argument in use.
+
     Args:
-        fn: a JAX-traceable function ``fn(params, *inputs)`` returning one array, a tuple/list
-            of arrays in ``outputs`` order, or a dict keyed by output name.
-        params: a pytree of arrays (NumPy or JAX). Its leaves become the weights, named by
-            :func:`weight_names`, and the leading arguments of each executable's ``main``.
-        inputs: executable input specs (name, dtype token, shape letters, dims), in the order
-            ``fn`` takes them after ``params``.
+        fn: JAX-traceable; returns one array, a tuple/list in ``outputs`` order, or a dict
+            by output name.
+        params: a pytree of arrays; its leaves become the weights (:func:`weight_names`),
+            the leading arguments of ``main``.
+        inputs: the inputs ``fn`` takes after ``params``, in order.
         outputs: output names and shape letters, in ``fn``'s return order.
-        batch_sizes: batch sizes to compile, e.g. ``[1, 8, 32]``; empty for a model without a
-            batch axis (then no spec may use ``n``/``b``). ``"symbolic"``: ONE artifact per
-            variant whose batch axes are a symbolic dimension (``jax.export`` shape
-            polymorphism, docs/bundles.md "Symbolic batch"); the batch sizes are then chosen
-            when a repository is built (``hloserve repo build --batch-sizes``).
-        out_dir: the bundle directory to write; its name is the model name.
-        overwrite: replace an existing bundle at ``out_dir``.
-        batch_min: with ``"symbolic"``: the smallest batch size the artifact accepts (>= 1).
-        batch_max: with ``"symbolic"``: the largest, or None for no bound.
-        debug_locations: keep the Python source locations in the artifacts (MLIR ``loc``).
-            Default: kept for fixed batch sizes, left out for ``"symbolic"`` (its artifact is
-            re-serialized by every specialization, and locations are ~20% of its bytes).
-        stablehlo_target: StableHLO version the artifacts target (default: the oldest the
-            installed StableHLO can write, for the widest compatibility).
-        variants: shape variants, each the sizes of the input axes whose ``dims`` are ``-1``
-            (e.g. ``[{"s": 32}, {"s": 128}]``); every variant is compiled at every batch size
-            (files ``model.s32.b8.mlirbc``), all sharing the weights. Output axes whose size
-            follows a variable axis get ``-1`` too. Empty: no variable axis allowed.
-        client_inputs: client-facing inputs (the wire tensors, ``bytes`` allowed) when hooks
-            turn them into ``inputs``; needs a ``model.py`` among ``files``.
-        client_outputs: client-facing outputs, when ``postprocess`` makes them.
-        files: extra files copied into the bundle, by name in the bundle (e.g.
-            ``{"model.py": "hooks.py", "tokenizer.json": path}``).
-        progress: called with one line per executable once it is written, e.g.
-            ``"batch size 8, variant {'s': 32}: 2.1 s (3/6)"`` (seconds of tracing, lowering
-            and serializing that executable).
-        state: input/output pairs carried between the requests of one sequence (a stateful
-            bundle served with Triton's sequence batcher; docs/bundles.md "Stateful bundles").
-        sequence: the sequence batcher's settings of a stateful bundle (idle timeout,
-            candidate sequences); None = the defaults.
+        batch_sizes: e.g. ``[1, 8, 32]``; empty when unbatched; ``"symbolic"``: one artifact
+            per variant for sizes ``batch_min`` to ``batch_max`` (None: unbounded).
+        out_dir: the bundle directory; its name is the model name.
+        debug_locations: keep MLIR ``loc`` (default: except with ``"symbolic"``).
+        stablehlo_target: default :func:`~hloserve.bundle.stablehlo.default_target_version`.
+        variants: sizes of the variable input axes (``-1`` in ``dims``), e.g.
+            ``[{"s": 32}, {"s": 128}]``; each is compiled at every batch size.
+        client_inputs, client_outputs: the wire tensors when ``model.py`` hooks make them.
+        files: extra files copied in, by name in the bundle (e.g. ``{"model.py": path}``).
+        progress: called with one line per executable written (seconds it took).
+        state, sequence: a stateful bundle's pairs and sequence batcher settings.
 
     Returns:
-        The written bundle, already validated.
+        The written bundle, validated.
 
     Raises:
         ExportError: out_dir exists (without ``overwrite``), an output's rank or batch axis
             differs from its spec, or a weight has an unsupported dtype.
         BundleError: the written bundle fails validation (nothing is left at ``out_dir``).
-
-    The bundle is written to a temporary sibling directory, manifest last, validated, and then
-    renamed into place, so a half-written bundle is never visible under ``out_dir``. 64-bit
-    dtypes (i64, u64, f64) turn on JAX's x64 mode during the export only.
     """
     import jax
+    import jaxlib
     from jax import export as jax_export
 
     out_dir = Path(out_dir)
@@ -240,14 +204,9 @@ def export_bundle(
             jobs = [(v, size) for v in range(len(shapes)) for size in sizes]
             batch_dim = _symbolic_batch(symbolic) if symbolic else None
             for i, (v, size) in enumerate(jobs, 1):
-                log.info(
-                    "exporting %s: %s%s (%d/%d)",
-                    out_dir.name,
-                    "symbolic batch" if size is None else f"batch size {size}",
-                    f", variant {shapes[v]}" if variants else "",
-                    i,
-                    len(jobs),
-                )
+                what = "symbolic batch" if size is None else f"batch size {size}"
+                what += f", variant {shapes[v]}" if variants else ""
+                log.info("exporting %s: %s (%d/%d)", out_dir.name, what, i, len(jobs))
                 started = time.perf_counter()
                 in_structs = [
                     jax.ShapeDtypeStruct(_input_shape(spec, size, shapes[v], batch_dim), dt)
@@ -264,21 +223,15 @@ def export_bundle(
                     )
                 out_specs = specs
                 tag = "".join(f"{a}{n}." for a, n in sorted(shapes[v].items()))
-                if size is None:
-                    file = f"model.{tag}symbolic.mlirbc"
-                else:
-                    file = f"model.{tag}b{size}.mlirbc" if size else f"model.{tag}mlirbc"
+                tag += "symbolic." if size is None else f"b{size}." if size else ""
+                file = f"model.{tag}mlirbc"
                 text = exported.mlir_module()
                 keep = debug_locations if debug_locations is not None else symbolic is None
                 artifact = to_portable_artifact(text if keep else strip_locations(text), target)
                 (staging / file).write_bytes(artifact)
                 executables[v][SYMBOLIC if size is None else size] = file
                 if progress is not None:
-                    what = "symbolic batch" if size is None else f"batch size {size}"
-                    progress(
-                        f"{what}{f', variant {shapes[v]}' if variants else ''}: "
-                        f"{time.perf_counter() - started:.1f} s ({i}/{len(jobs)})"
-                    )
+                    progress(f"{what}: {time.perf_counter() - started:.1f} s ({i}/{len(jobs)})")
         assert out_specs is not None  # sizes is never empty
         for name, source in (files or {}).items():
             shutil.copyfile(source, staging / name)
@@ -313,7 +266,7 @@ def export_bundle(
                 "tool": "hloserve.export",
                 "hloserve": hloserve.__version__,
                 "jax": jax.__version__,
-                "jaxlib": _jaxlib_version(),
+                "jaxlib": jaxlib.__version__,
                 "stablehlo_target": target,
             },
         )
@@ -332,7 +285,6 @@ def export_bundle(
 
 
 def _symbolic_batch(symbolic: SymbolicBatch) -> Any:
-    """The ``jax.export`` symbolic dimension ``b`` with the bundle's constraints."""
     from jax import export as jax_export
 
     constraints = [f"b >= {symbolic.min}"] if symbolic.min > 1 else []
@@ -350,12 +302,6 @@ def _input_shape(
     if size is None:
         shape = tuple(batch_dim if i == spec.batch_axis else d for i, d in enumerate(shape))
     return shape
-
-
-def _jaxlib_version() -> str:
-    import jaxlib
-
-    return str(getattr(jaxlib, "__version__", "unknown"))
 
 
 def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
@@ -378,10 +324,7 @@ def _output_specs(
     size: int | None,
     variant: Mapping[str, int] | None = None,
 ) -> list[TensorSpec]:
-    """Output specs from the traced shapes; axes lettered like a variable input axis get -1.
-
-    ``size`` None: a symbolic batch; the batch axis must then be the symbolic dimension ``b``.
-    """
+    """Output specs from the traced shapes (size None: symbolic batch ``b``); variant axes -1."""
     variant = variant or {}
     specs = []
     for out, aval in zip(outputs, avals, strict=True):

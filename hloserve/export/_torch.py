@@ -1,11 +1,7 @@
 """Implementation of :func:`export_torch`: a ``torch.nn.Module`` -> a bundle, through torchax.
 
-torchax (https://github.com/google/torchax) runs a module's ATen operators as JAX functions;
-``torchax.extract_jax`` splits the module into a state dict of JAX arrays (parameters and
-buffers) and a pure function ``f(state, args)``. That function and that state are handed to
-:func:`~hloserve.export.export_bundle` unchanged, so the bundle is what a JAX model would give:
-one StableHLO portable artifact per batch size (and variant), the state as the leading arguments
-of ``main``, stored in ``weights.safetensors``. docs/bundles.md (PyTorch) says why this route.
+``torchax.extract_jax`` gives the module's state as JAX arrays and a pure function, which
+:func:`~hloserve.export.export_bundle` exports unchanged (docs/bundles.md, "The route, and why").
 """
 
 from __future__ import annotations
@@ -24,14 +20,13 @@ from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec
 from hloserve.errors import ExportError
 from hloserve.export._export import OutputSpec, export_bundle
 
-#: Frames under these are library code, not the user's (see :func:`_user_frame`).
+#: Frames under these are library code, not the user's.
 _HLOSERVE = Path(hloserve.__file__).resolve().parent
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 class PassedOn(TypedDict, total=False):
-    """The keyword arguments :func:`export_torch` passes on to
-    :func:`~hloserve.export.export_bundle` unchanged (documented there)."""
+    """The keyword arguments :func:`export_torch` passes on to ``export_bundle``."""
 
     overwrite: bool
     stablehlo_target: str | None
@@ -53,32 +48,14 @@ def export_torch(
 ) -> Bundle:
     """Export ``module(*inputs)`` (a ``torch.nn.Module`` in eval mode) as a bundle.
 
-    The module's parameters and buffers (BatchNorm running statistics included) become the
-    weights, named by their ``state_dict`` keys (``layer1.0.bn1.running_mean``) and passed to
-    every executable as arguments, never baked in as constants. A parameter shared by two
-    submodules (tied weights) is stored once, under its first name; a tensor kept as a plain
-    attribute is a weight too (torchax collects every tensor attribute). 64-bit integer buffers
-    are stored as i32 and 64-bit floats as f32 (JAX's default precision, as torchax converts
-    them).
-
-    Args:
-        module: the ``torch.nn.Module``, in eval mode (``module.eval()``). ``forward`` takes the
-            inputs positionally, in ``inputs`` order, and returns one tensor, a tuple/list in
-            ``outputs`` order, or a dict keyed by output name.
-        inputs, outputs, batch_sizes, out_dir, variants: as for
-            :func:`~hloserve.export.export_bundle`.
-        passed: ``overwrite``, ``stablehlo_target``, ``client_inputs``, ``client_outputs``,
-            ``files``, ``progress``: passed on to :func:`~hloserve.export.export_bundle`.
-
-    Returns:
-        The written bundle, already validated.
+    Its parameters and buffers are the weights, by ``state_dict`` name (docs/bundles.md,
+    "Exporting from PyTorch"). ``forward`` takes the inputs positionally and returns as
+    :func:`~hloserve.export.export_bundle`'s ``fn`` does; the other arguments are its.
 
     Raises:
-        ExportError: the module is in training mode (call ``.eval()``), does not accept the
-            declared input shapes or dtypes, uses an operator torchax cannot lower (named, with
-            the submodule and source line that called it), or branches on tensor values
-            (data-dependent control flow); and every error of
-            :func:`~hloserve.export.export_bundle`.
+        ExportError: the module is in training mode, refuses the declared inputs, uses an
+            operator torchax cannot lower, or branches on tensor values (each naming the
+            submodule and source line); and every error of ``export_bundle``.
         ImportError: torch or torchax is missing (``pip install 'hloserve[export-torch]'``).
     """
     import torch
@@ -98,20 +75,15 @@ def export_torch(
     _check_shapes(module, inputs, sizes[0], [dict(v) for v in variants] or [{}], torch)
 
     torchax = import_torchax()
-    with warnings.catch_warnings():
-        # torchax collects tensors by reading every attribute of every submodule, which
-        # trips deprecation warnings of properties (transformers' is_gradient_checkpointing)
+    with warnings.catch_warnings():  # torchax reads every attribute, deprecated ones too
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         state, fn = torchax.extract_jax(module)
     calls = _CallStack(module)
 
-    def forward(params: Any, *args: Any) -> Any:
-        return fn(params, args)
-
     with calls.recording(), _explained(calls, torchax):
         return export_bundle(
-            forward,
+            lambda params, *args: fn(params, args),
             state,
             inputs,
             outputs,
@@ -129,7 +101,7 @@ def _check_shapes(
     variants: list[dict[str, int]],
     torch: Any,
 ) -> None:
-    """Run the module once in torch on zeros of each declared shape; refuse what it refuses."""
+    """Run the module in torch on zeros of each declared shape; refuse what it refuses."""
     for variant in variants:
         shapes = {spec.name: spec.shape_at(batch_size, variant) for spec in inputs}
         if any(d < 0 for shape in shapes.values() for d in shape):
@@ -216,9 +188,7 @@ def _explained(calls: _CallStack, torchax: Any) -> Iterator[None]:
             "lowering in torchax; rewrite that code with supported torch operations, or give "
             "torchax a lowering for it (torchax.default_env().override_op_definition)"
         ) from e
-    except AssertionError as e:
-        # an operator outside ATen (torch.library.custom_op) reaches torchax's tensor type
-        # without passing its lowering table, and torchax asserts; name that operator
+    except AssertionError as e:  # torchax asserts on a custom (non-ATen) operator
         custom = _dispatched_op(e)
         if custom is None:
             raise

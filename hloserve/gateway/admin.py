@@ -1,20 +1,8 @@
 """The gateway's admin HTTP port: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text).
 
-Metrics (own registry, prefix ``hloserve_gateway_``; docs/gateway.md, "Admin port"):
-
-- ``outstanding_items{model, worker}``: requests in flight now (HAProxy's, read from the
-  router on scrape; requests, not items, since HAProxy counts requests).
-- ``replicas{model}``: replicas of each model in the current routing table.
-- ``placement{model, worker}``: 1 for each worker the current routing table routes a model to.
-- ``table_swaps_total``: routing tables installed (discovery passes).
-- ``repacks_total``: ``lpt_packing`` placements computed (startup, fleet changes, budget).
-- ``haproxy_restarts_total``: HAProxy started again after its process exited (killed,
-  crashed), :meth:`hloserve.gateway.haproxy.HAProxy.respawn`.
-- ``worker_healthy{worker}``: 1 while a worker is in the routing table, 0 while its health
-  probes keep it out.
-
-The HTTP server is :class:`hloserve.observability.admin_http.AdminHttpServer`, on a daemon
-thread: scrapes never touch the gateway's event loop.
+Metrics are prefixed ``hloserve_gateway_`` (docs/gateway.md, "Admin port"); the server is
+:class:`hloserve.observability.admin_http.AdminHttpServer` on a daemon thread, so scrapes
+never touch the gateway's event loop.
 """
 
 from __future__ import annotations
@@ -64,11 +52,7 @@ class _RouterCollector(Collector):
 
 
 class GatewayMetrics:
-    """The gateway's Prometheus metrics, in a registry of their own.
-
-    Args:
-        router: read at scrape time for in-flight items and the table.
-    """
+    """The gateway's Prometheus metrics in their own registry (the router read on scrape)."""
 
     #: More Prometheus text appended to :meth:`exposition` (None: nothing).
     extra: Callable[[], bytes] | None = None
@@ -95,21 +79,14 @@ class GatewayMetrics:
         self.registry.register(_RouterCollector(router))
 
     def exposition(self) -> bytes:
-        """The registry in Prometheus text format, then :attr:`extra`'s text (HAProxy's
-        exporter under the HAProxy data plane)."""
+        """The registry in Prometheus text, then :attr:`extra`'s (HAProxy's exporter)."""
         text = bytes(generate_latest(self.registry))
         return text + self.extra() if self.extra is not None else text
 
 
 class AdminServer(AdminHttpServer):
-    """``/healthz`` (always 200 while running), ``/readyz`` (200 when ``ready()``, else 503),
-    ``/metrics`` on a daemon thread.
-
-    Args:
-        host: address to bind (the gateway's listen host).
-        port: port; 0 picks a free one (see :attr:`port`).
-        metrics: what ``/metrics`` serves.
-        ready: readiness test, called per ``/readyz`` request; must be cheap and thread-safe.
+    """``/healthz`` (200), ``/readyz`` (200 when ``ready()``, cheap and thread-safe, else 503),
+    ``/metrics``, on a daemon thread (port 0: a free one, see :attr:`port`).
 
     Raises:
         OSError: the port is taken.

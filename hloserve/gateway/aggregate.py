@@ -1,15 +1,9 @@
-"""Merging of per-worker answers into the fleet's (pure, no gRPC): ``ModelStatistics`` and
-``RepositoryIndex``.
+"""Merging per-worker ``ModelStatistics`` and ``RepositoryIndex`` answers into the fleet's.
 
-Triton reports statistics per server (``inference.ModelStatistics`` in ``grpc_service.proto``);
-the gateway answers ``ModelStatistics`` with the sum over workers, one row per
-(name, version): counters and durations are added, ``last_inference`` (ms since the epoch) is
-the latest, ``batch_stats`` rows are matched by ``batch_size``, ``response_stats`` by key, and
-``memory_usage`` rows are concatenated (one per worker device). The repository index is merged
-by (name, version), a READY row winning over the other states (:func:`merge_repository_index`,
-for the gRPC messages and the KServe HTTP JSON alike). KServe HTTP statistics (Triton's JSON of
-the same message, ``GET /v2/models[/{name}[/versions/{v}]]/stats``) are summed by the same
-rules (:func:`merge_statistics_json`).
+Statistics are summed per (name, version): counters and durations added, ``last_inference``
+the latest, ``batch_stats`` matched by ``batch_size``, maps by key, ``memory_usage``
+concatenated; gRPC messages and KServe HTTP JSON by the same rules. The index keeps a READY
+row over the other states.
 """
 
 from __future__ import annotations
@@ -23,8 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2
 
-#: A repository index row: ``service_pb2.RepositoryIndexResponse.ModelIndex`` or Triton's
-#: HTTP JSON object (``{"name", "version", "state", "reason"}``).
+#: A repository index row: a ``RepositoryIndexResponse.ModelIndex`` or Triton's HTTP JSON.
 Row = TypeVar("Row")
 
 #: Repeated message fields whose rows are matched by a key field instead of concatenated.
@@ -34,7 +27,7 @@ _LATEST = {"last_inference"}
 
 
 def _as_json(message: Message) -> dict[str, Any]:
-    """A message as Triton's JSON of it (field names as in the proto, integers as ints)."""
+    """A message as Triton's JSON of it (proto field names, integers as ints)."""
 
     def value(fd: FieldDescriptor, v: Any) -> Any:
         return _as_json(v) if fd.message_type is not None else v
@@ -54,14 +47,12 @@ def _as_json(message: Message) -> dict[str, Any]:
 def merge_model_statistics(
     responses: Iterable[service_pb2.ModelStatisticsResponse],
 ) -> service_pb2.ModelStatisticsResponse:
-    """Sum the ``ModelStatistics`` rows of several workers per (name, version), sorted
-    (:func:`merge_statistics_json` on the messages' JSON)."""
+    """Sum several workers' ``ModelStatistics`` per (name, version), sorted."""
     merged = merge_statistics_json({"model_stats": [], **_as_json(r)} for r in responses)
     return json_format.ParseDict(merged, service_pb2.ModelStatisticsResponse())
 
 
 def _add_json(dst: dict[str, Any], src: Mapping[str, Any], skip: str = "") -> None:
-    """:func:`_add` on Triton's JSON form of the message (objects, lists, numbers, strings)."""
     for name, value in src.items():
         if name == skip:
             continue
@@ -87,8 +78,8 @@ def _add_json(dst: dict[str, Any], src: Mapping[str, Any], skip: str = "") -> No
 
 
 def merge_statistics_json(responses: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum several workers' KServe HTTP statistics (``{"model_stats": [...]}`` as Triton writes
-    it) per (name, version), sorted: the rules of :func:`merge_model_statistics`.
+    """Sum several workers' KServe HTTP statistics (``{"model_stats": [...]}``) per (name, version),
+    sorted.
 
     Raises:
         ValueError: a response is not an object with a ``model_stats`` list of objects.
@@ -111,16 +102,8 @@ def merge_repository_index(
     key: Callable[[Row], tuple[str, str]],
     state: Callable[[Row], str],
 ) -> list[Row]:
-    """Several workers' repository indexes as one: a row per (name, version), sorted.
-
-    Args:
-        indexes: each worker's rows, in worker order.
-        key: a row's (name, version).
-        state: a row's state (Triton's ``READY``, ``UNAVAILABLE``, ``LOADING``, ...).
-
-    Returns:
-        Per (name, version) the last READY row, else the first worker's row: a model ready on
-        any worker reads READY, one that failed everywhere keeps the first worker's reason.
+    """Several workers' repository indexes (in worker order) as one row per (name, version),
+    sorted: the last READY row, else the first worker's.
     """
     merged: dict[tuple[str, str], Row] = {}
     for rows in indexes:

@@ -1,25 +1,9 @@
-"""Run a gateway: HAProxy, the Python servicer and a discovery loop, until stopped.
+"""Run a gateway: HAProxy, the Python servicer and its loops, until stopped.
 
-:func:`run_gateway` wires the parts (docs/gateway.md, "Proxy"): one discovery pass
-(:func:`hloserve.gateway.discovery.discover_table`) before serving and one every
-``discovery.poll_interval_seconds``, each swapping the router's table whole (a request for a
-model missing from it runs a single-flight pass, at most one per second); health probes every
-``health.interval_seconds`` (:mod:`hloserve.gateway.health`); under ``lpt_packing``, the
-statistics poll and :class:`hloserve.gateway.packing.LptController`'s placement. HAProxy
-(:mod:`hloserve.gateway.haproxy`) listens on ``listen`` and carries ModelInfer to the
-workers; the servicer (:mod:`hloserve.gateway.proxy`, with the control plane of
-:mod:`hloserve.gateway.control`) answers on a loopback port behind it, and with
-``http_listen`` a loopback HTTP server (:mod:`hloserve.gateway.fleet_http`) answers the KServe
-HTTP calls that need every worker. The control plane's calls and model control need a
-credential (:mod:`hloserve.gateway.auth`). The layout of the router's table
-(:func:`hloserve.gateway.dataplane.plan_layout`) is applied to HAProxy after every change
-(checked every :data:`SYNC_INTERVAL_S`); the same check finds an HAProxy that exited (killed,
-crashed), logs it and starts it again on the current layout and ports, after a backoff
-(:meth:`hloserve.gateway.haproxy.HAProxy.restart_delay`), counted in
-``hloserve_gateway_haproxy_restarts_total``. With ``discovery.dns_name`` the workers themselves come
-from DNS (:func:`~hloserve.gateway.discovery.resolve_workers`), resolved at start and every
-``discovery.dns_interval_seconds``: a changed answer becomes the fleet (channels, health, fleet
-HTTP, HAProxy's servers by a hitless reload; docs/kubernetes.md, "DNS discovery").
+:func:`run_gateway` wires the parts (docs/gateway.md, "Data plane" and "Proxy"): discovery
+every ``discovery.poll_interval_seconds``, health probes, ``lpt_packing``'s placement, the
+layout applied to HAProxy every :data:`SYNC_INTERVAL_S` (restarting it when it exited), and
+with ``discovery.dns_name`` the fleet followed in DNS (docs/kubernetes.md, "DNS discovery").
 """
 
 from __future__ import annotations
@@ -39,12 +23,7 @@ from hloserve.gateway.auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth, read_t
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.control import SchedulingControl, add_control_service
 from hloserve.gateway.dataplane import plan_layout
-from hloserve.gateway.discovery import (
-    SingleFlight,
-    discover_table,
-    resolve_workers,
-    with_workers,
-)
+from hloserve.gateway.discovery import SingleFlight, discover_table, resolve_workers, with_workers
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
@@ -72,26 +51,10 @@ def _public_address(address: str) -> str:
     return f"{host}:{port}"
 
 
-def _start_haproxy(
-    config: GatewayConfig,
-    public: str,
-    control_port: int,
-    fleet_http: FleetHttpServer | None,
-    cert_secret: str | None,
-) -> HAProxy:
-    control = f"127.0.0.1:{control_port}"
-    if fleet_http is None:
-        return HAProxy(config, public, control, client_cert_secret=cert_secret)
-    fleet = fleet_http.fleet
-    return HAProxy(config, public, control, fleet_http.address, fleet.checked, cert_secret)
-
-
 def _fleet_http(
     config: GatewayConfig, auth: ControlAuth, control: ModelControl
 ) -> FleetHttpServer | None:
-    """The loopback HTTP server answering the KServe HTTP calls that need every worker
-    (repository index, model load/unload by ``control``, system and CUDA shared memory),
-    when the gateway serves KServe HTTP (called on the gateway's event loop)."""
+    """The loopback KServe HTTP fleet server with ``http_listen``, else None (on the event loop)."""
     if config.http_listen is None:
         return None
     fleet = FleetHttp(
@@ -113,7 +76,7 @@ def _fleet_http(
 
 
 def _poll_weights(config: GatewayConfig, timeout_s: float) -> WeightInfo:
-    """Footprints and budgets from every configured worker metrics endpoint (blocking)."""
+    """Footprints and budgets from every worker metrics endpoint (blocking)."""
     texts = {}
     for worker, endpoint in zip(config.workers, config.worker_metrics, strict=False):
         try:
@@ -131,14 +94,9 @@ async def run_gateway(
     admin_port: int | None = None,
     on_ready: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Serve the gateway until ``stop`` is set, then shut down within a few seconds.
-
-    Args:
-        config: the settings.
-        stop: set it to stop the gateway.
-        listen: overrides ``config.listen`` (tests pass "127.0.0.1:0" for a free port).
-        admin_port: overrides ``config.admin_port`` (0 = a free port).
-        on_ready: called with the bound gRPC port and admin port once both accept calls.
+    """Serve the gateway until ``stop`` is set, then shut down, draining up to
+    ``exit_timeout_seconds``; ``listen`` and ``admin_port`` override the config's (port 0: a
+    free one); ``on_ready`` gets the bound gRPC and admin ports once both accept calls.
 
     Raises:
         UnavailableError: the listen address or the admin port cannot be bound.
@@ -211,8 +169,7 @@ async def run_gateway(
     admin: AdminServer | None = None
 
     async def close(drain_s: float = 0.0) -> None:
-        """Stop what was started; with ``drain_s``, HAProxy answers what it holds first
-        while the servicer behind it still runs."""
+        """Stop what was started; with ``drain_s``, HAProxy drains first."""
         if dataplane is not None:
             await asyncio.to_thread(dataplane.close, drain_s)
         if server is not None:
@@ -225,8 +182,7 @@ async def run_gateway(
             await checked.close()
 
     async def revive() -> None:
-        """Start HAProxy again when its master exited, after the backoff; a start that fails
-        is logged and tried again by the next check, after a longer wait."""
+        """Start HAProxy again after the backoff when its master exited."""
         assert dataplane is not None
         status = dataplane.exited()
         if status is None:
@@ -239,7 +195,7 @@ async def run_gateway(
             await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():
             return
-        if not dataplane.respawn():  # on this thread (HAProxy docstring); False: done already
+        if not dataplane.respawn():  # on this thread (HAProxy docstring)
             return
         started = time.monotonic()
         try:
@@ -256,8 +212,7 @@ async def run_gateway(
         )
 
     async def sync() -> None:
-        """Apply the router's current table and knobs to HAProxy (no-op when unchanged),
-        first starting it again if it exited (:func:`revive`)."""
+        """Apply the router's table and knobs to HAProxy (reviving it first)."""
         assert dataplane is not None
         await revive()
         if dataplane.exited() is not None:
@@ -267,8 +222,7 @@ async def run_gateway(
         router.record_counts(*await asyncio.to_thread(dataplane.counts))
 
     async def routable(model: str) -> None:
-        """Bring HAProxy's map up to the table when it lacks ``model`` (a model discovery
-        just found: the periodic sync has not run yet)."""
+        """Sync HAProxy now when its map lacks ``model`` (just discovered)."""
         if dataplane is not None and model not in dataplane.layout.models:
             await sync()
 
@@ -283,8 +237,15 @@ async def run_gateway(
             config = config.model_copy(update={"http_listen": http})
         server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc, auth)
         fleet_http = _fleet_http(config, auth, proxy.model_control)
-        # On this (the gateway's) thread: HAProxy stops when it dies (HAProxy docstring).
-        dataplane = _start_haproxy(config, address, control_port, fleet_http, auth.cert_secret)
+        # on this (the gateway's) thread: HAProxy stops when it dies
+        dataplane = HAProxy(
+            config,
+            address,
+            f"127.0.0.1:{control_port}",
+            fleet_http.address if fleet_http is not None else None,
+            fleet_http.fleet.checked if fleet_http is not None else None,
+            auth.cert_secret,
+        )
         metrics.extra = dataplane.prometheus_text
         checked = Upstreams((str(dataplane.listen.grpc_checked),), config.grpc)
         control = SchedulingControl(
@@ -322,8 +283,7 @@ async def run_gateway(
         on_ready(port, admin.port)
 
     async def every(interval_s: float, action: Callable[[], Awaitable[None]], failed: str) -> None:
-        """``action`` every ``interval_s`` seconds until ``stop``; a pass that fails is
-        logged (``failed``) and the next one tried."""
+        """``action`` every ``interval_s`` until ``stop``; a failed pass is logged."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
@@ -354,10 +314,9 @@ async def run_gateway(
             await refresh(force=True)
 
     async def follow_dns() -> None:
-        """Resolve ``discovery.dns_name``; a new answer becomes the fleet: channels to the new
-        workers, a discovery pass over the new fleet, HAProxy reloaded with its servers
-        (hitless: requests in flight finish where they went), then the channels of the workers
-        gone are closed once their calls end. A DNS outage keeps the fleet."""
+        """A new DNS answer becomes the fleet: channels, discovery, HAProxy reloaded, the gone
+        workers' channels closed once their calls end. A DNS outage keeps the fleet.
+        """
         nonlocal config
         try:
             found = with_workers(config, await resolve_workers(config.discovery, timeout))

@@ -1,24 +1,9 @@
 """Who may call the gateway's control plane: a bearer token or a verified client certificate.
 
-Control calls (docs/gateway.md, "Control plane: authentication"): every
-``hloserve.gateway.v1.GatewayControl`` RPC, gRPC ``RepositoryModelLoad`` /
-``RepositoryModelUnload`` and KServe HTTP ``POST /v2/repository/models/{name}/load|unload``.
-Everything else (inference, metadata, statistics, the repository index, shared memory, and the
-admin port's ``/metrics``, ``/healthz``, ``/readyz``) stays open. A control call is let through
-with any one of:
-
-- ``authorization: Bearer <token>`` (gRPC metadata or HTTP header) equal to the gateway's
-  control token (:func:`read_token`);
-- a client certificate HAProxy verified against ``tls.client_ca``: HAProxy sets
-  :data:`CERT_HEADER` to a secret made per gateway process (removing any the client sent), so
-  only requests that came through a verified TLS connection carry it;
-- for model control only, the workers' model-control key (Triton's restricted-API header,
-  :mod:`hloserve.model_control`) equal to the gateway's ``upstream.model_control_key``: who
-  holds it may load and unload on each worker directly anyway.
-
-Otherwise the call is refused with UNAUTHENTICATED (gRPC code 16; HTTP 401 with
-``WWW-Authenticate: Bearer``) naming what to send. With no token configured and no client CA,
-only the model-control key opens model control, and ``GatewayControl`` is closed.
+Control calls (``GatewayControl``, model load and unload over gRPC and HTTP) pass with the
+control token (:func:`read_token`), the secret HAProxy sets in :data:`CERT_HEADER` for a
+verified client certificate, or, for model control only, the workers' model-control key;
+otherwise UNAUTHENTICATED (docs/gateway.md, "Control plane: authentication").
 """
 
 from __future__ import annotations
@@ -52,12 +37,11 @@ MODEL_CONTROL_METHODS = frozenset(
 
 
 def read_token(path: Path | None = None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The control token: the first line of ``path`` when given, else :data:`ENV_TOKEN`, else
-    the first line of the file :data:`ENV_TOKEN_FILE` names, else None.
+    """The control token: the first line of ``path``, else :data:`ENV_TOKEN`, else the first line
+    of the file :data:`ENV_TOKEN_FILE` names, else None.
 
     Raises:
-        InvalidArgumentError: the file cannot be read, or the token is shorter than 16
-            characters (a short token is guessable).
+        InvalidArgumentError: the file cannot be read, or the token is under 16 characters.
     """
     env = os.environ if environ is None else environ
     where, token = "", None
@@ -84,13 +68,10 @@ def read_token(path: Path | None = None, environ: Mapping[str, str] | None = Non
 
 @dataclass(frozen=True)
 class ControlAuth:
-    """The credentials a gateway accepts on its control calls (module docstring).
+    """The credentials a gateway accepts on its control calls (each None: not a credential).
 
     Attributes:
-        token: the control token; None = no token opens the control plane.
-        cert_secret: the value HAProxy gives :data:`CERT_HEADER` for a verified client
-            certificate; None = no client CA configured.
-        model_control_key: the workers' model-control key; None = not a credential.
+        cert_secret: the value HAProxy gives :data:`CERT_HEADER` for a verified certificate.
     """
 
     token: str | None = field(default=None, repr=False)
@@ -98,11 +79,8 @@ class ControlAuth:
     model_control_key: str | None = field(default=None, repr=False)
 
     def check(self, headers: Mapping[str, str], model_control: bool) -> None:
-        """Accept the call whose (lower-case) headers or metadata are ``headers``, or raise.
-
-        Args:
-            headers: the request's headers, names lower-case.
-            model_control: a model load or unload (the model-control key counts too).
+        """Accept a call with these ``headers`` (names lower-case), or raise; ``model_control``: a
+        model load or unload (the model-control key counts too).
 
         Raises:
             HloserveError: UNAUTHENTICATED, naming what to send.
@@ -154,11 +132,7 @@ def _metadata(pairs: Iterable[tuple[str, Any]] | None) -> dict[str, str]:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses a control call (module docstring) without a credential: UNAUTHENTICATED.
-
-    Args:
-        auth: the accepted credentials.
-    """
+    """Refuses a control call without a credential: UNAUTHENTICATED."""
 
     def __init__(self, auth: ControlAuth) -> None:
         self._auth = auth
@@ -168,8 +142,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        """The method's own handler, or one answering UNAUTHENTICATED for a control call
-        without a credential."""
+        """The method's own handler, or one answering UNAUTHENTICATED."""
         model_control = _protected(handler_call_details.method)
         if model_control is not None:
             try:

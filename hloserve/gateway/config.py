@@ -1,23 +1,7 @@
 """Typed settings of ``hloserve gateway``: a YAML file plus ``HLOSERVE_GATEWAY_*`` overrides.
 
-The keys, their meaning and their defaults follow ReactantServer's gateway (docs/gateway.md,
-"ReactantServer's gateway"; the differences are listed under "Configuration" there); units are
-in each field's name or description. Nothing is read at import time: call :func:`load_config`.
-
-Environment overrides use ONE scheme. A variable named ``HLOSERVE_GATEWAY_<PATH>`` sets the
-field at ``<PATH>``, where ``<PATH>`` is the dotted key path upper-cased with ``__`` between
-levels::
-
-    HLOSERVE_GATEWAY_MODE=lpt_packing                      -> mode
-    HLOSERVE_GATEWAY_ADMIN_PORT=9002                       -> admin_port
-    HLOSERVE_GATEWAY_SCHEDULING__HYSTERESIS=0.2            -> scheduling.hysteresis
-    HLOSERVE_GATEWAY_UPSTREAM__REQUEST_TIMEOUT_SECONDS=30  -> upstream.request_timeout_seconds
-    HLOSERVE_GATEWAY_WORKERS=127.0.0.1:8101,127.0.0.1:8104 -> workers (comma list, replaces)
-    HLOSERVE_GATEWAY_WORKER_METRICS=127.0.0.1:8102,...     -> worker_metrics (likewise)
-
-Values are parsed like the YAML scalars they stand for (``true``, ``0.2``, ``all``). An
-override wins over the file. A variable with the prefix that names no field is an error (a
-typo must not be ignored silently); ``scheduling.models`` (a map) has no environment form.
+Keys, defaults and the environment scheme: docs/gateway.md, "Configuration". Nothing is read
+at import time: call :func:`load_config`.
 """
 
 from __future__ import annotations
@@ -69,11 +53,9 @@ def _check_host_port(value: str) -> str:
     return value
 
 
-#: A ``host:port`` endpoint (checked by :func:`_check_host_port`).
 HostPort = Annotated[str, AfterValidator(_check_host_port)]
 
-#: Keys of the Python data plane, removed when HAProxy became the only one for unary inference
-#: (docs/gateway.md, "Removed settings"): key -> what to use instead.
+#: Removed keys (docs/gateway.md, "Removed settings"): section -> key -> what to use instead.
 REMOVED_KEYS: dict[str, dict[str, str]] = {
     "GatewayConfig": {
         "data_plane": "HAProxy is the only data plane; remove the key (docs/gateway.md, "
@@ -96,7 +78,6 @@ class _Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_removed(cls, data: object) -> object:
-        """A removed key is refused with what to use instead (:data:`REMOVED_KEYS`)."""
         if isinstance(data, Mapping):
             for key, instead in REMOVED_KEYS.get(cls.__name__, {}).items():
                 if key in data:
@@ -105,12 +86,7 @@ class _Section(BaseModel):
 
 
 class GrpcLimits(_Section):
-    """gRPC message-size limits of the gateway's server and of every upstream channel.
-
-    Attributes:
-        max_recv_msg_bytes: largest message received, bytes (default 2 GiB - 1, as Triton).
-        max_send_msg_bytes: largest message sent, bytes (default 2 GiB - 1, as Triton).
-    """
+    """gRPC message-size limits (bytes) of the gateway's server and every upstream channel."""
 
     max_recv_msg_bytes: int = Field(default=MAX_GRPC_MESSAGE_BYTES, gt=0, le=MAX_GRPC_MESSAGE_BYTES)
     max_send_msg_bytes: int = Field(default=MAX_GRPC_MESSAGE_BYTES, gt=0, le=MAX_GRPC_MESSAGE_BYTES)
@@ -120,13 +96,8 @@ class UpstreamConfig(_Section):
     """How the gateway talks to workers (ReactantServer's ``worker_client`` section).
 
     Attributes:
-        request_timeout_seconds: deadline of one forwarded inference call, seconds (60).
-        probe_timeout_seconds: deadline of one discovery/health probe, seconds (8, as in
-            ReactantServer).
-        model_control_key: the key ``hloserve serve`` workers require on Triton's repository
-            API (``RepositoryIndex``, which discovery polls; docs/serving.md). None (default):
-            ``HLOSERVE_MODEL_CONTROL_KEY`` when set, else the key of the servers this process
-            started (``serve --workers``, ``node up``), else none.
+        model_control_key: the workers' repository-API key; None: ``HLOSERVE_MODEL_CONTROL_KEY``,
+            else the key of the servers this process started, else none.
     """
 
     request_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -135,82 +106,33 @@ class UpstreamConfig(_Section):
 
 
 class DiscoveryConfig(_Section):
-    """Route discovery (docs/gateway.md, "Proxy": ``discover_table``) and, on a cluster, the
-    workers themselves from DNS (docs/kubernetes.md, "DNS discovery").
-
-    Attributes:
-        poll_interval_seconds: seconds between polls of every worker's RepositoryIndex,
-            ServerReady and statistics (10, ReactantServer's health interval).
-        dns_name: a name whose A records are the workers' addresses (a Kubernetes headless
-            Service, e.g. ``hloserve-workers.hloserve.svc.cluster.local``); set, the workers
-            come from it (``workers``, ``worker_http`` and ``worker_metrics`` stay empty) and
-            follow its answer. None (default): the fixed ``workers``.
-        dns_interval_seconds: seconds between two resolutions of ``dns_name`` (5).
-        dns_nameserver: ``host:port`` of the DNS server to ask; None (default): the system's
-            (``/etc/resolv.conf``: its nameservers, search domains and ``ndots``).
-        worker_grpc_port: each discovered worker's KServe gRPC port (8001, Triton's).
-        worker_http_port: each discovered worker's KServe HTTP port (8000), used with
-            ``http_listen``.
-        worker_metrics_port: each discovered worker's metrics port (8002); 0 = none.
-    """
+    """Route discovery, and the workers from DNS (docs/kubernetes.md, "DNS discovery")."""
 
     poll_interval_seconds: float = Field(default=10.0, gt=0)
     dns_name: str | None = Field(default=None, min_length=1)
     dns_interval_seconds: float = Field(default=5.0, gt=0)
-    dns_nameserver: str | None = None
+    dns_nameserver: HostPort | None = None
     worker_grpc_port: int = Field(default=8001, gt=0, le=65535)
     worker_http_port: int = Field(default=8000, gt=0, le=65535)
     worker_metrics_port: int = Field(default=8002, ge=0, le=65535)
 
-    @field_validator("dns_nameserver")
-    @classmethod
-    def _nameserver(cls, value: str | None) -> str | None:
-        return value if value is None else _check_host_port(value)
-
 
 class HealthConfig(_Section):
-    """Worker health probes (docs/gateway.md, "Health probes").
-
-    Every ``interval_seconds`` the gateway calls each worker's ``ServerReady`` (deadline
-    ``upstream.probe_timeout_seconds``). A worker failing ``failure_threshold`` probes in a row
-    (error, deadline or ``ready: false``) leaves the routing table; one passing probe brings
-    it back, after a discovery pass of its models.
-
-    Attributes:
-        interval_seconds: seconds between two probes of every worker (2.0, > 0).
-        failure_threshold: consecutive failed probes that remove a worker (2, >= 1).
-    """
+    """Worker health probes (docs/gateway.md, "Health probes")."""
 
     interval_seconds: float = Field(default=2.0, gt=0)
     failure_threshold: int = Field(default=2, ge=1)
 
 
 class AdmissionConfig(_Section):
-    """Bounds on the requests the gateway holds at once (docs/gateway.md, "Admission").
-
-    HAProxy applies the bound where :func:`hloserve.gateway.dataplane.render_config` writes
-    it: a request over it is refused at once with UNAVAILABLE (Triton's answer when a model's
-    queue is full) and a message naming the model and the bound; nothing is queued.
-
-    Attributes:
-        max_inflight_requests_per_worker: requests of one model in flight on one of its
-            replicas (64; 0 = unbounded); HAProxy counts requests, not items.
-    """
+    """Requests of one model in flight per replica (docs/gateway.md, "Admission"; 0 = unbounded)."""
 
     max_inflight_requests_per_worker: int = Field(default=64, ge=0)
 
 
 class TlsConfig(_Section):
-    """TLS on the gateway's public gRPC port (HAProxy terminates it; plaintext is refused).
-
-    Attributes:
-        cert: PEM file of the server certificate (and its chain).
-        key: PEM file of the certificate's private key.
-        client_ca: PEM file of the CAs client certificates must chain to; None (default) =
-            no client certificate asked for. A verified certificate opens the control plane.
-        verify_client: with ``client_ca``: ``required`` (default: a connection without a
-            valid certificate is refused) or ``optional`` (one without a certificate is served,
-            but its control calls need the token; an invalid certificate is still refused).
+    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane:
+    authentication").
     """
 
     cert: Path
@@ -220,53 +142,24 @@ class TlsConfig(_Section):
 
 
 class AuthConfig(_Section):
-    """Credentials of the control plane (docs/gateway.md, "Control plane: authentication").
-
-    Attributes:
-        token_file: file whose first line is the control token; None (default) =
-            ``HLOSERVE_CONTROL_TOKEN``, else the file ``HLOSERVE_CONTROL_TOKEN_FILE`` names
-            (:func:`hloserve.gateway.auth.read_token`; ``hloserve gateway-ctl`` reads the same).
-    """
+    """Control-plane credentials (docs/gateway.md, "Control plane: authentication")."""
 
     token_file: Path | None = None
 
 
 class ModelScheduling(_Section):
-    """Per-model overrides of the ``lpt_packing`` knobs (replica count, fill mode and factor).
-
-    Attributes:
-        replicas: distinct workers holding the model: a positive integer or ``"all"``
-            (1 when the entry is present).
-        fill_mode: ``run`` or ``spread``; None inherits ``scheduling.routing_fill_mode``.
-        fill_factor: multiplier of the max batch giving the fill quantum (requests), > 0;
-            None inherits ``scheduling.routing_fill_factor``.
-    """
+    """Per-model overrides of ``lpt_packing``'s replicas, fill mode and factor (None inherits)."""
 
     replicas: Replicas = 1
     fill_mode: FillMode | None = None
     fill_factor: float | None = Field(default=None, gt=0)
 
 
-class SchedulingConfig(_Section):
-    """Knobs of ``lpt_packing`` with ReactantServer's defaults (docs/gateway.md, "Configuration").
+_NO_OVERRIDE = ModelScheduling()
 
-    Attributes:
-        default_replicas: distinct workers per model, a positive integer or ``"all"`` (1).
-        forbid_memory_oversubscription: never place a model on a worker whose weight budget it
-            would overflow while a worker with room exists (true).
-        hysteresis: fraction in [0, 1); a model keeps its current worker unless another one
-            lowers its pressure by more than this fraction (0.0).
-        rebalance_compute_seconds: fleet compute-seconds (summed over workers) between two
-            traffic-driven repacks, seconds > 0 (300).
-        first_rebalance_compute_seconds: budget of the first traffic-driven repack, seconds
-            (60; 0 means use ``rebalance_compute_seconds``).
-        routing_fill_factor: fill quantum = worker-reported max batch x this factor, rounded
-            up, in requests: HAProxy counts requests, not items (1.0, > 0).
-        routing_fill_mode: ``run`` fills one replica up to the quantum (in requests at
-            once) before the next (HAProxy ``balance first``); ``spread`` sends each request
-            to the replica with the fewest in flight (``leastconn``) (``run``).
-        models: per-model overrides, keyed by model name (no environment form).
-    """
+
+class SchedulingConfig(_Section):
+    """Knobs of ``lpt_packing``, ReactantServer's defaults (docs/gateway.md, "Configuration")."""
 
     default_replicas: Replicas = 1
     forbid_memory_oversubscription: bool = True
@@ -278,27 +171,20 @@ class SchedulingConfig(_Section):
     models: dict[str, ModelScheduling] = Field(default_factory=dict)
 
     def replicas_of(self, model: str) -> Replicas:
-        """Configured replica count of ``model`` (its own entry, else ``default_replicas``)."""
+        """Configured replica count of ``model`` (its entry, else ``default_replicas``)."""
         entry = self.models.get(model)
         return entry.replicas if entry is not None else self.default_replicas
 
     def fill_mode_of(self, model: str) -> FillMode:
-        """Fill mode of ``model`` (its own entry, else ``routing_fill_mode``)."""
-        entry = self.models.get(model)
-        if entry is not None and entry.fill_mode is not None:
-            return entry.fill_mode
-        return self.routing_fill_mode
+        """Fill mode of ``model`` (its entry, else ``routing_fill_mode``)."""
+        return self.models.get(model, _NO_OVERRIDE).fill_mode or self.routing_fill_mode
 
     def fill_factor_of(self, model: str) -> float:
-        """Fill factor of ``model`` (its own entry, else ``routing_fill_factor``)."""
-        entry = self.models.get(model)
-        if entry is not None and entry.fill_factor is not None:
-            return entry.fill_factor
-        return self.routing_fill_factor
+        """Fill factor of ``model`` (its entry, else ``routing_fill_factor``)."""
+        return self.models.get(model, _NO_OVERRIDE).fill_factor or self.routing_fill_factor
 
 
-#: Knobs of :class:`SchedulingConfig` the control plane may change live (``mode``, endpoints
-#: and ports are startup-only).
+#: Knobs of :class:`SchedulingConfig` the control plane may change live.
 KNOBS = (
     "default_replicas",
     "forbid_memory_oversubscription",
@@ -311,36 +197,7 @@ KNOBS = (
 
 
 class GatewayConfig(_Section):
-    """Settings of one gateway process.
-
-    Attributes:
-        listen: host:port of the KServe V2 gRPC endpoint ("127.0.0.1:8001", Triton's gRPC port).
-        admin_port: port of the admin HTTP server (/healthz, /readyz, /metrics) on the listen
-            host (8002, Triton's metrics port).
-        workers: host:port of every worker's gRPC endpoint, at least one, no duplicates;
-            empty with ``discovery.dns_name`` (the workers come from DNS).
-        worker_metrics: host:port of every worker's metrics endpoint (Triton's 8002), in the
-            order of ``workers``; empty (default) = weight footprints and budgets unknown.
-            ``lpt_packing`` reads the runtime's ``hloserve_weight_*`` series there.
-        mode: ``round_robin`` (default), ``least_outstanding`` or ``lpt_packing`` (docs/gateway.md,
-            "Routing").
-        scheduling: ``lpt_packing`` knobs (ignored by the other modes).
-        discovery: route discovery settings.
-        upstream: timeouts of calls to workers.
-        grpc: message-size limits.
-        health: worker health probes.
-        admission: bounds on requests in flight.
-        http_listen: host:port of the KServe V2 HTTP endpoint (Triton's 8000; ``worker_http``
-            needed); None (default) = gRPC only.
-        worker_http: host:port of every worker's HTTP endpoint, in the order of ``workers``.
-        tls: TLS on the public ports (HAProxy terminates it); None = plaintext.
-        auth: the control plane's token (``GatewayControl`` and model control need a
-            credential; :mod:`hloserve.gateway.auth`).
-        exit_timeout_seconds: on stop, how long requests in flight may take to finish, seconds
-            (Triton's ``--exit-timeout-secs``, default 30): the public ports stop taking new
-            connections at once (HAProxy's frontends disabled), and the gateway stops when the
-            last request in flight is answered or this runs out.
-    """
+    """Settings of one gateway process (keys: docs/gateway.md, "Configuration")."""
 
     listen: HostPort = "127.0.0.1:8001"
     admin_port: int = Field(default=8002, ge=0, le=65535)
@@ -395,8 +252,7 @@ class GatewayConfig(_Section):
 def with_tls(
     config: GatewayConfig, cert: Path | None, key: Path | None, client_ca: Path | None = None
 ) -> GatewayConfig:
-    """``config`` with TLS from command-line flags (``--tls-cert``, ``--tls-key``,
-    ``--tls-client-ca``); unchanged when no flag is given.
+    """``config`` with TLS from ``--tls-cert``, ``--tls-key``, ``--tls-client-ca`` (if given).
 
     Raises:
         GatewayConfigError: only one of cert and key, or a client CA without them.
@@ -417,19 +273,11 @@ def with_tls(
 def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
-    """Read the gateway settings from a YAML file and ``HLOSERVE_GATEWAY_*`` variables.
-
-    Args:
-        path: a YAML mapping of the :class:`GatewayConfig` keys; None reads the environment
-            alone (then ``HLOSERVE_GATEWAY_WORKERS`` is required).
-        environ: the environment to read (``os.environ`` when None).
-
-    Returns:
-        The validated, frozen configuration.
+    """Read the gateway settings from a YAML file (None: none) and ``HLOSERVE_GATEWAY_*`` variables.
 
     Raises:
-        GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a
-            value out of range; the message names every offending key path.
+        GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a value
+            out of range; the message names every offending key path.
     """
     return load_settings(
         GatewayConfig,

@@ -1,17 +1,9 @@
 """The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC.
 
-:class:`SchedulingControl` holds the logic, without gRPC: the knobs
-(:data:`hloserve.gateway.config.KNOBS`, validated like the config file), per-model replicas
-and fill modes, operator repacks of the ``lpt_packing`` controller
-(:class:`hloserve.gateway.packing.LptController`) and the status snapshot, answered as the
-messages of ``hloserve/protos/gateway_control.proto``. :class:`GatewayControlServicer` is a
-thin ``grpc.aio`` servicer over it that raises :class:`hloserve.errors.HloserveError`, which the
-gateway server's :class:`hloserve.gateway.interceptor.ErrorInterceptor` answers with its gRPC
-status (INVALID_ARGUMENT naming the field, NOT_FOUND for an unknown model, FAILED_PRECONDITION
-for a mutation outside ``lpt_packing``). :func:`add_control_service` registers it on the
-gateway's own gRPC server, next to ``inference.GRPCInferenceService``: KServe clients never
-call it and are unaffected. Changes are live and not persisted (docs/gateway.md, "Control
-plane").
+:class:`SchedulingControl` holds the logic (knobs, per-model replicas and fill modes,
+operator repacks, the status snapshot); :class:`GatewayControlServicer` is the thin servicer
+:func:`add_control_service` registers on the gateway's gRPC server. Changes are live and not
+persisted (docs/gateway.md, "Control plane").
 """
 
 from __future__ import annotations
@@ -75,7 +67,6 @@ def knobs_from_proto(message: pb.Knobs) -> dict[str, Any]:
 
 
 def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
-    """``SchedulingConfig`` from ``data``, or InvalidArgumentError naming each bad field."""
     try:
         return SchedulingConfig.model_validate(data)
     except ValidationError as exc:
@@ -90,17 +81,8 @@ def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
 class SchedulingControl:
     """The gateway's live scheduling state, as the control plane reads and changes it.
 
-    Changes are validated by the same pydantic model as the config file, then handed to the
-    router (HAProxy's next layout) and to the ``lpt_packing`` controller. They are not persisted.
-    Call from the gateway's event loop (the controller is not thread-safe).
-
-    Attributes:
-        mode: the gateway's mode (startup-only).
-        scheduling: the knobs in force (at startup: the config's).
-        workers: every configured worker endpoint.
-        router: the gateway's router.
-        controller: the ``lpt_packing`` controller; None in the other modes.
-        on_repack: called after each operator repack (a metrics counter).
+    Changes are validated like the config file, then handed to the router and the
+    ``lpt_packing`` controller (None in the other modes). Call from the gateway's event loop.
     """
 
     mode: str
@@ -126,13 +108,8 @@ class SchedulingControl:
             self.controller.update_scheduling(scheduling)
 
     def set_model(self, what: str, model: str, **changes: Any) -> pb.ModelStatus:
-        """Change ``model``'s entry of ``scheduling.models`` (``replicas``: a positive integer
-        or ``"all"``, from the next repack on; ``fill_mode``: ``run`` or ``spread``, at once).
-
-        Args:
-            what: the operation, for the error message.
-            model: a model the routing table knows.
-            changes: the entry's fields to set.
+        """Change ``model``'s entry of ``scheduling.models`` (``replicas`` from the next repack on,
+        ``fill_mode`` at once); ``what`` names the operation in errors.
 
         Raises:
             HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
@@ -152,8 +129,7 @@ class SchedulingControl:
 
         Raises:
             HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
-            InvalidArgumentError: an unknown knob or an invalid value (named
-                ``scheduling.<knob>``); nothing is changed then.
+            InvalidArgumentError: an unknown knob or an invalid value (named ``scheduling.<knob>``).
         """
         self._require_lpt("set")
         unknown = sorted(set(changes) - set(KNOBS) - set(REMOVED_KEYS["SchedulingConfig"]))
@@ -192,10 +168,7 @@ class SchedulingControl:
         )
 
     def model_status(self, model: str) -> pb.ModelStatus:
-        """Status of one model in the current table: replicas configured and routed, fill
-        mode, factor and quantum (requests), max batch (0 = unknown), arrival rate (items/s)
-        and cost per item (seconds; 0 outside ``lpt_packing`` or unmeasured), weight bytes,
-        and each replica's routed and in-flight requests (HAProxy's counts).
+        """Status of one model in the current table (fields: ``gateway_control.proto``).
 
         Raises:
             NotFoundError: no worker serves ``model``.
@@ -236,9 +209,7 @@ class SchedulingControl:
         )
 
     def snapshot(self) -> pb.SchedulingStatus:
-        """Everything ``GetSchedulingStatus`` reports, read now: mode, knobs, every model
-        (:meth:`model_status`), every worker (models placed, requests in flight, placed
-        compute share and weight bytes, budget, pressure) and the last repack."""
+        """Everything ``GetSchedulingStatus`` reports, read now."""
         items = self.router.worker_items(self.workers)
         controller = self.controller
         placement = controller.placement if controller is not None else None
@@ -270,11 +241,7 @@ class SchedulingControl:
 
 
 class GatewayControlServicer(pb_grpc.GatewayControlServicer):
-    """``GatewayControl`` RPCs over a :class:`SchedulingControl`.
-
-    Args:
-        control: the gateway's scheduling state (shared with its discovery loop).
-    """
+    """``GatewayControl`` RPCs over a :class:`SchedulingControl`."""
 
     def __init__(self, control: SchedulingControl) -> None:
         self._control = control

@@ -1,21 +1,9 @@
 """``hloserve gateway-ctl``: the operator's client of the gateway's control plane.
 
-Subcommands (docs/gateway.md, "Control plane"), each one ``GatewayControl`` RPC::
-
-    hloserve gateway-ctl [--address HOST:PORT] [--token-file F] [--tls-ca ...] status
-    hloserve gateway-ctl set-replicas MODEL N|all
-    hloserve gateway-ctl set-fill-mode MODEL run|spread
-    hloserve gateway-ctl set KNOB VALUE
-    hloserve gateway-ctl repack
-
-Only the actions import grpc and rich, so building ``hloserve``'s parser stays cheap. The
-address is the gateway's gRPC endpoint (``listen``, default 127.0.0.1:8001). Every call
-carries the control token (:func:`hloserve.gateway.auth.read_token`) or, over TLS, a client
-certificate (``--tls-cert``/``--tls-key``). A gRPC error
-becomes an :class:`hloserve.errors.HloserveError` with the same status, which ``hloserve``
-prints as ``error (STATUS): message`` with exit status 1 (UNIMPLEMENTED: the address is not a
-gateway, e.g. a tritonserver port). ``status`` never cuts worker addresses: a table wider than
-the terminal (80 columns when piped) is printed at its natural width.
+One ``GatewayControl`` RPC per subcommand (``status``, ``set-replicas``, ``set-fill-mode``,
+``set``, ``repack``; docs/gateway.md, "hloserve gateway-ctl"). grpc and rich are imported
+only by the actions, so building ``hloserve``'s parser stays cheap; a gRPC error becomes an
+:class:`hloserve.errors.HloserveError` with the same status.
 """
 
 from __future__ import annotations
@@ -88,10 +76,8 @@ def _knob_text(knobs: Any, name: str) -> str:
 
 
 def render_status(status: Any) -> list[Any]:
-    """Rich renderables of a ``SchedulingStatus``: knobs, models, workers, repack state.
-
-    Cells never wrap (print them with :func:`print_status`, which widens a table that does
-    not fit rather than cutting worker addresses).
+    """Rich renderables of a ``SchedulingStatus``: knobs, models, workers, repack state (cells
+    never wrap: print them with :func:`print_status`).
     """
     from rich.table import Table
 
@@ -150,10 +136,8 @@ def render_status(status: Any) -> list[Any]:
 
 
 def print_status(console: Any, renderables: list[Any]) -> None:
-    """Print :func:`render_status`'s output without cutting anything.
-
-    A table wider than the console (80 columns when output is piped) is printed at its
-    natural width instead of being shrunk: rich would cut cells ("127.0.0.…").
+    """Print :func:`render_status`'s output without cutting anything: a table wider than the
+    console is printed at its natural width (rich would cut cells: "127.0.0.…").
     """
     from rich.measure import Measurement
     from rich.table import Table
@@ -237,9 +221,7 @@ def _call(
 def run(args: argparse.Namespace, console: Any = None) -> int:
     """Run one ``gateway-ctl`` action; returns the exit status (errors raise HloserveError).
 
-    Args:
-        args: the parsed ``gateway-ctl`` arguments.
-        console: a ``rich.console.Console`` to print to (a new one on stdout when None).
+    ``console``: a ``rich.console.Console`` (None: a new one on stdout).
     """
     from rich.console import Console
 

@@ -1,51 +1,10 @@
 """The gateway's data plane layout: which HAProxy backends exist and where each model goes.
 
-Pure logic (no process, no socket): :func:`plan_layout` turns a
-:class:`~hloserve.gateway.routing.RoutingTable` (discovery, health and, under ``lpt_packing``,
-the placement already applied) into a :class:`Layout`; :func:`render_config` writes the
-HAProxy 2.6 configuration for it. :mod:`hloserve.gateway.haproxy` runs the process and applies
-a new layout through the runtime API (map changes) or a hitless reload (a new set of backends;
-HAProxy 2.6 cannot add a backend at runtime).
-
-Layout (docs/gateway.md, "Data plane"):
-
-- one backend per model (``m_<model>``) holding the workers it is routed to, so HAProxy's
-  per-server counters are the model's routed and in-flight requests per replica and a fill
-  quantum is per model; the balance algorithm comes from the mode: ``round_robin`` ->
-  ``roundrobin``; ``least_outstanding`` -> ``leastconn``;
-  ``lpt_packing`` with fill mode ``run`` -> ``first`` (fill one replica up to its per-server
-  limit, the fill quantum in requests, then the next: the item quantum approximated by
-  concurrency), ``spread`` -> ``leastconn``;
-- a map from model name to backend; a ModelInfer request's model is the first field of the
-  ``ModelInferRequest`` message (``req.body,bytes(5),protobuf(1)`` after the 5-byte gRPC
-  prefix); a name missing from the map (unknown, not ready anywhere, no healthy replica) goes
-  to the Python control plane, which runs discovery and answers NOT_FOUND or UNAVAILABLE
-  with every worker's reason, or, once the model is routable, sends the request back to
-  HAProxy on a loopback port of the same frontend (``Listen.grpc_checked``), where it is
-  routed by the map like any other (a request with a BYTES first input takes the same way
-  after the control plane checked its shapes);
-- a ModelStreamInfer stream goes to the control plane, whole: its messages may name different
-  models, each routed by its own name there (:mod:`hloserve.gateway.streams`);
-- every other gRPC method (metadata, config, RepositoryIndex, ModelStatistics, shared memory,
-  ``hloserve.gateway.v1.GatewayControl``) goes to the control plane; so do the KServe HTTP
-  repository index, model load/unload and system and CUDA shared-memory paths (its HTTP
-  server, ``fleet_http.py``), and KServe HTTP inference requests whose tensors are all JSON
-  (no binary data extension, or a JSON part as long as the body): the control plane checks
-  each input's ``shape`` against its ``data`` (tritonserver 2.51 aborts on a JSON request
-  declaring a shape it cannot allocate) and re-sends those it passes to a loopback frontend
-  that routes them like the public one;
-- failover only when the connection to a worker could not be made (``retry-on
-  conn-failure``, ``option redispatch``): a request a worker may have run is never re-sent
-  (a worker's NOT_FOUND or UNAVAILABLE answer is relayed; discovery and the health probes
-  take such a replica out);
-- admission: a model's backend holds at most ``admission.max_inflight_requests_per_worker``
-  requests per replica at once; a request over it is answered UNAVAILABLE at once with a
-  ``grpc-message`` naming the model and the bound (HAProxy counts requests per backend, so
-  the bound is per model and replica, not per worker over every model, and requests, not
-  items).
-
-Failover and admission are defined here only: every unary ModelInfer passes HAProxy's
-frontend, the control plane's checked ones included.
+Pure logic: :func:`plan_layout` turns a :class:`~hloserve.gateway.routing.RoutingTable` into a
+:class:`Layout` (one backend ``m_<model>`` per model, a model -> backend map);
+:func:`render_config` writes the HAProxy 2.6 configuration for it, where balance, fill
+quanta, admission and failover are defined (docs/gateway.md, "Data plane");
+:mod:`hloserve.gateway.haproxy` applies it.
 """
 
 from __future__ import annotations
@@ -66,43 +25,32 @@ from hloserve.gateway.routing import RoutingTable
 #: The Python control plane's backend: unknown models and every method but ModelInfer.
 CONTROL_BACKEND = "hloserve_control"
 
-#: KServe HTTP requests that name no routable model (health, server metadata, unknown
-#: models): any worker answers, in Triton's own JSON.
+#: KServe HTTP requests that name no routable model: any worker answers.
 HTTP_ANY_BACKEND = "hloserve_http_any"
 
-#: KServe HTTP requests that need every worker (repository index, system and CUDA shared
-#: memory): the control plane's HTTP server (:mod:`hloserve.gateway.fleet_http`) answers them.
+#: KServe HTTP requests that need every worker (:mod:`hloserve.gateway.fleet_http`).
 HTTP_CONTROL_BACKEND = "hloserve_http_control"
 
-#: KServe HTTP model load and unload: the same server, waited for longer
-#: (:data:`hloserve.gateway.fleet_http.MODEL_CONTROL_TIMEOUT_S`).
+#: KServe HTTP model load and unload: the same server, waited for longer.
 HTTP_MODEL_CONTROL_BACKEND = "hloserve_http_model_control"
 
 MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 #: Bytes HAProxy waits for before routing a ModelInfer request: the 5-byte gRPC prefix plus
-#: enough of the message to hold ``model_name`` (field 1, first on the wire as protobuf
-#: serializers write fields in number order). A whole small request arrives at once; a large
-#: one is routed after its first bytes, never buffered whole (20 MiB and 256 MiB requests were
-#: routed this way with HAProxy 2.6.12).
+#: ``model_name`` (field 1, first on the wire); a large request is never buffered whole.
 ROUTE_AFTER_BYTES = 256
 
 #: gRPC status codes of HAProxy's own answers (:data:`hloserve.errors.GRPC_CODE`).
 GRPC_UNAVAILABLE = GRPC_CODE[Status.UNAVAILABLE]
 GRPC_DEADLINE_EXCEEDED = GRPC_CODE[Status.DEADLINE_EXCEEDED]
 
-#: The datatype field of an ``InferInputTensor`` naming BYTES, hex: tag 0x12 (field 2,
-#: length-delimited), length 5, "BYTES".
+#: An ``InferInputTensor``'s datatype field naming BYTES, hex: tag 0x12, length 5, "BYTES".
 BYTES_DATATYPE_HEX = "1205" + b"BYTES".hex().upper()
 
 Balance = str  # "roundrobin" | "leastconn" | "first"
 
-#: Largest JSON part of a KServe HTTP inference request the gateway passes on, bytes: the
-#: body, or its first ``Inference-Header-Content-Length`` bytes with the binary data extension.
-#: tritonserver 2.51 dies (SIGSEGV) parsing a JSON body of about 4 MiB or more (measured with
-#: curl: 4,150,000 bytes answered, 4,194,000 crashed the server; binary tensor data after a
-#: small JSON header does not; upstream triton-inference-server/server#5840), so the gateway
-#: refuses larger ones with 400 instead of passing on a request that kills a worker.
+#: Largest JSON part of a KServe HTTP inference request passed on, bytes: tritonserver 2.51
+#: crashes parsing about 4 MiB of JSON (docs/gateway.md; triton-inference-server/server#5840).
 HTTP_MAX_JSON_BYTES = 4_000_000
 #: The gateway's answer to an HTTP request over :data:`HTTP_MAX_JSON_BYTES`.
 HTTP_TOO_LARGE = (
@@ -111,9 +59,7 @@ HTTP_TOO_LARGE = (
     "binary data extension, over gRPC, or in shared memory"
 )
 
-#: Model names HAProxy can name a backend and a map key after (Triton's model names are
-#: directory names; one with other characters is refused by the control plane,
-#: :data:`UNROUTABLE_NAME`).
+#: Model names HAProxy can name a backend and a map key after (else :data:`UNROUTABLE_NAME`).
 BACKEND_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 
 #: The answer to a request for a model whose name :data:`BACKEND_NAME` rejects.
@@ -128,11 +74,9 @@ class Backend:
     """One HAProxy backend: a set of workers and how requests are spread over them.
 
     Attributes:
-        name: the backend's name in the config and the map (``m_<model>``).
         servers: indices into the gateway's ``workers``, ascending.
-        balance: HAProxy ``balance`` algorithm.
         maxconn: requests one server takes at once; 0 = unbounded.
-        admit: requests the backend holds before refusing (0 = unbounded).
+        admit: requests the backend holds before refusing; 0 = unbounded.
     """
 
     name: str
@@ -144,8 +88,7 @@ class Backend:
 
 @dataclass(frozen=True)
 class Layout:
-    """Backends and the model -> backend map (a model absent from the map goes to the
-    control plane)."""
+    """Backends and the model -> backend map (a model absent goes to the control plane)."""
 
     backends: tuple[Backend, ...] = ()
     models: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -156,10 +99,11 @@ class Layout:
 
 
 def fill_quantum(max_batch: int | None, fill_factor: float) -> int:
-    """Fill quantum of fill mode ``run``, in requests one replica takes at once (HAProxy
-    ``maxconn`` under ``balance first``): ``max_batch x fill_factor`` rounded up, at least 1;
-    an unknown max batch (or a model that does not batch) counts as 1. HAProxy counts
-    requests, not items: ReactantServer's item quantum approximated by concurrency."""
+    """Fill quantum of fill mode ``run`` in requests (HAProxy ``maxconn`` under ``balance first``).
+
+    ``ceil(max_batch x fill_factor)``, at least 1; an unknown or non-batching max batch counts
+    as 1 (docs/gateway.md, "Routing").
+    """
     return max(1, math.ceil((max_batch or 1) * fill_factor))
 
 
@@ -176,17 +120,11 @@ def plan_layout(
     config: GatewayConfig,
     scheduling: SchedulingConfig | None = None,
 ) -> Layout:
-    """The layout serving ``table``: a backend and a map entry per model with a replica.
+    """The layout serving ``table`` (routes after health and placement) with the live ``scheduling``
+    knobs (default the config's).
 
-    Args:
-        table: routes after health and placement; replicas are worker endpoints of
-            ``config.workers``.
-        config: the gateway's settings (workers, mode, admission).
-        scheduling: the live scheduling knobs (control plane changes); default the config's.
-
-    Returns:
-        The layout; models whose replicas are all unknown endpoints, and names HAProxy cannot
-        key a map by (:data:`BACKEND_NAME`), are left out.
+    Models whose replicas are all unknown endpoints, and names HAProxy cannot key a map by
+    (:data:`BACKEND_NAME`), are left out.
     """
     scheduling = scheduling or config.scheduling
     index = {w: i for i, w in enumerate(config.workers)}
@@ -199,8 +137,7 @@ def plan_layout(
             continue
         balance = _balance(config.mode, scheduling, model)
         maxconn = per_worker
-        # a run of Q requests per replica; one replica has no next to open, and a cap
-        # would hold requests in HAProxy rather than in the worker's dynamic batcher
+        # a run of Q requests per replica; a lone replica is not capped (no next to open)
         if balance == "first" and len(servers) > 1:
             quantum_requests = fill_quantum(route.max_batch, scheduling.fill_factor_of(model))
             maxconn = min(per_worker, quantum_requests) if per_worker else quantum_requests
@@ -213,28 +150,16 @@ def plan_layout(
 
 @dataclass(frozen=True)
 class Listen:
-    """Where and how HAProxy accepts clients and reaches the control plane.
+    """Where HAProxy accepts clients and reaches the control plane (host:port unless a path).
 
     Attributes:
-        grpc: host:port of the public gRPC endpoint.
-        http: host:port of the public KServe HTTP endpoint, or None.
-        prometheus: loopback host:port of HAProxy's Prometheus exporter, or None.
-        control: host:port of the Python control plane's gRPC server (loopback).
-        grpc_checked: loopback host:port of a second bind of the gRPC frontend, where the
-            control plane sends the ModelInfer requests it checked (never back to the
-            control plane: a name the map lacks is refused there); None: no such bind.
-        http_control: host:port of the control plane's HTTP server (loopback) answering the
-            KServe HTTP repository index and system shared memory; None: any worker does.
-        http_checked: loopback host:port of a second HTTP frontend routing like ``http``,
-            where the control plane re-sends the JSON inference requests it checked; None:
-            JSON inference requests go to the workers unchecked.
-        runtime_socket: path of the runtime API's Unix socket.
-        map_file: path of the model -> backend map.
-        pem: certificate chain and key in one PEM (TLS on), or None.
-        client_ca: CA bundle clients' certificates must chain to, or None.
-        verify_client: HAProxy's ``verify`` with ``client_ca``: ``required`` or ``optional``.
-        client_cert_secret: the value of :data:`hloserve.gateway.auth.CERT_HEADER` on requests
-            of a connection with a verified client certificate; None: the header is removed.
+        control: the control plane's gRPC server (loopback).
+        grpc_checked: a loopback bind of the gRPC frontend for the ModelInfer requests the
+            control plane checked (a name the map lacks is refused there).
+        http_control: the control plane's HTTP server; None: any worker answers those paths.
+        http_checked: a loopback HTTP frontend for checked JSON inference; None: unchecked.
+        client_cert_secret: the :data:`~hloserve.gateway.auth.CERT_HEADER` value set on control
+            requests of a verified client certificate; None: the header is removed.
     """
 
     grpc: str
@@ -252,10 +177,8 @@ class Listen:
     grpc_checked: str | None = None
 
 
-#: HAProxy's own error answers, as gRPC statuses: (HTTP status HAProxy would answer, gRPC
-#: status, message). ``http-error`` adds ``grpc-status`` and ``grpc-message`` headers, which
-#: gRPC clients read before the HTTP status
-#: (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md, "Responses").
+#: HAProxy's own error answers as gRPC statuses: (HTTP status, gRPC status, message); clients
+#: read ``grpc-status`` before the HTTP status (grpc/doc/PROTOCOL-HTTP2.md, "Responses").
 ERROR_ANSWERS: tuple[tuple[int, int, str], ...] = (
     (
         502,
@@ -284,7 +207,6 @@ def _quote(text: str) -> str:
 
 
 def _refuse(grpc_status: int, message: str, condition: str) -> str:
-    """An ``http-request return`` answering a gRPC status at once (trailers-only)."""
     return (
         "  http-request return status 200"
         f" hdr grpc-status {grpc_status} hdr grpc-message {_quote(message)} if {condition}"
@@ -292,10 +214,9 @@ def _refuse(grpc_status: int, message: str, condition: str) -> str:
 
 
 def _client_cert_rules(listen: Listen, control: str) -> list[str]:
-    """A frontend's rules of :data:`hloserve.gateway.auth.CERT_HEADER`: the client's own
-    removed; set to the secret on a request to the control plane (HAProxy condition
-    ``control``) of a connection whose client certificate HAProxy verified (never sent to a
-    worker)."""
+    """A frontend's :data:`~hloserve.gateway.auth.CERT_HEADER` rules: the client's removed, the
+    secret set on a control request (condition ``control``) of a verified client certificate.
+    """
     rules = [f"  http-request del-header {CERT_HEADER}"]
     if listen.client_cert_secret is not None:
         rules.append(
@@ -306,16 +227,8 @@ def _client_cert_rules(listen: Listen, control: str) -> list[str]:
 
 
 def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str) -> str:
-    """The HAProxy 2.6 configuration of ``layout``.
-
-    Args:
-        layout: backends (the map file holds the models).
-        config: the gateway's settings (workers, timeouts, admission).
-        listen: addresses, paths and TLS files.
-        master_socket: unused in the file (passed with ``-S``); kept for the comment.
-
-    Returns:
-        The configuration text (``haproxy -c`` accepts it).
+    """The HAProxy 2.6 configuration of ``layout`` (``haproxy -c`` accepts it); ``master_socket``
+    is only named in its comment (HAProxy gets it with ``-S``).
     """
     timeout = config.upstream
     ssl = ""
@@ -361,15 +274,10 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         f"  http-request set-var(txn.model) req.body,bytes(5),protobuf(1) if {infer}",
         f"  http-request set-var(txn.be) var(txn.model),map({listen.map_file},{CONTROL_BACKEND})"
         f" if {infer}",
-        # every other method, ModelStreamInfer included (each message routed by its own
-        # model: hloserve/gateway/streams.py), goes to the control plane
+        # every other method, ModelStreamInfer included, goes to the control plane
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND}) if !{{ var(txn.be) -m found }}",
-        # A BYTES first input goes to the control plane, which refuses shapes no model
-        # can run (0 rows crashed tritonserver's Python backend). HAProxy 2.6.12's
-        # protobuf converter finds only the first field of a nested message (5.1 works,
-        # 5.2 and 5.3 do not), so the first input (field 5) is searched for its datatype
-        # field, tag 0x12, length 5, "BYTES"; other requests' shapes are the worker's to
-        # check (Triton answers INVALID_ARGUMENT).
+        # a BYTES first input goes to the control plane to check its shapes; HAProxy 2.6's
+        # protobuf converter cannot reach field 5.2, so input 1's bytes are searched
         f"  http-request set-var(txn.be) str({CONTROL_BACKEND})"
         f" if {infer} {{ req.body,bytes(5),protobuf(5),hex -m sub {BYTES_DATATYPE_HEX} }}"
         + (f" !{checked}" if checked else ""),
@@ -424,20 +332,15 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
 
 
 def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
-    """KServe HTTP: ``/v2/models/{name}[/versions/{v}]/...`` (infer, metadata, config,
-    ready) to the model's workers by the name in the path (``h_<model>``, the same map as
-    gRPC); the repository index, statistics, model load/unload and system and CUDA shared
-    memory to the control plane's HTTP server (merged, summed, placed, fanned out) when there
-    is one; everything else to any worker. With ``listen.http_checked``, an inference request
-    with every tensor in the JSON goes to the control plane first, which checks it and
-    re-sends it to the ``http_checked`` frontend (loopback, the same routes but that one)."""
+    """KServe HTTP: per-model paths to ``h_<model>`` (the gRPC map), the fleet paths to the
+    control plane's HTTP server, everything else to any worker.
+    """
     checked = listen.http_checked is not None and listen.http_control is not None
     lines = _http_frontend("http", f"{listen.http}{ssl.replace(' alpn h2', '')}", listen, checked)
     if checked:
         lines += _http_frontend("http_checked", str(listen.http_checked), listen, False)
     if listen.http_control is not None:
-        # a register waits for every worker (request timeout), then rolls back (probe
-        # timeout): HAProxy waits longer, so the control plane's own answer comes back
+        # a register's fan-out and roll-back, with room for the control plane's answer
         timeout = config.upstream
         wait_ms = int((timeout.request_timeout_seconds + timeout.probe_timeout_seconds + 5) * 1000)
         lines += [
@@ -459,8 +362,7 @@ def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str
 
 
 def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) -> list[str]:
-    """One KServe HTTP frontend's rules (:func:`_render_http`); ``json_to_control``: an
-    inference request with every tensor in the JSON goes to the control plane."""
+    """One KServe HTTP frontend; ``json_to_control``: all-JSON inference to the control plane."""
     by_model = "{ path_beg /v2/models/ }"
     infer = f"{by_model} {{ path_end /infer }}"
     binary = "{ req.hdr(inference-header-content-length) -m found }"
@@ -479,8 +381,7 @@ def _http_frontend(name: str, bind: str, listen: Listen, json_to_control: bool) 
         "regsub(^m_,h_) if { var(txn.model) -m found }",
     ]
     if json_to_control:
-        # every tensor in the JSON: no binary data extension, or one whose JSON part is the
-        # whole body (tritonclient's C++ client and perf_analyzer send the header so)
+        # all JSON: no binary data extension, or a JSON part that is the whole body
         whole = "{ req.hdr_val(content-length),sub(txn.json_bytes) -m int le 0 }"
         lines += [
             f"  http-request set-var(txn.json_bytes) req.hdr_val(inference-header-content-length)"
@@ -507,8 +408,9 @@ def render_map(entries: Mapping[str, str]) -> str:
 def map_changes(
     before: Mapping[str, str], after: Mapping[str, str]
 ) -> list[tuple[str, str, str | None]]:
-    """Runtime API edits turning map ``before`` into ``after``: (verb, key, value) with verb
-    ``set`` (key present in both), ``add`` (new key) or ``del`` (value None)."""
+    """Runtime API edits turning map ``before`` into ``after``: ``(verb, key, value)``, verb
+    ``set``, ``add`` or ``del`` (value None).
+    """
     edits: list[tuple[str, str, str | None]] = []
     for key, value in sorted(after.items()):
         if key not in before:

@@ -1,12 +1,8 @@
-"""Discovery: the workers from DNS, the routing table from the workers' own answers, and its
-single-flight refresh.
+"""Discovery: the workers from DNS, the routing table from the workers' own answers.
 
-:func:`resolve_workers` finds the workers as the A records of ``discovery.dns_name`` (a
-Kubernetes headless Service: docs/kubernetes.md, "DNS discovery") and :func:`with_workers`
-makes them the gateway's fleet; :func:`discover_table` builds a
-:class:`~hloserve.gateway.routing.RoutingTable` from every worker's ``RepositoryIndex`` and
-``ModelConfig`` (docs/gateway.md, "Proxy"); :class:`SingleFlight` runs such a pass for many
-waiting callers at once, at most once per interval.
+:func:`resolve_workers` and :func:`with_workers` (docs/kubernetes.md, "DNS discovery"),
+:func:`discover_table` (docs/gateway.md, "Proxy"), and :class:`SingleFlight`, which runs one
+pass for many waiting callers at most once per interval.
 """
 
 from __future__ import annotations
@@ -33,10 +29,8 @@ log = logging.getLogger("hloserve.gateway")
 
 
 def group_calls(config: Any) -> tuple[str, ...]:
-    """The models ``config``'s model calls, which the gateway places and routes it with: a
-    meta's ``hloserve.meta_calls`` (docs/meta_models.md), or an ensemble's step models
-    (``ensemble_scheduling.step[].model_name``, Triton's ensemble config), in order, each
-    once; () for any other model. A nested ensemble's own steps are its own group.
+    """The models ``config``'s model calls, each once, in order: a meta's ``hloserve.meta_calls``
+    or an ensemble's step models; () for any other model.
     """
     if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
         params = string_values(config.parameters)
@@ -46,19 +40,13 @@ def group_calls(config: Any) -> tuple[str, ...]:
 
 
 async def resolve_workers(discovery: DiscoveryConfig, timeout_s: float) -> tuple[str, ...]:
-    """The addresses of ``discovery.dns_name``'s A records, sorted (so every gateway replica
-    lists the same fleet in the same order).
+    """The IPv4 addresses of ``discovery.dns_name``'s A records, sorted; () when the name does not
+    exist or has none.
 
-    Asks ``discovery.dns_nameserver`` when set, else the system's nameservers with its search
-    domains and ``ndots`` (``/etc/resolv.conf``, as a pod's resolver), through dnspython.
-
-    Returns:
-        The IPv4 addresses; ``()`` when the name does not exist or has no A record (a headless
-        Service with no pod).
+    Asks ``discovery.dns_nameserver``, else the system's resolver (search domains, ``ndots``).
 
     Raises:
-        UnavailableError: no nameserver answered within ``timeout_s`` (the caller keeps the
-            fleet it has: a DNS outage must not empty it).
+        UnavailableError: no nameserver answered within ``timeout_s`` (keep the fleet).
     """
     import dns.asyncresolver
     import dns.exception
@@ -85,9 +73,9 @@ async def resolve_workers(discovery: DiscoveryConfig, timeout_s: float) -> tuple
 
 
 def with_workers(config: GatewayConfig, addresses: Sequence[str]) -> GatewayConfig:
-    """``config`` with the workers at ``addresses`` (:func:`resolve_workers`): ``workers``,
-    ``worker_http`` and ``worker_metrics`` on ``discovery``'s ports (no metrics with
-    ``worker_metrics_port`` 0)."""
+    """``config`` with the workers at ``addresses`` on ``discovery``'s ports (no metrics with
+    ``worker_metrics_port`` 0).
+    """
     d = config.discovery
     hosts = [f"[{a}]" if ":" in a else a for a in addresses]
     return config.model_copy(
@@ -106,30 +94,20 @@ def with_workers(config: GatewayConfig, addresses: Sequence[str]) -> GatewayConf
 async def discover_table(
     upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
 ) -> RoutingTable:
-    """Build a routing table from every worker's ready models (docs/gateway.md, "Proxy").
+    """Build a routing table from every worker's ``RepositoryIndex`` and ``ModelConfig``.
 
-    Polls ``RepositoryIndex`` on each worker (every model with its state: READY ones are
-    routed, the others noted with the worker's state and reason for the UNAVAILABLE a client
-    gets, :meth:`~hloserve.gateway.routing.RoutingTable.no_route_error`), then
-    ``ModelConfig`` of each model on its first replica for ``max_batch_size`` (0 -> None) and,
-    for a meta model or an ensemble, the models it calls (:func:`group_calls`): it keeps only
-    the replicas whose worker serves every model it calls (all of them when no worker does;
-    a worker then answers NOT_FOUND naming the missing one). A worker whose index call fails
-    keeps the models ``previous`` routed to it: whether it may be routed to is the health probes'
-    decision (:mod:`hloserve.gateway.health`), and a model whose only worker is down stays
-    known (UNAVAILABLE, not NOT_FOUND). Without ``previous`` such a worker is left out.
-    A stateful model (its config has ``sequence_batching``: the runtime of one worker keeps
-    each sequence's state, docs/bundles.md "Stateful bundles") gets one replica, since HAProxy
-    cannot hash on the correlation ID (it sits in the request's ``parameters`` map): the one
-    ``previous`` routed it to while that worker still holds it, else the first in worker order.
-    Measured costs are not polled yet (``cost_per_item_seconds`` stays None).
+    READY models are routed; the others noted with each worker's state and reason. A meta or
+    ensemble keeps only the replicas serving its whole group (all when none does); a stateful
+    model (``sequence_batching``) gets one replica, ``previous``'s while it still holds it. A
+    worker whose index call fails keeps the models ``previous`` routed to it (docs/gateway.md,
+    "Proxy").
     """
 
     async def index(worker: str) -> tuple[str, Any]:
         try:
             return worker, await upstreams.repository_index(worker, timeout_s)
         except grpc.aio.AioRpcError as exc:
-            # Logged when a worker stops answering; while it stays down, only at debug level.
+            # at debug level while it stays down
             known_down = previous is not None and worker in previous.unreachable
             level = logging.DEBUG if known_down else logging.WARNING
             hint = ""
@@ -165,8 +143,7 @@ async def discover_table(
                 unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...], bool]:
-        """(max batch or None, the models it calls (:func:`group_calls`), stateful) from
-        ModelConfig."""
+        """(max batch or None, :func:`group_calls`, stateful) from ModelConfig."""
         try:
             config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
@@ -177,15 +154,12 @@ async def discover_table(
 
     names = sorted(replicas)
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
-    sizes = [size for size, _, _ in configs]
-    if previous is not None:  # a replica that did not answer: the size known before
-        for i, name in enumerate(names):
-            old = previous.get(name)
-            if sizes[i] is None and old is not None:
-                sizes[i] = old.max_batch
-    for name, (_, calls, stateful) in zip(names, configs, strict=True):
+    routes: dict[str, ModelRoute] = {}
+    for name, (size, calls, stateful) in zip(names, configs, strict=True):
+        old = previous.get(name) if previous is not None else None
+        if size is None and old is not None:  # a replica that did not answer: the size known
+            size = old.max_batch
         if stateful:  # one replica: every request of a sequence reaches the same runtime
-            old = previous.get(name) if previous is not None else None
             kept = [w for w in (old.replicas if old else ()) if w in replicas[name]]
             replicas[name] = (kept or replicas[name])[:1]
         if calls:  # a meta or an ensemble: only the workers that serve its whole group
@@ -194,26 +168,15 @@ async def discover_table(
                 replicas[name] = whole
             else:
                 log.warning("model %s: no worker serves all of %s; routing it anyway", name, calls)
-    return RoutingTable(
-        {
-            n: ModelRoute(tuple(replicas[n]), max_batch=s, calls=c, stateful=st)
-            for n, s, (_, c, st) in zip(names, sizes, configs, strict=True)
-        },
-        unready=unready,
-        unreachable=unreachable,
-    )
+        routes[name] = ModelRoute(tuple(replicas[name]), size, calls=calls, stateful=stateful)
+    return RoutingTable(routes, unready=unready, unreachable=unreachable)
 
 
 class SingleFlight:
-    """Runs an async refresh for many waiting callers at once, at most once per interval.
+    """Runs an async refresh for many waiting callers at once, at most once per ``min_interval_s``.
 
-    Callers arriving while a refresh runs wait for it and do not start another; a call within
-    ``min_interval_s`` of the last completed refresh returns at once (as
-    ReactantServer's gateway: a synchronous single-flight refresh, refreshes at least 1 s apart).
-
-    Args:
-        refresh: the coroutine function to run.
-        min_interval_s: seconds between two refreshes (1.0).
+    Callers arriving during a refresh wait for it; a call within the interval of the last one
+    returns at once (as ReactantServer's gateway).
     """
 
     def __init__(self, refresh: Callable[[], Awaitable[None]], min_interval_s: float = 1.0) -> None:
@@ -224,12 +187,7 @@ class SingleFlight:
         self.count = 0
 
     async def __call__(self, force: bool = False) -> None:
-        """Refresh unless one ran within the interval (or another caller is running one).
-
-        Args:
-            force: refresh even within the interval (after waiting for a running one), e.g.
-                when a worker came back and its models must be routed now.
-        """
+        """Refresh unless one ran within the interval; ``force``: refresh anyway."""
         async with self._lock:
             if not force and time.monotonic() - self._last < self._min_interval:
                 return

@@ -1,15 +1,9 @@
-"""The gateway's RPCs other than inference: answered from the workers, not by one replica.
+"""The gateway's RPCs other than inference, answered from the workers (docs/gateway.md, "Proxy").
 
-The rules are :mod:`hloserve.gateway.fleet_ops`' (shared with the KServe HTTP server).
-``ServerLive`` is the gateway's own; ``ServerReady`` true when any worker is ready;
-``RepositoryIndex`` merged; ``ModelStatistics`` summed (:mod:`hloserve.gateway.aggregate`);
-system and CUDA shared memory registered on every worker or none, unregistered when any
-worker does; ``ServerMetadata`` and ``...Status`` from the first answering worker; ``ModelReady``,
-``ModelMetadata`` and ``ModelConfig`` forwarded to a replica of the model;
-``RepositoryModelLoad`` and ``RepositoryModelUnload`` sent where
-:class:`hloserve.gateway.model_control.ModelControl` decides (docs/gateway.md, "Model
-control").
-Errors are raised and answered by :class:`hloserve.gateway.interceptor.ErrorInterceptor`.
+The rules are :mod:`hloserve.gateway.fleet_ops`' (shared with the KServe HTTP server);
+model loads and unloads go where :class:`hloserve.gateway.model_control.ModelControl`
+decides. Errors are raised and answered by
+:class:`hloserve.gateway.interceptor.ErrorInterceptor`.
 """
 
 from __future__ import annotations
@@ -33,15 +27,12 @@ from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
 from hloserve.gateway.wire import peek_infer_request
 
-#: Prefix of the gRPC metadata that carries a key of tritonserver's restricted protocols
-#: (``--grpc-restricted-protocol=<protocols>:<header>=<key>``: the client sends
-#: ``triton-grpc-protocol-<header>``; Triton's docs, "Limit Endpoint Access"). Model control
-#: passes it from the client to the workers (the gateway's own when the client sent none).
+#: Prefix of the gRPC metadata carrying a key of tritonserver's restricted protocols (Triton's
+#: docs, "Limit Endpoint Access"); model control passes it on (the gateway's own if none).
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
 
 
-#: The shared-memory kinds (the RPCs are ``<kind>SharedMemoryRegister``, ``...Unregister``,
-#: ``...Status``, with the request messages of the same names).
+#: The shared-memory kinds (RPCs ``<kind>SharedMemoryRegister``, ``...Unregister``, ``...Status``).
 _SHM_KINDS = ("System", "Cuda")
 
 
@@ -52,26 +43,21 @@ _Reply: TypeAlias = bytes | grpc.aio.AioRpcError
 
 
 class _GrpcJudge:
-    """:class:`hloserve.gateway.fleet_ops.Judge` of gRPC replies."""
-
     def ok(self, reply: _Reply) -> bool:
-        """An answer (bytes), not an error."""
         return isinstance(reply, bytes)
 
     def unavailable(self, reply: _Reply) -> bool:
-        """The worker answered UNAVAILABLE (or could not be reached)."""
         return isinstance(reply, grpc.aio.AioRpcError) and (
             reply.code() == grpc.StatusCode.UNAVAILABLE
         )
 
     def reason(self, text: str) -> _Reply:
-        """An UNAVAILABLE error saying ``text``."""
         return grpc.aio.AioRpcError(
             grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), text
         )
 
     def failed(self, what: str, replies: fleet_ops.Replies[_Reply]) -> NoReturn:
-        """Raise the first worker's error, relayed with its code (UNAVAILABLE: no worker)."""
+        """Raise the first worker's error with its code (UNAVAILABLE: no worker)."""
         for _, reply in replies:
             if isinstance(reply, grpc.aio.AioRpcError):
                 raise relayed(reply, f"{what}: ") from None
@@ -79,10 +65,6 @@ class _GrpcJudge:
 
 
 _JUDGE = _GrpcJudge()
-
-
-def _parse_index(reply: _Reply) -> service_pb2.RepositoryIndexResponse:
-    return service_pb2.RepositoryIndexResponse.FromString(reply)
 
 
 def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
@@ -99,8 +81,6 @@ class FleetRpcs:
     """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``.
 
     Attributes:
-        router: the routing table (replicas of a model for the forwarded RPCs).
-        upstreams: channels to the workers.
         request_timeout_s: deadline of one forwarded call, seconds.
         probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
         control: where model loads and unloads go (shared with the KServe HTTP server).
@@ -115,8 +95,9 @@ class FleetRpcs:
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` (``method``) answered by the
-        first replica of the model that answers (every worker when none is routed)."""
+        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` answered by the first replica of the
+        model that answers (every worker when none is routed).
+        """
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
         route = self.router.table.get(name)
         order = route.replicas if route is not None and route.replicas else self.upstreams.workers
@@ -138,8 +119,7 @@ class FleetRpcs:
         return bytes(service_pb2.ServerReadyResponse(ready=ready).SerializeToString())
 
     async def repository_index(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Every worker's index merged by (name, version); READY wins over other states;
-        empty when no worker answers."""
+        """Every worker's index merged (READY wins); empty when no worker answers."""
 
         def merge(indexes: list[service_pb2.RepositoryIndexResponse]) -> bytes:
             rows = merge_repository_index(
@@ -150,14 +130,14 @@ class FleetRpcs:
             return bytes(service_pb2.RepositoryIndexResponse(models=rows).SerializeToString())
 
         call = ("RepositoryIndex", request, self.upstreams.repository_metadata)
+        parse = service_pb2.RepositoryIndexResponse.FromString
         with contextlib.suppress(HloserveError):
             return await self._run(
-                fleet_ops.merged(_JUDGE, "RepositoryIndex", call, _parse_index, merge, probe=True)
+                fleet_ops.merged(_JUDGE, "RepositoryIndex", call, parse, merge, probe=True)
             )
         return b""  # an empty RepositoryIndexResponse
 
     async def _fan_out(self, step: fleet_ops.Send[_Call]) -> fleet_ops.Replies[_Reply]:
-        """Send the step's request to its workers (default every worker) at once."""
         method, request, metadata = step.request
         timeout = self.probe_timeout_s if step.probe else self.request_timeout_s
 
@@ -174,7 +154,6 @@ class FleetRpcs:
         return list(await asyncio.gather(*(one(w) for w in targets)))
 
     async def _run(self, plan: fleet_ops.Plan[_Call, _Reply]) -> bytes:
-        """Drive a plan of :mod:`~hloserve.gateway.fleet_ops`; a worker's error is relayed."""
         reply = await fleet_ops.drive_async(plan, self._fan_out)
         if isinstance(reply, grpc.aio.AioRpcError):
             raise relayed(reply) from None
@@ -207,18 +186,12 @@ class FleetRpcs:
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Load (or reload) a model where :class:`~hloserve.gateway.model_control.ModelControl`
-        decides: the workers that hold it; when none does, where the placement mode puts it
-        (a meta with its callees, loaded first). The workers check the client's
-        restricted-API key. The routing table is rediscovered before the answer, so the next
-        inference request finds the model.
+        """Load a model where :class:`~hloserve.gateway.model_control.ModelControl` decides; the
+        table is rediscovered before the answer.
 
         Raises:
-            UpstreamError: a worker refused (its code and message, e.g. no such model in its
-                repository, or the key missing).
-            InvalidArgumentError: a ``file:`` override tritonserver cannot create
-                (:func:`hloserve.gateway.model_control.check_file_overrides`; sent to no
-                worker).
+            UpstreamError: a worker refused (its code and message).
+            HloserveError: a bad ``file:`` override (INTERNAL; sent to no worker).
         """
         load = service_pb2.RepositoryModelLoadRequest.FromString(request)
         parameters = list(load.parameters.keys())
@@ -227,8 +200,7 @@ class FleetRpcs:
     async def repository_model_unload(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Unload a model from every worker that holds it (every worker when none lists it);
-        the routing table is rediscovered before the answer (NOT_FOUND afterwards).
+        """Unload a model from every worker holding it (every worker when none does).
 
         Raises:
             UpstreamError: a worker refused (its code and message).
@@ -237,27 +209,21 @@ class FleetRpcs:
         return await self._model_control("unload", name, request, context)
 
     async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Every worker's statistics summed per (name, version) (aggregate.py).
-
-        Workers answering with an error (e.g. NOT_FOUND: the model is not on that worker) are
-        left out; when every worker fails, the first error is returned.
+        """Every worker's statistics summed per (name, version); workers answering an error are left
+        out, the first error answered when all do.
         """
 
         def merge(replies: list[service_pb2.ModelStatisticsResponse]) -> bytes:
             return bytes(merge_model_statistics(replies).SerializeToString())
 
-        def parse(reply: _Reply) -> service_pb2.ModelStatisticsResponse:
-            return service_pb2.ModelStatisticsResponse.FromString(reply)
-
         call = ("ModelStatistics", request, ())
+        parse = service_pb2.ModelStatisticsResponse.FromString
         return await self._run(fleet_ops.merged(_JUDGE, "ModelStatistics", call, parse, merge))
 
     def shm_handlers(self) -> dict[str, Callable[[bytes, Any], Awaitable[bytes]]]:
-        """Raw handlers of the system and CUDA shared-memory RPCs, by method name: register
-        on every worker or none (rolled back), unregister succeeding when any worker does,
-        status from the first worker (registrations are the same on every worker). A CUDA
-        region is registered on every worker too: each one must open the client's IPC
-        handle on ``device_id``, or the registration fails whole."""
+        """Raw handlers of the system and CUDA shared-memory RPCs by method name: register on every
+        worker or none, unregister succeeding when any worker does, status from the first worker.
+        """
 
         def bind(kind: str, how: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
             method = f"{kind}SharedMemory{how}"
@@ -286,15 +252,13 @@ class FleetRpcs:
         }
 
     async def server_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """The first answering worker's name, version and extensions (every worker runs the
-        same tritonserver; perf_analyzer asks for it before it starts)."""
+        """The first answering worker's name, version and extensions."""
         call = ("ServerMetadata", request, ())
         workers = self.upstreams.workers
         return await self._run(fleet_ops.first_answer(_JUDGE, "ServerMetadata", call, workers))
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """The gRPC method handlers of these RPCs, by method name (a new fleet-wide RPC is
-        one line here)."""
+        """The gRPC method handlers of these RPCs, by method name."""
 
         raw = grpc.unary_unary_rpc_method_handler
         forward = functools.partial

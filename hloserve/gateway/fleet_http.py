@@ -1,26 +1,16 @@
 """KServe HTTP calls that need every worker, answered by the gateway's control plane.
 
-HAProxy (:func:`hloserve.gateway.dataplane.render_config`) sends the paths of
-:data:`CONDITIONS` and :data:`MODEL_CONTROL_PATH` of its KServe HTTP port to
-:class:`FleetHttpServer`, a loopback HTTP server of the gateway process (the standard
-library's ``ThreadingHTTPServer`` on a daemon thread), which calls each worker's Triton HTTP
-endpoint (``worker_http``) with the rules of :mod:`hloserve.gateway.fleet_ops`, as the gRPC
-RPCs do (docs/gateway.md, "KServe HTTP"): the repository index (asked with the workers'
-model-control key) and statistics merged; model load and unload where
-:class:`hloserve.gateway.model_control.ModelControl` decides (run on the gateway's event
-loop); a shared-memory register on every worker or none, an unregister that succeeds when any
-worker does, any other shared-memory path from the first worker that answers. A JSON
-inference request HAProxy sends here is checked by :func:`json_data_mismatch` (tritonserver
-2.51 aborts on one whose data does not fill its shape) and re-sent to HAProxy's loopback
-``http_checked`` frontend.
+HAProxy sends the paths of :data:`CONDITIONS` and :data:`MODEL_CONTROL_PATH` to
+:class:`FleetHttpServer` (a loopback ``ThreadingHTTPServer``), whose :class:`FleetHttp` calls
+each worker's Triton HTTP endpoint by the rules of :mod:`hloserve.gateway.fleet_ops`, as the
+gRPC RPCs do (docs/gateway.md, "KServe HTTP"). A JSON inference request sent here is checked
+by :func:`json_data_mismatch` and re-sent to HAProxy's ``http_checked`` frontend.
 
-A worker's answer is relayed as Triton wrote it (status code, ``Content-Type``, body), e.g.
-404 ``{"error":"Unable to find system shared memory region: 'r'"}``. The client's headers
-are passed on (the workers' restricted-API checks decide); a model load or unload needs a
-credential first (:mod:`hloserve.gateway.auth`: 401 without) and is sent with the gateway's
-model-control key when the client sent none. The gateway's own errors are
-``{"error": "..."}`` with the code of :data:`~hloserve.errors.HTTP_STATUS`: 503 when no
-worker answered, 400 for a body without ``Content-Length`` or over :data:`MAX_BODY_BYTES`.
+A worker's answer is relayed as Triton wrote it (status, ``Content-Type``, body); the
+gateway's own errors are ``{"error": "..."}`` with the code of
+:data:`~hloserve.errors.HTTP_STATUS` (503: no worker answered; 400: a body without
+``Content-Length`` or over :data:`MAX_BODY_BYTES`; 401: a model load or unload without a
+credential, :mod:`hloserve.gateway.auth`).
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,23 +41,22 @@ from hloserve.errors import (
 from hloserve.gateway import fleet_ops
 from hloserve.gateway.aggregate import merge_repository_index, merge_statistics_json
 from hloserve.gateway.auth import CERT_HEADER, ControlAuth
-from hloserve.gateway.model_control import Action, ModelControl, Outcome
+from hloserve.gateway.model_control import Action, ModelControl
 from hloserve.model_control import HEADER
 
 log = logging.getLogger("hloserve.gateway")
 
-#: The KServe HTTP paths this module answers (HAProxy's rule: ``path`` and ``path_beg``).
+#: The KServe HTTP paths this module answers.
 INDEX_PATH = "/v2/repository/index"
 SHM_PREFIX = "/v2/systemsharedmemory"
 CUDA_SHM_PREFIX = "/v2/cudasharedmemory"
-#: HAProxy ``path_reg`` of the model-control paths (load and unload of one model).
+#: HAProxy ``path_reg`` of the model-control paths.
 MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
-#: HAProxy ``path_reg`` of the statistics paths (every model, or one model [and version]).
+#: HAProxy ``path_reg`` of the statistics paths.
 STATS_PATH = r"^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$"
 
-#: HAProxy conditions of the paths answered here, each a ``use_backend`` rule of the
-#: control backend (statistics: ``path_end`` first, as an inference request fails it); model
-#: control has its own backend (:data:`MODEL_CONTROL_PATH`). A new path is a condition here.
+#: HAProxy conditions of the paths answered here (model control has its own backend); a new
+#: path is a condition here.
 CONDITIONS = (
     f"{{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
     f"{{ path_end /stats }} {{ path_reg {STATS_PATH} }}",
@@ -79,20 +68,16 @@ _UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
 _MODEL_CONTROL = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 _STATS = re.compile(STATS_PATH.strip("^$"))
 
-#: How long a model load or unload may take in the control plane, seconds (HAProxy waits as
-#: long): a meta's load takes several steps (callees, then the meta), each bounded by
-#: ``upstream.request_timeout_seconds``, so the bound is HAProxy's ``timeout client``.
+#: How long a model load or unload may take, seconds (HAProxy waits as long; a meta's load
+#: takes several steps).
 MODEL_CONTROL_TIMEOUT_S = 3600
 
-#: Largest request body taken, bytes: a JSON inference request (HAProxy refuses one over
-#: :data:`hloserve.gateway.dataplane.HTTP_MAX_JSON_BYTES`, 4,000,000, before it comes here);
-#: index and shared-memory bodies are a few hundred.
+#: Largest request body taken, bytes (over ``dataplane.HTTP_MAX_JSON_BYTES``).
 MAX_BODY_BYTES = 4 << 20
 
-#: An inference path: the model's name and version (KServe V2 HTTP/REST, "Inference").
+#: An inference path: the model's name and version.
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
-#: Seconds a kept-alive connection to HAProxy's checked frontend may idle before it is opened
-#: again (HAProxy's keep-alive timeout there is ``timeout http-request``, 3600 s).
+#: Seconds a kept-alive connection to the checked frontend may idle (HAProxy's: 3600 s).
 KEEP_ALIVE_S = 60.0
 
 #: How a kept-alive connection the server had closed fails on the next request.
@@ -104,8 +89,8 @@ _CREDENTIALS = frozenset({"authorization", CERT_HEADER})
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
 _RELAYED = ("Inference-Header-Content-Length",)
 
-#: Request headers not passed on to the workers (hop-by-hop, or set by the HTTP client;
-#: without ``Accept-Encoding`` the workers answer uncompressed, which is read and relayed).
+#: Request headers not passed on (hop-by-hop or the HTTP client's; no ``Accept-Encoding``:
+#: the workers answer uncompressed).
 _NOT_FORWARDED = frozenset(
     [
         "accept-encoding",
@@ -128,10 +113,7 @@ class Answer:
     """One HTTP answer: a worker's, relayed, or the gateway's own.
 
     Attributes:
-        status: HTTP status code.
-        body: the body bytes (Triton's JSON, or empty).
-        content_type: the ``Content-Type`` header.
-        headers: other headers of a worker's answer that are relayed (:data:`_RELAYED`).
+        headers: other relayed headers of a worker's answer (:data:`_RELAYED`).
     """
 
     status: int
@@ -158,10 +140,7 @@ _Request: TypeAlias = tuple[str, str, bytes, Mapping[str, str]]
 
 
 class _HttpJudge:
-    """:class:`hloserve.gateway.fleet_ops.Judge` of HTTP replies."""
-
     def ok(self, reply: Reply) -> bool:
-        """A 2xx answer."""
         return isinstance(reply, Answer) and reply.ok
 
     def unavailable(self, reply: Reply) -> bool:
@@ -169,7 +148,6 @@ class _HttpJudge:
         return not isinstance(reply, Answer) or reply.status == HTTP_STATUS[Status.UNAVAILABLE]
 
     def reason(self, text: str) -> Reply:
-        """``text`` itself (a failed exchange is carried as its text)."""
         return text
 
     def failed(self, what: str, replies: fleet_ops.Replies[Reply]) -> Answer:
@@ -185,7 +163,6 @@ _JUDGE = _HttpJudge()
 
 
 def _json(reply: Reply) -> Any:
-    """The JSON of a worker's answer; None when it does not parse."""
     try:
         return json.loads(reply.body) if isinstance(reply, Answer) else None
     except ValueError:
@@ -229,9 +206,9 @@ def _summed(responses: list[dict[str, Any]]) -> Reply:
 
 
 def _load_parameters(body: bytes) -> list[str]:
-    """The parameter names of a model-load body (``{"parameters": {"config": ..., "file:<path>":
-    ...}}``, Triton's "Model Repository" extension); [] when it has none or is not such JSON
-    (the workers answer it)."""
+    """The parameter names of a model-load body (``{"parameters": {...}}``); [] when it has none or
+    is not such JSON (the workers answer it).
+    """
     try:
         parameters = json.loads(body).get("parameters") if body else None
     except (ValueError, AttributeError, RecursionError):
@@ -264,8 +241,7 @@ def _exchange(
 
 
 def _leaves(data: Any) -> int:
-    """How many elements a JSON ``data`` value holds: its non-list leaves, at any nesting
-    (Triton accepts flat and nested arrays; a BYTES element is one string)."""
+    """How many non-list leaves a JSON ``data`` value holds, at any nesting."""
     count, pending = 0, [data]
     while pending:
         item = pending.pop()
@@ -277,20 +253,11 @@ def _leaves(data: Any) -> int:
 
 
 def json_data_mismatch(model: str, body: bytes) -> str | None:
-    """Why a KServe HTTP inference request in JSON cannot be parsed, or None when every input
-    whose ``data`` is in the JSON holds as many elements as its ``shape`` declares.
+    """Why a JSON inference request for ``model`` cannot be parsed, or None.
 
-    Only what tritonserver 2.51 would trip on is judged here: an input with ``data`` and a
-    ``shape`` of non-negative integers whose product differs from the element count. Anything
-    else (JSON that does not parse, another shape, inputs in shared memory or binary data) is
-    left to the worker, which answers it cleanly.
-
-    Args:
-        model: the model named by the path (for the message).
-        body: the request body, UTF-8 JSON.
-
-    Returns:
-        The error message (Triton's text, then the model, the input and both counts), or None.
+    Only what tritonserver 2.51 trips on is judged: an input whose ``data`` element count
+    differs from the product of its ``shape`` (non-negative integers); anything else is left to
+    the worker. The message is Triton's text, then the model, the input and both counts.
     """
     try:
         request = json.loads(body)
@@ -320,22 +287,17 @@ class FleetHttp:
     """The fleet's answers to the KServe HTTP calls of the module docstring (no server).
 
     Args:
-        workers: every worker's Triton HTTP endpoint (host:port), in the gateway's worker
-            order (``worker_http``).
-        request_timeout_s: timeout of a register, unregister or status call, seconds.
-        probe_timeout_s: timeout of an index call and of a register's roll-back, seconds.
-        repository_headers: headers of every index call (the workers' model-control key:
-            :func:`hloserve.model_control.http_headers`); None = none.
-        control: decides where a model load or unload goes (the gRPC servicer's own, run on
-            ``loop``); None: those paths go to the first worker.
-        loop: the gateway's event loop, where ``control`` runs.
-        grpc_workers: every worker's gRPC endpoint, in the order of ``workers`` (the names
-            ``control`` decides in).
-        checked: loopback host:port of HAProxy's ``http_checked`` frontend, where a JSON
-            inference request that passes :func:`json_data_mismatch` is re-sent; None: such
-            requests do not come here.
-        auth: credentials a model load or unload needs (:mod:`hloserve.gateway.auth`; 401
-            without); None: none checked.
+        workers: every worker's Triton HTTP endpoint, in the order of ``grpc_workers`` (the
+            names ``control`` decides in).
+        probe_timeout_s: of an index call and a register's roll-back (other calls:
+            ``request_timeout_s``).
+        repository_headers: headers of every index call (the workers' model-control key).
+        control: decides model loads and unloads, run on ``loop``; None: the first worker.
+        checked: HAProxy's ``http_checked`` frontend; None: no JSON inference comes here.
+        auth: credentials a model load or unload needs; None: none checked.
+
+    Raises:
+        ValueError: ``control`` without ``loop`` or with ``grpc_workers`` of another length.
     """
 
     def __init__(
@@ -367,8 +329,9 @@ class FleetHttp:
         )
 
     def set_workers(self, workers: Sequence[str], grpc_workers: Sequence[str]) -> None:
-        """Make ``workers`` (HTTP endpoints, in the order of ``grpc_workers``) the fleet (DNS
-        discovery); calls already started keep the workers they began with."""
+        """Make ``workers`` (HTTP endpoints, ``grpc_workers``' order) the fleet; calls already
+        started keep theirs.
+        """
         self._http_of = dict(zip(grpc_workers, workers, strict=True))
         self.workers = tuple(workers)
 
@@ -377,8 +340,7 @@ class FleetHttp:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def answer(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        """The answer to one client request (``path`` with its query string, if any): the
-        plan of :mod:`~hloserve.gateway.fleet_ops` its path names (module docstring)."""
+        """The answer to one client request (``path`` with its query string)."""
         route = path.split("?", 1)[0]
         passed = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
         request = (method, path, body, passed)
@@ -413,7 +375,9 @@ class FleetHttp:
                     **({} if HEADER in sent else self._repository_headers),
                 }
             return self.model_control(action, model, path, body, passed)
-        return self._first_worker(request)
+        # the first worker's answer; no connection or a 503 moves on to the next
+        what = f"{method} {path}"
+        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
     def _call(
         self,
@@ -435,14 +399,11 @@ class FleetHttp:
     def _call_checked(
         self, checked: str, method: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Reply:
-        """:meth:`_call` to HAProxy's ``checked`` frontend on this thread's kept-alive
-        connection (one per connection HAProxy holds to this server), opened again after
-        :data:`KEEP_ALIVE_S` idle, well inside HAProxy's keep-alive timeout.
-
-        A kept-alive connection that ends without an answer (HAProxy closes idle ones when
-        it reloads) is tried once more on a new one: HAProxy answers every request it took
-        (a worker's failure is its 502), so such a request was never read. A new connection
-        that fails is the answer (503), never re-sent."""
+        """One exchange with HAProxy's ``checked`` frontend on this thread's kept-alive connection
+        (reopened after :data:`KEEP_ALIVE_S` idle). A reused connection that ends unanswered
+        (HAProxy closes idle ones on reload) is tried once more on a new one; a new one's failure is
+        the answer.
+        """
         local = self._local
         connection: http.client.HTTPConnection | None = getattr(local, "connection", None)
         if connection is not None and time.monotonic() - local.used > KEEP_ALIVE_S:
@@ -467,50 +428,40 @@ class FleetHttp:
             return answer
 
     def _fan_out(self, step: fleet_ops.Send[_Request]) -> fleet_ops.Replies[Reply]:
-        """``(worker, reply)`` of the step's request sent to its workers (default all) at
-        once."""
         targets = self.workers if step.workers is None else tuple(step.workers)
         timeout_s = self._probe_timeout if step.probe else self._timeout
         replies = self._pool.map(lambda w: self._call(w, *step.request, timeout_s), targets)
         return list(zip(targets, replies, strict=True))
 
     def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:
-        """Drive a plan of :mod:`~hloserve.gateway.fleet_ops` over the worker threads."""
         return _answer(fleet_ops.drive(plan, self._fan_out))
 
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
-        """``POST /v2/repository/models/{model}/load|unload`` where the gRPC servicer's
-        :class:`~hloserve.gateway.model_control.ModelControl` decides (a meta's callees and
-        the undo of a moved meta as bodiless calls with the client's headers); the answer is
-        the first worker's refusal, else the first worker's success; a load whose body's
-        ``file:`` override tritonserver cannot create is answered 400 before any worker
-        (:func:`hloserve.gateway.model_control.check_file_overrides`)."""
+        """``POST /v2/repository/models/{model}/load|unload`` where
+        :class:`~hloserve.gateway.model_control.ModelControl` decides: the first worker's refusal,
+        else the first worker's success; 400 before any worker for a bad ``file:`` override.
+        """
         control, loop = self._control, self._loop
         assert control is not None and loop is not None  # answer() checked
         parameters = _load_parameters(body) if action == "load" else []
 
-        def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, Reply]]:
+        def send(how: Action, name: str, workers: Sequence[str]) -> fleet_ops.Replies[Reply]:
             own = how == action and name == model
             where = path if own else f"/v2/repository/models/{urllib.parse.quote(name)}/{how}"
             targets = [self._http_of[w] for w in workers]
             sent = body if own else b""
             replies = self._fan_out(fleet_ops.Send(("POST", where, sent, headers), targets))
-            by_http = dict(zip(targets, workers, strict=True))
-            return [(by_http[w], r) for w, r in replies]
+            return [(w, r) for w, (_, r) in zip(workers, replies, strict=True)]
 
-        async def run() -> Outcome[Reply]:
-            async def step(
-                how: Action, name: str, workers: Sequence[str]
-            ) -> list[tuple[str, Reply]]:
-                return await asyncio.to_thread(send, how, name, workers)
+        def step(
+            how: Action, name: str, workers: Sequence[str]
+        ) -> Awaitable[fleet_ops.Replies[Reply]]:
+            return asyncio.to_thread(send, how, name, workers)
 
-            return await control.run(
-                action, model, step, lambda r: isinstance(r, Answer) and r.ok, parameters
-            )
-
-        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        run = control.run(action, model, step, _JUDGE.ok, parameters)
+        future = asyncio.run_coroutine_threadsafe(run, loop)
         try:
             outcome = future.result(MODEL_CONTROL_TIMEOUT_S)
         except HloserveError as exc:  # refused before any worker (ModelControl.run)
@@ -531,9 +482,9 @@ class FleetHttp:
         body: bytes,
         headers: Mapping[str, str],
     ) -> Answer:
-        """A JSON inference request: refused (500, Triton's text) when
-        :func:`json_data_mismatch` finds an input whose data does not fill its shape, else
-        the answer routed by HAProxy's ``checked`` frontend (503 when it cannot be reached)."""
+        """A JSON inference request: 500 (Triton's text) when :func:`json_data_mismatch` refuses it,
+        else HAProxy's ``checked`` frontend's answer (503 when it cannot be reached).
+        """
         # HAProxy sends only requests whose JSON part is the whole body
         if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
             log.warning("gateway: %s refused before any worker: %s", path, problem)
@@ -546,24 +497,18 @@ class FleetHttp:
         return reply
 
     def end_thread(self) -> None:
-        """Close this thread's connection to the checked frontend (its HAProxy connection
-        ended)."""
+        """Close this thread's connection to the checked frontend."""
         connection = getattr(self._local, "connection", None)
         if connection is not None:
             connection.close()
             self._local.connection = None
-
-    def _first_worker(self, request: _Request) -> Answer:
-        """The first worker's answer; no connection or a 503 moves on to the next."""
-        what = f"{request[0]} {request[1]}"
-        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A kept-alive connection HAProxy closed or reset is logged at debug, not printed."""
+        """A kept-alive connection closed or reset is logged at debug, not printed."""
         error = sys.exc_info()[1]
         if isinstance(error, ConnectionError | TimeoutError):
             log.debug("gateway: fleet HTTP: %s: %s", client_address, error)
@@ -572,12 +517,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class FleetHttpServer:
-    """:class:`FleetHttp` on a loopback HTTP port, served by a daemon thread.
-
-    Args:
-        fleet: what answers the requests.
-        host: the address to bind (loopback: only HAProxy calls it).
-        port: the port; 0 picks a free one (see :attr:`address`).
+    """:class:`FleetHttp` on a loopback HTTP port (port 0: a free one, see :attr:`address`).
 
     Raises:
         OSError: the address cannot be bound.
@@ -645,7 +585,7 @@ class FleetHttpServer:
         )
 
     def start(self) -> None:
-        """Serve on the daemon thread."""
+        """Serve on a daemon thread."""
         self._thread.start()
 
     def close(self) -> None:

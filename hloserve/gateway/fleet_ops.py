@@ -1,23 +1,11 @@
 """The fleet-wide KServe calls' rules, once for both protocols (no I/O).
 
-A call that needs every worker is a *plan*: a generator that yields :class:`Send` steps (one
-request to some workers) and receives each step's ``(worker, reply)`` list, then returns the
-answer. A transport drives it: :func:`drive` with a threaded fan-out (the KServe HTTP server,
-:mod:`hloserve.gateway.fleet_http`), :func:`drive_async` with an asyncio one (the gRPC RPCs,
-:mod:`hloserve.gateway.fanout`). A reply is the transport's own (bytes or an RPC error;
-an HTTP answer or why there was none): the transport's :class:`Judge` says which replies
-succeeded and how a failure is answered. The rules (docs/gateway.md, "KServe HTTP"):
-
-- :func:`register`: on every worker or on none: when a worker refuses, the workers that
-  accepted are sent the undo (a failed undo is logged) and the first refusal is the answer.
-- :func:`unregister`: on every worker; the first success when any worker succeeds.
-- :func:`merged`: every worker's answer that parses, merged (repository index, statistics:
-  :mod:`hloserve.gateway.aggregate`); the first failure when none does.
-- :func:`first_answer`: worker after worker until one answers other than "unavailable".
-- :func:`decided`: model control's answer (the steps are
-  :class:`hloserve.gateway.model_control.ModelControl`'s, sent by the transport).
-
-A new fleet-wide call: docs/gateway.md, "A new fleet-wide KServe call".
+A call that needs every worker is a *plan*: a generator yielding :class:`Send` steps and
+receiving each step's ``(worker, reply)`` list, returning the answer. :func:`drive` runs it
+with a threaded fan-out (:mod:`hloserve.gateway.fleet_http`), :func:`drive_async` with an
+asyncio one (:mod:`hloserve.gateway.fanout`); each transport's :class:`Judge` reads its
+replies. The rules: docs/gateway.md, "KServe HTTP"; a new call: "A new fleet-wide KServe
+call".
 """
 
 from __future__ import annotations
@@ -39,13 +27,8 @@ Replies = list[tuple[str, Rep]]
 
 @dataclass(frozen=True)
 class Send(Generic[Req]):
-    """One step of a plan: ``request`` sent to ``workers`` at once.
-
-    Attributes:
-        request: the transport's request (gRPC method and bytes; HTTP method, path, body).
-        workers: the workers to send it to; None: every worker.
-        probe: whether the transport's probe timeout applies (index, roll-back) rather than
-            its request timeout.
+    """One step of a plan: ``request`` sent to ``workers`` (None: every worker) at once;
+    ``probe``: the transport's probe timeout applies rather than its request timeout.
     """
 
     request: Req
@@ -61,7 +44,7 @@ class Judge(Protocol[Rep]):
     """What a transport says about its replies."""
 
     def ok(self, reply: Rep) -> bool:
-        """Whether ``reply`` is a success (gRPC: an answer; HTTP: a 2xx answer)."""
+        """Whether ``reply`` is a success."""
         ...
 
     def unavailable(self, reply: Rep) -> bool:
@@ -69,17 +52,20 @@ class Judge(Protocol[Rep]):
         ...
 
     def reason(self, text: str) -> Rep:
-        """A failed reply saying ``text`` (a worker's answer that is not what was asked)."""
+        """A failed reply saying ``text``."""
         ...
 
     def failed(self, what: str, replies: Replies[Rep]) -> Rep:
-        """The answer when ``what`` failed: the first worker's refusal, else "no worker
-        answered" (may raise instead)."""
+        """The answer when ``what`` failed: the first refusal, else "no worker answered" (may
+        raise).
+        """
         ...
 
 
 def register(judge: Judge[Rep], what: str, request: Req, undo: Req) -> Plan[Req, Rep]:
-    """Register on every worker, or on none (module docstring)."""
+    """Register on every worker or on none: when a worker refuses, the ones that accepted get
+    ``undo`` (a failed undo is logged); the first refusal is the answer.
+    """
     replies = yield Send(request)
     accepted = [w for w, r in replies if judge.ok(r)]
     if accepted and len(accepted) == len(replies):
@@ -108,9 +94,9 @@ def merged(
     merge: Callable[[list[Value]], Rep],
     probe: bool = False,
 ) -> Plan[Req, Rep]:
-    """Every worker's successful reply merged by ``merge``; one that ``parse`` refuses
-    (``ValueError``: the reason) is logged and counts as that worker's failure; the first
-    failure when no reply is left."""
+    """Every worker's successful reply merged by ``merge``; one ``parse`` refuses (``ValueError``)
+    is logged and counts as failed; the first failure when none is left.
+    """
     replies = yield Send(request, probe=probe)
     values: list[Value] = []
     failed: Replies[Rep] = []
@@ -140,9 +126,7 @@ def first_answer(
 
 
 def decided(judge: Judge[Rep], what: str, answers: Replies[Rep]) -> Rep:
-    """The answer of model control's deciding step
-    (:class:`hloserve.gateway.model_control.Outcome`): the first refusal, else the first
-    worker's success."""
+    """Model control's answer: the first refusal, else the first worker's success."""
     refused = [(w, r) for w, r in answers if not judge.ok(r)]
     return judge.failed(what, refused) if refused or not answers else answers[0][1]
 

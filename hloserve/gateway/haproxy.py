@@ -1,22 +1,10 @@
 """Run HAProxy as the gateway's data plane and change it live.
 
-:class:`HAProxy` starts ``haproxy -W`` (master-worker mode) on a configuration written by
-:func:`hloserve.gateway.dataplane.render_config`, applies new layouts and stops it:
-
-- a layout with the same backends changes only the model map, through the runtime API on a
-  Unix socket (``add map``, ``set map``, ``del map``: HAProxy 2.6 management guide, section
-  9.3), and the map file, so a later reload keeps it;
-- a layout with other backends (HAProxy 2.6 adds no backend at runtime) rewrites the
-  configuration and the map and reloads hitlessly: SIGUSR2 to the master, which starts a new
-  worker on the same listening sockets (handed over through ``expose-fd listeners``) while
-  the old worker finishes the requests it holds (management guide, "master-worker");
-- a master that exited (killed, crashed; a killed worker takes its master down too, HAProxy's
-  default ``exit-on-failure``, and a killed master takes its workers down) is started again on
-  the current configuration, map and ports (:meth:`HAProxy.respawn`, after
-  :meth:`HAProxy.restart_delay`).
-
-The binary is Debian's ``haproxy`` package (2.6.12 in bookworm); a missing binary is an
-UNAVAILABLE error naming the package.
+:class:`HAProxy` runs ``haproxy -W`` on :func:`hloserve.gateway.dataplane.render_config`'s
+configuration: a layout with the same backends changes only the map (runtime API,
+HAProxy 2.6 management guide 9.3); other backends are a hitless reload (SIGUSR2 to the
+master); a master that exited is started again (:meth:`HAProxy.respawn`). The binary is
+Debian's ``haproxy`` (2.6.12 in bookworm); docs/gateway.md, "Data plane".
 """
 
 from __future__ import annotations
@@ -40,13 +28,7 @@ from pathlib import Path
 
 from hloserve.errors import InvalidArgumentError, UnavailableError
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.dataplane import (
-    Layout,
-    Listen,
-    map_changes,
-    render_config,
-    render_map,
-)
+from hloserve.gateway.dataplane import Layout, Listen, map_changes, render_config, render_map
 from hloserve.ports import free_ports
 
 log = logging.getLogger("hloserve.gateway")
@@ -57,9 +39,7 @@ HAPROXY_ENV = "HLOSERVE_HAPROXY"
 #: Seconds HAProxy may take to accept its runtime socket after a start or a reload.
 START_TIMEOUT_S = 10.0
 
-#: Wait before HAProxy is started again after its master exited: the first, and the most
-#: (seconds); it doubles for each restart in a row and starts over once HAProxy has run
-#: :data:`RESTART_RESET_S` seconds.
+#: Wait before HAProxy is started again after its master exited: first and most, seconds.
 RESTART_BACKOFF_S = (0.1, 5.0)
 
 #: Seconds HAProxy must run after a start for the next restart to wait the shortest time.
@@ -84,7 +64,7 @@ def find_haproxy() -> str:
 
 
 def runtime_command(path: str, command: str, timeout_s: float = 5.0) -> str:
-    """Send one command to an HAProxy CLI socket and return its answer (text).
+    """Send one command to an HAProxy CLI socket and return its answer.
 
     Raises:
         OSError: the socket cannot be reached.
@@ -100,9 +80,9 @@ def runtime_command(path: str, command: str, timeout_s: float = 5.0) -> str:
 
 
 def master_ready(path: str, timeout_s: float) -> bool:
-    """Whether the master answers ``show proc`` on its CLI socket within ``timeout_s`` (it
-    then handles SIGUSR2; a reload signal sent while it still starts is lost). The master CLI
-    keeps the connection open after answering, so the answer is read up to its last section."""
+    """Whether the master answers ``show proc`` within ``timeout_s`` (only then does it handle
+    SIGUSR2).
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         data = b""
@@ -121,24 +101,10 @@ def master_ready(path: str, timeout_s: float) -> bool:
 class HAProxy:
     """One HAProxy master-worker process serving a :class:`Layout`.
 
-    Args:
-        config: the gateway's settings.
-        grpc: host:port clients connect to (a concrete port).
-        control: host:port of the Python control plane (the fallback backend).
-        http_control: host:port of the control plane's HTTP server (the KServe HTTP
-            repository index and system shared memory), or None.
-        http_checked: loopback host:port of the frontend where the control plane re-sends
-            the JSON inference requests it checked (:class:`~hloserve.gateway.dataplane.Listen`),
-            or None.
-        client_cert_secret: what HAProxy puts in :data:`hloserve.gateway.auth.CERT_HEADER` on
-            requests of a connection with a verified client certificate (``tls.client_ca``).
-
-    With ``config.tls`` set, the certificate and key are joined into the one PEM file HAProxy
-    reads (``crt``, HAProxy 2.6 configuration manual 5.1) and plaintext is refused on ``grpc``.
-
-    The master is asked (``setpriv --pdeathsig TERM``, when util-linux is there) to stop when
-    the thread that started it dies, so a SIGKILLed gateway leaves no HAProxy holding its
-    ports: start it from a thread that lives as long as the gateway.
+    ``grpc`` is the public host:port (a concrete port), ``control`` the control plane's;
+    the others are :class:`~hloserve.gateway.dataplane.Listen`'s. The master gets SIGTERM when
+    the thread that started it dies (``setpriv --pdeathsig``): start it from a thread that lives
+    as long as the gateway.
 
     Raises:
         UnavailableError: HAProxy is missing, refuses the configuration or cannot bind.
@@ -191,7 +157,6 @@ class HAProxy:
         self.master_socket = str(self._dir / "master.sock")
         self.config_file = self._dir / "haproxy.cfg"
         self.layout = Layout()
-        self.reloads = 0
         #: Times the master was started again after it exited (:meth:`respawn`).
         self.restarts = 0
         self._backoff_s = 0.0
@@ -218,13 +183,12 @@ class HAProxy:
             raise
 
     def _spawn(self) -> None:
-        """Start the master on :attr:`config_file` (its output to ``haproxy.log``)."""
         self._started_at = time.monotonic()
         log_file = self._dir / "haproxy.log"
         with open(log_file, "ab") as out:
             argv = [self.binary, "-W", "-S", self.master_socket, "-f", str(self.config_file)]
-            setpriv = shutil.which("setpriv")  # util-linux: Linux PR_SET_PDEATHSIG, then exec
-            if setpriv is not None:  # the master gets SIGTERM when the starting thread dies
+            setpriv = shutil.which("setpriv")  # util-linux: PR_SET_PDEATHSIG, then exec
+            if setpriv is not None:
                 argv = [setpriv, "--pdeathsig", "TERM", *argv]
             self._process = subprocess.Popen(
                 argv,
@@ -235,12 +199,11 @@ class HAProxy:
             )
 
     def wait_started(self) -> None:
-        """Wait (blocking, up to :data:`START_TIMEOUT_S` each) until the worker answers on the
-        runtime socket and the master on its CLI socket.
+        """Block until the worker answers on the runtime socket and the master on its CLI socket.
 
         Raises:
-            UnavailableError: HAProxy exited or did not answer in time; the message carries
-                its output (``haproxy.log``, the last 2,000 characters).
+            UnavailableError: HAProxy exited or did not answer within :data:`START_TIMEOUT_S`; the
+                message ends with its last 2,000 characters of output.
         """
         ok = self._wait_runtime(lambda answer: "Name: HAProxy" in answer)
         if not ok or not master_ready(self.master_socket, START_TIMEOUT_S):
@@ -251,15 +214,14 @@ class HAProxy:
             )
 
     def exited(self) -> int | None:
-        """The master's exit status once it exited by itself (a negative signal number when
-        killed, as :attr:`subprocess.Popen.returncode`); None while it runs or once closed."""
+        """The master's exit status once it exited by itself (``Popen.returncode``), else None."""
         process = self._process
         return None if process is None else process.poll()
 
     def restart_delay(self) -> float:
-        """Seconds to wait before the next :meth:`respawn`: :data:`RESTART_BACKOFF_S`'s first
-        value, doubled for each restart in a row up to its second; the first value again once
-        the last start ran :data:`RESTART_RESET_S` seconds."""
+        """Seconds to wait before the next :meth:`respawn`: :data:`RESTART_BACKOFF_S` doubling per
+        restart in a row, reset once a start ran :data:`RESTART_RESET_S`.
+        """
         first, most = RESTART_BACKOFF_S
         if time.monotonic() - self._started_at >= RESTART_RESET_S:
             self._backoff_s = 0.0
@@ -267,12 +229,10 @@ class HAProxy:
         return self._backoff_s
 
     def respawn(self) -> bool:
-        """Start the master again after it exited (:meth:`exited`), on the current layout's
-        configuration and map, on the same listening ports (HAProxy sets ``SO_REUSEADDR``);
-        then call :meth:`wait_started` (it blocks: from a worker thread). Call it on the thread
-        that started HAProxy (``--pdeathsig``, class docstring). The routed totals of
-        :meth:`counts` carry over from the last call. Returns False, doing nothing, while the
-        master runs or once closed."""
+        """Start the exited master again on the current configuration, map and ports, then return
+        True (call :meth:`wait_started` next, on the thread that started HAProxy); False, doing
+        nothing, while it runs or once closed. Routed totals carry over.
+        """
         with self._lock:
             if self.exited() is None:
                 return False
@@ -299,8 +259,7 @@ class HAProxy:
         return self._process.pid if self._process is not None else None
 
     def prometheus_text(self, timeout_s: float = 2.0) -> bytes:
-        """HAProxy's own metrics (its Prometheus exporter: per backend and server requests,
-        queue, retries, connection errors, response times); empty when unreachable."""
+        """HAProxy's own Prometheus metrics; empty when unreachable."""
         try:
             url = f"http://{self.listen.prometheus}/metrics"
             with urllib.request.urlopen(url, timeout=timeout_s) as reply:
@@ -313,9 +272,9 @@ class HAProxy:
         return runtime_command(self.listen.runtime_socket, command)
 
     def counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        """(requests routed so far, requests in flight) per (model, worker) from ``show
-        stat`` (CSV, management guide 9.1: ``pxname``, ``svname``, ``stot``, ``scur``);
-        totals are carried over reloads (a new worker process starts from zero)."""
+        """(requests routed so far, requests in flight) per (model, worker) from ``show stat``;
+        routed totals carry over reloads.
+        """
         routed = dict(self._carried)
         inflight: dict[tuple[str, str], int] = {}
         model_of = {backend: model for model, backend in self.layout.models.items()}
@@ -331,12 +290,12 @@ class HAProxy:
         return routed, inflight
 
     def _stat_rows(self) -> list[dict[str, str]]:
-        """``show stat`` as one dict per proxy row (CSV, management guide 9.1)."""
+        """``show stat`` as one dict per proxy row."""
         return list(csv.DictReader(io.StringIO(self.runtime("show stat").lstrip("# "))))
 
     def apply(self, layout: Layout, config: GatewayConfig | None = None) -> None:
-        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends or,
-        given ``config`` with other workers (DNS discovery), for the new servers.
+        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends or for a
+        ``config`` with other workers (DNS discovery).
 
         Raises:
             UnavailableError: the reload did not come up (the old worker keeps serving).
@@ -348,21 +307,15 @@ class HAProxy:
             )
             if layout == self.layout and not fleet:
                 return
-            if fleet:
-                with contextlib.suppress(OSError, ValueError):
-                    self._carried = self.counts()[0]
-                assert config is not None
-                self.config = config
-                self._write(layout)
-                self._reload()
-                self.layout = layout
-                return
-            if layout.same_backends(self.layout):
+            if not fleet and layout.same_backends(self.layout):
                 self._edit_map(self.listen.map_file, self.layout.models, layout.models)
                 self.layout = layout
                 return
             with contextlib.suppress(OSError, ValueError):
                 self._carried = self.counts()[0]
+            if fleet:
+                assert config is not None
+                self.config = config
             self._write(layout)
             self._reload()
             self.layout = layout
@@ -380,7 +333,6 @@ class HAProxy:
         before = self.runtime("show info")
         pid_before = _field(before, "Pid")
         os.kill(self._process.pid, signal.SIGUSR2)
-        self.reloads += 1
         if not self._wait_runtime(lambda answer: _field(answer, "Pid") not in ("", pid_before)):
             raise UnavailableError(
                 f"gateway: HAProxy did not reload {self.config_file}; see "
@@ -388,10 +340,9 @@ class HAProxy:
             )
 
     def _drain(self, drain_s: float) -> None:
-        """Refuse new connections on the public frontends (``disable frontend``), then wait
-        up to ``drain_s`` seconds until no request is in flight: ``show stat``'s ``scur`` +
-        ``qcur`` of every backend is 0 (HAProxy's own soft stop, SIGUSR1, is not used: a
-        master that re-executed itself for a reload does not pass it on, HAProxy 2.6.12)."""
+        """Disable the public frontends, then wait up to ``drain_s`` until no request is in flight
+        (not SIGUSR1: a re-executed master does not pass it on, HAProxy 2.6.12).
+        """
         log.info("gateway: HAProxy drains: new connections refused, up to %.0f s", drain_s)
         frontends = ["grpc"] + (["http"] if self.listen.http is not None else [])
         try:
@@ -413,8 +364,7 @@ class HAProxy:
             time.sleep(0.05)
 
     def _in_flight(self) -> int:
-        """Requests HAProxy holds now (being served or queued), over every backend; 0 when
-        its runtime socket does not answer."""
+        """Requests served or queued over every backend; 0 when the socket does not answer."""
         try:
             rows = self._stat_rows()
         except OSError:
@@ -426,12 +376,8 @@ class HAProxy:
         )
 
     def close(self, drain_s: float = 0.0) -> None:
-        """Stop HAProxy and remove its files (idempotent).
-
-        Args:
-            drain_s: with > 0, a drain first (:meth:`_drain`: new connections refused, the
-                requests in flight answered, up to this many seconds); then (or at once with
-                0) SIGTERM to the master, then SIGKILL.
+        """Stop HAProxy and remove its files (idempotent): with ``drain_s`` > 0 drained first
+        (:meth:`_drain`), then SIGTERM, then SIGKILL.
         """
         process, self._process = self._process, None
         atexit.unregister(self.close)
@@ -450,7 +396,6 @@ class HAProxy:
 
 
 def _field(info: str, name: str) -> str:
-    """The value of ``name: value`` in ``show info`` output, '' when absent."""
     for line in info.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() == name:

@@ -1,11 +1,7 @@
-"""Worker health: consecutive-failure tracking and the routing table restricted to healthy workers.
+"""Worker health: consecutive probe failures and the routing table restricted to healthy workers.
 
-Transport-neutral (the probes themselves are in :func:`hloserve.gateway.upstreams.probe_ready`,
-the loop in :func:`hloserve.gateway.app.run_gateway`). A worker leaves the table after
-``failure_threshold`` failed probes in a row and returns after one passing probe
-(docs/gateway.md, "Health probes"). A model whose every replica is unhealthy stays in the table
-with no replica, so its requests are answered UNAVAILABLE (not NOT_FOUND) until a replica
-returns.
+A worker leaves the table after ``failure_threshold`` failed probes in a row and returns
+after one passing probe (docs/gateway.md, "Health probes").
 """
 
 from __future__ import annotations
@@ -17,13 +13,7 @@ from hloserve.gateway.routing import RoutingTable
 
 
 class HealthTracker:
-    """Which workers are healthy, from probe outcomes.
-
-    Every worker starts healthy (discovery has just found it, or it will fail its probes).
-
-    Args:
-        workers: every worker endpoint.
-        failure_threshold: consecutive failures that mark a worker unhealthy, >= 1.
+    """Which workers are healthy, from probe outcomes; every worker starts healthy.
 
     Raises:
         ValueError: ``failure_threshold`` < 1.
@@ -51,8 +41,7 @@ class HealthTracker:
         return False
 
     def retain(self, workers: Iterable[str]) -> None:
-        """Track exactly ``workers`` (DNS discovery): new ones start healthy, gone ones are
-        forgotten."""
+        """Track exactly ``workers``: new ones start healthy, gone ones are forgotten."""
         kept = set(workers)
         self._failures = {w: self._failures.get(w, 0) for w in kept}
         self._unhealthy &= kept
@@ -68,8 +57,9 @@ class HealthTracker:
 
 
 def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
-    """``table`` without the ``unhealthy`` workers; models keep their entry, maybe empty, and
-    the removed workers are noted as unreachable for the model's error message."""
+    """``table`` without the ``unhealthy`` workers, noted as unreachable; a model keeps its entry,
+    maybe empty (UNAVAILABLE, not NOT_FOUND).
+    """
     if not unhealthy:
         return table
     why = "unreachable (failed its health probes)"

@@ -1,17 +1,10 @@
 """The gateway's one error-to-status path: a ``grpc.aio`` server interceptor.
 
-Every servicer of the gateway's gRPC server (``inference.GRPCInferenceService`` in
-:mod:`hloserve.gateway.proxy`, ``GatewayControl`` in :mod:`hloserve.gateway.control`) raises
-instead of aborting; :class:`ErrorInterceptor` answers the exception with the status of
-:data:`hloserve.errors.GRPC_CODE`:
-
-* an :class:`~hloserve.errors.HloserveError` gets its status and its message (a worker's answer
-  relayed as :class:`~hloserve.errors.UpstreamError` keeps the worker's code);
-* any other exception is a bug: INTERNAL, naming its type, with the traceback logged.
-
-Every handler is a coroutine function (unary responses) or an async generator (streamed
-responses); an exception raised while a response stream is produced ends the stream with the
-mapped status, after the messages already sent.
+Servicers raise instead of aborting; :class:`ErrorInterceptor` answers an
+:class:`~hloserve.errors.HloserveError` with its status and message (a relayed
+:class:`~hloserve.errors.UpstreamError` keeps the worker's code) and any other exception with
+INTERNAL naming its type, traceback logged. A stream ends with the status after the messages
+already sent.
 """
 
 from __future__ import annotations
@@ -35,12 +28,7 @@ def grpc_code(status: Status) -> grpc.StatusCode:
 
 
 def relayed(exc: grpc.aio.AioRpcError, prefix: str = "") -> UpstreamError:
-    """A worker's error answer as an :class:`UpstreamError` with the worker's code and text.
-
-    Args:
-        exc: the upstream call's error.
-        prefix: put before the worker's message, e.g. ``"ModelStatistics: "``.
-    """
+    """A worker's error as an :class:`UpstreamError` with its code and ``prefix`` + its text."""
     return UpstreamError(f"{prefix}{exc.details() or ''}", exc.code().name)
 
 
@@ -83,10 +71,7 @@ def _stream_response(behavior: Callable[..., Any]) -> Callable[..., AsyncIterato
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Answers every exception a gateway RPC raises with its status (module docstring).
-
-    The wrapped handler of each method is made once and reused.
-    """
+    """Answers every exception a gateway RPC raises with its status (handlers wrapped once)."""
 
     def __init__(self) -> None:
         self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -121,6 +106,3 @@ def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             _stream_response(handler.unary_stream), **serdes
         )
     return grpc.stream_stream_rpc_method_handler(_stream_response(handler.stream_stream), **serdes)
-
-
-__all__ = ["ErrorInterceptor", "grpc_code", "relayed", "status_of"]

@@ -1,39 +1,12 @@
 """Explicit model control through the gateway: which workers a load or an unload goes to.
 
-One decision for both protocols (docs/gateway.md, "Model control"): the gRPC servicer
-(:class:`hloserve.gateway.fanout.FleetRpcs`) and the KServe HTTP server
-(:class:`hloserve.gateway.fleet_http.FleetHttp`) call :meth:`ModelControl.run` with a
-:data:`Send` that carries one step to a set of workers in their own protocol and relays the
-workers' own answers. The facts the decision reads (which workers list a model, which hold a
-model READY, a meta's callees) come from the workers' gRPC ``RepositoryIndex`` and
-``ModelConfig``, as discovery reads them (:mod:`hloserve.gateway.discovery`).
-
-- A model some worker holds (its index lists it in a state: READY, LOADING, UNLOADING, or
-  UNAVAILABLE after a failed load, but not UNAVAILABLE ``unloaded``, Triton's row for a
-  model unloaded on request): loaded or unloaded on exactly those workers.
-- An unload of a model no worker holds: every worker (each answers as Triton does).
-- A load of a model no worker holds goes to the workers whose repository has it (the index
-  lists a repository's models with no state; every worker when none lists it, so each
-  refuses as Triton does), narrowed by the placement mode: ``place`` (under ``lpt_packing``,
-  :meth:`hloserve.gateway.packing.LptController.place_new`), else all of them.
-- A meta model (``hloserve.meta_calls`` in its config) that no worker holds goes with its
-  group: to the workers that hold every callee READY; when none does, where ``place`` puts
-  the whole group (its callees' footprint) among the workers whose repository has the meta
-  and its callees, else all of those; the callees missing there are loaded first, in
-  ``meta.calls`` order, then the meta. Triton gives a model's config only once it is
-  loaded, so a meta's callees are known from the routing table and from earlier loads; a
-  meta never seen before is loaded where a plain model would go, its config read, and then
-  moved: its callees loaded on the group's workers, the meta loaded there and unloaded from
-  the workers outside them.
-
-A load whose parameters carry a ``file:<path>`` override (Triton's "Model Repository"
-extension) with a path component over :data:`NAME_MAX` bytes, or a path over
-:data:`PATH_MAX` bytes, is refused before any worker (:func:`check_file_overrides`):
-tritonserver 2.51 stops on it (std::filesystem "File name too long"), and the gateway keeps
-its workers serving.
-
-After the steps the routing table is rediscovered (forced, not within its interval), so the
-next request finds the model, or NOT_FOUND after an unload.
+One decision for both protocols (docs/gateway.md, "Model control"): the gRPC servicer and the
+KServe HTTP server call :meth:`ModelControl.run` with a :data:`Send` that carries one step to
+some workers in their own protocol. A model some worker holds is loaded or unloaded on those
+workers; an unload of a model no worker holds goes to every worker; a new load goes where
+``place`` puts it among the workers whose repository has it; a meta model goes with its
+callees (loaded first). A bad ``file:`` override is refused before any worker
+(:func:`check_file_overrides`). The routing table is rediscovered afterwards.
 """
 
 from __future__ import annotations
@@ -47,7 +20,7 @@ from typing import Generic, Literal, TypeVar
 
 import grpc
 
-from hloserve.errors import FailedPreconditionError, InvalidArgumentError
+from hloserve.errors import FailedPreconditionError, HloserveError, Status
 from hloserve.gateway.discovery import SingleFlight, group_calls
 from hloserve.gateway.routing import Router
 from hloserve.gateway.upstreams import Upstreams
@@ -60,22 +33,18 @@ Action = Literal["load", "unload"]
 #: A worker's answer in the caller's protocol (gRPC reply bytes or error; an HTTP answer).
 R = TypeVar("R")
 
-#: Carries one step: ``(action, model, workers)`` -> ``(worker, answer)`` per worker. The
-#: step naming the client's model sends the client's own request; the others (callees, the
-#: undo of a moved meta) a plain one with the client's restricted-API key.
+#: Carries one step: ``(action, model, workers)`` -> ``(worker, answer)`` per worker (the
+#: client's own request for its model; a plain one with its key for the others).
 Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
 
-#: Where a model no worker holds goes: ``(model, callees, candidates)`` -> some of the
-#: candidates (a meta's group is placed with its callees' footprint).
+#: Where a model no worker holds goes: ``(model, callees, candidates)`` -> some candidates.
 Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
 
-#: The reason Triton's repository index gives a model unloaded on request (state
-#: UNAVAILABLE; tritonserver 2.51): such a worker no longer holds the model. It is also the
-#: state :meth:`ModelControl.indexes` gives such a row.
+#: Triton's index reason (state UNAVAILABLE) of a model unloaded on request; also the state
+#: :meth:`ModelControl.indexes` gives such a row.
 UNLOADED_REASON = "unloaded"
 
-#: Prefix of a load parameter that overrides a file of the model's directory (Triton's
-#: "Model Repository" extension: ``file:<path relative to the model directory>``).
+#: Prefix of a load parameter overriding a file of the model's directory (Triton).
 FILE_OVERRIDE_PREFIX = "file:"
 #: Most bytes of one path component (Linux ``NAME_MAX``); a longer one stops tritonserver.
 NAME_MAX = 255
@@ -84,17 +53,15 @@ PATH_MAX = 4096
 
 
 def check_file_overrides(model: str, parameters: Collection[str]) -> None:
-    """Refuse a load whose ``file:`` override names a path tritonserver cannot create.
-
-    Args:
-        model: the model the client named (for the message).
-        parameters: the names of the load request's parameters (``config``,
-            ``file:<path>``, ...); the others are not looked at.
+    """Refuse a load whose ``file:<path>`` parameter names a path tritonserver cannot create.
 
     Raises:
-        InvalidArgumentError: a ``file:`` path (UTF-8) has a component over
-            :data:`NAME_MAX` bytes or is over :data:`PATH_MAX` bytes in all; the message
-            names the model, the parameter (its first 64 characters) and the limit.
+        HloserveError: status INTERNAL, text starting "failed to load 'm', failed to poll from
+            model repository"
+            (what tritonserver answers for such a path where it does not abort, and what
+            Triton's model-control examples expect): a path (UTF-8) with a component over
+            :data:`NAME_MAX` bytes or over :data:`PATH_MAX` bytes in all; names the model, the
+            parameter (64 characters) and the limit.
     """
     for name in parameters:
         if not name.startswith(FILE_OVERRIDE_PREFIX):
@@ -109,10 +76,12 @@ def check_file_overrides(model: str, parameters: Collection[str]) -> None:
             what = f"a path of {size} bytes, over the limit of {PATH_MAX} bytes"
         else:
             continue
-        raise InvalidArgumentError(
-            f"load of model {model!r}: parameter {shown!r} names {what} (tritonserver cannot "
-            f"create such a file: at most {NAME_MAX} bytes per path component and "
-            f"{PATH_MAX} bytes per path); the load was sent to no worker"
+        raise HloserveError(
+            f"failed to load {model!r}, failed to poll from model repository: parameter "
+            f"{shown!r} names {what} (tritonserver cannot create such a file: at most "
+            f"{NAME_MAX} bytes per path component and {PATH_MAX} bytes per path); the load was "
+            "sent to no worker",
+            status=Status.INTERNAL,
         )
 
 
@@ -122,7 +91,7 @@ class Outcome(Generic[R]):
 
     Attributes:
         answers: ``(worker, answer)`` of the last step sent, or of the first step refused.
-        failed: whether some worker refused that step (the first refusal is the answer).
+        failed: whether some worker refused that step.
     """
 
     answers: list[tuple[str, R]]
@@ -133,13 +102,9 @@ class Outcome(Generic[R]):
 class ModelControl:
     """The model-control decision of the module docstring, on the gateway's event loop.
 
-    Attributes:
-        router: the routing table (metas' callees known from discovery).
-        upstreams: gRPC channels to the workers (index and config reads).
-        probe_timeout_s: deadline of one index or config read, seconds.
-        refresh: rediscovers the routing table after the steps (forced when a
-            :class:`~hloserve.gateway.discovery.SingleFlight`).
-        place: where a model no worker holds goes (:data:`Place`); None = every candidate.
+    ``refresh`` rediscovers the routing table after the steps (forced when a
+    :class:`~hloserve.gateway.discovery.SingleFlight`); ``place``: where a model no worker holds
+    goes (None: every candidate).
     """
 
     router: Router
@@ -150,9 +115,10 @@ class ModelControl:
     _calls: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     async def indexes(self) -> dict[str, dict[str, str]]:
-        """worker -> {model: state} of every worker that answers ``RepositoryIndex``: every
-        model of its repository, "" for one never loaded and ``"unloaded"`` for one
-        unloaded on request."""
+        """worker -> {model: state} of every worker that answers ``RepositoryIndex`` ("" never
+        loaded,
+        ``"unloaded"`` unloaded on request).
+        """
 
         async def index(worker: str) -> dict[str, str] | None:
             try:
@@ -171,13 +137,14 @@ class ModelControl:
 
     @staticmethod
     def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """The workers holding ``model`` (module docstring), in worker order."""
+        """The workers holding ``model`` (listed in a state but not unloaded), in worker order."""
         return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
 
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
-        """The callees of ``model`` (a meta's, an ensemble's steps: :func:`group_calls`) from
-        its config on ``worker`` (loaded there); () for another model; None when the config
-        cannot be read."""
+        """The callees of ``model`` (:func:`group_calls`) from its config on ``worker``; () for
+        another
+        model; None when the config cannot be read.
+        """
         try:
             return group_calls(
                 await self.upstreams.model_config(worker, model, self.probe_timeout_s)
@@ -195,7 +162,6 @@ class ModelControl:
     def _placed(
         self, model: str, calls: Sequence[str], indexes: Mapping[str, Mapping[str, str]]
     ) -> list[str]:
-        """Where a load of ``model`` (a meta: with ``calls``) no worker holds goes."""
         names = (model, *calls)
         candidates = [w for w, i in indexes.items() if all(n in i for n in names)]
         candidates = candidates or [w for w, i in indexes.items() if model in i]
@@ -212,25 +178,14 @@ class ModelControl:
         ok: Callable[[R], bool],
         parameters: Collection[str] = (),
     ) -> Outcome[R]:
-        """Load or unload ``model`` by the rules of the module docstring.
-
-        Args:
-            action: ``load`` or ``unload``.
-            model: the model the client named.
-            send: carries one step in the caller's protocol (:data:`Send`).
-            ok: whether an answer is a success.
-            parameters: the names of the client's load parameters (``config``,
-                ``file:<path>``, ...; :func:`check_file_overrides`).
+        """Load or unload ``model`` (module docstring); ``parameters``: the load's parameter names.
 
         Returns:
-            The answers of the deciding step: the first refused one, else the client's
-            model's last step.
+            The answers of the deciding step: the first refused, else the client's model's last.
 
         Raises:
-            FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`
-                (every bundle model of a worker runs in it; never sent to a worker).
-            InvalidArgumentError: a ``file:`` override tritonserver cannot create
-                (:func:`check_file_overrides`; never sent to a worker).
+            FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`.
+            HloserveError: a bad ``file:`` override (INTERNAL, :func:`check_file_overrides`).
         """
         if action == "unload" and model == RUNTIME_MODEL:
             raise FailedPreconditionError(
@@ -281,8 +236,9 @@ class ModelControl:
         first: Outcome[R] | None,
         step: Callable[..., Awaitable[Outcome[R]]],
     ) -> Outcome[R]:
-        """Load meta ``model``'s group (callees first) on its workers; unload the meta from
-        the workers ``first`` loaded it on (to read its config) outside them."""
+        """Load meta ``model``'s group (callees first) on its workers; unload the meta from the
+        workers ``first`` loaded it on outside them.
+        """
         loaded = [w for w, _ in first.answers] if first is not None else []
         whole = [
             w for w, i in indexes.items() if model in i and all(i.get(c) == "READY" for c in calls)

@@ -1,21 +1,9 @@
-"""The ``lpt_packing`` control loop, transport-neutral: statistics in, routing table out.
+"""The ``lpt_packing`` control loop: statistics in, routing table out (no I/O).
 
-Each discovery tick hands :class:`LptController` the discovered table (every ready replica)
-and each worker's cumulative counters per model (from Triton's ``ModelStatistics``:
-items served and execution seconds). The controller keeps per-model EWMAs of arrival rate
-(items/s) and cost per item (seconds), advances a :class:`~hloserve.gateway.placement.RepackClock`
-with the fleet's compute seconds, repacks with
-:func:`~hloserve.gateway.placement.compute_placement` at startup and when the clock says so
-(docs/gateway.md, "The lpt_packing control loop"), and returns the discovered table restricted
-to the placement.
-
-Weight footprints and budgets come from the runtime's ``hloserve_weight_*`` metrics
-(:func:`weights_from_metrics`) when the workers' metrics endpoints are configured; otherwise
-every model weighs 0 and budgets are unlimited. What the control plane
-(:mod:`hloserve.gateway.control`) reads and changes (knobs validated like the config file,
-per-model replicas and fill modes, operator repacks, the status snapshot) is
-:class:`hloserve.gateway.control.SchedulingControl`. Not done yet: EWMA half-life
-decoupled from the rebalance budget.
+:class:`LptController` keeps per-model EWMAs of arrival rate and cost per item, repacks with
+:func:`~hloserve.gateway.placement.compute_placement` when due and restricts the discovered
+table to the placement (docs/gateway.md, "The lpt_packing control loop"); weights come from
+:func:`weights_from_metrics`.
 """
 
 from __future__ import annotations
@@ -46,8 +34,7 @@ class Counters:
 
     Attributes:
         items: items served (Triton ``inference_count``).
-        compute_seconds: execution seconds (sum of ``batch_stats[*].compute_infer.ns`` / 1e9:
-            once per execution, not once per request).
+        compute_seconds: sum of ``batch_stats[*].compute_infer.ns`` / 1e9 (once per execution).
     """
 
     items: int
@@ -68,15 +55,10 @@ class WeightInfo:
 
 
 def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
-    """Read footprints and budgets from each worker's Prometheus text.
+    """Footprints and budgets from each worker's Prometheus text (worker -> text).
 
-    Args:
-        texts: worker (gRPC endpoint) -> text of its metrics endpoint; workers whose text
-            holds no ``hloserve_weight_*`` series are left out.
-
-    Source: the runtime's series ``hloserve_weight_cache_budget_bytes`` and
-    ``hloserve_weight_bytes{model}`` (hloserve.triton_backend.backends.metrics), parsed with
-    :func:`hloserve.prometheus_text.cache_status`.
+    Reads ``hloserve_weight_cache_budget_bytes`` and ``hloserve_weight_bytes{model}``
+    (:func:`hloserve.prometheus_text.cache_status`); a worker without them is left out.
     """
     models: dict[str, int] = {}
     budgets: dict[str, int] = {}
@@ -102,54 +84,31 @@ class _Estimate:
 class LptController:
     """Turns discovery results and statistics into the ``lpt_packing`` routing table.
 
-    Not thread-safe: one discovery loop owns it.
-
-    Internal models (hloserve's runtime model, which every front model calls over BLS) are
-    left out of the estimates, the repack clock and the placement: clients never address
-    them, and their execution time is already inside the front models' (counting it would
-    count the fleet's compute twice and place the runtime as the heaviest "model"). They keep
-    every discovered replica.
-
-    A meta model (a route with ``calls``) and the models it calls are one placement unit
-    (docs/meta_models.md): the meta is placed with the sum of its callees' weight bytes and no
-    compute of its own (its execution time is its sub-calls', already measured on the
-    callees, so it is left out of the estimates and the repack clock like the runtime), and
-    every callee is also routed to the workers the meta was placed on.
-
-    Args:
-        scheduling: the knobs (replica counts, hysteresis, rebalance budgets).
-        internal_models: names never placed (default: the runtime model).
+    Not thread-safe: one discovery loop owns it. The runtime model is never estimated or placed
+    and keeps every replica. A meta model and its callees are one
+    placement unit (docs/meta_models.md): the meta weighs its callees' bytes with no compute of
+    its own, and each callee is also routed where the meta went.
     """
 
-    def __init__(
-        self,
-        scheduling: SchedulingConfig,
-        internal_models: frozenset[str] = frozenset({RUNTIME_MODEL}),
-    ) -> None:
+    def __init__(self, scheduling: SchedulingConfig) -> None:
         self._scheduling = scheduling
-        self._internal = internal_models
+        self._internal = frozenset({RUNTIME_MODEL})
         self.clock = RepackClock(
             scheduling.rebalance_compute_seconds, scheduling.first_rebalance_compute_seconds
         )
         self._last: dict[tuple[str, str], Counters] = {}
         self._estimates: dict[str, _Estimate] = {}
         self.placement: Placement | None = None
-        #: Placements computed since start (startup, fleet changes, traffic, operator).
+        #: Placements computed since start.
         self.repacks = 0
         self._placed_models: frozenset[str] = frozenset()
         self._placed_workers: frozenset[str] = frozenset()
         self._discovered = RoutingTable()
         self.weights = WeightInfo()
 
-    @property
-    def scheduling(self) -> SchedulingConfig:
-        """The knobs in force."""
-        return self._scheduling
-
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
-        """Use new knobs: replica counts and hysteresis at the next repack, budgets at once.
-
-        The EWMAs and the compute accumulated toward the next repack are kept.
+        """Use new knobs: replica counts and hysteresis at the next repack, budgets at once
+        (the EWMAs and the accumulated compute are kept).
         """
         self._scheduling = scheduling
         self.clock.retune(
@@ -157,10 +116,8 @@ class LptController:
         )
 
     def repack_now(self) -> RoutingTable:
-        """Repack with the current estimates and the last discovered table (an operator repack).
-
-        Does not touch the repack clock. Returns the table to route with; empty
-        before the first :meth:`tick`.
+        """Repack with the current estimates and the last discovered table (an operator repack; the
+        clock is untouched); the table to route with, empty before the first :meth:`tick`.
         """
         workers = sorted({w for r in self._discovered.routes.values() for w in r.replicas})
         if workers:
@@ -176,11 +133,8 @@ class LptController:
     ) -> float:
         """Fold one tick's cumulative counters in; returns the fleet compute seconds spent.
 
-        Deltas against the previous tick give items and compute per model; a counter that
-        went down (worker restart) counts as a fresh start. The EWMA weight of the new sample
-        is ``1 - 0.5 ** (fleet compute seconds / half-life)`` with the half-life equal to
-        ``rebalance_compute_seconds`` (EWMAs decay against fleet compute seconds, as
-        ReactantServer's), or 1 for a model's first sample.
+        A counter that went down (worker restart) counts from zero. A sample's EWMA weight is
+        ``1 - 0.5 ** (fleet compute seconds / rebalance_compute_seconds)``, 1 for a model's first.
         """
         items: dict[str, int] = {}
         compute: dict[str, float] = {}
@@ -223,9 +177,8 @@ class LptController:
     ) -> RoutingTable:
         """One control step: observe, repack if due, and return the table to route with.
 
-        A repack happens at the first tick, when the set of models or workers changed, and
-        when the repack clock says traffic calls for one. Models the placement did not see
-        (or whose placed workers are all gone) route over every discovered replica.
+        Repacks at the first tick, when the models or workers changed, and when the clock is due.
+        Models unplaced (or whose placed workers are gone) route over every discovered replica.
         """
         self._discovered = discovered
         fleet = self.observe(counters, elapsed_seconds)
@@ -243,24 +196,12 @@ class LptController:
     def place_new(
         self, model: str, workers: Sequence[str], calls: Sequence[str] = ()
     ) -> tuple[str, ...]:
-        """The workers a model that no worker holds yet should be loaded on (explicit model
-        control through the gateway, docs/gateway.md "Model control").
+        """The workers a model no worker holds should be loaded on ("Model control").
 
-        The current models and ``model`` (a meta: its group, placed with the footprint of
-        ``calls``, as a repack places a meta) (no traffic seen: placed by memory, its weight bytes
-        if the workers reported them, else 0, so it goes to the least loaded workers; its
-        configured replica count) are placed as a repack would, with the current assignment
-        and hysteresis; only ``model``'s share of that placement is returned. The next
-        discovery tick, which finds ``model`` on those workers, repacks for real.
-
-        Args:
-            model: the model to load.
-            workers: the candidate workers (the healthy ones), in fleet order.
-            calls: ``model``'s callees when it is a meta; () for a model.
-
-        Returns:
-            ``model``'s workers, in placement order; all of ``workers`` when it is internal
-            (the runtime model) or there are none.
+        Placed as a repack would place the current models plus ``model`` (a meta: with the
+        footprint of ``calls``; no traffic yet, so by memory); only ``model``'s share is
+        returned, in placement order; all of ``workers`` (the healthy candidates) when it is
+        internal or there are none.
         """
         if model in self._internal or not workers:
             return tuple(workers)
@@ -278,13 +219,12 @@ class LptController:
         return chosen
 
     def _loads(self, discovered: RoutingTable, weights: WeightInfo) -> list[ModelLoad]:
-        """What :func:`compute_placement` places: every discovered model but the internal ones
-        (a meta with its callees' footprint and no compute of its own)."""
+        """What :func:`compute_placement` places: every discovered model but the internal ones."""
         loads = []
         for name, route in discovered.routes.items():
             if name in self._internal:
                 continue
-            if route.calls:  # a meta: its group's footprint, no compute of its own
+            if route.calls:  # a meta
                 footprint = sum(weights.model_bytes.get(c, 0) for c in route.calls)
                 replicas = self._scheduling.replicas_of(name)
                 loads.append(ModelLoad(name, weight_bytes=footprint, replicas=replicas))
@@ -305,7 +245,6 @@ class LptController:
     def _place(
         self, loads: list[ModelLoad], workers: Sequence[str], weights: WeightInfo
     ) -> Placement:
-        """:func:`compute_placement` with the knobs, the budgets and the current assignment."""
         return compute_placement(
             loads,
             [WorkerCapacity(w, weights.budget_bytes.get(w, 0)) for w in workers],

@@ -1,14 +1,8 @@
-"""``lpt_packing`` placement: which workers hold which model, and when to repack.
+"""``lpt_packing`` placement: which workers hold which model, and when to repack (pure logic).
 
-Pure functions and small value classes, no gRPC and no clock: the discovery loop feeds them
-measurements and turns a :class:`Placement` into a :class:`hloserve.gateway.routing.RoutingTable`.
-
-Source of every rule: ReactantServer's gateway (its placement, repack cadence and replica
-counts, docs/gateway.md "ReactantServer's gateway"; the code is ``compute_assignment`` in
-ReactantServer.jl's ``packages/ReactantServerGateway/src/lpt_packing.jl``); hloserve's rules are
-under "Placement (lpt_packing)" there. The greedy rule is Graham's
-LPT ("longest processing time first") list scheduling extended to two dimensions (compute share
-and weight memory).
+The rules are ReactantServer's ``compute_assignment`` (ReactantServer.jl,
+``packages/ReactantServerGateway/src/lpt_packing.jl``): Graham's LPT list scheduling over two
+dimensions, compute share and weight memory (docs/gateway.md, "Placement (lpt_packing)").
 """
 
 from __future__ import annotations
@@ -23,16 +17,8 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class ModelLoad:
-    """What the packer knows of one model.
-
-    Attributes:
-        name: model name.
-        arrival_rate: items per second arriving for the model (an EWMA), >= 0.
-        cost_per_item_seconds: measured compute seconds per item on one worker, >= 0
-            (delta ``total_compute_seconds`` / delta items served).
-        weight_bytes: device weight footprint, bytes, charged in full to every replica.
-        replicas: distinct workers to place it on: a positive integer (clamped to the fleet
-            size) or ``"all"``.
+    """What the packer knows of one model: arrival rate (items/s), cost per item (seconds), weight
+    bytes (charged in full to every replica), replicas (clamped to the fleet, or ``"all"``).
     """
 
     name: str
@@ -49,13 +35,8 @@ class ModelLoad:
 
 @dataclass(frozen=True)
 class WorkerCapacity:
-    """What the packer knows of one worker.
-
-    Attributes:
-        name: worker endpoint (host:port), the key used in assignments.
-        weight_budget_bytes: device bytes available to model weights; 0 = unconstrained
-            (the runtime's ``weight_cache_max_bytes``).
-        compute_capacity: compute seconds per second the worker delivers (1.0 = one GPU).
+    """What the packer knows of one worker: its endpoint, weight budget (bytes; 0 = unconstrained),
+    compute capacity (compute seconds per second; 1.0 = one GPU).
     """
 
     name: str
@@ -70,10 +51,8 @@ class Placement:
     Attributes:
         assignment: model name -> workers holding it (distinct, in the order chosen).
         compute_share: worker -> compute seconds per second assigned / capacity.
-        weight_bytes: worker -> bytes of weights assigned.
         moved: models whose worker set differs from the previous placement.
         held_by_hysteresis: models that kept a worker although another was less pressured.
-        warnings: human-readable problems (oversubscription, clamped replica counts).
     """
 
     assignment: Mapping[str, tuple[str, ...]]
@@ -91,10 +70,8 @@ def _memory_share(used: int, budget: int) -> float:
 def _slot_key(
     worker: WorkerCapacity, model: ModelLoad, share: float, compute: float, memory: int
 ) -> tuple[float, float]:
-    """Sort key of placing one replica of ``model`` on ``worker`` (lower is better).
-
-    Hot models: (pressure after, memory share after); cold models (``u == 0``): the reverse,
-    so they are packed by memory. The first element is rounded to ``_EPS``.
+    """Sort key of one replica of ``model`` on ``worker`` (lower is better): (pressure, memory
+    share) after it; reversed for a cold model. The first element is rounded to ``_EPS``.
     """
     mem = _memory_share(memory + model.weight_bytes, worker.weight_budget_bytes)
     pressure = max((compute + share) / worker.compute_capacity, mem)
@@ -110,30 +87,9 @@ def compute_placement(
     hysteresis: float = 0.0,
     forbid_memory_oversubscription: bool = True,
 ) -> Placement:
-    """Place every model on its replica count of distinct workers, heaviest first.
-
-    Rule (ReactantServer's ``compute_assignment``): models are sorted by descending utilization
-    ``u`` (ties: larger weight footprint first, then name); each is placed on
-    ``k = clamp(replicas, 1, N)`` distinct workers, one replica at a time, on the worker whose
-    pressure after adding it is lowest, where
-    ``pressure = max(compute share, weight bytes / budget)``; each replica is charged ``u / k``
-    of compute and the full weight footprint. Cold models (``u == 0``) are
-    packed by memory (lowest memory share first). With ``forbid_memory_oversubscription`` a
-    worker whose budget the model would overflow is skipped while another has room; when none
-    has room the model is placed anyway and a warning names it. Hysteresis: a worker that held
-    the model in ``previous`` is kept when its pressure x (1 - hysteresis) is at most the best
-    pressure (so with 0 it is kept on ties only). Ties between workers go to the one holding
-    fewer models (so cold models of unknown weight spread), then to the earlier in ``workers``.
-
-    Args:
-        models: the models to place.
-        workers: the fleet; names must be distinct.
-        previous: the current assignment, for hysteresis and the ``moved`` report.
-        hysteresis: fraction in [0, 1).
-        forbid_memory_oversubscription: see above.
-
-    Returns:
-        The placement, with per-worker compute share and weight bytes and any warnings.
+    """Place every model on its replica count of distinct workers, heaviest first, by Graham's LPT
+    rule over compute share and weight memory with hysteresis (docs/gateway.md, "Placement
+    (lpt_packing)").
 
     Raises:
         ValueError: no workers, duplicate worker names, or hysteresis outside [0, 1).
@@ -238,16 +194,9 @@ def compute_placement(
 class RepackClock:
     """Decides when traffic calls for a repack, counting fleet compute-seconds.
 
-    Each discovery tick reports how many compute seconds the whole fleet spent since the last
-    tick (the sum over workers of delta ``total_compute_seconds``). A repack is due once the
-    accumulated amount reaches the budget: ``first_rebalance_compute_seconds`` for the first
-    traffic-driven repack when it is > 0, ``rebalance_compute_seconds`` afterwards. An idle
-    fleet (delta <= 0) never repacks. Startup and operator repacks do not go through this
-    clock and do not consume its budget. Not thread-safe: one discovery loop owns it.
-
-    Args:
-        rebalance_compute_seconds: budget between traffic-driven repacks, seconds > 0.
-        first_rebalance_compute_seconds: budget of the first one, seconds; 0 uses the above.
+    A repack is due once the fleet compute seconds reported by :meth:`advance` reach the budget
+    (``first_rebalance_compute_seconds`` for the first when > 0, then
+    ``rebalance_compute_seconds``); an idle fleet never repacks. Not thread-safe.
     """
 
     def __init__(
@@ -260,8 +209,7 @@ class RepackClock:
     def retune(
         self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float
     ) -> None:
-        """Set the budgets (at start, and on a knob change: the compute accumulated so far
-        is kept).
+        """Set the budgets, keeping the compute accumulated so far.
 
         Raises:
             ValueError: ``rebalance_compute_seconds`` <= 0 or ``first`` < 0.

@@ -1,11 +1,8 @@
-"""``lpt_packing``'s precondition on its workers: they schedule ``fifo`` or ``edf``, not ``fair``.
+"""``lpt_packing``'s precondition: every worker schedules ``fifo`` or ``edf``, not ``fair``.
 
-``lpt_packing`` places models on workers from their measured load assuming each worker runs
-requests in arrival (``fifo``) or deadline (``edf``) order; a ``fair`` worker reorders them by
-weight and recent compute (docs/scheduling.md, "The gateway's lpt_packing"). A worker's
-discipline is the ``hloserve.scheduling`` parameter of its ``hloserve_runtime`` model, read
-with KServe's ``ModelConfig`` (absent = ``fair``). A worker that does not answer, or serves no
-hloserve runtime, is reported and not held against the gateway.
+A worker's discipline is its ``hloserve_runtime`` model's ``hloserve.scheduling`` parameter
+(docs/scheduling.md, "The gateway's lpt_packing"); one that does not answer or serves no
+runtime is logged and accepted.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ LPT_DISCIPLINES = ("fifo", "edf")
 
 
 async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float) -> str | None:
-    """``worker``'s scheduling discipline, or None when it serves no hloserve runtime or does
-    not answer (the reason is logged)."""
+    """``worker``'s scheduling discipline, or None when unknown (the reason is logged)."""
     try:
         config = await upstreams.model_config(worker, RUNTIME_MODEL, timeout_s)
     except grpc.aio.AioRpcError as exc:
@@ -45,9 +41,7 @@ async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float)
         )
         return None
     if config.backend != RUNTIME_BACKEND:
-        log.warning(
-            "gateway: worker %s serves no hloserve runtime; its scheduling is unknown", worker
-        )
+        log.warning(_NO_RUNTIME, worker)
         return None
     params = string_values(config.parameters)
     try:
@@ -58,14 +52,11 @@ async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float)
 
 
 def check_lpt_disciplines(disciplines: Mapping[str, str | None]) -> None:
-    """Refuse workers whose discipline ``lpt_packing`` cannot plan for.
-
-    Args:
-        disciplines: worker -> its discipline (None = unknown: accepted).
+    """Refuse workers whose discipline (worker -> discipline, None: unknown) ``lpt_packing`` cannot
+    plan for.
 
     Raises:
-        WorkerSchedulingError: (FAILED_PRECONDITION) naming every worker that schedules
-            anything but ``fifo`` or ``edf``, and how to change it.
+        WorkerSchedulingError: naming every such worker and how to change it.
     """
     wrong = {w: d for w, d in disciplines.items() if d is not None and d not in LPT_DISCIPLINES}
     if wrong:

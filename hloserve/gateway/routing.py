@@ -1,11 +1,8 @@
-"""The gateway's routing table and :class:`Router`, its holder; transport-neutral, no gRPC.
+"""The gateway's routing table and :class:`Router`, its thread-safe holder (no gRPC).
 
-:class:`RoutingTable` maps each model to its :class:`ModelRoute` (replicas, max batch, measured
-cost, a meta's callees) and is replaced whole by :meth:`Router.swap_table` (discovery, health
-and the ``lpt_packing`` placement build a new one; readers never see half a table). HAProxy
-routes the requests (:mod:`hloserve.gateway.dataplane`); the router keeps the table, the live
-scheduling knobs and HAProxy's routed and in-flight counts per (model, worker), which the
-control plane (``GetSchedulingStatus``) and the admin port's ``/metrics`` read.
+Discovery, health and placement build a new :class:`RoutingTable` and swap it in whole; the
+router also keeps the live knobs and HAProxy's routed and in-flight counts per (model,
+worker), read by ``GetSchedulingStatus`` and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -18,17 +15,13 @@ from types import MappingProxyType
 from hloserve.errors import NotFoundError, UnavailableError
 from hloserve.gateway.config import SchedulingConfig
 
-#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) to an inference request for a model
-#: it does not know (``model_lifecycle.cc``; compared with a real tritonserver's in
-#: tests/gateway/test_tritonserver.py).
+#: tritonserver 2.51's answer (NOT_FOUND) for a model it does not know.
 TRITON_UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"
 
-#: tritonserver 2.51's answer (gRPC NOT_FOUND, HTTP 404) for a model it lists but has no
-#: version of loaded (failed, unloaded, still loading).
+#: tritonserver 2.51's answer (NOT_FOUND) for a model it lists with no version loaded.
 TRITON_NO_VERSIONS = "Request for unknown model: '{model}' has no available versions"
 
-#: How discovery starts the reason of a worker that lists a model not READY
-#: (:func:`hloserve.gateway.discovery.discover_table`).
+#: How discovery starts the reason of a worker that lists a model not READY.
 REPORTS = "reports "
 
 
@@ -38,13 +31,10 @@ class ModelRoute:
 
     Attributes:
         replicas: worker endpoints holding the model, distinct, in table order.
-        max_batch: effective max batch of the model in items (Triton ``max_batch_size``);
-            None when unknown or when the model does not batch.
-        cost_per_item_seconds: measured compute seconds per item; None when not measured yet.
-        calls: for a meta model, the models it calls (its placement group,
-            docs/meta_models.md); empty for a plain model.
-        stateful: served with Triton's sequence batcher (its state lives in one worker's
-            runtime): discovery routes it to one replica.
+        max_batch: Triton ``max_batch_size`` in items; None when unknown or not batching.
+        cost_per_item_seconds: measured compute seconds per item; None until measured.
+        calls: a meta's or ensemble's callees (its placement group); () for a plain model.
+        stateful: Triton's sequence batcher: discovery routes it to one replica.
     """
 
     replicas: tuple[str, ...]
@@ -59,19 +49,13 @@ class ModelRoute:
 
 
 class RoutingTable:
-    """Immutable map of model name -> :class:`ModelRoute`; build a new one to change it.
-
-    Besides the routes it keeps why a model cannot be routed, for the error a client gets
-    (UNAVAILABLE naming each worker's reason, NOT_FOUND only for a name no reachable worker
-    lists).
+    """Immutable map of model name -> :class:`ModelRoute`, with why models cannot be routed.
 
     Args:
-        routes: model name -> route.
-        unready: model name -> {worker: why the model cannot be routed there}, e.g.
-            ``"reports UNAVAILABLE: load failed"`` (RepositoryIndex) or ``"unreachable
-            (failed its health probes)"``.
-        unreachable: worker -> why it did not answer discovery; a model it might serve is
-            unknown, not absent.
+        unready: model -> {worker: why not routable there}, e.g. ``"reports UNAVAILABLE: load
+            failed"``.
+        unreachable: worker -> why it did not answer discovery (its models are unknown, not
+            absent).
     """
 
     def __init__(
@@ -108,14 +92,10 @@ class RoutingTable:
         return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
 
     def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
-        """The error for a request of ``model`` that no replica can take, in Triton's words
-        where one tritonserver has the same condition.
-
-        NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when every worker answered and none lists the
-        model; NOT_FOUND :data:`TRITON_NO_VERSIONS` (every worker's reason after it) when the
-        workers that list it all report it not ready (failed, unloaded, loading); UNAVAILABLE
-        naming the workers when a worker that holds (or might hold) it is unreachable: no
-        single tritonserver has that condition.
+        """The error for a request of ``model`` no replica can take, in Triton's words where one
+        tritonserver has the same condition: NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when no
+        reachable worker lists it, NOT_FOUND :data:`TRITON_NO_VERSIONS` with every worker's reason
+        when all that list it report it not ready; else UNAVAILABLE naming the workers.
         """
         unready = sorted(self.unready.get(model, {}).items())
         reasons = "; ".join(f"worker {w} {why}" for w, why in unready)
@@ -134,11 +114,7 @@ class RoutingTable:
 
 
 class Router:
-    """Thread-safe holder of the current table, the live knobs and HAProxy's counts.
-
-    Args:
-        table: the initial table (empty when None).
-    """
+    """Thread-safe holder of the current table, the live knobs and HAProxy's counts."""
 
     def __init__(self, table: RoutingTable | None = None) -> None:
         self._lock = threading.Lock()
@@ -163,7 +139,7 @@ class Router:
             self._table = table
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
-        """Keep new knobs (the control plane's changes; the next HAProxy layout uses them)."""
+        """Keep new knobs (the next HAProxy layout uses them)."""
         with self._lock:
             self._scheduling = scheduling
 
@@ -172,8 +148,7 @@ class Router:
         routed: Mapping[tuple[str, str], int],
         outstanding: Mapping[tuple[str, str], int],
     ) -> None:
-        """HAProxy's requests routed so far and in flight per (model, worker); they replace
-        the previous ones."""
+        """Replace HAProxy's routed and in-flight counts per (model, worker)."""
         with self._lock:
             self._routed = dict(routed)
             self._outstanding = dict(outstanding)

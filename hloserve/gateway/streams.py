@@ -1,26 +1,10 @@
 """``ModelStreamInfer`` through the gateway: every message routed by its own model name.
 
-HAProxy hands every ``ModelStreamInfer`` stream to the Python servicer (docs/gateway.md,
-"Data plane"), which relays it as Triton serves one stream (KServe V2 gRPC,
-``ModelStreamInfer``; tritonclient's ``start_stream`` / ``async_stream_infer``):
-
-- each message goes to a worker serving its own ``model_name``: the first message of a model
-  picks one of the model's replicas (in rotation across streams) and the model's later messages
-  of the stream go to that same worker (a sequence's messages stay on one replica); one
-  upstream stream is opened per worker the stream reaches, on its first message for it;
-- a message the gateway cannot forward (no worker serves the model, none has a version of it
-  loaded, shapes no model can run, malformed) is answered inside the stream, as tritonserver
-  answers a request it cannot run: a ``ModelStreamInferResponse`` whose ``error_message`` is
-  the text Triton gives (:meth:`hloserve.gateway.routing.RoutingTable.no_route_error`) and
-  whose ``infer_response`` carries only the request's ``id``; the stream stays open;
-- answers are relayed, bytes untouched, as they come from the workers (completion order, as
-  Triton's own, so clients match them by ``id``);
-- when the client half-closes, every upstream stream is half-closed and the stream ends once
-  all have ended; an upstream stream ending with an error (a worker gone) ends the client's
-  stream with that status (no failover: a message it held may have run).
-
-The per-worker request and the answer queues are bounded (:data:`QUEUE_MESSAGES`), so a client
-sending faster than the workers answer is slowed by gRPC flow control rather than buffered.
+Relayed as tritonserver serves one stream (docs/gateway.md, "Data plane"): a model's first
+message picks a replica (rotating across streams) and its later ones follow; a message that
+cannot be forwarded gets Triton's error inside the stream, which stays open; answers come in
+completion order; an upstream error ends the stream with its status (no failover). Queues are
+bounded (:data:`QUEUE_MESSAGES`), so gRPC flow control slows a fast client.
 """
 
 from __future__ import annotations
@@ -46,8 +30,9 @@ _END = None
 
 
 def error_answer(message: str, request_id: str) -> bytes:
-    """A ``ModelStreamInferResponse`` answering one message with an error inside the stream:
-    ``error_message`` set and ``infer_response`` holding only ``id`` (Triton's form)."""
+    """A ``ModelStreamInferResponse`` with ``error_message`` and only ``infer_response.id``
+    (Triton's form).
+    """
     response = service_pb2.ModelStreamInferResponse(error_message=message)
     response.infer_response.id = request_id
     return response.SerializeToString()
@@ -57,11 +42,9 @@ class StreamRelay:
     """Relays one client ``ModelStreamInfer`` stream to the workers, message by message.
 
     Args:
-        router: the routing table (a model's replicas).
-        upstreams: channels to the workers.
-        check: checks a message's head (a discovery pass first for an unknown model);
-            raises :class:`~hloserve.errors.HloserveError` for shapes no model can run.
-        turn: the rotation counter shared by the gateway's streams (picks a model's replica).
+        check: checks a message's head; raises :class:`~hloserve.errors.HloserveError` for
+            shapes no model can run.
+        turn: the rotation counter shared by the gateway's streams.
     """
 
     def __init__(
@@ -81,8 +64,7 @@ class StreamRelay:
         self._answers: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(QUEUE_MESSAGES)
 
     async def run(self, requests: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The answers of the stream ``requests``, serialized ``ModelStreamInferResponse``
-        messages, in completion order.
+        """The serialized answers of the stream ``requests``, in completion order.
 
         Raises:
             UpstreamError: an upstream stream ended with an error (its code and message).
@@ -100,9 +82,7 @@ class StreamRelay:
             await asyncio.gather(reader, *self._relays, return_exceptions=True)
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
-        """Send each client message to its worker (or answer it here), then end the stream
-        once every upstream stream has ended (an error reading the client's stream ends it
-        with that error)."""
+        """Route each client message, then end the stream once every upstream one ended."""
         try:
             async for request in requests:
                 await self._route(request)
@@ -116,8 +96,7 @@ class StreamRelay:
         await self._answers.put(_END)
 
     async def _route(self, request: bytes) -> None:
-        """One message: to its model's worker for this stream, or Triton's error inside the
-        stream."""
+        """One message: to its model's worker for this stream, or Triton's error in the stream."""
         head = None
         try:
             head = peek_infer_request(request)
@@ -142,7 +121,6 @@ class StreamRelay:
 
     async def _relay(self, worker: str, queue: asyncio.Queue[bytes | None]) -> None:
         """One upstream stream: ``queue``'s messages to ``worker``, its answers to the client."""
-
         ended = asyncio.Event()  # the client half-closed
 
         async def messages() -> AsyncIterator[bytes]:

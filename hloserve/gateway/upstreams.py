@@ -1,9 +1,4 @@
-"""The gateway's channels to its workers and the probes sent on them.
-
-:class:`Upstreams` keeps one ``grpc.aio`` channel per worker and calls carry raw bytes both
-ways (nothing is re-marshalled). :func:`probe_ready` is the health probe, :func:`poll_counters`
-the ``ModelStatistics`` poll of ``lpt_packing`` (docs/gateway.md, "Proxy").
-"""
+"""The gateway's channels to its workers and the probes sent on them (raw bytes both ways)."""
 
 from __future__ import annotations
 
@@ -20,9 +15,8 @@ from hloserve.gateway.packing import Counters
 SERVICE = "inference.GRPCInferenceService"
 
 
-#: Reconnect backoff of the upstream channels, milliseconds. gRPC's default grows to 120 s, so
-#: a worker restarted after a long outage would stay unreachable long after it is ready; with
-#: these a down worker gets one connection attempt every 2 s at most.
+#: Reconnect backoff of the upstream channels, milliseconds: at most 2 s (gRPC's default grows
+#: to 120 s, so a restarted worker would stay unreachable long after it is ready).
 RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
@@ -47,11 +41,8 @@ class Upstreams:
     """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
 
     Args:
-        workers: worker endpoints (host:port).
-        limits: message-size limits of every channel.
-        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call: the workers'
-            model-control key when their repository API is restricted
-            (:func:`hloserve.model_control.grpc_metadata`).
+        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call (the workers'
+            model-control key, :func:`hloserve.model_control.grpc_metadata`).
     """
 
     def __init__(
@@ -70,11 +61,8 @@ class Upstreams:
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_workers(self, workers: Sequence[str]) -> tuple[str, ...]:
-        """Make ``workers`` the fleet (DNS discovery): a channel to each new one; the channels
-        of the ones gone stay open for calls already made on them until :meth:`drop`.
-
-        Returns:
-            The workers gone (to :meth:`drop` once nothing routes to them).
+        """Make ``workers`` the fleet; returns the workers gone, whose channels stay open for calls
+        already made until :meth:`drop`.
         """
         self.workers = tuple(workers)
         for worker in self.workers:
@@ -83,8 +71,7 @@ class Upstreams:
         return tuple(w for w in self._channels if w not in self.workers)
 
     def drop(self, workers: Sequence[str], grace_s: float) -> None:
-        """Close the channels of ``workers`` (gone from the fleet), each after its calls in
-        flight end or ``grace_s`` seconds pass; in the background."""
+        """Close the channels of ``workers`` gone, each after its calls end or ``grace_s``."""
         for worker in workers:
             if worker in self.workers:
                 continue
@@ -96,8 +83,7 @@ class Upstreams:
                 task.add_done_callback(self._closing.discard)
 
     def raw(self, worker: str, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        """A callable sending bytes to ``method`` of ``worker`` and returning the reply bytes
-        (made once per worker and method, then reused)."""
+        """A cached callable sending bytes to ``method`` of ``worker``, returning reply bytes."""
         key = (worker, method)
         call = self._unary.get(key)
         if call is None:
@@ -109,8 +95,7 @@ class Upstreams:
         return self._channels[worker].stream_stream(method_path(method))
 
     async def repository_index(self, worker: str, timeout_s: float) -> Any:
-        """``worker``'s ``RepositoryIndex`` (every model of its repository, with its state and
-        reason; sent with :attr:`repository_metadata`): the ``models`` rows.
+        """``worker``'s ``RepositoryIndex`` rows (every model with state and reason).
 
         Raises:
             grpc.aio.AioRpcError: the worker's error (UNAVAILABLE when unreachable).
@@ -122,8 +107,7 @@ class Upstreams:
         return service_pb2.RepositoryIndexResponse.FromString(reply).models
 
     async def model_config(self, worker: str, model: str, timeout_s: float) -> Any:
-        """``model``'s configuration on ``worker`` (``ModelConfig``; Triton's
-        ``inference.ModelConfig`` message).
+        """``model``'s ``inference.ModelConfig`` on ``worker``.
 
         Raises:
             grpc.aio.AioRpcError: the worker's error (NOT_FOUND: not loaded there).
@@ -133,7 +117,7 @@ class Upstreams:
         return service_pb2.ModelConfigResponse.FromString(reply).config
 
     async def close(self) -> None:
-        """Close every channel (those being dropped too, without waiting for their calls)."""
+        """Close every channel (those being dropped too, without waiting)."""
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
@@ -151,10 +135,8 @@ async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bo
 
 
 async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
-    """Cumulative items and execution seconds per (model, worker) from ``ModelStatistics``.
-
-    Items are ``inference_count``; seconds are the sum of ``batch_stats[*].compute_infer.ns``
-    (counted once per execution). Workers that fail are left out.
+    """Cumulative :class:`~hloserve.gateway.packing.Counters` per (model, worker) from
+    ``ModelStatistics``; workers that fail are left out.
     """
     request = service_pb2.ModelStatisticsRequest().SerializeToString()
 

@@ -1,14 +1,8 @@
 """Reading the head of a serialized KServe V2 ``ModelInferRequest``: only what routing needs.
 
-The gateway forwards inference requests as the bytes the client sent and never re-marshals
-tensor payloads (as ReactantServer's gateway: it decodes the model name and id, plus one
-input's shape for lpt_packing; hloserve reads the input shapes for its shape check;
-docs/gateway.md, "ReactantServer's gateway"). The bytes are
-parsed by protobuf against ``InferRequestHead`` (hloserve/protos/infer_head.proto): the field
-numbers of Triton's ``inference.ModelInferRequest`` with tensor payloads, parameters and
-requested outputs declared as opaque bytes, so those are kept as byte strings and never
-decoded. Measured on 2 CPU cores (protobuf 4.25, upb): 0.8 µs for
-a small request, 2.7 ms for a 20 MiB one (one copy of the payload bytes).
+Parsed against ``InferRequestHead`` (hloserve/protos/infer_head.proto): Triton's field numbers
+with payloads declared as opaque bytes, never decoded (0.8 µs for a small request, 2.7 ms for
+20 MiB, 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -23,15 +17,7 @@ from hloserve.protos.infer_head_pb2 import InferRequestHead
 
 @dataclass(frozen=True)
 class InferHead:
-    """What the gateway reads of an inference request.
-
-    Attributes:
-        model_name: ``model_name`` (field 1).
-        model_version: ``model_version`` (field 2), "" when absent.
-        request_id: ``id`` (field 3), "" when absent.
-        inputs: (name, shape) of every input tensor, in request order (shapes only; the
-            tensor contents are never read).
-    """
+    """What the gateway reads of an inference request ("" when absent); input shapes only."""
 
     model_name: str
     model_version: str
@@ -40,16 +26,8 @@ class InferHead:
 
 
 def peek_infer_request(data: bytes) -> InferHead:
-    """Read model name, version, id and input shapes from a ModelInferRequest.
-
-    ``ModelReadyRequest``, ``ModelMetadataRequest`` and ``ModelConfigRequest`` carry the model
-    name and version in the same fields (1 and 2), so their heads read the same way.
-
-    Args:
-        data: the request exactly as received.
-
-    Returns:
-        The head of the request.
+    """Read model name, version, id and input shapes from a ModelInferRequest (also the name and
+    version of a ``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` request).
 
     Raises:
         InvalidArgumentError: the bytes are not a well-formed protobuf message.
@@ -63,22 +41,12 @@ def peek_infer_request(data: bytes) -> InferHead:
 
 
 def check_shapes(head: InferHead, max_batch: int | None) -> None:
-    """Refuse input shapes no model can run, before the request is forwarded.
-
-    A worker must never see a request that is malformed for every model: one such request
-    (0 rows of a BYTES input) crashed tritonserver's Python backend, so the gateway checks
-    what it can from the shapes alone.
-
-    Args:
-        head: the peeked request (:func:`peek_infer_request`).
-        max_batch: the routed model's ``max_batch_size`` when it batches (Triton batches on
-            the leading axis of every input), None when it does not batch or is unknown
-            (then only negative extents are refused).
+    """Refuse input shapes no model can run (a 0-row BYTES input crashed tritonserver's Python
+    backend); ``max_batch`` None: only negative extents are refused.
 
     Raises:
-        InvalidArgumentError: an extent is negative; or the model batches and an input's
-            leading extent is 0 or above ``max_batch``. The message names model, input,
-            shape and the allowed range.
+        InvalidArgumentError: a negative extent; or, batching, a leading extent of 0 or above
+            ``max_batch``; names model, input, shape and the allowed range.
     """
     model = head.model_name
     for name, shape in head.inputs:

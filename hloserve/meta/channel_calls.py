@@ -1,15 +1,8 @@
 """A meta's sub-calls to bundle models over the runtime's channel, from the meta's own process.
 
-docs/meta_models.md, "On a worker": for each callee in ``meta.calls`` that is a bundle of the
-same repository (its ``config.pbtxt`` names backend ``hloserve_front``), the meta instance
-holds a front of its own: the callee's :class:`~hloserve.triton_backend.front.core.FrontModel`
-(its checks, variants and hooks, which then run in the meta's process) and an inline
-:class:`~hloserve.triton_backend.front.front_channel.ChannelFront` to the runtime. A sub-call is one
-work in the runtime's scheduler, coalesced with the callee's other traffic, without a BLS round
-trip through tritonserver and the callee's front stub (two copies of every tensor), and
-committed: the runtime's scheduler serves it ahead of the callee's queued requests
-(docs/scheduling.md, "Decision order"). Sub-calls to foreign models (other backends) go to the
-``foreign`` transport (the Triton shim's BLS).
+Each bundle callee gets a :class:`~hloserve.triton_backend.front.core.FrontModel` and an inline,
+committed :class:`~hloserve.triton_backend.front.front_channel.ChannelFront` here (no BLS round
+trip); foreign callees go to the ``foreign`` transport (docs/meta_models.md, "On a worker").
 """
 
 from __future__ import annotations
@@ -42,13 +35,12 @@ class _Callee:
 
     def __init__(self, args: ModelArgs, key: str | None) -> None:
         core = FrontModel.from_args(args)
-        #: how long a sub-call without a deadline waits for the runtime, seconds
         self.wait_s = core.runtime_wait_s
         self.lock = threading.Lock()
         self.front = ChannelFront(
             core,
             core.bundle.path,
-            self._respond,
+            list.append,  # the request's handle is the list its answer goes to
             address=channel.address(core.runtime_model, key),
             wait_s=core.runtime_wait_s,
             key=key,
@@ -57,16 +49,10 @@ class _Callee:
         )
         self.front.start()  # connects and loads in the background
 
-    @staticmethod
-    def _respond(handle: Any, result: Any) -> None:
-        handle.append(result)
-
 
 def _out_of_time(result: Any, deadline: float | None) -> bool:
-    """Whether ``result`` is a sub-call that ran out of time unexecuted: shed by the scheduler
-    (UNAVAILABLE with a reason naming the deadline,
-    :data:`hloserve.triton_backend.runtime.scheduler.REASON_EXPIRED`), or UNAVAILABLE once the
-    deadline has passed (no runtime reachable in time)."""
+    """Whether ``result`` ran out of time unexecuted: UNAVAILABLE naming the deadline (shed by
+    the scheduler) or once the deadline has passed."""
     return (
         deadline is not None
         and isinstance(result, HloserveError)
@@ -76,8 +62,7 @@ def _out_of_time(result: Any, deadline: float | None) -> bool:
 
 
 def front_args(repository: Path, model: str) -> ModelArgs | None:
-    """The ``initialize`` args of ``model``'s front model in ``repository``, read from its
-    ``config.pbtxt``; None when ``model`` is not a bundle there (a foreign model, or absent).
+    """The ``initialize`` args of ``model``'s front in ``repository``; None when not a bundle.
 
     Raises:
         InvalidArgumentError: the config does not parse.
@@ -102,15 +87,8 @@ def front_args(repository: Path, model: str) -> ModelArgs | None:
 class ChannelCalls:
     """The bundle callees of one meta instance, each reached over the channel.
 
-    Args:
-        repository: the model repository the meta and its callees are in.
-        calls: the meta's ``meta.calls``.
-        foreign: the transport of sub-calls to the other callees (foreign models); None =
-            those are refused NOT_FOUND.
-        key: the server key of the channel's names (default :func:`channel.server_key`).
-
-    Attributes:
-        sent: callee -> sub-calls sent over the channel since the last :meth:`take_sent`.
+    ``foreign``: the transport to other callees (None: refused NOT_FOUND); ``sent``: callee ->
+    sub-calls since :meth:`take_sent`.
 
     Raises:
         HloserveError: a callee's config or bundle copy cannot be read (its front would not
@@ -142,24 +120,15 @@ class ChannelCalls:
         return model in self._callees
 
     def send(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        timeout_us: int,
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_us: int
     ) -> dict[str, np.ndarray]:
-        """One sub-call (:data:`hloserve.meta.core.Send`): ``model``'s outputs (``outputs``
-        only, when given), over the channel to a bundle, else by the ``foreign`` transport.
-
-        A sub-call over the channel waits for a runtime that is not there (restarting) up to
-        the callee's ``hloserve.runtime_wait_s``, and never past ``timeout_us``.
+        """One sub-call (:data:`hloserve.meta.core.Send`) over the channel, else ``foreign``.
 
         Raises:
-            NotFoundError: ``model`` is no bundle callee and there is no ``foreign`` transport.
+            NotFoundError: no bundle callee and no ``foreign`` transport.
             InvalidArgumentError: ``outputs`` names an output the callee does not have.
             HloserveError: the callee's error with its status; DEADLINE_EXCEEDED when it ran
-                out of time (``timeout_us``) unexecuted: shed by the runtime's scheduler, or no
-                runtime reachable in time.
+                out of time unexecuted.
         """
         callee = self._callees.get(model)
         if callee is None:
@@ -186,7 +155,7 @@ class ChannelCalls:
         return {n: result[n] for n in outputs} if outputs else dict(result)
 
     def take_sent(self) -> dict[str, int]:
-        """:attr:`sent`, then zeroed (for counters flushed once per meta ``execute``)."""
+        """:attr:`sent`, then zeroed."""
         sent, self.sent = dict(self.sent), collections.Counter()
         return sent
 
@@ -195,6 +164,3 @@ class ChannelCalls:
         for callee in self._callees.values():
             callee.front.close()
         self._callees.clear()
-
-
-__all__ = ["ChannelCalls", "front_args"]

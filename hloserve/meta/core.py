@@ -1,11 +1,7 @@
 """A meta model's core: load ``run`` from ``model.py``, check tensors, gate, call, deadline.
 
-A meta bundle's ``model.py`` defines ``run(inputs, call) -> outputs``: ``inputs`` are the
-request's ``client_inputs`` as NumPy arrays by name; ``call(name, inputs)`` runs another model
-(one of ``meta.calls``) and returns its outputs; ``run`` returns the ``client_outputs``. The
-transport of ``call`` is injected (:data:`Send`): the Triton shim implements it with BLS to the
-sub-model's front model, so sub-calls coalesce with other clients' traffic to that model.
-Nothing here imports Triton.
+``run(inputs, call) -> outputs`` takes and returns NumPy arrays by name; ``call(name, inputs)``
+runs one of ``meta.calls`` through an injected transport (:data:`Send`). docs/meta_models.md.
 """
 
 from __future__ import annotations
@@ -21,8 +17,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloserve import names, triton_messages
-from hloserve.bundle import MODEL_PY, Bundle, ClientTensorSpec, TensorSpec, load_bundle
-from hloserve.bundle.files import import_model_py
+from hloserve.bundle.bundle import Bundle, load_bundle
+from hloserve.bundle.files import MODEL_PY, import_model_py
+from hloserve.bundle.manifest import Manifest
+from hloserve.bundle.manifest_sections import ClientTensorSpec, TensorSpec
 from hloserve.errors import (
     DeadlineExceededError,
     HloserveError,
@@ -41,31 +39,9 @@ log = logging.getLogger("hloserve.meta")
 Tensors = dict[str, np.ndarray]
 
 
-class Callee(Protocol):
-    """What a meta needs to know of a callee: a bundle's :class:`Manifest` has all of it."""
-
-    @property
-    def wire_inputs(self) -> list[TensorSpec]: ...
-
-    @property
-    def client_inputs(self) -> list[ClientTensorSpec] | None: ...
-
-    @property
-    def batch_leading(self) -> bool: ...
-
-    @property
-    def max_batch_size(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class ForeignCallee:
-    """A Triton model of another backend as a callee, described by its ``config.pbtxt``.
-
-    Attributes:
-        wire_inputs: the config's inputs as specs (batch axis ``n`` first when
-            ``max_batch_size > 0``; ``-1`` dims variable).
-        max_batch_size: the config's ``max_batch_size``.
-    """
+    """A Triton model of another backend as a callee, from its ``config.pbtxt``."""
 
     wire_inputs: list[TensorSpec]
     max_batch_size: int
@@ -73,7 +49,7 @@ class ForeignCallee:
 
     @property
     def batch_leading(self) -> bool:
-        """Whether Triton batches it (the batch axis is every input's first)."""
+        """Whether Triton batches it (batch axis first)."""
         return self.max_batch_size > 0
 
     @classmethod
@@ -98,14 +74,13 @@ class ForeignCallee:
         return cls(specs, int(config.max_batch_size))
 
 
-#: ``describe(model) -> callee``: what a callee takes, to check a sub-call's inputs before
-#: sending it; None when unknown (then the callee checks alone). Raises NotFoundError when the
-#: callee is not served here.
+#: What a meta knows of a callee: its wire inputs and batching.
+Callee = Manifest | ForeignCallee
+#: ``describe(model) -> callee``, None when unknown; raises NotFoundError when not served here.
 Describe = Callable[[str], Callee | None]
 
-#: ``send(model, inputs, output_names, timeout_us) -> outputs``: one request to ``model``
-#: (``output_names`` empty = all outputs; ``timeout_us`` 0 = no timeout). Raises HloserveError
-#: with the callee's status.
+#: ``send(model, inputs, output_names, timeout_us) -> outputs`` (names empty: all; 0: no
+#: timeout); raises HloserveError with the callee's status.
 Send = Callable[[str, Mapping[str, np.ndarray], Sequence[str], int], Mapping[str, np.ndarray]]
 
 
@@ -123,22 +98,11 @@ Run = Callable[[Tensors, Call], Mapping[str, Any]]
 
 @dataclass(eq=False)
 class MetaCall:
-    """The ``call`` object handed to ``run``: calls declared models within the deadline.
+    """The ``call`` handed to ``run``: calls ``calls`` models by ``send`` within ``deadline``.
 
-    Args:
-        meta: the meta model's name (for error text).
-        calls: the models it may call (``meta.calls``).
-        send: the transport (:data:`Send`).
-        deadline: the run's deadline; each sub-call gets the time left as its ``timeout``.
-        describe: the callees' manifests (:data:`Describe`); a sub-call's inputs are checked
-            against the callee's client-facing inputs before sending (Triton's own refusals
-            lose their status over BLS), and a batch too large for it is split into chunks of
-            its largest compiled batch size.
-        clock: ``time.monotonic`` (injectable for tests).
-
-    Attributes:
-        compute_s: seconds spent inside sub-calls (the glue between them excluded).
-        calls_made: sub-requests sent (a chunked call counts each chunk).
+    With ``describe``, a sub-call's inputs are checked before sending and a batch too large is
+    chunked (docs/meta_models.md). ``compute_s``: seconds inside sub-calls; ``calls_made``:
+    sub-requests sent.
     """
 
     meta: str
@@ -156,21 +120,13 @@ class MetaCall:
     ) -> Tensors:
         """Run model ``name`` on ``inputs``; its outputs (``outputs`` only, when given).
 
-        A batch larger than the callee's largest compiled batch size is split along the batch
-        axis into sub-requests of at most that size, sent one after the other (each within
-        the deadline), and their outputs are concatenated in order: ``run`` may pass any
-        batch of at least one item. Only for a callee whose tensors all have their batch
-        axis first and that declares no ``client_inputs`` (its wire batch is its compiled
-        batch); other callees get the batch as given.
-
         Raises:
             InvalidArgumentError: ``name`` is not in ``meta.calls``, or ``inputs`` do not match
-                the callee's inputs, or hold 0 items (nothing is sent).
+                the callee's or hold 0 items (nothing is sent).
             NotFoundError: the callee is not served on this worker (nothing is sent).
-            DeadlineExceededError: the deadline passed before the call or one of its chunks
-                (nothing more is sent), or the callee reports its timeout ran out.
-            HloserveError: the callee's error, with its status; the message names the meta
-                and the callee.
+            DeadlineExceededError: the deadline passed before the call or a chunk, or the
+                callee's timeout ran out.
+            HloserveError: the callee's error, with its status, naming meta and callee.
         """
         if name not in self.calls:
             raise InvalidArgumentError(
@@ -207,7 +163,6 @@ class MetaCall:
     def _check_callee_inputs(
         self, name: str, inputs: Mapping[str, np.ndarray]
     ) -> tuple[int | None, int | None]:
-        """(batch size of ``inputs``, the callee's largest batch when chunkable, else None)."""
         try:
             manifest = self.describe(name) if self.describe is not None else None
         except NotFoundError as exc:
@@ -231,29 +186,26 @@ class MetaCall:
         return batch, manifest.max_batch_size if batched else None
 
     def remaining_s(self) -> float | None:
-        """Seconds left before the deadline, or None without one (for ``run`` to budget)."""
+        """Seconds left before the deadline, or None without one."""
         return self.deadline.remaining_s()
 
 
 def _callee_error(meta: str, callee: str, message: str, status: Status) -> HloserveError:
-    # A callee Triton does not know is NOT_FOUND (triton_messages.unknown_model). BLS to a
-    # model absent from the server says "is not ready" instead and stays UNAVAILABLE;
-    # repository_describer answers NOT_FOUND for a callee missing from the repository first.
     if triton_messages.unknown_model(message):
         status = Status.NOT_FOUND
-    text = f"model {meta!r}: call to model {callee!r} failed: {message}"
     if status is Status.DEADLINE_EXCEEDED or triton_messages.timeout_expired(message):
         return DeadlineExceededError(
             f"model {meta!r}: deadline exceeded in the call to model {callee!r}: {message}"
         )
-    return HloserveError(text, status=status)
+    return HloserveError(
+        f"model {meta!r}: call to model {callee!r} failed: {message}", status=status
+    )
 
 
 def repository_describer(repository: Path) -> Describe:
-    """A :data:`Describe` reading ``<repository>/<model>/1/bundle``, cached per model.
+    """A :data:`Describe` reading ``<repository>/<model>/1/bundle`` (or a foreign config).
 
-    A model whose bundle copy is unreadable is described as None (not cached: the repository
-    may change); one without a directory in the repository raises NotFoundError.
+    Unreadable: None (not cached); no directory in the repository: NotFoundError.
     """
     cache: dict[str, Callee] = {}
 
@@ -269,10 +221,12 @@ def repository_describer(repository: Path) -> Describe:
                 if copy.is_dir():
                     cache[model] = load_bundle(copy, name=model).manifest
                 else:  # a Triton model of another backend (docs/serving.md, "Foreign models")
-                    foreign = _foreign_callee(repository / model)
-                    if foreign is None:
+                    from hloserve.model_repository_tools.config import parse_config
+
+                    config = parse_config(repository / model / "config.pbtxt")
+                    if not config.input:  # Triton auto-completes them
                         return None
-                    cache[model] = foreign
+                    cache[model] = ForeignCallee.from_config(config)
             except HloserveError:
                 return None
         return cache[model]
@@ -280,19 +234,8 @@ def repository_describer(repository: Path) -> Describe:
     return describe
 
 
-def _foreign_callee(model_dir: Path) -> Callee | None:
-    """A foreign model's inputs from its config; None when Triton auto-completes them."""
-    from hloserve.model_repository_tools.config import parse_config
-
-    config = parse_config(model_dir / "config.pbtxt")
-    return ForeignCallee.from_config(config) if config.input else None
-
-
 def load_run(path: Path, model: str) -> Run:
-    """Import ``model.py`` at ``path`` and return its ``run``.
-
-    The file is imported as module ``hloserve_meta_model_<model>`` (its own namespace; the
-    bundle directory is not put on ``sys.path``).
+    """Import ``model.py`` at ``path`` as ``hloserve_meta_model_<model>``; its ``run``.
 
     Raises:
         NotFoundError: the file does not exist.
@@ -315,15 +258,7 @@ def load_run(path: Path, model: str) -> Run:
 class MetaModel:
     """Serves one meta bundle: checks a request, takes a gate permit, runs ``run``.
 
-    Args:
-        name: the model name.
-        bundle: the meta bundle (``kind: meta``).
-        run: its ``run`` function.
-        send: the transport of ``call`` (:data:`Send`).
-        gate: the worker's meta gate; None = no limit. A meta with no ``meta.calls``
-            (compute-only) never takes a permit.
-        describe: the callees' manifests (:data:`Describe`); None = not checked here.
-        clock: ``time.monotonic`` (injectable for tests).
+    ``gate`` None: no limit; a meta without ``meta.calls`` never takes a permit.
     """
 
     def __init__(
@@ -355,13 +290,7 @@ class MetaModel:
 
     @classmethod
     def from_args(cls, args: ModelArgs, send: Send) -> MetaModel:
-        """Build from the meta model's Triton config (docs/meta_models.md).
-
-        Reads its parameters (:class:`~hloserve.model_parameters.MetaParameters`):
-        ``hloserve.bundle`` (the bundle copy, relative to the model directory), the
-        repository format, and ``hloserve.meta_concurrency`` (the gate size; the gate lives in
-        :func:`~hloserve.meta.gate.server_gate_dir`). Callees are described by their bundle
-        copies in the same repository (``<repo>/<callee>/1/bundle``), read on first call.
+        """Build from the meta model's Triton config (:class:`MetaParameters`; docs/meta_models.md).
 
         Raises:
             InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
@@ -372,25 +301,11 @@ class MetaModel:
         run = load_run(bundle.path / MODEL_PY, args.name)
         remove_stale_gates()
         gate = MetaGate(server_gate_dir(), params.meta_concurrency)
-        return cls(
-            args.name,
-            bundle,
-            run,
-            send,
-            gate=gate,
-            describe=repository_describer(args.model_dir.parent),
-        )
+        describe = repository_describer(args.model_dir.parent)
+        return cls(args.name, bundle, run, send, gate=gate, describe=describe)
 
     def execute(self, inputs: Mapping[str, np.ndarray], *, timeout_us: int = 0) -> Tensors:
-        """Serve one request.
-
-        Args:
-            inputs: the request's tensors by name (``client_inputs``).
-            timeout_us: the client's budget in microseconds (the request's ``timeout``), from
-                now; 0 = none.
-
-        Returns:
-            The ``client_outputs`` ``run`` returned.
+        """Serve one request: the ``client_outputs`` ``run`` returned (``timeout_us`` 0: none).
 
         Raises:
             InvalidArgumentError: the inputs do not match ``client_inputs`` or hold 0 items
@@ -413,12 +328,7 @@ class MetaModel:
 
     def _run_once(self, inputs: Mapping[str, np.ndarray], deadline: Deadline) -> Tensors:
         call = MetaCall(
-            self.name,
-            self.calls,
-            self._send,
-            deadline,
-            describe=self._describe,
-            clock=self._clock,
+            self.name, self.calls, self._send, deadline, describe=self._describe, clock=self._clock
         )
         try:
             result = self._run(dict(inputs), call)
@@ -438,25 +348,11 @@ class MetaModel:
         try:
             self._check_outputs(outputs)
         except InvalidArgumentError as exc:
-            message = exc.message
             raise _internal(
-                f"run returned outputs that do not match client_outputs: {message}"
+                f"run returned outputs that do not match client_outputs: {exc.message}"
             ) from None
         return outputs
 
 
 def _internal(message: str) -> HloserveError:
-    """An INTERNAL error: ``run`` (the meta's own code) misbehaved."""
     return HloserveError(message, status=Status.INTERNAL)
-
-
-__all__ = [
-    "Call",
-    "Describe",
-    "MetaCall",
-    "MetaModel",
-    "Run",
-    "Send",
-    "load_run",
-    "repository_describer",
-]

@@ -1,9 +1,4 @@
-"""A meta run's deadline: the client's timeout, counted from when the run starts.
-
-The client's budget reaches a Python-based backend as the KServe request parameter ``timeout``
-(microseconds; ``timeout=`` of tritonclient's ``infer``), read with ``request.timeout()``; 0
-means none. The gRPC deadline of the call (``client_timeout``) is not visible to a backend.
-"""
+"""A meta run's deadline: the client's KServe ``timeout`` (us), counted from the run's start."""
 
 from __future__ import annotations
 
@@ -16,12 +11,7 @@ from hloserve.errors import DeadlineExceededError
 
 @dataclass(frozen=True)
 class Deadline:
-    """When a run must be done, on a monotonic clock; ``expires_at`` None means never.
-
-    Attributes:
-        expires_at: the clock's reading at the deadline, seconds, or None.
-        clock: the clock (``time.monotonic``; injectable for tests).
-    """
+    """When a run must be done: ``clock()`` reading in seconds, None for never."""
 
     expires_at: float | None
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
@@ -43,11 +33,7 @@ class Deadline:
         return 0 if left is None else max(1, int(left * 1e6))
 
     def check(self, model: str, before: str) -> None:
-        """Raise unless time is left.
-
-        Args:
-            model: the meta model, for error text.
-            before: what was about to happen, e.g. ``"calling model 'strong'"``.
+        """Raise unless time is left (``before``: e.g. ``"calling model 'strong'"``).
 
         Raises:
             DeadlineExceededError: the deadline has passed.
@@ -58,6 +44,3 @@ class Deadline:
                 f"model {model!r}: deadline exceeded before {before} "
                 f"({-left * 1e3:.1f} ms past the client's timeout)"
             )
-
-
-__all__ = ["Deadline"]

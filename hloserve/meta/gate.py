@@ -1,15 +1,8 @@
-"""The per-worker meta gate: at most N meta runs at once across every meta model of a server.
+"""The per-worker meta gate: at most N meta runs at once across a server's meta models.
 
-Triton runs each model instance of a Python-based backend in its own stub process, so a limit
-across meta models (and their instances) needs a primitive that processes share. The gate is a
-counting semaphore made of N lock files, ``slot-0`` .. ``slot-<N-1>`` in one directory per
-tritonserver: a run holds an exclusive :func:`fcntl.flock` on one slot file for its whole
-duration (sub-calls and the Python glue between them). ``flock`` locks belong to the open file
-and vanish when the process dies, so a crashed stub never leaks a permit (a POSIX named
-semaphore would; the stdlib has none either).
-
-Waiting is polling (a few milliseconds apart, doubling up to :data:`MAX_POLL_S`) bounded by the
-request's deadline: the order in which waiting runs are admitted is not first-come-first-served.
+A counting semaphore of N lock files (``slot-<i>``) per tritonserver: a run holds an exclusive
+``flock`` on one, released by the kernel when the process dies. Waiting polls (doubling up to
+:data:`MAX_POLL_S`) until the deadline, not first-come-first-served (docs/meta_models.md).
 """
 
 from __future__ import annotations
@@ -29,28 +22,17 @@ from hloserve.meta.deadline import Deadline
 #: First and longest wait between two attempts to take a slot, seconds.
 FIRST_POLL_S = 0.002
 MAX_POLL_S = 0.02
-
-
 _GATE_PREFIX = "hloserve-meta-gate-"
 
 
 def server_gate_dir(server_pid: int | None = None) -> Path:
-    """The gate directory of one tritonserver: ``<tmp>/hloserve-meta-gate-<pid>``.
-
-    Args:
-        server_pid: the tritonserver's process id; default: this process's parent (a Python
-            backend stub is a child of tritonserver).
-    """
+    """``<tmp>/hloserve-meta-gate-<pid>`` of a tritonserver (default: this stub's parent)."""
     pid = os.getppid() if server_pid is None else server_pid
     return Path(tempfile.gettempdir()) / f"{_GATE_PREFIX}{pid}"
 
 
 def remove_stale_gates() -> list[Path]:
-    """Delete the gate directories of servers that no longer run (their pid is gone).
-
-    Returns:
-        The directories removed.
-    """
+    """Delete (and return) the gate directories of servers whose pid is gone."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{_GATE_PREFIX}*"):
         pid = path.name.removeprefix(_GATE_PREFIX)
@@ -67,13 +49,7 @@ def remove_stale_gates() -> list[Path]:
 
 
 class MetaGate:
-    """A cross-process counting semaphore of ``slots`` permits backed by lock files.
-
-    Args:
-        directory: where the slot files live (created if missing); every process sharing the
-            directory shares the permits.
-        slots: number of permits, >= 1 (``hloserve.meta_concurrency``).
-        sleep: ``time.sleep`` (injectable for tests).
+    """A cross-process counting semaphore of ``slots`` permits: lock files in ``directory``.
 
     Raises:
         ValueError: ``slots`` < 1.
@@ -106,11 +82,7 @@ class MetaGate:
 
     @contextlib.contextmanager
     def permit(self, model: str, deadline: Deadline) -> Iterator[None]:
-        """Hold one permit for the ``with`` body, waiting for one until ``deadline``.
-
-        Args:
-            model: the meta model asking, for error text.
-            deadline: when to give up.
+        """Hold one permit for the ``with`` body, waiting until ``deadline``.
 
         Raises:
             DeadlineExceededError: no permit came free before the deadline (nothing ran).
@@ -129,6 +101,3 @@ class MetaGate:
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
-
-
-__all__ = ["FIRST_POLL_S", "MAX_POLL_S", "MetaGate", "remove_stale_gates", "server_gate_dir"]

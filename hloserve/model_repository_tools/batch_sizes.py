@@ -1,14 +1,5 @@
-"""Compiled batch sizes of symbolic-batch bundles: chosen when a repository is built.
-
-A symbolic-batch bundle (docs/bundles.md, "Symbolic batch") carries one artifact per variant
-for every batch size, so the sizes to compile are a serving decision: ``hloserve repo build
---batch-sizes 1,4,16,64`` for every symbolic bundle, ``--batch-sizes MODEL=1,8`` for one. The
-build writes the chosen sizes into the repository's copy of the bundle, so the front, the
-runtime and Triton's ``max_batch_size`` see an ordinary list of compiled sizes; the runtime
-specializes the artifact to each size when it loads the model.
-
-A bundle with one artifact per batch size keeps its own sizes: naming it in ``--batch-sizes``
-is an error, and so is ``--batch-sizes`` for a repository without any symbolic bundle.
+"""Compiled batch sizes of symbolic-batch bundles, chosen at build time (``--batch-sizes``;
+docs/bundles.md, "Symbolic batch"). The build writes them into the repository's bundle copy.
 """
 
 from __future__ import annotations
@@ -20,22 +11,16 @@ from hloserve.bundle.manifest import Manifest
 from hloserve.errors import BatchSizeError
 from hloserve.model_repository_tools.build_options import BatchSizeOptions
 
-#: Sizes compiled for a symbolic bundle when ``--batch-sizes`` does not say: each 4x the
-#: previous, so an execution pads at most to 4x its rows, with four executables per variant
-#: (compile time at load grows with the count).
+#: Sizes compiled for a symbolic bundle when ``--batch-sizes`` does not say (each 4x the last).
 DEFAULT_LADDER = (1, 4, 16, 64)
-#: The default ladder stops below the size whose inputs and outputs together, per execution,
-#: would exceed this many bytes (64 MiB); an explicit ``--batch-sizes`` is not bounded.
+#: The default ladder stops below the size whose inputs plus outputs per execution exceed this.
 DEFAULT_LADDER_MAX_BYTES = 64 * 1024 * 1024
 
 
 def parse_batch_sizes(values: Sequence[str]) -> BatchSizeOptions:
     """Parse repeated ``--batch-sizes`` values: ``1,4,16`` (every symbolic bundle) or ``M=1,8``.
-
-    Raises:
-        BatchSizeError: a size that is not a positive integer, a repeated size, a model named
-            twice, or two default lists.
-    """
+    BatchSizeError for a size not a positive integer, a repeated size, a model named twice, or
+    two default lists."""
     default: tuple[int, ...] = ()
     per_model: dict[str, tuple[int, ...]] = {}
     for value in values:
@@ -69,13 +54,8 @@ def _sizes(text: str, value: str) -> tuple[int, ...]:
 
 
 def default_batch_sizes(manifest: Manifest) -> tuple[int, ...]:
-    """The default ladder for a symbolic bundle, within its constraints and the memory bound.
-
-    :data:`DEFAULT_LADDER` keeps the sizes within ``batching.symbolic`` (``min``/``max``) whose
-    inputs plus outputs per execution, at the largest variant, stay within
-    :data:`DEFAULT_LADDER_MAX_BYTES`; ``min`` itself is always kept, so the result is never
-    empty.
-    """
+    """:data:`DEFAULT_LADDER` within ``batching.symbolic`` and :data:`DEFAULT_LADDER_MAX_BYTES`
+    (at the largest variant), plus ``min`` (never empty)."""
     symbolic = manifest.batching.symbolic
     assert symbolic is not None, "only symbolic-batch manifests have a default ladder"
     per_item = max(
@@ -96,14 +76,7 @@ def default_batch_sizes(manifest: Manifest) -> tuple[int, ...]:
 def choose_batch_sizes(
     manifests: Mapping[str, Manifest], options: BatchSizeOptions
 ) -> dict[str, tuple[int, ...]]:
-    """The compiled sizes of every symbolic-batch model; other models keep their own.
-
-    Args:
-        manifests: model name -> manifest, for every model of the repository.
-        options: the ``--batch-sizes`` values.
-
-    Returns:
-        Symbolic model name -> its sizes (sorted), the sizes checked against its constraints.
+    """Symbolic-batch model name -> its compiled sizes (sorted, checked); others keep theirs.
 
     Raises:
         BatchSizeError: a named model is not in the repository or has fixed batch sizes; sizes

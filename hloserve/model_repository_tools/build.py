@@ -1,10 +1,5 @@
-"""Bundles directory -> Triton model repository, validated first and written atomically.
-
-:func:`~hloserve.model_repository_tools.repository_plan.plan_repository` validates every bundle
-and computes every config without writing; :func:`write_repository` writes a plan into a
-temporary directory next to the target and moves it into place with one rename (an exchange
-when the target exists), so a tritonserver polling the repository sees the old repository or
-the new one, never a mix.
+"""Write a repository plan atomically: old repository or new, never a mix, for a polling
+tritonserver (:func:`write_repository`, :func:`build_repository`).
 """
 
 from __future__ import annotations
@@ -21,20 +16,33 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.bundle import check_bundle, load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.front_spec import front_spec
 from hloserve.bundle.manifest import MANIFEST_FILE
+from hloserve.bundle.validate import check_bundle
 from hloserve.errors import RepositoryError, Status
 from hloserve.model_repository_tools.config import label_file
-from hloserve.model_repository_tools.foreign import write_foreign
+from hloserve.model_repository_tools.foreign import CONFIG_FILE, write_foreign
 from hloserve.model_repository_tools.repository_plan import (
-    CONFIG_FILE,
     BuildOptions,
     Progress,
     RepositoryPlan,
     plan_repository,
     report,
 )
+
+#: Each front's ``1/model.py`` (:data:`~hloserve.names.FRONT_SHIM`): the front as a ``python``
+#: model, for a load whose config override names no backend.
+FRONT_SHIM_TEXT = '''"""Written by `hloserve repo build`: this front as a `python` model, for
+a load whose config override names no backend (Triton infers `python` from this file). The
+ordinary load (backend "hloserve_front") does not read it."""
+
+from hloserve.triton_backend.backends.hloserve_front.model import OverriddenFront
+
+
+class TritonPythonModel(OverriddenFront):
+    model_file = __file__
+'''
 
 
 def write_repository(
@@ -44,15 +52,10 @@ def write_repository(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """Write ``plan`` as a model repository at ``out_dir``, atomically.
+    """Write ``plan`` as a model repository at ``out_dir``, atomically; returns its absolute path.
 
-    The repository is built in ``<out_dir>.tmp-XXXX`` beside ``out_dir``, then renamed into
-    place. An existing ``out_dir`` (only with ``overwrite``) is exchanged with the new one in
-    one ``renameat2(RENAME_EXCHANGE)`` on Linux (two renames elsewhere) and then deleted.
-    Bundle sources are only read.
-
-    Returns:
-        The absolute repository path.
+    Built in ``<out_dir>.tmp-XXXX``, then renamed into place (an existing ``out_dir``, only with
+    ``overwrite``, is swapped out by ``renameat2(RENAME_EXCHANGE)`` on Linux, then deleted).
 
     Raises:
         RepositoryError (FAILED_PRECONDITION): ``out_dir`` exists and ``overwrite`` is False,
@@ -83,19 +86,7 @@ def build_repository(
     progress: Progress | None = None,
     **fields: Any,
 ) -> RepositoryPlan:
-    """Validate the bundles under ``bundles_dir`` and write their repository at ``out_dir``.
-
-    :func:`plan_repository` (with ``options``, the build options, and ``fields``, its
-    shorthand) then
-    :func:`write_repository`; nothing is written unless every bundle is valid and the names
-    do not collide.
-
-    Returns:
-        The plan that was written.
-
-    Raises:
-        BundleError, RepositoryError: see :func:`plan_repository` and :func:`write_repository`.
-    """
+    """:func:`plan_repository` then :func:`write_repository` (their errors); returns the plan."""
     out = Path(out_dir).absolute()
     _check_target(out, [], overwrite)  # fail before validating when the answer is known
     plan = plan_repository(bundles_dir, options, progress=progress, **fields)
@@ -126,7 +117,6 @@ def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
 
 
 def _ignore(_dir: str, entries: list[str]) -> list[str]:
-    """Leave editor/temp files and caches out of bundle copies."""
     return [e for e in entries if e.startswith(".") or e == "__pycache__"]
 
 
@@ -153,6 +143,7 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
                 shutil.copyfile(bundle_copy / spec.labels, model_dir / label_file(spec))
         if not manifest.is_meta:  # what the front reads instead of the manifest (its memory)
             (model_dir / names.FRONT_SPEC).write_text(front_spec(manifest).to_json())
+            (model_dir / names.FRONT_SHIM).write_text(FRONT_SHIM_TEXT)
         (model_dir / CONFIG_FILE).write_text(model.config_text)
         report(progress, line)
     for foreign in plan.foreign:
@@ -186,11 +177,8 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)`` (glibc >= 2.28).
-
-    Returns:
-        False when the platform or file system cannot (the caller falls back to renames).
-    """
+    """Swap two paths with Linux ``renameat2(RENAME_EXCHANGE)`` (glibc >= 2.28); False when
+    the platform or file system cannot."""
     if not sys.platform.startswith("linux"):
         return False
     try:

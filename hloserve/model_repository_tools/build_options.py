@@ -1,11 +1,6 @@
-"""The build options: :class:`BuildOptions`, every option that shapes the repository built
-from bundles, with its parts (docs/serving.md, "Build options").
+"""The build options: :class:`BuildOptions` and its parts (docs/serving.md, "Build options").
 
-``hloserve repo build`` and ``hloserve serve`` make one :class:`BuildOptions` from their flags
-(:func:`hloserve.cli_options.build_options`) and pass it whole to
-:func:`~hloserve.model_repository_tools.repository_plan.plan_repository`. Each field's metadata
-names its flag; a scalar field with a help text is also where its flag is declared. This module
-imports nothing heavy: the CLI reads it to add the flags.
+Each field's metadata names its command-line flag; light to import (the CLI reads it).
 """
 
 from __future__ import annotations
@@ -19,25 +14,14 @@ from hloserve.errors import RepositoryError
 
 
 def _flag(flag: str, metavar: str = "", text: str = "") -> dict[str, str]:
-    """A field's command-line flag; with ``text`` (its help: ``{when}`` and ``{default}`` are
-    filled in) :func:`hloserve.cli_options.add_build_options` adds the flag from the field."""
+    """Field metadata; with help ``text`` the CLI declares the flag from the field."""
     return {"flag": flag, "metavar": metavar, "help": text}
 
 
 @dataclass(frozen=True, kw_only=True)
 class WeightCacheOptions:
-    """The runtime's weight cache settings, written to its config (docs/on_demand_weights.md).
-
-    Attributes:
-        weight_cache_bytes: byte budget for all weights (pinned included); 0 (default) = no
-            budget, every model's weights stay on the device.
-        weight_cache_fraction: instead of bytes, the budget as a fraction in (0, 1] of the
-            device memory free at the runtime's start; 0 (default) = unused.
-        device_memory_fraction: the fraction in (0, 1] of the card's memory the runtime's
-            allocator may take; 0 (default) = ``names.DEFAULT_DEVICE_MEMORY_FRACTION``.
-        residency: model name -> ``"system"`` (default), ``"device"`` or ``"unpinned"``.
-        compaction_interval: on-demand loads between compactions; 0 (default) = off.
-    """
+    """The runtime's weight cache settings (docs/on_demand_weights.md; the fields of
+    :class:`~hloserve.model_parameters.RuntimeParameters` of the same names)."""
 
     weight_cache_bytes: int = field(default=0, metadata=_flag("--weight-cache-bytes"))
     weight_cache_fraction: float = field(default=0.0, metadata=_flag("--weight-cache-fraction"))
@@ -48,12 +32,7 @@ class WeightCacheOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulingOptions:
-    """The runtime scheduler's settings, written to its config (docs/scheduling.md).
-
-    Attributes:
-        scheduling: ``"fair"`` (default), ``"fifo"`` or ``"edf"``.
-        model_weights: model name -> ``fair`` weight (> 0); unlisted models weigh 1.0.
-    """
+    """The runtime scheduler's discipline and ``fair`` weights (docs/scheduling.md)."""
 
     scheduling: str = field(default=names.SCHEDULING_DISCIPLINES[0], metadata=_flag("--scheduling"))
     model_weights: Mapping[str, float] = field(
@@ -63,14 +42,8 @@ class SchedulingOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutableCacheOptions:
-    """The runtime's executable cache settings, written to its config (docs/serving.md,
-    "Executable cache").
-
-    Attributes:
-        directory: the cache directory (absolute) or ``"off"``; "" (default) = the runtime's
-            default (``HLOSERVE_EXECUTABLE_CACHE``, else ``$XDG_CACHE_HOME/hloserve/executables``).
-        max_bytes: the size bound in bytes; 0 (default) = the runtime's default (4 GiB).
-    """
+    """The runtime's executable cache: an absolute ``directory`` or ``"off"`` and ``max_bytes``;
+    ""/0 = the runtime's defaults (docs/serving.md, "Executable cache")."""
 
     directory: str = field(default="", metadata=_flag("--executable-cache"))
     max_bytes: int = field(default=0, metadata=_flag("--executable-cache-bytes"))
@@ -78,26 +51,14 @@ class ExecutableCacheOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class QueueOptions:
-    """Bounds of Triton's queue in front of each front model, written to its config
-    (docs/serving.md, "Queue bounds and deadlines").
-
-    Attributes:
-        max_queue_size: requests a front's queue holds before Triton refuses more with
-            UNAVAILABLE "Exceeds maximum queue size"; 0 (default) =
-            :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the model's largest batch size, at
-            least :data:`~hloserve.names.DEFAULT_QUEUE_MIN`.
-        per_model: model name -> its own bound (>= 1), over ``max_queue_size``.
-    """
+    """Bounds of Triton's queue before each front, in requests; 0 = sized from the largest
+    batch; ``per_model`` overrides (docs/serving.md, "Queue bounds and deadlines")."""
 
     max_queue_size: int = field(default=0, metadata=_flag("--max-queue-size"))
     per_model: Mapping[str, int] = field(default_factory=dict, metadata=_flag("--max-queue-size"))
 
     def check(self, fronts: Sequence[str]) -> None:
-        """Refuse a negative bound, a per-model bound below 1 or for a model not in ``fronts``.
-
-        Raises:
-            RepositoryError: every problem, naming the model.
-        """
+        """RepositoryError for a negative bound, a per-model one below 1 or not in ``fronts``."""
         problems = []
         if self.max_queue_size < 0:
             problems.append(f"max queue size must be >= 0 (0 = default), got {self.max_queue_size}")
@@ -115,13 +76,8 @@ class QueueOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSizeOptions:
-    """``--batch-sizes``: compiled batch sizes for the symbolic-batch bundles of a repository.
-
-    Attributes:
-        default: sizes for every symbolic bundle not in ``per_model``; empty = the default
-            ladder (:func:`default_batch_sizes`).
-        per_model: model name -> its sizes.
-    """
+    """``--batch-sizes``: compiled sizes of symbolic-batch bundles; ``default`` empty = each
+    one's ladder (:func:`~hloserve.model_repository_tools.batch_sizes.default_batch_sizes`)."""
 
     default: tuple[int, ...] = field(default=(), metadata={"flag": "--batch-sizes"})
     per_model: Mapping[str, tuple[int, ...]] = field(
@@ -131,27 +87,8 @@ class BatchSizeOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
-    """Every option that shapes the repository built from bundles: the one value that
-    ``hloserve repo build`` and ``hloserve serve`` pass whole to :func:`plan_repository`
-    (docs/serving.md, "Build options").
-
-    Each field's metadata names its flag; a scalar field with a help text gets its flag from
-    :func:`hloserve.cli_options.add_build_options` as it is declared here.
-
-    Attributes:
-        front_instances: CPU instances per front model (``instance_group.count``), >= 1.
-        meta_concurrency: the worker's meta gate size (docs/meta_models.md), >= 1.
-        max_queue_delay_us: dynamic batcher ``max_queue_delay_microseconds``, >= 0.
-        max_request_bytes: the largest request a front accepts, bytes of its input tensors,
-            >= 1 (``hloserve.max_request_bytes``).
-        batch_sizes: compiled batch sizes of the symbolic-batch bundles
-            (:mod:`hloserve.model_repository_tools.batch_sizes`; default: each one's ladder).
-        weight_cache: the runtime's weight cache settings (default: no budget).
-        scheduling: the runtime scheduler's settings (default: ``fair``, all weights 1.0).
-        executable_cache: the runtime's executable cache settings (default: its defaults).
-        queue: the bounds of Triton's queue in front of each front (default: each sized from
-            its model's largest batch).
-    """
+    """Every option that shapes the repository built from bundles (docs/serving.md, "Build
+    options"); the scalar fields' help texts are their flags' help."""
 
     front_instances: int = field(
         default=names.DEFAULT_FRONT_INSTANCES,
@@ -193,8 +130,7 @@ class BuildOptions:
     queue: QueueOptions = field(default_factory=QueueOptions)
 
     def flags_set(self) -> list[str]:
-        """The flags whose values differ from their defaults, in command-line spelling and
-        declaration order (a flag set to its default value is not reported)."""
+        """The flags whose values differ from their defaults, in declaration order."""
         flags: list[str] = []
 
         def walk(value: object, default: object) -> None:
@@ -209,8 +145,7 @@ class BuildOptions:
         return flags
 
     def runtime_settings(self) -> dict[str, Any]:
-        """The runtime model's settings, by ``RuntimeParameters`` field name: the keyword
-        arguments of :func:`~hloserve.model_repository_tools.config.runtime_config`."""
+        """The runtime model's settings as ``RuntimeParameters`` keyword arguments."""
         return {
             **{f.name: getattr(self.weight_cache, f.name) for f in fields(self.weight_cache)},
             **{f.name: getattr(self.scheduling, f.name) for f in fields(self.scheduling)},
@@ -219,11 +154,7 @@ class BuildOptions:
         }
 
     def check(self) -> None:
-        """Refuse scalar options out of range.
-
-        Raises:
-            RepositoryError: the first one, naming it and its value.
-        """
+        """RepositoryError naming the first scalar option out of range."""
         if self.front_instances < 1:
             raise RepositoryError(f"front instances must be >= 1, got {self.front_instances}")
         if self.max_queue_delay_us < 0:

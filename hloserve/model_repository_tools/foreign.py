@@ -1,31 +1,8 @@
-"""Foreign models: Triton models of any backend that live beside bundles in a repository.
+"""Foreign models: Triton models of any backend beside the bundles of a source directory.
 
-A source directory given to ``hloserve repo build`` may hold, besides bundles (folders with a
-``manifest.yaml``), folders that are Triton models (docs/serving.md, "Foreign models"):
-
-- a folder with a ``config.pbtxt`` is carried over as it is, after checking that the config
-  parses (tritonclient's ``model_config_pb2``), that its ``name`` (when set) is the folder's
-  name, and that it has at least one numeric version directory (Triton's model repository
-  layout);
-- a folder without one gets its backend from its model file, flat (``foo/model.onnx``) or in
-  Triton's version layout (``foo/1/model.onnx``): :data:`BACKEND_FILES`, and a minimal config
-  (``name``, ``backend`` and what ``hloserve.yaml`` declares). Triton's auto-complete fills in
-  the tensors of ONNX, TensorRT and TensorFlow models (Triton docs, "Auto-Generated Model
-  Configuration"), and of a Python model whose ``TritonPythonModel`` defines
-  ``auto_complete_config``; a TorchScript or other Python model needs a ``config.pbtxt`` or
-  an ``hloserve.yaml`` that declares its inputs and outputs.
-
-``hloserve.yaml`` (all keys optional; an explicit ``backend`` wins over detection)::
-
-    backend: python
-    max_batch_size: 8
-    inputs:  [{name: x, data_type: TYPE_FP32, dims: [4]}]
-    outputs: [{name: y, data_type: TYPE_FP32, dims: [4]}]
-    memory_bytes: 1048576    # device memory hint for the gateway's placement (default: the
-                             # folder's size on disk)
-
-Nothing here imports Triton's Python backend; configs are built with tritonclient's
-``model_config_pb2`` like every other config of the repository.
+A folder with a ``config.pbtxt`` is carried over as it is (after checks); one without gets a
+minimal config from its model file (:data:`BACKEND_FILES`) and its ``hloserve.yaml``
+(:class:`ForeignSpec`). docs/serving.md, "Foreign models", gives the rules and the file.
 """
 
 from __future__ import annotations
@@ -106,16 +83,10 @@ class ForeignModel:
     """A Triton model of another backend, planned for a repository.
 
     Attributes:
-        name: model name (the folder's name).
-        source: the folder it is copied from.
-        backend: Triton backend name (``onnxruntime``, ``python``, ...).
-        config_text: the ``config.pbtxt`` written into the repository.
         flat: the model file sits at the folder's top and is copied into version ``1``.
         memory_bytes: device memory the gateway charges for it (``hloserve.yaml``'s hint, else
-            the folder's size), outside the runtime's weight budget.
-        inputs: the config's inputs as ``(name, data_type, dims)`` (empty when Triton's
-            auto-complete fills them in), for checking a meta model's calls.
-        max_batch_size: the config's ``max_batch_size`` (0 when auto-completed).
+            the folder's size in bytes).
+        inputs: the config's inputs as ``(name, data_type, dims)`` (empty when auto-completed).
     """
 
     name: str
@@ -129,11 +100,7 @@ class ForeignModel:
 
 
 def is_candidate(path: Path) -> bool:
-    """Whether a subdirectory of a source directory should be planned as a model at all.
-
-    Hidden folders and ``__pycache__`` are not models; every other folder is a bundle or a
-    foreign model, or refused.
-    """
+    """Whether a subdirectory of a source directory is a model (not hidden, not __pycache__)."""
     return path.is_dir() and not path.name.startswith(".") and path.name != "__pycache__"
 
 
@@ -141,13 +108,10 @@ def plan_foreign(path: Path) -> ForeignModel:
     """Plan the folder ``path`` as a foreign Triton model.
 
     Raises:
-        ForeignModelError: (INVALID_ARGUMENT) the folder holds no recognizable model (naming
-            the files found), model files of two backends, a config whose name differs from
-            the folder or that has no version directory, a bad ``hloserve.yaml``, or a model
-            Triton cannot complete a config for (saying what to add).
+        ForeignModelError: no recognizable model (naming the files found), model files of two
+            backends, a config whose name differs from the folder or without a version
+            directory, a bad ``hloserve.yaml``, or a model Triton cannot complete a config for.
     """
-    from tritonclient.grpc import model_config_pb2 as m
-
     name = path.name
     spec = _read_spec(path)
     config_path = path / CONFIG_FILE
@@ -166,18 +130,30 @@ def plan_foreign(path: Path) -> ForeignModel:
         backend = config.backend or config.platform or (spec.backend if spec else None)
         if not backend:
             raise ForeignModelError(f"{path}: {CONFIG_FILE} sets neither backend nor platform")
-        return ForeignModel(
-            name=name,
-            source=path,
-            backend=_backend_of_platform(backend),
-            config_text=config_path.read_text(),
-            flat=False,
-            memory_bytes=_memory(path, spec),
-            inputs=_inputs(config),
-            max_batch_size=config.max_batch_size,
-        )
+        backend, text, flat = _backend_of_platform(backend), config_path.read_text(), False
+    else:
+        from hloserve.model_repository_tools.config import config_text
+
+        backend, config, flat = _generate(path, spec)
+        text = config_text(config)
+    return ForeignModel(
+        name=name,
+        source=path,
+        backend=backend,
+        config_text=text,
+        flat=flat,
+        memory_bytes=_memory(path, spec),
+        inputs=_inputs(config),
+        max_batch_size=config.max_batch_size,
+    )
+
+
+def _generate(path: Path, spec: ForeignSpec | None) -> tuple[str, Any, bool]:
+    """(backend, ``ModelConfig``, flat) of a folder without a config."""
+    from tritonclient.grpc import model_config_pb2 as m
+
     backend, flat = _detect(path, spec)
-    config = m.ModelConfig(name=name, backend=backend)
+    config = m.ModelConfig(name=path.name, backend=backend)
     if spec is not None:
         config.max_batch_size = spec.max_batch_size
         for role, tensors in (("input", spec.inputs), ("output", spec.outputs)):
@@ -197,18 +173,7 @@ def plan_foreign(path: Path) -> ForeignModel:
                 else ""
             )
         )
-    from hloserve.model_repository_tools.config import config_text
-
-    return ForeignModel(
-        name=name,
-        source=path,
-        backend=backend,
-        config_text=config_text(config),
-        flat=flat,
-        memory_bytes=_memory(path, spec),
-        inputs=_inputs(config),
-        max_batch_size=config.max_batch_size,
-    )
+    return backend, config, flat
 
 
 def write_foreign(model: ForeignModel, model_dir: Path) -> None:
@@ -235,10 +200,7 @@ def write_foreign(model: ForeignModel, model_dir: Path) -> None:
 
 def repository_backends(repository: Path) -> dict[str, list[str]]:
     """Backend -> models that need it, from every ``config.pbtxt`` of a model repository
-    (an ensemble needs none: :data:`BUILTIN_PLATFORMS`).
-
-    A config that does not parse is skipped (tritonserver reports it when it loads the model).
-    """
+    (ensembles need none; configs that do not parse are skipped)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as m
 

@@ -1,9 +1,5 @@
-"""Bundles directory -> a plan of the Triton model repository, validated, nothing written.
-
-:func:`plan_repository` validates every bundle (and every foreign Triton model folder), checks
-the model names, chooses the compiled batch sizes of symbolic bundles and computes every
-``config.pbtxt`` (docs/serving.md, "The generated model repository");
-:func:`hloserve.model_repository_tools.build.write_repository` writes the plan.
+"""Bundles directory -> a validated plan of the Triton model repository, nothing written
+(:func:`plan_repository`; docs/serving.md, "The generated model repository").
 """
 
 from __future__ import annotations
@@ -14,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from hloserve import names
-from hloserve.bundle import Bundle, BundleError, check_bundle, discover_bundles, load_bundle
+from hloserve.bundle.bundle import Bundle, discover_bundles, load_bundle
 from hloserve.bundle.manifest import Manifest, parse_manifest
 from hloserve.bundle.stablehlo import is_portable_artifact
+from hloserve.bundle.validate import check_bundle
 from hloserve.errors import (
     BatchSizeError,
+    BundleError,
     ForeignModelError,
     HloserveError,
     InvalidArgumentError,
@@ -39,9 +37,6 @@ from hloserve.model_repository_tools.config import (
 )
 from hloserve.model_repository_tools.foreign import ForeignModel, is_candidate, plan_foreign
 
-#: Name of every model's configuration file (Triton's fixed name).
-CONFIG_FILE = "config.pbtxt"
-
 #: Receives one human-readable line per step (the CLI prints them).
 Progress = Callable[[str], None]
 
@@ -51,14 +46,9 @@ class FrontModel:
     """One front model (or meta model) of a planned repository.
 
     Attributes:
-        name: model name (the bundle's name).
-        source: the bundle directory it is copied from.
-        config_text: its ``config.pbtxt``.
-        text_executables: executables (paths relative to the bundle) that are MLIR text and get
-            converted to portable artifacts in the copy.
-        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (a
-            symbolic-batch bundle gets the compiled batch sizes chosen by the build); None =
-            copied as it is.
+        text_executables: MLIR text executables (bundle-relative) converted in the copy.
+        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (chosen
+            compiled batch sizes); None = copied as it is.
     """
 
     name: str
@@ -70,27 +60,11 @@ class FrontModel:
 
 @dataclass(frozen=True)
 class RepositoryPlan:
-    """Everything a repository build writes, computed before anything is written.
-
-    Attributes:
-        models: the front models, sorted by name.
-        runtime_config_text: the runtime model's ``config.pbtxt``.
-        foreign: the Triton models of other backends carried over beside the bundles
-            (:mod:`hloserve.model_repository_tools.foreign`), sorted by name.
-    """
+    """Everything a repository build writes; ``models`` and ``foreign`` sorted by name."""
 
     models: tuple[FrontModel, ...]
     runtime_config_text: str
     foreign: tuple[ForeignModel, ...] = ()
-
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        """Front model names, the foreign models' names, then the runtime model's."""
-        return (
-            *(m.name for m in self.models),
-            *(f.name for f in self.foreign),
-            names.RUNTIME_MODEL,
-        )
 
 
 def plan_repository(
@@ -102,16 +76,11 @@ def plan_repository(
 ) -> RepositoryPlan:
     """Validate every bundle under ``bundles_dir`` and compute the repository; writes nothing.
 
-    Args:
-        bundles_dir: directory whose subdirectories holding a ``manifest.yaml`` are bundles.
-        options: the build options (default: every default).
-        progress: called with one line per bundle.
-        fields: :class:`BuildOptions` fields that replace those of ``options`` (a shorthand
-            for scripts and tests: ``plan_repository(path, front_instances=1)``).
+    ``fields`` replace those of ``options`` (``plan_repository(path, front_instances=1)``);
+    ``progress`` gets one line per bundle.
 
     Raises:
-        BundleError: the first invalid bundle (every bundle is checked and reported to
-            ``progress`` first), with the validator's message.
+        BundleError: the first invalid bundle (all are reported to ``progress`` first).
         RepositoryError: bad options, no bundles, or colliding names.
     """
     options = replace(options or BuildOptions(), **fields)
@@ -235,12 +204,7 @@ def _manifest_with_sizes(manifest: Manifest, sizes: tuple[int, ...]) -> Manifest
 
 
 def _check_weight_budget(bundles: Sequence[Bundle], cache: WeightCacheOptions) -> None:
-    """Refuse a byte budget some model's weights can never fit (docs/on_demand_weights.md).
-
-    Raises:
-        RepositoryError (INVALID_ARGUMENT): every problem, one per line, naming the model, its
-            weight bytes and the budget; served, the same models would fail to load.
-    """
+    """RepositoryError for each model whose weights can never fit the byte budget."""
     from hloserve.triton_backend.runtime.residency import budget_problems
 
     weights = {b.name: b.weight_nbytes for b in bundles if not b.manifest.is_meta}
@@ -264,16 +228,8 @@ def _kinds(paths: Sequence[Path]) -> dict[str, str]:
 
 
 def check_names(bundles: Sequence[Bundle]) -> None:
-    """Refuse bundle sets whose model or runtime tensor names collide.
-
-    The runtime's tensor ``<bundle>__<tensor>`` must name exactly one bundle: no two bundles'
-    names may both prefix it followed by ``"__"`` (so
-    :func:`~hloserve.names.split_runtime_tensor_name` is unambiguous).
-    A bundle may not be named like the runtime model.
-
-    Raises:
-        RepositoryError: listing every collision.
-    """
+    """RepositoryError listing every collision: two bundles of one name, one named like the
+    runtime model, a runtime tensor ``<bundle>__<tensor>`` that reads as another bundle's."""
     problems = []
     seen: set[str] = set()
     for bundle in bundles:

@@ -1,10 +1,6 @@
-"""Check a generated model repository: every config parses and matches its bundle.
-
-A front config is compared with the config :func:`~hloserve.model_repository_tools.config.
-front_config` makes from its bundle copy (keeping the instance count and queue delay it was
-built with), so a hand edit or a stale bundle shows up; so is its front spec file
-(:mod:`hloserve.bundle.front_spec`) with the bundle copy's manifest. Models of other backends
-are left alone.
+"""Check a generated model repository: every config parses and equals what its bundle copy
+gives (with the instance count and queue delay it was built with), front spec files included;
+models of other backends are left alone.
 """
 
 from __future__ import annotations
@@ -15,9 +11,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hloserve import names
-from hloserve.bundle import Bundle, BundleError, Problem, check_bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.bundle.front_spec import front_spec, read_front_spec
-from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError
+from hloserve.bundle.validate import Problem, check_bundle
+from hloserve.errors import BundleError, HloserveError, InvalidArgumentError, NotFoundError
 from hloserve.model_parameters import (
     FrontParameters,
     MetaParameters,
@@ -33,19 +30,14 @@ from hloserve.model_repository_tools.config import (
     parse_config,
     runtime_config,
 )
-from hloserve.model_repository_tools.repository_plan import CONFIG_FILE
+from hloserve.model_repository_tools.foreign import CONFIG_FILE
 
 K = TypeVar("K", bound=ModelParameters)
 
 
 def validate_repository(repo_dir: Path | str) -> list[Problem]:
-    """Every problem found in the repository at ``repo_dir``; empty means it is consistent.
-
-    ``Problem.file`` is relative to the repository (``"<model>/config.pbtxt"``, ...).
-
-    Raises:
-        NotFoundError: ``repo_dir`` is not a directory.
-    """
+    """Every problem (``file`` relative to the repository) found at ``repo_dir``; [] = consistent.
+    NotFoundError when ``repo_dir`` is not a directory."""
     root = Path(repo_dir)
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory")
@@ -83,8 +75,7 @@ def _hidden(path: Path) -> bool:
 
 
 def _read(file: str, model: str, kind: type[K], config: Any) -> tuple[K | None, list[Problem]]:
-    """``config``'s parameters read as ``kind`` (:mod:`hloserve.model_parameters`), or the
-    problem that stops it."""
+    """``config``'s parameters read as ``kind``, or the problem that stops it."""
     try:
         return kind.from_parameters(model, string_values(config.parameters)), []
     except InvalidArgumentError as exc:
@@ -127,16 +118,14 @@ def _check_front(model_dir: Path, config: Any) -> tuple[Bundle | None, list[Prob
 
 
 def _same_version_folder(expected: Any, bundle_param: str) -> None:
-    """Accept the bundle in any version folder (``<N>/bundle``): ``serve --watch`` installs a
-    changed bundle as version N+1 (docs/serving.md, "Watching the bundles directory")."""
+    """Accept the bundle in any version folder (``<N>/bundle``: ``serve --watch`` installs N+1)."""
     version, _, leaf = bundle_param.partition("/")
     if version.isdigit() and f"{names.MODEL_VERSION}/{leaf}" == names.BUNDLE_SUBDIR:
         expected.parameters[names.PARAM_BUNDLE].string_value = bundle_param
 
 
 def _check_front_spec(model_dir: Path, bundle: Bundle) -> list[Problem]:
-    """The front spec file matches the bundle copy's manifest (absent: built before it; the
-    front then reads the manifest)."""
+    """The front spec file (when present) matches the bundle copy's manifest."""
     path = bundle.path.parent / Path(names.FRONT_SPEC).name  # beside the bundle, any version
     file = f"{model_dir.name}/{path.parent.name}/{path.name}"
     if not path.is_file():
@@ -203,8 +192,7 @@ def _check_runtime(runtime: Any, fronts: dict[str, Bundle | None]) -> list[Probl
 
 
 def _build_fields(params: Any) -> dict[str, Any]:
-    """The build options a model's parameters record: its fields named like a
-    :class:`BuildOptions` field (``max_request_bytes``, ``meta_concurrency``)."""
+    """The parameters named like a :class:`BuildOptions` field."""
     built = {f.name for f in dataclasses.fields(BuildOptions)}
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name in built}
 

@@ -1,18 +1,8 @@
 """The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
 
-:func:`~hloserve.node.docker_spec.container_spec` (pure, in :mod:`hloserve.node.docker_spec`)
-turns the node settings and one worker's plan into the keyword arguments of
-``containers.run``. :class:`DockerWorkers` talks to the daemon: it checks the image, starts the
-containers, waits for readiness, streams their logs with a ``[worker i]`` prefix, reports
-restarts, and stops and removes them. :func:`remove_node_containers` is ``hloserve node down``.
-
-Restarts are Docker's: every container carries the node's restart policy
-(``restart_policy``), so a worker that crashes is restarted by the daemon even when the
-``node up`` process is gone; ``node up`` only watches ``RestartCount``, re-attaches the log
-stream and, for the ``tritonserver`` launcher, loads the models after the runtime again once
-the restarted worker is ready (the load order of :func:`~hloserve.node.plan.runtime_first`;
-a restart while ``node up`` is gone leaves the restarted worker with the runtime model only).
-Each container is found again by its labels ``hloserve.node=<name>`` and ``hloserve.worker=<i>``.
+:class:`DockerWorkers` starts, watches and stops the containers (restarts are Docker's own,
+docs/deployment.md; with the ``tritonserver`` launcher it also watches each container's Python
+backend stubs, :class:`ContainerStubs`); :func:`remove_node_containers` is ``hloserve node down``.
 """
 
 from __future__ import annotations
@@ -28,17 +18,21 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hloserve.errors import NodeError, Status
+from hloserve.model_control import RepositoryClient
 from hloserve.node.docker_spec import (
     LABEL_NODE,
     LABEL_WORKER,
     container_spec,
-    image_build_command,
+    image_build_hint,
     loads_when_ready,
     to_sdk,
+    worker_image,
 )
-from hloserve.node.node_config import NodeConfig
+from hloserve.node.node_config import NodeConfig, TritonConfig
 from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
-from hloserve.node.tritonserver import health_ready
+from hloserve.node.process_runtime import RESTART_RESET_S, restart_delay
+from hloserve.node.tritonserver import StubProcess, health_ready, session_stubs
+from hloserve.node.watchdog import StubWatchdog
 
 _LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
@@ -187,6 +181,31 @@ class _LogStream(threading.Thread):
         sys.stdout.flush()
 
 
+class ContainerStubs:
+    """The Python backend stubs of one worker container, for
+    :class:`~hloserve.node.watchdog.StubWatchdog`: the processes in the session of the
+    container's init (``State.Pid``, Docker's ``init``), read from this host's ``/proc``
+    (host pids).
+
+    Args:
+        container: the docker SDK container; read as of its last ``reload()``.
+        options: the node's tritonserver settings (``model_control_mode``).
+    """
+
+    def __init__(self, container: Any, options: TritonConfig) -> None:
+        self.container = container
+        self.options = options
+        self._argv: dict[int, list[str]] = {}
+
+    def stub_processes(self) -> list[StubProcess]:
+        """The container's stubs, dead (unreaped) ones included; none while it is not running."""
+        state = self.container.attrs["State"]
+        pid = int(state.get("Pid") or 0)
+        if state.get("Status") != "running" or pid <= 0:
+            return []
+        return session_stubs(pid, self._argv)
+
+
 class DockerWorkers:
     """The node's worker containers: start, wait ready, watch, stop. Not thread-safe."""
 
@@ -206,6 +225,13 @@ class DockerWorkers:
         self._running = 0
         #: Called with the worker index after each restart Docker made (metrics).
         self.on_restart: Callable[[int], None] | None = None
+        #: Called with the worker index and the model after each stub reload (metrics).
+        self.on_stub_reload: Callable[[int, str], None] | None = None
+        self._watchdogs: dict[int, StubWatchdog] = {}
+        self._recover_at: dict[int, float] = {}  # worker -> when to restart it (dead stub)
+        self._recovering: set[int] = set()
+        self._recoveries: dict[int, int] = {}
+        self._recovered_at: dict[int, float] = {}
         self._logs_stop = threading.Event()
         self._logs: list[_LogStream] = []
 
@@ -220,13 +246,13 @@ class DockerWorkers:
         import docker
 
         self._client = client = connect()
-        image = self.config.docker.image
+        image = worker_image(self.config)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"({image_build_command(self.config)}) or pull it, "
+                f"({image_build_hint(self.config)}) or pull it, "
                 "or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None
@@ -313,7 +339,60 @@ class DockerWorkers:
             return None
         with ThreadPoolExecutor(len(self.plan)) as pool:  # every worker at once
             list(pool.map(self._load_rest, range(len(self.plan))))
+        if self.config.docker.launcher == "tritonserver":
+            self._watchdogs = {i: self._watchdog(i) for i in range(len(self.plan))}
         return time.monotonic() - start
+
+    def _watchdog(self, i: int) -> StubWatchdog:
+        """Worker ``i``'s stub watchdog: reload in explicit mode, else restart the container."""
+        options = self.config.tritonserver
+        url = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
+        client = RepositoryClient(url, self._model_control_key, 600.0)
+
+        def reload(model: str) -> None:
+            client.reload(model)
+            if self.on_stub_reload is not None:
+                self.on_stub_reload(i, model)
+
+        return StubWatchdog(
+            ContainerStubs(self._containers[i], options),
+            reload if options.model_control_mode == "explicit" else None,
+            lambda line: print(f"[worker {i}] {line}", flush=True),
+            lambda model: self._schedule_recovery(i),
+        )
+
+    def _schedule_recovery(self, i: int) -> None:
+        """Have :meth:`poll` restart worker ``i`` after the backoff (a dead stub outside
+        explicit mode)."""
+        if i in self._recover_at or i in self._recovering:
+            return
+        now = time.monotonic()
+        if now - self._recovered_at.get(i, 0.0) >= RESTART_RESET_S:
+            self._recoveries[i] = 0
+        delay = restart_delay(self._recoveries.get(i, 0))
+        self._recoveries[i] = self._recoveries.get(i, 0) + 1
+        self._recover_at[i] = now + delay
+        print(
+            f"hloserve node: worker {i} ({self._containers[i].name}): restart "
+            f"{self._recoveries[i]} in {delay:g} s to recover a dead Python backend stub",
+            flush=True,
+        )
+
+    def _recover(self, i: int) -> None:
+        """Restart worker ``i``'s container gracefully, then load what it loads once ready."""
+        import docker
+
+        try:
+            self._containers[i].restart(timeout=self.config.docker.stop_timeout_s)
+            self._recovered_at[i] = time.monotonic()
+            if self.on_restart is not None:
+                self.on_restart(i)
+            if loads_when_ready(self.config, self.plan[i], self._model_control_key):
+                self._load_when_ready(i)
+        except docker.errors.DockerException as exc:
+            print(f"hloserve node: worker {i}: restart failed: {exc}", flush=True)
+        finally:
+            self._recovering.discard(i)
 
     def _load_rest(self, i: int) -> None:
         """Load what worker ``i`` loads once ready (:func:`~.docker_spec.loads_when_ready`:
@@ -373,6 +452,14 @@ class DockerWorkers:
                     threading.Thread(target=self._load_when_ready, args=(i,), daemon=True).start()
             state = container.attrs["State"]
             running += state["Status"] == "running"
+            if i in self._recover_at and time.monotonic() >= self._recover_at[i]:
+                del self._recover_at[i]
+                self._recovering.add(i)
+                threading.Thread(target=self._recover, args=(i,), daemon=True).start()
+            watchdog = self._watchdogs.get(i)
+            idle = i not in self._recover_at and i not in self._recovering
+            if watchdog is not None and idle and state["Status"] == "running":
+                watchdog.check()
             if (
                 state["Status"] in ("exited", "dead")
                 and i not in self._down

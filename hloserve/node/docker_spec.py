@@ -1,11 +1,5 @@
-"""What the docker runtime of ``hloserve node`` asks the daemon for, as plain values.
-
-:func:`container_spec` is pure: it turns the node settings and one worker's plan into the
-keyword arguments of ``docker.DockerClient.containers.run`` as plain JSON values (unit-tested
-against golden values); :func:`to_sdk` converts the device requests and ulimits into the SDK's
-types at call time. Every container carries the node's restart policy and the labels
-``hloserve.node=<name>``, ``hloserve.worker=<i>`` and ``hloserve.gpu`` by which
-:mod:`hloserve.node.docker_runtime` finds it again.
+"""What the docker runtime of ``hloserve node`` asks the daemon for, as plain values
+(:func:`container_spec`, pure; docs/deployment.md lists each setting and why).
 """
 
 from __future__ import annotations
@@ -13,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hloserve.node.node_config import NodeConfig
-from hloserve.node.plan import WorkerPlan, runtime_first, worker_env
+from hloserve.node.plan import WorkerPlan, runtime_first, worker_admin_port, worker_env
 from hloserve.node.serve_options import node_server_options
 from hloserve.node.triton_options import server_flags
 
@@ -30,37 +24,66 @@ def container_name(config: NodeConfig, worker: WorkerPlan) -> str:
     return f"hloserve-{config.name}-worker{worker.index}"
 
 
-def image_build_command(config: NodeConfig) -> str:
-    """The ``docker build`` line that makes ``docker.image`` from this repository's Dockerfiles.
+#: The NGC worker image (``containers/worker.Dockerfile``) under its documented name.
+NGC_WORKER_IMAGE = "hloserve-worker:24.12"
 
-    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image: the CPU image,
-    ``containers/worker-cpu.Dockerfile``; ``tritonserver`` runs the NGC image's server:
-    ``containers/worker.Dockerfile``. Used in the "image missing" hint of ``node up``.
+
+def _script_image(config: NodeConfig) -> str:
+    """``scripts/images.sh``'s target for the ``hloserve`` launcher: ``gpu`` or ``cpu``."""
+    return "cpu" if config.cpu_workers else "gpu"
+
+
+def worker_image(config: NodeConfig) -> str:
+    """The worker containers' image: ``docker.image``, or by default the image the launcher
+    runs under the name its documented build gives it: ``hloserve-worker-gpu:latest`` /
+    ``hloserve-worker-cpu:latest`` (``docker.launcher: hloserve`` with GPUs / CPU workers;
+    ``bash scripts/images.sh gpu|cpu``), :data:`NGC_WORKER_IMAGE` (``tritonserver``)."""
+    if config.docker.image:
+        return config.docker.image
+    if config.docker.launcher == "hloserve":
+        return f"hloserve-worker-{_script_image(config)}:latest"
+    return NGC_WORKER_IMAGE
+
+
+def image_build_command(config: NodeConfig) -> str:
+    """The ``docker build`` line that makes the worker image (:func:`worker_image`) from this
+    repository's Dockerfiles, as their headers write it (``--network=host``: a daemon without a
+    bridge has no other build network).
+
+    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image:
+    ``containers/worker-gpu.Dockerfile`` with GPUs, ``worker-cpu.Dockerfile`` with CPU
+    workers; ``tritonserver`` runs the NGC image's server: ``containers/worker.Dockerfile``.
+    Used in the "image missing" hint of ``node up`` (:func:`image_build_hint`).
     """
-    image = config.docker.image
-    if config.docker.launcher == "hloserve":  # as scripts/images.sh builds it
-        return f"docker build --network=host -f containers/worker-cpu.Dockerfile -t {image} ."
-    return f"docker build -f containers/worker.Dockerfile -t {image} ."
+    image = worker_image(config)
+    if config.docker.launcher == "hloserve":
+        dockerfile = f"worker-{_script_image(config)}.Dockerfile"
+    else:
+        dockerfile = "worker.Dockerfile"
+    return f"docker build --network=host -f containers/{dockerfile} -t {image} ."
+
+
+def image_build_hint(config: NodeConfig) -> str:
+    """How to build the missing worker image: ``bash scripts/images.sh cpu|gpu`` (with
+    ``TAG=`` for a tag other than ``latest``) when the image has the name that script gives
+    it, then :func:`image_build_command`."""
+    build = image_build_command(config)
+    if config.docker.launcher != "hloserve":
+        return build
+    target = _script_image(config)
+    name, _, tag = worker_image(config).partition(":")
+    if name != f"hloserve-worker-{target}":
+        return build
+    tagged = "" if tag in ("", "latest") else f"TAG={tag} "
+    return f"{tagged}bash scripts/images.sh {target}, or {build}"
 
 
 def worker_command(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> list[str]:
-    """The container's command line for ``docker.launcher``.
-
-    In explicit mode the ``tritonserver`` launcher gets the restricted-API flags for
-    ``model_control_key`` (:func:`~hloserve.node.serve_options.node_server_options`);
-    ``hloserve serve`` takes the key from the container's ``HLOSERVE_MODEL_CONTROL_KEY``
-    (:func:`container_spec`).
-
-    ``tritonserver``: the image's tritonserver with hloserve's backends in
-    ``docker.backend_directory``; an explicit load list gets what its models need, as with
-    ``hloserve serve`` (the runtime model, and the models each meta's ``meta.calls`` names,
-    transitively, read from the meta's ``config.pbtxt`` in ``config.repository``). In
-    explicit mode it loads the runtime model only; the rest is loaded once the worker is
-    ready (:func:`loads_when_ready`).
-    ``hloserve``: ``hloserve serve`` on the mounted repository (it runs the nvidia-pytriton
-    wheel's tritonserver, composes the backend directory and completes the load list itself).
+    """The container's command line for ``docker.launcher``: ``hloserve serve`` on the mounted
+    repository, or the image's tritonserver with ``serve``'s flags (keyed repository API,
+    runtime model first: :func:`loads_when_ready`).
 
     Raises:
         InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse.
@@ -80,6 +103,7 @@ def worker_command(
             *(f"--load-model={m}" for m in t.loads),
             f"--log-verbose={t.log_verbose}",
             f"--startup-timeout={t.startup_timeout_s:g}",
+            f"--admin-port={worker_admin_port(config, worker)}",
         ]
         return [*argv, "--", *t.args] if t.args else argv
     options, _ = runtime_first(node_server_options(config, worker, model_control_key))
@@ -99,13 +123,9 @@ def worker_command(
 def loads_when_ready(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> tuple[str, ...]:
-    """What :class:`~hloserve.node.docker_runtime.DockerWorkers` loads through a worker's
-    repository API once it is ready: the ``tritonserver`` launcher in explicit mode starts
-    with the runtime model only (:func:`~hloserve.node.plan.runtime_first`, as process workers
-    do), so every front finds the runtime serving; ``("*",)`` = every other model of the
-    repository. Nothing for the ``hloserve`` launcher (``hloserve serve`` orders its own
-    loads) or another mode.
-    """
+    """What a worker loads through its repository API once ready
+    (:func:`~hloserve.node.plan.runtime_first`; ``("*",)``: every other model); nothing for
+    the ``hloserve`` launcher, which orders its own loads."""
     if config.docker.launcher == "hloserve":
         return ()
     return runtime_first(node_server_options(config, worker, model_control_key))[1]
@@ -120,27 +140,8 @@ def shm_prefix(config: NodeConfig, worker: WorkerPlan) -> str:
 def container_spec(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> dict[str, Any]:
-    """Keyword arguments of ``containers.run`` for one worker, as plain JSON values.
-
-    Host networking (the worker binds its planned ports on ``config.host``), the repository
-    mounted read-only at ``docker.repository_mount``, ``docker.mounts`` beside it, the IPC
-    namespace ``docker.ipc`` (the host's by default, for clients' shared-memory regions;
-    ``shm_size`` with a private one),
-    ``docker.ulimits`` (memlock unlimited, 64 MiB stack), Docker's ``init`` (reaps the Python
-    backend's stub processes), the restart policy, the node/worker/GPU labels, and for a GPU
-    worker one device request for exactly that GPU (inside the container it is device 0).
-
-    Args:
-        config: the node settings.
-        worker: the worker's plan (index, GPU, ports).
-        model_control_key: in explicit mode, the key of the worker's repository API (in the
-            command for the ``tritonserver`` launcher, ``HLOSERVE_MODEL_CONTROL_KEY`` for
-            ``hloserve``).
-
-    Returns:
-        A dict for :func:`to_sdk`; ``device_requests`` and ``ulimits`` hold dicts of the
-        SDK's ``DeviceRequest`` / ``Ulimit`` keyword arguments.
-    """
+    """Keyword arguments of ``containers.run`` for one worker, as plain JSON values (for
+    :func:`to_sdk`; docs/deployment.md, the container table)."""
     d = config.docker
     volumes: dict[str, dict[str, str]] = {
         str(config.repository.resolve()): {"bind": d.repository_mount, "mode": "ro"}
@@ -158,7 +159,7 @@ def container_spec(
     if config.restart.policy == "on-failure":
         policy["MaximumRetryCount"] = config.restart.max_retries
     return {
-        "image": d.image,
+        "image": worker_image(config),
         "name": container_name(config, worker),
         "command": worker_command(config, worker, model_control_key),
         "labels": {

@@ -1,8 +1,4 @@
-"""The gateway (:func:`hloserve.gateway.app.run_gateway`) in a thread of the node's process.
-
-``hloserve serve --workers N`` and ``hloserve node up`` run the gateway in front of their
-workers on its own event loop in a daemon thread: :class:`GatewayThread`.
-"""
+"""The gateway in a thread of the node's process (``serve --workers N``, ``node up``)."""
 
 from __future__ import annotations
 
@@ -19,15 +15,11 @@ log = logging.getLogger("hloserve.serve")
 
 
 class GatewayThread:
-    """:func:`~hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread.
-
-    Args:
-        config: the gateway's settings (``config.listen`` port 0 = a free port).
-        start_timeout_s: how long to wait for the gateway to accept calls.
+    """:func:`~hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread
+    (``config.listen`` port 0: a free port).
 
     Raises:
-        NodeError: the gateway did not start, e.g. its port is taken (its exception is
-            chained and named in the message).
+        NodeError: the gateway did not start within ``start_timeout_s`` (its error chained).
     """
 
     def __init__(self, config: GatewayConfig, start_timeout_s: float = 60.0) -> None:
@@ -83,8 +75,8 @@ class GatewayThread:
             self._loop.close()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the gateway and wait for its thread (idempotent): up to ``timeout_s`` seconds
-        beyond the drain (``exit_timeout_seconds``: requests in flight are answered first)."""
+        """Stop the gateway and wait for its thread, ``timeout_s`` beyond its drain time
+        (idempotent)."""
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # loop already closed
                 self._loop.call_soon_threadsafe(self._stop.set)

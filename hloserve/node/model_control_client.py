@@ -1,8 +1,5 @@
-"""Triton's repository API (load, reload, unload, index) on several workers.
-
-One server's client is :class:`hloserve.model_control.RepositoryClient`;
-:class:`FleetModelControl` makes each call on every running worker of ``serve --workers N``
-(used by :mod:`hloserve.node.watcher`), :func:`load_all` loads a worker's models.
+"""Triton's repository API on several workers (:class:`FleetModelControl`) and
+:func:`load_all`; one server's client is :class:`hloserve.model_control.RepositoryClient`.
 """
 
 from __future__ import annotations
@@ -15,17 +12,9 @@ from hloserve.model_control import RepositoryClient
 
 
 class FleetModelControl:
-    """:class:`ModelControl` over several tritonservers serving one repository (``serve
-    --workers N --watch``): each change is made on every running worker in turn, so each
-    worker's old version serves until its new one is ready.
-
-    A load that fails on a worker raises at once, naming the worker (the workers after it
-    keep their old version; the one before it, if any, already serves the new: the next
-    change or a restart brings them in line). Workers that have exited are skipped.
-
-    Args:
-        controls: one :class:`~hloserve.model_control.RepositoryClient` per worker, in worker order.
-        running: whether worker ``i`` is running now.
+    """The watcher's model control over several tritonservers serving one repository: each
+    call is made on every running worker in turn (``running(i)``); a failure raises at once,
+    naming the worker (those after it keep their old version).
     """
 
     def __init__(
@@ -34,7 +23,7 @@ class FleetModelControl:
         self.controls = list(controls)
         self._running = running
 
-    def _each(self, what: str, action: Callable[[RepositoryClient], None]) -> None:
+    def _each(self, action: Callable[[RepositoryClient], None]) -> None:
         for i, control in enumerate(self.controls):
             if not self._running(i):
                 continue
@@ -44,13 +33,16 @@ class FleetModelControl:
                 raise RuntimeError(f"worker {i} ({control.http_url}): {error_text(exc)}") from exc
 
     def load(self, model: str) -> None:
-        self._each("load", lambda c: c.load(model))
+        """Load or reload ``model`` on every running worker."""
+        self._each(lambda c: c.load(model))
 
     def reload(self, model: str) -> None:
-        self._each("reload", lambda c: c.reload(model))
+        """Load ``model`` again (fresh instances) on every running worker."""
+        self._each(lambda c: c.reload(model))
 
     def unload(self, model: str) -> None:
-        self._each("unload", lambda c: c.unload(model))
+        """Unload ``model`` on every running worker."""
+        self._each(lambda c: c.unload(model))
 
     def index(self) -> list[dict[str, Any]]:
         """The first running worker's repository index (every worker serves the same)."""
@@ -61,12 +53,8 @@ class FleetModelControl:
 
 
 def load_all(http_url: str, key: str | None, models: Sequence[str], timeout_s: float) -> None:
-    """Load ``models`` (``*``: every model of the repository index but the runtime) through
-    the repository API, 4 at a time as Triton loads at start (``--model-load-thread-count``).
-
-    A model that fails to load stays UNAVAILABLE with its reason in the index (reported by
-    the supervisor's ready report); the others are loaded all the same.
-    """
+    """Load ``models`` (``*``: every one in the index but the runtime), 4 at a time as Triton
+    does at start; a failed one stays UNAVAILABLE with its reason in the index."""
     from concurrent.futures import ThreadPoolExecutor
 
     from hloserve.names import RUNTIME_MODEL

@@ -1,12 +1,5 @@
-"""``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front.
-
-:func:`run_node_up` plans the node (:mod:`hloserve.node.plan`, :func:`node_plan`) and runs
-it with the supervisor ``hloserve serve`` uses too (:mod:`hloserve.node.supervisor`), with the
-configured runtime (``process``: local tritonservers from the nvidia-pytriton wheel;
-``docker``: :class:`hloserve.node.docker_runtime.DockerWorkers`, one container per GPU).
-:func:`run_node_down` stops a node from another shell.
-
-docs/deployment.md describes the node file and the deployment shapes.
+"""``hloserve node up|down``: one tritonserver per GPU on this machine, the gateway in front,
+run by the supervisor ``serve`` uses too (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -24,7 +17,6 @@ from hloserve.errors import NodeError
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodePlan,
-    WorkerPlan,
     device_name,
     gateway_config,
     gateway_enabled,
@@ -40,31 +32,8 @@ log = logging.getLogger("hloserve.node")
 
 
 def _pid_file(name: str) -> Path:
-    """Where a process-runtime ``node up`` records its pid for ``node down``."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"hloserve-node-{name}.pid"
-
-
-def node_plan(
-    config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> NodePlan:
-    """The node the supervisor runs for ``config``'s workers (:func:`plan_workers`).
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
-    use_gateway = gateway_enabled(config, len(plan))
-    return NodePlan(
-        servers=tuple(node_server_options(config, w, model_control_key) for w in plan),
-        gateway=gateway_config(config, plan, model_control_key) if use_gateway else None,
-        devices=tuple(device_name(w.gpu) for w in plan),
-        restart=config.restart,
-        name=config.name,
-        prefix=f"hloserve node {config.name}",
-        host=config.host,
-        admin_port=config.admin_port,
-        startup_timeout_s=config.tritonserver.startup_timeout_s,
-    )
 
 
 def run_node_up(
@@ -73,15 +42,8 @@ def run_node_up(
     stop: threading.Event | None = None,
     available_gpus: Sequence[int] | None = None,
 ) -> int:
-    """Run the node until Ctrl-C/SIGTERM, ``stop``, or ``hloserve node down``; 0 on a clean stop.
-
-    Args:
-        config: the node settings.
-        stop: set it to stop the node (signals set it too when called on the main thread).
-        available_gpus: the machine's GPUs; None detects them (:func:`detect_gpus`).
-
-    Returns:
-        0 after a requested stop or ``node down``; 1 when nothing is left to serve.
+    """Run the node until Ctrl-C/SIGTERM, ``stop``, or ``hloserve node down`` (0), or until
+    nothing is left to serve (1); ``available_gpus`` None: detected.
 
     Raises:
         NodeError: no Docker daemon, image missing, containers already there, a worker not
@@ -92,18 +54,24 @@ def run_node_up(
     plan = plan_workers(config, available_gpus)
     ports = planned_ports(config, plan)
     for endpoint, (host, port) in ports.items():
-        check_ports_free(
-            host,
-            {endpoint: port},
-            "node: ",
-            "; stop what holds it or change ports in the node file",
-        )
+        hint = "; stop what holds it or change ports in the node file"
+        check_ports_free(host, {endpoint: port}, "node: ", hint)
     key = None
     if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
         from hloserve.model_control import launcher_key
 
         key = launcher_key()
-    node = node_plan(config, plan, key)
+    node = NodePlan(
+        servers=tuple(node_server_options(config, w, key) for w in plan),
+        gateway=gateway_config(config, plan, key) if gateway_enabled(config, len(plan)) else None,
+        devices=tuple(device_name(w.gpu) for w in plan),
+        restart=config.restart,
+        name=config.name,
+        prefix=f"hloserve node {config.name}",
+        host=config.host,
+        admin_port=config.admin_port,
+        startup_timeout_s=config.tritonserver.startup_timeout_s,
+    )
     stop = stop or threading.Event()
     workers: Workers | None = None
     if config.runtime == "docker":
@@ -121,10 +89,8 @@ def run_node_up(
 
 
 def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
-    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process.
-
-    Returns:
-        What was stopped (container names, or ``pid N``); empty when nothing ran.
+    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process;
+    what was stopped (container names, or ``pid N``).
 
     Raises:
         NodeError: no Docker daemon (docker runtime), or the process did not exit in time.

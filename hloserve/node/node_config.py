@@ -1,24 +1,6 @@
-"""Typed settings of ``hloserve node up|down``: a YAML file plus ``HLOSERVE_NODE_*`` overrides.
-
-One node file says how one machine serves a model repository: which runtime starts the workers
-(``process``: local tritonservers from the nvidia-pytriton wheel; ``docker``: one container per
-GPU), which GPUs (``all`` or a list of indices) or how many CPU workers (development), the port
-plan, the restart policy, and the gateway in front when there are two or more workers. Nothing is
-read at import time: call :func:`load_node_config`. docs/deployment.md shows full examples.
-
-Environment overrides use the gateway's scheme (:mod:`hloserve.gateway.config`): a variable
-named ``HLOSERVE_NODE_<PATH>`` sets the field at ``<PATH>``, the dotted key path upper-cased
-with ``__`` between levels::
-
-    HLOSERVE_NODE_RUNTIME=docker                 -> runtime
-    HLOSERVE_NODE_GPUS=0,1                       -> gpus (comma list, or "all")
-    HLOSERVE_NODE_DOCKER__IMAGE=hloserve-worker:1 -> docker.image
-    HLOSERVE_NODE_RESTART__MAX_RETRIES=3         -> restart.max_retries
-    HLOSERVE_NODE_PORTS__HTTP_BASE=9000          -> ports.http_base
-
-Values are parsed like the YAML scalars they stand for. An override wins over the file; a
-variable with the prefix that names no field is an error. Maps (``docker.env``,
-``gateway.settings``) and lists other than ``gpus`` take YAML flow syntax (``[a, b]``).
+"""Typed settings of ``hloserve node up|down``: a YAML file plus ``HLOSERVE_NODE_<PATH>``
+overrides (the key path upper-cased, ``__`` between levels), read by :func:`load_node_config`.
+The keys, their defaults and the override rules: docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -44,8 +26,6 @@ RestartName = Literal["no", "on-failure", "always", "unless-stopped"]
 
 
 def _matching(pattern: str, expected: str) -> AfterValidator:
-    """A check that a string matches ``pattern``: "expected <expected>, got '<value>'"."""
-
     def check(value: str) -> str:
         if not re.match(pattern, value):
             raise ValueError(f"expected {expected}, got {value!r}")
@@ -73,12 +53,16 @@ class PortsConfig(_Section):
         metrics_base: Prometheus port of worker 0 (8102).
         stride: distance between two workers' ports (3, so worker 1 takes 8103-8105 as with
             ``hloserve serve --workers``); must exceed the spread of the three bases.
+        admin_base: admin port (``hloserve status --models``) of the ``hloserve serve`` in
+            worker container ``i`` (``docker.launcher: hloserve``): ``admin_base + i``
+            (8004, 8005, ...; the node's own is ``admin_port``, 8003); 0 = a free port each.
     """
 
     http_base: int = Field(default=8100, ge=1, le=65535)
     grpc_base: int = Field(default=8101, ge=1, le=65535)
     metrics_base: int = Field(default=8102, ge=1, le=65535)
     stride: int = Field(default=3, ge=1)
+    admin_base: int = Field(default=8004, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _distinct(self) -> PortsConfig:
@@ -99,33 +83,15 @@ class PortsConfig(_Section):
 
 
 class RestartConfig(_Section):
-    """What happens when a worker dies (Docker's restart policy names and meaning).
-
-    Attributes:
-        policy: ``no`` (stay down), ``on-failure`` (restart after a non-zero exit or a kill, up
-            to ``max_retries`` times; default), ``always`` / ``unless-stopped`` (restart after
-            any exit). The docker runtime hands it to Docker; the process runtime applies it
-            itself.
-        max_retries: restarts allowed per worker with ``on-failure`` (5); 0 = unlimited.
-    """
+    """What happens when a worker dies: Docker's restart policy names and meaning
+    (``max_retries`` 0: unlimited)."""
 
     policy: RestartName = "on-failure"
     max_retries: int = Field(default=5, ge=0)
 
 
 class TritonConfig(_Section):
-    """tritonserver settings shared by every worker.
-
-    Attributes:
-        model_control_mode: ``--model-control-mode``; explicit (default, as ``hloserve
-            serve``): the repository API restricted to the node's key, and a model whose
-            Python backend stub dies is reloaded; none: load the whole repository.
-        load_models: ``--load-model`` names (explicit mode only; default every model).
-        args: further tritonserver flags, appended last (e.g.
-            ``--backend-config=python,shm-default-byte-size=16777216``).
-        log_verbose: ``--log-verbose`` level.
-        startup_timeout_s: seconds a worker may take to become ready (600).
-    """
+    """tritonserver settings shared by every worker (``args``: further flags, last)."""
 
     model_control_mode: ModelControlMode = "explicit"
     load_models: tuple[str, ...] = ()
@@ -144,7 +110,11 @@ class DockerConfig(_Section):
     """Settings of the docker runtime (ignored by the process runtime).
 
     Attributes:
-        image: worker image (``containers/worker.Dockerfile`` or ``worker-cpu.Dockerfile``).
+        image: worker image; None (default): the one the launcher runs, under the name its
+            documented build gives it (:func:`hloserve.node.docker_spec.worker_image`):
+            ``hloserve-worker:24.12`` for ``tritonserver`` (``containers/worker.Dockerfile``),
+            ``hloserve-worker-gpu:latest`` / ``hloserve-worker-cpu:latest`` for ``hloserve``
+            with ``gpus`` / ``cpu_workers`` (``bash scripts/images.sh gpu`` / ``cpu``).
         launcher: what the container runs: ``tritonserver`` (the NGC image's
             ``/opt/tritonserver/bin/tritonserver`` with hloserve's backends in
             ``backend_directory``) or ``hloserve`` (``hloserve serve``, which runs the
@@ -168,7 +138,7 @@ class DockerConfig(_Section):
         gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
     """
 
-    image: str = "hloserve-worker:latest"
+    image: str | None = None
     launcher: Launcher = "tritonserver"
     backend_directory: str = "/opt/tritonserver/backends"
     repository_mount: str = "/models"
@@ -197,18 +167,8 @@ class DockerConfig(_Section):
 
 
 class NodeGatewayConfig(_Section):
-    """The gateway in front of the workers; it runs in the ``node up`` process on the host.
-
-    Attributes:
-        enabled: ``auto`` (default) runs it when there are two or more workers; true/false
-            force it on or off.
-        listen: its KServe V2 gRPC endpoint, host:port ("127.0.0.1:8001").
-        http_listen: its KServe V2 HTTP endpoint, host:port ("127.0.0.1:8000", Triton's HTTP
-            port); null: gRPC only.
-        admin_port: its /healthz, /readyz, /metrics port on the listen host (8002).
-        settings: further :class:`hloserve.gateway.config.GatewayConfig` keys (``mode``,
-            ``scheduling``, ``discovery``, ``upstream``, ``grpc``, ``tls``); ``workers``,
-            ``worker_metrics``, ``worker_http`` and the listen addresses come from the node.
+    """The gateway in front of the workers, run in the ``node up`` process (``enabled: auto``:
+    with two or more workers; ``settings``: further gateway keys, not the ones the node sets).
     """
 
     enabled: bool | Literal["auto"] = "auto"
@@ -228,27 +188,8 @@ class NodeGatewayConfig(_Section):
 
 
 class NodeConfig(_Section):
-    """Settings of one node: the workers of one machine and the gateway in front of them.
-
-    Attributes:
-        name: node name, the value of the ``hloserve.node`` label on its containers
-            (letters, digits, ``_.-``; "hloserve").
-        runtime: ``process`` (local tritonservers from the nvidia-pytriton wheel) or ``docker``.
-        repository: the model repository (``hloserve repo build``); required.
-        host: address the workers bind ("127.0.0.1"; "0.0.0.0" serves the network).
-        gpus: ``"all"`` (every GPU NVML/nvidia-smi finds) or a list of GPU indices; one worker
-            per GPU. Empty (default) = no GPU, see ``cpu_workers``.
-        cpu_workers: number of CPU-only workers, for development without GPUs (0). Exactly one
-            of ``gpus`` and ``cpu_workers`` must be set.
-        ports: the workers' port plan.
-        restart: what happens when a worker dies.
-        tritonserver: tritonserver settings of every worker.
-        docker: docker runtime settings.
-        gateway: the gateway in front.
-        admin_port: the supervising process's own ``/metrics`` (workers up, restarts, stub
-            reloads; docs/observability.md) on ``host``, with any number of workers. None
-            (default) = 8003, turned off with a warning when taken; 0 = a free port.
-    """
+    """Settings of one node: the workers of one machine and the gateway in front of them
+    (exactly one of ``gpus`` and ``cpu_workers``; ``name`` labels its containers)."""
 
     name: _Name = "hloserve"
     runtime: Runtime = "process"
@@ -296,17 +237,8 @@ class NodeConfig(_Section):
 def load_node_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> NodeConfig:
-    """Read the node settings from a YAML file and ``HLOSERVE_NODE_*`` variables.
-
-    A relative ``repository`` in the file is resolved against the file's directory.
-
-    Args:
-        path: a YAML mapping of the :class:`NodeConfig` keys; None reads the environment alone
-            (then ``HLOSERVE_NODE_REPOSITORY`` is required).
-        environ: the environment to read (``os.environ`` when None).
-
-    Returns:
-        The validated, frozen configuration.
+    """Read the node settings from a YAML file (None: the environment alone) and
+    ``HLOSERVE_NODE_*`` variables; a relative ``repository`` is relative to the file.
 
     Raises:
         NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value
@@ -325,7 +257,6 @@ def load_node_config(
 
 
 def _resolve_repository(data: dict[str, Any], path: Path) -> None:
-    """A relative ``repository`` in the node file is relative to the file's directory."""
     repository = data.get("repository")
     if isinstance(repository, str) and not Path(repository).is_absolute():
         data["repository"] = str(path.resolve().parent / repository)

@@ -1,9 +1,5 @@
-"""Run Triton's ``perf_analyzer`` (shipped in the ``tritonclient[all]`` wheel) and read its CSV.
-
-The wheel's binary needs Debian's ``libb64-0d`` and ``libcudart.so.12`` (PyPI
-``nvidia-cuda-runtime-cu12``) on ``LD_LIBRARY_PATH`` even on a machine without a GPU
-(``scripts/env.sh`` installs ``libb64-0d``; the serve extra carries the CUDA runtime).
-:func:`run_perf_analyzer` sets that up and returns one row per concurrency.
+"""Run Triton's ``perf_analyzer`` (from ``tritonclient[all]``; it needs Debian's
+``libb64-0d`` and ``libcudart.so.12``, even without a GPU) and read its CSV.
 """
 
 from __future__ import annotations
@@ -24,13 +20,8 @@ from hloserve.errors import NotFoundError, PerfAnalyzerError
 
 @dataclass(frozen=True)
 class PerfResult:
-    """One perf_analyzer measurement (one concurrency level).
-
-    Attributes:
-        concurrency: concurrent outstanding requests.
-        throughput: inferences per second.
-        p50_us, p90_us, p99_us: client-side latency percentiles, microseconds.
-    """
+    """One perf_analyzer measurement: inferences/s at one concurrency, client-side latency
+    percentiles in microseconds."""
 
     concurrency: int
     throughput: float
@@ -54,18 +45,11 @@ def perf_analyzer_binary() -> Path:
 
 def perf_analyzer_env() -> dict[str, str]:
     """Environment with ``libcudart.so.12`` from the nvidia-cuda-runtime-cu12 wheel."""
-    env = dict(os.environ)
     spec = importlib.util.find_spec("nvidia")
-    libdirs = []
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            lib = Path(root) / "cuda_runtime" / "lib"
-            if lib.is_dir():
-                libdirs.append(str(lib))
-    if env.get("LD_LIBRARY_PATH"):
-        libdirs.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs)
-    return env
+    roots = (spec.submodule_search_locations if spec else None) or []
+    libdirs = [str(p) for r in roots if (p := Path(r) / "cuda_runtime" / "lib").is_dir()]
+    inherited = [os.environ["LD_LIBRARY_PATH"]] if os.environ.get("LD_LIBRARY_PATH") else []
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libdirs + inherited)}
 
 
 def run_perf_analyzer(
@@ -81,24 +65,11 @@ def run_perf_analyzer(
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
 ) -> tuple[list[PerfResult], str]:
-    """Measure ``model`` at each concurrency level (one perf_analyzer run per level).
+    """Measure ``model`` at ``url`` (``host:port``) at each concurrency level, one run each;
+    (a result per level, every run's stdout).
 
-    Args:
-        model: model name.
-        url: ``host:port`` of the gRPC (or HTTP) endpoint.
-        protocol: "grpc" or "http".
-        concurrency: concurrency levels, measured in order.
-        shape: ``--shape NAME:D1,D2`` values for inputs with variable dims.
-        input_data: a perf_analyzer ``--input-data`` JSON file (default: random data).
-        measurement_interval_ms: length of each measurement window, milliseconds.
-        request_count: measure exactly this many requests per level (perf_analyzer's
-            ``--request-count``) instead of repeating windows until two in a row agree; for a
-            run that must answer, not a stable rate (a loaded machine may never be stable).
-        extra_args: further perf_analyzer flags.
-        timeout_s: wall-clock limit for each run, seconds.
-
-    Returns:
-        (one result per concurrency level, perf_analyzer's stdout of every run).
+    Arguments map to perf_analyzer's flags (``shape``: ``--shape NAME:D1,D2`` values;
+    ``request_count``: instead of windows repeated until two agree); ``timeout_s`` per run.
 
     Raises:
         PerfAnalyzerError: perf_analyzer failed (its output is in the message).

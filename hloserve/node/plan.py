@@ -1,14 +1,6 @@
-"""The plan of a node, worked out once for every runtime: workers, ports, flags, env, gateway.
-
-A node is N tritonservers ("workers") and, with two or more, the gateway in front. ``hloserve
-node up`` plans from a :class:`~hloserve.node.node_config.NodeConfig` and the GPUs found
-(:func:`plan_workers`, :func:`planned_ports`, :func:`gateway_config`); ``hloserve serve
---workers N`` from its base port (:func:`worker_ports`, :func:`fleet_gateway_config`). Both
-runtimes beside this module use the same worker environment (:func:`worker_env`), load list
-completion (:func:`with_dependencies`), exit
-description (:func:`describe_exit`) and restart policy (:func:`restart_allowed`).
-
-docs/deployment.md describes the node file and the deployment shapes.
+"""The plan of a node (:class:`NodePlan`), shared by ``serve`` and ``node up`` and by both
+runtimes: GPUs, workers, ports, environment, gateway settings, load list, restart policy
+(docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hloserve.errors import GpuNotFoundError, InvalidArgumentError, NodeConfigError
 from hloserve.gateway.config import ENV_PREFIX, GatewayConfig, load_config
@@ -29,23 +21,14 @@ from hloserve.node.node_config import NodeConfig, PortsConfig, RestartConfig
 from hloserve.node.triton_options import TritonServerOptions
 from hloserve.ports import free_ports
 
-#: Flags every hloserve worker runs with: one model that fails to load neither stops the server
-#: (``--exit-on-error=false``) nor makes it unready (``--strict-readiness=false``); the others
-#: keep serving (docs/serving.md).
+#: Flags of every worker: a model that fails to load neither stops the server nor makes it
+#: unready; the others keep serving (docs/serving.md).
 SERVING_FLAGS = ("--exit-on-error=false", "--strict-readiness=false")
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """One worker of the node.
-
-    Attributes:
-        index: 0-based worker number (labels, log prefix, port offset).
-        gpu: the host GPU index it owns, or None for a CPU worker.
-        http_port: KServe V2 HTTP port (readiness is polled here).
-        grpc_port: KServe V2 gRPC port (the gateway forwards here).
-        metrics_port: Prometheus port.
-    """
+    """One worker of the node: 0-based ``index``, its host ``gpu`` (None: CPU), its ports."""
 
     index: int
     gpu: int | None
@@ -56,20 +39,9 @@ class WorkerPlan:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What the node's supervisor runs (:func:`hloserve.node.supervisor.run_node`): made by
-    ``hloserve serve`` (1 or N workers) and by ``hloserve node up`` alike.
-
-    Attributes:
-        servers: each worker's tritonserver options (ports, flags, environment with its GPU).
-        gateway: the gateway's settings, or None to run without one (one worker).
-        devices: a word per worker for the report ("GPU 0", "CPU").
-        restart: what happens to a worker that exits (``on-failure`` by default).
-        name: the node's name (admin port's ``node`` label, run directory, target file).
-        prefix: the first words of each report line ("hloserve", "hloserve node NAME").
-        host: the address the workers and the supervisor's admin port bind.
-        admin_port: the supervisor's admin port; None = 8003, off with a warning when taken.
-        startup_timeout_s: seconds the workers may take to get ready.
-    """
+    """What :func:`hloserve.node.supervisor.run_node` runs, for ``serve`` and ``node up``:
+    ``gateway`` None runs none; ``devices`` and ``prefix`` ("hloserve node NAME") word the
+    report; ``admin_port`` None = 8003, off with a warning when taken."""
 
     servers: tuple[TritonServerOptions, ...]
     gateway: GatewayConfig | None = None
@@ -83,8 +55,7 @@ class NodePlan:
 
     @property
     def ready_timeout_s(self) -> float:
-        """Seconds the workers may take to get ready: ``startup_timeout_s``, else the largest
-        of the servers' own."""
+        """``startup_timeout_s``, else the largest of the servers' own."""
         return self.startup_timeout_s or max(o.startup_timeout_s for o in self.servers)
 
 
@@ -128,14 +99,10 @@ def _query_gpus() -> tuple[tuple[int, str], ...]:
 
 
 def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
-    """Indices (NVML's, PCI bus order) of the NVIDIA GPUs this process may use.
+    """Indices (PCI bus order) of the NVIDIA GPUs this process may use, e.g. ``(0, 1)``.
 
-    NVML (``nvidia-ml-py``) lists the machine's GPUs, else ``nvidia-smi``; an inherited
-    ``CUDA_VISIBLE_DEVICES`` (indices in PCI bus order, or ``GPU-...`` UUIDs, CUDA's syntax)
-    restricts them, in its order; an empty one hides every GPU.
-
-    Returns:
-        e.g. ``(0, 1)``, or ``()`` when no GPU is found or visible.
+    NVML lists them, else ``nvidia-smi``; ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-...``
+    UUIDs, CUDA's syntax) restricts them, in its order; an empty one hides every GPU.
     """
     found = _query_gpus()
     visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
@@ -155,22 +122,13 @@ def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
 def assign_gpus(
     gpus: str | Sequence[int] | None, workers: int | None, visible: Sequence[int]
 ) -> list[int | None]:
-    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``.
-
-    Args:
-        gpus: ``"all"``, ``"none"``, GPU indices (a list or ``"0,1"``), or None (not given).
-        workers: the number of workers, or None (not given).
-        visible: the GPUs this process may use (:func:`detect_gpus`).
-
-    Returns:
-        Neither given: one worker per visible GPU, or one CPU worker when none is visible.
-        ``workers`` alone: the first ``workers`` GPUs (CPU workers when no GPU is visible).
-        ``gpus``: those GPUs; ``"none"``: ``workers`` (default 1) CPU workers.
+    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``
+    (semantics: ``hloserve serve --help``; ``visible``: :func:`detect_gpus`).
 
     Raises:
         InvalidArgumentError: ``--workers`` below 1, disagreeing with ``--gpus``, or above the
-            visible GPUs; an index not visible; a malformed ``--gpus``.
-        GpuNotFoundError: ``--gpus`` asks for GPUs but none is visible.
+            visible GPUs; a malformed ``--gpus``.
+        GpuNotFoundError: a GPU asked for is not visible.
     """
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")
@@ -219,16 +177,12 @@ def _ids(values: Any) -> str:
 def plan_workers(
     config: NodeConfig, available_gpus: Sequence[int] | None = None
 ) -> list[WorkerPlan]:
-    """One :class:`WorkerPlan` per GPU (or per CPU worker), with ports from ``config.ports``.
-
-    Args:
-        config: the node settings.
-        available_gpus: the GPUs of the machine; None runs :func:`detect_gpus` when GPUs are
-            asked for.
+    """One :class:`WorkerPlan` per GPU (or CPU worker), ports from ``config.ports``;
+    ``available_gpus`` None: :func:`detect_gpus`.
 
     Raises:
-        GpuNotFoundError: GPUs asked for but none visible, or an index not visible
-            (:func:`assign_gpus`).
+        GpuNotFoundError: GPUs asked for but none visible, or an index not visible.
+        NodeConfigError: a worker's port passes 65535.
     """
     if config.cpu_workers:
         gpus = assign_gpus("none", config.cpu_workers, ())
@@ -263,12 +217,9 @@ def worker_env(
 ) -> dict[str, str]:
     """Environment of a worker beyond its image's or the parent's (every stub inherits it).
 
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number GPUs as NVML and ``nvidia-smi`` do (CUDA's
-    default puts the fastest first). A GPU worker process sees only its GPU
-    (``CUDA_VISIBLE_DEVICES``); a GPU container gets its GPU from the device request instead. A
-    CPU worker hides every GPU and runs JAX on the CPU. A GPU worker given its ``repository``
-    also carries the runtime's JAX allocator settings (:func:`runtime_allocator_env`), so the
-    runtime's stub starts with them in its environment.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML's numbering); a GPU process sees only its GPU (a
+    container gets it from its device request); a CPU worker hides every GPU and runs JAX on
+    the CPU; with ``repository``, a GPU worker carries :func:`runtime_allocator_env`.
 
     Raises:
         InvalidArgumentError: the runtime model's ``hloserve.device_memory_fraction`` is
@@ -283,13 +234,9 @@ def worker_env(
 
 
 def runtime_allocator_env(repository: Path) -> dict[str, str]:
-    """JAX's allocator settings for the runtime of ``repository``, set by the launcher.
-
-    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` and ``XLA_CLIENT_MEM_FRACTION`` from the runtime
-    model's ``hloserve.device_memory_fraction`` (absent: the default, 0.9), as
-    :func:`hloserve.triton_backend.runtime.device_memory.allocator_environment` sets them; the
-    runtime's stub sets the same values again before JAX loads (a tritonserver started by
-    other means). A repository without the runtime model gets the default fraction.
+    """JAX's allocator settings for the runtime of ``repository``
+    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment` of its
+    ``hloserve.device_memory_fraction``; absent: the default).
 
     Raises:
         InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not
@@ -309,11 +256,25 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
     return allocator_environment(fraction, environ={})
 
 
+def worker_admin_port(config: NodeConfig, worker: WorkerPlan) -> int:
+    """The ``--admin-port`` of the ``hloserve serve`` a worker container runs
+    (``docker.launcher: hloserve``): ``ports.admin_base + i``, or 0 (a free port) when
+    ``admin_base`` is 0; with host networking each container needs its own."""
+    return config.ports.admin_base + worker.index if config.ports.admin_base else 0
+
+
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
-    """Every port the node will bind: description -> (host, port)."""
+    """Every port the node will bind: description -> (host, port).
+
+    Raises:
+        NodeConfigError: two of them are the same port.
+    """
     ports: dict[str, tuple[str, int]] = {}
     for w in plan:
         named = {"http": w.http_port, "grpc": w.grpc_port, "metrics": w.metrics_port}
+        serves = config.runtime == "docker" and config.docker.launcher == "hloserve"
+        if serves and config.ports.admin_base:  # the admin port of its `hloserve serve`
+            named["admin"] = worker_admin_port(config, w)
         ports.update({f"worker {w.index} {k}": (config.host, p) for k, p in named.items()})
     gateway = config.gateway
     if gateway_enabled(config, len(plan)):
@@ -336,45 +297,37 @@ def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, t
     return ports
 
 
-def worker_endpoints(
+def _fleet_keys(
     workers: Sequence[tuple[str, int, int, int | None]],
-) -> dict[str, list[str]]:
-    """The gateway's ``workers``, ``worker_metrics`` and ``worker_http`` (``host:port`` each).
-
-    Args:
-        workers: ``(host, http_port, grpc_port, metrics_port)`` of each worker, in order; a
-            worker without metrics (None) is left out of ``worker_metrics``.
-    """
+    listen: str,
+    http_listen: str | None,
+    admin_port: int,
+) -> dict[str, Any]:
+    """The gateway keys a node sets, from each worker's ``(host, http, grpc, metrics)``."""
     return {
         "workers": [f"{h}:{grpc}" for h, _, grpc, _ in workers],
         "worker_metrics": [f"{h}:{m}" for h, _, _, m in workers if m is not None],
         "worker_http": [f"{h}:{http}" for h, http, _, _ in workers],
+        "listen": listen,
+        "http_listen": http_listen,
+        "admin_port": admin_port,
     }
 
 
 def gateway_config(
     config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
-) -> Any:
-    """The :class:`hloserve.gateway.config.GatewayConfig` over the node's workers
-    (:func:`worker_endpoints`, as for ``serve --workers``); given the workers'
-    ``model_control_key``, discovery sends it (``upstream.model_control_key``).
+) -> GatewayConfig:
+    """The gateway's settings over the node's workers (``upstream.model_control_key`` set
+    from ``model_control_key``).
 
     Raises:
         NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
     """
     from pydantic import ValidationError
 
-    from hloserve.gateway.config import GatewayConfig
-
-    host = connect_host(config.host)
-    endpoints = worker_endpoints([(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan])
-    data = {
-        **config.gateway.settings,
-        "listen": config.gateway.listen,
-        "http_listen": config.gateway.http_listen,
-        "admin_port": config.gateway.admin_port,
-        **endpoints,
-    }
+    g, host = config.gateway, connect_host(config.host)
+    workers = [(host, w.http_port, w.grpc_port, w.metrics_port) for w in plan]
+    data = {**g.settings, **_fleet_keys(workers, g.listen, g.http_listen, g.admin_port)}
     if model_control_key:
         upstream = dict(data.get("upstream") or {})
         data["upstream"] = {**upstream, "model_control_key": model_control_key}
@@ -391,8 +344,7 @@ def gateway_config(
 PORTS_PER_WORKER = 3
 
 
-@dataclass(frozen=True)
-class WorkerPorts:
+class WorkerPorts(NamedTuple):
     """The three ports of one worker."""
 
     http: int
@@ -401,15 +353,8 @@ class WorkerPorts:
 
 
 def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
-    """Ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``.
-
-    The node file's port plan (:class:`~hloserve.node.node_config.PortsConfig`, bases ``base``,
-    ``base + 1``, ``base + 2``, stride 3), so ``serve --workers`` and ``node up`` agree.
-
-    Args:
-        count: number of workers, >= 1.
-        base: first port; 0 picks free ports instead (tests).
-        host: the address the ports are probed on when ``base`` is 0.
+    """The ports of ``count`` workers: worker i takes ``base + 3i`` ..
+    ``base + 3i + 2``, as the node file's default port plan; ``base`` 0: free ports on ``host``.
 
     Raises:
         InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
@@ -418,8 +363,7 @@ def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerP
         raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
     if base == 0:
         free = free_ports(PORTS_PER_WORKER * count, host)
-        chunks = [free[i : i + PORTS_PER_WORKER] for i in range(0, len(free), PORTS_PER_WORKER)]
-        return [WorkerPorts(*chunk) for chunk in chunks]
+        return [WorkerPorts(*free[i : i + 3]) for i in range(0, len(free), 3)]
     last = base + PORTS_PER_WORKER * count - 1
     if base < 1 or last > 65535:
         raise InvalidArgumentError(
@@ -440,24 +384,20 @@ def fleet_gateway_config(
     environ: Mapping[str, str] | None = None,
     http_listen: str | None = None,
 ) -> GatewayConfig:
-    """The gateway's settings for a local fleet: the file and ``HLOSERVE_GATEWAY_*``, with
-    ``workers``, ``worker_metrics``, ``worker_http``, ``listen``, ``admin_port``, (when given)
-    ``http_listen`` and (when the workers restrict their repository API)
-    ``upstream.model_control_key`` set from the fleet.
+    """The gateway's settings for ``serve --workers``: the file and ``HLOSERVE_GATEWAY_*``,
+    with the workers' endpoints, the listen addresses, ``admin_port`` and the workers'
+    model-control key set from the fleet.
 
     Raises:
         GatewayConfigError: the file or an environment override is invalid.
     """
     env = dict(os.environ if environ is None else environ)
-    endpoints = worker_endpoints(
-        [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
-    )
-    for key, values in endpoints.items():
-        env[ENV_PREFIX + key.upper()] = ",".join(values)
-    env[ENV_PREFIX + "LISTEN"] = listen
-    if http_listen is not None:
-        env[ENV_PREFIX + "HTTP_LISTEN"] = http_listen
-    env[ENV_PREFIX + "ADMIN_PORT"] = str(admin_port)
+    fleet = [(w.host, w.http_port, w.grpc_port, w.metrics_port) for w in workers]
+    for key, value in _fleet_keys(fleet, listen, http_listen, admin_port).items():
+        if value is not None:
+            env[ENV_PREFIX + key.upper()] = (
+                ",".join(value) if isinstance(value, list) else str(value)
+            )
     keys = sorted({w.model_control_key for w in workers if w.model_control_key})
     if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
         env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
@@ -465,11 +405,8 @@ def fleet_gateway_config(
 
 
 def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
-    """``models`` plus what they need loaded: the runtime model (every front calls it; without
-    it requests wait 120 s) and, transitively, the models each meta's ``meta.calls`` names.
-
-    A name without ``<repository>/<name>/config.pbtxt`` is kept as is (Triton reports it).
-    Dependencies follow the models they serve, in first-seen order.
+    """``models`` plus, in first-seen order, the models each meta's ``meta.calls`` names
+    (transitively) and the runtime model. A name without a ``config.pbtxt`` is kept as is.
 
     Raises:
         InvalidArgumentError: a config.pbtxt does not parse.
@@ -498,10 +435,9 @@ def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...
 
 
 def runtime_first(options: TritonServerOptions) -> tuple[TritonServerOptions, tuple[str, ...]]:
-    """Explicit-mode options that load only the runtime model at start, and the models to
-    load through the repository API once the server is ready (so every front finds the runtime
-    serving when it initializes). Other options are returned as they are, with nothing after.
-    """
+    """Explicit-mode options loading only the runtime model at start, and the models to load
+    once the server is ready (every front then finds the runtime serving); other options as
+    they are, with nothing after."""
     from hloserve.names import RUNTIME_MODEL
 
     later = tuple(m for m in options.load_models if m != RUNTIME_MODEL)
@@ -518,12 +454,8 @@ def describe_exit(code: int) -> str:
 
 
 def restart_allowed(policy: RestartConfig, exit_code: int, restarts: int) -> bool:
-    """Whether a worker that exited with ``exit_code`` after ``restarts`` restarts starts again.
-
-    Docker's restart policy names and meaning: ``no`` never, ``always`` / ``unless-stopped``
-    always, ``on-failure`` after a non-zero exit or a kill while ``restarts`` is below
-    ``max_retries`` (0: unlimited).
-    """
+    """Whether a worker that exited with ``exit_code`` after ``restarts`` restarts starts
+    again, under Docker's restart policy semantics (``max_retries`` 0: unlimited)."""
     if policy.policy in ("always", "unless-stopped"):
         return True
     return (

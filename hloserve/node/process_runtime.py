@@ -1,15 +1,5 @@
-"""The process runtime: the node's workers as local tritonservers (nvidia-pytriton wheel).
-
-:func:`wait_all_ready` is the one start-up wait of every local tritonserver (``hloserve serve``,
-``serve --workers``, ``node up``): slices of at most 2 s, so that Ctrl-C is honoured, counted by
-the wall clock. :class:`ProcessWorkers` runs one tritonserver per planned worker for
-``hloserve node up``: each worker's output goes to ``<run dir>/worker<i>.log`` and is copied to
-stdout with a ``[worker i]`` prefix; :meth:`ProcessWorkers.poll` reloads a model whose Python
-backend stub died (:class:`~hloserve.node.watchdog.StubWatchdog`; outside explicit model
-control, where Triton cannot reload, it drains that worker with a graceful stop and starts it
-again after the backoff, whatever the restart policy) and restarts a worker that exited,
-under the node's restart policy, after Docker's restart backoff (:data:`RESTART_BACKOFF_S`),
-so that both runtimes restart alike.
+"""The process runtime: the node's workers as local tritonservers (:class:`ProcessWorkers`),
+restarted as Docker would (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -35,10 +25,8 @@ from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
 #: Longest slice of one readiness poll, in seconds (a stop request waits at most this long).
 READY_SLICE_S = 2.0
-#: Delay before the first restart of a worker, doubled at each further restart up to
-#: :data:`RESTART_BACKOFF_MAX_S`; reset after the worker ran :data:`RESTART_RESET_S`. Docker's
-#: restart manager uses the same numbers (100 ms doubling, at most 1 minute, reset after 10 s;
-#: https://docs.docker.com/engine/containers/start-containers-automatically/).
+#: Docker's restart backoff: 100 ms doubling, at most 1 minute, reset after 10 s of running
+#: (https://docs.docker.com/engine/containers/start-containers-automatically/).
 RESTART_BACKOFF_S = 0.1
 RESTART_BACKOFF_MAX_S = 60.0
 RESTART_RESET_S = 10.0
@@ -47,20 +35,11 @@ RESTART_RESET_S = 10.0
 def wait_all_ready(
     servers: Sequence[TritonServer], timeout_s: float, stop: threading.Event | None = None
 ) -> float | None:
-    """Wait until every started server answers ``/v2/health/ready``, one after the other.
-
-    Args:
-        servers: started servers.
-        timeout_s: seconds all of them may take together, counted by the wall clock from the
-            call (each failed poll counts what it really took).
-        stop: when set, return None at the next slice (Ctrl-C during start-up).
-
-    Returns:
-        Seconds waited, or None when ``stop`` was set first.
+    """Wait until every started server is ready, within ``timeout_s`` s of wall clock for
+    all, in slices of :data:`READY_SLICE_S`; seconds waited, or None once ``stop`` is set.
 
     Raises:
-        TritonServerError: a server exited, or ``timeout_s`` passed (the message holds the
-            server's log tail).
+        TritonServerError: a server exited, or ``timeout_s`` passed (with its log tail).
     """
     start = time.monotonic()
     for server in servers:
@@ -107,17 +86,9 @@ def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
 class ProcessWorkers:
     """Local tritonservers, one per planned worker, watched and restarted by this process.
 
-    The process runtime of ``hloserve node up`` and ``hloserve serve``
-    (:class:`~hloserve.node.supervisor.Node`).
-
-    Args:
-        plan: the node: each worker's server options (distinct ports; each worker's output goes
-            to ``<run dir>/worker<i>.log`` and is copied to stdout with a ``[worker i]``
-            prefix), the restart policy, the start-up timeout (None = the largest of the
-            servers' ``startup_timeout_s``), the devices, the name and the report prefix.
-        report: receives one line per event (start, exit, restart, stub reload); an attribute
-            too, like the hooks ``on_restart`` (worker index, after each restart) and
-            ``on_stub_reload`` (worker index and model), which a supervisor sets.
+    Each worker's output goes to ``<run dir>/worker<i>.log``, copied to stdout as ``[worker
+    i] ...``. A supervisor may set ``report`` and the hooks ``on_restart(i)`` and
+    ``on_stub_reload(i, model)``.
     """
 
     def __init__(
@@ -168,12 +139,9 @@ class ProcessWorkers:
             )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
-        """Wait until every worker answers ``/v2/health/ready``, load the models each loads
-        through the repository API (:func:`~hloserve.node.plan.runtime_first`: the runtime
-        model came first), then start the stub watchdogs.
-
-        Returns:
-            Seconds waited, or None when ``stop`` was set first.
+        """Wait until every worker is ready, load the rest of its models
+        (:func:`~hloserve.node.plan.runtime_first`), start the stub watchdogs; seconds
+        waited, or None once ``stop`` is set.
 
         Raises:
             TritonServerError: a worker exited or did not get ready in time (its log tail).
@@ -187,7 +155,6 @@ class ProcessWorkers:
         return time.monotonic() - start
 
     def _load_rest(self, i: int, server: TritonServer) -> None:
-        """Load what worker ``i`` loads once ready (:func:`~hloserve.node.plan.runtime_first`)."""
         if self._then_load[i]:
             from hloserve.node.model_control_client import load_all
 
@@ -205,8 +172,7 @@ class ProcessWorkers:
         return stub_watchdog(server, reloaded, restart)
 
     def _drain(self, i: int, server: TritonServer, delay: float) -> None:
-        """Stop worker ``i`` gracefully (requests in flight finish within Triton's exit
-        timeout), then have :meth:`poll` start it again after ``delay`` seconds."""
+        """Stop worker ``i`` gracefully, then have :meth:`poll` restart it ``delay`` s later."""
         with contextlib.suppress(HloserveError):
             server.stop(timeout_s=30.0)
         if self.servers[i] is server:
@@ -223,7 +189,7 @@ class ProcessWorkers:
 
     def poll(self) -> str | None:
         """Reload models whose stub died; restart workers that exited, under the restart
-        policy and after the backoff; report the ones that stay down. Never asks to stop."""
+        policy and after the backoff. Never asks to stop (returns None)."""
         now = time.monotonic()
         for i, server in enumerate(self.servers):
             if i in self._down:
@@ -279,8 +245,7 @@ class ProcessWorkers:
         return None
 
     def kill_worker(self, index: int, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Send ``sig`` to worker ``index`` (default SIGKILL: it dies without warning), wait
-        for it and clean up after it."""
+        """Send ``sig`` to worker ``index``, wait for it and clean up after it."""
         server = self.servers[index]
         if server.pid is not None and server.is_running():
             with contextlib.suppress(ProcessLookupError):
@@ -288,10 +253,7 @@ class ProcessWorkers:
         server.stop(timeout_s=10.0)
 
     def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
-        """Start worker ``index`` again on its ports and wait until it is ready.
-
-        Returns:
-            Seconds waited.
+        """Start worker ``index`` again on its ports; seconds waited until it is ready.
 
         Raises:
             TritonServerError: it did not start or get ready.
@@ -301,8 +263,7 @@ class ProcessWorkers:
         return self._relaunch(index, wait=True, timeout_s=timeout_s)
 
     def _relaunch(self, i: int, *, wait: bool, timeout_s: float | None = None) -> float:
-        """A new server for worker ``i``; its watchdog starts once it is ready (in a thread
-        unless ``wait``)."""
+        """A new server for worker ``i``, watched once ready (in a thread unless ``wait``)."""
         replacement = TritonServer(self.options[i])
         self.servers[i] = replacement
         self._down.discard(i)
@@ -334,8 +295,8 @@ class ProcessWorkers:
                 self._watchdogs[i] = self._watchdog(i, server)
 
     def stop(self) -> None:
-        """Stop every worker (and its stubs), then the log followers (idempotent); the first
-        worker error is raised after all were stopped."""
+        """Stop every worker, then the log followers (idempotent); the first worker error is
+        raised after all were stopped."""
         errors: list[HloserveError] = []
         self._restart_at = {}
         for server in self.servers:

@@ -1,10 +1,4 @@
-"""The ``/proc`` readings and signals that follow a process session (Linux only).
-
-A local tritonserver runs in its own session; its Python backend stubs, and whatever they start,
-inherit it. These helpers list a session's processes, kill all of them, find the TCP ports they
-listen on and make a child die with its parent (``prctl(PR_SET_PDEATHSIG)``), as
-:class:`hloserve.node.tritonserver.TritonServer` needs (proc(5) gives the file formats).
-"""
+"""A process session's members, kill and listening ports from ``/proc`` (Linux; proc(5))."""
 
 from __future__ import annotations
 
@@ -44,7 +38,6 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def _fields(stat: str) -> list[str]:
-    """The fields of a ``/proc/<pid>/stat`` line after the command name (state first)."""
     return stat[stat.rindex(")") + 2 :].split()
 
 

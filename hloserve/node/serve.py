@@ -1,14 +1,5 @@
-"""``hloserve serve``: build a repository from bundles if needed, run tritonserver, stop cleanly.
-
-PATH is either a **bundles directory** (subdirectories holding ``manifest.yaml``), which is
-built into a Triton model repository first, or a **model repository** (subdirectories holding
-``config.pbtxt``) built earlier by ``hloserve repo build``. The server runs from the
-nvidia-pytriton wheel (:mod:`hloserve.node.tritonserver`) with hloserve's Python-based
-backends, as a node of process workers (one per GPU, or ``--workers N``; the gateway in
-front of two or more) run by the supervisor of ``hloserve node up``
-(:mod:`hloserve.node.supervisor`): it prints where each part listens, waits for readiness,
-passes the logs through, restarts a worker that dies, and on Ctrl-C/SIGTERM shuts down leaving
-no tritonserver or stub process behind.
+"""``hloserve serve``: build a repository from bundles if needed, run its node with the
+supervisor of ``node up``, stop cleanly (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -53,14 +44,14 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
     if is_repository(path):
         yield path
         return
-    from hloserve.bundle import discover_bundles
+    from hloserve.bundle.bundle import discover_bundles
 
     if not discover_bundles(path):
         raise NotFoundError(
             f"{path}: neither a bundles directory (no */manifest.yaml) "
             "nor a model repository (no */config.pbtxt)"
         )
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     scratch: Path | None = None
     if options.repository_out is None:
@@ -84,9 +75,6 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
 
 def run_serve(options: ServeOptions) -> int:
     """Serve until Ctrl-C or SIGTERM (exit 0) or until every worker is down for good (exit 1).
-
-    The served node is :func:`~hloserve.node.serve_options.serve_plan`'s, run by the supervisor
-    of ``hloserve node up`` (:func:`~hloserve.node.supervisor.run_node`).
 
     Raises:
         HloserveError: bad options, the repository cannot be prepared, or a worker cannot start.

@@ -1,9 +1,5 @@
-"""The settings of ``hloserve serve`` (:class:`ServeOptions`), their checks, and the
-tritonserver options they make (:func:`server_options`).
-
-Pure planning: nothing here starts a process. :func:`serve_plan` makes the node plan that
-:func:`hloserve.node.supervisor.run_node` runs, as for ``hloserve node up`` (docs/serving.md,
-docs/deployment.md).
+"""The settings of ``hloserve serve`` (:class:`ServeOptions`), their checks, the tritonserver
+options they make and :func:`serve_plan`, the node the supervisor runs. Starts nothing.
 """
 
 from __future__ import annotations
@@ -23,16 +19,15 @@ from hloserve.ports import check_ports_free, free_port
 if TYPE_CHECKING:  # the build code is imported when a repository is built
     from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.node_config import NodeConfig
-    from hloserve.node.plan import WorkerPlan, WorkerPorts
+    from hloserve.node.plan import WorkerPlan
 
 #: Seconds the server may take to load and warm up every model before ``serve`` gives up.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
 def is_repository(path: Path) -> bool:
-    """Whether ``path`` looks like a Triton model repository: a subdirectory has config.pbtxt
-    and none is a bundle (manifest.yaml). Bundles beside Triton models with their configs are
-    a source directory to build (docs/serving.md, "Foreign models")."""
+    """Whether ``path`` is a Triton model repository: a subdirectory has config.pbtxt and none
+    a manifest.yaml (docs/serving.md, "Foreign models")."""
     if not path.is_dir():
         return False
     folders = [d for d in path.iterdir() if d.is_dir()]
@@ -45,51 +40,15 @@ def is_repository(path: Path) -> bool:
 class ServeOptions:
     """Settings of ``hloserve serve``.
 
+    Each field is the ``serve`` flag of that name (``--help``, docs/serving.md; ``*_s``:
+    seconds, e.g. ``--startup-timeout``), except:
+
     Attributes:
-        path: a bundles directory or a model repository.
-        http_port: KServe V2 HTTP port (Triton's default 8000).
-        grpc_port: KServe V2 gRPC port (Triton's default 8001).
-        metrics_port: Prometheus metrics port (Triton's default 8002).
-        host: address every endpoint binds; 127.0.0.1 by default, 0.0.0.0 to serve the network.
-        model_control_mode: tritonserver ``--model-control-mode`` (none, poll, explicit);
-            None = explicit with ``--load-model=*`` on every host (everything loads at start,
-            as with none, and a model whose Python backend stub dies is reloaded,
-            :mod:`.watchdog`), the repository API restricted to ``model_control_key`` (Triton's
-            load call accepts model files, and a Python model is code).
-        load_models: ``--load-model`` names, with ``explicit`` mode; the runtime model and
-            the models a meta calls are added (:func:`~hloserve.node.plan.with_dependencies`).
-        model_control_key: in explicit mode, the key Triton's repository API (index, load,
-            unload) requires (:mod:`hloserve.model_control`); None = one from
-            :func:`~hloserve.model_control.launcher_key` (``HLOSERVE_MODEL_CONTROL_KEY``
-            or random).
-        open_repository_api: explicit mode with the repository API open to every client (no
-            key; ``--open-repository-api``): Triton's model-control clients work unchanged,
-            and whoever reaches the ports can load model files, i.e. run code.
-        repository_out: where to build the repository from bundles; None builds it in a
-            temporary directory removed at exit.
-        build: the build options when PATH is a bundles directory
-            (:class:`~hloserve.model_repository_tools.build_options.BuildOptions`, passed
-            whole to ``build_repository``); None = every default.
-        tritonserver_args: further tritonserver flags, passed through last.
-        log_verbose: tritonserver ``--log-verbose`` level.
-        startup_timeout_s: seconds to wait for every model to load and warm up.
-        workers: tritonserver processes; above 1 the gateway listens on ``grpc_port`` (its
-            admin HTTP port on ``metrics_port``) and the workers on ``worker_port_base``.
-            None = one per GPU of ``gpus`` (:func:`~hloserve.node.plan.assign_gpus`).
-        gpus: ``"all"``, ``"none"`` (CPU workers) or GPU indices ``"0,1"``; None = every
-            visible GPU, or the first ``workers`` of them.
-        worker_port_base: worker i binds HTTP, gRPC and metrics on ``base + 3i`` .. ``+ 2``;
-            0 = free ports. Used only with ``workers`` > 1.
-        gateway_config: YAML settings of the gateway (docs/gateway.md) with ``workers`` > 1;
-            its ``workers``, ``worker_metrics``, ``listen`` and ``admin_port`` are set by serve.
-        tls_cert, tls_key, tls_client_ca: TLS on the gateway's gRPC port (PEM files; with
-            ``workers`` > 1; docs/gateway.md "TLS").
-        admin_port: the supervisor's admin port (``/metrics``: workers up, restarts, stub
-            reloads; docs/observability.md); None = 8003, turned off with a warning when taken;
-            0 = a free port.
-        watch: keep the served models in line with the bundles directory while serving
-            (:mod:`hloserve.node.watcher`; docs/serving.md, "Watching the bundles directory").
-        watch_interval_s: seconds between two polls of the bundles directory with ``watch``.
+        model_control_mode: None = explicit with ``--load-model=*``, the repository API
+            restricted to ``model_control_key``.
+        model_control_key: None = :func:`~hloserve.model_control.launcher_key`.
+        build: the build options when PATH is a bundles directory; None = every default.
+        tritonserver_args: the flags after ``--``, passed through last.
     """
 
     path: Path
@@ -133,30 +92,10 @@ MANAGED_FLAGS = {
 }
 
 
-def check_passthrough(args: Sequence[str]) -> None:
-    """Refuse tritonserver flags after ``--`` that ``hloserve serve`` sets itself.
-
-    Raises:
-        InvalidArgumentError: names the flag and the ``hloserve serve`` option to use instead.
-    """
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            raise InvalidArgumentError(
-                f"{flag} after '--' would change what hloserve serve sets and watches: use "
-                f"hloserve serve's {MANAGED_FLAGS[flag]} instead"
-            )
-
-
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
-    """tritonserver options for a repository of hloserve models.
-
-    :data:`~hloserve.node.plan.SERVING_FLAGS` keep the server up and ready when one model
-    fails to load, so the others keep serving (the failure is reported by
-    the supervisor's ready report). In explicit mode the runtime model is
-    loaded with the named models and the repository API is restricted to
-    ``options.model_control_key`` (a new :func:`~hloserve.model_control.launcher_key`
-    when None) unless ``options.open_repository_api``.
+    """tritonserver options for a repository of hloserve models, with
+    :data:`~hloserve.node.plan.SERVING_FLAGS`; in explicit mode the named models' dependencies
+    load too, and the repository API is keyed unless ``open_repository_api``.
 
     Raises:
         InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
@@ -194,8 +133,8 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
 def worker_options(
     options: ServeOptions, repository: Path, worker: WorkerPlan
 ) -> TritonServerOptions:
-    """Worker ``worker``'s tritonserver options: :func:`server_options` on its ports, with its
-    environment (:func:`~hloserve.node.plan.worker_env`), ending with its supervisor."""
+    """:func:`server_options` on ``worker``'s ports, with its environment, ending with its
+    supervisor."""
     from hloserve.node.plan import worker_env
 
     w = worker
@@ -212,12 +151,8 @@ def worker_options(
 def node_server_options(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> TritonServerOptions:
-    """A ``node up`` worker's tritonserver options, as ``hloserve serve`` sets them
-    (:func:`worker_options`); the docker runtime runs their flags
-    (:func:`~hloserve.node.triton_options.server_flags`) in its container.
-
-    Without ``model_control_key`` the repository API stays open (no key is made).
-    """
+    """A ``node up`` worker's tritonserver options, as ``serve`` sets them; without
+    ``model_control_key`` the repository API stays open."""
     t = config.tritonserver
     serve = ServeOptions(
         path=config.repository,
@@ -235,11 +170,7 @@ def node_server_options(
 
 
 def _check_ports(options: ServeOptions) -> dict[str, int]:
-    """The server's ports by endpoint, each in 1..65535 and all different.
-
-    Raises:
-        InvalidArgumentError: a port out of range, or two endpoints on one port.
-    """
+    """The server's ports by endpoint, checked in 1..65535 and all different."""
     ports = {"HTTP": options.http_port, "gRPC": options.grpc_port, "metrics": options.metrics_port}
     for endpoint, port in ports.items():
         if not 1 <= port <= 65535:
@@ -250,11 +181,7 @@ def _check_ports(options: ServeOptions) -> dict[str, int]:
 
 
 def build_flags_set(options: ServeOptions) -> list[str]:
-    """The build-only flags whose values differ from their defaults, in command-line spelling.
-
-    They shape the repository built from bundles and mean nothing for a repository that
-    ``hloserve repo build`` made earlier. A flag set to its default value is not reported.
-    """
+    """The build-only flags set to other than their defaults, in command-line spelling."""
     given = ["--repository-out"] if options.repository_out is not None else []
     return given + (options.build.flags_set() if options.build is not None else [])
 
@@ -271,8 +198,8 @@ def serve_gpus(options: ServeOptions) -> list[int | None]:
 
 
 def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | None]) -> NodePlan:
-    """The node ``serve`` runs: one tritonserver per entry of ``gpus`` (:func:`serve_gpus`),
-    on the public ports when there is one, else on the worker ports behind the gateway.
+    """The node ``serve`` runs: one tritonserver per entry of ``gpus``, on the public ports
+    when there is one, else on the worker ports behind the gateway.
 
     Raises:
         InvalidArgumentError: a worker port clashes with the gateway's, or leaves 1..65535.
@@ -285,15 +212,16 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         options = dataclasses.replace(options, model_control_key=launcher_key())
     gateway = None
     if len(gpus) == 1:
-        ports = [(options.http_port, options.grpc_port, options.metrics_port)]
+        ports: Sequence[tuple[int, int, int]] = [
+            (options.http_port, options.grpc_port, options.metrics_port)
+        ]
     else:
         if options.grpc_port == 0:
             options = dataclasses.replace(options, grpc_port=free_port(options.host))
         if options.http_port == 0:
             options = dataclasses.replace(options, http_port=free_port(options.host))
-        planned = worker_ports(len(gpus), options.worker_port_base, options.host)
-        check_worker_ports(options, planned)
-        ports = [(p.http, p.grpc, p.metrics) for p in planned]
+        ports = worker_ports(len(gpus), options.worker_port_base, options.host)
+        check_worker_ports(options, ports)
     servers = [
         worker_options(options, repository, WorkerPlan(i, gpu, *p))
         for i, (p, gpu) in enumerate(zip(ports, gpus, strict=True))
@@ -325,35 +253,31 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
 
 
 def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = None) -> None:
-    """Refuse bad settings before anything is built or started.
-
-    Args:
-        options: the settings.
-        gpus: each worker's GPU (:func:`serve_gpus`); None works it out.
+    """Refuse bad settings before anything is built or started; ``gpus`` None: worked out.
 
     Raises:
         InvalidArgumentError: --load-model without explicit mode, --workers,
-            --front-instances or --max-request-bytes below 1, --gateway-config with one
-            worker, a port out of range or shared by two endpoints, a host that does not
-            resolve, or a build option (:func:`build_flags_set`) set while PATH is an
-            already-built model repository, or a flag after ``--`` that hloserve sets itself
-            (:func:`check_passthrough`).
-        PortInUseError: (UNAVAILABLE) a port of the server (one worker) or of the gateway
-            (``--workers`` above 1) is already bound on the host.
+            --front-instances or --max-request-bytes below 1, --gateway-config or TLS with one
+            worker, a port out of range or shared, a host that does not resolve, a build
+            option with PATH a model repository, a managed flag after ``--``, bad ``--watch``
+            settings.
+        PortInUseError: (UNAVAILABLE) a port of the server or of the gateway is taken.
     """
-    check_passthrough(options.tritonserver_args)
+    for flag in (arg.split("=", 1)[0] for arg in options.tritonserver_args):
+        if flag in MANAGED_FLAGS:
+            raise InvalidArgumentError(
+                f"{flag} after '--' would change what hloserve serve sets and watches: use "
+                f"hloserve serve's {MANAGED_FLAGS[flag]} instead"
+            )
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
     workers = len(serve_gpus(options) if gpus is None else gpus)
     build = options.build
-    if build is not None and build.front_instances < 1:
-        raise InvalidArgumentError(
-            f"--front-instances must be at least 1, got {build.front_instances}"
-        )
-    if build is not None and build.max_request_bytes < 1:
-        raise InvalidArgumentError(
-            f"--max-request-bytes must be at least 1, got {build.max_request_bytes}"
-        )
+    sizes = {} if build is None else {"--front-instances": build.front_instances}
+    sizes |= {} if build is None else {"--max-request-bytes": build.max_request_bytes}
+    for flag, value in sizes.items():
+        if value < 1:
+            raise InvalidArgumentError(f"{flag} must be at least 1, got {value}")
     if options.gateway_config is not None and workers == 1:
         raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
     if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
@@ -412,19 +336,20 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
 
         planned = worker_ports(workers, options.worker_port_base, options.host)
         check_worker_ports(options, planned)
-        for i, w in enumerate(planned):
-            endpoints = {"HTTP": w.http, "gRPC": w.grpc, "metrics": w.metrics}
+        for i, (http, grpc, metrics) in enumerate(planned):
+            endpoints = {"HTTP": http, "gRPC": grpc, "metrics": metrics}
             check_ports_free(options.host, endpoints, f"worker {i} ")
 
 
-def check_worker_ports(options: ServeOptions, workers: Sequence[WorkerPorts]) -> None:
-    """Refuse worker ports that include one of the gateway's (``--workers`` above 1).
+def check_worker_ports(options: ServeOptions, workers: Sequence[tuple[int, int, int]]) -> None:
+    """Refuse worker ports (:func:`~hloserve.node.plan.worker_ports`) that include one of the
+    gateway's.
 
     Raises:
         InvalidArgumentError: a worker port equals the HTTP, gRPC or metrics port.
     """
     taken = {options.http_port, options.grpc_port, options.metrics_port} - {0}
-    clash = sorted(taken & {p for w in workers for p in (w.http, w.grpc, w.metrics)})
+    clash = sorted(taken & {p for w in workers for p in w})
     if clash:
         raise InvalidArgumentError(
             f"worker ports from --worker-port-base {options.worker_port_base} include the "

@@ -1,11 +1,5 @@
-"""``hloserve status URL``: a server's weight cache state, read from its Prometheus endpoint;
-``hloserve status --models ADMIN_URL``: each model's version, state, last reload and error,
-read from the ``/models`` page of ``hloserve serve``'s admin port
-(:mod:`hloserve.observability.supervisor`).
-
-Renders the ``hloserve_weight_*`` and ``hloserve_device_memory_bytes`` series the runtime model
-exports as a table (read by
-:mod:`hloserve.prometheus_text`; docs/on_demand_weights.md, "Metrics" and "Device memory").
+"""``hloserve status URL``: a server's weight cache table from its Prometheus endpoint
+(docs/on_demand_weights.md); ``--models ADMIN_URL``: the supervisor's ``/models`` table.
 """
 
 from __future__ import annotations
@@ -62,11 +56,8 @@ def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
 
 
 def render_models(rows: list[dict[str, Any]]) -> str:
-    """``/models`` rows as a text table: model, version, state, last reload, error.
-
-    The last reload is local time (``-`` = loaded at start); the error column holds the last
-    failed change's reason, else Triton's reason for a model that is not READY.
-    """
+    """``/models`` rows as a text table: model, version, state, last reload (local time; ``-``:
+    loaded at start), error (else Triton's reason for a model not READY)."""
     header = ("model", "version", "state", "last reload", "error")
     table = [header]
     for row in rows:
@@ -86,11 +77,8 @@ def render_models(rows: list[dict[str, Any]]) -> str:
 
 
 def print_quietly(text: str) -> None:
-    """Print ``text`` to stdout; a reader that went away (``| head``) ends it quietly.
-
-    On ``BrokenPipeError`` stdout is pointed at ``/dev/null`` so that the interpreter's final
-    flush does not fail again (the recipe of the Python ``signal`` module's documentation).
-    """
+    """Print ``text``; a reader that went away (``| head``) ends it quietly (the recipe of
+    the Python ``signal`` module's documentation)."""
     try:
         print(text, flush=True)
     except BrokenPipeError:
@@ -132,8 +120,7 @@ def render_status(status: CacheStatus) -> str:
 
 
 def _table(rows: Sequence[Sequence[str]], left: int) -> str:
-    """``rows`` in aligned columns two spaces apart: the first ``left`` columns flush left,
-    the others right."""
+    """``rows`` in aligned columns, the first ``left`` flush left, the others right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(

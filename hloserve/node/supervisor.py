@@ -1,16 +1,6 @@
-"""The one supervisor of a node: ``hloserve serve`` (1 or N workers) and ``hloserve node up``.
-
-Both commands make a :class:`~hloserve.node.plan.NodePlan` (``serve`` from its options,
-:func:`hloserve.node.serve_options.serve_plan`; ``node up`` from its node file,
-:func:`hloserve.node.node.node_plan`) and run it here: :class:`Node` starts the workers
-(:class:`~hloserve.node.process_runtime.ProcessWorkers`, or the docker runtime's containers),
-waits until every one is ready, then starts the gateway in a thread of this process when the
-plan has one (:class:`~hloserve.node.gateway_thread.GatewayThread`). :func:`run_node` reports
-where each part listens and which models are not ready, serves the supervisor's admin port
-(:mod:`hloserve.observability.supervisor`) and polls the workers until stopped: a worker that
-exits is restarted under the plan's restart policy (``on-failure`` by default, Docker's
-backoff) and left to the gateway's health probes meanwhile; a model whose Python backend stub
-dies is reloaded (:mod:`hloserve.node.watchdog`).
+"""The one supervisor of ``hloserve serve`` and ``hloserve node up``: :func:`run_node` runs a
+:class:`~hloserve.node.plan.NodePlan` (workers, then the gateway in a thread), reports, serves
+the admin port and restarts what dies until stopped (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -64,15 +54,8 @@ class Workers(Protocol):
 
 
 class Node:
-    """A node's workers and, when planned, the gateway in front of them.
-
-    Args:
-        plan: what to run.
-        workers: the runtime's workers; None = :class:`ProcessWorkers` over ``plan.servers``.
-        report: receives one line per event.
-
-    Use as a context manager or call :meth:`start` and :meth:`close`.
-    """
+    """A node's workers (None: :class:`ProcessWorkers` of ``plan``) and, when planned, the
+    gateway in front. Use as a context manager or call :meth:`start` and :meth:`close`."""
 
     def __init__(
         self,
@@ -92,10 +75,8 @@ class Node:
         return self.workers.servers
 
     def start(self, stop: threading.Event | None = None) -> float | None:
-        """Start every worker, wait until all are ready, then start the gateway.
-
-        Returns:
-            Seconds waited for the workers, or None when ``stop`` was set during start-up.
+        """Start every worker, wait until all are ready, then start the gateway; seconds
+        waited, or None when ``stop`` was set during start-up.
 
         Raises:
             TritonServerError: a worker exited or was not ready in time.
@@ -112,10 +93,8 @@ class Node:
         return time.monotonic() - started
 
     def _wait_loaded(self, stop: threading.Event, started: float) -> None:
-        """Wait until every model of a worker that loads everything (``*``) is READY or
-        UNAVAILABLE (failed), within the start-up timeout: a docker worker's own ``hloserve
-        serve`` loads them after the runtime model, once its tritonserver already answers
-        ready (the process workers here have loaded them already)."""
+        """Wait (within the start-up timeout) until every model of a worker loading ``*`` is
+        READY or UNAVAILABLE: a docker worker's own ``serve`` loads them after readiness."""
         timeout_s = self.plan.ready_timeout_s
         host = connect_host(self.plan.host)
         for o in self.plan.servers:
@@ -141,8 +120,7 @@ class Node:
         self, stop: threading.Event, observe: NodeObservability | None = None, poll_s: float = 0.5
     ) -> int:
         """Poll the workers until ``stop`` is set or the runtime says the node was stopped
-        (``node down`` removed the containers): 0; or until nothing is left to serve (every
-        worker down for good, the gateway stopped by itself): 1."""
+        (0), or until nothing is left to serve (1)."""
         workers = self.workers
         if isinstance(workers, ProcessWorkers):
             workers.report = self.report
@@ -206,18 +184,13 @@ def run_node(
     workers: Workers | None = None,
     serving: Serving | None = None,
 ) -> int:
-    """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1).
-
-    Args:
-        plan: the node to run.
-        stop: set it to stop (Ctrl-C, SIGTERM, ``node down``).
-        workers: the runtime's workers (docker); None = process workers.
-        serving: entered once the node is ready (``serve --watch``); None = the admin port's
-            ``/models`` answers from the workers' repository index (process workers).
+    """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1) on ``workers``
+    (None: process workers); ``serving`` is entered once the node is ready (``--watch``).
 
     Raises:
         HloserveError: a worker or the gateway did not start.
     """
+    from hloserve.node.docker_runtime import DockerWorkers
     from hloserve.node.watcher import serve_model_list, server_model_control
     from hloserve.observability.supervisor import NodeObservability
 
@@ -243,7 +216,7 @@ def run_node(
             )
         )
         node.workers.on_restart = observe.worker_restarted
-        if isinstance(node.workers, ProcessWorkers):
+        if isinstance(node.workers, (ProcessWorkers, DockerWorkers)):
             node.workers.on_stub_reload = observe.stub_reloaded
         observe.workers_up(len(plan.servers))
         lines = []

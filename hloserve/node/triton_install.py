@@ -1,18 +1,9 @@
-"""Where tritonserver comes from (the nvidia-pytriton wheel) and the backend directory a server
-runs with.
-
-The ``nvidia-pytriton==0.7.0`` wheel carries tritonserver 2.51 (``pytriton/tritonserver/bin``),
-its shared libraries (``nvidia_pytriton.libs/``), the Python backend
-(``pytriton/tritonserver/backends/python/``) and one ``triton_python_backend_stub`` per Python
-version (``pytriton/tritonserver/python_backend_stubs/<major.minor>/``). :class:`TritonInstall`
-finds these; :func:`compose_backend_dir` links them, with hloserve's Python-based backends,
-into a run directory's ``backends/``; :func:`check_backends` refuses a repository needing a
-backend that is not there.
+"""tritonserver in the ``nvidia-pytriton==0.7.0`` wheel (tritonserver 2.51, its libraries,
+the Python backend, one stub per Python version) and the backend directory a server runs with.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
@@ -35,19 +26,11 @@ class TritonInstall:
     """Where the tritonserver binary, its libraries and the Python backend live.
 
     Attributes:
-        server_binary: the ``tritonserver`` executable.
-        library_dirs: ``LD_LIBRARY_PATH`` entries, in order: the wheel's bundled libraries, then
-            the interpreter's ``LIBDIR`` (holds ``libpython3.X.so`` that the stub links; without
-            it the loader may pick a system libpython of the same version).
-        python_backend_files: files of the ``python/`` backend directory by name:
-            ``libtriton_python.so``, ``triton_python_backend_utils.py`` and
-            ``triton_python_backend_stub`` (the stub for the running Python version).
-        cache_dir: ``--cache-directory`` (holds the local response cache library).
-        python_bin_dir: put first on ``PATH``. The stub's embedded interpreter runs isolated
-            (``sys.flags.isolated == 1``: ``PYTHONPATH`` and ``PYTHONHOME`` are ignored) and
-            computes ``sys.prefix`` from the first ``python3`` on ``PATH``; the venv's
-            ``python3`` (beside ``pyvenv.cfg``) makes it a venv interpreter whose
-            site-packages, ``.pth`` files included, are on ``sys.path``.
+        library_dirs: ``LD_LIBRARY_PATH`` entries: the wheel's libraries, then the
+            interpreter's ``LIBDIR`` (the ``libpython3.X.so`` the stub links).
+        python_backend_files: files of the ``python/`` backend directory by name.
+        python_bin_dir: put first on ``PATH``: the isolated stub interpreter computes
+            ``sys.prefix`` from the first ``python3`` there, so it sees the venv.
     """
 
     server_binary: Path
@@ -58,13 +41,10 @@ class TritonInstall:
 
     @classmethod
     def from_pytriton_wheel(cls) -> TritonInstall:
-        """Locate tritonserver in the installed nvidia-pytriton wheel, for the running Python.
-
-        ``pytriton`` is located, not imported.
+        """Locate (not import) tritonserver in the nvidia-pytriton wheel, for this Python.
 
         Raises:
-            TritonServerError: the wheel is not installed, or a file is missing from it (for
-                instance no stub for this Python version).
+            TritonServerError: the wheel is not installed, or a file is missing from it.
         """
         spec = importlib.util.find_spec("pytriton")
         if spec is None or spec.origin is None:
@@ -108,12 +88,8 @@ class TritonInstall:
 
 
 def check_backends(repository: Path, available: set[str]) -> None:
-    """Refuse a repository with a model whose backend this tritonserver lacks, before start.
-
-    The nvidia-pytriton wheel's tritonserver has only the Python backend (and the
-    Python-based backends composed beside it); ONNX Runtime, PyTorch, TensorRT and TensorFlow
-    models need the NGC image (docs/deployment.md). hloserve's own backends are not checked
-    here (the launcher composes them).
+    """Refuse a repository with a model whose backend this tritonserver lacks (hloserve's
+    own are composed by the launcher; others need the NGC image, docs/deployment.md).
 
     Raises:
         InvalidArgumentError: naming each model, the backend it needs and the ones there are.
@@ -137,8 +113,11 @@ def check_backends(repository: Path, available: set[str]) -> None:
 def compose_backend_dir(
     run_dir: Path, install: TritonInstall, extra_backend_dirs: Mapping[str, Path]
 ) -> Path:
-    """Build ``<run_dir>/backends``: ``python/`` (hard links or copies) and one symlink per
-    extra backend directory."""
+    """Build ``<run_dir>/backends``: ``python/`` and one symlink per extra backend.
+
+    Raises:
+        InvalidArgumentError: a backend name is reserved, or its directory has no model.py.
+    """
     backends = run_dir / "backends"
     python = backends / PYTHON_BACKEND
     python.mkdir(parents=True, exist_ok=True)
@@ -158,12 +137,8 @@ def compose_backend_dir(
 
 
 def _link_or_copy(dst: Path, src: Path, *, symbolic: bool = False) -> None:
-    """Link ``src`` at ``dst`` (replacing it): a symlink when ``symbolic``, else a hard link,
-    copying across file systems.
-
-    Triton resolves symlinks and refuses a backend library that "escapes backend directory"
-    (a symlinked ``python/libtriton_python.so`` fails every Python-based backend).
-    """
+    """Link ``src`` at ``dst``: a symlink when ``symbolic``, else a hard link or a copy
+    (Triton refuses a symlinked backend library that "escapes backend directory")."""
     if dst.is_symlink() or dst.exists():
         dst.unlink()
     if symbolic:
@@ -173,16 +148,3 @@ def _link_or_copy(dst: Path, src: Path, *, symbolic: bool = False) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` without following symlinks (the links point into the wheel)."""
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, name))
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(root, name))
-    with contextlib.suppress(OSError):
-        path.rmdir()

@@ -1,6 +1,5 @@
-"""How to run one tritonserver: :class:`TritonServerOptions`, its endpoints, and
-:func:`server_flags`, the one builder of tritonserver's flags (local servers and the Docker
-runtime's command alike). No process, no file: pure values."""
+"""How to run one tritonserver: :class:`TritonServerOptions` and :func:`server_flags`, the one
+builder of its flags (local servers and the docker runtime alike). Pure values."""
 
 from __future__ import annotations
 
@@ -17,41 +16,21 @@ ModelControlMode = Literal["none", "poll", "explicit"]
 
 @dataclass(frozen=True)
 class TritonServerOptions:
-    """How to run one tritonserver.
+    """How to run one tritonserver; fields named after a flag set that flag.
 
     Attributes:
-        model_repository: ``--model-repository`` directory.
-        http_port: HTTP/REST port (KServe V2); readiness is polled here. Default 8000.
-        grpc_port: gRPC port (KServe V2). Default 8001.
-        metrics_port: Prometheus metrics port, or None to disable metrics. Default 8002.
-        host: address every endpoint binds (``--http-address``, ``--grpc-address``,
-            ``--metrics-address``). Default 127.0.0.1.
-        model_control_mode: ``--model-control-mode``: "none" loads the whole repository at
-            start, "explicit" loads ``load_models`` and then what clients ask for, "poll" follows
-            the repository. Default "none".
-        load_models: ``--load-model`` names at start ("*" for all); only with "explicit".
-        model_control_key: with "explicit", the key a client must send to reach Triton's
-            repository API (:mod:`hloserve.model_control`); None leaves that API open.
-        extra_backend_dirs: Python-based backends by backend name: each directory holds a
-            ``model.py`` and is selected in ``config.pbtxt`` by ``backend: "<name>"``. Linked
-            beside ``python/`` in the composed ``--backend-directory``.
-        extra_args: further tritonserver flags, appended last (for instance
-            ``--backend-config=python,shm-default-byte-size=16777216``).
-        env: environment variables set for the server and its stubs (for instance
-            ``CUDA_VISIBLE_DEVICES``), over the parent's environment.
-        log_verbose: ``--log-verbose`` level; 0 is Triton's default.
-        log_file: file that receives the server's and stubs' stdout and stderr (appended), or
-            None to forward them to the parent's stdout (file descriptor 1).
-        run_dir: directory for the composed backend directory, or None for a temporary one that
-            :meth:`TritonServer.stop` removes.
-        exit_timeout_s: ``--exit-timeout-secs``: how long the server waits for in-flight
-            requests at shutdown, in seconds. Default 10.
-        startup_timeout_s: how long the context manager waits for readiness, in seconds.
-        die_with_parent: SIGTERM the server when the thread that started it exits (Linux
-            ``PR_SET_PDEATHSIG``), so a SIGKILLed launcher leaves no orphan server. Only for a
-            launcher whose starting thread lives as long as the server (``hloserve serve``'s
-            main thread): the signal follows the thread, not the process.
-        install: where tritonserver lives; None finds it in the nvidia-pytriton wheel.
+        metrics_port: None disables metrics.
+        model_control_key: with "explicit", the key Triton's repository API requires
+            (:mod:`hloserve.model_control`); None leaves that API open.
+        extra_backend_dirs: Python-based backends by name (each a directory with a
+            ``model.py``), linked beside ``python/`` in the ``--backend-directory``.
+        env: set for the server and its stubs, over the parent's environment.
+        log_file: receives the server's output (appended); None: file descriptor 1.
+        run_dir: where the backend directory is composed; None: a temporary one.
+        die_with_parent: SIGTERM the server when the thread that started it exits
+            (``PR_SET_PDEATHSIG`` follows the thread, not the process).
+        startup_timeout_s: :meth:`TritonServer.wait_ready`'s default timeout.
+        install: where tritonserver lives; None: the nvidia-pytriton wheel.
     """
 
     model_repository: Path
@@ -77,10 +56,7 @@ class TritonServerOptions:
     def on_free_ports(
         cls, model_repository: Path, host: str = "127.0.0.1", **kwargs: object
     ) -> TritonServerOptions:
-        """Options with HTTP, gRPC and metrics ports chosen by :func:`free_ports` on ``host``.
-
-        ``kwargs`` are the other fields of :class:`TritonServerOptions`.
-        """
+        """Options with free HTTP, gRPC and metrics ports on ``host``; ``kwargs``: other fields."""
         http, grpc, metrics = free_ports(3, host)
         return cls(
             model_repository,
@@ -101,13 +77,7 @@ class TritonServerOptions:
 
 @dataclass(frozen=True)
 class TritonServerUrls:
-    """Endpoints of a running server as ``host:port`` (what tritonclient takes; no scheme).
-
-    Attributes:
-        http: KServe V2 HTTP/REST endpoint.
-        grpc: KServe V2 gRPC endpoint.
-        metrics: Prometheus endpoint (``http://<metrics>/metrics``), or None when disabled.
-    """
+    """Endpoints of a server as ``host:port`` (no scheme); ``metrics`` None when disabled."""
 
     http: str
     grpc: str
@@ -115,15 +85,8 @@ class TritonServerUrls:
 
 
 def server_flags(o: TritonServerOptions) -> list[str]:
-    """The tritonserver flags of ``o`` that do not depend on where tritonserver is installed.
-
-    Model control (``--model-control-mode``, ``--load-model``), the three endpoints on
-    ``o.host`` (metrics off with ``--allow-metrics=false`` when ``o.metrics_port`` is None),
-    ``--log-verbose``, the repository API restricted to ``o.model_control_key`` in explicit mode
-    (:func:`hloserve.model_control.restricted_flags`), then ``o.extra_args``. The one
-    builder of these flags: :class:`TritonServer` puts the install's paths in front, the docker
-    runtime the container's.
-    """
+    """The tritonserver flags of ``o`` that do not depend on where tritonserver is installed
+    (the repository API keyed in explicit mode; ``o.extra_args`` last)."""
     flags = [
         f"--model-control-mode={o.model_control_mode}",
         *(f"--load-model={name}" for name in o.load_models),

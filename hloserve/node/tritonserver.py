@@ -1,13 +1,4 @@
-"""Run one local tritonserver from the nvidia-pytriton wheel, without Docker.
-
-:class:`TritonServer` composes a backend directory from the wheel's files
-(:mod:`hloserve.node.triton_install`), sets the environment and runs the binary in its own
-session, so that :meth:`TritonServer.stop` can end the server and every stub process it started
-(:mod:`hloserve.node.procfs`). :func:`server_flags` is the one builder of tritonserver's flags,
-for local servers and the Docker runtime alike.
-
-Every endpoint binds ``TritonServerOptions.host`` (127.0.0.1 by default). Nothing here runs at
-import time. Linux only (``/proc`` is read to find the server's processes and sockets).
+"""Run one local tritonserver from the nvidia-pytriton wheel, without Docker (Linux only).
 
 Example::
 
@@ -24,6 +15,7 @@ import contextlib
 import http.client
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -50,7 +42,6 @@ from hloserve.node.triton_install import (
     TritonInstall,
     check_backends,
     compose_backend_dir,
-    remove_tree,
 )
 from hloserve.node.triton_options import (
     TritonServerOptions,
@@ -64,11 +55,8 @@ _POLL_INTERVAL_S = 0.1
 
 
 def health_ready(address: str) -> bool:
-    """Whether ``GET http://<address>/v2/health/ready`` answers 200 within 1 s (no proxies).
-
-    Refused, timed out, an error status (503 while loading) or a malformed answer (a
-    half-started server, not Triton) count as not ready.
-    """
+    """Whether ``GET http://<address>/v2/health/ready`` answers 200 within 1 s (no proxies);
+    any error counts as not ready."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with (
         contextlib.suppress(OSError, http.client.HTTPException),
@@ -83,13 +71,9 @@ class StubProcess:
     """One Python backend stub process of a server (one per model instance).
 
     Attributes:
-        pid: process id.
-        model: the model's name (the stub's command line names
-            ``<repository>/<model>/<version>/model.py``).
-        version: the model version directory name.
         instance: Triton's instance name, e.g. ``digits_0_1``.
-        wait_status: the ``waitpid`` status of a dead stub that its server has not reaped yet
-            (a zombie; ``/proc/<pid>/stat`` field 52), None while the stub runs.
+        wait_status: the ``waitpid`` status of a dead stub its server has not reaped yet
+            (``/proc/<pid>/stat`` field 52), None while the stub runs.
     """
 
     pid: int
@@ -105,12 +89,8 @@ class StubProcess:
 
     @classmethod
     def from_proc(cls, pid: int, argv: Sequence[str], stat: str) -> StubProcess | None:
-        """The stub described by a command line and a ``/proc/<pid>/stat`` line, or None when
-        the process is not a Python backend stub.
-
-        The 2.51 stub runs as ``triton_python_backend_stub <model.py> <shm region> <shm size>
-        <shm growth> <parent pid> <python backend dir> <ipc size> <instance name> ...``.
-        """
+        """The stub of a command line (2.51: ``triton_python_backend_stub <model.py>`` then
+        instance name 8th) and ``/proc/<pid>/stat`` line; None for another process."""
         if len(argv) < 2 or Path(argv[0]).name != STUB:
             return None
         model_py = Path(argv[1])
@@ -125,12 +105,34 @@ class StubProcess:
         )
 
 
-class TritonServer:
-    """One local tritonserver process and the stub processes it starts.
+def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubProcess]:
+    """The Python backend stubs among the processes of ``session`` (a tritonserver started in
+    a session of its own, or a container's init), dead (unreaped) ones included.
 
-    The server runs in a new session (its own process group); :meth:`stop` ends the whole
-    group and waits until no process of it is left. Use as a context manager, or call
-    :meth:`start`, :meth:`wait_ready` and :meth:`stop`. Not thread-safe.
+    Args:
+        session: the session (or process group) id, as this process's ``/proc`` shows it.
+        argv_seen: pid -> command line of stubs seen running, kept by the caller between calls
+            (a zombie's ``/proc/<pid>/cmdline`` is empty); updated here.
+    """
+    stubs = []
+    for pid, stat, words in session_processes(session):
+        if not words:  # a zombie's cmdline is empty: use what was seen while it ran
+            words = argv_seen.get(pid, [])
+        elif Path(words[0]).name == STUB:
+            argv_seen[pid] = words
+        else:
+            argv_seen.pop(pid, None)  # the pid was reused
+        stub = StubProcess.from_proc(pid, words, stat)
+        if stub is not None:
+            stubs.append(stub)
+    return stubs
+
+
+class TritonServer:
+    """One local tritonserver process, in its own session, and the stubs it starts.
+
+    Use as a context manager, or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`.
+    Not thread-safe.
     """
 
     def __init__(self, options: TritonServerOptions) -> None:
@@ -143,8 +145,6 @@ class TritonServer:
         self._log_handle: IO[bytes] | None = None
         self._forwarder: threading.Thread | None = None
         self._stub_argv: dict[int, list[str]] = {}  # a zombie's /proc cmdline is empty
-
-    # -- properties ---------------------------------------------------------------------------
 
     @property
     def urls(self) -> TritonServerUrls:
@@ -173,20 +173,7 @@ class TritonServer:
         """The Python backend stubs of this server's session, dead (unreaped) ones included."""
         if self._process is None:
             return []
-        stubs = []
-        for pid, stat, words in session_processes(self._process.pid):
-            if not words:  # a zombie's cmdline is empty: use what was seen while it ran
-                words = self._stub_argv.get(pid, [])
-            elif Path(words[0]).name == STUB:
-                self._stub_argv[pid] = words
-            else:
-                self._stub_argv.pop(pid, None)  # the pid was reused
-            stub = StubProcess.from_proc(pid, words, stat)
-            if stub is not None:
-                stubs.append(stub)
-        return stubs
-
-    # -- lifecycle ----------------------------------------------------------------------------
+        return session_stubs(self._process.pid, self._stub_argv)
 
     def start(self) -> None:
         """Compose the backend directory and launch tritonserver; do not wait for readiness.
@@ -219,13 +206,8 @@ class TritonServer:
         atexit.register(self._kill_at_exit)
 
     def wait_ready(self, timeout_s: float | None = None) -> float:
-        """Poll ``GET /v2/health/ready`` until the server answers 200 on its own HTTP port.
-
-        Args:
-            timeout_s: how long to wait, in seconds; None uses ``options.startup_timeout_s``.
-
-        Returns:
-            Seconds waited.
+        """Poll ``GET /v2/health/ready`` until the server answers 200 on its own HTTP port;
+        seconds waited (``timeout_s`` None: ``options.startup_timeout_s``).
 
         Raises:
             TritonServerError: not started, the process exited, or the timeout passed; the
@@ -254,13 +236,8 @@ class TritonServer:
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server, SIGKILL its process group after ``timeout_s``, clean up.
-
-        Waits until no process of the server's session is left (stubs included), then removes
-        the temporary run directory and the Python backend's shared-memory files. Idempotent.
-
-        Args:
-            timeout_s: seconds to wait for a graceful exit before SIGKILL.
+        """SIGTERM the server, SIGKILL its session after ``timeout_s`` s, wait until no
+        process of it is left, remove its run directory and shm files. Idempotent.
 
         Raises:
             TritonServerError: a process of the session survived SIGKILL for 10 s.
@@ -306,8 +283,6 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- internals ----------------------------------------------------------------------------
 
     def _argv(self, install: TritonInstall, backends: Path) -> list[str]:
         o = self.options
@@ -388,7 +363,7 @@ class TritonServer:
                 with contextlib.suppress(OSError):
                     shm.unlink()
         if self._owns_run_dir and self._run_dir is not None:
-            remove_tree(self._run_dir)
+            shutil.rmtree(self._run_dir, ignore_errors=True)  # links into the wheel: not followed
             self._run_dir = None
             self._owns_run_dir = False
 

@@ -1,25 +1,6 @@
-"""Reload a model whose Python backend stub process died.
-
-Triton 2.51's Python backend never restarts a stub that died (SIGKILL, the OOM killer, a model
-calling ``os._exit``): the model stays READY, and every request routed to that instance fails
-INTERNAL "Stub process '<instance>' is not healthy." until the model is reloaded. Triton does not
-reap the dead stub either, so it stays a zombie of tritonserver whose ``/proc`` entry still holds
-its exit status. :class:`StubWatchdog` polls a :class:`~hloserve.node.tritonserver.TritonServer`'s
-stubs, reports each death once ("model 'digits': Python backend stub pid 4242 (digits_0_1)
-died (signal 9, SIGKILL); reloading") and reloads the model through Triton's repository API
-(``POST /v2/repository/models/<model>/load`` with the model's own configuration, which makes
-Triton load fresh instances even though no file changed, then swap them in). This needs
-``--model-control-mode=explicit``; ``hloserve serve`` uses it (with ``--load-model=*``) unless
-another mode is asked for. In ``none`` and ``poll`` Triton refuses load and unload, so the
-watchdog asks for the worker to be drained and restarted instead (``restart``: the process
-runtime stops it gracefully, then starts it again after the restart backoff,
-:meth:`hloserve.node.process_runtime.ProcessWorkers.poll`); with neither, the death is only
-reported. The repository API is
-restricted to callers holding the launcher's key (:mod:`hloserve.model_control`); the
-reload sends it.
-
-A reload of the runtime model (``hloserve_runtime``) is retried by the fronts as UNAVAILABLE
-for up to ``hloserve.runtime_wait_s``.
+"""Reload a model whose Python backend stub process died (Triton 2.51 never restarts one);
+outside explicit mode, have the worker drained and restarted. docs/serving.md, "model control
+mode and dead model processes".
 """
 
 from __future__ import annotations
@@ -28,11 +9,35 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from hloserve.model_control import RepositoryClient
 from hloserve.node.tritonserver import StubProcess, TritonServer
 
 log = logging.getLogger("hloserve.watchdog")
+
+
+class ControlMode(Protocol):
+    """Settings that name the server's ``--model-control-mode``."""
+
+    @property
+    def model_control_mode(self) -> str:
+        """``explicit``, ``none`` or ``poll``."""
+        ...
+
+
+class StubSource(Protocol):
+    """What :class:`StubWatchdog` watches: a local :class:`TritonServer`, or a container's
+    (:class:`hloserve.node.docker_runtime.ContainerStubs`)."""
+
+    @property
+    def options(self) -> ControlMode:
+        """The server's settings."""
+        ...
+
+    def stub_processes(self) -> list[StubProcess]:
+        """The server's Python backend stubs, dead (unreaped) ones included."""
+        ...
 
 
 def describe_wait_status(status: int) -> str:
@@ -49,22 +54,15 @@ def describe_wait_status(status: int) -> str:
 class StubWatchdog:
     """Notices dead stubs of one server and reloads their models.
 
-    Args:
-        server: the started server.
-        reload: called with a model name to reload it (in a thread of its own); None only
-            reports deaths (the server is not in explicit mode).
-        report: receives one line per event (death, reload done or failed).
-        restart: without ``reload``, called with the model's name to have the whole worker
-            drained and restarted (model control modes ``none`` and ``poll``); None: only
-            report.
-
-    Call :meth:`check` periodically (every half second is cheap: one scan of ``/proc``); a
-    death is acted on at the second check that sees it.
+    ``server`` is a local server or a container's stubs (:class:`StubSource`).
+    ``reload(model)`` runs in a thread of its own; without it ``restart(model)`` has the
+    worker drained and restarted; with neither, deaths are only reported. Call :meth:`check`
+    periodically (one ``/proc`` scan).
     """
 
     def __init__(
         self,
-        server: TritonServer,
+        server: StubSource,
         reload: Callable[[str], None] | None,
         report: Callable[[str], None] = log.warning,
         restart: Callable[[str], None] | None = None,
@@ -79,10 +77,8 @@ class StubWatchdog:
         server.stub_processes()  # learn the live stubs' command lines (a zombie's is empty)
 
     def check(self) -> list[StubProcess]:
-        """Report (and reload) every stub death not seen before; return those deaths.
-
-        A stub counts as dead when two checks in a row find it exited and unreaped.
-        """
+        """Report (and reload) every stub death not seen before; return those deaths (a stub
+        found exited and unreaped at two checks in a row)."""
         zombies = [s for s in self.server.stub_processes() if s.dead and s.pid not in self._seen]
         # Triton reaps a stub it ended itself (unload, shutdown) at once: only a stub that is
         # still unreaped one check later died on its own.
@@ -140,14 +136,8 @@ def stub_watchdog(
     on_reload: Callable[[str], None] | None = None,
     restart: Callable[[str], None] | None = None,
 ) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode, else asks ``restart``
-    (None: only reports).
-
-    Args:
-        server: the running server.
-        on_reload: called with the model's name after each reload it starts (for metrics).
-        restart: drains and restarts the worker outside explicit mode (:class:`StubWatchdog`).
-    """
+    """The watchdog of a server: it reloads models in explicit mode (then ``on_reload(model)``),
+    else asks ``restart`` (None: only reports)."""
     explicit = server.options.model_control_mode == "explicit"
     client = RepositoryClient(server.urls.http, server.options.model_control_key, 600.0)
 

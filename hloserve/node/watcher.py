@@ -1,33 +1,9 @@
 """``hloserve serve BUNDLES --watch``: bundles added, changed or removed while the server runs.
 
-ReactantServer's dynamic mode on Triton's explicit model control (docs/serving.md, "Watching
-the bundles directory"). Every ``--watch-interval`` seconds the watcher takes a fingerprint of
-each bundle folder (:func:`fingerprint`: every file's path, size, modification time and inode).
-A change is acted on once two polls in a row see the same new content (:class:`Debouncer`), so
-a bundle still being copied is left alone. Then, per bundle:
-
-* **added or changed**: the bundle is validated (:func:`hloserve.bundle.check_bundle`), its
-  model alone is built (:func:`~hloserve.model_repository_tools.build.plan_repository` and
-  :func:`~hloserve.model_repository_tools.build.write_repository` into a staging directory
-  beside the repository) and moved into the repository as a new Triton version directory
-  (``<model>/<N+1>``, one rename) with ``config.pbtxt`` pointing its front at it (one rename),
-  then loaded through Triton's repository API. Triton keeps the old version serving until the
-  new one is ready and keeps it when the load fails ("if the reload fails for any reason the
-  loaded model will be unchanged", Triton's Model Management guide, explicit mode); on failure
-  the repository is put back as it was. The runtime model is never reloaded: the new front
-  instances acquire their bundle from the runtime next to the old ones, and the executable
-  cache (keyed by the artifact's bytes, not the model's name) spares compiling an executable
-  it has seen, such as a bundle renamed or one whose weights alone changed.
-* **removed**: the model is unloaded (requests then get NOT_FOUND) and its folder deleted.
-* Meta models that call a model that was reloaded are reloaded after it (callees first).
-
-What each model's last change did (version, state, time, error) is kept in
-:class:`ModelRecord` objects that ``hloserve status --models`` shows through the supervisor's
-admin port (``/models``, :mod:`hloserve.observability.supervisor`).
-
-:class:`BundleWatcher` applies these rules to a running tritonserver (or every worker of
-``serve --workers N``) through its repository API, with the model-control key
-(:class:`hloserve.model_control.RepositoryClient`); :func:`watching` runs it in a thread.
+:class:`BundleWatcher` polls the bundles directory (:func:`scan`, :class:`Debouncer`) and
+builds, installs and loads each settled change through Triton's repository API;
+:func:`watching` runs it in a thread. The rules: docs/serving.md, "Watching the bundles
+directory".
 """
 
 from __future__ import annotations
@@ -49,6 +25,7 @@ from hloserve.model_control import RepositoryClient
 from hloserve.node.model_control_client import FleetModelControl, error_text
 
 if TYPE_CHECKING:
+    from hloserve.bundle.manifest import Manifest
     from hloserve.model_repository_tools.build_options import BuildOptions
     from hloserve.node.tritonserver import TritonServer
     from hloserve.observability.supervisor import NodeObservability
@@ -65,13 +42,9 @@ Fingerprint = tuple[FileStamp, ...]
 
 
 def fingerprint(bundle: Path) -> Fingerprint:
-    """The stamps of every file under ``bundle`` (symbolic links followed).
-
-    Names starting with ``.`` and ``__pycache__`` are left out, as the repository build leaves
-    them out of the copy. A file that vanishes while it is read gets the stamp
-    ``(path, -1, now, 0)``, which never repeats, so a bundle in the middle of a change is never
-    taken as settled.
-    """
+    """The stamps of every file under ``bundle`` (links followed; ``.*`` and ``__pycache__``
+    left out, as the build does). A file vanishing while read gets ``(path, -1, now, 0)``,
+    which never repeats, so a bundle mid-change never counts as settled."""
     stamps: list[FileStamp] = []
     for root, dirs, files in os.walk(bundle, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
@@ -91,7 +64,7 @@ def fingerprint(bundle: Path) -> Fingerprint:
 
 def scan(bundles_dir: Path) -> dict[str, Fingerprint]:
     """Bundle name -> :func:`fingerprint` of every subfolder holding a ``manifest.yaml``."""
-    from hloserve.bundle import discover_bundles
+    from hloserve.bundle.bundle import discover_bundles
 
     return {path.name: fingerprint(path) for path in discover_bundles(bundles_dir)}
 
@@ -111,13 +84,9 @@ class Changes:
 class Debouncer:
     """Which bundles changed and then held still for one poll (ReactantServer's rule).
 
-    Args:
-        acted: the content the server holds now, bundle name -> fingerprint.
-
-    :meth:`poll` compares each poll's content with the content acted on: a bundle whose new
-    content (or absence) is the same at two polls in a row is reported once, and from then on
-    it counts as acted on, whether acting on it succeeded or not (a broken bundle is tried
-    again when its content changes again).
+    ``acted``: the content the server holds, name -> fingerprint. A new content (or absence)
+    seen at two polls in a row is reported once and then counts as acted on, whether acting
+    succeeded or not (a broken bundle is tried again when it changes again).
     """
 
     def __init__(self, acted: Mapping[str, Fingerprint]) -> None:
@@ -148,12 +117,8 @@ class Debouncer:
 
 
 def dependency_order(models: Iterable[str], calls: Mapping[str, Sequence[str]]) -> list[str]:
-    """``models`` ordered so that every model comes after the models it calls (ties by name).
-
-    Args:
-        models: the names to order.
-        calls: meta model name -> the models it calls; names not here call nothing.
-    """
+    """``models`` ordered so that every model comes after the models it calls (ties by name);
+    ``calls``: meta name -> the models it calls."""
     pending = set(models)
     order: list[str] = []
     while pending:
@@ -180,11 +145,9 @@ class ModelRecord:
     """What the watcher last did to one model (``hloserve status --models``).
 
     Attributes:
-        name: the model name.
         version: the Triton version serving (0 = none yet).
-        state: ``READY`` (serving its bundle's content), ``FAILED`` (the last change did not
-            load or did not validate; the previous version, if any, keeps serving) or
-            ``UNLOADED`` (the bundle was removed).
+        state: ``READY``, ``FAILED`` (the last change failed; the previous version, if any,
+            keeps serving) or ``UNLOADED`` (the bundle was removed).
         last_reload: UNIX time (s) of the last load, reload or unload; None = loaded at start.
         error: why the last change failed ("" when it did not).
     """
@@ -199,13 +162,8 @@ class ModelRecord:
 def model_rows(
     index: Sequence[Mapping[str, Any]], records: Sequence[ModelRecord]
 ) -> list[dict[str, Any]]:
-    """``/models`` rows: Triton's index (version, state, reason) joined with the watcher's
-    records (last reload time, error) by name; a removed model keeps its record's row.
-
-    Args:
-        index: Triton's repository index (``get_model_repository_index``).
-        records: :meth:`BundleWatcher.records`.
-    """
+    """``/models`` rows: Triton's repository index (version, state, reason) joined by name
+    with the watcher's records (last reload, error); a removed model keeps its record's row."""
     rows: dict[str, dict[str, Any]] = {}
     for entry in index:
         name = str(entry["name"])
@@ -230,9 +188,6 @@ def model_rows(
     return [rows[n] for n in sorted(rows)]
 
 
-# -- the repository's version folders ---------------------------------------------------------
-
-
 def model_versions(model_dir: Path) -> list[int]:
     """The Triton version numbers (numeric subfolders) of a model folder, ascending."""
     if not model_dir.is_dir():
@@ -242,13 +197,8 @@ def model_versions(model_dir: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class Installed:
-    """A model version moved into the repository (:func:`roll_back` undoes it).
-
-    Attributes:
-        model_dir: the model's folder in the repository.
-        version: the new version number.
-        previous_config: the config.pbtxt text it replaced; None = the model is new.
-    """
+    """A model version moved into the repository (:func:`roll_back` undoes it);
+    ``previous_config``: the config.pbtxt text it replaced, None for a new model."""
 
     model_dir: Path
     version: int
@@ -256,14 +206,10 @@ class Installed:
 
 
 def install_version(staged: Path, repository: Path, name: str) -> Installed:
-    """Move a model folder built by ``write_repository`` (version 1) into ``repository``.
-
-    A new model's folder is renamed into place. For a model the repository holds, the staged
-    version folder becomes version N+1 (N the highest there) and ``config.pbtxt`` is replaced
-    by the staged one pointing its ``hloserve.bundle`` parameter at ``N+1/bundle``; each step is
-    one rename, so Triton reads either the old config or the new one. ``staged`` must be on the
-    repository's file system.
-    """
+    """Move a model folder built by ``write_repository`` (version 1) into ``repository``: a
+    new model by one rename; else as version N+1 with ``config.pbtxt`` pointing
+    ``hloserve.bundle`` at ``N+1/bundle`` (one rename each). ``staged`` must be on the
+    repository's file system."""
     from hloserve import names
     from hloserve.model_repository_tools.build import CONFIG_FILE
     from hloserve.model_repository_tools.config import config_text, parse_config_text
@@ -314,8 +260,7 @@ def check_watch_options(
     model_control_mode: str | None,
     load_models: Sequence[str],
 ) -> None:
-    """``--watch`` needs explicit mode serving a bundles directory (one server or
-    ``--workers N``: every change is made on every worker).
+    """Refuse ``--watch`` settings other than explicit mode serving a bundles directory.
 
     Raises:
         InvalidArgumentError: an interval of 0 or less, PATH a model repository, another
@@ -356,13 +301,9 @@ class BundleWatcher:
     """Polls a bundles directory and brings a repository and its server in line with it.
 
     Args:
-        bundles_dir: the bundles directory being served.
-        repository: the repository built from it (the server's ``--model-repository``).
-        control: the server's repository API.
         acted: the content the repository was built from (a :func:`scan` taken before the
             build, so that a change during the build is seen).
         build: the build options the repository was built with (None: every default).
-        interval_s: seconds between polls.
         report: receives one line per event.
     """
 
@@ -375,7 +316,7 @@ class BundleWatcher:
     report: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
-        from hloserve.bundle import load_bundle
+        from hloserve.bundle.bundle import load_bundle
 
         self._debounce = Debouncer(self.acted)
         self._records = {n: ModelRecord(n) for n in self.acted}
@@ -383,12 +324,13 @@ class BundleWatcher:
         self._calls: dict[str, tuple[str, ...]] = {}
         self._kinds: dict[str, str] = {}
         for name in self.acted:
-            manifest = load_bundle(self._served_copy(name)).manifest
-            self._kinds[name] = manifest.kind
-            if manifest.is_meta:
-                self._calls[name] = tuple(manifest.calls)
+            self._remember(name, load_bundle(self._served_copy(name)).manifest)
 
-    # -- the loop -----------------------------------------------------------------------------
+    def _remember(self, name: str, manifest: Manifest) -> None:
+        self._kinds[name] = manifest.kind
+        self._calls.pop(name, None)
+        if manifest.is_meta:
+            self._calls[name] = tuple(manifest.calls)
 
     def run(self, stop: threading.Event) -> None:
         """Poll every ``interval_s`` until ``stop`` is set; a failed round is reported."""
@@ -427,8 +369,7 @@ class BundleWatcher:
         return changes
 
     def _safely(self, action: Callable[[str], bool | None], name: str) -> bool:
-        """``action(name)``; an unexpected error (a file vanishing under the build, a full
-        disk) fails that model's change only, reported like any failure."""
+        """``action(name)``; an unexpected error fails that model's change only."""
         try:
             return bool(action(name))
         except Exception as exc:
@@ -437,26 +378,14 @@ class BundleWatcher:
             return False
 
     def _source_calls(self, models: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """What the meta bundles among ``models`` call, from their manifests in the bundles
-        directory (a manifest that does not load counts as calling nothing)."""
-        from hloserve.bundle import load_bundle
-
-        found = {}
-        for name in models:
-            try:
-                manifest = load_bundle(self.bundles_dir / name).manifest
-            except HloserveError:
-                continue
-            if manifest.is_meta:
-                found[name] = tuple(manifest.calls)
-        return found
+        """What the meta bundles among ``models`` call (a bad manifest: nothing)."""
+        manifests = {n: _manifest(self.bundles_dir / n) for n in models}
+        return {n: tuple(m.calls) for n, m in manifests.items() if m is not None and m.is_meta}
 
     def records(self) -> list[ModelRecord]:
         """A copy of every model's record, by name."""
         with self._lock:
             return [ModelRecord(**vars(r)) for _, r in sorted(self._records.items())]
-
-    # -- actions ------------------------------------------------------------------------------
 
     def _record(self, name: str, **values: Any) -> None:
         with self._lock:
@@ -498,12 +427,12 @@ class BundleWatcher:
 
     def _install(self, name: str) -> bool:
         """Validate, build, move in and load bundle ``name``; whether it now serves."""
-        from hloserve.bundle import check_bundle
+        from hloserve.bundle.validate import check_bundle
 
         source = self.bundles_dir / name
-        kinds = {**self._kinds}
+        kind = getattr(_manifest(source), "kind", "model")  # check_bundle reports a bad one
         try:
-            bundle = check_bundle(source, models={**kinds, name: _kind(source)})
+            bundle = check_bundle(source, models={**self._kinds, name: kind})
         except HloserveError as exc:
             self._fail(name, "validation", exc.message)
             return False
@@ -531,10 +460,7 @@ class BundleWatcher:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         prune_versions(self.repository / name, keep_from=installed.version - 1)
-        self._kinds[name] = manifest.kind
-        self._calls.pop(name, None)
-        if manifest.is_meta:
-            self._calls[name] = tuple(manifest.calls)
+        self._remember(name, manifest)
         self._record(
             name, version=installed.version, state="READY", error="", last_reload=time.time()
         )
@@ -545,8 +471,7 @@ class BundleWatcher:
         return True
 
     def _stage(self, name: str, source: Path, needed: Mapping[str, Path], staging: Path) -> Path:
-        """Build model ``name`` alone (with its callees beside it to check against) in
-        ``staging``; returns the built model folder."""
+        """Build model ``name`` alone (its callees beside it) in ``staging``; its folder."""
         from hloserve.model_repository_tools.build import write_repository
         from hloserve.model_repository_tools.repository_plan import RepositoryPlan, plan_repository
 
@@ -576,33 +501,32 @@ class BundleWatcher:
         return self.repository / name / str(max(versions, default=1)) / leaf
 
 
-def _kind(bundle: Path) -> str:
-    from hloserve.bundle import load_bundle
+def _manifest(bundle: Path) -> Manifest | None:
+    from hloserve.bundle.bundle import load_bundle
 
     try:
-        return load_bundle(bundle).manifest.kind
+        return load_bundle(bundle).manifest
     except HloserveError:
-        return "model"  # check_bundle reports why
+        return None
 
 
 def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
-    """``build`` with the per-model settings (residency, scheduling weights, queue bounds) cut
-    down to ``models``: they shape the runtime's config, which a watch never rewrites."""
+    """``build`` with its per-model settings cut down to ``models`` (a watch never rewrites
+    the runtime's config they shape)."""
     from dataclasses import replace
 
     from hloserve.model_repository_tools.build_options import BuildOptions
+
+    def only(per_model: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in per_model.items() if k in models}
 
     build = build or BuildOptions()
     cache, sched, queue = build.weight_cache, build.scheduling, build.queue
     return replace(
         build,
-        weight_cache=replace(
-            cache, residency={k: v for k, v in cache.residency.items() if k in models}
-        ),
-        scheduling=replace(
-            sched, model_weights={k: v for k, v in sched.model_weights.items() if k in models}
-        ),
-        queue=replace(queue, per_model={k: v for k, v in queue.per_model.items() if k in models}),
+        weight_cache=replace(cache, residency=only(cache.residency)),
+        scheduling=replace(sched, model_weights=only(sched.model_weights)),
+        queue=replace(queue, per_model=only(queue.per_model)),
     )
 
 
@@ -618,17 +542,9 @@ def watching(
     interval_s: float,
     timeout_s: float,
 ) -> Iterator[BundleWatcher]:
-    """Run a :class:`BundleWatcher` for ``serve --watch`` in a thread until the block ends;
-    the admin port's ``/models`` answers with :func:`model_rows` meanwhile.
-
-    Args:
-        bundles_dir, repository, acted, build, interval_s: see :class:`BundleWatcher`.
-        servers: the running servers of the repository (their HTTP endpoints and
-            model-control keys): one, or the workers of ``serve --workers N``
-            (:class:`FleetModelControl`).
-        observe: the supervisor's admin port.
-        timeout_s: seconds one load may take.
-    """
+    """Run a :class:`BundleWatcher` over ``servers`` (one, or ``serve --workers N``'s) in a
+    thread until the block ends, ``/models`` answering with :func:`model_rows`;
+    ``timeout_s`` bounds one load."""
     control = server_model_control(servers, timeout_s)
     watcher = BundleWatcher(
         bundles_dir,
@@ -658,9 +574,8 @@ def watching(
 def server_model_control(
     servers: Sequence[TritonServer], timeout_s: float
 ) -> RepositoryClient | FleetModelControl:
-    """Model control of running servers of one repository: one server's
-    :class:`~hloserve.model_control.RepositoryClient`, or a :class:`FleetModelControl` over
-    the workers of ``serve --workers N``; ``timeout_s`` bounds each call."""
+    """One server's :class:`~hloserve.model_control.RepositoryClient`, or a
+    :class:`FleetModelControl` over several; ``timeout_s`` bounds each call."""
     controls = [
         RepositoryClient(s.urls.http, s.options.model_control_key, timeout_s) for s in servers
     ]
@@ -674,8 +589,7 @@ def serve_model_list(
     control: RepositoryClient | FleetModelControl,
     watcher: BundleWatcher | None = None,
 ) -> None:
-    """Answer the admin port's ``/models`` with :func:`model_rows` of the
-    server's repository index and, with ``--watch``, the watcher's records."""
+    """Answer the admin port's ``/models`` with :func:`model_rows` (records from ``watcher``)."""
     observe.serve_models(
         lambda: model_rows(control.index(), watcher.records() if watcher is not None else [])
     )

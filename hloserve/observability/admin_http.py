@@ -1,9 +1,5 @@
-"""A loopback-style admin HTTP port (GET only) on a daemon thread: the supervisor's
-(:class:`hloserve.observability.supervisor.NodeAdminServer`) and the gateway's
-(:class:`hloserve.gateway.admin.AdminServer`).
-
-The standard library's ``ThreadingHTTPServer``: scrapes never touch the caller's event loop.
-Requests are not logged.
+"""A GET-only admin HTTP port on a daemon thread (``ThreadingHTTPServer``, requests not logged):
+the supervisor's and the gateway's.
 """
 
 from __future__ import annotations
@@ -18,19 +14,9 @@ Answer = tuple[int, bytes, str]
 
 
 class AdminHttpServer:
-    """``routes`` answered on ``host:port`` by a daemon thread; any other path is 404
-    ``not found``.
-
-    Args:
-        host: the address to bind.
-        port: the port; 0 picks a free one (see :attr:`port`).
-        routes: path (without its query string) -> what answers it, called per request on a
-            server thread (it must be thread-safe).
-        name: the serving thread's name.
-
-    Raises:
-        OSError: the address cannot be bound.
-    """
+    """``routes`` (path without query -> thread-safe answerer) on ``host:port`` (0 = a free
+    one, see :attr:`port`) by a daemon thread named ``name``; other paths are 404. OSError when
+    the address cannot be bound."""
 
     def __init__(
         self, host: str, port: int, routes: Mapping[str, Callable[[], Answer]], name: str
@@ -46,7 +32,7 @@ class AdminHttpServer:
                 self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes are not logged
+                pass
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True

@@ -1,26 +1,6 @@
 """What a supervising process (``hloserve serve``, ``hloserve node up``) publishes while it
-runs a node: its own metrics on an admin port, and the node's scrape targets.
-
-``hloserve serve`` (one worker or ``--workers N``) and ``hloserve node up`` supervise
-tritonservers; what they see (a worker died and was restarted, a model's stub died and was
-reloaded) exists nowhere else, so they publish it on their own admin port (``--admin-port``,
-default :data:`DEFAULT_ADMIN_PORT`) as Prometheus text, with ``/healthz``:
-
-=======================================================  =======  ==================================
-``hloserve_node_workers``                                 gauge    workers the node runs
-``hloserve_node_workers_up``                              gauge    workers whose process is running
-``hloserve_node_worker_restarts_total{worker}``           counter  worker processes restarted
-``hloserve_node_stub_reloads_total{worker,model}``        counter  dead model stubs reloaded
-=======================================================  =======  ==================================
-
-``/models`` answers JSON, ``{"models": [{"name", "version", "state", "reason", "last_reload",
-"error"}, ...]}``: each model's Triton version and state with what ``serve --watch`` last did
-to it (:mod:`hloserve.node.watcher`); ``hloserve status --models`` prints it. It answers 404
-where the supervisor has no model list (``--workers``).
-
-:class:`NodeObservability` starts the admin port and writes the node's scrape targets
-(:mod:`.targets`) when the node is up, and removes the file and closes the port when it stops.
-The supervisor reports to it: workers running, restarts, stub reloads.
+runs a node: the ``hloserve_node_*`` metrics, ``/healthz`` and ``/models`` on its admin port,
+and the node's scrape targets (docs/observability.md lists the metrics).
 """
 
 from __future__ import annotations
@@ -38,17 +18,12 @@ from hloserve.errors import HTTP_STATUS, AdminPortError, Status
 from hloserve.observability.admin_http import AdminHttpServer, Answer
 from hloserve.observability.targets import NodeTargets, remove_targets, write_targets
 
-#: The supervisor's admin port: the one after Triton's 8000 (HTTP), 8001 (gRPC), 8002
-#: (metrics, or the gateway's admin port with several workers).
+#: The supervisor's admin port: the one after Triton's 8000-8002.
 DEFAULT_ADMIN_PORT = 8003
 
 
 class NodeMetrics:
-    """The supervisor's metrics in a registry of their own.
-
-    Args:
-        workers: the workers' names (``worker0``, ...), as in the scrape targets' labels.
-    """
+    """The supervisor's metrics in a registry of their own; ``workers``: ``worker0``, ...."""
 
     def __init__(self, workers: Sequence[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -83,15 +58,8 @@ class NodeMetrics:
 
 
 class NodeAdminServer(AdminHttpServer):
-    """``/metrics`` and ``/healthz`` of :class:`NodeMetrics` on ``host:port`` (a thread), and
-    ``/models`` once :attr:`models` is set (503 when it raises: the server is not answering).
-
-    Attributes:
-        models: returns the JSON-ready rows of ``/models``; None = 404.
-
-    Raises:
-        OSError: the port is taken.
-    """
+    """``/metrics``, ``/healthz`` and ``/models`` (JSON rows from :attr:`models`; 404 while
+    None, 503 when it raises) on ``host:port``; OSError when the port is taken."""
 
     def __init__(self, metrics: NodeMetrics, host: str, port: int) -> None:
         self.models: Callable[[], list[dict[str, Any]]] | None = None
@@ -121,16 +89,10 @@ class NodeObservability:
 
     Args:
         node: the node's name (``node`` label, file name), e.g. ``serve-8001``.
-        host: the address the admin port binds and the targets name.
-        admin_port: the admin port; None = :data:`DEFAULT_ADMIN_PORT`, and then a taken port
-            only turns the admin port off with a warning (an explicit port that is taken is an
-            error); 0 = a free port.
+        admin_port: None = :data:`DEFAULT_ADMIN_PORT`, off with a warning when taken; 0 = a
+            free port.
         worker_metrics: each worker's metrics ``host:port``.
-        gateway_admin: the gateway's admin ``host:port`` with several workers, else None.
-        targets_dir: where the target file goes (default
-            :func:`~hloserve.observability.targets.targets_dir`).
-        target_host: the address the target file names for the admin port (default
-            ``host``; a wildcard bind such as ``0.0.0.0`` wants a reachable one).
+        target_host: the address the target file names for the admin port (default ``host``).
 
     Raises:
         AdminPortError: (UNAVAILABLE) an explicit ``admin_port`` is taken.

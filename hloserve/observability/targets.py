@@ -1,13 +1,6 @@
-"""Prometheus scrape targets of a running node, as a file-based service discovery file.
-
-``hloserve serve`` and ``hloserve node up`` write one JSON file per running node into
-:func:`targets_dir` (Prometheus' ``file_sd_configs`` format, Prometheus docs "Configuration":
-``<file_sd_config>``): every worker's Triton metrics port, the gateway's admin port, and the
-supervising process's own admin port. A Prometheus whose ``file_sd_configs`` globs that
-directory (``containers/prometheus/prometheus.yml``) scrapes every node started on the machine
-and drops a node's targets when its file is removed at stop. Each target carries the labels
-``job`` (:data:`WORKER_JOB`, :data:`GATEWAY_JOB`, :data:`NODE_JOB`), ``node`` and, for a
-worker, ``worker`` (``worker0``, ...): dashboards select on them (docs/observability.md).
+"""Prometheus scrape targets of a running node, as a ``file_sd_configs`` file (Prometheus docs,
+"Configuration"): every worker's Triton metrics port, the gateway's and the supervisor's admin
+ports, labelled ``job``, ``node`` and (workers) ``worker`` (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -15,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 #: ``job`` label of a worker's Triton metrics port.
@@ -29,11 +22,8 @@ TARGETS_DIR_ENV = "HLOSERVE_PROMETHEUS_TARGETS_DIR"
 
 
 def targets_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where nodes write their target files.
-
-    ``$HLOSERVE_PROMETHEUS_TARGETS_DIR`` when set, else ``$XDG_STATE_HOME/hloserve/prometheus``
-    (XDG Base Directory spec; ``~/.local/state`` when ``XDG_STATE_HOME`` is unset).
-    """
+    """Where nodes write their target files: ``$HLOSERVE_PROMETHEUS_TARGETS_DIR``, else
+    ``$XDG_STATE_HOME/hloserve/prometheus`` (default ``~/.local/state``; XDG Base Directory)."""
     env = os.environ if environ is None else environ
     if env.get(TARGETS_DIR_ENV):
         return Path(env[TARGETS_DIR_ENV])
@@ -43,24 +33,16 @@ def targets_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 @dataclass(frozen=True)
 class NodeTargets:
-    """The scrape targets of one node.
-
-    Attributes:
-        node: the node's name (``node`` label); also the file's name.
-        workers: each worker's ``host:port`` of Triton's metrics endpoint, in worker order.
-        gateway: the gateway's admin ``host:port``, or None with one worker.
-        supervisor: the supervising process's admin ``host:port``, or None.
-    """
+    """The scrape targets (``host:port``) of one node; ``node`` is also the file's name."""
 
     node: str
     workers: Sequence[str]
     gateway: str | None = None
     supervisor: str | None = None
-    extra_labels: Mapping[str, str] = field(default_factory=dict)
 
     def groups(self) -> list[dict[str, object]]:
         """The ``file_sd_configs`` target groups."""
-        base = {"node": self.node, **self.extra_labels}
+        base = {"node": self.node}
         groups: list[dict[str, object]] = [
             {"targets": [t], "labels": {**base, "job": WORKER_JOB, "worker": f"worker{i}"}}
             for i, t in enumerate(self.workers)
@@ -73,11 +55,7 @@ class NodeTargets:
 
 
 def write_targets(targets: NodeTargets, directory: Path | None = None) -> Path:
-    """Write ``<directory>/<node>.json`` atomically (a temporary file renamed into place).
-
-    Returns:
-        The file written; :func:`remove_targets` deletes it at stop.
-    """
+    """Write ``<directory>/<node>.json`` atomically (renamed into place); returns its path."""
     directory = directory or targets_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{targets.node}.json"

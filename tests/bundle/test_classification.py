@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from hloserve.bundle import validate_bundle
-from hloserve.model_repository_tools import parse_config_text, plan_repository
+from hloserve.bundle.validate import validate_bundle
+from hloserve.model_repository_tools.config import parse_config_text
+from hloserve.model_repository_tools.repository_plan import plan_repository
 from tests.conftest import needs_tritonclient
 
 Edit = Callable[[Path, Callable[[dict[str, Any]], None]], None]
@@ -73,7 +74,8 @@ def test_misplaced_keys_are_refused_naming_the_tensor(
 def test_a_meta_models_client_tensors_take_labels_and_format_too(tmp_path: Path) -> None:
     import yaml
 
-    from hloserve.model_repository_tools import build_repository, parse_config
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.config import parse_config
 
     meta = tmp_path / "src" / "pick"
     meta.mkdir(parents=True)

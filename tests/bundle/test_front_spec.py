@@ -14,11 +14,12 @@ import pytest
 pytest.importorskip("tritonclient.grpc.model_config_pb2")  # repo build writes Triton configs
 
 from hloserve import names
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.front_spec import FrontSpec, front_spec, read_front_spec
 from hloserve.errors import InvalidArgumentError, Status
 from hloserve.model_parameters import ModelArgs
-from hloserve.model_repository_tools import build_repository, validate_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.triton_backend.front.core import FrontModel
 from tests.conftest import GOLDEN
 from tests.echo_bundle import export_echo

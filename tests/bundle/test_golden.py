@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hloserve.bundle import check_bundle, load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.stablehlo import is_portable_artifact, read_signature
+from hloserve.bundle.validate import check_bundle
 from hloserve.triton_backend.runtime.compile import compile_artifact
 from tests.conftest import GOLDEN
 

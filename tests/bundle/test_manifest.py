@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from hloserve.bundle import MAX_FORMAT_VERSION, ManifestError, parse_manifest
+from hloserve.bundle.manifest import MAX_FORMAT_VERSION, parse_manifest
+from hloserve.errors import ManifestError
 
 VALID: dict[str, Any] = {
     "format_version": 1,
@@ -153,7 +154,7 @@ def test_files_must_stay_inside_the_bundle() -> None:
 
 
 def test_binary_manifest_is_a_clear_problem(tmp_path: Any) -> None:
-    from hloserve.bundle import load_manifest
+    from hloserve.bundle.manifest import load_manifest
 
     path = tmp_path / "manifest.yaml"
     path.write_bytes(b"\xff\xfe\x00binary")

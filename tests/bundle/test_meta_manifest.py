@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hloserve.bundle import ManifestError, parse_manifest, validate_bundle
+from hloserve.bundle.manifest import parse_manifest
+from hloserve.bundle.validate import validate_bundle
+from hloserve.errors import ManifestError
 
 META: dict[str, Any] = {
     "format_version": 2,

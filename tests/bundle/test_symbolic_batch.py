@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.bundle import BundleError, check_bundle, load_bundle, validate_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.inspect import render_bundle
 from hloserve.bundle.manifest_sections import SYMBOLIC
 from hloserve.bundle.stablehlo import read_signature, specialize_batch
-from hloserve.errors import ArtifactError, BatchSizeError, ManifestError
+from hloserve.bundle.validate import check_bundle, validate_bundle
+from hloserve.errors import ArtifactError, BatchSizeError, BundleError, ManifestError
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.model_repository_tools.batch_sizes import default_batch_sizes, parse_batch_sizes
 from hloserve.triton_backend.runtime.compile import compile_artifact

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from jax import export as jax_export
 
-from hloserve.bundle import MAX_FORMAT_VERSION, BundleError, check_bundle, validate_bundle
+from hloserve.bundle.manifest import MAX_FORMAT_VERSION
 from hloserve.bundle.stablehlo import to_portable_artifact
+from hloserve.bundle.validate import check_bundle, validate_bundle
+from hloserve.errors import BundleError
 
 Edit = Callable[[Path, Callable[[dict[str, Any]], None]], None]
 

@@ -2,7 +2,8 @@
 
 One project for the module: two CPU workers and the gateway of the images the session built
 (``--no-build``: tests/node/docker_image.py built them from the same Dockerfiles), serving
-digits on free ports. tritonclient and perf_analyzer talk to the gateway; ``down -v`` leaves
+digits on free ports. tritonclient (gRPC and HTTP) and perf_analyzer talk to the gateway;
+``down -v`` leaves
 no container and no volume. The Prometheus/Grafana services stay behind their profile.
 """
 
@@ -20,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.containers.conftest import world_readable
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ROOT, Images
@@ -42,6 +43,7 @@ class Project:
     def __init__(self, name: str, env: dict[str, str]) -> None:
         self.name, self.env = name, env
         self.gateway = env["HLOSERVE_GATEWAY_LISTEN"]
+        self.gateway_http = env["HLOSERVE_GATEWAY_HTTP_LISTEN"]
         self.worker_http = [f"127.0.0.1:{env[f'HLOSERVE_W{i}_HTTP']}" for i in (0, 1)]
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -74,7 +76,7 @@ def project(
     build_repository(work / "bundles", work / "repository")
     world_readable(work / "repository")
     base = contiguous_free_ports(6)
-    gateway, admin = free_ports(2)
+    gateway, gateway_http, admin = free_ports(3)
     env = {
         "HLOSERVE_REPOSITORY": str(work / "repository"),
         "HLOSERVE_MEMLOCK": str(MEMLOCK),
@@ -84,6 +86,7 @@ def project(
         for j, kind in enumerate(("HTTP", "GRPC", "METRICS")):
             env[f"HLOSERVE_W{i}_{kind}"] = str(base + 3 * i + j)
     env["HLOSERVE_GATEWAY_LISTEN"] = f"127.0.0.1:{gateway}"
+    env["HLOSERVE_GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{gateway_http}"
     env["HLOSERVE_GATEWAY_ADMIN_PORT"] = str(admin)
     handle = Project(f"hlotest{os.getpid()}", env)
     try:
@@ -120,6 +123,9 @@ def test_compose_runs_the_cpu_node_without_the_observability_profile(
     # scripts/images.sh tags each image `latest` (what compose names) and hloserve's version
     assert images.gateway in services["gateway"].image.tags
     assert images.worker_cpu in services["worker0"].image.tags
+    # gateway.Dockerfile: KServe HTTP 8000, gRPC 8001, admin 8002
+    exposed = services["gateway"].image.attrs["Config"]["ExposedPorts"]
+    assert sorted(exposed) == ["8000/tcp", "8001/tcp", "8002/tcp"]
     code, out = services["gateway"].exec_run(["id", "-u"])
     assert (code, out.decode().strip()) == (0, str(IMAGE_UID))
     # the workers share the named executable cache volume, owned by the image's user
@@ -152,6 +158,38 @@ def test_tritonclient_through_the_gateway(
     for start in range(0, 32, 8):
         logits = infer_digits(client, x[start : start + 8])
         np.testing.assert_allclose(logits, reference[start : start + 8], rtol=1e-5, atol=1e-5)
+
+
+def test_kserve_http_through_the_gateway(
+    project: Project, digits_model: Any, digits_params: Any
+) -> None:
+    """compose's gateway serves KServe V2 HTTP (HLOSERVE_GATEWAY_HTTP_LISTEN, 8000 by
+    default) over the workers' HTTP ports, as `node up` does."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    _, _, x, _ = digits_model.load_split()
+    reference = np.asarray(jax.jit(digits_model.apply)(digits_params, x[:16]))
+    client = httpclient.InferenceServerClient(project.gateway_http)
+
+    def http_model_ready() -> bool:
+        try:
+            return bool(client.is_model_ready("digits"))
+        except (InferenceServerException, OSError):  # the gateway does not listen yet
+            return False
+
+    deadline = time.monotonic() + 60  # the gateway starts and discovers the workers
+    while not http_model_ready() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert http_model_ready(), project.logs()
+    assert client.is_server_ready()
+    for start in range(0, 16, 4):  # round robin over both workers
+        tensor = httpclient.InferInput("image", [4, *x.shape[1:]], "FP32")
+        tensor.set_data_from_numpy(np.ascontiguousarray(x[start : start + 4]))
+        logits = client.infer("digits", [tensor]).as_numpy("logits")
+        np.testing.assert_allclose(logits, reference[start : start + 4], rtol=1e-5, atol=1e-5)
+    with pytest.raises(InferenceServerException, match="nosuchmodel"):
+        client.infer("nosuchmodel", [tensor])
 
 
 def test_perf_analyzer_through_the_gateway_has_zero_errors(project: Project) -> None:

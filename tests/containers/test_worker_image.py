@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.containers.conftest import world_readable
 from tests.node.docker_image import IMAGE_UID, Images

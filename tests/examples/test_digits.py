@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from hloserve.bundle import check_bundle
+from hloserve.bundle.validate import check_bundle
 from hloserve.triton_backend.runtime.compile import compile_artifact
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import import_example, serving_options
 from tests.echo_bundle import export_echo

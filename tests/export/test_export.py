@@ -11,7 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hloserve.bundle import load_bundle, validate_bundle
+from hloserve.bundle.bundle import load_bundle
+from hloserve.bundle.validate import validate_bundle
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle, weight_names
 from hloserve.triton_backend.runtime.compile import compile_artifact
 

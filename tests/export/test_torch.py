@@ -19,7 +19,8 @@ if importlib.util.find_spec("torchax") is None:  # importing it directly fails o
 
 from torch import nn  # noqa: E402
 
-from hloserve.bundle import load_bundle, validate_bundle  # noqa: E402
+from hloserve.bundle.bundle import load_bundle  # noqa: E402
+from hloserve.bundle.validate import validate_bundle  # noqa: E402
 from hloserve.cli import main  # noqa: E402
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_torch  # noqa: E402
 from hloserve.export._cli import parse_input, parse_output  # noqa: E402

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.bundle import validate_bundle
-from hloserve.model_repository_tools import build_repository
+from hloserve.bundle.validate import validate_bundle
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import import_example, serving_options
 

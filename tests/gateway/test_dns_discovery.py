@@ -206,7 +206,7 @@ def test_the_fleet_follows_the_dns_answer_without_failed_requests(
     dns: tuple[Answers, str], tmp_path: Path
 ) -> None:
     pytest.importorskip("tritonclient.grpc")
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.node.gateway_thread import GatewayThread
     from hloserve.node.tritonserver import TritonServer
     from tests.conftest import GOLDEN, serving_options

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.plan import NodePlan
 from hloserve.node.serve_options import ServeOptions, server_options
 from hloserve.node.supervisor import Node

@@ -30,7 +30,7 @@ import pytest
 
 from hloserve.gateway.config import GatewayConfig, TlsConfig
 from hloserve.model_control import http_headers, local_key
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc")
 
-from hloserve.errors import FailedPreconditionError, InvalidArgumentError
+from hloserve.errors import FailedPreconditionError, HloserveError, Status
 from hloserve.gateway.model_control import NAME_MAX, PATH_MAX, Action, ModelControl
 from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
 from hloserve.names import RUNTIME_MODEL
@@ -155,18 +155,22 @@ def test_an_over_long_file_override_is_refused_before_any_worker() -> None:
     """tritonserver 2.51 stops on a ``file:`` path it cannot create (std::filesystem "File
     name too long"): a component over NAME_MAX bytes (UTF-8 bytes, not characters) or a path
     over PATH_MAX is refused with INVALID_ARGUMENT naming the model, the parameter and the
-    limit; the limits themselves, other parameters and an unload go through."""
+    limit, in Triton's status and words for it (INTERNAL "failed to poll from model
+    repository", what Triton's model-control examples expect); the limits themselves, other
+    parameters and an unload go through."""
     control = Given({"w0": {"m": ""}, "w1": {"m": ""}})
     component = "file:1/" + "a" * (NAME_MAX + 1)
-    with pytest.raises(InvalidArgumentError, match="path component of 256 bytes") as info:
+    with pytest.raises(HloserveError, match="path component of 256 bytes") as info:
         control.run_one("load", "m", ["config", component])
+    assert info.value.status is Status.INTERNAL
+    assert info.value.message.startswith("failed to load 'm', failed to poll from model repository")
     assert "'m'" in info.value.message and "file:1/aaa" in info.value.message
     assert "255 bytes per path component" in info.value.message
     wide = "file:" + "\u00e9" * 128  # 128 characters, 256 bytes
-    with pytest.raises(InvalidArgumentError, match="256 bytes"):
+    with pytest.raises(HloserveError, match="256 bytes"):
         control.run_one("load", "m", [wide])
     path = "file:" + "/".join(["b" * 200] * 21)  # 4220 bytes, each component 200
-    with pytest.raises(InvalidArgumentError, match=r"path of 4220 bytes.*4096"):
+    with pytest.raises(HloserveError, match=r"path of 4220 bytes.*4096"):
         control.run_one("load", "m", [path])
     assert control.steps == []
     at_limits = [

@@ -29,7 +29,8 @@ import pytest
 from hloserve import names
 from hloserve.gateway.config import DiscoveryConfig, GatewayConfig
 from hloserve.model_control import GRPC_METADATA_KEY, http_headers, launcher_key
-from hloserve.model_repository_tools import SchedulingOptions, build_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import SchedulingOptions
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options
@@ -290,21 +291,33 @@ def test_an_over_long_file_override_is_refused_and_the_workers_keep_serving(flee
     """A load whose ``file:`` override has a first path component over 255 bytes stops
     tritonserver 2.51 (measured: "terminate called after throwing an instance of
     std::filesystem::filesystem_error ... File name too long"; a deeper one gets its 500):
-    the gateway refuses every component over 255 bytes before any worker, over HTTP (400)
-    and gRPC (INVALID_ARGUMENT), naming the model, the parameter and the limit; both
-    workers stay live and ``affine`` is served as before. A normal-length override is
-    forwarded: the gateway's answer is the worker's own."""
+    the gateway refuses every component over 255 bytes before any worker, in the status and
+    words tritonserver gives for the deeper one (compared here), over HTTP and gRPC, naming
+    the model, the parameter and the limit; both workers stay live and ``affine`` is served
+    as before. A normal-length override is forwarded: the gateway's answer is the worker's
+    own."""
     address = _http(fleet.round_robin)
     expected = _affine_over_http(fleet.servers[0].urls.http, "affine")[1]["outputs"]
     before = fleet.states("affine")
     long_name = "file:" + "a" * 256 + "/model.py"  # stops tritonserver 2.51
     content = base64.b64encode(b"x = 1\n").decode()
     body = json.dumps({"parameters": {"config": "{}", long_name: content}}).encode()
+    deeper = json.dumps({"parameters": {"file:1/" + "a" * 256: content}}).encode()
+    worker = _call(
+        fleet.servers[0].urls.http,
+        "POST",
+        "/v2/repository/models/nope/load",
+        deeper,
+        headers=_key(),
+    )  # what tritonserver itself answers where it does not stop
+    worker_error = json.loads(worker[1])["error"]
+    assert "failed to poll from model repository" in worker_error, worker
     status, reply = _call(
         address, "POST", "/v2/repository/models/affine/load", body, headers=_key()
     )
-    assert status == 400, reply
+    assert status == worker[0], reply
     error = json.loads(reply)["error"]
+    assert error.startswith(worker_error.replace("'nope'", "'affine'")), (error, worker_error)
     assert "'affine'" in error and "file:aaa" in error, error
     assert "path component of 256 bytes" in error and "255 bytes per path component" in error
 
@@ -312,7 +325,14 @@ def test_an_over_long_file_override_is_refused_and_the_workers_keep_serving(flee
     key = {GRPC_METADATA_KEY: launcher_key()}
     with pytest.raises(InferenceServerException) as info:
         client.load_model("affine", headers=key, config="{}", files={long_name: b"x = 1\n"})
-    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException) as direct_info:  # tritonserver's own answer
+        grpcclient.InferenceServerClient(fleet.servers[0].urls.grpc).load_model(
+            "nope", headers=key, config="{}", files={"file:1/" + "a" * 256: b"x = 1\n"}
+        )
+    assert info.value.status() == direct_info.value.status() == "StatusCode.INTERNAL"
+    own = direct_info.value.message().replace("'nope'", "'affine'")
+    assert "failed to poll from model repository" in own, own
+    assert info.value.message().startswith(own), (info.value.message(), own)
     assert "'affine'" in info.value.message() and "255 bytes" in info.value.message()
 
     for server in fleet.servers:  # sent to no worker: each is live and holds what it held

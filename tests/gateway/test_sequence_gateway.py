@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
-from tests.accumulator_bundle import WIDTH, export_accumulator
+from tests.accumulator_bundle import export_accumulator, infer_step
 from tests.conftest import import_example, serving_options
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
@@ -56,21 +56,6 @@ def fleet(
         yield servers, client, address
 
 
-def _step(client: Any, sequence: int, value: float, start: bool = False, end: bool = False) -> Any:
-    x = np.full((1, WIDTH), value, np.float32)
-    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    result = client.infer(
-        "accumulator",
-        [tensor],
-        sequence_id=sequence,
-        sequence_start=start,
-        sequence_end=end,
-        client_timeout=60,
-    )
-    return float(result.as_numpy("y")[0, 0])
-
-
 def _successes(server: TritonServer, model: str = "accumulator") -> int:
     stats = grpcclient.InferenceServerClient(server.urls.grpc).get_inference_statistics(model)
     count: int = stats.model_stats[0].inference_stats.success.count
@@ -84,10 +69,10 @@ def test_every_step_of_every_sequence_reaches_one_worker(
     ids = [31, 32, 33]
     steps = 4
     for i in ids:
-        assert _step(client, i, float(i), start=True) == float(i)
+        assert infer_step(client, i, float(i), start=True) == float(i)
     for step in range(1, steps):
         for i in ids:  # interleaved: a step of each sequence in turn
-            assert _step(client, i, 1.0, end=step == steps - 1) == i + step
+            assert infer_step(client, i, 1.0, end=step == steps - 1) == i + step
     expected = len(ids) * steps
     deadline = time.monotonic() + 10
     counts = [0, 0]

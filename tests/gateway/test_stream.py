@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options

@@ -21,7 +21,7 @@ import pytest
 from hloserve import names
 from hloserve.errors import HloserveError, Status
 from hloserve.meta.channel_calls import ChannelCalls, front_args
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.runtime.scheduler import Work

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.bundle import BundleError, load_bundle
-from hloserve.errors import HloserveError, NotFoundError, Status
-from hloserve.meta import Deadline, DeadlineExceededError, MetaCall, MetaGate, MetaModel, load_run
-from hloserve.meta.core import repository_describer
-from hloserve.meta.gate import remove_stale_gates, server_gate_dir
+from hloserve.bundle.bundle import load_bundle
+from hloserve.errors import BundleError, DeadlineExceededError, HloserveError, NotFoundError, Status
+from hloserve.meta.core import MetaCall, MetaModel, load_run, repository_describer
+from hloserve.meta.deadline import Deadline
+from hloserve.meta.gate import MetaGate, remove_stale_gates, server_gate_dir
 from tests.conftest import GOLDEN
 
 META: dict[str, Any] = {
@@ -300,7 +300,8 @@ def test_stale_gate_directories_are_removed(tmp_path: Path) -> None:
 
 def test_repository_build_emits_the_meta_config(tmp_path: Path) -> None:
     pytest.importorskip("tritonclient.grpc")  # Triton's model_config_pb2
-    from hloserve.model_repository_tools import build_repository, validate_repository
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.validate import validate_repository
 
     bundles = tmp_path / "bundles"
     shutil.copytree(GOLDEN / "affine", bundles / "affine")
@@ -322,7 +323,7 @@ def test_repository_build_emits_the_meta_config(tmp_path: Path) -> None:
 
 def test_repository_build_refuses_a_meta_calling_what_is_not_built(tmp_path: Path) -> None:
     pytest.importorskip("tritonclient.grpc")  # Triton's model_config_pb2
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     bundles = tmp_path / "bundles"
     shutil.copytree(GOLDEN / "affine", bundles / "affine")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from hloserve.prometheus_text import fetch_metrics, parse_samples
 from tests.conftest import GOLDEN, ROOT, import_example, serving_options

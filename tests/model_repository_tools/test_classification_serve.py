@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from hloserve.gateway.config import GatewayConfig
-from hloserve.model_repository_tools import build_repository, validate_repository
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import serving_options

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.model_repository_tools.foreign import repository_backends
 from hloserve.node.triton_install import check_backends
 from hloserve.node.tritonserver import TritonServer

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
 from hloserve import names
-from hloserve.errors import ForeignModelError, InvalidArgumentError
+from hloserve.errors import ForeignModelError, InvalidArgumentError, RepositoryError
 from hloserve.meta.core import ForeignCallee, MetaCall, repository_describer
 from hloserve.meta.deadline import Deadline
-from hloserve.model_repository_tools import RepositoryError, build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.model_repository_tools.config import parameter, parse_config
 from hloserve.model_repository_tools.foreign import plan_foreign, repository_backends
 from hloserve.node.tritonserver import TritonServer

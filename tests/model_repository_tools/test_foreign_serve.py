@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import serving_options
 

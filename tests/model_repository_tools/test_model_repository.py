@@ -25,22 +25,20 @@ import pytest
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
 from hloserve import names
-from hloserve.bundle import BundleError, parse_manifest
+from hloserve.bundle.manifest import parse_manifest
 from hloserve.cli import main
-from hloserve.errors import Status
-from hloserve.model_repository_tools import (
-    BuildOptions,
-    RepositoryError,
-    WeightCacheOptions,
-    build_repository,
-    check_names,
+from hloserve.errors import BundleError, RepositoryError, Status
+from hloserve.model_repository_tools import build as build_module
+from hloserve.model_repository_tools.build import build_repository
+from hloserve.model_repository_tools.build_options import BuildOptions, WeightCacheOptions
+from hloserve.model_repository_tools.config import (
     front_config,
     parse_config,
-    plan_repository,
-    validate_repository,
+    parse_config_text,
+    pb2,
 )
-from hloserve.model_repository_tools import build as build_module
-from hloserve.model_repository_tools.config import parse_config_text, pb2
+from hloserve.model_repository_tools.repository_plan import check_names, plan_repository
+from hloserve.model_repository_tools.validate import validate_repository
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GOLDEN_REPO = GOLDEN / "repository"
@@ -158,7 +156,7 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
 def test_layout_and_options(bundles: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     plan = build_repository(bundles, repo, front_instances=3, max_queue_delay_us=100)
-    assert plan.model_names == ("affine", "tiny", names.RUNTIME_MODEL)
+    assert [m.name for m in plan.models] == ["affine", "tiny"] and plan.foreign == ()
     assert sorted(p.name for p in repo.iterdir()) == ["affine", names.RUNTIME_MODEL, "tiny"]
     assert sorted(p.name for p in (repo / "tiny" / "1" / "bundle").iterdir()) == sorted(
         p.name for p in (bundles / "tiny").iterdir()
@@ -294,7 +292,7 @@ def test_exact_runtime_name_collision_is_refused(bundles: Path, tmp_path: Path) 
     root.mkdir()
     shutil.copytree(bundles / "tiny", root / "a_")
     shutil.copytree(bundles / "tiny", root / "a")
-    from hloserve.bundle import load_bundle
+    from hloserve.bundle.bundle import load_bundle
 
     with pytest.raises(RepositoryError, match="'a___x' is ambiguous"):
         check_names([load_bundle(root / "a"), load_bundle(root / "a_")])

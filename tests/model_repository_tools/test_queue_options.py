@@ -8,7 +8,9 @@ import pytest
 
 from hloserve.cli_options import queue_options
 from hloserve.errors import InvalidArgumentError, RepositoryError
-from hloserve.model_repository_tools import QueueOptions, parse_config_text, plan_repository
+from hloserve.model_repository_tools.build_options import QueueOptions
+from hloserve.model_repository_tools.config import parse_config_text
+from hloserve.model_repository_tools.repository_plan import plan_repository
 from tests.conftest import needs_tritonclient
 
 

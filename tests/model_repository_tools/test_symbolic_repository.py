@@ -9,10 +9,11 @@ import pytest
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
+from hloserve.errors import RepositoryError
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
-from hloserve.model_repository_tools import RepositoryError, build_repository
 from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.model_repository_tools.build_options import BatchSizeOptions
 
 

@@ -72,3 +72,62 @@ def ensure_images() -> Images:
     return Images(
         "hloserve-worker-cpu:latest", "hloserve-gateway:latest", time.monotonic() - start, text
     )
+
+
+#: Image of the ``docker.launcher: tritonserver`` tests, built from the CPU worker image.
+TRITONSERVER_LAUNCHER_IMAGE = "hloserve-worker-cpu-tritonserver:test"
+#: Its Dockerfile (classic builder): the CPU image with what the ``tritonserver`` launcher
+#: expects of an NGC-based one (containers/worker.Dockerfile): ``tritonserver`` on ``PATH`` (a
+#: wrapper setting the wheel's libraries, venv Python and cache directory) and hloserve's
+#: backends beside the Python backend in ``/opt/tritonserver/backends``.
+_LAUNCHER_DOCKERFILE = """FROM hloserve-worker-cpu:latest
+USER root
+COPY compose.py /tmp/compose.py
+RUN /opt/hloserve/bin/python /tmp/compose.py && rm /tmp/compose.py
+USER hloserve
+"""
+_LAUNCHER_COMPOSE = """import shutil
+from pathlib import Path
+from hloserve.node.triton_install import TritonInstall
+from hloserve.triton_backend.backends import backend_dirs
+install = TritonInstall.from_pytriton_wheel()
+backends = Path("/opt/tritonserver/backends")
+(backends / "python").mkdir(parents=True)
+for name, target in install.python_backend_files.items():
+    shutil.copy2(target, backends / "python" / name)
+for name, directory in backend_dirs().items():
+    shutil.copytree(directory, backends / name)
+lib = ":".join(str(p) for p in install.library_dirs)
+wrapper = Path("/usr/local/bin/tritonserver")
+wrapper.write_text(
+    "#!/bin/sh\\n"
+    f"export LD_LIBRARY_PATH={lib}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\\n"
+    f"export PATH={install.python_bin_dir}:$PATH\\n"
+    f'exec {install.server_binary} --cache-directory={install.cache_dir} "$@"\\n'
+)
+wrapper.chmod(0o755)
+"""
+
+
+@functools.cache
+def ensure_tritonserver_launcher_image() -> str:
+    """Build :data:`TRITONSERVER_LAUNCHER_IMAGE` on :func:`ensure_images`' CPU worker image;
+    its tag.
+
+    Raises:
+        RuntimeError: the build failed (the end of its output).
+    """
+    ensure_images()
+    with tempfile.TemporaryDirectory(prefix="hloserve-launcher-image-") as context:
+        (Path(context) / "Dockerfile").write_text(_LAUNCHER_DOCKERFILE)
+        (Path(context) / "compose.py").write_text(_LAUNCHER_COMPOSE)
+        done = subprocess.run(
+            ["docker", "build", "-q", "-t", TRITONSERVER_LAUNCHER_IMAGE, context],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"building {TRITONSERVER_LAUNCHER_IMAGE} failed:\n{done.stderr[-4000:]}")
+    return TRITONSERVER_LAUNCHER_IMAGE

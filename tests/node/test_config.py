@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from hloserve.errors import InvalidArgumentError, NodeConfigError, PortInUseError, Status
-from hloserve.node.docker_spec import container_spec, image_build_command, loads_when_ready, to_sdk
+from hloserve.node.docker_spec import (
+    container_spec,
+    image_build_command,
+    image_build_hint,
+    loads_when_ready,
+    to_sdk,
+    worker_image,
+)
 from hloserve.node.node import run_node_up
 from hloserve.node.node_config import NodeConfig, load_node_config
 from hloserve.node.plan import (
@@ -166,12 +175,14 @@ def test_hloserve_launcher_runs_hloserve_serve_on_the_mount(tmp_path: Path) -> N
     config = NodeConfig.model_validate(
         {
             "repository": tmp_path,
-            "cpu_workers": 1,
+            "runtime": "docker",
+            "cpu_workers": 2,
             "docker": {"launcher": "hloserve"},
             "tritonserver": {"args": ["--log-info=false"], "startup_timeout_s": 90},
         }
     )
-    assert container_spec(config, plan_workers(config)[0])["command"] == [
+    first, second = (container_spec(config, w)["command"] for w in plan_workers(config))
+    assert first == [
         "hloserve",
         "serve",
         "/models",
@@ -183,9 +194,29 @@ def test_hloserve_launcher_runs_hloserve_serve_on_the_mount(tmp_path: Path) -> N
         "--load-model=*",
         "--log-verbose=0",
         "--startup-timeout=90",
+        "--admin-port=8004",  # ports.admin_base + i: each container's serve its own
         "--",
         "--log-info=false",
     ]
+    assert [a for a in second if a.startswith(("--http-port", "--admin-port"))] == [
+        "--http-port=8103",
+        "--admin-port=8005",
+    ]
+    ports = planned_ports(config, plan_workers(config))
+    assert ports["worker 1 admin"] == ("127.0.0.1", 8005)
+    # admin_base 0: a free port each, nothing to check before the start
+    free = config.model_copy(update={"ports": config.ports.model_copy(update={"admin_base": 0})})
+    assert "--admin-port=0" in container_spec(free, plan_workers(free)[1])["command"]
+    assert not any(
+        k.endswith(" admin") and k.startswith("worker")
+        for k in planned_ports(free, plan_workers(free))
+    )
+    clash = config.model_copy(
+        update={"ports": config.ports.model_copy(update={"admin_base": 8104})}
+    )
+    clashing = "worker 1 grpc and worker 0 admin both use port 8104"
+    with pytest.raises(NodeConfigError, match=clashing):
+        planned_ports(clash, plan_workers(clash))
 
 
 @pytest.mark.parametrize("launcher", ["tritonserver", "hloserve"])
@@ -442,6 +473,45 @@ def test_missing_image_hint_builds_from_the_images_own_dockerfile(
     assert hint.endswith(f" -f containers/{dockerfile} -t {config.docker.image} .")
     # the Dockerfile's own header documents the same line
     assert f"#   {hint}\n" in (containers / dockerfile).read_text()
+
+
+@pytest.mark.parametrize(
+    ("workers", "launcher", "image", "target"),
+    [
+        ({"gpus": [0]}, None, "hloserve-worker:24.12", None),
+        ({"gpus": [0]}, "hloserve", "hloserve-worker-gpu:latest", "gpu"),
+        ({"cpu_workers": 2}, "hloserve", "hloserve-worker-cpu:latest", "cpu"),
+    ],
+)
+def test_default_image_is_what_the_documented_build_makes(
+    tmp_path: Path, workers: dict[str, Any], launcher: str | None, image: str, target: str | None
+) -> None:
+    """No ``docker.image``: the launcher's image under the name its documented build gives it
+    (worker.Dockerfile's header for the NGC image, scripts/images.sh for the others), and the
+    missing-image hint names that build."""
+    root = Path(__file__).parents[2]
+    docker = {"launcher": launcher} if launcher else {}
+    config = NodeConfig.model_validate({"repository": tmp_path, **workers, "docker": docker})
+    assert worker_image(config) == image
+    assert container_spec(config, plan_workers(config, available_gpus=(0,))[0])["image"] == image
+    hint = image_build_hint(config)
+    if target is None:  # the NGC image: the Dockerfile's header builds it
+        assert f"#   {hint}\n" in (root / "containers" / "worker.Dockerfile").read_text()
+        return
+    tags = subprocess.run(
+        ["bash", "scripts/images.sh", "tags", target],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.split()
+    assert image in tags
+    dockerfile = f"containers/worker-{target}.Dockerfile"
+    assert hint == (
+        f"bash scripts/images.sh {target}, or "
+        f"docker build --network=host -f {dockerfile} -t {image} ."
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="docker SDK not installed")

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from hloserve.errors import NodeError, Status
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.node.docker_image import IMAGE_UID, MEMLOCK, ensure_images
 from tests.node.node_testing import (
@@ -78,13 +78,15 @@ def node(
     os.symlink(digits_bundle, work / "bundles" / "digits")
     build_repository(work / "bundles", work / "repository")
     gateway_port, http_port, admin_port = free_ports(3)
+    admin_base = contiguous_free_ports(2)
     name = f"hlotest{os.getpid()}"
     settings = {
         "name": name,
         "runtime": "docker",
         "repository": str(work / "repository"),
         "cpu_workers": 2,
-        "ports": two_worker_ports(contiguous_free_ports(6)),
+        # admin_base: each container's `hloserve serve` admin port (status --models)
+        "ports": {**two_worker_ports(contiguous_free_ports(6)), "admin_base": admin_base},
         "restart": {"policy": "on-failure", "max_retries": 3},
         "tritonserver": {"startup_timeout_s": STARTUP_S},
         "docker": {
@@ -212,6 +214,29 @@ def test_workers_run_as_the_images_user_with_a_healthcheck(client: Any, node: No
     assert worker.attrs["State"]["Health"]["Status"] == "healthy", worker.attrs["State"]
 
 
+def test_each_worker_container_has_its_own_admin_port(client: Any, node: NodeProcess) -> None:
+    """With host networking every container's `hloserve serve` binds ``ports.admin_base + i``:
+    both answer `hloserve status --models` (one shared default would leave the second off)."""
+    from hloserve.node.status import fetch_models
+
+    base = yaml.safe_load(node.config.read_text())["ports"]["admin_base"]
+    for i, container in enumerate(containers(client, node)):
+        assert f"--admin-port={base + i}" in container.attrs["Config"]["Cmd"]
+        rows = fetch_models(f"127.0.0.1:{base + i}")
+        assert {r["name"]: r["state"] for r in rows}.get("digits") == "READY", rows
+        status = subprocess.run(
+            [HLOSERVE, "status", "--models", f"127.0.0.1:{base + i}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "digits" in status.stdout and "READY" in status.stdout, status.stdout
+    taken = [ln for ln in node.log_text().splitlines() if "[worker" in ln and "is taken" in ln]
+    assert taken == []
+
+
 def test_missing_image_is_a_clear_error(client: Any, node: NodeProcess) -> None:
     from hloserve.node.docker_runtime import DockerWorkers
     from hloserve.node.node_config import load_node_config
@@ -227,6 +252,19 @@ def test_missing_image_is_a_clear_error(client: Any, node: NodeProcess) -> None:
     with pytest.raises(NodeError, match="docker image 'hloserve-missing:0' is not present") as info:
         DockerWorkers(config, plan_workers(config)).start()
     assert info.value.status is Status.NOT_FOUND
+    # the documented build line, as worker-cpu.Dockerfile's header writes it
+    build = "docker build --network=host -f containers/worker-cpu.Dockerfile -t hloserve-missing:0"
+    assert f"build it ({build} .)" in str(info.value)
+    # the default image of the hloserve launcher on CPU workers is what scripts/images.sh cpu
+    # builds, and the hint names that command
+    config = config.model_copy(
+        update={
+            "name": "hlomissing",
+            "docker": config.docker.model_copy(update={"image": "hloserve-worker-cpu:nosuchtag"}),
+        }
+    )
+    with pytest.raises(NodeError, match=r"TAG=nosuchtag bash scripts/images\.sh cpu, or docker"):
+        DockerWorkers(config, plan_workers(config)).start()
 
 
 def test_killed_worker_is_restarted_and_traffic_recovers(
@@ -267,7 +305,8 @@ def test_ctrl_c_while_starting_removes_the_containers(
 ) -> None:
     settings = yaml.safe_load(node.config.read_text())
     name = f"{settings['name']}c"
-    settings.update(name=name, cpu_workers=1, ports=two_worker_ports(contiguous_free_ports(3)))
+    ports = {**two_worker_ports(contiguous_free_ports(3)), "admin_base": 0}  # 0: a free port
+    settings.update(name=name, cpu_workers=1, ports=ports)
     config = tmp_path / "node.yaml"
     config.write_text(yaml.safe_dump(settings))
     log = tmp_path / "node.log"

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.ports import free_ports
 from tests.node.node_testing import (
     LoadLoop,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.node.procfs import session_pids
 from hloserve.ports import free_ports
 from tests.conftest import GOLDEN, ROOT

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.node.tritonserver import StubProcess
 from hloserve.node.watchdog import StubWatchdog
 from tests.conftest import GOLDEN

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 from hloserve.triton_backend.front.hooks import Hooks, load_hooks

@@ -29,7 +29,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hloserve.bundle import dtypes, load_bundle
+from hloserve.bundle import dtypes
+from hloserve.bundle.bundle import load_bundle
 from hloserve.node import tritonserver as ts
 from hloserve.node.triton_options import TritonServerOptions
 from tests.conftest import export_wide, serving_options

@@ -14,7 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from hloserve.bundle import check_bundle, dtypes
+from hloserve.bundle import dtypes
+from hloserve.bundle.validate import check_bundle
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 
 #: Every dtype token an executable tensor may carry (all but bytes).

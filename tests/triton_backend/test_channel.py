@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel

@@ -23,7 +23,7 @@ import pytest
 
 from hloserve import names
 from hloserve.model_control import RepositoryClient, grpc_metadata
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog
 from hloserve.triton_backend import channel

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from hloserve import names
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import HloserveError, Status
 from hloserve.metric_names import DEVICE_MEMORY_KINDS
 from hloserve.model_parameters import ModelArgs
@@ -215,7 +215,7 @@ def test_the_gauges_and_hloserve_status_show_the_faked_card_on_a_real_tritonserv
     import shutil
 
     grpcclient = pytest.importorskip("tritonclient.grpc")
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
     from hloserve.node.status import render_status
     from hloserve.node.tritonserver import TritonServer
     from hloserve.prometheus_text import cache_status, fetch_metrics
@@ -266,7 +266,7 @@ def test_device_memory_fraction_travels_from_the_flag_to_the_runtime_config(
 
     from hloserve.cli_options import add_weight_cache_options, weight_cache_options
     from hloserve.model_parameters import RuntimeParameters
-    from hloserve.model_repository_tools import build_repository
+    from hloserve.model_repository_tools.build import build_repository
 
     parser = argparse.ArgumentParser()
     add_weight_cache_options(parser)

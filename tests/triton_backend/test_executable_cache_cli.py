@@ -12,8 +12,9 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
 from hloserve import cli, names
 from hloserve.cli import main
-from hloserve.model_repository_tools import ExecutableCacheOptions, validate_repository
+from hloserve.model_repository_tools.build_options import ExecutableCacheOptions
 from hloserve.model_repository_tools.config import parse_config
+from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node import serve, serve_options
 from tests.conftest import GOLDEN
 

@@ -68,7 +68,8 @@ def answers(server: ts.TritonServer) -> list[np.ndarray]:
 def test_second_start_loads_every_executable_from_the_cache(
     tiny_bundle_src: Path, tmp_path: Path
 ) -> None:
-    from hloserve.model_repository_tools import ExecutableCacheOptions, build_repository
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.build_options import ExecutableCacheOptions
 
     bundles = tmp_path / "bundles"
     shutil.copytree(tiny_bundle_src, bundles / "tiny")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import hloserve
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.front.core import FrontModel, Tensors

@@ -197,7 +197,4 @@ def test_model_args_from_triton() -> None:
         }
     )
     assert args.model_dir == Path("/repo/affine") and args.version == "1"
-    assert args.parameter("hloserve.bundle") == "1/bundle"
-    assert args.parameter("other", "d") == "d"
-    with pytest.raises(InvalidArgumentError, match=r"lacks parameter 'other'"):
-        args.parameter("other")
+    assert args.parameters == {"hloserve.bundle": "1/bundle"}

@@ -216,7 +216,7 @@ def test_acquire_and_release_hold_by_reference_and_generation(tmp_path: Path) ->
 
 
 def test_checker_names_the_tensors_that_disagree_on_batch_size() -> None:
-    from hloserve.bundle import TensorSpec
+    from hloserve.bundle.manifest_sections import TensorSpec
     from hloserve.errors import InvalidArgumentError
     from hloserve.triton_backend.front.tensors import TensorChecker
 

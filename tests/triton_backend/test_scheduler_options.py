@@ -15,7 +15,8 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2")  # absent from the num
 from hloserve import names
 from hloserve.cli import main
 from hloserve.errors import InvalidArgumentError, Status
-from hloserve.model_repository_tools import SchedulingOptions, plan_repository
+from hloserve.model_repository_tools.build_options import SchedulingOptions
+from hloserve.model_repository_tools.repository_plan import plan_repository
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve_options import check_options
 from hloserve.ports import free_ports

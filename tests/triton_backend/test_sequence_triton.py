@@ -26,7 +26,7 @@ import pytest
 from hloserve import metric_names
 from hloserve.node import tritonserver as ts
 from hloserve.triton_backend.runtime.device_memory import FAKE_STATS_ENV, MARGIN
-from tests.accumulator_bundle import STATE_BYTES, WIDTH, export_accumulator
+from tests.accumulator_bundle import STATE_BYTES, WIDTH, export_accumulator, infer_step
 from tests.conftest import serving_options
 
 pytestmark = [
@@ -76,25 +76,6 @@ def client(server: ts.TritonServer) -> Iterator[Any]:
         yield client
 
 
-def _step(
-    client: Any, sequence: int | str, value: float, start: bool = False, end: bool = False
-) -> Any:
-    import tritonclient.grpc as grpcclient
-
-    x = np.full((1, WIDTH), value, np.float32)
-    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    result = client.infer(
-        "accumulator",
-        [tensor],
-        sequence_id=sequence,
-        sequence_start=start,
-        sequence_end=end,
-        client_timeout=60,
-    )
-    return float(result.as_numpy("y")[0, 0])
-
-
 def _state_bytes(server: ts.TritonServer) -> float | None:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -127,38 +108,38 @@ def _wait_gauge(
 
 
 def test_interleaved_sequences_keep_separate_state(server: ts.TritonServer, client: Any) -> None:
-    assert _step(client, 11, 1.0, start=True) == 1.0
-    assert _step(client, 22, 10.0, start=True) == 10.0
-    assert _step(client, 11, 2.0) == 3.0
-    assert _step(client, 22, 20.0) == 30.0
-    assert _step(client, 11, 3.0) == 6.0
+    assert infer_step(client, 11, 1.0, start=True) == 1.0
+    assert infer_step(client, 22, 10.0, start=True) == 10.0
+    assert infer_step(client, 11, 2.0) == 3.0
+    assert infer_step(client, 22, 20.0) == 30.0
+    assert infer_step(client, 11, 3.0) == 6.0
 
     def keep_both() -> None:  # adding 0 keeps a sequence live and its sum as it is
-        assert (_step(client, 11, 0.0), _step(client, 22, 0.0)) == (6.0, 30.0)
+        assert (infer_step(client, 11, 0.0), infer_step(client, 22, 0.0)) == (6.0, 30.0)
 
     _wait_gauge(server, 2 * STATE_BYTES, keep_both)
-    assert _step(client, 11, 4.0, end=True) == 10.0
-    _wait_gauge(server, STATE_BYTES, lambda: _step(client, 22, 0.0))
-    assert _step(client, 22, 30.0, end=True) == 60.0
+    assert infer_step(client, 11, 4.0, end=True) == 10.0
+    _wait_gauge(server, STATE_BYTES, lambda: infer_step(client, 22, 0.0))
+    assert infer_step(client, 22, 30.0, end=True) == 60.0
     _wait_gauge(server, 0.0)
 
 
 def test_an_idle_sequence_is_dropped(server: ts.TritonServer, client: Any) -> None:
     from tritonclient.utils import InferenceServerException
 
-    assert _step(client, 44, 2.0, start=True) == 2.0
+    assert infer_step(client, 44, 2.0, start=True) == 2.0
     _wait_gauge(server, STATE_BYTES)  # within the 1 s idle timeout, or the assert below holds
     _wait_gauge(server, 0.0)  # idle longer than max_sequence_idle_microseconds (1 s)
     with pytest.raises(InferenceServerException) as info:
-        _step(client, 44, 1.0)
+        infer_step(client, 44, 1.0)
     assert "START" in str(info.value), info.value
 
 
 def test_start_resets_a_sequence(client: Any) -> None:
-    assert _step(client, 33, 5.0, start=True) == 5.0
-    assert _step(client, 33, 5.0) == 10.0
-    assert _step(client, 33, 7.0, start=True) == 7.0  # the same ID started again: from zero
-    assert _step(client, 33, 1.0, end=True) == 8.0
+    assert infer_step(client, 33, 5.0, start=True) == 5.0
+    assert infer_step(client, 33, 5.0) == 10.0
+    assert infer_step(client, 33, 7.0, start=True) == 7.0  # the same ID started again: from zero
+    assert infer_step(client, 33, 1.0, end=True) == 8.0
 
 
 def test_string_sequence_ids_keep_their_own_state(client: Any) -> None:
@@ -169,19 +150,19 @@ def test_string_sequence_ids_keep_their_own_state(client: Any) -> None:
     from tritonclient.utils import InferenceServerException
 
     uuid_id, long_id = str(uuid.uuid4()), "s" * 128  # 128 characters: Triton's longest
-    assert _step(client, 55, 1.0, start=True) == 1.0
-    assert _step(client, uuid_id, 10.0, start=True) == 10.0
-    assert _step(client, long_id, 100.0, start=True) == 100.0
-    assert _step(client, "55", 1000.0, start=True) == 1000.0
-    assert _step(client, uuid_id, 20.0) == 30.0
-    assert _step(client, 55, 2.0) == 3.0
-    assert _step(client, long_id, 200.0, end=True) == 300.0
-    assert _step(client, "55", 1.0, end=True) == 1001.0
-    assert _step(client, uuid_id, 30.0, end=True) == 60.0
+    assert infer_step(client, 55, 1.0, start=True) == 1.0
+    assert infer_step(client, uuid_id, 10.0, start=True) == 10.0
+    assert infer_step(client, long_id, 100.0, start=True) == 100.0
+    assert infer_step(client, "55", 1000.0, start=True) == 1000.0
+    assert infer_step(client, uuid_id, 20.0) == 30.0
+    assert infer_step(client, 55, 2.0) == 3.0
+    assert infer_step(client, long_id, 200.0, end=True) == 300.0
+    assert infer_step(client, "55", 1.0, end=True) == 1001.0
+    assert infer_step(client, uuid_id, 30.0, end=True) == 60.0
     with pytest.raises(InferenceServerException) as info:  # Triton's own limit
-        _step(client, "s" * 129, 1.0, start=True)
+        infer_step(client, "s" * 129, 1.0, start=True)
     assert "128" in str(info.value), info.value
-    assert _step(client, 55, 3.0, end=True) == 6.0
+    assert infer_step(client, 55, 3.0, end=True) == 6.0
     assert client.is_server_live() and client.is_model_ready("accumulator")
 
 
@@ -220,7 +201,7 @@ def test_sequences_coalesce_with_state_per_row(server: ts.TritonServer, client: 
 
     ids = list(range(101, 109))
     for i in ids:
-        assert _step(client, i, float(i), start=True) == float(i)
+        assert infer_step(client, i, float(i), start=True) == float(i)
     before = _executions(server)
     done: dict[int, Any] = {}
     for round_ in range(1, 4):
@@ -274,16 +255,16 @@ def test_a_sequence_beyond_the_device_budget_is_refused_unavailable(
     try:
         _card(stats_file, limit)
         for i in (201, 202, 203):
-            assert _step(client, i, 1.0, start=True) == 1.0
+            assert infer_step(client, i, 1.0, start=True) == 1.0
         with pytest.raises(InferenceServerException) as info:
-            _step(client, 204, 1.0, start=True)
+            infer_step(client, 204, 1.0, start=True)
         assert info.value.status() == str(grpcclient.grpc.StatusCode.UNAVAILABLE), info.value
         message = str(info.value)
         assert "does not fit the device budget" in message and "sequence state" in message
-        assert _step(client, 201, 1.0, end=True) == 2.0
-        assert _step(client, 204, 5.0, start=True) == 5.0  # room again after END
+        assert infer_step(client, 201, 1.0, end=True) == 2.0
+        assert infer_step(client, 204, 5.0, start=True) == 5.0  # room again after END
         for i in (202, 203, 204):
-            _step(client, i, 0.0, end=True)
+            infer_step(client, i, 0.0, end=True)
     finally:
         _card(stats_file, LIMIT)
 
@@ -299,18 +280,18 @@ def test_a_reload_ends_the_live_sequences_with_a_clear_error(
 
     from hloserve.model_control import grpc_metadata
 
-    assert _step(client, 501, 1.0, start=True) == 1.0
-    assert _step(client, 501, 2.0) == 3.0
+    assert infer_step(client, 501, 1.0, start=True) == 1.0
+    assert infer_step(client, 501, 2.0) == 3.0
     repo = Path(server.options.model_repository) / "accumulator"
     now = time.time()
     for path in [repo / "config.pbtxt", *repo.glob("*/bundle/manifest.yaml")]:
         os.utime(path, (now, now))  # a new generation of the same bundle
     client.load_model("accumulator", headers=dict(grpc_metadata(server.options.model_control_key)))
     with pytest.raises(InferenceServerException) as info:
-        _step(client, 501, 3.0)
+        infer_step(client, 501, 3.0)
     print(f"after the reload: {info.value}")
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
     assert "START" in str(info.value), info.value
     _wait_gauge(server, 0.0)  # the old version's state went with it
-    assert _step(client, 502, 4.0, start=True) == 4.0
-    assert _step(client, 502, 1.0, end=True) == 5.0
+    assert infer_step(client, 502, 4.0, start=True) == 4.0
+    assert infer_step(client, 502, 1.0, end=True) == 5.0

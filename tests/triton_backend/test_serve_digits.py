@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import BIG_ITEMS, GOLDEN, serving_bundles, serving_options
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.model_repository_tools import build_repository
 from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
+from hloserve.model_repository_tools.build import build_repository
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import import_example, serving_options
 

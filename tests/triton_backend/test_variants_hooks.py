@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.bundle.convert import convert_bundle
 from hloserve.bundle.manifest import parse_manifest
 from hloserve.bundle.validate import validate_bundle

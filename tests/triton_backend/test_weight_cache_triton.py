@@ -47,7 +47,8 @@ DEADLINE_S = 240.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ts.TritonServer]:
-    from hloserve.model_repository_tools import WeightCacheOptions, build_repository
+    from hloserve.model_repository_tools.build import build_repository
+    from hloserve.model_repository_tools.build_options import WeightCacheOptions
 
     root = tmp_path_factory.mktemp("weight_cache_triton")
     bundles = root / "bundles"

@@ -28,7 +28,7 @@ from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, load_hooks
 from hloserve.triton_backend.front.tensors import TensorChecker
 
 if TYPE_CHECKING:
-    from hloserve.bundle import Bundle
+    from hloserve.bundle.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
@@ -66,8 +66,9 @@ def _check_no_corrid(args: ModelArgs) -> None:
 
 
 class FrontModel:
-    """Checks, pre/postprocesses and pads one bundle's requests for the runtime (``bundle``: a front
-    spec or a typed Bundle; ``runtime_wait_s``: how long a request waits for an absent runtime)."""
+    """Checks, pre/postprocesses and pads one bundle's requests for the runtime (``bundle``: a
+    front spec or a typed :class:`~hloserve.bundle.bundle.Bundle`; ``runtime_wait_s``: how long a
+    request waits for an absent runtime)."""
 
     def __init__(
         self,
@@ -119,7 +120,7 @@ class FrontModel:
         if spec_file.is_file():
             bundle = FrontBundle(bundle_dir, read_front_spec(spec_file))
         else:
-            from hloserve.bundle import load_bundle
+            from hloserve.bundle.bundle import load_bundle
 
             bundle = FrontBundle.of(load_bundle(bundle_dir))
         check_bundle_files(args.name, bundle)

@@ -13,7 +13,7 @@ from hloserve.bundle.front_spec import FrontBundle
 from hloserve.errors import InvalidArgumentError, ModelPyImportError
 
 if TYPE_CHECKING:
-    from hloserve.bundle import Bundle
+    from hloserve.bundle.bundle import Bundle
 
 Tensors = dict[str, np.ndarray]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hloserve.bundle import Bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.triton_backend.runtime.compile import CompiledExecutable
 
 

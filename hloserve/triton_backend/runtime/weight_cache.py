@@ -29,7 +29,7 @@ from hloserve.triton_backend.runtime.transfer import JaxTransfer
 from hloserve.units import format_size
 
 if TYPE_CHECKING:  # the policy imports only numpy and hloserve.errors (benchmarks need no more)
-    from hloserve.bundle import Bundle
+    from hloserve.bundle.bundle import Bundle
 
 log = logging.getLogger("hloserve.triton_backend.runtime.weight_cache")
 

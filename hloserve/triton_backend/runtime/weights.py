@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from hloserve.bundle import Bundle
+from hloserve.bundle.bundle import Bundle
 from hloserve.errors import HloserveError, Status
 
 

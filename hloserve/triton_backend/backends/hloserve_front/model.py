@@ -4,15 +4,17 @@ returns the responses with ``hloserve.front_inflight`` 0, else None and response
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
-from hloserve.errors import HloserveError, Status
+from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_parameters import FrontParameters, ModelArgs
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.backends import dlpack, pb
@@ -132,3 +134,89 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.channel.close()
+
+
+class OverriddenFront(TritonPythonModel):
+    """This front loaded as a ``python`` model: a load whose config override names no backend.
+
+    Triton infers ``python`` from the model's ``1/model.py`` (written by the builder: a subclass
+    setting :attr:`model_file`). The override replaces ``config.pbtxt``; Triton keeps only the
+    inputs, outputs, ``max_batch_size`` and scheduling of what a Python model's
+    ``auto_complete_config`` returns, and none of its parameters (Triton 2.51
+    ``TritonModel::UpdateModelConfig``). The rest comes from the generated ``config.pbtxt``
+    still in the model directory: every tensor the override lacks (reshape, labels and format
+    included), ``max_batch_size`` when the override leaves it 0, the ``dynamic_batching`` block
+    when the override has no scheduling, and, in ``initialize``, every ``hloserve.*`` parameter
+    the override does not set. A stateful front's override must carry ``sequence_batching``
+    (docs/serving.md, "Model control mode").
+    """
+
+    #: the subclass's ``__file__``: ``<model directory>/1/model.py``
+    model_file = ""
+
+    @classmethod
+    def auto_complete_config(cls, config: Any) -> Any:
+        """``config`` (``pb_utils.ModelConfig``: the override) completed from the generated one.
+
+        Raises:
+            InvalidArgumentError: the generated config has ``sequence_batching`` and the override
+                has none, or a tensor of the override disagrees with the generated one (its
+                name, the two data types or dims).
+        """
+        override = config.as_dict()
+        disk = _generated_config(Path(cls.model_file).parents[1])
+        if "sequence_batching" in disk and "sequence_batching" not in override:
+            raise InvalidArgumentError(
+                f"model {override['name']!r}: a stateful front needs sequence_batching; the "
+                "config override has none (copy it from the model's config.pbtxt)"
+            )
+        if not override.get("max_batch_size") and disk.get("max_batch_size"):
+            config.set_max_batch_size(int(disk["max_batch_size"]))
+        for key, add in (("input", config.add_input), ("output", config.add_output)):
+            for tensor in disk.get(key, []):
+                dims = [int(d) for d in tensor.get("dims", [])]
+                # checks the override's tensor of that name, if any, against the generated one
+                add({"name": tensor["name"], "data_type": tensor["data_type"], "dims": dims})
+                # add() takes name, data_type and dims only; Triton keeps the whole entry
+                # (reshape, label_filename, format)
+                entry = next(t for t in override[key] if t["name"] == tensor["name"])
+                for field, value in tensor.items():
+                    entry.setdefault(field, value)
+                entry["dims"] = dims
+                if "reshape" in entry:
+                    entry["reshape"] = {
+                        "shape": [int(d) for d in entry["reshape"].get("shape", [])]
+                    }
+        scheduled = "sequence_batching" in override or "dynamic_batching" in override
+        if "dynamic_batching" in disk and not scheduled:
+            config.set_dynamic_batching()  # checks, then the generated block (queue policy)
+            override["dynamic_batching"] = disk["dynamic_batching"]
+        return config
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """The front's ``initialize``, with the generated config's ``hloserve.*`` parameters
+        under those of ``args["model_config"]`` (an override's own win).
+
+        Raises:
+            InvalidArgumentError: the generated ``config.pbtxt`` is missing or does not parse.
+        """
+        model_config = json.loads(args["model_config"])
+        generated = _generated_config(Path(args["model_repository"])).get("parameters", {})
+        model_config["parameters"] = {**generated, **(model_config.get("parameters") or {})}
+        super().initialize({**args, "model_config": json.dumps(model_config)})
+
+
+def _generated_config(model_dir: Path) -> dict[str, Any]:
+    """The model's generated ``config.pbtxt`` as Triton's JSON form (proto field names).
+
+    Raises:
+        InvalidArgumentError: the file is missing or does not parse (its path named).
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    from hloserve.model_repository_tools.config import parse_config
+
+    config: dict[str, Any] = MessageToDict(
+        parse_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True
+    )
+    return config

@@ -11,8 +11,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 import hloserve.jax_on_cpu  # noqa: F401  (first: JAX_PLATFORMS=cpu before any JAX import)
-from hloserve.meta import MetaModel
 from hloserve.meta.channel_calls import ChannelCalls
+from hloserve.meta.core import MetaModel
 from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.backends import dlpack, pb
 
