@@ -31,6 +31,7 @@ if importlib.util.find_spec("tritonclient") is None and not FAIL_ON_SKIP:
         "gateway/test_deadline.py",
         "gateway/test_dns_discovery.py",
         "gateway/test_ensemble_gateway.py",
+        "gateway/test_ensemble_tritonserver.py",
         "gateway/test_haproxy.py",
         "gateway/test_http_fleet.py",
         "gateway/test_http_tritonserver.py",

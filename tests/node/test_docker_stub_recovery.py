@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hloserve.bundle import load_bundle
+from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import NodeError
-from hloserve.model_repository_tools import build_repository
+from hloserve.model_repository_tools.build import build_repository
 from tests.conftest import GOLDEN as GOLDEN_DIR
 from tests.node.docker_image import MEMLOCK, ensure_tritonserver_launcher_image
 from tests.node.node_testing import contiguous_free_ports, two_worker_ports
