@@ -70,12 +70,7 @@ DEFAULT_RUNTIME_WAIT_S = 120.0
 DEFAULT_FRONT_INSTANCES = 1
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB.
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
-#: Default ``max_queue_size`` of a front, in largest compiled batches (docs/serving.md, "Queue
-#: bounds and deadlines").
-DEFAULT_QUEUE_BATCHES = 16
-#: The default ``max_queue_size`` is never below this: twice the gateway's default admission.
-DEFAULT_QUEUE_MIN = 128
-#: ``default_timeout_microseconds`` of every front's queue: 1 hour, so only a request's own
+#: ``default_timeout_microseconds`` of a bounded front queue: 1 hour, so only a request's own
 #: ``timeout`` expires it there.
 QUEUE_TIMEOUT_US = 3_600_000_000
 #: Default of :data:`PARAM_META_CONCURRENCY` (ReactantServer's ``REACTANT_META_CONCURRENCY``).

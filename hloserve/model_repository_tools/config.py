@@ -49,10 +49,11 @@ def front_config(
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle (docs/serving.md).
 
-    A stateful bundle gets ``sequence_batching``; every other front a ``dynamic_batching``
-    whose ``default_queue_policy`` bounds the queue (``options.queue``; 0 =
-    :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size, at least
-    :data:`~hloserve.names.DEFAULT_QUEUE_MIN`) and honours a request's ``timeout``.
+    A stateful bundle gets ``sequence_batching``; every other front a ``dynamic_batching``,
+    with a ``default_queue_policy`` only where ``options.queue`` gives the model a bound: it
+    bounds the queue and honours a request's ``timeout`` (docs/serving.md, "Queue bounds and
+    deadlines": tritonserver 2.51 holds a request ~500 ms in the queue at times when a model
+    has a queue policy, so none is written by default).
 
     Raises:
         InvalidArgumentError: a tensor Triton cannot declare (a scalar of an unbatched model),
@@ -81,13 +82,11 @@ def front_config(
     if manifest.stateful:
         _sequence_batching(name, manifest, config, options.max_queue_delay_us)
     else:
-        largest = max(manifest.batching.compiled_batch_sizes, default=1)
-        policy = config.dynamic_batching.default_queue_policy
-        policy.max_queue_size = max_queue_size or max(
-            names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest
-        )
-        policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
-        policy.allow_timeout_override = True
+        if max_queue_size > 0:
+            policy = config.dynamic_batching.default_queue_policy
+            policy.max_queue_size = max_queue_size
+            policy.default_timeout_microseconds = names.QUEUE_TIMEOUT_US
+            policy.allow_timeout_override = True
     if max_batch > 0 and not manifest.stateful:
         config.dynamic_batching.preferred_batch_size.extend(manifest.batching.compiled_batch_sizes)
         config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us

@@ -30,7 +30,11 @@ from hloserve.cli import main
 from hloserve.errors import BundleError, RepositoryError, Status
 from hloserve.model_repository_tools import build as build_module
 from hloserve.model_repository_tools.build import build_repository
-from hloserve.model_repository_tools.build_options import BuildOptions, WeightCacheOptions
+from hloserve.model_repository_tools.build_options import (
+    BuildOptions,
+    QueueOptions,
+    WeightCacheOptions,
+)
 from hloserve.model_repository_tools.config import (
     front_config,
     parse_config,
@@ -207,8 +211,7 @@ def test_non_leading_batch_axis_gets_max_batch_size_0(odd_bundles: Path) -> None
     [nonlead] = [m for m in plan.models if m.name == "nonlead"]
     config = parse_config_text(nonlead.config_text)
     assert config.max_batch_size == 0
-    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
-    assert config.dynamic_batching.default_queue_policy.max_queue_size > 0
+    assert not config.HasField("dynamic_batching")  # no queue bound asked for
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4, -1])]
     assert [(o.name, list(o.dims), o.HasField("reshape")) for o in config.output] == [
         ("y", [-1, 3], False),
@@ -221,10 +224,11 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     [unbatched] = [m for m in plan.models if m.name == "unbatched"]
     config = parse_config_text(unbatched.config_text)
     assert config.max_batch_size == 0
-    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
-    assert (
-        config.dynamic_batching.default_queue_policy.max_queue_size == 128
-    )  # max(128, 16 x batch 1)
+    assert not config.HasField("dynamic_batching")  # no queue bound asked for
+    bounded = plan_repository(odd_bundles, queue=QueueOptions(max_queue_size=5))
+    [unbatched] = [m for m in bounded.models if m.name == "unbatched"]
+    policy = parse_config_text(unbatched.config_text).dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.allow_timeout_override) == (5, True)
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4])]
     runtime = parse_config_text(plan.runtime_config_text)
     assert list(runtime.input) == []  # the runtime declares no tensors (repository format 2)

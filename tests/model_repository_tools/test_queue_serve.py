@@ -78,7 +78,9 @@ def server(
     export_heavy(src / "heavy")
     shutil.copytree(tiny_bundle_src, src / "tiny")
     repo = src.parent / "repository"
-    build_repository(src, repo, front_instances=1, queue=QueueOptions(per_model={"slow": 1}))
+    build_repository(
+        src, repo, front_instances=1, queue=QueueOptions(max_queue_size=128, per_model={"slow": 1})
+    )
     with TritonServer(serving_options(repo, src.parent / "server.log")) as srv:
         yield srv
 
@@ -104,7 +106,7 @@ def test_every_front_gets_a_bounded_queue_and_timeouts(server: TritonServer) -> 
     assert slow.max_queue_size == 1
     assert slow.allow_timeout_override and slow.default_timeout_microseconds > 0
     tiny = parse_config(repo / "tiny" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert tiny.max_queue_size == 128  # at least DEFAULT_QUEUE_MIN (16 x 4 is less)
+    assert tiny.max_queue_size == 128  # the global bound asked for
 
 
 def test_a_burst_past_the_bound_is_refused_by_triton(grpc: Any) -> None:
