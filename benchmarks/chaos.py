@@ -508,6 +508,25 @@ def _kill(r: Rig, kind: str) -> int:
     return pids[0]
 
 
+class Load:
+    """:func:`closed_loop` of ``senders`` on a background thread for at most ``seconds``;
+    :meth:`stop` ends it and gives its outcomes."""
+
+    def __init__(self, senders: list[Sender], seconds: float = 3600.0) -> None:
+        self._stop = threading.Event()
+        self._outcomes: list[Outcome] = []
+        self._thread = threading.Thread(
+            target=lambda: self._outcomes.extend(closed_loop(senders, seconds, self._stop)),
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        self._thread.join(120)
+        return self._outcomes
+
+
 def kill(
     r: Rig,
     kind: str,
@@ -518,12 +537,7 @@ def kill(
     """The kill case ``kind`` under load on both targets (module docstring)."""
     case = Case(f"kill {kind}")
     senders = [Sender(t, a, 60.0) for t, a in r.targets.items()]  # within the queue bound
-    stop = threading.Event()
-    outcomes: list[Outcome] = []
-    loader = threading.Thread(
-        target=lambda: outcomes.extend(closed_loop(senders, 3600.0, stop)), daemon=True
-    )
-    loader.start()
+    load = Load(senders)
     time.sleep(1.0)
     killed_at = time.monotonic()
     pid = _kill(r, kind)
@@ -535,8 +549,7 @@ def kill(
             recovered_at = time.monotonic()
             break
     time.sleep(after_s)
-    stop.set()
-    loader.join(120)
+    outcomes = load.stop()
     for s in [*senders, *probes.values()]:
         s.close()
     case.outcomes = outcomes
@@ -580,12 +593,7 @@ def two_replicas(r: Rig, recovery_s: float = 120.0, after_s: float = 2.0) -> Cas
     case = Case("kill tritonserver, two replicas, through the gateway")
     address = r.targets["gateway"]
     senders = [Sender("gateway", address, 60.0) for _ in range(2)]
-    stop = threading.Event()
-    outcomes: list[Outcome] = []
-    loader = threading.Thread(
-        target=lambda: outcomes.extend(closed_loop(senders, 3600.0, stop)), daemon=True
-    )
-    loader.start()
+    load = Load(senders)
     time.sleep(1.0)
     server = r.workers[0].tritonserver()
     if server is None:
@@ -601,8 +609,7 @@ def two_replicas(r: Rig, recovery_s: float = 120.0, after_s: float = 2.0) -> Cas
             recovered_at = time.monotonic()
             break
     time.sleep(after_s)
-    stop.set()
-    loader.join(120)
+    outcomes = load.stop()
     for s in [*senders, probe]:
         s.close()
     case.outcomes = outcomes
@@ -644,13 +651,8 @@ def soak(
     case = Case(f"soak through the gateway, {seconds:g} s")
     address = r.targets["gateway"]
     senders = [Sender("gateway", address, 60.0, m) for m in (MODEL, MODEL, WATCHED)]
-    stop = threading.Event()
-    outcomes: list[Outcome] = []
-    loader = threading.Thread(
-        target=lambda: outcomes.extend(closed_loop(senders, seconds, stop)), daemon=True
-    )
     start = time.monotonic()
-    loader.start()
+    load = Load(senders, seconds)
     hook = r.bundles / WATCHED / "model.py"
     original = hook.read_text()
     samples: list[tuple[float, int]] = []
@@ -668,8 +670,7 @@ def soak(
             hook.write_text(f"{original}\n# generation {rewrites}\n")
             next_reload += reload_s
         time.sleep(0.2)
-    stop.set()
-    loader.join(120)
+    outcomes = load.stop()
     samples.append((time.monotonic() - start, r.rss()))
     for s in senders:
         s.close()

@@ -30,7 +30,7 @@ from hloserve.node.docker_spec import (
 )
 from hloserve.node.node_config import NodeConfig, TritonConfig
 from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
-from hloserve.node.process_runtime import RESTART_RESET_S, restart_delay
+from hloserve.node.process_runtime import restart_delay, restarts_after
 from hloserve.node.tritonserver import StubProcess, health_ready, session_stubs
 from hloserve.node.watchdog import StubWatchdog
 
@@ -367,10 +367,9 @@ class DockerWorkers:
         if i in self._recover_at or i in self._recovering:
             return
         now = time.monotonic()
-        if now - self._recovered_at.get(i, 0.0) >= RESTART_RESET_S:
-            self._recoveries[i] = 0
-        delay = restart_delay(self._recoveries.get(i, 0))
-        self._recoveries[i] = self._recoveries.get(i, 0) + 1
+        restarts = restarts_after(self._recoveries.get(i, 0), self._recovered_at.get(i, 0.0), now)
+        delay = restart_delay(restarts)
+        self._recoveries[i] = restarts + 1
         self._recover_at[i] = now + delay
         print(
             f"hloserve node: worker {i} ({self._containers[i].name}): restart "

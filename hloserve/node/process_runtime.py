@@ -56,6 +56,12 @@ def wait_all_ready(
     return time.monotonic() - start
 
 
+def restarts_after(restarts: int, up_since: float, now: float) -> int:
+    """``restarts`` so far, or 0 once the worker has been up :data:`RESTART_RESET_S` since
+    ``up_since`` (``time.monotonic()`` seconds): the backoff starts over."""
+    return 0 if now - up_since >= RESTART_RESET_S else restarts
+
+
 def restart_delay(restarts: int) -> float:
     """Seconds to wait before restart number ``restarts + 1`` (:data:`RESTART_BACKOFF_S`)."""
     return min(RESTART_BACKOFF_S * 2.0**restarts, RESTART_BACKOFF_MAX_S)
@@ -196,8 +202,7 @@ class ProcessWorkers:
                 continue
             if i in self._draining:
                 if self._draining[i] is None:
-                    if now - self._started_at[i] >= RESTART_RESET_S:
-                        self._restarts[i] = 0
+                    self._restarts[i] = restarts_after(self._restarts[i], self._started_at[i], now)
                     delay = restart_delay(self._restarts[i])
                     self._restarts[i] += 1
                     self._watchdogs[i] = None
@@ -222,8 +227,7 @@ class ProcessWorkers:
                 if watchdog is not None and server.is_running():
                     watchdog.check()
                 continue
-            if now - self._started_at[i] >= RESTART_RESET_S:
-                self._restarts[i] = 0  # it ran long enough: the backoff starts over
+            self._restarts[i] = restarts_after(self._restarts[i], self._started_at[i], now)
             how = describe_exit(code)
             self._watchdogs[i] = None
             if not restart_allowed(self.restart, code, self._restarts[i]):

@@ -29,7 +29,8 @@ from hloserve.model_repository_tools.build_options import SchedulingOptions
 from hloserve.node.gateway_thread import GatewayThread
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options
-from tests.gateway.test_http_tritonserver import FREE_PORTS, _index
+from tests.gateway.test_http_tritonserver import FREE_PORTS
+from tests.gateway.test_model_control_tritonserver import worker_states
 from tests.meta.test_serve import X
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
@@ -78,12 +79,7 @@ class Fleet:
         return GatewayThread(self.config.model_copy(update={**FREE_PORTS, "mode": mode}))
 
     def states(self, model: str) -> list[str | None]:
-        """Each worker's state of ``model`` in its own index (None: not in its repository)."""
-        found = []
-        for server in self.servers:
-            rows = {r["name"]: r for r in _index(server.urls.http)}
-            found.append(rows[model].get("state", "") if model in rows else None)
-        return found
+        return worker_states(self.servers, model)
 
 
 @pytest.fixture(scope="module")

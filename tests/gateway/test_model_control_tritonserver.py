@@ -48,6 +48,15 @@ POLL_S = 1.0
 CALLEES = ("affine", "broken", "ghost")
 
 
+def worker_states(servers: list[TritonServer], model: str) -> list[str | None]:
+    """Each worker's state of ``model`` in its own index (None: not in its repository)."""
+    found = []
+    for server in servers:
+        rows = {r["name"]: r for r in _index(server.urls.http)}
+        found.append(rows[model].get("state", "") if model in rows else None)
+    return found
+
+
 @dataclass
 class Fleet:
     servers: list[TritonServer]
@@ -55,12 +64,7 @@ class Fleet:
     lpt: GatewayThread
 
     def states(self, model: str) -> list[str | None]:
-        """Each worker's state of ``model`` in its own index (None: not in its repository)."""
-        found = []
-        for server in self.servers:
-            rows = {r["name"]: r for r in _index(server.urls.http)}
-            found.append(rows[model].get("state", "") if model in rows else None)
-        return found
+        return worker_states(self.servers, model)
 
 
 @pytest.fixture(scope="module")
