@@ -30,42 +30,31 @@ Serving = Callable[["Node", "NodeObservability"], contextlib.AbstractContextMana
 class Workers(Protocol):
     """What :class:`Node` needs of a runtime (process workers or docker containers)."""
 
-    on_restart: Callable[[int], None] | None
+    on_restart: Callable[[int], None]
 
     def start(self) -> None:
         """Start every worker (returns once each was launched, not once it is ready)."""
-        ...
 
     def wait_ready(self, stop: threading.Event) -> float | None:
         """Seconds until every worker was ready, or None when ``stop`` was set first."""
-        ...
 
     def poll(self) -> str | None:
         """Restart what died under the restart policy; a reason to stop the node, else None."""
-        ...
 
     def running(self) -> int:
         """How many workers are running now."""
-        ...
 
     def stop(self) -> None:
         """Stop every worker and wait for it to exit."""
-        ...
 
 
 class Node:
     """A node's workers (None: :class:`ProcessWorkers` of ``plan``) and, when planned, the
     gateway in front. Use as a context manager or call :meth:`start` and :meth:`close`."""
 
-    def __init__(
-        self,
-        plan: NodePlan,
-        workers: Workers | None = None,
-        report: Callable[[str], None] = lambda line: print(line, flush=True),
-    ) -> None:
+    def __init__(self, plan: NodePlan, workers: Workers | None = None) -> None:
         self.plan = plan
-        self.workers: Workers = workers or ProcessWorkers(plan, report)
-        self.report = report
+        self.workers: Workers = workers or ProcessWorkers(plan)
         self.gateway: GatewayThread | None = None
 
     @property
@@ -116,26 +105,21 @@ class Node:
         assert isinstance(self.workers, ProcessWorkers)
         return self.workers.restart_worker(index, timeout_s)
 
-    def supervise(
-        self, stop: threading.Event, observe: NodeObservability | None = None, poll_s: float = 0.5
-    ) -> int:
+    def supervise(self, stop: threading.Event, observe: NodeObservability) -> int:
         """Poll the workers until ``stop`` is set or the runtime says the node was stopped
         (0), or until nothing is left to serve (1)."""
-        workers = self.workers
-        if isinstance(workers, ProcessWorkers):
-            workers.report = self.report
-        while not stop.wait(poll_s):
+        workers, prefix = self.workers, self.plan.prefix
+        while not stop.wait(0.5):
             reason = workers.poll()
             if reason is not None:
-                self.report(f"{self.plan.prefix}: {reason}; stopping")
+                print(f"{prefix}: {reason}; stopping", flush=True)
                 return 0
-            if observe is not None:
-                observe.workers_up(workers.running())
+            observe.workers_up(workers.running())
             if isinstance(workers, ProcessWorkers) and len(workers.down()) == len(self.servers):
-                self.report(f"{self.plan.prefix}: every worker has exited; stopping")
+                print(f"{prefix}: every worker has exited; stopping", flush=True)
                 return 1
             if self.gateway is not None and not self.gateway.is_running():
-                self.report(f"{self.plan.prefix}: the gateway stopped; stopping")
+                print(f"{prefix}: the gateway stopped; stopping", flush=True)
                 return 1
         return 0
 

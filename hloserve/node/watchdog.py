@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from hloserve.model_control import RepositoryClient
-from hloserve.node.tritonserver import StubProcess, TritonServer
+from hloserve.node.tritonserver import StubProcess
 
 log = logging.getLogger("hloserve.watchdog")
 
@@ -23,21 +23,18 @@ class ControlMode(Protocol):
     @property
     def model_control_mode(self) -> str:
         """``explicit``, ``none`` or ``poll``."""
-        ...
 
 
 class StubSource(Protocol):
-    """What :class:`StubWatchdog` watches: a local :class:`TritonServer`, or a container's
+    """What :class:`StubWatchdog` watches: a local ``TritonServer``, or a container's
     (:class:`hloserve.node.docker_runtime.ContainerStubs`)."""
 
     @property
     def options(self) -> ControlMode:
         """The server's settings."""
-        ...
 
     def stub_processes(self) -> list[StubProcess]:
         """The server's Python backend stubs, dead (unreaped) ones included."""
-        ...
 
 
 def describe_wait_status(status: int) -> str:
@@ -65,7 +62,7 @@ class StubWatchdog:
         server: StubSource,
         reload: Callable[[str], None] | None,
         report: Callable[[str], None] = log.warning,
-        restart: Callable[[str], None] | None = None,
+        restart: Callable[[str], object] | None = None,
     ) -> None:
         self.server = server
         self.reload = reload
@@ -132,20 +129,20 @@ class StubWatchdog:
 
 
 def stub_watchdog(
-    server: TritonServer,
-    on_reload: Callable[[str], None] | None = None,
-    restart: Callable[[str], None] | None = None,
+    server: StubSource,
+    http_url: str,
+    key: str | None,
+    on_reload: Callable[[str], None],
+    restart: Callable[[str], object],
+    report: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode (then ``on_reload(model)``),
-    else asks ``restart`` (None: only reports)."""
-    explicit = server.options.model_control_mode == "explicit"
-    client = RepositoryClient(server.urls.http, server.options.model_control_key, 600.0)
+    """The watchdog of a server: in explicit mode it reloads models through the repository API
+    at ``http_url`` (then ``on_reload(model)``), else asks ``restart``."""
+    client = RepositoryClient(http_url, key, 600.0)
 
     def reload(model: str) -> None:
         client.reload(model)
-        if on_reload is not None:
-            on_reload(model)
+        on_reload(model)
 
-    return StubWatchdog(
-        server, reload if explicit else None, lambda line: print(line, flush=True), restart
-    )
+    explicit = server.options.model_control_mode == "explicit"
+    return StubWatchdog(server, reload if explicit else None, report, restart)
