@@ -66,10 +66,8 @@ def run_perf_analyzer(
     timeout_s: float = 300.0,
 ) -> tuple[list[PerfResult], str]:
     """Measure ``model`` at ``url`` (``host:port``) at each concurrency level, one run each;
-    (a result per level, every run's stdout).
-
-    Arguments map to perf_analyzer's flags (``shape``: ``--shape NAME:D1,D2`` values;
-    ``request_count``: instead of windows repeated until two agree); ``timeout_s`` per run.
+    (a result per level, every run's stdout). Arguments map to perf_analyzer's flags
+    (``shape``: ``NAME:D1,D2`` values); ``timeout_s`` per run.
 
     Raises:
         PerfAnalyzerError: perf_analyzer failed (its output is in the message).

@@ -60,7 +60,7 @@ class NodePlan:
 
 
 def device_name(gpu: int | None) -> str:
-    """ "GPU 3" or "CPU"."""
+    """'GPU 3' or 'CPU'."""
     return "CPU" if gpu is None else f"GPU {gpu}"
 
 
@@ -80,22 +80,13 @@ def _query_gpus() -> tuple[tuple[int, str], ...]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return ()
+    argv = [smi, "--query-gpu=index,uuid", "--format=csv,noheader"]
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
-    found = []
-    for line in out.splitlines():
-        index, _, uuid = (part.strip() for part in line.partition(","))
-        if index.isdigit():
-            found.append((int(index), uuid))
-    return tuple(found)
+    rows = [[p.strip() for p in line.partition(",")[::2]] for line in out.splitlines()]
+    return tuple((int(index), uuid) for index, uuid in rows if index.isdigit())
 
 
 def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
@@ -109,13 +100,11 @@ def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
     if visible is None:
         return tuple(i for i, _ in found)
     by_name = {str(i): i for i, _ in found} | {u: i for i, u in found if u}
-    chosen: list[int] = []
+    chosen: dict[int, None] = {}
     for name in (n.strip() for n in visible.split(",")):
-        index = by_name.get(name)
-        if index is None:
+        if name not in by_name:
             break  # CUDA stops at the first entry it cannot resolve
-        if index not in chosen:
-            chosen.append(index)
+        chosen.setdefault(by_name[name])
     return tuple(chosen)
 
 
@@ -215,15 +204,12 @@ def gateway_enabled(config: NodeConfig, workers: int) -> bool:
 def worker_env(
     worker: WorkerPlan, *, docker: bool, repository: Path | None = None
 ) -> dict[str, str]:
-    """Environment of a worker beyond its image's or the parent's (every stub inherits it).
-
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML's numbering); a GPU process sees only its GPU (a
-    container gets it from its device request); a CPU worker hides every GPU and runs JAX on
-    the CPU; with ``repository``, a GPU worker carries :func:`runtime_allocator_env`.
+    """Environment of a worker beyond its image's or the parent's: ``CUDA_DEVICE_ORDER``
+    (NVML's), its GPU alone visible (a container: by its device request), or for a CPU worker
+    none and JAX on the CPU; with ``repository``, a GPU worker's :func:`runtime_allocator_env`.
 
     Raises:
-        InvalidArgumentError: the runtime model's ``hloserve.device_memory_fraction`` is
-            malformed, or its ``config.pbtxt`` does not parse.
+        InvalidArgumentError: see :func:`runtime_allocator_env`.
     """
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if worker.gpu is None:
@@ -234,13 +220,11 @@ def worker_env(
 
 
 def runtime_allocator_env(repository: Path) -> dict[str, str]:
-    """JAX's allocator settings for the runtime of ``repository``
-    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment` of its
-    ``hloserve.device_memory_fraction``; absent: the default).
+    """JAX's allocator settings for the runtime model's ``hloserve.device_memory_fraction``
+    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment`).
 
     Raises:
-        InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not
-            parse.
+        InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not parse.
     """
     from hloserve import names
     from hloserve.model_parameters import RuntimeParameters, string_values
@@ -257,9 +241,8 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
 
 
 def worker_admin_port(config: NodeConfig, worker: WorkerPlan) -> int:
-    """The ``--admin-port`` of the ``hloserve serve`` a worker container runs
-    (``docker.launcher: hloserve``): ``ports.admin_base + i``, or 0 (a free port) when
-    ``admin_base`` is 0; with host networking each container needs its own."""
+    """The ``--admin-port`` of a worker container's ``hloserve serve``: ``ports.admin_base +
+    i``, or 0 (a free port) when ``admin_base`` is 0."""
     return config.ports.admin_base + worker.index if config.ports.admin_base else 0
 
 

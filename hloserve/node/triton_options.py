@@ -27,9 +27,7 @@ class TritonServerOptions:
         env: set for the server and its stubs, over the parent's environment.
         log_file: receives the server's output (appended); None: file descriptor 1.
         run_dir: where the backend directory is composed; None: a temporary one.
-        die_with_parent: SIGTERM the server when the thread that started it exits
-            (``PR_SET_PDEATHSIG`` follows the thread, not the process).
-        startup_timeout_s: :meth:`TritonServer.wait_ready`'s default timeout.
+        die_with_parent: SIGTERM the server when the thread that started it exits.
         install: where tritonserver lives; None: the nvidia-pytriton wheel.
     """
 
@@ -58,14 +56,8 @@ class TritonServerOptions:
     ) -> TritonServerOptions:
         """Options with free HTTP, gRPC and metrics ports on ``host``; ``kwargs``: other fields."""
         http, grpc, metrics = free_ports(3, host)
-        return cls(
-            model_repository,
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            host=host,
-            **kwargs,  # type: ignore[arg-type]
-        )
+        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        return cls(model_repository, host=host, **ports, **kwargs)  # type: ignore[arg-type]
 
     def ports(self) -> dict[str, int]:
         """The ports the server binds, by endpoint name ("http", "grpc", "metrics")."""

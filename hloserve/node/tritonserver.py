@@ -21,7 +21,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,13 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import TritonServerError
-from hloserve.node.procfs import (
-    die_with_parent,
-    kill_session,
-    listening_ports,
-    session_pids,
-    session_processes,
-)
+from hloserve.node import procfs
 from hloserve.node.triton_install import (
     PYTHON_BACKEND,
     STUB,
@@ -43,11 +36,7 @@ from hloserve.node.triton_install import (
     check_backends,
     compose_backend_dir,
 )
-from hloserve.node.triton_options import (
-    TritonServerOptions,
-    TritonServerUrls,
-    server_flags,
-)
+from hloserve.node.triton_options import TritonServerOptions, TritonServerUrls, server_flags
 from hloserve.ports import check_ports_free
 
 _LOG_TAIL_LINES = 60
@@ -106,16 +95,11 @@ class StubProcess:
 
 
 def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubProcess]:
-    """The Python backend stubs among the processes of ``session`` (a tritonserver started in
-    a session of its own, or a container's init), dead (unreaped) ones included.
-
-    Args:
-        session: the session (or process group) id, as this process's ``/proc`` shows it.
-        argv_seen: pid -> command line of stubs seen running, kept by the caller between calls
-            (a zombie's ``/proc/<pid>/cmdline`` is empty); updated here.
-    """
+    """The Python backend stubs, dead (unreaped) ones included, among the processes of
+    ``session`` (a session or process group id in this host's ``/proc``); ``argv_seen``: pid ->
+    command line of stubs seen running, kept by the caller between calls (updated here)."""
     stubs = []
-    for pid, stat, words in session_processes(session):
+    for pid, stat, words in procfs.session_processes(session):
         if not words:  # a zombie's cmdline is empty: use what was seen while it ran
             words = argv_seen.get(pid, [])
         elif Path(words[0]).name == STUB:
@@ -197,9 +181,7 @@ class TritonServer:
             self._run_dir.mkdir(parents=True, exist_ok=True)
         try:
             backends = compose_backend_dir(self._run_dir, install, o.extra_backend_dirs)
-            argv = self._argv(install, backends)
-            env = self._env(install)
-            self._launch(argv, env)
+            self._launch(self._argv(install, backends), self._env(install))
         except BaseException:
             self._cleanup_files()
             raise
@@ -250,7 +232,7 @@ class TritonServer:
             process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout_s)
-        survivors = kill_session(process.pid, grace_s=2.0)
+        survivors = procfs.kill_session(process.pid, grace_s=2.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5.0)
         if self._forwarder is not None:
@@ -262,15 +244,15 @@ class TritonServer:
                 f"tritonserver (session {process.pid}): processes {survivors} survived SIGKILL"
             )
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of the server's output (from ``log_file`` if set)."""
+    def log_tail(self) -> str:
+        """The last 60 lines of the server's output (from ``log_file`` if set)."""
         log_file = self.options.log_file
         if log_file is not None and log_file.exists():
             with log_file.open("rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
                 text = f.read().decode(errors="replace")
-            return "\n".join(text.splitlines()[-lines:])
-        return "".join(list(self._tail)[-lines:]).rstrip("\n")
+            return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+        return "".join(self._tail).rstrip("\n")
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -316,18 +298,15 @@ class TritonServer:
         if log_file is not None:
             log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_handle = log_file.open("ab")
-        stdout: IO[bytes] | int = (
-            self._log_handle if self._log_handle is not None else subprocess.PIPE
-        )
         try:
             self._process = subprocess.Popen(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=stdout,
+                stdout=self._log_handle or subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent if self.options.die_with_parent else None,
+                preexec_fn=procfs.die_with_parent if self.options.die_with_parent else None,
             )
         except OSError as e:
             raise TritonServerError(f"tritonserver: cannot run {argv[0]}: {e}") from e
@@ -350,7 +329,7 @@ class TritonServer:
         if self._process is None:
             return False
         try:
-            return port in listening_ports(session_pids(self._process.pid))
+            return port in procfs.listening_ports(procfs.session_pids(self._process.pid))
         except OSError:
             return True
 
@@ -369,4 +348,4 @@ class TritonServer:
 
     def _kill_at_exit(self) -> None:
         if self._process is not None:
-            kill_session(self._process.pid, grace_s=1.0)
+            procfs.kill_session(self._process.pid, grace_s=1.0)
