@@ -64,11 +64,8 @@ def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
 
 
 def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
-    """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
-
-    Raises:
-        InvalidArgumentError: a malformed ``--residency``.
-    """
+    """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments; a malformed
+    ``--residency`` raises InvalidArgumentError."""
     from hloserve.model_repository_tools.build_options import WeightCacheOptions
     from hloserve.names import parse_residency
 
@@ -87,8 +84,7 @@ def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
 
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     """Every flag that shapes the repository built from bundles (docs/serving.md, "Build
-    options"), the scalar ones declared on ``BuildOptions``' fields; ``when`` fills their
-    help's ``{when}`` (``" when building"`` for ``serve``)."""
+    options"); ``when`` fills the help's ``{when}`` (``" when building"`` for ``serve``)."""
     from hloserve.model_repository_tools.build_options import BuildOptions
 
     for f in dataclasses.fields(BuildOptions):
@@ -156,8 +152,7 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 
 def build_options(args: argparse.Namespace) -> typed.BuildOptions:
-    """The ``BuildOptions`` of :func:`add_build_options`'s flags (the executable cache
-    directory made absolute).
+    """The ``BuildOptions`` of :func:`add_build_options`'s flags.
 
     Raises:
         InvalidArgumentError: a malformed --residency, --model-weight or --max-queue-size, a

@@ -45,18 +45,9 @@ class _Section(BaseModel):
 
 
 class PortsConfig(_Section):
-    """Port plan of the workers: worker ``i`` binds ``<base> + i * stride``.
-
-    Attributes:
-        http_base: KServe V2 HTTP port of worker 0 (8100); readiness is polled there.
-        grpc_base: KServe V2 gRPC port of worker 0 (8101); the gateway forwards there.
-        metrics_base: Prometheus port of worker 0 (8102).
-        stride: distance between two workers' ports (3, so worker 1 takes 8103-8105 as with
-            ``hloserve serve --workers``); must exceed the spread of the three bases.
-        admin_base: admin port (``hloserve status --models``) of the ``hloserve serve`` in
-            worker container ``i`` (``docker.launcher: hloserve``): ``admin_base + i``
-            (8004, 8005, ...; the node's own is ``admin_port``, 8003); 0 = a free port each.
-    """
+    """Port plan of the workers: worker ``i`` binds ``<base> + i * stride`` (``stride`` must
+    exceed the spread of the three bases); ``admin_base + i``: the admin port of the
+    ``hloserve serve`` in worker container ``i`` (``docker.launcher: hloserve``; 0 = free)."""
 
     http_base: int = Field(default=8100, ge=1, le=65535)
     grpc_base: int = Field(default=8101, ge=1, le=65535)
@@ -107,35 +98,15 @@ class TritonConfig(_Section):
 
 
 class DockerConfig(_Section):
-    """Settings of the docker runtime (ignored by the process runtime).
+    """Settings of the docker runtime (ignored by the process runtime); each key:
+    docs/deployment.md, "The node file" and the container table.
 
     Attributes:
-        image: worker image; None (default): the one the launcher runs, under the name its
-            documented build gives it (:func:`hloserve.node.docker_spec.worker_image`):
-            ``hloserve-worker:24.12`` for ``tritonserver`` (``containers/worker.Dockerfile``),
-            ``hloserve-worker-gpu:latest`` / ``hloserve-worker-cpu:latest`` for ``hloserve``
-            with ``gpus`` / ``cpu_workers`` (``bash scripts/images.sh gpu`` / ``cpu``).
-        launcher: what the container runs: ``tritonserver`` (the NGC image's
-            ``/opt/tritonserver/bin/tritonserver`` with hloserve's backends in
-            ``backend_directory``) or ``hloserve`` (``hloserve serve``, which runs the
-            nvidia-pytriton wheel's tritonserver: the CPU image).
+        image: None: the launcher's image (:func:`hloserve.node.docker_spec.worker_image`).
         backend_directory: ``--backend-directory`` inside the image (launcher tritonserver).
-        repository_mount: where the repository is mounted, read-only, in the container.
-        ipc: the containers' IPC namespace: ``host`` (default) shares the host's ``/dev/shm``,
-            so a client's system shared-memory regions (KServe's shared-memory extension)
-            are visible to the workers; ``private`` gives each container its own
-            ``/dev/shm`` of ``shm_size`` (clients then cannot register regions).
-        shm_size: ``/dev/shm`` size with ``ipc: private``, Docker syntax (``"1g"``); the
-            Python backend moves every tensor through it, so Docker's 64 MiB default is too
-            small. With ``ipc: host`` the host's ``/dev/shm`` is used.
-        env: extra environment variables of every worker container.
         mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
-        stop_timeout_s: seconds Docker waits after SIGTERM before SIGKILL on stop (30).
-        ulimits: soft = hard limits by name, -1 = unlimited; default memlock -1 and stack
-            64 MiB, as NVIDIA documents for Triton containers. A host whose own hard limit is
-            lower (an unprivileged or nested daemon) refuses to start the container with
-            "error setting rlimit"; lower the value there.
-        gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
+        ulimits: soft = hard limits by name, -1 = unlimited.
+        gpu_driver: Docker device driver of the GPU device requests.
     """
 
     image: str | None = None
