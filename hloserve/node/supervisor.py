@@ -1,6 +1,5 @@
-"""The one supervisor of ``hloserve serve`` and ``hloserve node up``: :func:`run_node` runs a
-:class:`~hloserve.node.plan.NodePlan` (workers, then the gateway in a thread), reports, serves
-the admin port and restarts what dies until stopped (docs/deployment.md).
+"""The one supervisor of ``hloserve serve`` and ``node up``: :func:`run_node` runs a
+:class:`~hloserve.node.plan.NodePlan`, its workers and gateway, until stopped (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class Workers(Protocol):
     """What :class:`Node` needs of a runtime (process workers or docker containers)."""
 
     on_restart: Callable[[int], None]
+    on_stub_reload: Callable[[int, str], None]
 
     def start(self) -> None:
         """Start every worker (returns once each was launched, not once it is ready)."""
@@ -174,7 +174,6 @@ def run_node(
     Raises:
         HloserveError: a worker or the gateway did not start.
     """
-    from hloserve.node.docker_runtime import DockerWorkers
     from hloserve.node.watcher import serve_model_list, server_model_control
     from hloserve.observability.supervisor import NodeObservability
 
@@ -200,12 +199,10 @@ def run_node(
             )
         )
         node.workers.on_restart = observe.worker_restarted
-        if isinstance(node.workers, (ProcessWorkers, DockerWorkers)):
-            node.workers.on_stub_reload = observe.stub_reloaded
+        node.workers.on_stub_reload = observe.stub_reloaded
         observe.workers_up(len(plan.servers))
         lines = []
-        if node.gateway is not None:
-            gateway = node.gateway
+        if (gateway := node.gateway) is not None:
             mode = gateway.config.mode
             lines.append(f"  gateway gRPC    {gateway.address} (KServe V2, mode {mode})")
             if gateway.http_address:

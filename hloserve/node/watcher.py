@@ -1,18 +1,18 @@
 """``hloserve serve BUNDLES --watch``: :class:`BundleWatcher` builds, installs and loads each
-settled change of the bundles directory through Triton's repository API; :func:`watching` runs
-it in a thread (docs/serving.md, "Watching the bundles directory").
+settled change of the bundles directory through Triton's repository API (docs/serving.md,
+"Watching the bundles directory"); :func:`hloserve.node.serve.watching` runs it in a thread.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.watch")
+_print_flushed = functools.partial(print, flush=True)
 
 #: Seconds between two polls of the bundles directory (ReactantServer's default).
 DEFAULT_WATCH_INTERVAL_S = 15.0
@@ -157,14 +158,8 @@ def model_rows(
         row = rows.get(name)
         if row is not None and row["state"] == "READY":
             continue  # an old version's entry beside the one serving
-        rows[name] = {
-            "name": name,
-            "version": str(entry.get("version", "")),
-            "state": str(entry.get("state", "")),
-            "reason": str(entry.get("reason", "")),
-            "last_reload": None,
-            "error": "",
-        }
+        fields = {k: str(entry.get(k, "")) for k in ("version", "state", "reason")}
+        rows[name] = {"name": name, **fields, "last_reload": None, "error": ""}
     for record in records:
         row = rows.setdefault(
             record.name, {"name": record.name, "version": "", "state": record.state, "reason": ""}
@@ -292,7 +287,7 @@ class BundleWatcher:
     acted: Mapping[str, Fingerprint]
     build: BuildOptions | None = None
     interval_s: float = DEFAULT_WATCH_INTERVAL_S
-    report: Callable[[str], None] = print
+    report: Callable[[str], None] = _print_flushed
 
     def __post_init__(self) -> None:
         from hloserve.bundle.bundle import load_bundle
@@ -503,46 +498,6 @@ def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
         scheduling=replace(sched, model_weights=only(sched.model_weights)),
         queue=replace(queue, per_model=only(queue.per_model)),
     )
-
-
-@contextlib.contextmanager
-def watching(
-    bundles_dir: Path,
-    repository: Path,
-    servers: Sequence[TritonServer],
-    observe: NodeObservability,
-    acted: Mapping[str, Fingerprint],
-    *,
-    build: BuildOptions | None,
-    interval_s: float,
-    timeout_s: float,
-) -> Iterator[BundleWatcher]:
-    """Run a :class:`BundleWatcher` over ``servers`` in a thread until the block ends,
-    ``/models`` answering with :func:`model_rows`; ``timeout_s`` bounds one load."""
-    control = server_model_control(servers, timeout_s)
-    watcher = BundleWatcher(
-        bundles_dir,
-        repository,
-        control,
-        acted,
-        build=build,
-        interval_s=interval_s,
-        report=lambda line: print(line, flush=True),
-    )
-    serve_model_list(observe, control, watcher)
-    stop = threading.Event()
-    thread = threading.Thread(target=watcher.run, args=(stop,), name="hloserve-watch", daemon=True)
-    thread.start()
-    print(
-        f"  watching {bundles_dir} every {interval_s:g} s "
-        "(a change is acted on once two polls see it)",
-        flush=True,
-    )
-    try:
-        yield watcher
-    finally:
-        stop.set()
-        thread.join(10.0)  # a load in flight ends with the server
 
 
 def server_model_control(
