@@ -28,10 +28,8 @@ def _bundle_validate(args: argparse.Namespace) -> int:
             print(f"{path.name}/{p}", file=sys.stderr)
         if errors:
             failed += 1
-            print(
-                f"{path}: INVALID ({len(errors)} problem{'s' * (len(errors) != 1)})",
-                file=sys.stderr,
-            )
+            n = len(errors)
+            print(f"{path}: INVALID ({n} problem{'s' * (n != 1)})", file=sys.stderr)
         else:
             print(f"{path}: valid")
     return 1 if failed else 0

@@ -158,12 +158,8 @@ def build_options(args: argparse.Namespace) -> typed.BuildOptions:
         InvalidArgumentError: a malformed --residency, --model-weight or --max-queue-size, a
             weight <= 0, or --executable-cache-bytes below 0.
     """
+    import hloserve.model_repository_tools.build_options as typed
     from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
-    from hloserve.model_repository_tools.build_options import (
-        BuildOptions,
-        ExecutableCacheOptions,
-        SchedulingOptions,
-    )
     from hloserve.names import EXECUTABLE_CACHE_OFF, parse_model_weights
 
     weight_cache = weight_cache_options(args)
@@ -183,15 +179,15 @@ def build_options(args: argparse.Namespace) -> typed.BuildOptions:
         directory = str(Path(directory).expanduser().absolute())
     scalars = {
         f.name: getattr(args, f.name)
-        for f in dataclasses.fields(BuildOptions)
+        for f in dataclasses.fields(typed.BuildOptions)
         if f.metadata.get("help")
     }
-    return BuildOptions(
+    return typed.BuildOptions(
         **scalars,
         weight_cache=weight_cache,
         batch_sizes=batch_sizes,
-        scheduling=SchedulingOptions(scheduling=args.scheduling, model_weights=weights),
-        executable_cache=ExecutableCacheOptions(
+        scheduling=typed.SchedulingOptions(scheduling=args.scheduling, model_weights=weights),
+        executable_cache=typed.ExecutableCacheOptions(
             directory=directory, max_bytes=args.executable_cache_bytes
         ),
         queue=queue_options(args.max_queue_size),

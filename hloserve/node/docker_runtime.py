@@ -16,15 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hloserve.errors import NodeError, Status
-from hloserve.node.docker_spec import (
-    LABEL_NODE,
-    LABEL_WORKER,
-    container_spec,
-    image_build_hint,
-    loads_when_ready,
-    to_sdk,
-    worker_image,
-)
+from hloserve.node import docker_spec
+from hloserve.node.docker_spec import loads_when_ready
+from hloserve.node.model_control_client import load_all
 from hloserve.node.node_config import NodeConfig, TritonConfig
 from hloserve.node.plan import WorkerPlan, connect_host, device_name, restart_allowed
 from hloserve.node.process_runtime import restart_delay, restarts_after
@@ -82,9 +76,9 @@ def node_containers(client: Any, name: str) -> list[Any]:
     """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index;
     one removed while listed is left out."""
     found = client.containers.list(
-        all=True, filters={"label": f"{LABEL_NODE}={name}"}, ignore_removed=True
+        all=True, filters={"label": f"{docker_spec.LABEL_NODE}={name}"}, ignore_removed=True
     )
-    return sorted(found, key=lambda c: int(c.labels.get(LABEL_WORKER, "0")))
+    return sorted(found, key=lambda c: int(c.labels.get(docker_spec.LABEL_WORKER, "0")))
 
 
 def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
@@ -218,13 +212,13 @@ class DockerWorkers:
         import docker
 
         self._client = client = connect()
-        image = worker_image(self.config)
+        image = docker_spec.worker_image(self.config)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"({image_build_hint(self.config)}) or pull it, or set docker.image",
+                f"({docker_spec.image_build_hint(self.config)}) or pull it, or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None
         existing = node_containers(client, self.config.name)
@@ -235,9 +229,9 @@ class DockerWorkers:
                 status=Status.FAILED_PRECONDITION,
             )
         for worker in self.plan:
-            spec = container_spec(self.config, worker, self._model_control_key)
+            spec = docker_spec.container_spec(self.config, worker, self._model_control_key)
             try:
-                container = client.containers.run(**to_sdk(spec))
+                container = client.containers.run(**docker_spec.to_sdk(spec))
             except docker.errors.APIError as exc:
                 hint = ""
                 if worker.gpu is not None and "device driver" in str(exc):
@@ -356,8 +350,6 @@ class DockerWorkers:
     def _load_rest(self, i: int) -> None:
         later = loads_when_ready(self.config, self.plan[i], self._model_control_key)
         if later:
-            from hloserve.node.model_control_client import load_all
-
             url = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
             timeout = self.config.tritonserver.startup_timeout_s
             load_all(url, self._model_control_key, later, timeout)

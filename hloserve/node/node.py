@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hloserve.errors import NodeError
+from hloserve.model_control import launcher_key
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodePlan,
@@ -52,15 +53,11 @@ def run_node_up(
     if not config.repository.is_dir():
         raise NodeError(f"node {config.name}: repository {config.repository} is not a directory")
     plan = plan_workers(config, available_gpus)
-    ports = planned_ports(config, plan)
-    for endpoint, (host, port) in ports.items():
-        hint = "; stop what holds it or change ports in the node file"
+    hint = "; stop what holds it or change ports in the node file"
+    for endpoint, (host, port) in planned_ports(config, plan).items():
         check_ports_free(host, {endpoint: port}, "node: ", hint)
-    key = None
-    if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
-        from hloserve.model_control import launcher_key
-
-        key = launcher_key()
+    explicit = config.tritonserver.model_control_mode == "explicit"
+    key = launcher_key() if explicit else None  # one key for the whole node
     node = NodePlan(
         servers=tuple(node_server_options(config, w, key) for w in plan),
         gateway=gateway_config(config, plan, key) if gateway_enabled(config, len(plan)) else None,

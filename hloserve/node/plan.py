@@ -1,6 +1,5 @@
-"""The plan of a node (:class:`NodePlan`), shared by ``serve`` and ``node up`` and by both
-runtimes: GPUs, workers, ports, environment, gateway settings, load list, restart policy
-(docs/deployment.md).
+"""The plan of a node (:class:`NodePlan`) for ``serve`` and ``node up`` and both runtimes: GPUs,
+workers, ports, environment, gateway settings, load list, restart policy (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -121,11 +120,9 @@ def assign_gpus(
     """
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")
-    if gpus == "none":
+    if gpus == "none" or (gpus is None and not visible):
         return [None] * (workers or 1)
     if gpus is None:
-        if not visible:
-            return [None] * (workers or 1)
         if workers is not None and workers > len(visible):
             raise InvalidArgumentError(
                 f"--workers {workers} but {len(visible)} GPU(s) visible "
@@ -340,10 +337,8 @@ def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerP
     ``base + 3i + 2``, as the node file's default port plan; ``base`` 0: free ports on ``host``.
 
     Raises:
-        InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
+        InvalidArgumentError: the range leaves 1..65535.
     """
-    if count < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
     if base == 0:
         free = free_ports(PORTS_PER_WORKER * count, host)
         return [WorkerPorts(*free[i : i + 3]) for i in range(0, len(free), 3)]

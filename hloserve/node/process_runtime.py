@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import HloserveError, TritonServerError
+from hloserve.node.model_control_client import load_all
 from hloserve.node.plan import NodePlan, describe_exit, restart_allowed, runtime_first
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
@@ -138,9 +139,8 @@ class ProcessWorkers:
             )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
-        """Wait until every worker is ready, load the rest of its models
-        (:func:`~hloserve.node.plan.runtime_first`), start the stub watchdogs; seconds
-        waited, or None once ``stop`` is set.
+        """Wait until every worker is ready, load the rest of its models, start the stub
+        watchdogs; seconds waited, or None once ``stop`` is set.
 
         Raises:
             TritonServerError: a worker exited or did not get ready in time (its log tail).
@@ -155,8 +155,6 @@ class ProcessWorkers:
 
     def _load_rest(self, i: int, server: TritonServer) -> None:
         if self._then_load[i]:
-            from hloserve.node.model_control_client import load_all
-
             key = server.options.model_control_key
             load_all(server.urls.http, key, self._then_load[i], self.startup_timeout_s)
 

@@ -26,10 +26,9 @@ class TritonInstall:
     """Where the tritonserver binary, its libraries and the Python backend live.
 
     Attributes:
-        library_dirs: ``LD_LIBRARY_PATH`` entries: the wheel's libraries, then the
-            interpreter's ``LIBDIR`` (the ``libpython3.X.so`` the stub links).
-        python_backend_files: files of the ``python/`` backend directory by name.
-        python_bin_dir: put first on ``PATH``: the isolated stub interpreter computes
+        library_dirs: ``LD_LIBRARY_PATH``: the wheel's libraries, then the interpreter's
+            ``LIBDIR`` (the ``libpython3.X.so`` the stub links).
+        python_bin_dir: first on ``PATH``: the isolated stub interpreter computes
             ``sys.prefix`` from the first ``python3`` there, so it sees the venv.
     """
 

@@ -28,14 +28,8 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import TritonServerError
-from hloserve.node import procfs
-from hloserve.node.triton_install import (
-    PYTHON_BACKEND,
-    STUB,
-    TritonInstall,
-    check_backends,
-    compose_backend_dir,
-)
+from hloserve.node import procfs, triton_install
+from hloserve.node.triton_install import PYTHON_BACKEND, STUB, TritonInstall
 from hloserve.node.triton_options import TritonServerOptions, TritonServerUrls, server_flags
 from hloserve.ports import check_ports_free
 
@@ -84,14 +78,9 @@ class StubProcess:
             return None
         model_py = Path(argv[1])
         fields = stat[stat.rindex(")") + 2 :].split()
-        zombie = fields[0] in ("Z", "X")
-        return cls(
-            pid=pid,
-            model=model_py.parent.parent.name,
-            version=model_py.parent.name,
-            instance=argv[8] if len(argv) > 8 else "",
-            wait_status=int(fields[-1]) if zombie else None,
-        )
+        instance = argv[8] if len(argv) > 8 else ""
+        status = int(fields[-1]) if fields[0] in ("Z", "X") else None  # a zombie's
+        return cls(pid, model_py.parent.parent.name, model_py.parent.name, instance, status)
 
 
 def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubProcess]:
@@ -113,11 +102,8 @@ def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubPro
 
 
 class TritonServer:
-    """One local tritonserver process, in its own session, and the stubs it starts.
-
-    Use as a context manager, or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`.
-    Not thread-safe.
-    """
+    """One local tritonserver process, in its own session, and the stubs it starts: a context
+    manager, or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`. Not thread-safe."""
 
     def __init__(self, options: TritonServerOptions) -> None:
         self.options = options
@@ -171,7 +157,7 @@ class TritonServer:
             raise TritonServerError(f"tritonserver: already started (pid {self._process.pid})")
         o = self.options
         install = o.install or TritonInstall.from_pytriton_wheel()
-        check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
+        triton_install.check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
         check_ports_free(o.host, o.ports(), "tritonserver: ")
         if o.run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix="hloserve-tritonserver-"))
@@ -180,7 +166,9 @@ class TritonServer:
             self._run_dir = o.run_dir
             self._run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            backends = compose_backend_dir(self._run_dir, install, o.extra_backend_dirs)
+            backends = triton_install.compose_backend_dir(
+                self._run_dir, install, o.extra_backend_dirs
+            )
             self._launch(self._argv(install, backends), self._env(install))
         except BaseException:
             self._cleanup_files()

@@ -81,8 +81,7 @@ class StubWatchdog:
         # still unreaped one check later died on its own.
         dead = [s for s in zombies if s.pid in self._suspects]
         self._suspects = {s.pid for s in zombies} - {s.pid for s in dead}
-        for stub in dead:
-            self._seen.add(stub.pid)
+        self._seen |= {s.pid for s in dead}
         for model in sorted({s.model for s in dead}):
             stubs = [s for s in dead if s.model == model]
             what = ", ".join(
