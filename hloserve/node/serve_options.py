@@ -269,9 +269,9 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     Raises:
         InvalidArgumentError: --load-model without explicit mode, --workers,
             --front-instances or --max-request-bytes below 1, --gateway-config or TLS without
-            the gateway (:func:`gateway_in_front`), a port out of range or shared, a host that does not resolve, a build
-            option with PATH a model repository, a managed flag after ``--``, bad ``--watch``
-            settings.
+            the gateway (:func:`gateway_in_front`), a port out of range or shared, a host
+            that does not resolve, a build option with PATH a model repository, a managed
+            flag after ``--``, bad ``--watch`` settings.
         PortInUseError: (UNAVAILABLE) a port of the server or of the gateway is taken.
     """
     for flag in (arg.split("=", 1)[0] for arg in options.tritonserver_args):

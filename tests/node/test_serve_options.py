@@ -161,7 +161,11 @@ def test_gateway_settings_with_one_worker_need_the_opt_in(tmp_path: Path) -> Non
         with pytest.raises(InvalidArgumentError, match="or --open-repository-api"):
             check_options(ServeOptions(path=tmp_path, **ports, **given), [None])  # type: ignore[arg-type]
         opened = ServeOptions(
-            path=tmp_path, worker_port_base=0, open_repository_api=True, **ports, **given  # type: ignore[arg-type]
+            path=tmp_path,
+            worker_port_base=0,
+            open_repository_api=True,
+            **ports,
+            **given,  # type: ignore[arg-type]
         )
         check_options(opened, [None])
 
