@@ -3,6 +3,9 @@
 docs/conformance.md marks ``served`` on both, run on worker 0 directly (one tritonserver of
 hloserve) and through the gateway; each must exit 0.
 
+Triton's model-control examples run against ``serve --open-repository-api`` (one worker and
+two, the gateway in front) of a repository of the 8 models they expect.
+
 The examples are not part of this repository (nor fetched here: the tests run offline):
 ``HLOSERVE_TRITON_EXAMPLES`` names a checkout's ``src/python/examples``
 (triton-inference-server/client); without it the test is skipped.
@@ -19,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from hloserve.ports import free_ports
 from tests.conftest import ROOT, _import_script, import_example
-from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
+from tests.node.test_serve_cli import launch_serve, serve_two_workers, stop_serve, wait_for_line
 from tests.test_conformance_table import TABLE, rows
 
 pytestmark = [
@@ -88,3 +92,51 @@ def test_example(endpoints: dict[str, dict[str, str]], example: str, via: str) -
             timeout=120,
         )
         assert done.returncode == 0, f"{example} {extra} via {via}:\n{done.stdout}{done.stderr}"
+
+
+#: Triton's model-control examples (docs/conformance.md, docs/serving.md "Model control mode").
+MODEL_CONTROL = ("simple_grpc_model_control.py", "simple_http_model_control.py")
+
+
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one-worker", "two-workers"])
+def opened(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """``serve --open-repository-api --workers N`` of ``simple`` and 6 copies (8 models with
+    the runtime, as the examples expect): ``{"grpc": host:port, "http": host:port}``."""
+    if not EXAMPLES:
+        pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
+    root = tmp_path_factory.mktemp("model-control")
+    script = ROOT / "examples" / "triton_simple" / "export.py"
+    export = _import_script(script, "triton_simple_export").export_simple
+    for name in ("simple", *(f"simple_copy_{i}" for i in range(1, 7))):
+        export(root / "bundles", name)
+    http, grpc, metrics = free_ports(3)
+    log = root / "serve.log"
+    proc = launch_serve(
+        root / "bundles", log, "--open-repository-api", "--workers", request.param,
+        "--gpus", "none", "--worker-port-base", "0", "--admin-port", "0",
+        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+    )  # fmt: skip
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 600)
+        yield {"grpc": f"127.0.0.1:{grpc}", "http": f"127.0.0.1:{http}", "log": str(log)}
+    finally:
+        stop_serve(proc)
+
+
+@pytest.mark.parametrize("example", MODEL_CONTROL)
+def test_model_control_example(opened: dict[str, str], example: str) -> None:
+    """Each model-control example exits 0, its over-long ``file:`` step included; the same
+    tritonserver(s) keep running (no restart)."""
+    script = Path(str(EXAMPLES)) / example
+    assert script.is_file(), f"{script} is missing from HLOSERVE_TRITON_EXAMPLES"
+    started = re.findall(r"tritonserver \(pid \d+\)", Path(opened["log"]).read_text())
+    url = opened["http" if "http" in example else "grpc"]
+    done = subprocess.run(
+        [sys.executable, str(script), "-u", url], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"{example}:\n{done.stdout}{done.stderr}"
+    assert "PASS: model control" in done.stdout
+    text = Path(opened["log"]).read_text()
+    assert re.findall(r"tritonserver \(pid \d+\)", text) == started, text[-3000:]
