@@ -13,6 +13,7 @@ The examples are not part of this repository (nor fetched here: the tests run of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -94,27 +95,23 @@ def test_example(endpoints: dict[str, dict[str, str]], example: str, via: str) -
         assert done.returncode == 0, f"{example} {extra} via {via}:\n{done.stdout}{done.stderr}"
 
 
-#: Triton's model-control examples (docs/conformance.md, docs/serving.md "Model control mode").
-MODEL_CONTROL = ("simple_grpc_model_control.py", "simple_http_model_control.py")
+#: Triton's model-control examples and the repository size each expects: the gRPC one counts 8
+#: models in the index, the HTTP one 7 (docs/serving.md, "Model control mode").
+MODEL_CONTROL = {"simple_grpc_model_control.py": 8, "simple_http_model_control.py": 7}
 
 
-@pytest.fixture(scope="module", params=["1", "2"], ids=["one-worker", "two-workers"])
-def opened(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str]]:
-    """``serve --open-repository-api --workers N`` of ``simple`` and 6 copies (8 models with
-    the runtime, as the examples expect): ``{"grpc": host:port, "http": host:port}``."""
-    if not EXAMPLES:
-        pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
-    root = tmp_path_factory.mktemp("model-control")
+@contextlib.contextmanager
+def opened(root: Path, workers: int, models: int) -> Iterator[dict[str, str]]:
+    """``serve --open-repository-api --workers N`` of ``simple`` and copies, ``models`` models
+    with the runtime: ``{"grpc": host:port, "http": host:port, "log": path}``."""
     script = ROOT / "examples" / "triton_simple" / "export.py"
     export = _import_script(script, "triton_simple_export").export_simple
-    for name in ("simple", *(f"simple_copy_{i}" for i in range(1, 7))):
+    for name in ("simple", *(f"simple_copy_{i}" for i in range(1, models - 1))):
         export(root / "bundles", name)
     http, grpc, metrics = free_ports(3)
     log = root / "serve.log"
     proc = launch_serve(
-        root / "bundles", log, "--open-repository-api", "--workers", request.param,
+        root / "bundles", log, "--open-repository-api", "--workers", str(workers),
         "--gpus", "none", "--worker-port-base", "0", "--admin-port", "0",
         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
     )  # fmt: skip
@@ -125,18 +122,22 @@ def opened(
         stop_serve(proc)
 
 
-@pytest.mark.parametrize("example", MODEL_CONTROL)
-def test_model_control_example(opened: dict[str, str], example: str) -> None:
-    """Each model-control example exits 0, its over-long ``file:`` step included; the same
-    tritonserver(s) keep running (no restart)."""
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+@pytest.mark.parametrize("example", sorted(MODEL_CONTROL))
+def test_model_control_example(tmp_path: Path, example: str, workers: int) -> None:
+    """Each model-control example exits 0 against ``serve --open-repository-api``, its
+    over-long ``file:`` step included; the same tritonserver(s) keep running (no restart)."""
+    if not EXAMPLES:
+        pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
     script = Path(str(EXAMPLES)) / example
     assert script.is_file(), f"{script} is missing from HLOSERVE_TRITON_EXAMPLES"
-    started = re.findall(r"tritonserver \(pid \d+\)", Path(opened["log"]).read_text())
-    url = opened["http" if "http" in example else "grpc"]
-    done = subprocess.run(
-        [sys.executable, str(script), "-u", url], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, f"{example}:\n{done.stdout}{done.stderr}"
-    assert "PASS: model control" in done.stdout
-    text = Path(opened["log"]).read_text()
-    assert re.findall(r"tritonserver \(pid \d+\)", text) == started, text[-3000:]
+    with opened(tmp_path, workers, MODEL_CONTROL[example]) as served:
+        log = Path(served["log"])
+        started = re.findall(r"tritonserver \(pid \d+\)", log.read_text())
+        url = served["http" if "http" in example else "grpc"]
+        done = subprocess.run(
+            [sys.executable, str(script), "-u", url], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{example}:\n{done.stdout}{done.stderr}"
+        assert "PASS: model control" in done.stdout
+        assert re.findall(r"tritonserver \(pid \d+\)", log.read_text()) == started
