@@ -108,9 +108,9 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="tritonservers to run, each on its own GPU: the first N visible GPUs (default: one "
-        "per visible GPU, one CPU worker without GPUs); above 1 the gateway listens on "
-        "--grpc-port/--http-port (admin HTTP on --metrics-port) and routes over them "
-        "(docs/deployment.md)",
+        "per visible GPU, one CPU worker without GPUs); above 1 (or with "
+        "--open-repository-api) the gateway listens on --grpc-port/--http-port (admin HTTP "
+        "on --metrics-port) and routes over them (docs/deployment.md)",
     )
     serve.add_argument(
         "--gpus",

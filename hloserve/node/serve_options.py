@@ -267,7 +267,8 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     """Refuse bad settings before anything is built or started; ``gpus`` None: worked out.
 
     Raises:
-        InvalidArgumentError: --load-model without explicit mode, --workers,
+        InvalidArgumentError: --load-model or --open-repository-api without explicit mode,
+            --workers,
             --front-instances or --max-request-bytes below 1, --gateway-config or TLS without
             the gateway (:func:`gateway_in_front`), a port out of range or shared, a host
             that does not resolve, a build option with PATH a model repository, a managed
@@ -282,6 +283,12 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
             )
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    if options.open_repository_api and options.model_control_mode not in (None, "explicit"):
+        raise InvalidArgumentError(
+            "--open-repository-api needs explicit model control, the default: with "
+            f"--model-control-mode {options.model_control_mode} tritonserver refuses every "
+            "load and unload"
+        )
     workers = len(serve_gpus(options) if gpus is None else gpus)
     build = options.build
     sizes = {} if build is None else {"--front-instances": build.front_instances}

@@ -75,6 +75,11 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
         ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
+        (
+            {"open_repository_api": True, "model_control_mode": "poll"},
+            "--open-repository-api needs explicit model control, the default: with "
+            "--model-control-mode poll tritonserver refuses every load and unload",
+        ),
         ({"watch": True, "watch_interval_s": 0.0}, "--watch-interval must be above 0 seconds"),
         ({"watch": True, "model_control_mode": "poll"}, "leave out --model-control-mode"),
         (
