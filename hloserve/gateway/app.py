@@ -105,14 +105,24 @@ async def run_gateway(
     key = local_key() if secret is None else secret.get_secret_value()
     client_ca = config.tls is not None and config.tls.client_ca is not None
     auth = ControlAuth(
-        read_token(config.auth.token_file), secrets.token_hex(16) if client_ca else None, key
+        read_token(config.auth.token_file),
+        secrets.token_hex(16) if client_ca else None,
+        key,
+        config.auth.open_repository_api,
     )
+    if auth.open_repository_api:
+        log.warning(
+            "gateway: auth.open_repository_api: model load and unload need no credential;"
+            " a load may carry model files and a Python model is code: whoever reaches"
+            " the gateway's ports can run code on the workers"
+        )
     if auth.token is None and not client_ca:
         log.warning(
             "gateway: no control token (%s, %s or auth.token_file) and no tls.client_ca:"
-            " GatewayControl is refused, model control needs the workers' key",
+            " GatewayControl is refused%s",
             ENV_TOKEN,
             ENV_TOKEN_FILE,
+            "" if auth.open_repository_api else ", model control needs the workers' key",
         )
     timeout = config.upstream.probe_timeout_seconds
     if config.discovery.dns_name is not None:  # the workers the name has now, maybe none

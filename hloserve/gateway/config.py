@@ -142,9 +142,18 @@ class TlsConfig(_Section):
 
 
 class AuthConfig(_Section):
-    """Control-plane credentials (docs/gateway.md, "Control plane: authentication")."""
+    """Control-plane credentials (docs/gateway.md, "Control plane: authentication").
+
+    Attributes:
+        open_repository_api: model load and unload (gRPC ``RepositoryModelLoad`` /
+            ``RepositoryModelUnload``, HTTP ``POST /v2/repository/models/{m}/load|unload``)
+            need no credential, as on a plain tritonserver; ``GatewayControl`` still does.
+            A load may carry model files and a Python model is code: whoever reaches the
+            gateway's ports can run code on the workers. ``serve --open-repository-api`` sets it.
+    """
 
     token_file: Path | None = None
+    open_repository_api: bool = False
 
 
 class ModelScheduling(_Section):
