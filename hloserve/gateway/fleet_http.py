@@ -307,8 +307,8 @@ class FleetHttp:
         if route == INDEX_PATH:  # asked with the workers' model-control key
             keyed = {k: v for k, v in passed.items() if k.lower() != HEADER}
             index = (method, path, body, keyed | self._repository_headers)
-            plan = fleet_ops.merged(_JUDGE, "repository index", index, _index, _merged, True)
-            return self._run(plan)
+            what = "repository index"
+            return self._run(fleet_ops.merged(_JUDGE, what, index, _index, _merged, probe=True))
         if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
             model = urllib.parse.unquote(match.group(1))
             return self.infer_json(checked, model, method, path, body, passed)
