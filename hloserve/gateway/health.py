@@ -1,8 +1,4 @@
-"""Worker health: consecutive probe failures and the routing table restricted to healthy workers.
-
-A worker leaves the table after ``failure_threshold`` failed probes in a row and returns
-after one passing probe (docs/gateway.md, "Health probes").
-"""
+"""Worker health from consecutive probe failures (docs/gateway.md, "Health probes")."""
 
 from __future__ import annotations
 
@@ -57,9 +53,7 @@ class HealthTracker:
 
 
 def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
-    """``table`` without the ``unhealthy`` workers, noted as unreachable; a model keeps its entry,
-    maybe empty (UNAVAILABLE, not NOT_FOUND).
-    """
+    """``table`` without the ``unhealthy`` workers (noted); a model keeps its entry, maybe empty."""
     if not unhealthy:
         return table
     why = "unreachable (failed its health probes)"

@@ -1,10 +1,7 @@
 """The gateway's one error-to-status path: a ``grpc.aio`` server interceptor.
 
-Servicers raise instead of aborting; :class:`ErrorInterceptor` answers an
-:class:`~hloserve.errors.HloserveError` with its status and message (a relayed
-:class:`~hloserve.errors.UpstreamError` keeps the worker's code) and any other exception with
-INTERNAL naming its type, traceback logged. A stream ends with the status after the messages
-already sent.
+Servicers raise :class:`~hloserve.errors.HloserveError` (a relayed ``UpstreamError`` keeps the
+worker's code); any other exception is INTERNAL naming its type, traceback logged.
 """
 
 from __future__ import annotations
@@ -81,6 +78,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The method's handler, wrapped."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler

@@ -17,9 +17,7 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class ModelLoad:
-    """What the packer knows of one model: arrival rate (items/s), cost per item (seconds), weight
-    bytes (charged in full to every replica), replicas (clamped to the fleet, or ``"all"``).
-    """
+    """One model to pack: items/s, seconds per item, weight bytes (per replica), replicas."""
 
     name: str
     arrival_rate: float = 0.0
@@ -35,9 +33,7 @@ class ModelLoad:
 
 @dataclass(frozen=True)
 class WorkerCapacity:
-    """What the packer knows of one worker: its endpoint, weight budget (bytes; 0 = unconstrained),
-    compute capacity (compute seconds per second; 1.0 = one GPU).
-    """
+    """One worker: weight budget (bytes; 0 = unconstrained), capacity (1.0 = one GPU)."""
 
     name: str
     weight_budget_bytes: int = 0
@@ -46,13 +42,8 @@ class WorkerCapacity:
 
 @dataclass(frozen=True)
 class Placement:
-    """Result of one packing.
-
-    Attributes:
-        assignment: model name -> workers holding it (distinct, in the order chosen).
-        compute_share: worker -> compute seconds per second assigned / capacity.
-        moved: models whose worker set differs from the previous placement.
-        held_by_hysteresis: models that kept a worker although another was less pressured.
+    """Result of one packing: model -> workers (in the order chosen), worker -> compute share
+    and weight bytes, the models moved or held by hysteresis, and warnings.
     """
 
     assignment: Mapping[str, tuple[str, ...]]
@@ -70,9 +61,7 @@ def _memory_share(used: int, budget: int) -> float:
 def _slot_key(
     worker: WorkerCapacity, model: ModelLoad, share: float, compute: float, memory: int
 ) -> tuple[float, float]:
-    """Sort key of one replica of ``model`` on ``worker`` (lower is better): (pressure, memory
-    share) after it; reversed for a cold model. The first element is rounded to ``_EPS``.
-    """
+    """(pressure, memory share) after a replica of ``model`` on ``worker`` (reversed if cold)."""
     mem = _memory_share(memory + model.weight_bytes, worker.weight_budget_bytes)
     pressure = max((compute + share) / worker.compute_capacity, mem)
     first, second = (mem, pressure) if model.utilization == 0.0 else (pressure, mem)
@@ -87,8 +76,7 @@ def compute_placement(
     hysteresis: float = 0.0,
     forbid_memory_oversubscription: bool = True,
 ) -> Placement:
-    """Place every model on its replica count of distinct workers, heaviest first, by Graham's LPT
-    rule over compute share and weight memory with hysteresis (docs/gateway.md, "Placement
+    """Place every model on its replica count of distinct workers (docs/gateway.md, "Placement
     (lpt_packing)").
 
     Raises:
@@ -192,11 +180,8 @@ def compute_placement(
 
 
 class RepackClock:
-    """Decides when traffic calls for a repack, counting fleet compute-seconds.
-
-    A repack is due once the fleet compute seconds reported by :meth:`advance` reach the budget
-    (``first_rebalance_compute_seconds`` for the first when > 0, then
-    ``rebalance_compute_seconds``); an idle fleet never repacks. Not thread-safe.
+    """Decides when traffic calls for a repack: once the fleet compute-seconds reach the budget
+    (:attr:`budget_seconds`); an idle fleet never repacks. Not thread-safe.
     """
 
     def __init__(

@@ -1,8 +1,5 @@
-"""``lpt_packing``'s precondition: every worker schedules ``fifo`` or ``edf``, not ``fair``.
-
-A worker's discipline is its ``hloserve_runtime`` model's ``hloserve.scheduling`` parameter
-(docs/scheduling.md, "The gateway's lpt_packing"); one that does not answer or serves no
-runtime is logged and accepted.
+"""``lpt_packing``'s precondition: every worker schedules ``fifo`` or ``edf``, not ``fair``
+(docs/scheduling.md, "The gateway's lpt_packing"); an unknown discipline is logged and accepted.
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ async def worker_discipline(upstreams: Upstreams, worker: str, timeout_s: float)
 
 
 def check_lpt_disciplines(disciplines: Mapping[str, str | None]) -> None:
-    """Refuse workers whose discipline (worker -> discipline, None: unknown) ``lpt_packing`` cannot
-    plan for.
+    """Refuse workers (-> discipline, None: unknown) whose discipline ``lpt_packing`` cannot plan.
 
     Raises:
         WorkerSchedulingError: naming every such worker and how to change it.
@@ -70,11 +66,7 @@ def check_lpt_disciplines(disciplines: Mapping[str, str | None]) -> None:
 
 
 async def check_lpt_workers(upstreams: Upstreams, timeout_s: float) -> None:
-    """Read every worker's discipline and apply :func:`check_lpt_disciplines`.
-
-    Raises:
-        WorkerSchedulingError: see :func:`check_lpt_disciplines`.
-    """
+    """Read every worker's discipline and apply :func:`check_lpt_disciplines` (which raises)."""
     found = await asyncio.gather(
         *(worker_discipline(upstreams, w, timeout_s) for w in upstreams.workers)
     )

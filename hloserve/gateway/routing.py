@@ -1,9 +1,4 @@
-"""The gateway's routing table and :class:`Router`, its thread-safe holder (no gRPC).
-
-Discovery, health and placement build a new :class:`RoutingTable` and swap it in whole; the
-router also keeps the live knobs and HAProxy's routed and in-flight counts per (model,
-worker), read by ``GetSchedulingStatus`` and ``/metrics``.
-"""
+"""The gateway's routing table and :class:`Router`, its thread-safe holder (no gRPC)."""
 
 from __future__ import annotations
 
@@ -27,14 +22,9 @@ REPORTS = "reports "
 
 @dataclass(frozen=True)
 class ModelRoute:
-    """Where one model can be served.
-
-    Attributes:
-        replicas: worker endpoints holding the model, distinct, in table order.
-        max_batch: Triton ``max_batch_size`` in items; None when unknown or not batching.
-        cost_per_item_seconds: measured compute seconds per item; None until measured.
-        calls: a meta's or ensemble's callees (its placement group); () for a plain model.
-        stateful: Triton's sequence batcher: discovery routes it to one replica.
+    """Where one model can be served: distinct ``replicas``, Triton ``max_batch_size`` (None: not
+    batching or unknown), measured seconds per item, a meta's or ensemble's callees, and whether
+    it has a sequence batcher (one replica).
     """
 
     replicas: tuple[str, ...]
@@ -49,13 +39,8 @@ class ModelRoute:
 
 
 class RoutingTable:
-    """Immutable map of model name -> :class:`ModelRoute`, with why models cannot be routed.
-
-    Args:
-        unready: model -> {worker: why not routable there}, e.g. ``"reports UNAVAILABLE: load
-            failed"``.
-        unreachable: worker -> why it did not answer discovery (its models are unknown, not
-            absent).
+    """Immutable map of model name -> :class:`ModelRoute`; ``unready``: model -> {worker: why
+    not routable there}; ``unreachable``: worker -> why it did not answer discovery.
     """
 
     def __init__(
@@ -92,10 +77,8 @@ class RoutingTable:
         return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
 
     def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
-        """The error for a request of ``model`` no replica can take, in Triton's words where one
-        tritonserver has the same condition: NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when no
-        reachable worker lists it, NOT_FOUND :data:`TRITON_NO_VERSIONS` with every worker's reason
-        when all that list it report it not ready; else UNAVAILABLE naming the workers.
+        """The error for a request of ``model`` no replica can take: Triton's NOT_FOUND texts
+        where one tritonserver would say them, else UNAVAILABLE naming the workers.
         """
         unready = sorted(self.unready.get(model, {}).items())
         reasons = "; ".join(f"worker {w} {why}" for w, why in unready)

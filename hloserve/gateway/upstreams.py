@@ -14,7 +14,6 @@ from hloserve.gateway.packing import Counters
 
 SERVICE = "inference.GRPCInferenceService"
 
-
 #: Reconnect backoff of the upstream channels, milliseconds: at most 2 s (gRPC's default grows
 #: to 120 s, so a restarted worker would stay unreachable long after it is ready).
 RECONNECT_OPTIONS = [
@@ -38,11 +37,8 @@ def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
 
 
 class Upstreams:
-    """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
-
-    Args:
-        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call (the workers'
-            model-control key, :func:`hloserve.model_control.grpc_metadata`).
+    """One ``grpc.aio`` channel per worker, raw bytes both ways; ``repository_metadata`` goes
+    with every ``RepositoryIndex`` call (the workers' model-control key).
     """
 
     def __init__(
@@ -61,9 +57,7 @@ class Upstreams:
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_workers(self, workers: Sequence[str]) -> tuple[str, ...]:
-        """Make ``workers`` the fleet; returns the workers gone, whose channels stay open for calls
-        already made until :meth:`drop`.
-        """
+        """Make ``workers`` the fleet; returns those gone (open until :meth:`drop`)."""
         self.workers = tuple(workers)
         for worker in self.workers:
             if worker not in self._channels:
@@ -95,7 +89,7 @@ class Upstreams:
         return self._channels[worker].stream_stream(method_path(method))
 
     async def repository_index(self, worker: str, timeout_s: float) -> Any:
-        """``worker``'s ``RepositoryIndex`` rows (every model with state and reason).
+        """``worker``'s ``RepositoryIndex`` rows.
 
         Raises:
             grpc.aio.AioRpcError: the worker's error (UNAVAILABLE when unreachable).
@@ -135,9 +129,7 @@ async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bo
 
 
 async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
-    """Cumulative :class:`~hloserve.gateway.packing.Counters` per (model, worker) from
-    ``ModelStatistics``; workers that fail are left out.
-    """
+    """Cumulative :class:`Counters` per (model, worker) of the workers answering statistics."""
     request = service_pb2.ModelStatisticsRequest().SerializeToString()
 
     async def one(worker: str) -> tuple[str, bytes | None]:
