@@ -87,19 +87,17 @@ async def discover_table(
     """Build a routing table from every worker's ``RepositoryIndex`` and ``ModelConfig``
     (docs/gateway.md, "Proxy"); a worker that fails keeps ``previous``'s routes.
     """
+    previous = previous or RoutingTable()
 
     async def index(worker: str) -> tuple[str, Any]:
         try:
             return worker, await upstreams.repository_index(worker, timeout_s)
         except grpc.aio.AioRpcError as exc:
-            known_down = previous is not None and worker in previous.unreachable
-            level = logging.DEBUG if known_down else logging.WARNING
+            level = logging.DEBUG if worker in previous.unreachable else logging.WARNING
             hint = ""
             if api_restricted(exc.details() or ""):
-                hint = (
-                    f" ({exc.details()}: set upstream.model_control_key to the worker's "
-                    "HLOSERVE_MODEL_CONTROL_KEY)"
-                )
+                key = "set upstream.model_control_key to the worker's HLOSERVE_MODEL_CONTROL_KEY"
+                hint = f" ({exc.details()}: {key})"
             log.log(level, "worker %s: RepositoryIndex failed: %s%s", worker, exc.code().name, hint)
             return worker, exc
 
@@ -109,13 +107,12 @@ async def discover_table(
     for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
         if isinstance(reply, grpc.aio.AioRpcError):
             unreachable[worker] = f"RepositoryIndex failed: {reply.code().name}"
-            if previous is not None:
-                for name, route in previous.routes.items():
-                    if worker in route.replicas:
-                        replicas.setdefault(name, []).append(worker)
-                for name, workers in previous.unready.items():
-                    if worker in workers:
-                        unready.setdefault(name, {})[worker] = workers[worker]
+            for name, route in previous.routes.items():
+                if worker in route.replicas:
+                    replicas.setdefault(name, []).append(worker)
+            for name, workers in previous.unready.items():
+                if worker in workers:
+                    unready.setdefault(name, {})[worker] = workers[worker]
             continue
         for model in reply:
             if model.state == "READY":
@@ -130,7 +127,7 @@ async def discover_table(
         try:
             config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
-            old = previous.get(name) if previous is not None else None
+            old = previous.get(name)
             return None, (), old is not None and old.stateful
         stateful = config.HasField("sequence_batching")
         return config.max_batch_size or None, group_calls(config), stateful
@@ -139,7 +136,7 @@ async def discover_table(
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
     routes: dict[str, ModelRoute] = {}
     for name, (size, calls, stateful) in zip(names, configs, strict=True):
-        old = previous.get(name) if previous is not None else None
+        old = previous.get(name)
         if size is None and old is not None:  # a replica that did not answer: the size known
             size = old.max_batch
         if stateful:  # one replica: every request of a sequence reaches the same runtime

@@ -33,10 +33,6 @@ class ModelRoute:
     calls: tuple[str, ...] = ()
     stateful: bool = False
 
-    def __post_init__(self) -> None:
-        if len(set(self.replicas)) != len(self.replicas):
-            raise ValueError(f"replicas must be distinct, got {self.replicas}")
-
 
 class RoutingTable:
     """Immutable map of model name -> :class:`ModelRoute`; ``unready``: model -> {worker: why
