@@ -1,9 +1,5 @@
-"""Run a gateway: HAProxy, the Python servicer and its loops, until stopped.
-
-:func:`run_gateway` wires the parts (docs/gateway.md, "Data plane" and "Proxy"): discovery
-every ``discovery.poll_interval_seconds``, health probes, ``lpt_packing``'s placement, the
-layout applied to HAProxy every :data:`SYNC_INTERVAL_S` (restarting it when it exited), and
-with ``discovery.dns_name`` the fleet followed in DNS (docs/kubernetes.md, "DNS discovery").
+"""Run a gateway: HAProxy, the Python servicer and its loops (discovery, health probes,
+placement, HAProxy sync, DNS), until stopped (docs/gateway.md, "Data plane" and "Proxy").
 """
 
 from __future__ import annotations
@@ -29,10 +25,12 @@ from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
+from hloserve.gateway.preconditions import check_lpt_workers
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import Router, RoutingTable
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
+from hloserve.ports import free_ports
 from hloserve.prometheus_text import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -43,8 +41,6 @@ SYNC_INTERVAL_S = 0.5
 
 def _public_address(address: str) -> str:
     """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
-    from hloserve.ports import free_ports
-
     host, _, port = address.rpartition(":")
     if port == "0":
         port = str(free_ports(1, host.strip("[]"))[0])
@@ -268,8 +264,6 @@ async def run_gateway(
             fleet_http.start()
         proxy.send_checked_to(checked, routable)
         if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
-            from hloserve.gateway.preconditions import check_lpt_workers
-
             await check_lpt_workers(upstreams, timeout)
         await refresh()
         await server.start()
@@ -314,9 +308,7 @@ async def run_gateway(
             await refresh(force=True)
 
     async def follow_dns() -> None:
-        """A new DNS answer becomes the fleet: channels, discovery, HAProxy reloaded, the gone
-        workers' channels closed once their calls end. A DNS outage keeps the fleet.
-        """
+        """A new DNS answer becomes the fleet; a DNS outage keeps it."""
         nonlocal config
         try:
             found = with_workers(config, await resolve_workers(config.discovery, timeout))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,21 +165,16 @@ def _credentials(args: argparse.Namespace) -> Any:
     return grpc.ssl_channel_credentials(ca, key, cert)
 
 
-def _call(
-    address: str,
-    method: str,
-    request: Any,
-    timeout_s: float,
-    token: str | None = None,
-    credentials: Any = None,
-) -> Any:
-    """One unary RPC; gRPC errors become HloserveError with the same status."""
+def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
+    """One unary RPC to ``--address``; gRPC errors become HloserveError with the same status."""
     import grpc
 
+    from hloserve.gateway.auth import read_token
     from hloserve.gateway.config import GrpcLimits
     from hloserve.gateway.upstreams import channel_options
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
+    address, token, credentials = args.address, read_token(args.token_file), _credentials(args)
     limits = channel_options(GrpcLimits())
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     channel = (
@@ -189,7 +185,7 @@ def _call(
     with channel:
         stub = pb_grpc.GatewayControlStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
+            return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             status = Status.__members__.get(code.name, Status.INTERNAL)
@@ -209,17 +205,11 @@ def run(args: argparse.Namespace, console: Any = None) -> int:
     """Run one ``gateway-ctl`` action on ``console`` (None: stdout); errors raise HloserveError."""
     from rich.console import Console
 
-    from hloserve.gateway.auth import read_token
     from hloserve.gateway.control import replicas_to_proto
     from hloserve.protos import gateway_control_pb2 as pb
 
     console = console or Console()
-    token = read_token(args.token_file)
-    credentials = _credentials(args)
-
-    def call(method: str, request: Any) -> Any:
-        return _call(args.address, method, request, args.timeout, token, credentials)
-
+    call = functools.partial(_call, args)
     action = args.ctl_action
     if action == "status":
         print_status(

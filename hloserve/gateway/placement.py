@@ -162,18 +162,12 @@ def compute_placement(
                 f"worker {w.name}: {memory[w.name]} bytes of weights assigned over a budget of"
                 f" {w.weight_budget_bytes}"
             )
-    moved = tuple(
-        sorted(
-            name
-            for name, placed in assignment.items()
-            if name in previous and set(previous[name]) != set(placed)
-        )
-    )
+    moved = [m for m, ws in assignment.items() if m in previous and set(previous[m]) != set(ws)]
     return Placement(
         assignment=assignment,
         compute_share={w.name: compute[w.name] / w.compute_capacity for w in workers},
         weight_bytes=memory,
-        moved=moved,
+        moved=tuple(sorted(moved)),
         held_by_hysteresis=tuple(sorted(held)),
         warnings=tuple(warnings),
     )
