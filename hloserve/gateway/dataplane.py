@@ -189,10 +189,10 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _refuse(grpc_status: int, message: str, condition: str) -> str:
+def _refuse(message: str, condition: str) -> str:
     return (
         "  http-request return status 200"
-        f" hdr grpc-status {grpc_status} hdr grpc-message {_quote(message)} if {condition}"
+        f" hdr grpc-status {GRPC_UNAVAILABLE} hdr grpc-message {_quote(message)} if {condition}"
     )
 
 
@@ -263,13 +263,8 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         *_client_cert_rules(listen, f"{{ var(txn.be) -m str {CONTROL_BACKEND} }}"),
     ]
     if checked:  # the control plane checked it: never back to the control plane
-        lines.append(
-            _refuse(
-                GRPC_UNAVAILABLE,
-                "model '%[var(txn.model)]' has no ready replica",
-                f"{checked} {{ var(txn.be) -m str {CONTROL_BACKEND} }}",
-            )
-        )
+        no_replica = "model '%[var(txn.model)]' has no ready replica"
+        lines.append(_refuse(no_replica, f"{checked} {{ var(txn.be) -m str {CONTROL_BACKEND} }}"))
     per_worker = config.admission.max_inflight_requests_per_worker
     for backend in layout.backends:
         if not backend.admit:
@@ -281,14 +276,8 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
             f"(admission.max_inflight_requests_per_worker = {per_worker} per replica); "
             "retry later"
         )
-        lines.append(
-            _refuse(
-                GRPC_UNAVAILABLE,
-                message,
-                f"{{ var(txn.be) -m str {backend.name} }}"
-                f" {{ be_conn({backend.name}) ge {backend.admit} }}",
-            )
-        )
+        full = f"{{ be_conn({backend.name}) ge {backend.admit} }}"
+        lines.append(_refuse(message, f"{{ var(txn.be) -m str {backend.name} }} {full}"))
     lines += [
         "  use_backend %[var(txn.be)]",
         f"backend {CONTROL_BACKEND}",
