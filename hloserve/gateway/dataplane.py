@@ -107,9 +107,7 @@ def _balance(mode: str, scheduling: SchedulingConfig, model: str) -> Balance:
 
 
 def plan_layout(
-    table: RoutingTable,
-    config: GatewayConfig,
-    scheduling: SchedulingConfig | None = None,
+    table: RoutingTable, config: GatewayConfig, scheduling: SchedulingConfig | None = None
 ) -> Layout:
     """The layout serving ``table`` with the live ``scheduling`` knobs (default the config's);
     models on unknown endpoints only, or not :data:`BACKEND_NAME`, are left out.

@@ -173,28 +173,42 @@ def compute_placement(
     )
 
 
-@dataclass
 class RepackClock:
     """Decides when traffic calls for a repack: once the fleet compute-seconds reach the budget
-    (:attr:`budget_seconds`; seconds > 0, the first >= 0 as ``SchedulingConfig`` checks them); an
-    idle fleet never repacks. Not thread-safe.
+    (:attr:`budget_seconds`); an idle fleet never repacks. Not thread-safe.
     """
 
-    rebalance_compute_seconds: float
-    first_rebalance_compute_seconds: float = 0.0
-    accumulated_seconds: float = 0.0
-    repacks: int = 0
+    def __init__(
+        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float = 0.0
+    ) -> None:
+        self.retune(rebalance_compute_seconds, first_rebalance_compute_seconds)
+        self.accumulated_seconds = 0.0
+        self.repacks = 0
 
-    def retune(self, rebalance_compute_seconds: float, first_compute_seconds: float) -> None:
-        """Set the budgets, keeping the compute accumulated so far."""
-        self.rebalance_compute_seconds = rebalance_compute_seconds
-        self.first_rebalance_compute_seconds = first_compute_seconds
+    def retune(
+        self, rebalance_compute_seconds: float, first_rebalance_compute_seconds: float
+    ) -> None:
+        """Set the budgets, keeping the compute accumulated so far.
+
+        Raises:
+            ValueError: ``rebalance_compute_seconds`` <= 0 or ``first`` < 0.
+        """
+        if rebalance_compute_seconds <= 0:
+            raise ValueError(
+                f"rebalance_compute_seconds must be > 0, got {rebalance_compute_seconds}"
+            )
+        if first_rebalance_compute_seconds < 0:
+            raise ValueError(
+                "first_rebalance_compute_seconds must be >= 0, got"
+                f" {first_rebalance_compute_seconds}"
+            )
+        self._rebalance = rebalance_compute_seconds
+        self._first = first_rebalance_compute_seconds
 
     @property
     def budget_seconds(self) -> float:
         """Compute seconds the next traffic-driven repack waits for."""
-        first = self.first_rebalance_compute_seconds
-        return first if self.repacks == 0 and first > 0 else self.rebalance_compute_seconds
+        return self._first if self.repacks == 0 and self._first > 0 else self._rebalance
 
     def advance(self, fleet_compute_seconds: float) -> bool:
         """Add one tick's fleet compute-seconds; True when a repack is due (then resets)."""

@@ -123,9 +123,7 @@ class Router:
             self._scheduling = scheduling
 
     def record_counts(
-        self,
-        routed: Mapping[tuple[str, str], int],
-        outstanding: Mapping[tuple[str, str], int],
+        self, routed: Mapping[tuple[str, str], int], outstanding: Mapping[tuple[str, str], int]
     ) -> None:
         """Replace HAProxy's routed and in-flight counts per (model, worker)."""
         with self._lock:
