@@ -58,15 +58,6 @@ class _GrpcJudge:
 _JUDGE = _GrpcJudge()
 
 
-def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
-    """The client's restricted-protocol keys (``RESTRICTED_METADATA_PREFIX``), to pass on."""
-    return tuple(
-        (str(k), str(v))
-        for k, v in (context.invocation_metadata() or ())
-        if str(k).startswith(RESTRICTED_METADATA_PREFIX)
-    )
-
-
 @dataclass(eq=False)
 class FleetRpcs:
     """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``; timeouts in
@@ -153,7 +144,11 @@ class FleetRpcs:
         parameters: Sequence[str] = (),
     ) -> bytes:
         # the caller passed AuthInterceptor: its own key, else the gateway's
-        key = restricted_metadata(context) or tuple(self.upstreams.repository_metadata or ())
+        sent = context.invocation_metadata() or ()
+        own = tuple(
+            (str(k), str(v)) for k, v in sent if str(k).startswith(RESTRICTED_METADATA_PREFIX)
+        )
+        key = own or tuple(self.upstreams.repository_metadata or ())
 
         async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"

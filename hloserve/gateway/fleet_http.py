@@ -310,8 +310,16 @@ class FleetHttp:
             what = "repository index"
             return self._run(fleet_ops.merged(_JUDGE, what, index, _index, _merged, probe=True))
         if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
+            # JSON inference: 500 when json_data_mismatch refuses it, else the checked frontend's
             model = urllib.parse.unquote(match.group(1))
-            return self.infer_json(checked, model, method, path, body, passed)
+            if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
+                log.warning("gateway: %s refused before any worker: %s", path, problem)
+                return Answer.error(HloserveError(problem, status=Status.INTERNAL))
+            reply = self._call_checked(checked, method, path, body, passed)
+            if isinstance(reply, str):
+                why = f"model '{model}': the gateway's routing frontend: {reply}"
+                return Answer.error(UnavailableError(why))
+            return reply
         if match := _REGISTER.fullmatch(route):
             prefix, region = match.groups()
             undo = ("POST", f"{prefix}/region/{region}/unregister", b"", passed)
@@ -429,28 +437,6 @@ class FleetHttp:
             return Answer.error(UnavailableError(f"gateway: {what}"))
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
         return _answer(fleet_ops.decided(_JUDGE, f"model {action} {model!r}", replies))
-
-    def infer_json(
-        self,
-        checked: str,
-        model: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-    ) -> Answer:
-        """A JSON inference request: 500 when :func:`json_data_mismatch` refuses it, else HAProxy's
-        ``checked`` frontend's answer (503 when it cannot be reached).
-        """
-        if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
-            log.warning("gateway: %s refused before any worker: %s", path, problem)
-            return Answer.error(HloserveError(problem, status=Status.INTERNAL))
-        reply = self._call_checked(checked, method, path, body, headers)
-        if isinstance(reply, str):
-            return Answer.error(
-                UnavailableError(f"model '{model}': the gateway's routing frontend: {reply}")
-            )
-        return reply
 
     def end_thread(self) -> None:
         """Close this thread's connection to the checked frontend."""

@@ -115,11 +115,6 @@ class ModelControl:
         found = await asyncio.gather(*(index(w) for w in self.upstreams.workers))
         return {w: i for w, i in zip(self.upstreams.workers, found, strict=True) if i is not None}
 
-    @staticmethod
-    def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """The workers holding ``model`` (listed in a state but not unloaded), in worker order."""
-        return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
-
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
         """``model``'s callees (:func:`group_calls`) on ``worker``; None: config unreadable."""
         try:
@@ -186,7 +181,8 @@ class ModelControl:
             return Outcome(answers, not all(ok(a) for _, a in answers))
 
         indexes = await self.indexes()
-        held = self.holders(model, indexes)
+        # the workers holding it: listed in a state but not unloaded
+        held = [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
         if held or action == "unload":
             return await step(model, held or list(self.upstreams.workers), action)
         calls = self.known_calls(model)

@@ -23,11 +23,6 @@ RECONNECT_OPTIONS = [
 ]
 
 
-def method_path(name: str) -> str:
-    """The gRPC path of ``name`` in ``inference.GRPCInferenceService``."""
-    return f"/{SERVICE}/{name}"
-
-
 def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
     """gRPC options raising the message-size limits, for servers and channels alike."""
     return [
@@ -81,12 +76,12 @@ class Upstreams:
         key = (worker, method)
         call = self._unary.get(key)
         if call is None:
-            call = self._unary[key] = self._channels[worker].unary_unary(method_path(method))
+            call = self._unary[key] = self._channels[worker].unary_unary(f"/{SERVICE}/{method}")
         return call
 
     def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
         """A bidirectional-streaming callable carrying bytes both ways."""
-        return self._channels[worker].stream_stream(method_path(method))
+        return self._channels[worker].stream_stream(f"/{SERVICE}/{method}")
 
     async def repository_index(self, worker: str, timeout_s: float) -> Any:
         """``worker``'s ``RepositoryIndex`` rows.
