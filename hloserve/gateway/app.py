@@ -22,12 +22,11 @@ from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table, resolve_workers, with_workers
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
-from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.preconditions import check_lpt_workers
 from hloserve.gateway.proxy import GatewayProxy, make_server
-from hloserve.gateway.routing import Router, RoutingTable
+from hloserve.gateway.routing import HealthTracker, Router, RoutingTable, restrict_to_healthy
 from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
 from hloserve.ports import free_ports
@@ -189,9 +188,7 @@ async def run_gateway(
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-        if stop.is_set():
-            return
-        if not dataplane.respawn():  # on this thread (HAProxy docstring)
+        if stop.is_set() or not dataplane.respawn():  # on this thread (HAProxy docstring)
             return
         started = time.monotonic()
         try:
@@ -229,8 +226,7 @@ async def run_gateway(
         host, _, port_text = address.rpartition(":")
         port, host = int(port_text), host.strip("[]")
         if config.http_listen is not None:
-            http = _public_address(config.http_listen)
-            config = config.model_copy(update={"http_listen": http})
+            config = config.model_copy(update={"http_listen": _public_address(config.http_listen)})
         server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc, auth)
         fleet_http = _fleet_http(config, auth, proxy.model_control)
         # on this (the gateway's) thread: HAProxy stops when it dies

@@ -81,7 +81,8 @@ def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
 @dataclass(eq=False)
 class SchedulingControl:
     """The gateway's live scheduling state; changes are validated like the config file and handed
-    to the router and the ``lpt_packing`` controller. Call from the gateway's event loop.
+    to the router and the ``lpt_packing`` controller (FAILED_PRECONDITION in the other modes).
+    Call from the gateway's event loop.
     """
 
     mode: str
@@ -110,7 +111,6 @@ class SchedulingControl:
         """Change ``model``'s entry of ``scheduling.models``; ``what`` names the operation.
 
         Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
             NotFoundError: no worker serves ``model``.
             InvalidArgumentError: a value the config file would refuse (names the field).
         """
@@ -126,7 +126,6 @@ class SchedulingControl:
         """Change the named :data:`~hloserve.gateway.config.KNOBS`, all or nothing.
 
         Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
             InvalidArgumentError: an unknown knob or an invalid value.
         """
         self._require_lpt("set")
@@ -139,11 +138,7 @@ class SchedulingControl:
         return self.scheduling
 
     def repack(self) -> pb.RepackResponse:
-        """Repack now, bypassing the compute budget.
-
-        Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
-        """
+        """Repack now, bypassing the compute budget."""
         controller = self._require_lpt("repack")
         self.router.swap_table(controller.repack_now())
         if self.on_repack is not None:

@@ -119,10 +119,8 @@ class FleetRpcs:
 
         async def one(worker: str) -> tuple[str, _Reply]:
             try:
-                reply = await self.upstreams.raw(worker, method)(
-                    request, timeout=timeout, metadata=tuple(metadata) or None
-                )
-                return worker, reply
+                call = self.upstreams.raw(worker, method)
+                return worker, await call(request, timeout=timeout, metadata=metadata or None)
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 

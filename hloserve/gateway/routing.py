@@ -1,10 +1,10 @@
-"""The gateway's routing table and :class:`Router`, its thread-safe holder (no gRPC)."""
+"""The gateway's routing table, :class:`Router` (its thread-safe holder) and worker health."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hloserve.errors import NotFoundError, UnavailableError
@@ -147,3 +147,66 @@ class Router:
             if worker in totals:
                 totals[worker] += count
         return totals
+
+
+class HealthTracker:
+    """Which workers are healthy: out of the table after ``failure_threshold`` failed probes in a
+    row, back after one passing probe (docs/gateway.md, "Health probes"); all start healthy.
+
+    Raises:
+        ValueError: ``failure_threshold`` < 1.
+    """
+
+    def __init__(self, workers: Iterable[str], failure_threshold: int) -> None:
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
+        self._threshold = failure_threshold
+        self._failures = {w: 0 for w in workers}
+        self._unhealthy: set[str] = set()
+
+    def record(self, worker: str, ok: bool) -> bool:
+        """Record one probe of ``worker``; True when its health changed."""
+        if ok:
+            self._failures[worker] = 0
+            if worker in self._unhealthy:
+                self._unhealthy.discard(worker)
+                return True
+            return False
+        self._failures[worker] = self._failures.get(worker, 0) + 1
+        if worker not in self._unhealthy and self._failures[worker] >= self._threshold:
+            self._unhealthy.add(worker)
+            return True
+        return False
+
+    def retain(self, workers: Iterable[str]) -> None:
+        """Track exactly ``workers``: new ones start healthy, gone ones are forgotten."""
+        kept = set(workers)
+        self._failures = {w: self._failures.get(w, 0) for w in kept}
+        self._unhealthy &= kept
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        """Workers currently out of the table."""
+        return frozenset(self._unhealthy)
+
+    def is_healthy(self, worker: str) -> bool:
+        """Whether ``worker`` may be routed to."""
+        return worker not in self._unhealthy
+
+
+def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
+    """``table`` without the ``unhealthy`` workers (noted); a model keeps its entry, maybe empty."""
+    if not unhealthy:
+        return table
+    why = "unreachable (failed its health probes)"
+    return table.with_routes(
+        {
+            name: replace(route, replicas=tuple(w for w in route.replicas if w not in unhealthy))
+            for name, route in table.routes.items()
+        },
+        unready={
+            name: {w: why for w in route.replicas if w in unhealthy}
+            for name, route in table.routes.items()
+            if any(w in unhealthy for w in route.replicas)
+        },
+    )
