@@ -24,10 +24,9 @@ from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
 from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
-from hloserve.gateway.preconditions import check_lpt_workers
 from hloserve.gateway.proxy import GatewayProxy, make_server
 from hloserve.gateway.routing import HealthTracker, Router, RoutingTable, restrict_to_healthy
-from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
+from hloserve.gateway.upstreams import Upstreams, check_lpt_workers, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
 from hloserve.ports import free_ports
 from hloserve.prometheus_text import fetch_metrics

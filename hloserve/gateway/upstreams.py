@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
+from hloserve.errors import InvalidArgumentError, WorkerSchedulingError
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
+from hloserve.model_parameters import RuntimeParameters, string_values
+from hloserve.names import PARAM_SCHEDULING, RUNTIME_BACKEND, RUNTIME_MODEL
+
+log = logging.getLogger("hloserve.gateway")
+
+_NO_RUNTIME = "gateway: worker %s serves no hloserve runtime; its scheduling is unknown"
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -143,3 +151,45 @@ async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[st
             ns = sum(b.compute_infer.ns for b in row.batch_stats)
             counters[(row.name, worker)] = Counters(row.inference_count, ns / 1e9)
     return counters
+
+
+async def _discipline(upstreams: Upstreams, worker: str, timeout_s: float) -> str | None:
+    """``worker``'s scheduling discipline, or None when unknown (the reason is logged)."""
+    try:
+        config = await upstreams.model_config(worker, RUNTIME_MODEL, timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            log.warning(_NO_RUNTIME, worker)
+        else:
+            why = f"gateway: worker %s: cannot read {RUNTIME_MODEL}'s config (%s)"
+            log.warning(why + "; its scheduling is unknown", worker, exc.code().name)
+        return None
+    if config.backend != RUNTIME_BACKEND:
+        log.warning(_NO_RUNTIME, worker)
+        return None
+    params = string_values(config.parameters)
+    try:
+        return str(RuntimeParameters.read(RUNTIME_MODEL, params, PARAM_SCHEDULING))
+    except InvalidArgumentError as exc:  # its runtime refuses it too; lpt_packing names it
+        log.warning("gateway: worker %s: %s", worker, exc.message)
+        return params[PARAM_SCHEDULING]
+
+
+async def check_lpt_workers(upstreams: Upstreams, timeout_s: float) -> None:
+    """``lpt_packing``'s precondition: every worker schedules ``fifo`` or ``edf``, not ``fair``
+    (docs/scheduling.md, "The gateway's lpt_packing"); an unknown discipline is logged and accepted.
+
+    Raises:
+        WorkerSchedulingError: naming every worker that schedules otherwise and how to change it.
+    """
+    workers = upstreams.workers
+    found = await asyncio.gather(*(_discipline(upstreams, w, timeout_s) for w in workers))
+    wrong = {w: d for w, d in zip(workers, found, strict=True) if d not in (None, "fifo", "edf")}
+    if wrong:
+        listed = ", ".join(f"{w} ({d})" for w, d in sorted(wrong.items()))
+        raise WorkerSchedulingError(
+            f"gateway mode lpt_packing needs workers that schedule fifo or edf; {listed} "
+            "schedule otherwise: rebuild their repositories with hloserve repo build "
+            "--scheduling fifo (or edf), or serve them with hloserve serve --scheduling fifo "
+            "(docs/scheduling.md)"
+        )
