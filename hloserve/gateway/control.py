@@ -56,14 +56,11 @@ def knobs_to_proto(scheduling: SchedulingConfig) -> pb.Knobs:
 
 def knobs_from_proto(message: pb.Knobs) -> dict[str, Any]:
     """The knobs present in ``message``, as ``SchedulingConfig`` field values."""
-    changes: dict[str, Any] = {}
-    for name in (*KNOBS, *REMOVED_KEYS["SchedulingConfig"]):  # a removed one is refused
-        if message.HasField(name):
-            changes[name] = getattr(message, name)
+    names = (*KNOBS, *REMOVED_KEYS["SchedulingConfig"])  # a removed one is refused
+    changes = {name: getattr(message, name) for name in names if message.HasField(name)}
     if "default_replicas" in changes:
-        changes["default_replicas"] = replicas_from_proto(
-            message.default_replicas, "scheduling.default_replicas"
-        )
+        field = "scheduling.default_replicas"
+        changes["default_replicas"] = replicas_from_proto(message.default_replicas, field)
     return changes
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -127,8 +127,7 @@ def drive(plan: Plan[Req, Rep], fan_out: Callable[[Send[Req]], Replies[Rep]]) ->
         while True:
             step = plan.send(fan_out(step))
     except StopIteration as done:
-        answer: Rep = done.value
-        return answer
+        return cast(Rep, done.value)
 
 
 async def drive_async(
@@ -140,5 +139,4 @@ async def drive_async(
         while True:
             step = plan.send(await fan_out(step))
     except StopIteration as done:
-        answer: Rep = done.value
-        return answer
+        return cast(Rep, done.value)

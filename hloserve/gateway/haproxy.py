@@ -12,6 +12,7 @@ import csv
 import io
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -312,9 +313,9 @@ class HAProxy:
 
     def _reload(self) -> None:
         assert self._process is not None
-        pid_before = _field(self.runtime("show info"), "Pid")
+        pid_before = _pid(self.runtime("show info"))
         os.kill(self._process.pid, signal.SIGUSR2)
-        if not self._wait_runtime(lambda answer: _field(answer, "Pid") not in ("", pid_before)):
+        if not self._wait_runtime(lambda answer: _pid(answer) not in ("", pid_before)):
             raise UnavailableError(
                 f"gateway: HAProxy did not reload {self.config_file}; see "
                 f"{self._dir / 'haproxy.log'}"
@@ -373,9 +374,6 @@ class HAProxy:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _field(info: str, name: str) -> str:
-    for line in info.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == name:
-            return value.strip()
-    return ""
+def _pid(info: str) -> str:
+    match = re.search(r"^\s*Pid\s*:(.*)$", info, re.MULTILINE)  # a ``show info`` line
+    return match.group(1).strip() if match else ""

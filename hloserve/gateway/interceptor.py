@@ -37,11 +37,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc_code(Status.INTERNAL), f"internal error: {type(exc).__name__}: {exc}"
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    code, message = status_of(exc)
-    await context.abort(code, message)
-
-
 def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -49,7 +44,7 @@ def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort(context, exc)
+            await context.abort(*status_of(exc))
 
     return call
 
@@ -62,7 +57,7 @@ def _stream_response(behavior: Callable[..., Any]) -> Callable[..., AsyncIterato
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort(context, exc)
+            await context.abort(*status_of(exc))
 
     return call
 
