@@ -233,12 +233,9 @@ class FleetRpcs:
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The gRPC method handlers of these RPCs, by method name."""
         raw = grpc.unary_unary_rpc_method_handler
-        forward = functools.partial
+        by_model = ("ModelReady", "ModelMetadata", "ModelConfig")
         return {
-            **{
-                m: raw(forward(self.forward_to_model, m))
-                for m in ("ModelReady", "ModelMetadata", "ModelConfig")
-            },
+            **{m: raw(functools.partial(self.forward_to_model, m)) for m in by_model},
             "ModelStatistics": raw(self.model_statistics),
             **{method: raw(handler) for method, handler in self.shm_handlers().items()},
             "RepositoryModelLoad": raw(self.repository_model_load),

@@ -315,7 +315,7 @@ class FleetHttp:
             if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
                 log.warning("gateway: %s refused before any worker: %s", path, problem)
                 return Answer.error(HloserveError(problem, status=Status.INTERNAL))
-            reply = self._call_checked(checked, method, path, body, passed)
+            reply = self._call_checked(checked, request)
             if isinstance(reply, str):
                 why = f"model '{model}': the gateway's routing frontend: {reply}"
                 return Answer.error(UnavailableError(why))
@@ -347,26 +347,16 @@ class FleetHttp:
         # the first worker's answer; no connection or a 503 moves on to the next
         return self._run(fleet_ops.first_answer(_JUDGE, f"{method} {path}", request, self.workers))
 
-    def _call(
-        self,
-        worker: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        timeout_s: float,
-    ) -> Reply:
+    def _call(self, worker: str, request: _Request, timeout_s: float) -> Reply:
         connection = _connection(worker, timeout_s)
         try:
-            return _exchange(connection, method, path, body, headers)
+            return _exchange(connection, *request)
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
 
-    def _call_checked(
-        self, checked: str, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Reply:
+    def _call_checked(self, checked: str, request: _Request) -> Reply:
         """One exchange on this thread's kept-alive connection to ``checked``; a reused one that
         ends unanswered (HAProxy closes idle ones on reload) is retried once on a new one.
         """
@@ -380,7 +370,7 @@ class FleetHttp:
             if connection is None:
                 connection = local.connection = _connection(checked, self._timeout)
             try:
-                answer = _exchange(connection, method, path, body, headers)
+                answer = _exchange(connection, *request)
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 connection = local.connection = None
@@ -396,7 +386,7 @@ class FleetHttp:
     def _fan_out(self, step: fleet_ops.Send[_Request]) -> fleet_ops.Replies[Reply]:
         targets = self.workers if step.workers is None else tuple(step.workers)
         timeout_s = self._probe_timeout if step.probe else self._timeout
-        replies = self._pool.map(lambda w: self._call(w, *step.request, timeout_s), targets)
+        replies = self._pool.map(lambda w: self._call(w, step.request, timeout_s), targets)
         return list(zip(targets, replies, strict=True))
 
     def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:

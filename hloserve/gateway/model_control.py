@@ -166,11 +166,10 @@ class ModelControl:
         try:
             return await self._run(action, model, send, ok)
         finally:
-            if isinstance(self.refresh, SingleFlight):  # now, not within its interval
-                with contextlib.suppress(Exception):  # the next poll tries again
+            with contextlib.suppress(Exception):  # the next poll tries again
+                if isinstance(self.refresh, SingleFlight):  # now, not within its interval
                     await self.refresh(force=True)
-            elif self.refresh is not None:
-                with contextlib.suppress(Exception):
+                elif self.refresh is not None:
                     await self.refresh()
 
     async def _run(

@@ -46,20 +46,15 @@ class RoutingTable:
         unready: Mapping[str, Mapping[str, str]] | None = None,
         unreachable: Mapping[str, str] | None = None,
     ) -> None:
-        self._routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
+        self.routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
         self.unready: Mapping[str, Mapping[str, str]] = MappingProxyType(
             {m: MappingProxyType(dict(w)) for m, w in (unready or {}).items()}
         )
         self.unreachable: Mapping[str, str] = MappingProxyType(dict(unreachable or {}))
 
-    @property
-    def routes(self) -> Mapping[str, ModelRoute]:
-        """Read-only view of every route."""
-        return self._routes
-
     def get(self, model: str) -> ModelRoute | None:
         """The route of ``model``, or None."""
-        return self._routes.get(model)
+        return self.routes.get(model)
 
     def with_routes(
         self,
@@ -82,7 +77,7 @@ class RoutingTable:
             return NotFoundError(f"{TRITON_NO_VERSIONS.format(model=model)} ({reasons})")
         if reasons:
             return UnavailableError(f"model {model!r} has no ready replica: {reasons}")
-        if model in self._routes:
+        if model in self.routes:
             return UnavailableError(f"model {model!r} has no ready replica")
         if self.unreachable:
             down = "; ".join(f"{w} ({why})" for w, why in sorted(self.unreachable.items()))
@@ -97,30 +92,22 @@ class Router:
 
     def __init__(self, table: RoutingTable | None = None) -> None:
         self._lock = threading.Lock()
-        self._table = table or RoutingTable()
-        self._scheduling: SchedulingConfig | None = None
+        #: The current table (an immutable snapshot).
+        self.table = table or RoutingTable()
+        #: The knobs last handed to :meth:`update_scheduling` (None: the config's).
+        self.scheduling: SchedulingConfig | None = None
         self._routed: Mapping[tuple[str, str], int] = {}
         self._outstanding: Mapping[tuple[str, str], int] = {}
-
-    @property
-    def scheduling(self) -> SchedulingConfig | None:
-        """The knobs last handed to :meth:`update_scheduling` (None: the config's)."""
-        return self._scheduling
-
-    @property
-    def table(self) -> RoutingTable:
-        """The current table (an immutable snapshot)."""
-        return self._table
 
     def swap_table(self, table: RoutingTable) -> None:
         """Replace the table atomically."""
         with self._lock:
-            self._table = table
+            self.table = table
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
         """Keep new knobs (the next HAProxy layout uses them)."""
         with self._lock:
-            self._scheduling = scheduling
+            self.scheduling = scheduling
 
     def record_counts(
         self, routed: Mapping[tuple[str, str], int], outstanding: Mapping[tuple[str, str], int]
