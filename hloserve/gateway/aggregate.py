@@ -87,9 +87,7 @@ def merge_statistics_json(responses: Iterable[Mapping[str, Any]]) -> dict[str, A
             raise ValueError("statistics are not an object with a 'model_stats' list of objects")
         for row in stats:
             key = (str(row.get("name", "")), str(row.get("version", "")))
-            if key not in rows:
-                rows[key] = {"name": key[0], "version": key[1]}
-            _add_json(rows[key], row)
+            _add_json(rows.setdefault(key, {"name": key[0], "version": key[1]}), row)
     return {"model_stats": [rows[k] for k in sorted(rows)]}
 
 
