@@ -93,11 +93,8 @@ class GrpcLimits(_Section):
 
 
 class UpstreamConfig(_Section):
-    """How the gateway talks to workers (ReactantServer's ``worker_client`` section).
-
-    Attributes:
-        model_control_key: the workers' repository-API key; None: ``HLOSERVE_MODEL_CONTROL_KEY``,
-            else the key of the servers this process started, else none.
+    """How the gateway talks to workers (ReactantServer's ``worker_client`` section);
+    ``model_control_key`` None: ``HLOSERVE_MODEL_CONTROL_KEY``, else this process's servers' key.
     """
 
     request_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -131,9 +128,7 @@ class AdmissionConfig(_Section):
 
 
 class TlsConfig(_Section):
-    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane:
-    authentication").
-    """
+    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane")."""
 
     cert: Path
     key: Path
@@ -285,8 +280,7 @@ def load_config(
     """Read the gateway settings from a YAML file (None: none) and ``HLOSERVE_GATEWAY_*`` variables.
 
     Raises:
-        GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a value
-            out of range; the message names every offending key path.
+        GatewayConfigError: a bad file, key, variable or value; names every offending key path.
     """
     return load_settings(
         GatewayConfig,
