@@ -137,19 +137,9 @@ class TritonPythonModel:
 
 
 class OverriddenFront(TritonPythonModel):
-    """This front loaded as a ``python`` model: a load whose config override names no backend.
-
-    Triton infers ``python`` from the model's ``1/model.py`` (written by the builder: a subclass
-    setting :attr:`model_file`). The override replaces ``config.pbtxt``; Triton keeps only the
-    inputs, outputs, ``max_batch_size`` and scheduling of what a Python model's
-    ``auto_complete_config`` returns, and none of its parameters (Triton 2.51
-    ``TritonModel::UpdateModelConfig``). The rest comes from the generated ``config.pbtxt``
-    still in the model directory: every tensor the override lacks (reshape, labels and format
-    included), ``max_batch_size`` when the override leaves it 0, the ``dynamic_batching`` block
-    when the override has no scheduling, and, in ``initialize``, every ``hloserve.*`` parameter
-    the override does not set. A stateful front's override must carry ``sequence_batching``
-    (docs/serving.md, "Model control mode").
-    """
+    """This front loaded as a ``python`` model (a load whose config override names no backend),
+    completing the override from the generated ``config.pbtxt`` (docs/serving.md, "Model control
+    mode"); the builder's ``1/model.py`` subclasses it, setting :attr:`model_file`."""
 
     #: the subclass's ``__file__``: ``<model directory>/1/model.py``
     model_file = ""
