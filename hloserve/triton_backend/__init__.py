@@ -8,9 +8,8 @@ tests/test_import_graph.py):
     channel:  messages, sockets, shared memory; ``batching``: the array helpers both sides use.
     front:    a front instance, no JAX: ``core`` (validate, hooks, variants, padding),
               ``front_channel``, ``hooks``, ``tensors``.
-    runtime:  the one JAX process: ``core``, ``server``, ``scheduler`` (+ ``_config``),
-              ``compile``, ``executable_cache`` (+ ``_settings``), ``device_memory``,
-              ``weights``, ``weight_cache``, ``residency``, ``transfer``, ``sequence_state``,
-              ``config``, ``state``, ``loaded_bundle``.
+    runtime:  the one JAX process: ``core``, ``server``, ``scheduler``, ``compile``,
+              ``executable_cache``, ``device_memory``, ``weights``, ``weight_cache``,
+              ``residency``, ``transfer``, ``sequence_state``, ``config``.
     backends: the ``pb_utils`` shims ``hloserve_front``, ``hloserve_runtime``, ``hloserve_meta``
               and their adapters ``pb``, ``dlpack``, ``metrics``."""

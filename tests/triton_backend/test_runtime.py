@@ -19,8 +19,7 @@ from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.runtime.compile import compile_artifact
-from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle
+from hloserve.triton_backend.runtime.core import LoadedBundle, RuntimeModel
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from hloserve.triton_backend.runtime.weights import ResidentWeightStore
 from tests.conftest import GOLDEN

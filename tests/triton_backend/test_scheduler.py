@@ -13,9 +13,12 @@ import pytest
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError, SchedulerClosedError, Status
-from hloserve.triton_backend.runtime.scheduler import REASON_EXPIRED, Batch, Scheduler, Work
-from hloserve.triton_backend.runtime.scheduler_config import (
+from hloserve.triton_backend.runtime.scheduler import (
+    REASON_EXPIRED,
+    Batch,
+    Scheduler,
     SchedulerConfig,
+    Work,
 )
 
 

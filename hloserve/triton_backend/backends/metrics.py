@@ -227,7 +227,7 @@ class TritonRuntimeMetrics:
                 self._metric(EXECUTABLES, model=model, source=source).increment(1.0)
 
     def publish(self, state: Any) -> None:
-        """Record one :class:`~hloserve.triton_backend.runtime.state.RuntimeState`."""
+        """Record one :class:`~hloserve.triton_backend.runtime.server.RuntimeState`."""
         with self._lock:
             if not self._families:
                 return

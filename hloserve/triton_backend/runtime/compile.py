@@ -32,12 +32,6 @@ from hloserve.triton_backend.runtime.executable_cache import (
 log = logging.getLogger("hloserve.triton_backend.runtime.compile")
 
 
-def _numpy_dtype(element_type: str) -> np.dtype:
-    from hloserve.bundle import dtypes
-
-    return dtypes.from_stablehlo(element_type).numpy
-
-
 @dataclass(frozen=True)
 class CompiledExecutable:
     """A loaded XLA executable for one StableHLO ``main`` on one device.
@@ -78,7 +72,11 @@ class CompiledExecutable:
 
     @functools.cached_property
     def _expected(self) -> tuple[tuple[tuple[int | None, ...], np.dtype], ...]:
-        return tuple((tuple(t.shape), _numpy_dtype(t.element_type)) for t in self.signature.inputs)
+        from hloserve.bundle.dtypes import from_stablehlo
+
+        return tuple(
+            (tuple(t.shape), from_stablehlo(t.element_type).numpy) for t in self.signature.inputs
+        )
 
     def run_numpy(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`__call__` on host arrays, returning host NumPy arrays."""

@@ -11,13 +11,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hloserve.bundle.bundle import Bundle
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
@@ -30,17 +31,44 @@ from hloserve.triton_backend.runtime.compile import (
 )
 from hloserve.triton_backend.runtime.config import (
     ObserverFactory,
+    executable_cache_from_args,
     weight_cache_from_args,
 )
 from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
-from hloserve.triton_backend.runtime.executable_cache_settings import executable_cache_from_args
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, generation, variant_label
 from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightStore, acquired
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
 #: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`
 Compile = Callable[..., CompiledExecutable]
+
+
+@dataclass(frozen=True)
+class LoadedBundle:
+    """A bundle ready to run: ``key`` is ``name``, or ``name#<n>`` for a generation loaded while
+    an older one is held; ``executables`` by (variant index, compiled batch size, 0 unbatched)."""
+
+    name: str
+    key: str
+    bundle: Bundle
+    executables: Mapping[tuple[int, int], CompiledExecutable]
+    load_seconds: float
+
+
+def generation(path: Path) -> tuple[Any, ...]:
+    """What tells two bundles at ``path`` apart: the directory and its manifest file's identity
+    (device, inode, size, modification time in ns); a rebuilt repository changes it."""
+    path = Path(path)
+    try:
+        st = (path / "manifest.yaml").stat()
+    except OSError:
+        return (str(path),)
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def variant_label(dims: Mapping[str, int]) -> str:
+    """A variant's label: its axis letters and sizes, e.g. ``"s32"``; ``""`` for no variant."""
+    return "".join(f"{letter}{size}" for letter, size in sorted(dims.items()))
 
 
 @dataclass

@@ -289,12 +289,9 @@ def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | 
 
 
 def _fsync_directory(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)

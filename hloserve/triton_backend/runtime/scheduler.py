@@ -1,4 +1,5 @@
-"""The runtime's scheduler: per-model queues, coalescing, cost learning (docs/scheduling.md).
+"""The runtime's scheduler: settings, per-model queues, coalescing, cost learning
+(docs/scheduling.md).
 
 The runtime's loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
 Thread-safe; no JAX, Triton or NumPy."""
@@ -15,15 +16,89 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal, cast
 
+from hloserve import names
 from hloserve.errors import SchedulerClosedError
-from hloserve.triton_backend.runtime.scheduler_config import Discipline, SchedulerConfig
+from hloserve.model_parameters import RuntimeParameters
 
 #: Triton's own text for a request whose ``timeout`` passed in its queue (answered UNAVAILABLE)
 REASON_EXPIRED = "Request timeout expired"
 REASON_CANCELLED = "the request was cancelled by its client before it was executed"
 
 _log = logging.getLogger(__name__)
+
+Discipline = Literal["fair", "fifo", "edf"]
+#: The disciplines, the default first (docs/scheduling.md, "Disciplines").
+DISCIPLINES = cast(tuple[Discipline, ...], names.SCHEDULING_DISCIPLINES)
+#: Weight of a model :attr:`SchedulerConfig.weights` does not list.
+DEFAULT_WEIGHT = 1.0
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler settings (docs/scheduling.md, "Settings"; defaults are ReactantServer's);
+    unlisted models weigh :data:`DEFAULT_WEIGHT`; ValueError (naming the field) for a value out
+    of range."""
+
+    discipline: Discipline = "fair"
+    weights: Mapping[str, float] = field(default_factory=dict)
+    ema_half_life_s: float = 30.0
+    priority_cap: float = 0.25
+    coalescing_discount: float = 0.10
+    unseeded_cost_s: float = 0.01
+    cost_ema_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        _check(
+            self.discipline in DISCIPLINES,
+            f"scheduling discipline {self.discipline!r} is not one of {list(DISCIPLINES)}",
+        )
+        for model, weight in self.weights.items():
+            _check(
+                math.isfinite(weight) and weight > 0,
+                f"weight of model {model!r} must be a finite number > 0, got {weight!r}",
+            )
+        _check(self.ema_half_life_s > 0, f"ema_half_life_s must be > 0, got {self.ema_half_life_s}")
+        _check(
+            0 < self.priority_cap <= 1, f"priority_cap must be in (0, 1], got {self.priority_cap}"
+        )
+        _check(
+            0 <= self.coalescing_discount < 1,
+            f"coalescing_discount must be in [0, 1), got {self.coalescing_discount}",
+        )
+        _check(self.unseeded_cost_s > 0, f"unseeded_cost_s must be > 0, got {self.unseeded_cost_s}")
+        _check(
+            0 < self.cost_ema_alpha <= 1,
+            f"cost_ema_alpha must be in (0, 1], got {self.cost_ema_alpha}",
+        )
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+
+    def weight(self, model: str) -> float:
+        """``model``'s weight (:data:`DEFAULT_WEIGHT` when unlisted)."""
+        return self.weights.get(model, DEFAULT_WEIGHT)
+
+    @classmethod
+    def from_parameters(
+        cls, parameters: Mapping[str, str], *, model: str = names.RUNTIME_MODEL
+    ) -> SchedulerConfig:
+        """The config of the runtime model's parameters ``names.PARAM_SCHEDULING`` and
+        ``names.PARAM_MODEL_WEIGHTS``; InvalidArgumentError (naming ``model`` and the parameter)
+        for an unknown discipline or a bad weight."""
+        discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
+        weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
+        return cls(discipline=cast(Discipline, discipline), weights=weights)
+
+    def to_parameters(self) -> dict[str, str]:
+        """Inverse of :meth:`from_parameters` (its two keys; the other fields are not written)."""
+        written = RuntimeParameters(scheduling=self.discipline, model_weights=self.weights)
+        keys = (names.PARAM_SCHEDULING, names.PARAM_MODEL_WEIGHTS)
+        return {k: v for k, v in written.to_parameters().items() if k in keys}
 
 
 @dataclass(eq=False)
@@ -52,11 +127,6 @@ class Batch:
     works: tuple[Work, ...]
     items: int
 
-    @property
-    def padding(self) -> int:
-        """Padded items: ``batch_size - items``."""
-        return self.batch_size - self.items
-
 
 @dataclass(frozen=True)
 class ModelSnapshot:
@@ -72,12 +142,11 @@ class ModelSnapshot:
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    """The scheduler's state (``shed`` and ``batches`` count since start)."""
+    """The scheduler's state (``shed`` counts since start)."""
 
     discipline: Discipline
     models: Mapping[str, ModelSnapshot]
     shed: int
-    batches: int
 
 
 @dataclass
@@ -114,7 +183,6 @@ class Scheduler:
         self._costs: dict[tuple[str, int, int], float] = {}
         self._closed = False
         self._shed = 0
-        self._batches = 0
 
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
@@ -212,8 +280,6 @@ class Scheduler:
                 now = self._clock()
                 shed = self._shed_hopeless(now)
                 batch = self._select(now)
-                if batch is not None:
-                    self._batches += 1
             self._report(shed)
             if batch is not None:
                 return batch
@@ -255,7 +321,7 @@ class Scheduler:
                 )
                 for name, entry in sorted(self._models.items())
             }
-            return SchedulerSnapshot(self._config.discipline, models, self._shed, self._batches)
+            return SchedulerSnapshot(self._config.discipline, models, self._shed)
 
     def close(self) -> None:
         """Stop: wake :meth:`next` (it returns None), refuse later submits, and shed every
