@@ -35,7 +35,7 @@ from hloserve.triton_backend.runtime.config import (
     weight_cache_from_args,
 )
 from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
-from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightStore, acquired
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
@@ -90,7 +90,7 @@ class RuntimeModel:
     def __init__(
         self,
         *,
-        store: WeightStore | None = None,
+        store: WeightCache | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
         on_load: Callable[[str], None] | None = None,
@@ -102,7 +102,7 @@ class RuntimeModel:
         import jax
 
         self.device = device if device is not None else jax.devices()[0]
-        self.store: WeightStore = store if store is not None else ResidentWeightStore()
+        self.store = store if store is not None else WeightCache()  # no budget: all resident
         self._compile = compile
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
@@ -280,10 +280,14 @@ class RuntimeModel:
                 f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
             )
         args = [self._place(a) if isinstance(a, np.ndarray) else a for a in inputs]
-        with self._execute_lock, acquired(self.store, loaded.key) as weights:
-            results = executable([*weights, *args])
-            for result in results:  # one execution at a time: finish before the next
-                result.block_until_ready()
+        with self._execute_lock:
+            weights = self.store.acquire(loaded.key)
+            try:
+                results = executable([*weights, *args])
+                for result in results:  # one execution at a time: finish before the next
+                    result.block_until_ready()
+            finally:
+                self.store.release(loaded.key)
         return list(results)
 
     def place(self, array: np.ndarray) -> Any:

@@ -35,9 +35,14 @@ DISCIPLINES = cast(tuple[Discipline, ...], names.SCHEDULING_DISCIPLINES)
 DEFAULT_WEIGHT = 1.0
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
+#: (field, its range as errors say it, test) of the numeric settings
+_RANGES: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
+    ("ema_half_life_s", "> 0", lambda v: v > 0),
+    ("priority_cap", "in (0, 1]", lambda v: 0 < v <= 1),
+    ("coalescing_discount", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("unseeded_cost_s", "> 0", lambda v: v > 0),
+    ("cost_ema_alpha", "in (0, 1]", lambda v: 0 < v <= 1),
+)
 
 
 @dataclass(frozen=True)
@@ -55,28 +60,18 @@ class SchedulerConfig:
     cost_ema_alpha: float = 0.2
 
     def __post_init__(self) -> None:
-        _check(
-            self.discipline in DISCIPLINES,
-            f"scheduling discipline {self.discipline!r} is not one of {list(DISCIPLINES)}",
-        )
-        for model, weight in self.weights.items():
-            _check(
-                math.isfinite(weight) and weight > 0,
-                f"weight of model {model!r} must be a finite number > 0, got {weight!r}",
+        if self.discipline not in DISCIPLINES:
+            raise ValueError(
+                f"scheduling discipline {self.discipline!r} is not one of {list(DISCIPLINES)}"
             )
-        _check(self.ema_half_life_s > 0, f"ema_half_life_s must be > 0, got {self.ema_half_life_s}")
-        _check(
-            0 < self.priority_cap <= 1, f"priority_cap must be in (0, 1], got {self.priority_cap}"
-        )
-        _check(
-            0 <= self.coalescing_discount < 1,
-            f"coalescing_discount must be in [0, 1), got {self.coalescing_discount}",
-        )
-        _check(self.unseeded_cost_s > 0, f"unseeded_cost_s must be > 0, got {self.unseeded_cost_s}")
-        _check(
-            0 < self.cost_ema_alpha <= 1,
-            f"cost_ema_alpha must be in (0, 1], got {self.cost_ema_alpha}",
-        )
+        for model, weight in self.weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(
+                    f"weight of model {model!r} must be a finite number > 0, got {weight!r}"
+                )
+        for name, allowed, ok in _RANGES:
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
 
     def weight(self, model: str) -> float:
@@ -93,12 +88,6 @@ class SchedulerConfig:
         discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
         weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
         return cls(discipline=cast(Discipline, discipline), weights=weights)
-
-    def to_parameters(self) -> dict[str, str]:
-        """Inverse of :meth:`from_parameters` (its two keys; the other fields are not written)."""
-        written = RuntimeParameters(scheduling=self.discipline, model_weights=self.weights)
-        keys = (names.PARAM_SCHEDULING, names.PARAM_MODEL_WEIGHTS)
-        return {k: v for k, v in written.to_parameters().items() if k in keys}
 
 
 @dataclass(eq=False)

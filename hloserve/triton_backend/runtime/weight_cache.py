@@ -1,6 +1,6 @@
 """On-demand weights: an LRU device weight cache under a byte budget (docs/on_demand_weights.md).
 
-:class:`WeightCache` is a :class:`~hloserve.triton_backend.runtime.weights.WeightStore`; the
+The runtime's one weight store (no budget: every model resident from its load on); the
 residency tiers and the eviction policy are docs/on_demand_weights.md's "Residency tiers" and
 "Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX."""
 
@@ -125,7 +125,7 @@ class _Model:
 
 
 class WeightCache:
-    """Byte-budgeted LRU cache of device weights (a :class:`WeightStore`; thread-safe).
+    """Byte-budgeted LRU cache of device weights, by bundle key (thread-safe).
     ``budget_bytes`` None or 0: every model loaded at add and kept; ``compaction_interval`` N >
     0: free every on-demand buffer after each N on-demand loads; an acquire waits up to
     ``wait_s`` for in-use weights to make room, then UNAVAILABLE."""

@@ -146,13 +146,9 @@ class OverriddenFront(TritonPythonModel):
 
     @classmethod
     def auto_complete_config(cls, config: Any) -> Any:
-        """``config`` (``pb_utils.ModelConfig``: the override) completed from the generated one.
-
-        Raises:
-            InvalidArgumentError: the generated config has ``sequence_batching`` and the override
-                has none, or a tensor of the override disagrees with the generated one (its
-                name, the two data types or dims).
-        """
+        """``config`` (``pb_utils.ModelConfig``: the override) completed from the generated one;
+        InvalidArgumentError: the generated config has ``sequence_batching`` and the override
+        none, or an override's tensor disagrees with the generated one (name, dtypes or dims)."""
         override = config.as_dict()
         disk = _generated_config(Path(cls.model_file).parents[1])
         if "sequence_batching" in disk and "sequence_batching" not in override:
@@ -184,12 +180,8 @@ class OverriddenFront(TritonPythonModel):
         return config
 
     def initialize(self, args: dict[str, str]) -> None:
-        """The front's ``initialize``, with the generated config's ``hloserve.*`` parameters
-        under those of ``args["model_config"]`` (an override's own win).
-
-        Raises:
-            InvalidArgumentError: the generated ``config.pbtxt`` is missing or does not parse.
-        """
+        """The front's ``initialize``, the generated config's ``hloserve.*`` parameters under
+        the override's; InvalidArgumentError: the generated ``config.pbtxt`` is missing or bad."""
         model_config = json.loads(args["model_config"])
         generated = _generated_config(Path(args["model_repository"])).get("parameters", {})
         model_config["parameters"] = {**generated, **(model_config.get("parameters") or {})}
@@ -197,11 +189,7 @@ class OverriddenFront(TritonPythonModel):
 
 
 def _generated_config(model_dir: Path) -> dict[str, Any]:
-    """The model's generated ``config.pbtxt`` as Triton's JSON form (proto field names).
-
-    Raises:
-        InvalidArgumentError: the file is missing or does not parse (its path named).
-    """
+    """The generated ``config.pbtxt`` as Triton's JSON form; InvalidArgumentError naming it."""
     from google.protobuf.json_format import MessageToDict
 
     from hloserve.model_repository_tools.config import parse_config
