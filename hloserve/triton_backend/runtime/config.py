@@ -165,12 +165,12 @@ def cache_settings(
 
     settings = load_settings(
         ExecutableCacheSettings,
+        raw_keys=("cache",),  # "off" stays a string (YAML would read it as false)
+        prefix=ENV_PREFIX,
+        environ=os.environ if environ is None else environ,
+        path=None,
         what="executable cache settings",
         error=InvalidArgumentError,
-        path=None,
-        environ=os.environ if environ is None else environ,
-        prefix=ENV_PREFIX,
-        raw_keys=("cache",),  # "off" stays a string (YAML would read it as false)
     )
     keys = {
         "cache": names.PARAM_EXECUTABLE_CACHE,

@@ -1,9 +1,6 @@
-"""The runtime model's core: the one JAX process that compiles and runs every bundle.
-
-Fronts hold bundles (:meth:`RuntimeModel.acquire` / :meth:`~RuntimeModel.release`) by
-reference count per generation, so a reloaded model's new bundle loads beside the old one
-(docs/serving.md, "Front -> runtime (the channel)"). A bundle that fails to load keeps its own
-error; the others keep serving."""
+"""The runtime model's core: the one JAX process, compiling and running every bundle its fronts
+hold, by reference count per generation (docs/serving.md, "Front -> runtime (the channel)",
+Loading); a bundle that fails to load keeps its error, the others serve."""
 
 from __future__ import annotations
 
@@ -193,9 +190,8 @@ class RuntimeModel:
         return True
 
     def load(self, name: str) -> LoadedBundle:
-        """The loaded bundle ``name`` (its newest held generation), loading it on first use.
-
-        Raises NotFoundError (no one holds ``name``) or the bundle's load error."""
+        """The loaded bundle ``name`` (its newest held generation), loading it on first use;
+        NotFoundError (no one holds ``name``) or the bundle's load error."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:

@@ -153,9 +153,8 @@ class ExecutableCache:
         label: ExecutableLabel | None = None,
         info: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound.
-
-        Whether it was written: failures (disk full, read-only directory) are logged, not raised."""
+        """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound;
+        whether it was written (failures, e.g. a full disk, are logged, not raised)."""
         if self.directory is None:
             return False
         document = {"key": dataclasses.asdict(key), "info": dict(info or {})}

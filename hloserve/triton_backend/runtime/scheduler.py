@@ -1,7 +1,5 @@
-"""The runtime's scheduler: settings, per-model queues, coalescing, cost learning
-(docs/scheduling.md).
-
-The runtime's loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
+"""The runtime's scheduler (docs/scheduling.md): settings, per-model queues, coalescing, cost
+learning; the loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
 Thread-safe; no JAX, Triton or NumPy."""
 
 from __future__ import annotations
@@ -253,9 +251,8 @@ class Scheduler:
         return len(shed)
 
     def next(self, timeout: float | None = None) -> Batch | None:
-        """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop").
-
-        Blocks up to ``timeout`` seconds (None = forever); None on timeout or after close."""
+        """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop"), waiting up
+        to ``timeout`` seconds (None = forever); None on timeout or after close."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._ready:

@@ -424,13 +424,9 @@ class RuntimeServer:
         job = work.payload
         assert isinstance(job, _Job)
         cancelled = reason == REASON_CANCELLED
-        kind = (
-            "laxity"
-            if "cannot be met" in reason
-            else "stopping"
-            if "stopping" in reason
-            else ("cancelled" if cancelled else "deadline")
-        )
+        kind = "cancelled" if cancelled else "deadline"
+        if "cannot be met" in reason or "stopping" in reason:
+            kind = "laxity" if "cannot be met" in reason else "stopping"
         with self._counts_lock:
             self._shed_counts[(self._name_of(work.model), kind)] += 1
         status = Status.CANCELLED if cancelled else Status.UNAVAILABLE

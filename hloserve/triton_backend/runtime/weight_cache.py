@@ -1,8 +1,6 @@
-"""On-demand weights: an LRU device weight cache under a byte budget (docs/on_demand_weights.md).
-
-The runtime's one weight store (no budget: every model resident from its load on); the
-residency tiers and the eviction policy are docs/on_demand_weights.md's "Residency tiers" and
-"Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX."""
+"""The runtime's weight store: an LRU device weight cache under a byte budget (none: every model
+resident from its load on); tiers and policy: docs/on_demand_weights.md. Device copies go
+through :class:`Transfer`, so the policy is tested without JAX."""
 
 from __future__ import annotations
 
@@ -168,7 +166,7 @@ class WeightCache:
         HloserveError INTERNAL if registered, INVALID_ARGUMENT if it exceeds what pinned models
         leave."""
         residency = self._residency.get(name, self._default)
-        pinned = residency is Residency.DEVICE or self.budget_bytes is None
+        pinned = self.pinned(name)
         model = _Model(name, residency, source, device, int(source.nbytes), pinned)
         with self._lock:
             self._check_new(model)
