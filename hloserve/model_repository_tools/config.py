@@ -162,15 +162,45 @@ def runtime_config(models: Sequence[tuple[str, Manifest]], values: RuntimeParame
             a weight <= 0 or one for a model not in ``models``; a relative cache directory.
     """
     v = values
-    _check_cache_options(
-        models, v.weight_cache_bytes, v.weight_cache_fraction, v.residency, v.compaction_interval
-    )
+    problems = []
+    if v.weight_cache_bytes < 0:
+        problems.append(f"weight cache bytes must be >= 0, got {v.weight_cache_bytes}")
+    if not 0.0 <= v.weight_cache_fraction <= 1.0:
+        problems.append(f"weight cache fraction must be in (0, 1], got {v.weight_cache_fraction}")
+    if v.weight_cache_bytes and v.weight_cache_fraction:
+        problems.append("give the weight cache budget as bytes or as a fraction, not both")
+    if v.compaction_interval < 0:
+        problems.append(f"compaction interval must be >= 0, got {v.compaction_interval}")
+    known = {n for n, _ in models}
+    for model, value in sorted(v.residency.items()):
+        if model not in known:
+            problems.append(
+                f"residency for {model!r}, which is not a bundle; the bundles with weights "
+                f"are {sorted(known)}"
+            )
+        if value not in names.RESIDENCIES:
+            problems.append(
+                f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
+            )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
     if not 0.0 <= v.device_memory_fraction <= 1.0:
         raise InvalidArgumentError(
             f"device memory fraction must be in (0, 1], got {v.device_memory_fraction}"
         )
-    check_scheduling_options([n for n, _ in models], v.scheduling, v.model_weights)
-    _check_executable_cache(v.executable_cache, v.executable_cache_bytes)
+    check_scheduling_options(sorted(known), v.scheduling, v.model_weights)
+    cache = v.executable_cache
+    if cache and cache != names.EXECUTABLE_CACHE_OFF and not Path(cache).is_absolute():
+        problems.append(
+            f"executable cache directory {cache!r} must be absolute (the runtime runs in "
+            f"another directory) or {names.EXECUTABLE_CACHE_OFF!r}"
+        )
+    if v.executable_cache_bytes < 0:
+        problems.append(
+            f"executable cache bytes must be >= 0 (0 = default), got {v.executable_cache_bytes}"
+        )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -220,50 +250,6 @@ def check_scheduling_options(
         raise InvalidArgumentError("; ".join(problems))
 
 
-def _check_cache_options(
-    models: Sequence[tuple[str, Manifest]],
-    weight_cache_bytes: int,
-    weight_cache_fraction: float,
-    residency: Mapping[str, str],
-    compaction_interval: int,
-) -> None:
-    problems = []
-    if weight_cache_bytes < 0:
-        problems.append(f"weight cache bytes must be >= 0, got {weight_cache_bytes}")
-    if not 0.0 <= weight_cache_fraction <= 1.0:
-        problems.append(f"weight cache fraction must be in (0, 1], got {weight_cache_fraction}")
-    if weight_cache_bytes and weight_cache_fraction:
-        problems.append("give the weight cache budget as bytes or as a fraction, not both")
-    if compaction_interval < 0:
-        problems.append(f"compaction interval must be >= 0, got {compaction_interval}")
-    known = {n for n, _ in models}
-    for model, value in sorted(residency.items()):
-        if model not in known:
-            problems.append(
-                f"residency for {model!r}, which is not a bundle; the bundles with weights "
-                f"are {sorted(known)}"
-            )
-        if value not in names.RESIDENCIES:
-            problems.append(
-                f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
-            )
-    if problems:
-        raise InvalidArgumentError("; ".join(problems))
-
-
-def _check_executable_cache(directory: str, max_bytes: int) -> None:
-    problems = []
-    if directory and directory != names.EXECUTABLE_CACHE_OFF and not Path(directory).is_absolute():
-        problems.append(
-            f"executable cache directory {directory!r} must be absolute (the runtime runs in "
-            f"another directory) or {names.EXECUTABLE_CACHE_OFF!r}"
-        )
-    if max_bytes < 0:
-        problems.append(f"executable cache bytes must be >= 0 (0 = default), got {max_bytes}")
-    if problems:
-        raise InvalidArgumentError("; ".join(problems))
-
-
 def config_text(config: Any) -> str:
     """:data:`HEADER` + the protobuf text format (deterministic: map entries sorted)."""
     from google.protobuf import text_format
@@ -292,13 +278,6 @@ def parse_config(path: Path | str) -> Any:
         return parse_config_text(text)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{path}: {exc.message}") from None
-
-
-def parameter(config: Any, key: str) -> str | None:
-    """The ``string_value`` of parameter ``key`` of a ``ModelConfig``, None when absent."""
-    if key not in config.parameters:
-        return None
-    return str(config.parameters[key].string_value)
 
 
 def _data_type(spec: TensorSpec) -> int:
