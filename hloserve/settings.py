@@ -148,10 +148,13 @@ def _problems(exc: ValidationError, variables: Mapping[tuple[str, ...], str]) ->
         )
         if variable is not None:
             where = f"{variable} (environment, {where})"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required key is missing"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        found.append(f"{where}: {msg}")
+        found.append(f"{where}: {error_message(err)}")
     return found
+
+
+_MESSAGES = {"missing": "required key is missing", "extra_forbidden": "unknown key"}
+
+
+def error_message(err: Mapping[str, Any]) -> str:
+    """A pydantic error's text: ``required key is missing``, ``unknown key``, or its message."""
+    return _MESSAGES.get(err["type"], str(err["msg"]).removeprefix("Value error, "))

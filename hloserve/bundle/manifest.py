@@ -31,6 +31,7 @@ from hloserve.bundle.manifest_sections import (
 )
 from hloserve.bundle.notation import wire_tensors
 from hloserve.errors import ManifestError
+from hloserve.settings import error_message
 
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
@@ -441,15 +442,7 @@ def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            where = _where(data, tuple(err["loc"]))
-            if err["type"] == "missing":
-                msg = "required key is missing"
-            elif err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            problems.append(f"{where}: {msg}")
+        problems = [f"{_where(data, tuple(e['loc']))}: {error_message(e)}" for e in exc.errors()]
         raise ManifestError(path, problems) from None
 
 

@@ -111,31 +111,22 @@ def export_bundle(
     state: Sequence[StateSpec] = (),
     sequence: Sequencing | None = None,
 ) -> Bundle:
-    """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
-
-    docs/bundles.md, "Exporting from JAX", shows each argument in use.
+    """Export ``fn(params, *inputs)`` as a validated bundle: one portable artifact per batch
+    size (docs/bundles.md, "Exporting from JAX", shows each argument in use).
 
     Args:
         fn: JAX-traceable; returns one array, a tuple/list in ``outputs`` order, or a dict
             by output name.
         params: a pytree of arrays; its leaves become the weights (:func:`weight_names`),
             the leading arguments of ``main``.
-        inputs: the inputs ``fn`` takes after ``params``, in order.
-        outputs: output names and shape letters, in ``fn``'s return order.
         batch_sizes: e.g. ``[1, 8, 32]``; empty when unbatched; ``"symbolic"``: one artifact
             per variant for sizes ``batch_min`` to ``batch_max`` (None: unbounded).
         out_dir: the bundle directory; its name is the model name.
         debug_locations: keep MLIR ``loc`` (default: except with ``"symbolic"``).
-        stablehlo_target: default :func:`~hloserve.bundle.stablehlo.default_target_version`.
         variants: sizes of the variable input axes (``-1`` in ``dims``), e.g.
             ``[{"s": 32}, {"s": 128}]``; each is compiled at every batch size.
-        client_inputs, client_outputs: the wire tensors when ``model.py`` hooks make them.
         files: extra files copied in, by name in the bundle (e.g. ``{"model.py": path}``).
         progress: called with one line per executable written (seconds it took).
-        state, sequence: a stateful bundle's pairs and sequence batcher settings.
-
-    Returns:
-        The written bundle, validated.
 
     Raises:
         ExportError: out_dir exists (without ``overwrite``), an output's rank or batch axis
