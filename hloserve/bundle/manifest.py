@@ -78,11 +78,8 @@ class Manifest(BaseModel):
     @model_validator(mode="after")
     def _rules(self) -> Manifest:
         problems = self._version_rules()
-        for section, client_specs in (
-            ("client_inputs", self.client_inputs),
-            ("client_outputs", self.client_outputs),
-        ):
-            if dup := repeated([s.name for s in client_specs or []]):
+        for section in ("client_inputs", "client_outputs"):
+            if dup := repeated([s.name for s in getattr(self, section) or []]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         problems += self._wire_rules()
         if self.kind == "meta":
@@ -153,8 +150,8 @@ class Manifest(BaseModel):
         for key in required:
             if key not in self.model_fields_set:
                 problems.append(f"{key}: required key is missing")
-        for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
-            if dup := repeated([s.name for s in specs]):
+        for section in ("inputs", "outputs"):
+            if dup := repeated([s.name for s in getattr(self, section)]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         if not self.outputs and "outputs" in self.model_fields_set:
             problems.append("outputs is empty; a model returns at least one tensor")
@@ -229,18 +226,15 @@ class Manifest(BaseModel):
 
     def _symbolic_rules(self, has_unbatched: bool) -> list[str]:
         assert self.batching.symbolic is not None
-        problems = []
+        problems = [
+            f"batching.compiled_batch_sizes: {size} breaks the symbolic batch constraint {broken}"
+            for size in self.batching.compiled_batch_sizes
+            if (broken := self.batching.symbolic.violation(size))
+        ]
         if has_unbatched:
-            problems.append(
-                "batching.symbolic needs a batch axis ('n' or 'b') on every input and output"
+            problems.insert(
+                0, "batching.symbolic needs a batch axis ('n' or 'b') on every input and output"
             )
-        for size in self.batching.compiled_batch_sizes:
-            broken = self.batching.symbolic.violation(size)
-            if broken:
-                problems.append(
-                    f"batching.compiled_batch_sizes: {size} breaks the symbolic batch "
-                    f"constraint {broken}"
-                )
         return problems
 
     def _variant_rules(self, expected: set[int]) -> list[str]:
@@ -276,9 +270,7 @@ class Manifest(BaseModel):
     @property
     def variant_dims(self) -> list[dict[str, int]]:
         """Each variant's sizes of the variable axes; ``[{}]`` for a model without variants."""
-        if self.variants is None:
-            return [{}]
-        return [dict(v.dims) for v in self.variants.shapes]
+        return [dict(v.dims) for v in self.variants.shapes] if self.variants else [{}]
 
     @property
     def all_executables(self) -> dict[tuple[int, int], str]:
@@ -297,11 +289,9 @@ class Manifest(BaseModel):
     @property
     def _tables(self) -> list[dict[int, str]]:
         """Each variant's ``executables`` (the top-level one without variants)."""
-        return (
-            [self.executables]
-            if self.variants is None
-            else [v.executables for v in self.variants.shapes]
-        )
+        if self.variants is None:
+            return [self.executables]
+        return [v.executables for v in self.variants.shapes]
 
     @property
     def symbolic_executables(self) -> dict[int, str]:
