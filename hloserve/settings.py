@@ -112,23 +112,16 @@ def load_settings(
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            data = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise error(f"{what} {path}: cannot read it: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
+        data = {} if data is None else data
+        if not isinstance(data, dict):
             raise error(f"{what} {path}: expected a mapping at the top")
-        data = loaded
         if prepare_file is not None:
             prepare_file(data, Path(path))
     overrides, problems, variables = env_overrides(
-        environ,
-        prefix,
-        model,
-        list_keys=list_keys,
-        raw_keys=raw_keys,
-        no_env_keys=no_env_keys,
+        environ, prefix, model, list_keys=list_keys, raw_keys=raw_keys, no_env_keys=no_env_keys
     )
     if problems:
         raise error(f"{what} environment: " + "; ".join(problems))

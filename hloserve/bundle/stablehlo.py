@@ -151,14 +151,11 @@ def read_signature(data: bytes, function: str = "main") -> Signature:
         module = _parse(ir, ctx, _module_text(data))  # keep alive: op refers into it
         op = _function(ir, module, function)
         fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-        return Signature(
-            inputs=tuple(
-                _tensor_type(ir, t, f"argument {i}") for i, t in enumerate(fn_type.inputs)
-            ),
-            outputs=tuple(
-                _tensor_type(ir, t, f"result {i}") for i, t in enumerate(fn_type.results)
-            ),
+        inputs, outputs = (
+            tuple(_tensor_type(ir, t, f"{what} {i}") for i, t in enumerate(types))
+            for what, types in (("argument", fn_type.inputs), ("result", fn_type.results))
         )
+        return Signature(inputs, outputs)
 
 
 def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:

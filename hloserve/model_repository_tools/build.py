@@ -116,10 +116,6 @@ def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
             )
 
 
-def _ignore(_dir: str, entries: list[str]) -> list[str]:
-    return [e for e in entries if e.startswith(".") or e == "__pycache__"]
-
-
 def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> None:
     from hloserve.bundle.convert import convert_bundle
 
@@ -127,7 +123,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
         model_dir = root / model.name
         bundle_copy = model_dir / names.BUNDLE_SUBDIR
         bundle_copy.parent.mkdir(parents=True)
-        shutil.copytree(model.source, bundle_copy, ignore=_ignore)
+        shutil.copytree(
+            model.source, bundle_copy, ignore=shutil.ignore_patterns(".*", "__pycache__")
+        )
         line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
         if model.manifest_text is not None:
             (bundle_copy / MANIFEST_FILE).write_text(model.manifest_text)
@@ -185,13 +183,7 @@ def _exchange(a: Path, b: Path) -> bool:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p] * 2 + [ctypes.c_uint]
     renameat2.restype = ctypes.c_int
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
