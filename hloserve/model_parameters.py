@@ -154,12 +154,9 @@ class ModelParameters:
 
     @classmethod
     def from_parameters(cls: type[P], model: str, params: Mapping[str, str]) -> P:
-        """Every parameter of this kind read from ``params`` (other keys are ignored).
-
-        Raises:
-            InvalidArgumentError: a legacy key, a required one absent, a malformed value or an
-                inconsistent pair.
-        """
+        """Every parameter of this kind read from ``params`` (other keys are ignored); raises
+        InvalidArgumentError: a legacy key, a required one absent, a malformed value or an
+        inconsistent pair."""
         for key, message in cls.LEGACY.items():
             if key in params:
                 raise InvalidArgumentError(f"model {model!r}: {message}")

@@ -99,14 +99,10 @@ def load_settings(
     no_env_keys: Collection[str] = (),
     prepare_file: Callable[[dict[str, Any], Path], None] | None = None,
 ) -> Settings:
-    """Read ``model`` from a YAML file (``path``; None = environment alone) and ``prefix``
-    variables (:func:`env_overrides`). ``what`` names it in messages; ``prepare_file`` adjusts
-    the file's data in place first.
-
-    Raises:
-        error: unreadable file, not a mapping, unknown key or variable, or a value out of range,
-            naming every offending key path (and the variable that set it).
-    """
+    """Read ``model`` from a YAML file (``path``; None = environment alone) and ``prefix`` variables
+    (:func:`env_overrides`). ``what`` names it in messages; ``prepare_file`` adjusts the file's data
+    in place first; raises ``error``: unreadable file, not a mapping, unknown key or variable, or a
+    value out of range, naming every offending key path (and the variable that set it)."""
     data: dict[str, Any] = {}
     source = "environment"
     if path is not None:

@@ -29,11 +29,8 @@ class Bundle:
         return self.model_name or self.path.name
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
-        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant`` index.
-
-        Raises:
-            NotFoundError: no executable for that size (and variant).
-        """
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant`` index; raises
+        NotFoundError: no executable for that size (and variant)."""
         try:
             return self.path / self.manifest.all_executables[(variant, batch_size)]
         except KeyError:
@@ -64,11 +61,8 @@ class Bundle:
 
     @cached_property
     def stored_weights(self) -> dict[str, WeightInfo]:
-        """Every tensor in the safetensors file, by name, from its header.
-
-        Raises:
-            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-        """
+        """Every tensor in the safetensors file, by name, from its header; raises
+        InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype."""
         if self.weights_path is None:
             return {}
         return stored_tensors(self.weights_path)
@@ -79,11 +73,8 @@ class Bundle:
         return sum(self.stored_weights[n].nbytes for n in self.manifest.weights.order)
 
     def load_weights(self) -> list[np.ndarray]:
-        """The weights as host NumPy arrays, in ``weights.order``.
-
-        Raises:
-            NotFoundError: a weight named in ``weights.order`` is not in the file.
-        """
+        """The weights as host NumPy arrays, in ``weights.order``; raises NotFoundError: a weight
+        named in ``weights.order`` is not in the file."""
         if self.weights_path is None:
             return []
         return load_tensors(self.weights_path, self.manifest.weights.order)

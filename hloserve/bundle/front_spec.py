@@ -91,11 +91,8 @@ class FrontSpec:
 
     @classmethod
     def from_json(cls, text: str, *, path: str = "front_spec.json") -> FrontSpec:
-        """Parse :meth:`to_json`'s text.
-
-        Raises:
-            InvalidArgumentError: malformed or another format (naming the file; rebuild).
-        """
+        """Parse :meth:`to_json`'s text; raises InvalidArgumentError: malformed or another format
+        (naming the file; rebuild)."""
         rebuild = "(rebuild the repository with `hloserve repo build`)"
         try:
             data = json.loads(text)
@@ -185,11 +182,8 @@ class FrontBundle:
         return cls(bundle.path, front_spec(bundle.manifest))
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
-        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant``.
-
-        Raises:
-            KeyError: no such executable.
-        """
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant``; raises KeyError:
+        no such executable."""
         return self.path / self.spec.all_executables[(variant, batch_size)]
 
     @property
@@ -209,11 +203,8 @@ def read_front_spec(path: Path) -> FrontSpec:
 
 def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
     """Check without JAX that every executable is a portable artifact (its header) and the
-    safetensors header holds every weight ``main`` takes.
-
-    Raises:
-        InvalidArgumentError: naming the model and the damaged file.
-    """
+    safetensors header holds every weight ``main`` takes; raises InvalidArgumentError: naming the
+    model and the damaged file."""
     from hloserve.bundle.safetensors_file import stored_tensors
     from hloserve.bundle.stablehlo import is_portable_artifact
 

@@ -407,11 +407,8 @@ def _where(data: Any, loc: tuple[int | str, ...]) -> str:
 
 
 def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
-    """Check and type a manifest loaded from YAML (``path``: the file name in error text).
-
-    Raises:
-        ManifestError: one line per problem; an unsupported ``format_version`` alone.
-    """
+    """Check and type a manifest loaded from YAML (``path``: the file name in error text); raises
+    ManifestError: one line per problem; an unsupported ``format_version`` alone."""
     if not isinstance(data, Mapping):
         raise ManifestError(
             path, [f"expected a mapping at the top level, got {type(data).__name__}"]
@@ -437,11 +434,8 @@ def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
 
 
 def load_manifest(path: Path) -> Manifest:
-    """Read and check ``manifest.yaml``.
-
-    Raises:
-        ManifestError: unreadable, not valid YAML, or breaks a rule (:func:`parse_manifest`).
-    """
+    """Read and check ``manifest.yaml``; raises ManifestError: unreadable, not valid YAML, or breaks
+    a rule (:func:`parse_manifest`)."""
     try:
         text = path.read_text()
     except OSError as exc:

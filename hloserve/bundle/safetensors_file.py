@@ -30,15 +30,13 @@ class WeightInfo:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the stored tensor."""
         return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
 
 
 def stored_tensors(path: Path) -> dict[str, WeightInfo]:
-    """Every tensor in the file, by name, from its header only.
-
-    Raises:
-        InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-    """
+    """Every tensor in the file, by name, from its header only; raises InvalidArgumentError: the
+    file is missing, unreadable, or holds an unknown dtype."""
     with _open(path) as f:
         infos = {}
         for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)

@@ -80,11 +80,8 @@ def validate_bundle(
 def check_bundle(
     path: Path | str, *, models: Mapping[str, str] | None = None, name: str | None = None
 ) -> Bundle:
-    """Load a bundle and validate it fully (``models``, ``name``: see :func:`validate_bundle`).
-
-    Raises:
-        BundleError: listing every error (status INVALID_ARGUMENT), naming the model.
-    """
+    """Load a bundle and validate it fully (``models``, ``name``: see :func:`validate_bundle`);
+    raises BundleError: listing every error (status INVALID_ARGUMENT), naming the model."""
     path = Path(path)
     errors = [p for p in validate_bundle(path, models=models, name=name) if not p.warning]
     if errors:

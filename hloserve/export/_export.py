@@ -60,11 +60,8 @@ class OutputSpec:
 
 def weight_names(params: Any) -> list[str]:
     """Names of a params pytree's leaves in flattening order: ``{"conv1": {"kernel": w}}`` ->
-    ``"conv1.kernel"``; a bare array is ``"params"``.
-
-    Raises:
-        ExportError: two leaves get one name.
-    """
+    ``"conv1.kernel"``; a bare array is ``"params"``; raises ExportError: two leaves get one
+    name."""
     import jax
 
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)

@@ -278,12 +278,9 @@ class MetaModel:
 
     @classmethod
     def from_args(cls, args: ModelArgs, send: Send) -> MetaModel:
-        """Build from the meta model's Triton config (:class:`MetaParameters`; docs/meta_models.md).
-
-        Raises:
-            InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
-            NotFoundError / ManifestError: the bundle cannot be read.
-        """
+        """Build from the meta model's Triton config (:class:`MetaParameters`; docs/meta_models.md);
+        raises InvalidArgumentError: a malformed parameter, or ``model.py`` does not import;
+        NotFoundError / ManifestError: the bundle cannot be read."""
         params = MetaParameters.from_parameters(args.name, args.parameters)
         bundle = load_bundle(args.model_dir / params.bundle, name=args.name)
         run = load_run(bundle.path / MODEL_PY, args.name)

@@ -33,11 +33,8 @@ class Deadline:
         return 0 if left is None else max(1, int(left * 1e6))
 
     def check(self, model: str, before: str) -> None:
-        """Raise unless time is left (``before``: e.g. ``"calling model 'strong'"``).
-
-        Raises:
-            DeadlineExceededError: the deadline has passed.
-        """
+        """Raise unless time is left (``before``: e.g. ``"calling model 'strong'"``); raises
+        DeadlineExceededError: the deadline has passed."""
         left = self.remaining_s()
         if left is not None and left <= 0:
             raise DeadlineExceededError(

@@ -124,11 +124,8 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
 
 def meta_config(name: str, manifest: Manifest, options: BuildOptions | None = None) -> Any:
     """A meta model's ``ModelConfig`` (backend ``hloserve_meta``, ``max_batch_size: 0``,
-    ``meta_concurrency`` CPU instances; docs/meta_models.md).
-
-    Raises:
-        InvalidArgumentError: ``meta_concurrency`` < 1, or a scalar tensor (shape ``""``).
-    """
+    ``meta_concurrency`` CPU instances; docs/meta_models.md); raises InvalidArgumentError:
+    ``meta_concurrency`` < 1, or a scalar tensor (shape ``""``)."""
     meta_concurrency = (options or BuildOptions()).meta_concurrency
     if meta_concurrency < 1:
         raise InvalidArgumentError(f"meta concurrency must be >= 1, got {meta_concurrency}")
@@ -153,14 +150,11 @@ def meta_config(name: str, manifest: Manifest, options: BuildOptions | None = No
 
 
 def runtime_config(models: Sequence[tuple[str, Manifest]], values: RuntimeParameters) -> Any:
-    """The runtime model's ``ModelConfig``: no tensors, ``values`` as parameters
-    (docs/serving.md, "Runtime model config"); ``models`` are (name, manifest) of every bundle.
-
-    Raises:
-        InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
-            an unknown residency or one for a model not in ``models``; an unknown discipline,
-            a weight <= 0 or one for a model not in ``models``; a relative cache directory.
-    """
+    """The runtime model's ``ModelConfig``: no tensors, ``values`` as parameters (docs/serving.md,
+    "Runtime model config"); ``models`` are (name, manifest) of every bundle; raises
+    InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both, an
+    unknown residency or one for a model not in ``models``; an unknown discipline, a weight <= 0 or
+    one for a model not in ``models``; a relative cache directory."""
     v = values
     problems = []
     if v.weight_cache_bytes < 0:
@@ -226,12 +220,9 @@ def _classification(io: Any, spec: TensorSpec) -> None:
 def check_scheduling_options(
     models: Sequence[str], scheduling: str, model_weights: Mapping[str, float]
 ) -> None:
-    """Refuse scheduler options the runtime could not honour (docs/scheduling.md, "Settings").
-
-    Raises:
-        InvalidArgumentError: every problem: an unknown discipline, a weight that is not a
-            finite number > 0, a weight for a model not in ``models`` (the runtime's, no metas).
-    """
+    """Refuse scheduler options the runtime could not honour (docs/scheduling.md, "Settings");
+    raises InvalidArgumentError: every problem: an unknown discipline, a weight that is not a finite
+    number > 0, a weight for a model not in ``models`` (the runtime's, no metas)."""
     problems = []
     if scheduling not in names.SCHEDULING_DISCIPLINES:
         problems.append(

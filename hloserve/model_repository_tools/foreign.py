@@ -105,13 +105,10 @@ def is_candidate(path: Path) -> bool:
 
 
 def plan_foreign(path: Path) -> ForeignModel:
-    """Plan the folder ``path`` as a foreign Triton model.
-
-    Raises:
-        ForeignModelError: no recognizable model (naming the files found), model files of two
-            backends, a config whose name differs from the folder or without a version
-            directory, a bad ``hloserve.yaml``, or a model Triton cannot complete a config for.
-    """
+    """Plan the folder ``path`` as a foreign Triton model; raises ForeignModelError: no recognizable
+    model (naming the files found), model files of two backends, a config whose name differs from
+    the folder or without a version directory, a bad ``hloserve.yaml``, or a model Triton cannot
+    complete a config for."""
     name = path.name
     spec = _read_spec(path)
     config_path = path / CONFIG_FILE
