@@ -41,13 +41,9 @@ class Bundle:
             ) from None
 
     def read_artifact(self, batch_size: int, variant: int = 0) -> bytes:
-        """The portable artifact for ``batch_size``, with static shapes (text converted, a
-        symbolic batch specialized).
-
-        Raises:
-            NotFoundError: ``batch_size`` is not a compiled batch size (of that variant).
-            ArtifactError: the artifact cannot be read or specialized.
-        """
+        """The portable artifact for ``batch_size``, with static shapes (text converted, a symbolic
+        batch specialized); raises NotFoundError: ``batch_size`` is not a compiled batch size (of
+        that variant); ArtifactError: the artifact cannot be read or specialized."""
         data = to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
         if self.manifest.is_symbolic:
             return specialize_batch(data, batch_size)
@@ -81,13 +77,10 @@ class Bundle:
 
 
 def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
-    """Read a bundle directory's manifest and check its format rules (``name``: see Bundle).
-
-    Raises:
-        NotFoundError: the directory or its manifest.yaml does not exist.
-        InvalidArgumentError: the model name is not a valid model name.
-        ManifestError: the manifest breaks a rule (one line per problem).
-    """
+    """Read a bundle directory's manifest and check its format rules (``name``: see Bundle); raises
+    NotFoundError: the directory or its manifest.yaml does not exist; InvalidArgumentError: the
+    model name is not a valid model name; ManifestError: the manifest breaks a rule (one line per
+    problem)."""
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")

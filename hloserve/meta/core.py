@@ -223,13 +223,9 @@ def repository_describer(repository: Path) -> Describe:
 
 
 def load_run(path: Path, model: str) -> Run:
-    """Import ``model.py`` at ``path`` as ``hloserve_meta_model_<model>``; its ``run``.
-
-    Raises:
-        NotFoundError: the file does not exist.
-        InvalidArgumentError: importing it fails (the error and its line are named) or it
-            defines no callable ``run``.
-    """
+    """Import ``model.py`` at ``path`` as ``hloserve_meta_model_<model>``; its ``run``; raises
+    NotFoundError: the file does not exist; InvalidArgumentError: importing it fails (the error and
+    its line are named) or it defines no callable ``run``."""
     if not path.is_file():
         raise NotFoundError(f"model {model!r}: {path} does not exist; a meta bundle needs it")
     module_name = f"hloserve_meta_model_{model}".replace("-", "_").replace(".", "_")
