@@ -341,12 +341,9 @@ def string_values(parameters: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """What Triton hands a Python model's ``initialize(args)``.
-
-    Attributes:
-        model_dir: ``<repo>/<name>`` (Triton's ``model_repository`` key, checked on 2.51).
-        config: ``config.pbtxt`` after auto-completion, as JSON.
-    """
+    """What Triton hands a Python model's ``initialize(args)``: ``model_dir`` is ``<repo>/<name>``
+    (Triton's ``model_repository`` key, checked on 2.51), ``config`` the auto-completed
+    ``config.pbtxt`` as JSON."""
 
     name: str
     model_dir: Path

@@ -45,9 +45,7 @@ class Bundle:
         batch specialized); raises NotFoundError: ``batch_size`` is not a compiled batch size (of
         that variant); ArtifactError: the artifact cannot be read or specialized."""
         data = to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
-        if self.manifest.is_symbolic:
-            return specialize_batch(data, batch_size)
-        return data
+        return specialize_batch(data, batch_size) if self.manifest.is_symbolic else data
 
     @property
     def weights_path(self) -> Path | None:
@@ -59,9 +57,7 @@ class Bundle:
     def stored_weights(self) -> dict[str, WeightInfo]:
         """Every tensor in the safetensors file, by name, from its header; raises
         InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype."""
-        if self.weights_path is None:
-            return {}
-        return stored_tensors(self.weights_path)
+        return {} if self.weights_path is None else stored_tensors(self.weights_path)
 
     @property
     def weight_nbytes(self) -> int:

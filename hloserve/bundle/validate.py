@@ -53,10 +53,9 @@ def validate_bundle(
 ) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
-    Args:
-        models: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
-            meta's ``meta.calls`` against; None skips that check.
-        name: the model's name when it is not the directory's (a repository's bundle copy).
+    ``models``: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
+    meta's ``meta.calls`` against (None skips that check); ``name``: the model's name when it is
+    not the directory's (a repository's bundle copy).
     """
     path = Path(path)
     try:

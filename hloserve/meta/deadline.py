@@ -19,9 +19,7 @@ class Deadline:
     @classmethod
     def after_us(cls, timeout_us: int, clock: Callable[[], float] = time.monotonic) -> Deadline:
         """The deadline ``timeout_us`` microseconds from now; 0 (or less) means none."""
-        if timeout_us <= 0:
-            return cls(None, clock)
-        return cls(clock() + timeout_us / 1e6, clock)
+        return cls(None if timeout_us <= 0 else clock() + timeout_us / 1e6, clock)
 
     def remaining_s(self) -> float | None:
         """Seconds left (negative once passed), or None without a deadline."""

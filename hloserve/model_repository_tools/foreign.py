@@ -247,12 +247,11 @@ def _versions(path: Path) -> list[Path]:
 
 
 def _listing(path: Path) -> list[str]:
-    found = []
-    for entry in sorted(path.rglob("*")):
-        if any(part.startswith(".") or part == "__pycache__" for part in entry.parts):
-            continue
-        found.append(str(entry.relative_to(path)) + ("/" if entry.is_dir() else ""))
-    return found[:20]
+    return [
+        str(entry.relative_to(path)) + ("/" if entry.is_dir() else "")
+        for entry in sorted(path.rglob("*"))
+        if not any(part.startswith(".") or part == "__pycache__" for part in entry.parts)
+    ][:20]
 
 
 def _detect(path: Path, spec: ForeignSpec | None) -> tuple[str, bool]:

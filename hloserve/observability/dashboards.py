@@ -101,11 +101,7 @@ def build(spec: DashboardSpec) -> dict[str, Any]:
             .include_all(True)
             .all_value(".*")
         )
-    kinds: dict[str, Any] = {
-        "timeseries": timeseries.Panel,
-        "stat": stat.Panel,
-        "table": table.Panel,
-    }
+    kinds: dict[str, Any] = dict(timeseries=timeseries.Panel, stat=stat.Panel, table=table.Panel)
     for panel in spec.panels:
         built = kinds[panel.kind]().title(panel.title).unit(panel.unit).datasource(source)
         if panel.description:
