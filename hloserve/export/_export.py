@@ -77,13 +77,13 @@ def _x64(enabled: bool) -> Iterator[None]:
     """JAX's 64-bit mode while exporting (restored afterwards)."""
     import jax
 
-    previous = bool(jax.config.read("jax_enable_x64"))
-    if enabled and not previous:
+    switch = enabled and not jax.config.read("jax_enable_x64")
+    if switch:
         jax.config.update("jax_enable_x64", True)
     try:
         yield
     finally:
-        if enabled and not previous:
+        if switch:
             jax.config.update("jax_enable_x64", False)
 
 
@@ -307,13 +307,9 @@ def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
 
 
 def _output_specs(
-    outputs: Sequence[OutputSpec],
-    avals: Sequence[Any],
-    size: int | None,
-    variant: Mapping[str, int] | None = None,
+    outputs: Sequence[OutputSpec], avals: Sequence[Any], size: int | None, variant: dict[str, int]
 ) -> list[TensorSpec]:
     """Output specs from the traced shapes (size None: symbolic batch ``b``); variant axes -1."""
-    variant = variant or {}
     specs = []
     for out, aval in zip(outputs, avals, strict=True):
         shape = tuple(d if isinstance(d, int) else str(d) for d in aval.shape)
@@ -334,7 +330,7 @@ def _output_specs(
                 if dim != variant[letter]:
                     raise ExportError(
                         f"output {out.name!r}: axis {letter!r} has size {dim}, but the "
-                        f"variant {dict(variant)} makes it {variant[letter]}"
+                        f"variant {variant} makes it {variant[letter]}"
                     )
                 dims[letter] = VARIABLE
             elif isinstance(dim, str):
