@@ -10,7 +10,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -101,7 +101,8 @@ class MetaCall:
     """The ``call`` handed to ``run``: calls ``calls`` models by ``send`` within ``deadline``.
 
     With ``describe``, a sub-call's inputs are checked before sending and a batch too large is
-    chunked (docs/meta_models.md).
+    chunked (docs/meta_models.md). ``compute_s``: seconds inside sub-calls; ``calls_made``:
+    sub-requests sent.
     """
 
     meta: str
@@ -110,6 +111,9 @@ class MetaCall:
     deadline: Deadline
     _: KW_ONLY
     describe: Describe | None = None
+    clock: Callable[[], float] = time.monotonic
+    compute_s: float = field(default=0.0, init=False)
+    calls_made: int = field(default=0, init=False)
 
     def __call__(
         self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
@@ -142,6 +146,7 @@ class MetaCall:
         self, name: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None
     ) -> Tensors:
         self.deadline.check(self.meta, f"calling model {name!r}")
+        start = self.clock()
         try:
             result = self.send(name, inputs, list(outputs or ()), self.deadline.remaining_us())
         except HloserveError as exc:
@@ -150,6 +155,9 @@ class MetaCall:
             raise _callee_error(
                 self.meta, name, f"{type(exc).__name__}: {exc}", Status.INTERNAL
             ) from None
+        finally:
+            self.compute_s += self.clock() - start
+            self.calls_made += 1
         return dict(result)
 
     def _check_callee_inputs(
@@ -176,6 +184,10 @@ class MetaCall:
             )
         batched = manifest.client_inputs is None and manifest.batch_leading
         return batch, manifest.max_batch_size if batched else None
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline, or None without one."""
+        return self.deadline.remaining_s()
 
 
 def _callee_error(meta: str, callee: str, message: str, status: Status) -> HloserveError:
@@ -308,7 +320,9 @@ class MetaModel:
             return self._run_once(inputs, deadline)
 
     def _run_once(self, inputs: Mapping[str, np.ndarray], deadline: Deadline) -> Tensors:
-        call = MetaCall(self.name, self.calls, self._send, deadline, describe=self._describe)
+        call = MetaCall(
+            self.name, self.calls, self._send, deadline, describe=self._describe, clock=self._clock
+        )
         try:
             result = self._run(dict(inputs), call)
         except HloserveError:

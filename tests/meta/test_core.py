@@ -73,7 +73,7 @@ def meta_model(tmp_path: Path, send: Send, run: str = RUN, **kw: Any) -> MetaMod
 
 def test_call_passes_the_time_left_and_the_requested_outputs() -> None:
     clock, send = Clock(), Send()
-    call = MetaCall("m", ["affine"], send, Deadline(clock.now + 0.25, clock))
+    call = MetaCall("m", ["affine"], send, Deadline(clock.now + 0.25, clock), clock=clock)
     out = call("affine", {"x": X}, ["y"])
     np.testing.assert_array_equal(out["y"], X[:, :3] * 2)
     assert send.calls == [("affine", ["y"], 250_000)]
@@ -94,7 +94,7 @@ def test_undeclared_call_sends_nothing() -> None:
 
 def test_call_after_the_deadline_sends_nothing() -> None:
     clock, send = Clock(), Send()
-    call = MetaCall("m", ["affine"], send, Deadline(clock.now + 0.1, clock))
+    call = MetaCall("m", ["affine"], send, Deadline(clock.now + 0.1, clock), clock=clock)
     clock.now += 0.2
     with pytest.raises(DeadlineExceededError, match="deadline exceeded before calling model"):
         call("affine", {"x": X})
@@ -160,10 +160,11 @@ def test_a_batch_larger_than_the_callee_takes_is_sent_in_chunks(tmp_path: Path) 
         send,
         Deadline(clock.now + 1, clock),
         describe=repository_describer(repo),
+        clock=clock,
     )
     x = np.arange(20, dtype=np.float32).reshape(5, 4)
     out = call("affine", {"x": x})
-    assert sizes == [2, 2, 1]
+    assert sizes == [2, 2, 1] and call.calls_made == 3
     np.testing.assert_array_equal(out["y"], x[:, :3] * 2)  # in order
     assert out["n"].tolist() == [b"2", b"2", b"2", b"2", b"1"]  # bytes outputs too
 
