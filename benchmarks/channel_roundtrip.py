@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _runtime(address: str, bundle: str, ready: Any, stop: Any, stats: Any) -> None:
     from hloserve.bundle.bundle import load_bundle
     from hloserve.triton_backend.runtime.core import RuntimeModel
-    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
     from hloserve.triton_backend.runtime.server import RuntimeServer
 
     core = RuntimeModel()

@@ -119,7 +119,7 @@ def run(models: int, scratch: Path) -> dict[str, Any]:
     from hloserve.triton_backend.front.core import FrontModel
     from hloserve.triton_backend.front.front_channel import ChannelFront, Request
     from hloserve.triton_backend.runtime.core import RuntimeModel
-    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
     from hloserve.triton_backend.runtime.server import RuntimeServer
 
     device = jax.devices()[0]

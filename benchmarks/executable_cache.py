@@ -80,8 +80,8 @@ def per_executable(bundles: dict[str, Path], cache_dir: Path, repeats: int) -> l
     from hloserve.bundle.bundle import load_bundle
     from hloserve.bundle.manifest import UNBATCHED
     from hloserve.triton_backend.runtime.compile import compile_artifact, enable_x64
+    from hloserve.triton_backend.runtime.core import variant_label
     from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
-    from hloserve.triton_backend.runtime.loaded_bundle import variant_label
 
     enable_x64()  # as the runtime does (part of the key)
     cache = ExecutableCache(cache_dir)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from hloserve.triton_backend.runtime.scheduler import Scheduler, Work
-from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.scheduler import Scheduler, SchedulerConfig, Work
 
 
 def per_request_us(discipline: str, models: int, requests: int) -> tuple[float, float]:

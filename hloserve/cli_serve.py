@@ -74,10 +74,12 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--open-repository-api",
         action="store_true",
-        help="explicit mode without the key: Triton's repository API (index, load, unload) "
-        "open to every client reaching the ports, as on a plain tritonserver, so Triton's "
-        "model-control clients work unchanged. A load may carry model files and a Python "
-        "model is code: whoever reaches the ports can run code as the server (docs/serving.md)",
+        help="Triton's repository API (index, load, unload) without a key or token on "
+        "--grpc-port/--http-port, as on a plain tritonserver, so Triton's model-control "
+        "clients work unchanged. The gateway serves those ports, even with one worker (one "
+        "HAProxy hop more), and refuses loads that would stop a worker; the workers keep the "
+        "key. A load may carry model files and a Python model is code: whoever reaches the "
+        "ports can run code as the server (docs/serving.md)",
     )
     serve.add_argument(
         "--load-model",
@@ -106,9 +108,9 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="tritonservers to run, each on its own GPU: the first N visible GPUs (default: one "
-        "per visible GPU, one CPU worker without GPUs); above 1 the gateway listens on "
-        "--grpc-port/--http-port (admin HTTP on --metrics-port) and routes over them "
-        "(docs/deployment.md)",
+        "per visible GPU, one CPU worker without GPUs); above 1 (or with "
+        "--open-repository-api) the gateway listens on --grpc-port/--http-port (admin HTTP "
+        "on --metrics-port) and routes over them (docs/deployment.md)",
     )
     serve.add_argument(
         "--gpus",
@@ -128,10 +130,10 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
         "--gateway-config",
         type=Path,
         metavar="FILE",
-        help="with --workers: gateway settings (mode, scheduling, ...); serve sets its "
-        "workers, listen and admin ports",
+        help="with --workers or --open-repository-api: gateway settings (mode, scheduling, "
+        "...); serve sets its workers, listen and admin ports",
     )
-    add_tls_flags(serve, "with --workers: ")
+    add_tls_flags(serve, "with --workers or --open-repository-api: ")
     serve.add_argument(
         "--watch",
         action="store_true",

@@ -37,12 +37,9 @@ def new_key() -> str:
 
 
 def check_key(key: str) -> str:
-    """``key`` if tritonserver can carry it in its restricted-API flags.
-
-    Raises:
-        InvalidArgumentError: not 16 to 256 characters of ``A-Z a-z 0-9 _ . ~ -`` starting
-            with a letter.
-    """
+    """``key`` if tritonserver can carry it in its restricted-API flags; raises
+    InvalidArgumentError: not 16 to 256 characters of ``A-Z a-z 0-9 _ . ~ -`` starting with a
+    letter."""
     if not _KEY_PATTERN.fullmatch(key):
         raise InvalidArgumentError(
             f"the model-control key ({ENV_KEY}) must be 16 to 256 characters of letters, "
@@ -56,12 +53,9 @@ _process_key_lock = threading.Lock()
 
 
 def launcher_key(environ: Mapping[str, str] | None = None) -> str:
-    """The key this process's launchers use: :data:`ENV_KEY` when set, else one
-    :func:`new_key` kept for the life of the process (every server it starts shares it).
-
-    Raises:
-        InvalidArgumentError: :data:`ENV_KEY` is set to an unusable key (:func:`check_key`).
-    """
+    """The key this process's launchers use: :data:`ENV_KEY` when set, else one :func:`new_key` kept
+    for the life of the process (every server it starts shares it); raises InvalidArgumentError:
+    :data:`ENV_KEY` is set to an unusable key (:func:`check_key`)."""
     global _process_key
     key = local_key(environ)
     if key is not None:

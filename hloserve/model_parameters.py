@@ -127,20 +127,18 @@ def _repository_format(*, required: bool) -> Parameter:
 
 
 def _format_parse(text: str) -> int:
-    value = _integer(0)(text)
-    if not names.MIN_REPOSITORY_FORMAT <= value <= names.MAX_REPOSITORY_FORMAT:
+    if not names.MIN_REPOSITORY_FORMAT <= _integer(0)(text) <= names.MAX_REPOSITORY_FORMAT:
         raise ValueError("")
-    return value
+    return int(text)
 
 
-def _bundle() -> Parameter:
-    return Parameter(
-        names.PARAM_BUNDLE,
-        "the bundle directory relative to the model directory",
-        str,
-        required=True,
-        always=True,
-    )
+_BUNDLE = Parameter(
+    names.PARAM_BUNDLE,
+    "the bundle directory relative to the model directory",
+    str,
+    required=True,
+    always=True,
+)
 
 
 P = TypeVar("P", bound="ModelParameters")
@@ -156,12 +154,9 @@ class ModelParameters:
 
     @classmethod
     def from_parameters(cls: type[P], model: str, params: Mapping[str, str]) -> P:
-        """Every parameter of this kind read from ``params`` (other keys are ignored).
-
-        Raises:
-            InvalidArgumentError: a legacy key, a required one absent, a malformed value or an
-                inconsistent pair.
-        """
+        """Every parameter of this kind read from ``params`` (other keys are ignored); raises
+        InvalidArgumentError: a legacy key, a required one absent, a malformed value or an
+        inconsistent pair."""
         for key, message in cls.LEGACY.items():
             if key in params:
                 raise InvalidArgumentError(f"model {model!r}: {message}")
@@ -206,11 +201,6 @@ def _defaults(cls: type) -> dict[str, Any]:
     return out
 
 
-def _frozen_mapping(obj: Any, *attrs: str) -> None:
-    for attr in attrs:
-        object.__setattr__(obj, attr, MappingProxyType(dict(getattr(obj, attr))))
-
-
 @dataclass(frozen=True)
 class FrontParameters(ModelParameters):
     """A front model's parameters (backend ``hloserve_front``); each field is the parameter
@@ -224,7 +214,7 @@ class FrontParameters(ModelParameters):
     runtime_wait_s: float = names.DEFAULT_RUNTIME_WAIT_S
 
     SCHEMA: ClassVar[tuple[Parameter, ...]] = (
-        _bundle(),
+        _BUNDLE,
         Parameter(names.PARAM_RUNTIME_MODEL, "a model name", str, always=True),
         _repository_format(required=False),
         Parameter(names.PARAM_MAX_REQUEST_BYTES, "a positive integer", _integer(1), always=True),
@@ -249,7 +239,7 @@ class MetaParameters(ModelParameters):
     repository_format: int = names.REPOSITORY_FORMAT
 
     SCHEMA: ClassVar[tuple[Parameter, ...]] = (
-        _bundle(),
+        _BUNDLE,
         Parameter(
             names.PARAM_META_CALLS,
             "comma-separated model names",
@@ -283,17 +273,9 @@ class RuntimeParameters(ModelParameters):
     SCHEMA: ClassVar[tuple[Parameter, ...]] = (
         _repository_format(required=True),
         Parameter(names.PARAM_WEIGHT_CACHE_BYTES, "a non-negative integer", _integer(0)),
-        Parameter(
-            names.PARAM_WEIGHT_CACHE_FRACTION,
-            "a number in (0, 1]",
-            _number(0.0, 1.0, low_open=True),
-            write=repr,
-        ),
-        Parameter(
-            names.PARAM_DEVICE_MEMORY_FRACTION,
-            "a number in (0, 1]",
-            _number(0.0, 1.0, low_open=True),
-            write=repr,
+        *(
+            Parameter(key, "a number in (0, 1]", _number(0.0, 1.0, low_open=True), write=repr)
+            for key in (names.PARAM_WEIGHT_CACHE_FRACTION, names.PARAM_DEVICE_MEMORY_FRACTION)
         ),
         Parameter(
             names.PARAM_RESIDENCY,
@@ -335,7 +317,8 @@ class RuntimeParameters(ModelParameters):
     )
 
     def __post_init__(self) -> None:
-        _frozen_mapping(self, "residency", "model_weights", "foreign_bytes")
+        for attr in ("residency", "model_weights", "foreign_bytes"):
+            object.__setattr__(self, attr, MappingProxyType(dict(getattr(self, attr))))
 
     def check(self, model: str) -> None:
         """Refuse a budget given both in bytes and as a fraction (InvalidArgumentError)."""
@@ -358,12 +341,9 @@ def string_values(parameters: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """What Triton hands a Python model's ``initialize(args)``.
-
-    Attributes:
-        model_dir: ``<repo>/<name>`` (Triton's ``model_repository`` key, checked on 2.51).
-        config: ``config.pbtxt`` after auto-completion, as JSON.
-    """
+    """What Triton hands a Python model's ``initialize(args)``: ``model_dir`` is ``<repo>/<name>``
+    (Triton's ``model_repository`` key, checked on 2.51), ``config`` the auto-completed
+    ``config.pbtxt`` as JSON."""
 
     name: str
     model_dir: Path

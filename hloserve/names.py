@@ -180,17 +180,3 @@ def _parse_map(
             raise ValueError(f"{subject.format(model)} given twice")
         out[model] = parsed
     return out
-
-
-def split_runtime_tensor_name(name: str, bundles: frozenset[str] | set[str]) -> tuple[str, str]:
-    """Inverse of :func:`runtime_tensor_name` given the known ``bundles`` (names may hold
-    ``"__"``; the longest matching bundle wins). KeyError when none prefixes ``name``."""
-    best: str | None = None
-    for bundle in bundles:
-        prefix = bundle + NAMESPACE_SEPARATOR
-        longer = best is None or len(bundle) > len(best)
-        if name.startswith(prefix) and len(name) > len(prefix) and longer:
-            best = bundle
-    if best is None:
-        raise KeyError(name)
-    return best, name[len(best) + len(NAMESPACE_SEPARATOR) :]

@@ -105,12 +105,9 @@ def cache_status(text: str) -> CacheStatus:
 
 
 def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
-    """The text of a metrics endpoint; ``url`` is ``host:port`` or a full ``http://`` URL.
-
-    Raises:
-        UnavailableError: the endpoint cannot be reached.
-        InvalidArgumentError: something answers there, but not like a metrics endpoint.
-    """
+    """The text of a metrics endpoint; ``url`` is ``host:port`` or a full ``http://`` URL; raises
+    UnavailableError: the endpoint cannot be reached; InvalidArgumentError: something answers there,
+    but not like a metrics endpoint."""
     if "://" not in url:
         url = f"http://{url}"
     if not url.rstrip("/").endswith("/metrics"):

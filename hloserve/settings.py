@@ -99,36 +99,25 @@ def load_settings(
     no_env_keys: Collection[str] = (),
     prepare_file: Callable[[dict[str, Any], Path], None] | None = None,
 ) -> Settings:
-    """Read ``model`` from a YAML file (``path``; None = environment alone) and ``prefix``
-    variables (:func:`env_overrides`). ``what`` names it in messages; ``prepare_file`` adjusts
-    the file's data in place first.
-
-    Raises:
-        error: unreadable file, not a mapping, unknown key or variable, or a value out of range,
-            naming every offending key path (and the variable that set it).
-    """
+    """Read ``model`` from a YAML file (``path``; None = environment alone) and ``prefix`` variables
+    (:func:`env_overrides`). ``what`` names it in messages; ``prepare_file`` adjusts the file's data
+    in place first; raises ``error``: unreadable file, not a mapping, unknown key or variable, or a
+    value out of range, naming every offending key path (and the variable that set it)."""
     data: dict[str, Any] = {}
     source = "environment"
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            data = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise error(f"{what} {path}: cannot read it: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
+        data = {} if data is None else data
+        if not isinstance(data, dict):
             raise error(f"{what} {path}: expected a mapping at the top")
-        data = loaded
         if prepare_file is not None:
             prepare_file(data, Path(path))
     overrides, problems, variables = env_overrides(
-        environ,
-        prefix,
-        model,
-        list_keys=list_keys,
-        raw_keys=raw_keys,
-        no_env_keys=no_env_keys,
+        environ, prefix, model, list_keys=list_keys, raw_keys=raw_keys, no_env_keys=no_env_keys
     )
     if problems:
         raise error(f"{what} environment: " + "; ".join(problems))
@@ -148,10 +137,13 @@ def _problems(exc: ValidationError, variables: Mapping[tuple[str, ...], str]) ->
         )
         if variable is not None:
             where = f"{variable} (environment, {where})"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required key is missing"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        found.append(f"{where}: {msg}")
+        found.append(f"{where}: {error_message(err)}")
     return found
+
+
+_MESSAGES = {"missing": "required key is missing", "extra_forbidden": "unknown key"}
+
+
+def error_message(err: Mapping[str, Any]) -> str:
+    """A pydantic error's text: ``required key is missing``, ``unknown key``, or its message."""
+    return _MESSAGES.get(err["type"], str(err["msg"]).removeprefix("Value error, "))

@@ -29,11 +29,8 @@ class Bundle:
         return self.model_name or self.path.name
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
-        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant`` index.
-
-        Raises:
-            NotFoundError: no executable for that size (and variant).
-        """
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant`` index; raises
+        NotFoundError: no executable for that size (and variant)."""
         try:
             return self.path / self.manifest.all_executables[(variant, batch_size)]
         except KeyError:
@@ -44,17 +41,11 @@ class Bundle:
             ) from None
 
     def read_artifact(self, batch_size: int, variant: int = 0) -> bytes:
-        """The portable artifact for ``batch_size``, with static shapes (text converted, a
-        symbolic batch specialized).
-
-        Raises:
-            NotFoundError: ``batch_size`` is not a compiled batch size (of that variant).
-            ArtifactError: the artifact cannot be read or specialized.
-        """
+        """The portable artifact for ``batch_size``, with static shapes (text converted, a symbolic
+        batch specialized); raises NotFoundError: ``batch_size`` is not a compiled batch size (of
+        that variant); ArtifactError: the artifact cannot be read or specialized."""
         data = to_portable_artifact(self.executable_path(batch_size, variant).read_bytes())
-        if self.manifest.is_symbolic:
-            return specialize_batch(data, batch_size)
-        return data
+        return specialize_batch(data, batch_size) if self.manifest.is_symbolic else data
 
     @property
     def weights_path(self) -> Path | None:
@@ -64,14 +55,9 @@ class Bundle:
 
     @cached_property
     def stored_weights(self) -> dict[str, WeightInfo]:
-        """Every tensor in the safetensors file, by name, from its header.
-
-        Raises:
-            InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-        """
-        if self.weights_path is None:
-            return {}
-        return stored_tensors(self.weights_path)
+        """Every tensor in the safetensors file, by name, from its header; raises
+        InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype."""
+        return {} if self.weights_path is None else stored_tensors(self.weights_path)
 
     @property
     def weight_nbytes(self) -> int:
@@ -79,24 +65,18 @@ class Bundle:
         return sum(self.stored_weights[n].nbytes for n in self.manifest.weights.order)
 
     def load_weights(self) -> list[np.ndarray]:
-        """The weights as host NumPy arrays, in ``weights.order``.
-
-        Raises:
-            NotFoundError: a weight named in ``weights.order`` is not in the file.
-        """
+        """The weights as host NumPy arrays, in ``weights.order``; raises NotFoundError: a weight
+        named in ``weights.order`` is not in the file."""
         if self.weights_path is None:
             return []
         return load_tensors(self.weights_path, self.manifest.weights.order)
 
 
 def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
-    """Read a bundle directory's manifest and check its format rules (``name``: see Bundle).
-
-    Raises:
-        NotFoundError: the directory or its manifest.yaml does not exist.
-        InvalidArgumentError: the model name is not a valid model name.
-        ManifestError: the manifest breaks a rule (one line per problem).
-    """
+    """Read a bundle directory's manifest and check its format rules (``name``: see Bundle); raises
+    NotFoundError: the directory or its manifest.yaml does not exist; InvalidArgumentError: the
+    model name is not a valid model name; ManifestError: the manifest breaks a rule (one line per
+    problem)."""
     path = Path(path)
     if not (path / MANIFEST_FILE).is_file():
         raise NotFoundError(f"{path}: not a bundle (no {MANIFEST_FILE})")

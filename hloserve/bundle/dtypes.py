@@ -32,11 +32,6 @@ class DType:
         """Bytes per element (0 for bytes: variable length)."""
         return 0 if self.token == "bytes" else self.numpy.itemsize
 
-    @property
-    def executable(self) -> bool:
-        """Whether a StableHLO executable can take or return this dtype (all but bytes)."""
-        return self.stablehlo is not None
-
 
 #: One row per dtype: token, NumPy, KServe V2, Triton, StableHLO, safetensors ("-": none).
 _TABLE = """\
@@ -75,8 +70,8 @@ def _index(column: str) -> dict[Any, DType]:
     return {getattr(row, column): row for row in _ROWS if getattr(row, column) is not None}
 
 
-_BY_TOKEN, _BY_KSERVE, _BY_TRITON, _BY_STABLEHLO, _BY_SAFETENSORS = map(
-    _index, ("token", "kserve", "triton", "stablehlo", "safetensors")
+_BY_TOKEN, _BY_TRITON, _BY_STABLEHLO, _BY_SAFETENSORS = map(
+    _index, ("token", "triton", "stablehlo", "safetensors")
 )
 _BY_NUMPY = {row.numpy: row for row in _ROWS if row.token != "bytes"}
 
@@ -92,11 +87,6 @@ def _lookup(table: dict[str, DType], key: str, what: str) -> DType:
 def from_token(token: str) -> DType:
     """Row for a manifest token. Raises InvalidArgumentError naming the known tokens."""
     return _lookup(_BY_TOKEN, token, "dtype token")
-
-
-def from_kserve(datatype: str) -> DType:
-    """Row for a KServe V2 datatype string such as ``"FP32"``."""
-    return _lookup(_BY_KSERVE, datatype, "KServe datatype")
 
 
 def from_triton(data_type: str) -> DType:

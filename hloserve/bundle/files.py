@@ -15,11 +15,8 @@ MODEL_PY = "model.py"
 
 
 def import_model_py(path: Path, module_name: str) -> ModuleType:
-    """Import a bundle's ``model.py`` as ``module_name`` (in ``sys.modules`` unless it fails).
-
-    Raises:
-        ModelPyImportError: the file cannot be loaded or running it raised.
-    """
+    """Import a bundle's ``model.py`` as ``module_name`` (in ``sys.modules`` unless it fails);
+    raises ModelPyImportError: the file cannot be loaded or running it raised."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ModelPyImportError(f"cannot import {path}")

@@ -7,6 +7,7 @@ the optional ``state`` key is read as empty when absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,31 +81,18 @@ class FrontSpec:
 
     def to_json(self) -> str:
         """The file's text (sorted keys, one line per top-level key)."""
-        data: dict[str, Any] = {
-            "format": FRONT_SPEC_FORMAT,
-            "inputs": _tensors_data(self.inputs),
-            "outputs": _tensors_data(self.outputs),
-            "client_inputs": _tensors_data(self.client_inputs),
-            "client_outputs": _tensors_data(self.client_outputs),
-            "compiled_batch_sizes": list(self.compiled_batch_sizes),
-            "symbolic": self.symbolic,
-            "variant_dims": [dict(d) for d in self.variant_dims],
-            "executables": [[v, b, f] for (v, b), f in sorted(self.all_executables.items())],
-            "weights_file": self.weights_file,
-            "weights_order": list(self.weights_order),
-        }
-        if self.state:
-            data["state"] = [list(p) for p in self.state]
+        data = {**dataclasses.asdict(self), "format": FRONT_SPEC_FORMAT}
+        executables = sorted(data.pop("all_executables").items())
+        data["executables"] = [[v, b, f] for (v, b), f in executables]
+        if not self.state:
+            del data["state"]
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(data.items())]
         return "{\n" + ",\n".join(lines) + "\n}\n"
 
     @classmethod
     def from_json(cls, text: str, *, path: str = "front_spec.json") -> FrontSpec:
-        """Parse :meth:`to_json`'s text.
-
-        Raises:
-            InvalidArgumentError: malformed or another format (naming the file; rebuild).
-        """
+        """Parse :meth:`to_json`'s text; raises InvalidArgumentError: malformed or another format
+        (naming the file; rebuild)."""
         rebuild = "(rebuild the repository with `hloserve repo build`)"
         try:
             data = json.loads(text)
@@ -136,12 +124,6 @@ class FrontSpec:
             raise InvalidArgumentError(
                 f"{path}: malformed front spec ({type(exc).__name__}: {exc}) {rebuild}"
             ) from None
-
-
-def _tensors_data(ts: tuple[SpecTensor, ...] | None) -> list[dict[str, Any]] | None:
-    if ts is None:
-        return None
-    return [{"name": t.name, "dtype": t.dtype, "shape": t.shape, "dims": dict(t.dims)} for t in ts]
 
 
 def _tensors(items: list[dict[str, Any]]) -> tuple[SpecTensor, ...]:
@@ -200,11 +182,8 @@ class FrontBundle:
         return cls(bundle.path, front_spec(bundle.manifest))
 
     def executable_path(self, batch_size: int, variant: int = 0) -> Path:
-        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant``.
-
-        Raises:
-            KeyError: no such executable.
-        """
+        """Path of the executable for ``batch_size`` (0 unbatched) and ``variant``; raises KeyError:
+        no such executable."""
         return self.path / self.spec.all_executables[(variant, batch_size)]
 
     @property
@@ -224,11 +203,8 @@ def read_front_spec(path: Path) -> FrontSpec:
 
 def check_bundle_files(name: str, bundle: Bundle | FrontBundle) -> None:
     """Check without JAX that every executable is a portable artifact (its header) and the
-    safetensors header holds every weight ``main`` takes.
-
-    Raises:
-        InvalidArgumentError: naming the model and the damaged file.
-    """
+    safetensors header holds every weight ``main`` takes; raises InvalidArgumentError: naming the
+    model and the damaged file."""
     from hloserve.bundle.safetensors_file import stored_tensors
     from hloserve.bundle.stablehlo import is_portable_artifact
 

@@ -49,10 +49,7 @@ def render_bundle(bundle: Bundle) -> Group:
             )
             tensors.add_row(*(Text(c) for c in cells))  # Text: "[n, 8]" is not rich markup
     exes = Table(title="executables", title_justify="left")
-    columns = (
-        ("variant", "batch size", "file", "size") if m.variants else ("batch size", "file", "size")
-    )
-    for col in columns:
+    for col in (["variant"] if m.variants else []) + ["batch size", "file", "size"]:
         exes.add_column(col)
     files = m.all_executables
     if m.is_symbolic:  # one row per artifact, not per size it is specialized to

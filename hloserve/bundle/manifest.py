@@ -31,6 +31,7 @@ from hloserve.bundle.manifest_sections import (
 )
 from hloserve.bundle.notation import wire_tensors
 from hloserve.errors import ManifestError
+from hloserve.settings import error_message
 
 #: Oldest manifest ``format_version`` this release reads.
 MIN_FORMAT_VERSION = 1
@@ -77,11 +78,8 @@ class Manifest(BaseModel):
     @model_validator(mode="after")
     def _rules(self) -> Manifest:
         problems = self._version_rules()
-        for section, client_specs in (
-            ("client_inputs", self.client_inputs),
-            ("client_outputs", self.client_outputs),
-        ):
-            if dup := repeated([s.name for s in client_specs or []]):
+        for section in ("client_inputs", "client_outputs"):
+            if dup := repeated([s.name for s in getattr(self, section) or []]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         problems += self._wire_rules()
         if self.kind == "meta":
@@ -152,8 +150,8 @@ class Manifest(BaseModel):
         for key in required:
             if key not in self.model_fields_set:
                 problems.append(f"{key}: required key is missing")
-        for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
-            if dup := repeated([s.name for s in specs]):
+        for section in ("inputs", "outputs"):
+            if dup := repeated([s.name for s in getattr(self, section)]):
                 problems.append(f"{section} repeat a tensor name: {dup}")
         if not self.outputs and "outputs" in self.model_fields_set:
             problems.append("outputs is empty; a model returns at least one tensor")
@@ -228,18 +226,15 @@ class Manifest(BaseModel):
 
     def _symbolic_rules(self, has_unbatched: bool) -> list[str]:
         assert self.batching.symbolic is not None
-        problems = []
+        problems = [
+            f"batching.compiled_batch_sizes: {size} breaks the symbolic batch constraint {broken}"
+            for size in self.batching.compiled_batch_sizes
+            if (broken := self.batching.symbolic.violation(size))
+        ]
         if has_unbatched:
-            problems.append(
-                "batching.symbolic needs a batch axis ('n' or 'b') on every input and output"
+            problems.insert(
+                0, "batching.symbolic needs a batch axis ('n' or 'b') on every input and output"
             )
-        for size in self.batching.compiled_batch_sizes:
-            broken = self.batching.symbolic.violation(size)
-            if broken:
-                problems.append(
-                    f"batching.compiled_batch_sizes: {size} breaks the symbolic batch "
-                    f"constraint {broken}"
-                )
         return problems
 
     def _variant_rules(self, expected: set[int]) -> list[str]:
@@ -275,9 +270,7 @@ class Manifest(BaseModel):
     @property
     def variant_dims(self) -> list[dict[str, int]]:
         """Each variant's sizes of the variable axes; ``[{}]`` for a model without variants."""
-        if self.variants is None:
-            return [{}]
-        return [dict(v.dims) for v in self.variants.shapes]
+        return [dict(v.dims) for v in self.variants.shapes] if self.variants else [{}]
 
     @property
     def all_executables(self) -> dict[tuple[int, int], str]:
@@ -296,11 +289,9 @@ class Manifest(BaseModel):
     @property
     def _tables(self) -> list[dict[int, str]]:
         """Each variant's ``executables`` (the top-level one without variants)."""
-        return (
-            [self.executables]
-            if self.variants is None
-            else [v.executables for v in self.variants.shapes]
-        )
+        if self.variants is None:
+            return [self.executables]
+        return [v.executables for v in self.variants.shapes]
 
     @property
     def symbolic_executables(self) -> dict[int, str]:
@@ -416,11 +407,8 @@ def _where(data: Any, loc: tuple[int | str, ...]) -> str:
 
 
 def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
-    """Check and type a manifest loaded from YAML (``path``: the file name in error text).
-
-    Raises:
-        ManifestError: one line per problem; an unsupported ``format_version`` alone.
-    """
+    """Check and type a manifest loaded from YAML (``path``: the file name in error text); raises
+    ManifestError: one line per problem; an unsupported ``format_version`` alone."""
     if not isinstance(data, Mapping):
         raise ManifestError(
             path, [f"expected a mapping at the top level, got {type(data).__name__}"]
@@ -441,24 +429,13 @@ def parse_manifest(data: Any, *, path: str = MANIFEST_FILE) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            where = _where(data, tuple(err["loc"]))
-            if err["type"] == "missing":
-                msg = "required key is missing"
-            elif err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            problems.append(f"{where}: {msg}")
+        problems = [f"{_where(data, tuple(e['loc']))}: {error_message(e)}" for e in exc.errors()]
         raise ManifestError(path, problems) from None
 
 
 def load_manifest(path: Path) -> Manifest:
-    """Read and check ``manifest.yaml``.
-
-    Raises:
-        ManifestError: unreadable, not valid YAML, or breaks a rule (:func:`parse_manifest`).
-    """
+    """Read and check ``manifest.yaml``; raises ManifestError: unreadable, not valid YAML, or breaks
+    a rule (:func:`parse_manifest`)."""
     try:
         text = path.read_text()
     except OSError as exc:

@@ -30,15 +30,13 @@ class WeightInfo:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the stored tensor."""
         return int(np.prod(self.shape, dtype=np.int64)) * dtypes.from_token(self.dtype).itemsize
 
 
 def stored_tensors(path: Path) -> dict[str, WeightInfo]:
-    """Every tensor in the file, by name, from its header only.
-
-    Raises:
-        InvalidArgumentError: the file is missing, unreadable, or holds an unknown dtype.
-    """
+    """Every tensor in the file, by name, from its header only; raises InvalidArgumentError: the
+    file is missing, unreadable, or holds an unknown dtype."""
     with _open(path) as f:
         infos = {}
         for key in f.keys():  # noqa: SIM118  (safe_open is not a Mapping)
@@ -67,24 +65,17 @@ def _check_present(path: Path, names: Sequence[str], stored: Sequence[str]) -> N
 
 
 def load_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
-    """The tensors ``order`` as host NumPy arrays of their own (copies of the file's bytes).
-
-    Raises:
-        NotFoundError: a name is not in the file.
-        InvalidArgumentError: the file cannot be read (:func:`stored_tensors`).
-    """
+    """The tensors ``order`` as host NumPy arrays of their own (copies of the file's bytes); raises
+    NotFoundError: a name is not in the file; InvalidArgumentError: the file cannot be read
+    (:func:`stored_tensors`)."""
     with _open(path) as f:
         _check_present(path, order, list(f.keys()))
         return [f.get_tensor(name) for name in order]
 
 
 def mmap_tensors(path: Path, order: Sequence[str]) -> list[np.ndarray]:
-    """The tensors ``order`` as read-only memory-mapped arrays (no copy until used).
-
-    Raises:
-        NotFoundError: a name is not in the file.
-        InvalidArgumentError: a malformed header.
-    """
+    """The tensors ``order`` as read-only memory-mapped arrays (no copy until used); raises
+    NotFoundError: a name is not in the file; InvalidArgumentError: a malformed header."""
     with open(path, "rb") as f:
         try:
             (size,) = struct.unpack("<Q", f.read(8))

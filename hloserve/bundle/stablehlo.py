@@ -93,11 +93,8 @@ def to_portable_artifact(module: bytes | str, target_version: str | None = None)
 
 
 def module_text(data: bytes) -> str:
-    """StableHLO MLIR text of a portable artifact (or of MLIR text bytes, decoded).
-
-    Raises:
-        ArtifactError: neither a portable artifact nor UTF-8 text.
-    """
+    """StableHLO MLIR text of a portable artifact (or of MLIR text bytes, decoded); raises
+    ArtifactError: neither a portable artifact nor UTF-8 text."""
     from jax._src.interpreters import mlir as jax_mlir
 
     with jax_mlir.make_ir_context():  # newer bindings take the context from the `with`
@@ -138,12 +135,9 @@ def _module_text(data: bytes) -> str:
 
 
 def read_signature(data: bytes, function: str = "main") -> Signature:
-    """The argument and result types of ``function`` in a portable artifact or MLIR text.
-
-    Raises:
-        ArtifactError: the module does not parse, has no such function, or has a non-tensor
-            argument or result (a token, a tuple).
-    """
+    """The argument and result types of ``function`` in a portable artifact or MLIR text; raises
+    ArtifactError: the module does not parse, has no such function, or has a non-tensor argument or
+    result (a token, a tuple)."""
     _, ir, _ = _mlir()
     from jax._src.interpreters import mlir as jax_mlir  # the context with every dialect loaded
 
@@ -151,14 +145,11 @@ def read_signature(data: bytes, function: str = "main") -> Signature:
         module = _parse(ir, ctx, _module_text(data))  # keep alive: op refers into it
         op = _function(ir, module, function)
         fn_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-        return Signature(
-            inputs=tuple(
-                _tensor_type(ir, t, f"argument {i}") for i, t in enumerate(fn_type.inputs)
-            ),
-            outputs=tuple(
-                _tensor_type(ir, t, f"result {i}") for i, t in enumerate(fn_type.results)
-            ),
+        inputs, outputs = (
+            tuple(_tensor_type(ir, t, f"{what} {i}") for i, t in enumerate(types))
+            for what, types in (("argument", fn_type.inputs), ("result", fn_type.results))
         )
+        return Signature(inputs, outputs)
 
 
 def _tensor_type(ir: Any, mlir_type: Any, what: str) -> TensorType:
@@ -246,11 +237,8 @@ def specialize_batch(data: bytes, batch_size: int, target_version: str | None = 
 
 
 def strip_locations(module: str) -> str:
-    """MLIR text of ``module`` without debug locations (MLIR's ``strip-debuginfo`` pass).
-
-    Raises:
-        ArtifactError: the module does not parse.
-    """
+    """MLIR text of ``module`` without debug locations (MLIR's ``strip-debuginfo`` pass); raises
+    ArtifactError: the module does not parse."""
     from jax._src.interpreters import mlir as jax_mlir
     from jax.extend.mlir import passmanager
 

@@ -53,10 +53,9 @@ def validate_bundle(
 ) -> list[Problem]:
     """Every problem found in the bundle at ``path``; no errors means the bundle is valid.
 
-    Args:
-        models: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
-            meta's ``meta.calls`` against; None skips that check.
-        name: the model's name when it is not the directory's (a repository's bundle copy).
+    ``models``: the bundles built with it, name -> kind (``"model"``/``"meta"``), to check a
+    meta's ``meta.calls`` against (None skips that check); ``name``: the model's name when it is
+    not the directory's (a repository's bundle copy).
     """
     path = Path(path)
     try:
@@ -80,11 +79,8 @@ def validate_bundle(
 def check_bundle(
     path: Path | str, *, models: Mapping[str, str] | None = None, name: str | None = None
 ) -> Bundle:
-    """Load a bundle and validate it fully (``models``, ``name``: see :func:`validate_bundle`).
-
-    Raises:
-        BundleError: listing every error (status INVALID_ARGUMENT), naming the model.
-    """
+    """Load a bundle and validate it fully (``models``, ``name``: see :func:`validate_bundle`);
+    raises BundleError: listing every error (status INVALID_ARGUMENT), naming the model."""
     path = Path(path)
     errors = [p for p in validate_bundle(path, models=models, name=name) if not p.warning]
     if errors:

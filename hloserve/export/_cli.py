@@ -80,11 +80,8 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def load_factory(target: str) -> Callable[[], Any]:
-    """``PACKAGE.MODULE:FACTORY`` -> the factory (the current directory is importable).
-
-    Raises:
-        ExportError: malformed target, module not importable, or no such callable.
-    """
+    """``PACKAGE.MODULE:FACTORY`` -> the factory (the current directory is importable); raises
+    ExportError: malformed target, module not importable, or no such callable."""
     module_name, colon, attr = target.partition(":")
     if not colon or not module_name or not attr:
         raise ExportError(f"{target!r} must be PACKAGE.MODULE:FACTORY, e.g. mypkg.models:build")

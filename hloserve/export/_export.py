@@ -60,11 +60,8 @@ class OutputSpec:
 
 def weight_names(params: Any) -> list[str]:
     """Names of a params pytree's leaves in flattening order: ``{"conv1": {"kernel": w}}`` ->
-    ``"conv1.kernel"``; a bare array is ``"params"``.
-
-    Raises:
-        ExportError: two leaves get one name.
-    """
+    ``"conv1.kernel"``; a bare array is ``"params"``; raises ExportError: two leaves get one
+    name."""
     import jax
 
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)
@@ -80,13 +77,13 @@ def _x64(enabled: bool) -> Iterator[None]:
     """JAX's 64-bit mode while exporting (restored afterwards)."""
     import jax
 
-    previous = bool(jax.config.read("jax_enable_x64"))
-    if enabled and not previous:
+    switch = enabled and not jax.config.read("jax_enable_x64")
+    if switch:
         jax.config.update("jax_enable_x64", True)
     try:
         yield
     finally:
-        if enabled and not previous:
+        if switch:
             jax.config.update("jax_enable_x64", False)
 
 
@@ -111,31 +108,22 @@ def export_bundle(
     state: Sequence[StateSpec] = (),
     sequence: Sequencing | None = None,
 ) -> Bundle:
-    """Export ``fn(params, *inputs)`` as a bundle: one portable artifact per batch size.
-
-    docs/bundles.md, "Exporting from JAX", shows each argument in use.
+    """Export ``fn(params, *inputs)`` as a validated bundle: one portable artifact per batch
+    size (docs/bundles.md, "Exporting from JAX", shows each argument in use).
 
     Args:
         fn: JAX-traceable; returns one array, a tuple/list in ``outputs`` order, or a dict
             by output name.
         params: a pytree of arrays; its leaves become the weights (:func:`weight_names`),
             the leading arguments of ``main``.
-        inputs: the inputs ``fn`` takes after ``params``, in order.
-        outputs: output names and shape letters, in ``fn``'s return order.
         batch_sizes: e.g. ``[1, 8, 32]``; empty when unbatched; ``"symbolic"``: one artifact
             per variant for sizes ``batch_min`` to ``batch_max`` (None: unbounded).
         out_dir: the bundle directory; its name is the model name.
         debug_locations: keep MLIR ``loc`` (default: except with ``"symbolic"``).
-        stablehlo_target: default :func:`~hloserve.bundle.stablehlo.default_target_version`.
         variants: sizes of the variable input axes (``-1`` in ``dims``), e.g.
             ``[{"s": 32}, {"s": 128}]``; each is compiled at every batch size.
-        client_inputs, client_outputs: the wire tensors when ``model.py`` hooks make them.
         files: extra files copied in, by name in the bundle (e.g. ``{"model.py": path}``).
         progress: called with one line per executable written (seconds it took).
-        state, sequence: a stateful bundle's pairs and sequence batcher settings.
-
-    Returns:
-        The written bundle, validated.
 
     Raises:
         ExportError: out_dir exists (without ``overwrite``), an output's rank or batch axis
@@ -319,13 +307,9 @@ def _as_tuple(result: Any, outputs: Sequence[OutputSpec]) -> tuple[Any, ...]:
 
 
 def _output_specs(
-    outputs: Sequence[OutputSpec],
-    avals: Sequence[Any],
-    size: int | None,
-    variant: Mapping[str, int] | None = None,
+    outputs: Sequence[OutputSpec], avals: Sequence[Any], size: int | None, variant: dict[str, int]
 ) -> list[TensorSpec]:
     """Output specs from the traced shapes (size None: symbolic batch ``b``); variant axes -1."""
-    variant = variant or {}
     specs = []
     for out, aval in zip(outputs, avals, strict=True):
         shape = tuple(d if isinstance(d, int) else str(d) for d in aval.shape)
@@ -346,7 +330,7 @@ def _output_specs(
                 if dim != variant[letter]:
                     raise ExportError(
                         f"output {out.name!r}: axis {letter!r} has size {dim}, but the "
-                        f"variant {dict(variant)} makes it {variant[letter]}"
+                        f"variant {variant} makes it {variant[letter]}"
                     )
                 dims[letter] = VARIABLE
             elif isinstance(dim, str):

@@ -30,11 +30,8 @@ class RemovedOverload:
 
 
 def import_torchax() -> Any:
-    """The ``torchax`` module with its default environment built, on torch 2.13 too (once).
-
-    Raises:
-        ImportError: torchax or torch is not installed (``pip install 'hloserve[export-torch]'``).
-    """
+    """The ``torchax`` module with its default environment built, on torch 2.13 too (once); raises
+    ImportError: torchax or torch is not installed (``pip install 'hloserve[export-torch]'``)."""
     global _torchax
     with _lock:
         if _torchax is not None:

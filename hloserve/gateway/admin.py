@@ -1,8 +1,5 @@
-"""The gateway's admin HTTP port: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text).
-
-Metrics are prefixed ``hloserve_gateway_`` (docs/gateway.md, "Admin port"); the server is
-:class:`hloserve.observability.admin_http.AdminHttpServer` on a daemon thread, so scrapes
-never touch the gateway's event loop.
+"""The gateway's admin HTTP port: ``/healthz``, ``/readyz``, ``/metrics`` (docs/gateway.md,
+"Admin port"), on a daemon thread.
 """
 
 from __future__ import annotations
@@ -85,8 +82,7 @@ class GatewayMetrics:
 
 
 class AdminServer(AdminHttpServer):
-    """``/healthz`` (200), ``/readyz`` (200 when ``ready()``, cheap and thread-safe, else 503),
-    ``/metrics``, on a daemon thread (port 0: a free one, see :attr:`port`).
+    """``/healthz``, ``/readyz`` (200 when ``ready()``, else 503), ``/metrics``; port 0: a free one.
 
     Raises:
         OSError: the port is taken.

@@ -1,9 +1,7 @@
 """Merging per-worker ``ModelStatistics`` and ``RepositoryIndex`` answers into the fleet's.
 
-Statistics are summed per (name, version): counters and durations added, ``last_inference``
-the latest, ``batch_stats`` matched by ``batch_size``, maps by key, ``memory_usage``
-concatenated; gRPC messages and KServe HTTP JSON by the same rules. The index keeps a READY
-row over the other states.
+Statistics (gRPC or KServe HTTP JSON) are summed per (name, version): counters and durations
+added, ``last_inference`` the latest, ``batch_stats`` matched by ``batch_size``, maps by key.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ _LATEST = {"last_inference"}
 
 
 def _as_json(message: Message) -> dict[str, Any]:
-    """A message as Triton's JSON of it (proto field names, integers as ints)."""
 
     def value(fd: FieldDescriptor, v: Any) -> Any:
         return _as_json(v) if fd.message_type is not None else v
@@ -78,8 +75,7 @@ def _add_json(dst: dict[str, Any], src: Mapping[str, Any], skip: str = "") -> No
 
 
 def merge_statistics_json(responses: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum several workers' KServe HTTP statistics (``{"model_stats": [...]}``) per (name, version),
-    sorted.
+    """Sum several workers' KServe HTTP statistics per (name, version), sorted.
 
     Raises:
         ValueError: a response is not an object with a ``model_stats`` list of objects.
@@ -91,9 +87,7 @@ def merge_statistics_json(responses: Iterable[Mapping[str, Any]]) -> dict[str, A
             raise ValueError("statistics are not an object with a 'model_stats' list of objects")
         for row in stats:
             key = (str(row.get("name", "")), str(row.get("version", "")))
-            if key not in rows:
-                rows[key] = {"name": key[0], "version": key[1]}
-            _add_json(rows[key], row)
+            _add_json(rows.setdefault(key, {"name": key[0], "version": key[1]}), row)
     return {"model_stats": [rows[k] for k in sorted(rows)]}
 
 
@@ -102,9 +96,7 @@ def merge_repository_index(
     key: Callable[[Row], tuple[str, str]],
     state: Callable[[Row], str],
 ) -> list[Row]:
-    """Several workers' repository indexes (in worker order) as one row per (name, version),
-    sorted: the last READY row, else the first worker's.
-    """
+    """Workers' indexes as one row per (name, version), sorted: the last READY, else the first."""
     merged: dict[tuple[str, str], Row] = {}
     for rows in indexes:
         for row in rows:

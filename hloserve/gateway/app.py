@@ -1,9 +1,5 @@
-"""Run a gateway: HAProxy, the Python servicer and its loops, until stopped.
-
-:func:`run_gateway` wires the parts (docs/gateway.md, "Data plane" and "Proxy"): discovery
-every ``discovery.poll_interval_seconds``, health probes, ``lpt_packing``'s placement, the
-layout applied to HAProxy every :data:`SYNC_INTERVAL_S` (restarting it when it exited), and
-with ``discovery.dns_name`` the fleet followed in DNS (docs/kubernetes.md, "DNS discovery").
+"""Run a gateway: HAProxy, the Python servicer and its loops (discovery, health probes,
+placement, HAProxy sync, DNS), until stopped (docs/gateway.md, "Data plane" and "Proxy").
 """
 
 from __future__ import annotations
@@ -26,13 +22,13 @@ from hloserve.gateway.dataplane import plan_layout
 from hloserve.gateway.discovery import SingleFlight, discover_table, resolve_workers, with_workers
 from hloserve.gateway.fleet_http import FleetHttp, FleetHttpServer
 from hloserve.gateway.haproxy import HAProxy
-from hloserve.gateway.health import HealthTracker, restrict_to_healthy
 from hloserve.gateway.model_control import ModelControl
 from hloserve.gateway.packing import LptController, WeightInfo, weights_from_metrics
 from hloserve.gateway.proxy import GatewayProxy, make_server
-from hloserve.gateway.routing import Router, RoutingTable
-from hloserve.gateway.upstreams import Upstreams, poll_counters, probe_ready
+from hloserve.gateway.routing import HealthTracker, Router, RoutingTable, restrict_to_healthy
+from hloserve.gateway.upstreams import Upstreams, check_lpt_workers, poll_counters, probe_ready
 from hloserve.model_control import grpc_metadata, http_headers, local_key
+from hloserve.ports import free_ports
 from hloserve.prometheus_text import fetch_metrics
 
 log = logging.getLogger("hloserve.gateway")
@@ -43,8 +39,6 @@ SYNC_INTERVAL_S = 0.5
 
 def _public_address(address: str) -> str:
     """``address`` with port 0 replaced by a free port (HAProxy binds a concrete port)."""
-    from hloserve.ports import free_ports
-
     host, _, port = address.rpartition(":")
     if port == "0":
         port = str(free_ports(1, host.strip("[]"))[0])
@@ -105,14 +99,24 @@ async def run_gateway(
     key = local_key() if secret is None else secret.get_secret_value()
     client_ca = config.tls is not None and config.tls.client_ca is not None
     auth = ControlAuth(
-        read_token(config.auth.token_file), secrets.token_hex(16) if client_ca else None, key
+        read_token(config.auth.token_file),
+        secrets.token_hex(16) if client_ca else None,
+        key,
+        config.auth.open_repository_api,
     )
+    if auth.open_repository_api:
+        log.warning(
+            "gateway: auth.open_repository_api: model load and unload need no credential;"
+            " a load may carry model files and a Python model is code: whoever reaches"
+            " the gateway's ports can run code on the workers"
+        )
     if auth.token is None and not client_ca:
         log.warning(
             "gateway: no control token (%s, %s or auth.token_file) and no tls.client_ca:"
-            " GatewayControl is refused, model control needs the workers' key",
+            " GatewayControl is refused%s",
             ENV_TOKEN,
             ENV_TOKEN_FILE,
+            "" if auth.open_repository_api else ", model control needs the workers' key",
         )
     timeout = config.upstream.probe_timeout_seconds
     if config.discovery.dns_name is not None:  # the workers the name has now, maybe none
@@ -193,9 +197,7 @@ async def run_gateway(
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-        if stop.is_set():
-            return
-        if not dataplane.respawn():  # on this thread (HAProxy docstring)
+        if stop.is_set() or not dataplane.respawn():  # on this thread (HAProxy docstring)
             return
         started = time.monotonic()
         try:
@@ -233,8 +235,7 @@ async def run_gateway(
         host, _, port_text = address.rpartition(":")
         port, host = int(port_text), host.strip("[]")
         if config.http_listen is not None:
-            http = _public_address(config.http_listen)
-            config = config.model_copy(update={"http_listen": http})
+            config = config.model_copy(update={"http_listen": _public_address(config.http_listen)})
         server, control_port = make_server(proxy, "127.0.0.1:0", config.grpc, auth)
         fleet_http = _fleet_http(config, auth, proxy.model_control)
         # on this (the gateway's) thread: HAProxy stops when it dies
@@ -268,8 +269,6 @@ async def run_gateway(
             fleet_http.start()
         proxy.send_checked_to(checked, routable)
         if controller is not None:  # workers must schedule fifo or edf (docs/scheduling.md)
-            from hloserve.gateway.preconditions import check_lpt_workers
-
             await check_lpt_workers(upstreams, timeout)
         await refresh()
         await server.start()
@@ -314,9 +313,7 @@ async def run_gateway(
             await refresh(force=True)
 
     async def follow_dns() -> None:
-        """A new DNS answer becomes the fleet: channels, discovery, HAProxy reloaded, the gone
-        workers' channels closed once their calls end. A DNS outage keeps the fleet.
-        """
+        """A new DNS answer becomes the fleet; a DNS outage keeps it."""
         nonlocal config
         try:
             found = with_workers(config, await resolve_workers(config.discovery, timeout))

@@ -3,7 +3,8 @@
 Control calls (``GatewayControl``, model load and unload over gRPC and HTTP) pass with the
 control token (:func:`read_token`), the secret HAProxy sets in :data:`CERT_HEADER` for a
 verified client certificate, or, for model control only, the workers' model-control key;
-otherwise UNAUTHENTICATED (docs/gateway.md, "Control plane: authentication").
+otherwise UNAUTHENTICATED (docs/gateway.md, "Control plane: authentication"). With
+``auth.open_repository_api`` model control needs none.
 """
 
 from __future__ import annotations
@@ -72,15 +73,18 @@ class ControlAuth:
 
     Attributes:
         cert_secret: the value HAProxy gives :data:`CERT_HEADER` for a verified certificate.
+        open_repository_api: model control needs no credential (``auth.open_repository_api``).
     """
 
     token: str | None = field(default=None, repr=False)
     cert_secret: str | None = field(default=None, repr=False)
     model_control_key: str | None = field(default=None, repr=False)
+    open_repository_api: bool = False
 
     def check(self, headers: Mapping[str, str], model_control: bool) -> None:
         """Accept a call with these ``headers`` (names lower-case), or raise; ``model_control``: a
-        model load or unload (the model-control key counts too).
+        model load or unload (the model-control key counts too; with ``open_repository_api``
+        nothing is needed).
 
         Raises:
             HloserveError: UNAUTHENTICATED, naming what to send.
@@ -91,6 +95,8 @@ class ControlAuth:
                 str(value).encode(), str(expected).encode()
             )
 
+        if model_control and self.open_repository_api:
+            return
         scheme, _, bearer = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and equal(bearer.strip(), self.token):
             return

@@ -93,11 +93,8 @@ class GrpcLimits(_Section):
 
 
 class UpstreamConfig(_Section):
-    """How the gateway talks to workers (ReactantServer's ``worker_client`` section).
-
-    Attributes:
-        model_control_key: the workers' repository-API key; None: ``HLOSERVE_MODEL_CONTROL_KEY``,
-            else the key of the servers this process started, else none.
+    """How the gateway talks to workers (ReactantServer's ``worker_client`` section);
+    ``model_control_key`` None: ``HLOSERVE_MODEL_CONTROL_KEY``, else this process's servers' key.
     """
 
     request_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -131,9 +128,7 @@ class AdmissionConfig(_Section):
 
 
 class TlsConfig(_Section):
-    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane:
-    authentication").
-    """
+    """TLS on the public ports, HAProxy terminating it (docs/gateway.md, "Control plane")."""
 
     cert: Path
     key: Path
@@ -142,9 +137,18 @@ class TlsConfig(_Section):
 
 
 class AuthConfig(_Section):
-    """Control-plane credentials (docs/gateway.md, "Control plane: authentication")."""
+    """Control-plane credentials (docs/gateway.md, "Control plane: authentication").
+
+    Attributes:
+        open_repository_api: model load and unload (gRPC ``RepositoryModelLoad`` /
+            ``RepositoryModelUnload``, HTTP ``POST /v2/repository/models/{m}/load|unload``)
+            need no credential, as on a plain tritonserver; ``GatewayControl`` still does.
+            A load may carry model files and a Python model is code: whoever reaches the
+            gateway's ports can run code on the workers. ``serve --open-repository-api`` sets it.
+    """
 
     token_file: Path | None = None
+    open_repository_api: bool = False
 
 
 class ModelScheduling(_Section):
@@ -276,8 +280,7 @@ def load_config(
     """Read the gateway settings from a YAML file (None: none) and ``HLOSERVE_GATEWAY_*`` variables.
 
     Raises:
-        GatewayConfigError: unreadable file, not a mapping, unknown key or variable, or a value
-            out of range; the message names every offending key path.
+        GatewayConfigError: a bad file, key, variable or value; names every offending key path.
     """
     return load_settings(
         GatewayConfig,

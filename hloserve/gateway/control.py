@@ -1,9 +1,7 @@
 """The gateway's control plane: ``hloserve.gateway.v1.GatewayControl`` over gRPC.
 
-:class:`SchedulingControl` holds the logic (knobs, per-model replicas and fill modes,
-operator repacks, the status snapshot); :class:`GatewayControlServicer` is the thin servicer
-:func:`add_control_service` registers on the gateway's gRPC server. Changes are live and not
-persisted (docs/gateway.md, "Control plane").
+:class:`SchedulingControl` holds the logic, :class:`GatewayControlServicer` serves it; changes
+are live and not persisted (docs/gateway.md, "Control plane").
 """
 
 from __future__ import annotations
@@ -19,12 +17,15 @@ from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, 
 from hloserve.gateway.config import KNOBS, REMOVED_KEYS, SchedulingConfig
 from hloserve.gateway.dataplane import fill_quantum
 from hloserve.gateway.packing import LptController
+from hloserve.gateway.placement import Placement
 from hloserve.gateway.routing import ModelRoute, Router
 from hloserve.protos import gateway_control_pb2 as pb
 from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
 #: Full gRPC service name, e.g. for grpcurl.
 SERVICE = "hloserve.gateway.v1.GatewayControl"
+
+_NO_PLACEMENT = Placement({}, {}, {})
 
 
 def replicas_to_proto(value: int | str) -> pb.Replicas:
@@ -36,7 +37,7 @@ def replicas_from_proto(message: pb.Replicas, field: str) -> int | str:
     """The replica count a ``Replicas`` message names.
 
     Raises:
-        InvalidArgumentError: neither ``count`` nor ``all=true`` is set (names ``field``).
+        InvalidArgumentError: neither ``count`` nor ``all=true`` is set.
     """
     which = message.WhichOneof("value")
     if which == "count":
@@ -55,14 +56,11 @@ def knobs_to_proto(scheduling: SchedulingConfig) -> pb.Knobs:
 
 def knobs_from_proto(message: pb.Knobs) -> dict[str, Any]:
     """The knobs present in ``message``, as ``SchedulingConfig`` field values."""
-    changes: dict[str, Any] = {}
-    for name in (*KNOBS, *REMOVED_KEYS["SchedulingConfig"]):  # a removed one is refused
-        if message.HasField(name):
-            changes[name] = getattr(message, name)
+    names = (*KNOBS, *REMOVED_KEYS["SchedulingConfig"])  # a removed one is refused
+    changes = {name: getattr(message, name) for name in names if message.HasField(name)}
     if "default_replicas" in changes:
-        changes["default_replicas"] = replicas_from_proto(
-            message.default_replicas, "scheduling.default_replicas"
-        )
+        field = "scheduling.default_replicas"
+        changes["default_replicas"] = replicas_from_proto(message.default_replicas, field)
     return changes
 
 
@@ -79,10 +77,9 @@ def _validated(data: Mapping[str, Any]) -> SchedulingConfig:
 
 @dataclass(eq=False)
 class SchedulingControl:
-    """The gateway's live scheduling state, as the control plane reads and changes it.
-
-    Changes are validated like the config file, then handed to the router and the
-    ``lpt_packing`` controller (None in the other modes). Call from the gateway's event loop.
+    """The gateway's live scheduling state; changes are validated like the config file and handed
+    to the router and the ``lpt_packing`` controller (FAILED_PRECONDITION in the other modes).
+    Call from the gateway's event loop.
     """
 
     mode: str
@@ -108,11 +105,9 @@ class SchedulingControl:
             self.controller.update_scheduling(scheduling)
 
     def set_model(self, what: str, model: str, **changes: Any) -> pb.ModelStatus:
-        """Change ``model``'s entry of ``scheduling.models`` (``replicas`` from the next repack on,
-        ``fill_mode`` at once); ``what`` names the operation in errors.
+        """Change ``model``'s entry of ``scheduling.models``; ``what`` names the operation.
 
         Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
             NotFoundError: no worker serves ``model``.
             InvalidArgumentError: a value the config file would refuse (names the field).
         """
@@ -125,11 +120,10 @@ class SchedulingControl:
         return self.model_status(model)
 
     def set_knobs(self, changes: Mapping[str, Any]) -> SchedulingConfig:
-        """Change the named knobs (:data:`~hloserve.gateway.config.KNOBS`), all or nothing.
+        """Change the named :data:`~hloserve.gateway.config.KNOBS`, all or nothing.
 
         Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
-            InvalidArgumentError: an unknown knob or an invalid value (named ``scheduling.<knob>``).
+            InvalidArgumentError: an unknown knob or an invalid value.
         """
         self._require_lpt("set")
         unknown = sorted(set(changes) - set(KNOBS) - set(REMOVED_KEYS["SchedulingConfig"]))
@@ -141,34 +135,29 @@ class SchedulingControl:
         return self.scheduling
 
     def repack(self) -> pb.RepackResponse:
-        """Repack now with the current estimates, bypassing the compute budget.
-
-        Raises:
-            HloserveError: FAILED_PRECONDITION outside ``lpt_packing``.
-        """
+        """Repack now, bypassing the compute budget."""
         controller = self._require_lpt("repack")
         self.router.swap_table(controller.repack_now())
         if self.on_repack is not None:
             self.on_repack()
-        placement = controller.placement
+        placement = controller.placement or _NO_PLACEMENT
         return pb.RepackResponse(
-            repack=self._repack_status(controller),
-            warnings=placement.warnings if placement is not None else (),
+            repack=self._repack_status(controller), warnings=placement.warnings
         )
 
     @staticmethod
     def _repack_status(controller: LptController) -> pb.RepackStatus:
-        placement = controller.placement
+        placement = controller.placement or _NO_PLACEMENT
         return pb.RepackStatus(
             repacks=controller.repacks,
             accumulated_compute_seconds=controller.clock.accumulated_seconds,
             budget_compute_seconds=controller.clock.budget_seconds,
-            moved=placement.moved if placement else (),
-            held_by_hysteresis=placement.held_by_hysteresis if placement else (),
+            moved=placement.moved,
+            held_by_hysteresis=placement.held_by_hysteresis,
         )
 
     def model_status(self, model: str) -> pb.ModelStatus:
-        """Status of one model in the current table (fields: ``gateway_control.proto``).
+        """Status of one model in the current table.
 
         Raises:
             NotFoundError: no worker serves ``model``.
@@ -212,7 +201,7 @@ class SchedulingControl:
         """Everything ``GetSchedulingStatus`` reports, read now."""
         items = self.router.worker_items(self.workers)
         controller = self.controller
-        placement = controller.placement if controller is not None else None
+        placement = (controller.placement if controller else None) or _NO_PLACEMENT
         budgets = controller.weights.budget_bytes if controller is not None else {}
         status = pb.SchedulingStatus(
             mode=self.mode,
@@ -220,14 +209,11 @@ class SchedulingControl:
             models=[self._model_status(n, r) for n, r in sorted(self.router.table.routes.items())],
         )
         for w in self.workers:
-            share = placement.compute_share.get(w, 0.0) if placement else 0.0
-            weight = placement.weight_bytes.get(w, 0) if placement else 0
-            budget = budgets.get(w, 0)
+            share = placement.compute_share.get(w, 0.0)
+            weight, budget = placement.weight_bytes.get(w, 0), budgets.get(w, 0)
             status.workers.add(
                 worker=w,
-                models_placed=sum(w in ws for ws in placement.assignment.values())
-                if placement
-                else 0,
+                models_placed=sum(w in ws for ws in placement.assignment.values()),
                 outstanding_items=items.get(w, 0),
                 compute_share=share,
                 weight_bytes=weight,
@@ -236,7 +222,7 @@ class SchedulingControl:
             )
         if controller is not None:
             status.repack.CopyFrom(self._repack_status(controller))
-            status.warnings.extend(placement.warnings if placement else ())
+            status.warnings.extend(placement.warnings)
         return status
 
 

@@ -1,14 +1,11 @@
-"""``hloserve gateway-ctl``: the operator's client of the gateway's control plane.
-
-One ``GatewayControl`` RPC per subcommand (``status``, ``set-replicas``, ``set-fill-mode``,
-``set``, ``repack``; docs/gateway.md, "hloserve gateway-ctl"). grpc and rich are imported
-only by the actions, so building ``hloserve``'s parser stays cheap; a gRPC error becomes an
-:class:`hloserve.errors.HloserveError` with the same status.
+"""``hloserve gateway-ctl``: one ``GatewayControl`` RPC per subcommand (docs/gateway.md,
+"hloserve gateway-ctl"); grpc and rich are imported by the actions only (a cheap parser).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ def parse_replicas(text: str, what: str) -> int | str:
     """``"all"`` or a positive integer from the command line.
 
     Raises:
-        InvalidArgumentError: anything else (names ``what``).
+        InvalidArgumentError: anything else.
     """
     if text == "all":
         return "all"
@@ -76,9 +73,7 @@ def _knob_text(knobs: Any, name: str) -> str:
 
 
 def render_status(status: Any) -> list[Any]:
-    """Rich renderables of a ``SchedulingStatus``: knobs, models, workers, repack state (cells
-    never wrap: print them with :func:`print_status`).
-    """
+    """Rich renderables of a ``SchedulingStatus`` (cells never wrap: see :func:`print_status`)."""
     from rich.table import Table
 
     out: list[Any] = [f"mode: [bold]{status.mode}[/bold]"]
@@ -136,9 +131,7 @@ def render_status(status: Any) -> list[Any]:
 
 
 def print_status(console: Any, renderables: list[Any]) -> None:
-    """Print :func:`render_status`'s output without cutting anything: a table wider than the
-    console is printed at its natural width (rich would cut cells: "127.0.0.…").
-    """
+    """Print :func:`render_status`'s output uncut: a table wider than the console at its width."""
     from rich.measure import Measurement
     from rich.table import Table
 
@@ -155,11 +148,7 @@ def print_status(console: Any, renderables: list[Any]) -> None:
 
 
 def _credentials(args: argparse.Namespace) -> Any:
-    """gRPC channel credentials from ``--tls-ca``/``--tls-cert``/``--tls-key``; None: plaintext.
-
-    Raises:
-        InvalidArgumentError: a file cannot be read, or only one of cert and key.
-    """
+    """gRPC channel credentials from ``--tls-ca``/``--tls-cert``/``--tls-key``; None: plaintext."""
     import grpc
 
     files = (args.tls_ca, args.tls_cert, args.tls_key)
@@ -176,22 +165,16 @@ def _credentials(args: argparse.Namespace) -> Any:
     return grpc.ssl_channel_credentials(ca, key, cert)
 
 
-def _call(
-    address: str,
-    method: str,
-    request: Any,
-    timeout_s: float,
-    token: str | None = None,
-    credentials: Any = None,
-) -> Any:
-    """One unary RPC (with ``token`` as ``authorization: Bearer``; over TLS with
-    ``credentials``); gRPC errors become HloserveError with the same status."""
+def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
+    """One unary RPC to ``--address``; gRPC errors become HloserveError with the same status."""
     import grpc
 
+    from hloserve.gateway.auth import read_token
     from hloserve.gateway.config import GrpcLimits
     from hloserve.gateway.upstreams import channel_options
     from hloserve.protos import gateway_control_pb2_grpc as pb_grpc
 
+    address, token, credentials = args.address, read_token(args.token_file), _credentials(args)
     limits = channel_options(GrpcLimits())
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     channel = (
@@ -202,7 +185,7 @@ def _call(
     with channel:
         stub = pb_grpc.GatewayControlStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
+            return getattr(stub, method)(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             status = Status.__members__.get(code.name, Status.INTERNAL)
@@ -219,23 +202,14 @@ def _call(
 
 
 def run(args: argparse.Namespace, console: Any = None) -> int:
-    """Run one ``gateway-ctl`` action; returns the exit status (errors raise HloserveError).
-
-    ``console``: a ``rich.console.Console`` (None: a new one on stdout).
-    """
+    """Run one ``gateway-ctl`` action on ``console`` (None: stdout); errors raise HloserveError."""
     from rich.console import Console
 
-    from hloserve.gateway.auth import read_token
     from hloserve.gateway.control import replicas_to_proto
     from hloserve.protos import gateway_control_pb2 as pb
 
     console = console or Console()
-    token = read_token(args.token_file)
-    credentials = _credentials(args)
-
-    def call(method: str, request: Any) -> Any:
-        return _call(args.address, method, request, args.timeout, token, credentials)
-
+    call = functools.partial(_call, args)
     action = args.ctl_action
     if action == "status":
         print_status(

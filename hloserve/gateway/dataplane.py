@@ -1,10 +1,7 @@
 """The gateway's data plane layout: which HAProxy backends exist and where each model goes.
 
-Pure logic: :func:`plan_layout` turns a :class:`~hloserve.gateway.routing.RoutingTable` into a
-:class:`Layout` (one backend ``m_<model>`` per model, a model -> backend map);
-:func:`render_config` writes the HAProxy 2.6 configuration for it, where balance, fill
-quanta, admission and failover are defined (docs/gateway.md, "Data plane");
-:mod:`hloserve.gateway.haproxy` applies it.
+Pure logic: :func:`plan_layout` (a routing table to a :class:`Layout`) and :func:`render_config`
+(its HAProxy 2.6 configuration); docs/gateway.md, "Data plane".
 """
 
 from __future__ import annotations
@@ -71,12 +68,8 @@ UNROUTABLE_NAME = (
 
 @dataclass(frozen=True)
 class Backend:
-    """One HAProxy backend: a set of workers and how requests are spread over them.
-
-    Attributes:
-        servers: indices into the gateway's ``workers``, ascending.
-        maxconn: requests one server takes at once; 0 = unbounded.
-        admit: requests the backend holds before refusing; 0 = unbounded.
+    """One HAProxy backend: ``servers`` (indices into ``workers``), requests one server takes at
+    once (``maxconn``) and the backend holds before refusing (``admit``); 0 = unbounded.
     """
 
     name: str
@@ -99,10 +92,8 @@ class Layout:
 
 
 def fill_quantum(max_batch: int | None, fill_factor: float) -> int:
-    """Fill quantum of fill mode ``run`` in requests (HAProxy ``maxconn`` under ``balance first``).
-
-    ``ceil(max_batch x fill_factor)``, at least 1; an unknown or non-batching max batch counts
-    as 1 (docs/gateway.md, "Routing").
+    """Fill quantum of fill mode ``run`` in requests: ``ceil(max_batch x fill_factor)``, at least
+    1, an unknown max batch counting 1 (docs/gateway.md, "Routing").
     """
     return max(1, math.ceil((max_batch or 1) * fill_factor))
 
@@ -116,15 +107,10 @@ def _balance(mode: str, scheduling: SchedulingConfig, model: str) -> Balance:
 
 
 def plan_layout(
-    table: RoutingTable,
-    config: GatewayConfig,
-    scheduling: SchedulingConfig | None = None,
+    table: RoutingTable, config: GatewayConfig, scheduling: SchedulingConfig | None = None
 ) -> Layout:
-    """The layout serving ``table`` (routes after health and placement) with the live ``scheduling``
-    knobs (default the config's).
-
-    Models whose replicas are all unknown endpoints, and names HAProxy cannot key a map by
-    (:data:`BACKEND_NAME`), are left out.
+    """The layout serving ``table`` with the live ``scheduling`` knobs (default the config's);
+    models on unknown endpoints only, or not :data:`BACKEND_NAME`, are left out.
     """
     scheduling = scheduling or config.scheduling
     index = {w: i for i, w in enumerate(config.workers)}
@@ -152,14 +138,9 @@ def plan_layout(
 class Listen:
     """Where HAProxy accepts clients and reaches the control plane (host:port unless a path).
 
-    Attributes:
-        control: the control plane's gRPC server (loopback).
-        grpc_checked: a loopback bind of the gRPC frontend for the ModelInfer requests the
-            control plane checked (a name the map lacks is refused there).
-        http_control: the control plane's HTTP server; None: any worker answers those paths.
-        http_checked: a loopback HTTP frontend for checked JSON inference; None: unchecked.
-        client_cert_secret: the :data:`~hloserve.gateway.auth.CERT_HEADER` value set on control
-            requests of a verified client certificate; None: the header is removed.
+    ``*_checked``: loopback frontends for requests the control plane checked; ``http_control``
+    None: any worker answers the fleet paths; ``client_cert_secret``: the
+    :data:`~hloserve.gateway.auth.CERT_HEADER` value of a verified client certificate.
     """
 
     grpc: str
@@ -206,17 +187,15 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _refuse(grpc_status: int, message: str, condition: str) -> str:
+def _refuse(message: str, condition: str) -> str:
     return (
         "  http-request return status 200"
-        f" hdr grpc-status {grpc_status} hdr grpc-message {_quote(message)} if {condition}"
+        f" hdr grpc-status {GRPC_UNAVAILABLE} hdr grpc-message {_quote(message)} if {condition}"
     )
 
 
 def _client_cert_rules(listen: Listen, control: str) -> list[str]:
-    """A frontend's :data:`~hloserve.gateway.auth.CERT_HEADER` rules: the client's removed, the
-    secret set on a control request (condition ``control``) of a verified client certificate.
-    """
+    """Remove the client's :data:`CERT_HEADER`; set the secret on a verified ``control`` request."""
     rules = [f"  http-request del-header {CERT_HEADER}"]
     if listen.client_cert_secret is not None:
         rules.append(
@@ -227,9 +206,7 @@ def _client_cert_rules(listen: Listen, control: str) -> list[str]:
 
 
 def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_socket: str) -> str:
-    """The HAProxy 2.6 configuration of ``layout`` (``haproxy -c`` accepts it); ``master_socket``
-    is only named in its comment (HAProxy gets it with ``-S``).
-    """
+    """The HAProxy 2.6 configuration of ``layout``; ``master_socket`` is named in a comment."""
     timeout = config.upstream
     ssl = ""
     if listen.pem is not None:
@@ -284,13 +261,8 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
         *_client_cert_rules(listen, f"{{ var(txn.be) -m str {CONTROL_BACKEND} }}"),
     ]
     if checked:  # the control plane checked it: never back to the control plane
-        lines.append(
-            _refuse(
-                GRPC_UNAVAILABLE,
-                "model '%[var(txn.model)]' has no ready replica",
-                f"{checked} {{ var(txn.be) -m str {CONTROL_BACKEND} }}",
-            )
-        )
+        no_replica = "model '%[var(txn.model)]' has no ready replica"
+        lines.append(_refuse(no_replica, f"{checked} {{ var(txn.be) -m str {CONTROL_BACKEND} }}"))
     per_worker = config.admission.max_inflight_requests_per_worker
     for backend in layout.backends:
         if not backend.admit:
@@ -302,14 +274,8 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
             f"(admission.max_inflight_requests_per_worker = {per_worker} per replica); "
             "retry later"
         )
-        lines.append(
-            _refuse(
-                GRPC_UNAVAILABLE,
-                message,
-                f"{{ var(txn.be) -m str {backend.name} }}"
-                f" {{ be_conn({backend.name}) ge {backend.admit} }}",
-            )
-        )
+        full = f"{{ be_conn({backend.name}) ge {backend.admit} }}"
+        lines.append(_refuse(message, f"{{ var(txn.be) -m str {backend.name} }} {full}"))
     lines += [
         "  use_backend %[var(txn.be)]",
         f"backend {CONTROL_BACKEND}",
@@ -332,9 +298,7 @@ def render_config(layout: Layout, config: GatewayConfig, listen: Listen, master_
 
 
 def _render_http(layout: Layout, config: GatewayConfig, listen: Listen, ssl: str) -> list[str]:
-    """KServe HTTP: per-model paths to ``h_<model>`` (the gRPC map), the fleet paths to the
-    control plane's HTTP server, everything else to any worker.
-    """
+    """KServe HTTP: model paths to ``h_<model>``, fleet paths to the control plane, else any."""
     checked = listen.http_checked is not None and listen.http_control is not None
     lines = _http_frontend("http", f"{listen.http}{ssl.replace(' alpn h2', '')}", listen, checked)
     if checked:
@@ -408,9 +372,7 @@ def render_map(entries: Mapping[str, str]) -> str:
 def map_changes(
     before: Mapping[str, str], after: Mapping[str, str]
 ) -> list[tuple[str, str, str | None]]:
-    """Runtime API edits turning map ``before`` into ``after``: ``(verb, key, value)``, verb
-    ``set``, ``add`` or ``del`` (value None).
-    """
+    """Runtime API edits ``(verb, key, value)`` turning map ``before`` into ``after``."""
     edits: list[tuple[str, str, str | None]] = []
     for key, value in sorted(after.items()):
         if key not in before:

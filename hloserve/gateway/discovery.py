@@ -1,8 +1,5 @@
-"""Discovery: the workers from DNS, the routing table from the workers' own answers.
-
-:func:`resolve_workers` and :func:`with_workers` (docs/kubernetes.md, "DNS discovery"),
-:func:`discover_table` (docs/gateway.md, "Proxy"), and :class:`SingleFlight`, which runs one
-pass for many waiting callers at most once per interval.
+"""Discovery: the workers from DNS (docs/kubernetes.md, "DNS discovery"), the routing table
+from the workers' own answers (docs/gateway.md, "Proxy").
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ log = logging.getLogger("hloserve.gateway")
 
 
 def group_calls(config: Any) -> tuple[str, ...]:
-    """The models ``config``'s model calls, each once, in order: a meta's ``hloserve.meta_calls``
-    or an ensemble's step models; () for any other model.
-    """
+    """The models a meta's or an ensemble's ``config`` calls, each once, in order; () otherwise."""
     if config.backend == META_BACKEND and PARAM_META_CALLS in config.parameters:
         params = string_values(config.parameters)
         return tuple(MetaParameters.read(config.name, params, PARAM_META_CALLS))
@@ -40,10 +35,7 @@ def group_calls(config: Any) -> tuple[str, ...]:
 
 
 async def resolve_workers(discovery: DiscoveryConfig, timeout_s: float) -> tuple[str, ...]:
-    """The IPv4 addresses of ``discovery.dns_name``'s A records, sorted; () when the name does not
-    exist or has none.
-
-    Asks ``discovery.dns_nameserver``, else the system's resolver (search domains, ``ndots``).
+    """The IPv4 addresses of ``discovery.dns_name``'s A records, sorted; () when it has none.
 
     Raises:
         UnavailableError: no nameserver answered within ``timeout_s`` (keep the fleet).
@@ -73,9 +65,7 @@ async def resolve_workers(discovery: DiscoveryConfig, timeout_s: float) -> tuple
 
 
 def with_workers(config: GatewayConfig, addresses: Sequence[str]) -> GatewayConfig:
-    """``config`` with the workers at ``addresses`` on ``discovery``'s ports (no metrics with
-    ``worker_metrics_port`` 0).
-    """
+    """``config`` with the workers at ``addresses`` on ``discovery``'s ports."""
     d = config.discovery
     hosts = [f"[{a}]" if ":" in a else a for a in addresses]
     return config.model_copy(
@@ -94,28 +84,20 @@ def with_workers(config: GatewayConfig, addresses: Sequence[str]) -> GatewayConf
 async def discover_table(
     upstreams: Upstreams, timeout_s: float, previous: RoutingTable | None = None
 ) -> RoutingTable:
-    """Build a routing table from every worker's ``RepositoryIndex`` and ``ModelConfig``.
-
-    READY models are routed; the others noted with each worker's state and reason. A meta or
-    ensemble keeps only the replicas serving its whole group (all when none does); a stateful
-    model (``sequence_batching``) gets one replica, ``previous``'s while it still holds it. A
-    worker whose index call fails keeps the models ``previous`` routed to it (docs/gateway.md,
-    "Proxy").
+    """Build a routing table from every worker's ``RepositoryIndex`` and ``ModelConfig``
+    (docs/gateway.md, "Proxy"); a worker that fails keeps ``previous``'s routes.
     """
+    previous = previous or RoutingTable()
 
     async def index(worker: str) -> tuple[str, Any]:
         try:
             return worker, await upstreams.repository_index(worker, timeout_s)
         except grpc.aio.AioRpcError as exc:
-            # at debug level while it stays down
-            known_down = previous is not None and worker in previous.unreachable
-            level = logging.DEBUG if known_down else logging.WARNING
+            level = logging.DEBUG if worker in previous.unreachable else logging.WARNING
             hint = ""
             if api_restricted(exc.details() or ""):
-                hint = (
-                    f" ({exc.details()}: set upstream.model_control_key to the worker's "
-                    "HLOSERVE_MODEL_CONTROL_KEY)"
-                )
+                key = "set upstream.model_control_key to the worker's HLOSERVE_MODEL_CONTROL_KEY"
+                hint = f" ({exc.details()}: {key})"
             log.log(level, "worker %s: RepositoryIndex failed: %s%s", worker, exc.code().name, hint)
             return worker, exc
 
@@ -125,13 +107,12 @@ async def discover_table(
     for worker, reply in await asyncio.gather(*(index(w) for w in upstreams.workers)):
         if isinstance(reply, grpc.aio.AioRpcError):
             unreachable[worker] = f"RepositoryIndex failed: {reply.code().name}"
-            if previous is not None:
-                for name, route in previous.routes.items():
-                    if worker in route.replicas:
-                        replicas.setdefault(name, []).append(worker)
-                for name, workers in previous.unready.items():
-                    if worker in workers:
-                        unready.setdefault(name, {})[worker] = workers[worker]
+            for name, route in previous.routes.items():
+                if worker in route.replicas:
+                    replicas.setdefault(name, []).append(worker)
+            for name, workers in previous.unready.items():
+                if worker in workers:
+                    unready.setdefault(name, {})[worker] = workers[worker]
             continue
         for model in reply:
             if model.state == "READY":
@@ -143,11 +124,10 @@ async def discover_table(
                 unready.setdefault(model.name, {})[worker] = why
 
     async def model_config(name: str, worker: str) -> tuple[int | None, tuple[str, ...], bool]:
-        """(max batch or None, :func:`group_calls`, stateful) from ModelConfig."""
         try:
             config = await upstreams.model_config(worker, name, timeout_s)
         except grpc.aio.AioRpcError:
-            old = previous.get(name) if previous is not None else None
+            old = previous.get(name)
             return None, (), old is not None and old.stateful
         stateful = config.HasField("sequence_batching")
         return config.max_batch_size or None, group_calls(config), stateful
@@ -156,7 +136,7 @@ async def discover_table(
     configs = await asyncio.gather(*(model_config(n, replicas[n][0]) for n in names))
     routes: dict[str, ModelRoute] = {}
     for name, (size, calls, stateful) in zip(names, configs, strict=True):
-        old = previous.get(name) if previous is not None else None
+        old = previous.get(name)
         if size is None and old is not None:  # a replica that did not answer: the size known
             size = old.max_batch
         if stateful:  # one replica: every request of a sequence reaches the same runtime
@@ -173,10 +153,8 @@ async def discover_table(
 
 
 class SingleFlight:
-    """Runs an async refresh for many waiting callers at once, at most once per ``min_interval_s``.
-
-    Callers arriving during a refresh wait for it; a call within the interval of the last one
-    returns at once (as ReactantServer's gateway).
+    """Runs an async refresh for many waiting callers at once, at most once per ``min_interval_s``
+    (a call within the interval returns at once, as ReactantServer's gateway).
     """
 
     def __init__(self, refresh: Callable[[], Awaitable[None]], min_interval_s: float = 1.0) -> None:

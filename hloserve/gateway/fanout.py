@@ -1,9 +1,5 @@
-"""The gateway's RPCs other than inference, answered from the workers (docs/gateway.md, "Proxy").
-
-The rules are :mod:`hloserve.gateway.fleet_ops`' (shared with the KServe HTTP server);
-model loads and unloads go where :class:`hloserve.gateway.model_control.ModelControl`
-decides. Errors are raised and answered by
-:class:`hloserve.gateway.interceptor.ErrorInterceptor`.
+"""The gateway's RPCs other than inference, answered from the workers by :mod:`~.fleet_ops`'
+rules (docs/gateway.md, "Proxy"); model loads and unloads go where :class:`ModelControl` decides.
 """
 
 from __future__ import annotations
@@ -30,11 +26,6 @@ from hloserve.gateway.wire import peek_infer_request
 #: Prefix of the gRPC metadata carrying a key of tritonserver's restricted protocols (Triton's
 #: docs, "Limit Endpoint Access"); model control passes it on (the gateway's own if none).
 RESTRICTED_METADATA_PREFIX = "triton-grpc-protocol-"
-
-
-#: The shared-memory kinds (RPCs ``<kind>SharedMemoryRegister``, ``...Unregister``, ``...Status``).
-_SHM_KINDS = ("System", "Cuda")
-
 
 #: A worker call: (method, request bytes, gRPC metadata).
 _Call: TypeAlias = tuple[str, bytes, tuple[tuple[str, str], ...]]
@@ -67,23 +58,10 @@ class _GrpcJudge:
 _JUDGE = _GrpcJudge()
 
 
-def restricted_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
-    """The client's restricted-protocol keys (``RESTRICTED_METADATA_PREFIX``), to pass on."""
-    return tuple(
-        (str(k), str(v))
-        for k, v in (context.invocation_metadata() or ())
-        if str(k).startswith(RESTRICTED_METADATA_PREFIX)
-    )
-
-
 @dataclass(eq=False)
 class FleetRpcs:
-    """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``.
-
-    Attributes:
-        request_timeout_s: deadline of one forwarded call, seconds.
-        probe_timeout_s: deadline of one ServerReady / RepositoryIndex probe, seconds.
-        control: where model loads and unloads go (shared with the KServe HTTP server).
+    """Handlers of the non-inference RPCs of ``inference.GRPCInferenceService``; timeouts in
+    seconds (``probe_timeout_s``: ServerReady and RepositoryIndex).
     """
 
     router: Router
@@ -95,9 +73,7 @@ class FleetRpcs:
     async def forward_to_model(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` answered by the first replica of the
-        model that answers (every worker when none is routed).
-        """
+        """``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` from the first replica answering."""
         name = peek_infer_request(request).model_name  # field 1 is the name in all three
         route = self.router.table.get(name)
         order = route.replicas if route is not None and route.replicas else self.upstreams.workers
@@ -143,10 +119,8 @@ class FleetRpcs:
 
         async def one(worker: str) -> tuple[str, _Reply]:
             try:
-                reply = await self.upstreams.raw(worker, method)(
-                    request, timeout=timeout, metadata=tuple(metadata) or None
-                )
-                return worker, reply
+                call = self.upstreams.raw(worker, method)
+                return worker, await call(request, timeout=timeout, metadata=metadata or None)
             except grpc.aio.AioRpcError as exc:
                 return worker, exc
 
@@ -168,7 +142,11 @@ class FleetRpcs:
         parameters: Sequence[str] = (),
     ) -> bytes:
         # the caller passed AuthInterceptor: its own key, else the gateway's
-        key = restricted_metadata(context) or tuple(self.upstreams.repository_metadata or ())
+        sent = context.invocation_metadata() or ()
+        own = tuple(
+            (str(k), str(v)) for k, v in sent if str(k).startswith(RESTRICTED_METADATA_PREFIX)
+        )
+        key = own or tuple(self.upstreams.repository_metadata or ())
 
         async def send(how: Action, name: str, workers: Sequence[str]) -> list[tuple[str, _Reply]]:
             rpc = "RepositoryModelLoad" if how == "load" else "RepositoryModelUnload"
@@ -186,8 +164,7 @@ class FleetRpcs:
     async def repository_model_load(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Load a model where :class:`~hloserve.gateway.model_control.ModelControl` decides; the
-        table is rediscovered before the answer.
+        """Load a model where :class:`ModelControl` decides.
 
         Raises:
             UpstreamError: a worker refused (its code and message).
@@ -200,7 +177,7 @@ class FleetRpcs:
     async def repository_model_unload(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        """Unload a model from every worker holding it (every worker when none does).
+        """Unload a model from the workers holding it (every worker when none does).
 
         Raises:
             UpstreamError: a worker refused (its code and message).
@@ -209,9 +186,7 @@ class FleetRpcs:
         return await self._model_control("unload", name, request, context)
 
     async def model_statistics(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Every worker's statistics summed per (name, version); workers answering an error are left
-        out, the first error answered when all do.
-        """
+        """Every worker's statistics summed per (name, version); the first error when all fail."""
 
         def merge(replies: list[service_pb2.ModelStatisticsResponse]) -> bytes:
             return bytes(merge_model_statistics(replies).SerializeToString())
@@ -221,9 +196,7 @@ class FleetRpcs:
         return await self._run(fleet_ops.merged(_JUDGE, "ModelStatistics", call, parse, merge))
 
     def shm_handlers(self) -> dict[str, Callable[[bytes, Any], Awaitable[bytes]]]:
-        """Raw handlers of the system and CUDA shared-memory RPCs by method name: register on every
-        worker or none, unregister succeeding when any worker does, status from the first worker.
-        """
+        """Raw handlers of the system and CUDA shared-memory RPCs by method name."""
 
         def bind(kind: str, how: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
             method = f"{kind}SharedMemory{how}"
@@ -247,7 +220,7 @@ class FleetRpcs:
 
         return {
             f"{kind}SharedMemory{how}": bind(kind, how)
-            for kind in _SHM_KINDS
+            for kind in ("System", "Cuda")
             for how in ("Register", "Unregister", "Status")
         }
 
@@ -259,14 +232,10 @@ class FleetRpcs:
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The gRPC method handlers of these RPCs, by method name."""
-
         raw = grpc.unary_unary_rpc_method_handler
-        forward = functools.partial
+        by_model = ("ModelReady", "ModelMetadata", "ModelConfig")
         return {
-            **{
-                m: raw(forward(self.forward_to_model, m))
-                for m in ("ModelReady", "ModelMetadata", "ModelConfig")
-            },
+            **{m: raw(functools.partial(self.forward_to_model, m)) for m in by_model},
             "ModelStatistics": raw(self.model_statistics),
             **{method: raw(handler) for method, handler in self.shm_handlers().items()},
             "RepositoryModelLoad": raw(self.repository_model_load),

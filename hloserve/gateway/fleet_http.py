@@ -1,16 +1,9 @@
 """KServe HTTP calls that need every worker, answered by the gateway's control plane.
 
 HAProxy sends the paths of :data:`CONDITIONS` and :data:`MODEL_CONTROL_PATH` to
-:class:`FleetHttpServer` (a loopback ``ThreadingHTTPServer``), whose :class:`FleetHttp` calls
-each worker's Triton HTTP endpoint by the rules of :mod:`hloserve.gateway.fleet_ops`, as the
-gRPC RPCs do (docs/gateway.md, "KServe HTTP"). A JSON inference request sent here is checked
-by :func:`json_data_mismatch` and re-sent to HAProxy's ``http_checked`` frontend.
-
-A worker's answer is relayed as Triton wrote it (status, ``Content-Type``, body); the
-gateway's own errors are ``{"error": "..."}`` with the code of
-:data:`~hloserve.errors.HTTP_STATUS` (503: no worker answered; 400: a body without
-``Content-Length`` or over :data:`MAX_BODY_BYTES`; 401: a model load or unload without a
-credential, :mod:`hloserve.gateway.auth`).
+:class:`FleetHttpServer`; :class:`FleetHttp` calls every worker by :mod:`~.fleet_ops`' rules.
+Workers' answers are relayed as written; the gateway's own errors are ``{"error": "..."}``
+(docs/gateway.md, "KServe HTTP").
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ MODEL_CONTROL_PATH = r"^/v2/repository/models/[^/]+/(load|unload)$"
 #: HAProxy ``path_reg`` of the statistics paths.
 STATS_PATH = r"^/v2/models(/[^/]+(/versions/[^/]+)?)?/stats$"
 
-#: HAProxy conditions of the paths answered here (model control has its own backend); a new
-#: path is a condition here.
+#: HAProxy conditions of the paths answered here (model control has its own backend).
 CONDITIONS = (
     f"{{ path {INDEX_PATH} }} || {{ path_beg {SHM_PREFIX} }} || {{ path_beg {CUDA_SHM_PREFIX} }}",
     f"{{ path_end /stats }} {{ path_reg {STATS_PATH} }}",
@@ -68,8 +60,7 @@ _UNREGISTER = re.compile(_SHM + r"(?:/region/[^/]+)?/unregister")
 _MODEL_CONTROL = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 _STATS = re.compile(STATS_PATH.strip("^$"))
 
-#: How long a model load or unload may take, seconds (HAProxy waits as long; a meta's load
-#: takes several steps).
+#: How long a model load or unload may take, seconds (HAProxy waits as long).
 MODEL_CONTROL_TIMEOUT_S = 3600
 
 #: Largest request body taken, bytes (over ``dataplane.HTTP_MAX_JSON_BYTES``).
@@ -89,8 +80,7 @@ _CREDENTIALS = frozenset({"authorization", CERT_HEADER})
 #: A worker's reply headers relayed with its answer (binary outputs of a JSON request).
 _RELAYED = ("Inference-Header-Content-Length",)
 
-#: Request headers not passed on (hop-by-hop or the HTTP client's; no ``Accept-Encoding``:
-#: the workers answer uncompressed).
+#: Request headers not passed on (hop-by-hop, the HTTP client's, ``Accept-Encoding``).
 _NOT_FORWARDED = frozenset(
     [
         "accept-encoding",
@@ -110,11 +100,7 @@ _NOT_FORWARDED = frozenset(
 
 @dataclass(frozen=True)
 class Answer:
-    """One HTTP answer: a worker's, relayed, or the gateway's own.
-
-    Attributes:
-        headers: other relayed headers of a worker's answer (:data:`_RELAYED`).
-    """
+    """One HTTP answer: a worker's, relayed (``headers``: :data:`_RELAYED`), or the gateway's."""
 
     status: int
     body: bytes = b""
@@ -185,12 +171,8 @@ def _index(reply: Reply) -> list[dict[str, Any]]:
 
 
 def _merged(indexes: list[list[dict[str, Any]]]) -> Reply:
-    rows = merge_repository_index(
-        indexes,
-        key=lambda row: (str(row.get("name", "")), str(row.get("version", ""))),
-        state=lambda row: str(row.get("state", "")),
-    )
-    return _json_answer(rows)
+    key = lambda row: (str(row.get("name", "")), str(row.get("version", "")))  # noqa: E731
+    return _json_answer(merge_repository_index(indexes, key, lambda row: str(row.get("state"))))
 
 
 def _stats(reply: Reply) -> dict[str, Any]:
@@ -201,14 +183,8 @@ def _stats(reply: Reply) -> dict[str, Any]:
     raise ValueError("its statistics are not a JSON object with a model_stats list")
 
 
-def _summed(responses: list[dict[str, Any]]) -> Reply:
-    return _json_answer(merge_statistics_json(responses))
-
-
 def _load_parameters(body: bytes) -> list[str]:
-    """The parameter names of a model-load body (``{"parameters": {...}}``); [] when it has none or
-    is not such JSON (the workers answer it).
-    """
+    """The parameter names of a model-load body; [] when it has none or is not JSON."""
     try:
         parameters = json.loads(body).get("parameters") if body else None
     except (ValueError, AttributeError, RecursionError):
@@ -228,11 +204,7 @@ def _exchange(
     body: bytes,
     headers: Mapping[str, str],
 ) -> Answer:
-    """One request on ``connection`` and its answer, read whole.
-
-    Raises:
-        OSError, http.client.HTTPException: the connection failed or broke.
-    """
+    """One request on ``connection``; raises OSError or HTTPException when it fails or breaks."""
     connection.request(method, path, body=body or None, headers=dict(headers))
     reply = connection.getresponse()
     kind = reply.getheader("Content-Type") or "application/json"
@@ -255,9 +227,8 @@ def _leaves(data: Any) -> int:
 def json_data_mismatch(model: str, body: bytes) -> str | None:
     """Why a JSON inference request for ``model`` cannot be parsed, or None.
 
-    Only what tritonserver 2.51 trips on is judged: an input whose ``data`` element count
-    differs from the product of its ``shape`` (non-negative integers); anything else is left to
-    the worker. The message is Triton's text, then the model, the input and both counts.
+    Only what tritonserver 2.51 trips on: an input whose ``data`` element count differs from the
+    product of its ``shape``; the message is Triton's text, the model, the input and both counts.
     """
     try:
         request = json.loads(body)
@@ -272,9 +243,7 @@ def json_data_mismatch(model: str, body: bytes) -> str | None:
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             continue
-        declared = math.prod(shape)
-        held = _leaves(tensor["data"])
-        if declared != held:
+        if (declared := math.prod(shape)) != (held := _leaves(tensor["data"])):
             return (
                 "Unable to parse 'data': Shape does not match true shape of 'data' field: "
                 f"model '{model}', input '{tensor.get('name')}': shape {shape} declares "
@@ -286,15 +255,8 @@ def json_data_mismatch(model: str, body: bytes) -> str | None:
 class FleetHttp:
     """The fleet's answers to the KServe HTTP calls of the module docstring (no server).
 
-    Args:
-        workers: every worker's Triton HTTP endpoint, in the order of ``grpc_workers`` (the
-            names ``control`` decides in).
-        probe_timeout_s: of an index call and a register's roll-back (other calls:
-            ``request_timeout_s``).
-        repository_headers: headers of every index call (the workers' model-control key).
-        control: decides model loads and unloads, run on ``loop``; None: the first worker.
-        checked: HAProxy's ``http_checked`` frontend; None: no JSON inference comes here.
-        auth: credentials a model load or unload needs; None: none checked.
+    ``workers`` are Triton HTTP endpoints in ``grpc_workers``' order; ``control`` runs on
+    ``loop`` (None: the first worker answers); ``checked``: HAProxy's ``http_checked`` frontend.
 
     Raises:
         ValueError: ``control`` without ``loop`` or with ``grpc_workers`` of another length.
@@ -318,7 +280,7 @@ class FleetHttp:
         self._loop = loop
         self._http_of = dict(zip(grpc_workers, workers, strict=False))
         self.checked = checked
-        self._local = threading.local()  # each server thread's connection to ``checked``
+        self._local = threading.local()
         self.workers = tuple(workers)
         self._timeout = request_timeout_s
         self._probe_timeout = probe_timeout_s
@@ -329,9 +291,7 @@ class FleetHttp:
         )
 
     def set_workers(self, workers: Sequence[str], grpc_workers: Sequence[str]) -> None:
-        """Make ``workers`` (HTTP endpoints, ``grpc_workers``' order) the fleet; calls already
-        started keep theirs.
-        """
+        """Make ``workers`` (``grpc_workers``' order) the fleet; calls started keep theirs."""
         self._http_of = dict(zip(grpc_workers, workers, strict=True))
         self.workers = tuple(workers)
 
@@ -350,8 +310,16 @@ class FleetHttp:
             what = "repository index"
             return self._run(fleet_ops.merged(_JUDGE, what, index, _index, _merged, probe=True))
         if (checked := self.checked) is not None and (match := _INFER.fullmatch(route)):
+            # JSON inference: 500 when json_data_mismatch refuses it, else the checked frontend's
             model = urllib.parse.unquote(match.group(1))
-            return self.infer_json(checked, model, method, path, body, passed)
+            if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
+                log.warning("gateway: %s refused before any worker: %s", path, problem)
+                return Answer.error(HloserveError(problem, status=Status.INTERNAL))
+            reply = self._call_checked(checked, request)
+            if isinstance(reply, str):
+                why = f"model '{model}': the gateway's routing frontend: {reply}"
+                return Answer.error(UnavailableError(why))
+            return reply
         if match := _REGISTER.fullmatch(route):
             prefix, region = match.groups()
             undo = ("POST", f"{prefix}/region/{region}/unregister", b"", passed)
@@ -360,7 +328,8 @@ class FleetHttp:
         if _UNREGISTER.fullmatch(route):
             return self._run(fleet_ops.unregister(_JUDGE, route, request))
         if _STATS.fullmatch(route) and method == "GET":
-            return self._run(fleet_ops.merged(_JUDGE, "statistics", request, _stats, _summed))
+            summed = lambda r: _json_answer(merge_statistics_json(r))  # noqa: E731
+            return self._run(fleet_ops.merged(_JUDGE, "statistics", request, _stats, summed))
         if (match := _MODEL_CONTROL.fullmatch(route)) and method == "POST" and self._control:
             model = urllib.parse.unquote(match.group(1))
             action: Action = "load" if match.group(2) == "load" else "unload"
@@ -376,33 +345,20 @@ class FleetHttp:
                 }
             return self.model_control(action, model, path, body, passed)
         # the first worker's answer; no connection or a 503 moves on to the next
-        what = f"{method} {path}"
-        return self._run(fleet_ops.first_answer(_JUDGE, what, request, self.workers))
+        return self._run(fleet_ops.first_answer(_JUDGE, f"{method} {path}", request, self.workers))
 
-    def _call(
-        self,
-        worker: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        timeout_s: float,
-    ) -> Reply:
+    def _call(self, worker: str, request: _Request, timeout_s: float) -> Reply:
         connection = _connection(worker, timeout_s)
         try:
-            return _exchange(connection, method, path, body, headers)
+            return _exchange(connection, *request)
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
 
-    def _call_checked(
-        self, checked: str, method: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Reply:
-        """One exchange with HAProxy's ``checked`` frontend on this thread's kept-alive connection
-        (reopened after :data:`KEEP_ALIVE_S` idle). A reused connection that ends unanswered
-        (HAProxy closes idle ones on reload) is tried once more on a new one; a new one's failure is
-        the answer.
+    def _call_checked(self, checked: str, request: _Request) -> Reply:
+        """One exchange on this thread's kept-alive connection to ``checked``; a reused one that
+        ends unanswered (HAProxy closes idle ones on reload) is retried once on a new one.
         """
         local = self._local
         connection: http.client.HTTPConnection | None = getattr(local, "connection", None)
@@ -414,7 +370,7 @@ class FleetHttp:
             if connection is None:
                 connection = local.connection = _connection(checked, self._timeout)
             try:
-                answer = _exchange(connection, method, path, body, headers)
+                answer = _exchange(connection, *request)
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 connection = local.connection = None
@@ -430,7 +386,7 @@ class FleetHttp:
     def _fan_out(self, step: fleet_ops.Send[_Request]) -> fleet_ops.Replies[Reply]:
         targets = self.workers if step.workers is None else tuple(step.workers)
         timeout_s = self._probe_timeout if step.probe else self._timeout
-        replies = self._pool.map(lambda w: self._call(w, *step.request, timeout_s), targets)
+        replies = self._pool.map(lambda w: self._call(w, step.request, timeout_s), targets)
         return list(zip(targets, replies, strict=True))
 
     def _run(self, plan: fleet_ops.Plan[_Request, Reply]) -> Answer:
@@ -439,9 +395,8 @@ class FleetHttp:
     def model_control(
         self, action: Action, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
-        """``POST /v2/repository/models/{model}/load|unload`` where
-        :class:`~hloserve.gateway.model_control.ModelControl` decides: the first worker's refusal,
-        else the first worker's success; 400 before any worker for a bad ``file:`` override.
+        """``POST /v2/repository/models/{model}/load|unload`` where :class:`ModelControl` decides:
+        the first refusal, else the first worker's success.
         """
         control, loop = self._control, self._loop
         assert control is not None and loop is not None  # answer() checked
@@ -472,29 +427,6 @@ class FleetHttp:
             return Answer.error(UnavailableError(f"gateway: {what}"))
         replies = [(self._http_of[w], r) for w, r in outcome.answers]
         return _answer(fleet_ops.decided(_JUDGE, f"model {action} {model!r}", replies))
-
-    def infer_json(
-        self,
-        checked: str,
-        model: str,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-    ) -> Answer:
-        """A JSON inference request: 500 (Triton's text) when :func:`json_data_mismatch` refuses it,
-        else HAProxy's ``checked`` frontend's answer (503 when it cannot be reached).
-        """
-        # HAProxy sends only requests whose JSON part is the whole body
-        if method == "POST" and (problem := json_data_mismatch(model, body)) is not None:
-            log.warning("gateway: %s refused before any worker: %s", path, problem)
-            return Answer.error(HloserveError(problem, status=Status.INTERNAL))
-        reply = self._call_checked(checked, method, path, body, headers)
-        if isinstance(reply, str):
-            return Answer.error(
-                UnavailableError(f"model '{model}': the gateway's routing frontend: {reply}")
-            )
-        return reply
 
     def end_thread(self) -> None:
         """Close this thread's connection to the checked frontend."""

@@ -1,11 +1,8 @@
 """The fleet-wide KServe calls' rules, once for both protocols (no I/O).
 
-A call that needs every worker is a *plan*: a generator yielding :class:`Send` steps and
-receiving each step's ``(worker, reply)`` list, returning the answer. :func:`drive` runs it
-with a threaded fan-out (:mod:`hloserve.gateway.fleet_http`), :func:`drive_async` with an
-asyncio one (:mod:`hloserve.gateway.fanout`); each transport's :class:`Judge` reads its
-replies. The rules: docs/gateway.md, "KServe HTTP"; a new call: "A new fleet-wide KServe
-call".
+A *plan* is a generator yielding :class:`Send` steps, receiving each step's ``(worker, reply)``
+list and returning the answer; :func:`drive` and :func:`drive_async` run it, a transport's
+:class:`Judge` reads its replies (docs/gateway.md, "A new fleet-wide KServe call").
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 log = logging.getLogger("hloserve.gateway")
 
@@ -27,9 +24,7 @@ Replies = list[tuple[str, Rep]]
 
 @dataclass(frozen=True)
 class Send(Generic[Req]):
-    """One step of a plan: ``request`` sent to ``workers`` (None: every worker) at once;
-    ``probe``: the transport's probe timeout applies rather than its request timeout.
-    """
+    """One step: ``request`` sent to ``workers`` (None: all) at once (``probe``: probe timeout)."""
 
     request: Req
     workers: Sequence[str] | None = None
@@ -56,16 +51,12 @@ class Judge(Protocol[Rep]):
         ...
 
     def failed(self, what: str, replies: Replies[Rep]) -> Rep:
-        """The answer when ``what`` failed: the first refusal, else "no worker answered" (may
-        raise).
-        """
+        """The answer when ``what`` failed: the first refusal, else "no worker" (may raise)."""
         ...
 
 
 def register(judge: Judge[Rep], what: str, request: Req, undo: Req) -> Plan[Req, Rep]:
-    """Register on every worker or on none: when a worker refuses, the ones that accepted get
-    ``undo`` (a failed undo is logged); the first refusal is the answer.
-    """
+    """Register on every worker or on none (``undo`` where accepted); the first refusal answers."""
     replies = yield Send(request)
     accepted = [w for w, r in replies if judge.ok(r)]
     if accepted and len(accepted) == len(replies):
@@ -94,9 +85,7 @@ def merged(
     merge: Callable[[list[Value]], Rep],
     probe: bool = False,
 ) -> Plan[Req, Rep]:
-    """Every worker's successful reply merged by ``merge``; one ``parse`` refuses (``ValueError``)
-    is logged and counts as failed; the first failure when none is left.
-    """
+    """Every worker's successful reply parsed and merged; the first failure when none is left."""
     replies = yield Send(request, probe=probe)
     values: list[Value] = []
     failed: Replies[Rep] = []
@@ -138,8 +127,7 @@ def drive(plan: Plan[Req, Rep], fan_out: Callable[[Send[Req]], Replies[Rep]]) ->
         while True:
             step = plan.send(fan_out(step))
     except StopIteration as done:
-        answer: Rep = done.value
-        return answer
+        return cast(Rep, done.value)
 
 
 async def drive_async(
@@ -151,5 +139,4 @@ async def drive_async(
         while True:
             step = plan.send(await fan_out(step))
     except StopIteration as done:
-        answer: Rep = done.value
-        return answer
+        return cast(Rep, done.value)

@@ -1,10 +1,7 @@
-"""Run HAProxy as the gateway's data plane and change it live.
+"""Run HAProxy (``haproxy -W``, 2.6 or newer) as the gateway's data plane and change it live.
 
-:class:`HAProxy` runs ``haproxy -W`` on :func:`hloserve.gateway.dataplane.render_config`'s
-configuration: a layout with the same backends changes only the map (runtime API,
-HAProxy 2.6 management guide 9.3); other backends are a hitless reload (SIGUSR2 to the
-master); a master that exited is started again (:meth:`HAProxy.respawn`). The binary is
-Debian's ``haproxy`` (2.6.12 in bookworm); docs/gateway.md, "Data plane".
+Same backends: map edits over the runtime API (HAProxy 2.6 management guide 9.3); other
+backends: a hitless reload (SIGUSR2); docs/gateway.md, "Data plane".
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import csv
 import io
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -80,9 +78,7 @@ def runtime_command(path: str, command: str, timeout_s: float = 5.0) -> str:
 
 
 def master_ready(path: str, timeout_s: float) -> bool:
-    """Whether the master answers ``show proc`` within ``timeout_s`` (only then does it handle
-    SIGUSR2).
-    """
+    """Whether the master answers ``show proc`` within ``timeout_s`` (then it handles SIGUSR2)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         data = b""
@@ -99,12 +95,8 @@ def master_ready(path: str, timeout_s: float) -> bool:
 
 
 class HAProxy:
-    """One HAProxy master-worker process serving a :class:`Layout`.
-
-    ``grpc`` is the public host:port (a concrete port), ``control`` the control plane's;
-    the others are :class:`~hloserve.gateway.dataplane.Listen`'s. The master gets SIGTERM when
-    the thread that started it dies (``setpriv --pdeathsig``): start it from a thread that lives
-    as long as the gateway.
+    """One HAProxy master-worker process serving a :class:`Layout`; the master gets SIGTERM when
+    the thread that started it dies (``setpriv --pdeathsig``).
 
     Raises:
         UnavailableError: HAProxy is missing, refuses the configuration or cannot bind.
@@ -199,11 +191,10 @@ class HAProxy:
             )
 
     def wait_started(self) -> None:
-        """Block until the worker answers on the runtime socket and the master on its CLI socket.
+        """Block until the worker and the master answer on their sockets.
 
         Raises:
-            UnavailableError: HAProxy exited or did not answer within :data:`START_TIMEOUT_S`; the
-                message ends with its last 2,000 characters of output.
+            UnavailableError: not within :data:`START_TIMEOUT_S`, ending with HAProxy's output.
         """
         ok = self._wait_runtime(lambda answer: "Name: HAProxy" in answer)
         if not ok or not master_ready(self.master_socket, START_TIMEOUT_S):
@@ -219,9 +210,7 @@ class HAProxy:
         return None if process is None else process.poll()
 
     def restart_delay(self) -> float:
-        """Seconds to wait before the next :meth:`respawn`: :data:`RESTART_BACKOFF_S` doubling per
-        restart in a row, reset once a start ran :data:`RESTART_RESET_S`.
-        """
+        """Seconds before the next :meth:`respawn` (:data:`RESTART_BACKOFF_S`, doubling)."""
         first, most = RESTART_BACKOFF_S
         if time.monotonic() - self._started_at >= RESTART_RESET_S:
             self._backoff_s = 0.0
@@ -229,10 +218,7 @@ class HAProxy:
         return self._backoff_s
 
     def respawn(self) -> bool:
-        """Start the exited master again on the current configuration, map and ports, then return
-        True (call :meth:`wait_started` next, on the thread that started HAProxy); False, doing
-        nothing, while it runs or once closed. Routed totals carry over.
-        """
+        """Start the exited master again (then call :meth:`wait_started`); False while it runs."""
         with self._lock:
             if self.exited() is None:
                 return False
@@ -272,9 +258,7 @@ class HAProxy:
         return runtime_command(self.listen.runtime_socket, command)
 
     def counts(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        """(requests routed so far, requests in flight) per (model, worker) from ``show stat``;
-        routed totals carry over reloads.
-        """
+        """(requests routed, requests in flight) per (model, worker), routed kept over reloads."""
         routed = dict(self._carried)
         inflight: dict[tuple[str, str], int] = {}
         model_of = {backend: model for model, backend in self.layout.models.items()}
@@ -290,12 +274,10 @@ class HAProxy:
         return routed, inflight
 
     def _stat_rows(self) -> list[dict[str, str]]:
-        """``show stat`` as one dict per proxy row."""
         return list(csv.DictReader(io.StringIO(self.runtime("show stat").lstrip("# "))))
 
     def apply(self, layout: Layout, config: GatewayConfig | None = None) -> None:
-        """Serve ``layout``: map edits at runtime, or a hitless reload for new backends or for a
-        ``config`` with other workers (DNS discovery).
+        """Serve ``layout`` (and ``config``'s workers): map edits, else a hitless reload.
 
         Raises:
             UnavailableError: the reload did not come up (the old worker keeps serving).
@@ -308,7 +290,7 @@ class HAProxy:
             if layout == self.layout and not fleet:
                 return
             if not fleet and layout.same_backends(self.layout):
-                self._edit_map(self.listen.map_file, self.layout.models, layout.models)
+                self._edit_map(self.layout.models, layout.models)
                 self.layout = layout
                 return
             with contextlib.suppress(OSError, ValueError):
@@ -320,7 +302,8 @@ class HAProxy:
             self._reload()
             self.layout = layout
 
-    def _edit_map(self, path: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    def _edit_map(self, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+        path = self.listen.map_file
         Path(path).write_text(render_map(after))
         for verb, key, value in map_changes(before, after):
             target = "" if value is None else f" {value}"
@@ -330,18 +313,17 @@ class HAProxy:
 
     def _reload(self) -> None:
         assert self._process is not None
-        before = self.runtime("show info")
-        pid_before = _field(before, "Pid")
+        pid_before = _pid(self.runtime("show info"))
         os.kill(self._process.pid, signal.SIGUSR2)
-        if not self._wait_runtime(lambda answer: _field(answer, "Pid") not in ("", pid_before)):
+        if not self._wait_runtime(lambda answer: _pid(answer) not in ("", pid_before)):
             raise UnavailableError(
                 f"gateway: HAProxy did not reload {self.config_file}; see "
                 f"{self._dir / 'haproxy.log'}"
             )
 
     def _drain(self, drain_s: float) -> None:
-        """Disable the public frontends, then wait up to ``drain_s`` until no request is in flight
-        (not SIGUSR1: a re-executed master does not pass it on, HAProxy 2.6.12).
+        """Disable the public frontends (not SIGUSR1: a reloaded 2.6.12 master drops it), then wait
+        up to ``drain_s`` until no request is in flight.
         """
         log.info("gateway: HAProxy drains: new connections refused, up to %.0f s", drain_s)
         frontends = ["grpc"] + (["http"] if self.listen.http is not None else [])
@@ -364,7 +346,6 @@ class HAProxy:
             time.sleep(0.05)
 
     def _in_flight(self) -> int:
-        """Requests served or queued over every backend; 0 when the socket does not answer."""
         try:
             rows = self._stat_rows()
         except OSError:
@@ -376,9 +357,7 @@ class HAProxy:
         )
 
     def close(self, drain_s: float = 0.0) -> None:
-        """Stop HAProxy and remove its files (idempotent): with ``drain_s`` > 0 drained first
-        (:meth:`_drain`), then SIGTERM, then SIGKILL.
-        """
+        """Stop HAProxy (drained up to ``drain_s``, SIGTERM, SIGKILL) and remove its files."""
         process, self._process = self._process, None
         atexit.unregister(self.close)
         if process is not None and process.poll() is None and drain_s > 0:
@@ -395,9 +374,6 @@ class HAProxy:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _field(info: str, name: str) -> str:
-    for line in info.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == name:
-            return value.strip()
-    return ""
+def _pid(info: str) -> str:
+    match = re.search(r"^\s*Pid\s*:(.*)$", info, re.MULTILINE)  # a ``show info`` line
+    return match.group(1).strip() if match else ""

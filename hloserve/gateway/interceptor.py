@@ -1,10 +1,7 @@
 """The gateway's one error-to-status path: a ``grpc.aio`` server interceptor.
 
-Servicers raise instead of aborting; :class:`ErrorInterceptor` answers an
-:class:`~hloserve.errors.HloserveError` with its status and message (a relayed
-:class:`~hloserve.errors.UpstreamError` keeps the worker's code) and any other exception with
-INTERNAL naming its type, traceback logged. A stream ends with the status after the messages
-already sent.
+Servicers raise :class:`~hloserve.errors.HloserveError` (a relayed ``UpstreamError`` keeps the
+worker's code); any other exception is INTERNAL naming its type, traceback logged.
 """
 
 from __future__ import annotations
@@ -40,11 +37,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc_code(Status.INTERNAL), f"internal error: {type(exc).__name__}: {exc}"
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    code, message = status_of(exc)
-    await context.abort(code, message)
-
-
 def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -52,7 +44,7 @@ def _unary_response(behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort(context, exc)
+            await context.abort(*status_of(exc))
 
     return call
 
@@ -65,7 +57,7 @@ def _stream_response(behavior: Callable[..., Any]) -> Callable[..., AsyncIterato
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort(context, exc)
+            await context.abort(*status_of(exc))
 
     return call
 
@@ -81,6 +73,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The method's handler, wrapped."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler

@@ -1,12 +1,7 @@
 """Explicit model control through the gateway: which workers a load or an unload goes to.
 
-One decision for both protocols (docs/gateway.md, "Model control"): the gRPC servicer and the
-KServe HTTP server call :meth:`ModelControl.run` with a :data:`Send` that carries one step to
-some workers in their own protocol. A model some worker holds is loaded or unloaded on those
-workers; an unload of a model no worker holds goes to every worker; a new load goes where
-``place`` puts it among the workers whose repository has it; a meta model goes with its
-callees (loaded first). A bad ``file:`` override is refused before any worker
-(:func:`check_file_overrides`). The routing table is rediscovered afterwards.
+One decision for both protocols (docs/gateway.md, "Model control"): the gRPC and KServe HTTP
+servers call :meth:`ModelControl.run` with a :data:`Send` carrying one step in their protocol.
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ Send = Callable[[Action, str, Sequence[str]], Awaitable[list[tuple[str, R]]]]
 #: Where a model no worker holds goes: ``(model, callees, candidates)`` -> some candidates.
 Place = Callable[[str, Sequence[str], Sequence[str]], Sequence[str]]
 
-#: Triton's index reason (state UNAVAILABLE) of a model unloaded on request; also the state
-#: :meth:`ModelControl.indexes` gives such a row.
+#: Triton's index reason (state UNAVAILABLE) of a model unloaded on request.
 UNLOADED_REASON = "unloaded"
 
 #: Prefix of a load parameter overriding a file of the model's directory (Triton).
@@ -56,12 +50,9 @@ def check_file_overrides(model: str, parameters: Collection[str]) -> None:
     """Refuse a load whose ``file:<path>`` parameter names a path tritonserver cannot create.
 
     Raises:
-        HloserveError: status INTERNAL, text starting "failed to load 'm', failed to poll from
-            model repository"
-            (what tritonserver answers for such a path where it does not abort, and what
-            Triton's model-control examples expect): a path (UTF-8) with a component over
-            :data:`NAME_MAX` bytes or over :data:`PATH_MAX` bytes in all; names the model, the
-            parameter (64 characters) and the limit.
+        HloserveError: INTERNAL, "failed to load 'm', failed to poll from model repository..."
+            (tritonserver's text) for a component over :data:`NAME_MAX` or a path over
+            :data:`PATH_MAX` bytes (UTF-8); names the model, the parameter and the limit.
     """
     for name in parameters:
         if not name.startswith(FILE_OVERRIDE_PREFIX):
@@ -87,12 +78,7 @@ def check_file_overrides(model: str, parameters: Collection[str]) -> None:
 
 @dataclass(frozen=True)
 class Outcome(Generic[R]):
-    """The answers of the step that decides the client's answer.
-
-    Attributes:
-        answers: ``(worker, answer)`` of the last step sent, or of the first step refused.
-        failed: whether some worker refused that step.
-    """
+    """``(worker, answer)`` of the step deciding the client's answer; ``failed``: one refused."""
 
     answers: list[tuple[str, R]]
     failed: bool
@@ -100,11 +86,8 @@ class Outcome(Generic[R]):
 
 @dataclass(eq=False)
 class ModelControl:
-    """The model-control decision of the module docstring, on the gateway's event loop.
-
-    ``refresh`` rediscovers the routing table after the steps (forced when a
-    :class:`~hloserve.gateway.discovery.SingleFlight`); ``place``: where a model no worker holds
-    goes (None: every candidate).
+    """The model-control decision, on the gateway's event loop; ``refresh`` runs after the steps,
+    ``place`` picks a new model's workers (None: every candidate).
     """
 
     router: Router
@@ -115,10 +98,7 @@ class ModelControl:
     _calls: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
 
     async def indexes(self) -> dict[str, dict[str, str]]:
-        """worker -> {model: state} of every worker that answers ``RepositoryIndex`` ("" never
-        loaded,
-        ``"unloaded"`` unloaded on request).
-        """
+        """worker -> {model: state} of the workers answering (``"unloaded"``: on request)."""
 
         async def index(worker: str) -> dict[str, str] | None:
             try:
@@ -135,16 +115,8 @@ class ModelControl:
         found = await asyncio.gather(*(index(w) for w in self.upstreams.workers))
         return {w: i for w, i in zip(self.upstreams.workers, found, strict=True) if i is not None}
 
-    @staticmethod
-    def holders(model: str, indexes: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """The workers holding ``model`` (listed in a state but not unloaded), in worker order."""
-        return [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
-
     async def meta_calls(self, model: str, worker: str) -> tuple[str, ...] | None:
-        """The callees of ``model`` (:func:`group_calls`) from its config on ``worker``; () for
-        another
-        model; None when the config cannot be read.
-        """
+        """``model``'s callees (:func:`group_calls`) on ``worker``; None: config unreadable."""
         try:
             return group_calls(
                 await self.upstreams.model_config(worker, model, self.probe_timeout_s)
@@ -178,14 +150,11 @@ class ModelControl:
         ok: Callable[[R], bool],
         parameters: Collection[str] = (),
     ) -> Outcome[R]:
-        """Load or unload ``model`` (module docstring); ``parameters``: the load's parameter names.
-
-        Returns:
-            The answers of the deciding step: the first refused, else the client's model's last.
+        """Load or unload ``model`` (``parameters``: the load's parameter names).
 
         Raises:
             FailedPreconditionError: an unload of :data:`hloserve.names.RUNTIME_MODEL`.
-            HloserveError: a bad ``file:`` override (INTERNAL, :func:`check_file_overrides`).
+            HloserveError: a bad ``file:`` override (:func:`check_file_overrides`).
         """
         if action == "unload" and model == RUNTIME_MODEL:
             raise FailedPreconditionError(
@@ -197,11 +166,10 @@ class ModelControl:
         try:
             return await self._run(action, model, send, ok)
         finally:
-            if isinstance(self.refresh, SingleFlight):  # now, not within its interval
-                with contextlib.suppress(Exception):  # the next poll tries again
+            with contextlib.suppress(Exception):  # the next poll tries again
+                if isinstance(self.refresh, SingleFlight):  # now, not within its interval
                     await self.refresh(force=True)
-            elif self.refresh is not None:
-                with contextlib.suppress(Exception):
+                elif self.refresh is not None:
                     await self.refresh()
 
     async def _run(
@@ -212,7 +180,8 @@ class ModelControl:
             return Outcome(answers, not all(ok(a) for _, a in answers))
 
         indexes = await self.indexes()
-        held = self.holders(model, indexes)
+        # the workers holding it: listed in a state but not unloaded
+        held = [w for w, i in indexes.items() if i.get(model, "") not in ("", UNLOADED_REASON)]
         if held or action == "unload":
             return await step(model, held or list(self.upstreams.workers), action)
         calls = self.known_calls(model)
@@ -236,9 +205,7 @@ class ModelControl:
         first: Outcome[R] | None,
         step: Callable[..., Awaitable[Outcome[R]]],
     ) -> Outcome[R]:
-        """Load meta ``model``'s group (callees first) on its workers; unload the meta from the
-        workers ``first`` loaded it on outside them.
-        """
+        """Load meta ``model``'s group (callees first); unload it where ``first`` put it outside."""
         loaded = [w for w, _ in first.answers] if first is not None else []
         whole = [
             w for w, i in indexes.items() if model in i and all(i.get(c) == "READY" for c in calls)

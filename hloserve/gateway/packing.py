@@ -1,16 +1,12 @@
-"""The ``lpt_packing`` control loop: statistics in, routing table out (no I/O).
-
-:class:`LptController` keeps per-model EWMAs of arrival rate and cost per item, repacks with
-:func:`~hloserve.gateway.placement.compute_placement` when due and restricts the discovered
-table to the placement (docs/gateway.md, "The lpt_packing control loop"); weights come from
-:func:`weights_from_metrics`.
+"""The ``lpt_packing`` control loop: statistics in, routing table out (no I/O; docs/gateway.md,
+"The lpt_packing control loop").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hloserve.errors import InvalidArgumentError
 from hloserve.gateway.config import SchedulingConfig
@@ -21,7 +17,7 @@ from hloserve.gateway.placement import (
     WorkerCapacity,
     compute_placement,
 )
-from hloserve.gateway.routing import ModelRoute, RoutingTable
+from hloserve.gateway.routing import RoutingTable
 from hloserve.names import RUNTIME_MODEL
 from hloserve.prometheus_text import cache_status
 
@@ -30,11 +26,8 @@ log = logging.getLogger("hloserve.gateway")
 
 @dataclass(frozen=True)
 class Counters:
-    """Cumulative counters of one model on one worker.
-
-    Attributes:
-        items: items served (Triton ``inference_count``).
-        compute_seconds: sum of ``batch_stats[*].compute_infer.ns`` / 1e9 (once per execution).
+    """Cumulative counters of one model on one worker: Triton's ``inference_count`` and
+    ``batch_stats[*].compute_infer.ns`` in seconds.
     """
 
     items: int
@@ -43,23 +36,14 @@ class Counters:
 
 @dataclass(frozen=True)
 class WeightInfo:
-    """Weight footprints and budgets as the workers' runtimes publish them.
-
-    Attributes:
-        model_bytes: model -> device bytes of its weights (the largest any worker reports).
-        budget_bytes: worker -> weight cache budget, bytes (0 or absent = unlimited).
-    """
+    """Model -> weight bytes (the largest reported), worker -> weight budget bytes (0: none)."""
 
     model_bytes: Mapping[str, int] = field(default_factory=dict)
     budget_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 def weights_from_metrics(texts: Mapping[str, str]) -> WeightInfo:
-    """Footprints and budgets from each worker's Prometheus text (worker -> text).
-
-    Reads ``hloserve_weight_cache_budget_bytes`` and ``hloserve_weight_bytes{model}``
-    (:func:`hloserve.prometheus_text.cache_status`); a worker without them is left out.
-    """
+    """Footprints and budgets from each worker's Prometheus text (:func:`cache_status`)."""
     models: dict[str, int] = {}
     budgets: dict[str, int] = {}
     for worker, text in texts.items():
@@ -84,10 +68,7 @@ class _Estimate:
 class LptController:
     """Turns discovery results and statistics into the ``lpt_packing`` routing table.
 
-    Not thread-safe: one discovery loop owns it. The runtime model is never estimated or placed
-    and keeps every replica. A meta model and its callees are one
-    placement unit (docs/meta_models.md): the meta weighs its callees' bytes with no compute of
-    its own, and each callee is also routed where the meta went.
+    Not thread-safe. A meta and its callees are one placement unit (docs/meta_models.md).
     """
 
     def __init__(self, scheduling: SchedulingConfig) -> None:
@@ -107,18 +88,14 @@ class LptController:
         self.weights = WeightInfo()
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
-        """Use new knobs: replica counts and hysteresis at the next repack, budgets at once
-        (the EWMAs and the accumulated compute are kept).
-        """
+        """Use new knobs (the EWMAs and the accumulated compute are kept)."""
         self._scheduling = scheduling
         self.clock.retune(
             scheduling.rebalance_compute_seconds, scheduling.first_rebalance_compute_seconds
         )
 
     def repack_now(self) -> RoutingTable:
-        """Repack with the current estimates and the last discovered table (an operator repack; the
-        clock is untouched); the table to route with, empty before the first :meth:`tick`.
-        """
+        """Repack the last discovered table now (the clock untouched); the table to route with."""
         workers = sorted({w for r in self._discovered.routes.values() for w in r.replicas})
         if workers:
             self._repack(self._discovered, workers, self.weights)
@@ -131,24 +108,16 @@ class LptController:
     def observe(
         self, counters: Mapping[tuple[str, str], Counters], elapsed_seconds: float
     ) -> float:
-        """Fold one tick's cumulative counters in; returns the fleet compute seconds spent.
-
-        A counter that went down (worker restart) counts from zero. A sample's EWMA weight is
-        ``1 - 0.5 ** (fleet compute seconds / rebalance_compute_seconds)``, 1 for a model's first.
-        """
+        """Fold one tick's cumulative counters into the EWMAs; returns the fleet compute seconds."""
         items: dict[str, int] = {}
         compute: dict[str, float] = {}
         metas = {n for n, r in self._discovered.routes.items() if r.calls}
         for key, now in counters.items():
             if key[0] in self._internal or key[0] in metas:
                 continue
-            before = self._last.get(key)
-            if (
-                before is None
-                or now.items < before.items
-                or now.compute_seconds < before.compute_seconds
-            ):
-                before = Counters(0, 0.0) if before is not None else now
+            before = self._last.get(key, now)
+            if now.items < before.items or now.compute_seconds < before.compute_seconds:
+                before = Counters(0, 0.0)  # the worker restarted
             model = key[0]
             items[model] = items.get(model, 0) + now.items - before.items
             compute[model] = compute.get(model, 0.0) + now.compute_seconds - before.compute_seconds
@@ -175,11 +144,7 @@ class LptController:
         elapsed_seconds: float,
         weights: WeightInfo | None = None,
     ) -> RoutingTable:
-        """One control step: observe, repack if due, and return the table to route with.
-
-        Repacks at the first tick, when the models or workers changed, and when the clock is due.
-        Models unplaced (or whose placed workers are gone) route over every discovered replica.
-        """
+        """One control step: observe, repack if due or the fleet changed, return the table."""
         self._discovered = discovered
         fleet = self.observe(counters, elapsed_seconds)
         if weights is not None:
@@ -196,12 +161,8 @@ class LptController:
     def place_new(
         self, model: str, workers: Sequence[str], calls: Sequence[str] = ()
     ) -> tuple[str, ...]:
-        """The workers a model no worker holds should be loaded on ("Model control").
-
-        Placed as a repack would place the current models plus ``model`` (a meta: with the
-        footprint of ``calls``; no traffic yet, so by memory); only ``model``'s share is
-        returned, in placement order; all of ``workers`` (the healthy candidates) when it is
-        internal or there are none.
+        """The ``workers`` a model no worker holds should be loaded on, placed as a repack would
+        (docs/gateway.md, "Model control").
         """
         if model in self._internal or not workers:
             return tuple(workers)
@@ -219,26 +180,19 @@ class LptController:
         return chosen
 
     def _loads(self, discovered: RoutingTable, weights: WeightInfo) -> list[ModelLoad]:
-        """What :func:`compute_placement` places: every discovered model but the internal ones."""
         loads = []
         for name, route in discovered.routes.items():
             if name in self._internal:
                 continue
-            if route.calls:  # a meta
+            replicas = self._scheduling.replicas_of(name)
+            if route.calls:  # a meta: its callees' bytes, no compute of its own
                 footprint = sum(weights.model_bytes.get(c, 0) for c in route.calls)
-                replicas = self._scheduling.replicas_of(name)
                 loads.append(ModelLoad(name, weight_bytes=footprint, replicas=replicas))
                 continue
             estimate = self._estimates.get(name, _Estimate())
             cost = estimate.cost or route.cost_per_item_seconds or 0.0
             loads.append(
-                ModelLoad(
-                    name,
-                    arrival_rate=estimate.rate,
-                    cost_per_item_seconds=cost,
-                    weight_bytes=weights.model_bytes.get(name, 0),
-                    replicas=self._scheduling.replicas_of(name),
-                )
+                ModelLoad(name, estimate.rate, cost, weights.model_bytes.get(name, 0), replicas)
             )
         return loads
 
@@ -275,13 +229,8 @@ class LptController:
         routes = {}
         for name, route in discovered.routes.items():
             placed = tuple(w for w in assignment.get(name, ()) if w in route.replicas)
-            estimate = self._estimates.get(name)
-            cost = estimate.cost if estimate is not None and estimate.cost > 0 else None
-            routes[name] = ModelRoute(
-                placed or route.replicas,
-                max_batch=route.max_batch,
-                cost_per_item_seconds=cost or route.cost_per_item_seconds,
-                calls=route.calls,
-                stateful=route.stateful,
+            cost = self._estimates.get(name, _Estimate()).cost or route.cost_per_item_seconds
+            routes[name] = replace(
+                route, replicas=placed or route.replicas, cost_per_item_seconds=cost
             )
         return discovered.with_routes(routes)

@@ -17,9 +17,7 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class ModelLoad:
-    """What the packer knows of one model: arrival rate (items/s), cost per item (seconds), weight
-    bytes (charged in full to every replica), replicas (clamped to the fleet, or ``"all"``).
-    """
+    """One model to pack: items/s, seconds per item, weight bytes (per replica), replicas."""
 
     name: str
     arrival_rate: float = 0.0
@@ -35,9 +33,7 @@ class ModelLoad:
 
 @dataclass(frozen=True)
 class WorkerCapacity:
-    """What the packer knows of one worker: its endpoint, weight budget (bytes; 0 = unconstrained),
-    compute capacity (compute seconds per second; 1.0 = one GPU).
-    """
+    """One worker: weight budget (bytes; 0 = unconstrained), capacity (1.0 = one GPU)."""
 
     name: str
     weight_budget_bytes: int = 0
@@ -46,13 +42,8 @@ class WorkerCapacity:
 
 @dataclass(frozen=True)
 class Placement:
-    """Result of one packing.
-
-    Attributes:
-        assignment: model name -> workers holding it (distinct, in the order chosen).
-        compute_share: worker -> compute seconds per second assigned / capacity.
-        moved: models whose worker set differs from the previous placement.
-        held_by_hysteresis: models that kept a worker although another was less pressured.
+    """Result of one packing: model -> workers (in the order chosen), worker -> compute share
+    and weight bytes, the models moved or held by hysteresis, and warnings.
     """
 
     assignment: Mapping[str, tuple[str, ...]]
@@ -70,9 +61,7 @@ def _memory_share(used: int, budget: int) -> float:
 def _slot_key(
     worker: WorkerCapacity, model: ModelLoad, share: float, compute: float, memory: int
 ) -> tuple[float, float]:
-    """Sort key of one replica of ``model`` on ``worker`` (lower is better): (pressure, memory
-    share) after it; reversed for a cold model. The first element is rounded to ``_EPS``.
-    """
+    """(pressure, memory share) after a replica of ``model`` on ``worker`` (reversed if cold)."""
     mem = _memory_share(memory + model.weight_bytes, worker.weight_budget_bytes)
     pressure = max((compute + share) / worker.compute_capacity, mem)
     first, second = (mem, pressure) if model.utilization == 0.0 else (pressure, mem)
@@ -87,8 +76,7 @@ def compute_placement(
     hysteresis: float = 0.0,
     forbid_memory_oversubscription: bool = True,
 ) -> Placement:
-    """Place every model on its replica count of distinct workers, heaviest first, by Graham's LPT
-    rule over compute share and weight memory with hysteresis (docs/gateway.md, "Placement
+    """Place every model on its replica count of distinct workers (docs/gateway.md, "Placement
     (lpt_packing)").
 
     Raises:
@@ -174,29 +162,20 @@ def compute_placement(
                 f"worker {w.name}: {memory[w.name]} bytes of weights assigned over a budget of"
                 f" {w.weight_budget_bytes}"
             )
-    moved = tuple(
-        sorted(
-            name
-            for name, placed in assignment.items()
-            if name in previous and set(previous[name]) != set(placed)
-        )
-    )
+    moved = [m for m, ws in assignment.items() if m in previous and set(previous[m]) != set(ws)]
     return Placement(
         assignment=assignment,
         compute_share={w.name: compute[w.name] / w.compute_capacity for w in workers},
         weight_bytes=memory,
-        moved=moved,
+        moved=tuple(sorted(moved)),
         held_by_hysteresis=tuple(sorted(held)),
         warnings=tuple(warnings),
     )
 
 
 class RepackClock:
-    """Decides when traffic calls for a repack, counting fleet compute-seconds.
-
-    A repack is due once the fleet compute seconds reported by :meth:`advance` reach the budget
-    (``first_rebalance_compute_seconds`` for the first when > 0, then
-    ``rebalance_compute_seconds``); an idle fleet never repacks. Not thread-safe.
+    """Decides when traffic calls for a repack: once the fleet compute-seconds reach the budget
+    (:attr:`budget_seconds`); an idle fleet never repacks. Not thread-safe.
     """
 
     def __init__(
@@ -229,9 +208,7 @@ class RepackClock:
     @property
     def budget_seconds(self) -> float:
         """Compute seconds the next traffic-driven repack waits for."""
-        if self.repacks == 0 and self._first > 0:
-            return self._first
-        return self._rebalance
+        return self._first if self.repacks == 0 and self._first > 0 else self._rebalance
 
     def advance(self, fleet_compute_seconds: float) -> bool:
         """Add one tick's fleet compute-seconds; True when a repack is due (then resets)."""

@@ -1,12 +1,7 @@
 """The gateway's Python servicer: ``inference.GRPCInferenceService`` behind HAProxy.
 
-It does only what HAProxy cannot (docs/gateway.md, "Proxy"): ``ModelInfer`` of a name
-HAProxy's map lacks or with a BYTES first input (Triton's NOT_FOUND or UNAVAILABLE, or the
-shapes checked and the bytes sent back to HAProxy's checked bind), every ``ModelStreamInfer``
-(:class:`hloserve.gateway.streams.StreamRelay`), and the fleet RPCs of
-:class:`hloserve.gateway.fanout.FleetRpcs`. Errors are raised as
-:class:`hloserve.errors.HloserveError` and answered by
-:class:`hloserve.gateway.interceptor.ErrorInterceptor`.
+It does only what HAProxy cannot (docs/gateway.md, "Proxy"): ``ModelInfer`` HAProxy's map did
+not route, ``ModelStreamInfer`` (:mod:`~.streams`) and the fleet RPCs (:mod:`~.fanout`).
 """
 
 from __future__ import annotations
@@ -30,11 +25,8 @@ from hloserve.gateway.wire import InferHead, check_shapes, peek_infer_request
 
 
 class GatewayProxy:
-    """Handlers of the gateway's ``inference.GRPCInferenceService``.
-
-    ``refresh`` runs when a request names a model not in the table (a discovery pass);
-    ``place``: where a model no worker holds is loaded (:attr:`model_control`, shared with the
-    KServe HTTP server).
+    """Handlers of the gateway's ``inference.GRPCInferenceService``; ``refresh`` runs a discovery
+    pass for a model not in the table, ``place`` is :class:`ModelControl`'s.
     """
 
     def __init__(
@@ -62,19 +54,16 @@ class GatewayProxy:
     def send_checked_to(
         self, data_plane: Upstreams, routable: Callable[[str], Awaitable[None]]
     ) -> None:
-        """Send checked ModelInfer requests to ``data_plane`` (one channel to HAProxy's checked
-        bind), after ``routable(model)`` returned.
-        """
+        """Send checked ModelInfer requests to ``data_plane`` after ``routable(model)`` returned."""
         self._data_plane = data_plane
         self._routable = routable
 
     async def model_infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Answer a ModelInfer HAProxy's map did not route (module docstring).
+        """Answer a ModelInfer HAProxy's map did not route, through its checked bind.
 
         Raises:
-            NotFoundError: no worker lists the model, or none has a version loaded (Triton's texts).
-            UnavailableError: a replica unreachable (each worker's reason), a name HAProxy cannot
-                route, or HAProxy unreachable.
+            NotFoundError: no worker lists the model or has a version loaded (Triton's texts).
+            UnavailableError: no replica reachable, a name HAProxy cannot route, or no HAProxy.
             InvalidArgumentError: malformed, or shapes no model can run.
         """
         head = peek_infer_request(request)
@@ -101,17 +90,12 @@ class GatewayProxy:
     async def model_stream_infer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """Relay a ``ModelStreamInfer`` stream (:class:`hloserve.gateway.streams.StreamRelay`)."""
+        """Relay a ``ModelStreamInfer`` stream (:class:`~.streams.StreamRelay`)."""
         relay = StreamRelay(self._router, self._upstreams, self._check, self._turn)
         async for reply in relay.run(requests):
             yield reply
 
     async def _check(self, head: InferHead) -> None:
-        """Check a request's shapes against its model's route (after a discovery pass when unknown).
-
-        Raises:
-            InvalidArgumentError: shapes no model can run.
-        """
         route = self._router.table.get(head.model_name)
         if route is None and self._refresh is not None:
             await self._refresh()
@@ -121,7 +105,6 @@ class GatewayProxy:
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
-
         raw = grpc.unary_unary_rpc_method_handler
         handlers = {
             "ModelInfer": raw(self.model_infer),
@@ -134,10 +117,8 @@ class GatewayProxy:
 def make_server(
     proxy: GatewayProxy, listen: str, limits: GrpcLimits, auth: ControlAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
-    """A ``grpc.aio`` server (not started) serving ``proxy`` on ``listen``, and its port.
-
-    ``SO_REUSEPORT`` is off, so a second gateway on a taken port fails to bind. With ``auth``,
-    control calls need a credential (:class:`hloserve.gateway.auth.AuthInterceptor`).
+    """A ``grpc.aio`` server (not started, no ``SO_REUSEPORT``) serving ``proxy`` on ``listen``,
+    and its port; with ``auth``, control calls need a credential.
 
     Raises:
         UnavailableError: ``listen`` cannot be bound.

@@ -1,15 +1,10 @@
-"""The gateway's routing table and :class:`Router`, its thread-safe holder (no gRPC).
-
-Discovery, health and placement build a new :class:`RoutingTable` and swap it in whole; the
-router also keeps the live knobs and HAProxy's routed and in-flight counts per (model,
-worker), read by ``GetSchedulingStatus`` and ``/metrics``.
-"""
+"""The gateway's routing table, :class:`Router` (its thread-safe holder) and worker health."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hloserve.errors import NotFoundError, UnavailableError
@@ -27,14 +22,9 @@ REPORTS = "reports "
 
 @dataclass(frozen=True)
 class ModelRoute:
-    """Where one model can be served.
-
-    Attributes:
-        replicas: worker endpoints holding the model, distinct, in table order.
-        max_batch: Triton ``max_batch_size`` in items; None when unknown or not batching.
-        cost_per_item_seconds: measured compute seconds per item; None until measured.
-        calls: a meta's or ensemble's callees (its placement group); () for a plain model.
-        stateful: Triton's sequence batcher: discovery routes it to one replica.
+    """Where one model can be served: distinct ``replicas``, Triton ``max_batch_size`` (None: not
+    batching or unknown), measured seconds per item, a meta's or ensemble's callees, and whether
+    it has a sequence batcher (one replica).
     """
 
     replicas: tuple[str, ...]
@@ -43,19 +33,10 @@ class ModelRoute:
     calls: tuple[str, ...] = ()
     stateful: bool = False
 
-    def __post_init__(self) -> None:
-        if len(set(self.replicas)) != len(self.replicas):
-            raise ValueError(f"replicas must be distinct, got {self.replicas}")
-
 
 class RoutingTable:
-    """Immutable map of model name -> :class:`ModelRoute`, with why models cannot be routed.
-
-    Args:
-        unready: model -> {worker: why not routable there}, e.g. ``"reports UNAVAILABLE: load
-            failed"``.
-        unreachable: worker -> why it did not answer discovery (its models are unknown, not
-            absent).
+    """Immutable map of model name -> :class:`ModelRoute`; ``unready``: model -> {worker: why
+    not routable there}; ``unreachable``: worker -> why it did not answer discovery.
     """
 
     def __init__(
@@ -65,20 +46,15 @@ class RoutingTable:
         unready: Mapping[str, Mapping[str, str]] | None = None,
         unreachable: Mapping[str, str] | None = None,
     ) -> None:
-        self._routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
+        self.routes: Mapping[str, ModelRoute] = MappingProxyType(dict(routes or {}))
         self.unready: Mapping[str, Mapping[str, str]] = MappingProxyType(
             {m: MappingProxyType(dict(w)) for m, w in (unready or {}).items()}
         )
         self.unreachable: Mapping[str, str] = MappingProxyType(dict(unreachable or {}))
 
-    @property
-    def routes(self) -> Mapping[str, ModelRoute]:
-        """Read-only view of every route."""
-        return self._routes
-
     def get(self, model: str) -> ModelRoute | None:
         """The route of ``model``, or None."""
-        return self._routes.get(model)
+        return self.routes.get(model)
 
     def with_routes(
         self,
@@ -92,10 +68,8 @@ class RoutingTable:
         return RoutingTable(routes, unready=merged, unreachable=self.unreachable)
 
     def no_route_error(self, model: str) -> NotFoundError | UnavailableError:
-        """The error for a request of ``model`` no replica can take, in Triton's words where one
-        tritonserver has the same condition: NOT_FOUND :data:`TRITON_UNKNOWN_MODEL` when no
-        reachable worker lists it, NOT_FOUND :data:`TRITON_NO_VERSIONS` with every worker's reason
-        when all that list it report it not ready; else UNAVAILABLE naming the workers.
+        """The error for a request of ``model`` no replica can take: Triton's NOT_FOUND texts
+        where one tritonserver would say them, else UNAVAILABLE naming the workers.
         """
         unready = sorted(self.unready.get(model, {}).items())
         reasons = "; ".join(f"worker {w} {why}" for w, why in unready)
@@ -103,7 +77,7 @@ class RoutingTable:
             return NotFoundError(f"{TRITON_NO_VERSIONS.format(model=model)} ({reasons})")
         if reasons:
             return UnavailableError(f"model {model!r} has no ready replica: {reasons}")
-        if model in self._routes:
+        if model in self.routes:
             return UnavailableError(f"model {model!r} has no ready replica")
         if self.unreachable:
             down = "; ".join(f"{w} ({why})" for w, why in sorted(self.unreachable.items()))
@@ -118,35 +92,25 @@ class Router:
 
     def __init__(self, table: RoutingTable | None = None) -> None:
         self._lock = threading.Lock()
-        self._table = table or RoutingTable()
-        self._scheduling: SchedulingConfig | None = None
+        #: The current table (an immutable snapshot).
+        self.table = table or RoutingTable()
+        #: The knobs last handed to :meth:`update_scheduling` (None: the config's).
+        self.scheduling: SchedulingConfig | None = None
         self._routed: Mapping[tuple[str, str], int] = {}
         self._outstanding: Mapping[tuple[str, str], int] = {}
-
-    @property
-    def scheduling(self) -> SchedulingConfig | None:
-        """The knobs last handed to :meth:`update_scheduling` (None: the config's)."""
-        return self._scheduling
-
-    @property
-    def table(self) -> RoutingTable:
-        """The current table (an immutable snapshot)."""
-        return self._table
 
     def swap_table(self, table: RoutingTable) -> None:
         """Replace the table atomically."""
         with self._lock:
-            self._table = table
+            self.table = table
 
     def update_scheduling(self, scheduling: SchedulingConfig) -> None:
         """Keep new knobs (the next HAProxy layout uses them)."""
         with self._lock:
-            self._scheduling = scheduling
+            self.scheduling = scheduling
 
     def record_counts(
-        self,
-        routed: Mapping[tuple[str, str], int],
-        outstanding: Mapping[tuple[str, str], int],
+        self, routed: Mapping[tuple[str, str], int], outstanding: Mapping[tuple[str, str], int]
     ) -> None:
         """Replace HAProxy's routed and in-flight counts per (model, worker)."""
         with self._lock:
@@ -170,3 +134,66 @@ class Router:
             if worker in totals:
                 totals[worker] += count
         return totals
+
+
+class HealthTracker:
+    """Which workers are healthy: out of the table after ``failure_threshold`` failed probes in a
+    row, back after one passing probe (docs/gateway.md, "Health probes"); all start healthy.
+
+    Raises:
+        ValueError: ``failure_threshold`` < 1.
+    """
+
+    def __init__(self, workers: Iterable[str], failure_threshold: int) -> None:
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
+        self._threshold = failure_threshold
+        self._failures = {w: 0 for w in workers}
+        self._unhealthy: set[str] = set()
+
+    def record(self, worker: str, ok: bool) -> bool:
+        """Record one probe of ``worker``; True when its health changed."""
+        if ok:
+            self._failures[worker] = 0
+            if worker in self._unhealthy:
+                self._unhealthy.discard(worker)
+                return True
+            return False
+        self._failures[worker] = self._failures.get(worker, 0) + 1
+        if worker not in self._unhealthy and self._failures[worker] >= self._threshold:
+            self._unhealthy.add(worker)
+            return True
+        return False
+
+    def retain(self, workers: Iterable[str]) -> None:
+        """Track exactly ``workers``: new ones start healthy, gone ones are forgotten."""
+        kept = set(workers)
+        self._failures = {w: self._failures.get(w, 0) for w in kept}
+        self._unhealthy &= kept
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        """Workers currently out of the table."""
+        return frozenset(self._unhealthy)
+
+    def is_healthy(self, worker: str) -> bool:
+        """Whether ``worker`` may be routed to."""
+        return worker not in self._unhealthy
+
+
+def restrict_to_healthy(table: RoutingTable, unhealthy: frozenset[str]) -> RoutingTable:
+    """``table`` without the ``unhealthy`` workers (noted); a model keeps its entry, maybe empty."""
+    if not unhealthy:
+        return table
+    why = "unreachable (failed its health probes)"
+    return table.with_routes(
+        {
+            name: replace(route, replicas=tuple(w for w in route.replicas if w not in unhealthy))
+            for name, route in table.routes.items()
+        },
+        unready={
+            name: {w: why for w in route.replicas if w in unhealthy}
+            for name, route in table.routes.items()
+            if any(w in unhealthy for w in route.replicas)
+        },
+    )

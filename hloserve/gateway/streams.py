@@ -1,10 +1,5 @@
-"""``ModelStreamInfer`` through the gateway: every message routed by its own model name.
-
-Relayed as tritonserver serves one stream (docs/gateway.md, "Data plane"): a model's first
-message picks a replica (rotating across streams) and its later ones follow; a message that
-cannot be forwarded gets Triton's error inside the stream, which stays open; answers come in
-completion order; an upstream error ends the stream with its status (no failover). Queues are
-bounded (:data:`QUEUE_MESSAGES`), so gRPC flow control slows a fast client.
+"""``ModelStreamInfer`` through the gateway: every message routed by its own model name, as
+tritonserver serves one stream (docs/gateway.md, "Data plane").
 """
 
 from __future__ import annotations
@@ -30,21 +25,15 @@ _END = None
 
 
 def error_answer(message: str, request_id: str) -> bytes:
-    """A ``ModelStreamInferResponse`` with ``error_message`` and only ``infer_response.id``
-    (Triton's form).
-    """
+    """A ``ModelStreamInferResponse`` with ``error_message`` and ``infer_response.id`` only."""
     response = service_pb2.ModelStreamInferResponse(error_message=message)
     response.infer_response.id = request_id
     return response.SerializeToString()
 
 
 class StreamRelay:
-    """Relays one client ``ModelStreamInfer`` stream to the workers, message by message.
-
-    Args:
-        check: checks a message's head; raises :class:`~hloserve.errors.HloserveError` for
-            shapes no model can run.
-        turn: the rotation counter shared by the gateway's streams.
+    """Relays one client ``ModelStreamInfer`` stream to the workers, message by message;
+    ``check`` raises for a head no model can run, ``turn`` rotates replicas across streams.
     """
 
     def __init__(
@@ -82,7 +71,6 @@ class StreamRelay:
             await asyncio.gather(reader, *self._relays, return_exceptions=True)
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
-        """Route each client message, then end the stream once every upstream one ended."""
         try:
             async for request in requests:
                 await self._route(request)
@@ -96,7 +84,6 @@ class StreamRelay:
         await self._answers.put(_END)
 
     async def _route(self, request: bytes) -> None:
-        """One message: to its model's worker for this stream, or Triton's error in the stream."""
         head = None
         try:
             head = peek_infer_request(request)
@@ -120,7 +107,6 @@ class StreamRelay:
         await queue.put(request)
 
     async def _relay(self, worker: str, queue: asyncio.Queue[bytes | None]) -> None:
-        """One upstream stream: ``queue``'s messages to ``worker``, its answers to the client."""
         ended = asyncio.Event()  # the client half-closed
 
         async def messages() -> AsyncIterator[bytes]:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
 
+from hloserve.errors import InvalidArgumentError, WorkerSchedulingError
 from hloserve.gateway.config import GrpcLimits
 from hloserve.gateway.packing import Counters
+from hloserve.model_parameters import RuntimeParameters, string_values
+from hloserve.names import PARAM_SCHEDULING, RUNTIME_BACKEND, RUNTIME_MODEL
+
+log = logging.getLogger("hloserve.gateway")
+
+_NO_RUNTIME = "gateway: worker %s serves no hloserve runtime; its scheduling is unknown"
 
 SERVICE = "inference.GRPCInferenceService"
-
 
 #: Reconnect backoff of the upstream channels, milliseconds: at most 2 s (gRPC's default grows
 #: to 120 s, so a restarted worker would stay unreachable long after it is ready).
@@ -22,11 +29,6 @@ RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
-
-
-def method_path(name: str) -> str:
-    """The gRPC path of ``name`` in ``inference.GRPCInferenceService``."""
-    return f"/{SERVICE}/{name}"
 
 
 def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
@@ -38,11 +40,8 @@ def channel_options(limits: GrpcLimits) -> list[tuple[str, int]]:
 
 
 class Upstreams:
-    """One ``grpc.aio`` channel per worker; calls carry raw bytes both ways.
-
-    Args:
-        repository_metadata: gRPC metadata of every ``RepositoryIndex`` call (the workers'
-            model-control key, :func:`hloserve.model_control.grpc_metadata`).
+    """One ``grpc.aio`` channel per worker, raw bytes both ways; ``repository_metadata`` goes
+    with every ``RepositoryIndex`` call (the workers' model-control key).
     """
 
     def __init__(
@@ -61,9 +60,7 @@ class Upstreams:
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_workers(self, workers: Sequence[str]) -> tuple[str, ...]:
-        """Make ``workers`` the fleet; returns the workers gone, whose channels stay open for calls
-        already made until :meth:`drop`.
-        """
+        """Make ``workers`` the fleet; returns those gone (open until :meth:`drop`)."""
         self.workers = tuple(workers)
         for worker in self.workers:
             if worker not in self._channels:
@@ -87,15 +84,15 @@ class Upstreams:
         key = (worker, method)
         call = self._unary.get(key)
         if call is None:
-            call = self._unary[key] = self._channels[worker].unary_unary(method_path(method))
+            call = self._unary[key] = self._channels[worker].unary_unary(f"/{SERVICE}/{method}")
         return call
 
     def raw_stream(self, worker: str, method: str) -> grpc.aio.StreamStreamMultiCallable:
         """A bidirectional-streaming callable carrying bytes both ways."""
-        return self._channels[worker].stream_stream(method_path(method))
+        return self._channels[worker].stream_stream(f"/{SERVICE}/{method}")
 
     async def repository_index(self, worker: str, timeout_s: float) -> Any:
-        """``worker``'s ``RepositoryIndex`` rows (every model with state and reason).
+        """``worker``'s ``RepositoryIndex`` rows.
 
         Raises:
             grpc.aio.AioRpcError: the worker's error (UNAVAILABLE when unreachable).
@@ -135,9 +132,7 @@ async def probe_ready(upstreams: Upstreams, worker: str, timeout_s: float) -> bo
 
 
 async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[str, str], Counters]:
-    """Cumulative :class:`~hloserve.gateway.packing.Counters` per (model, worker) from
-    ``ModelStatistics``; workers that fail are left out.
-    """
+    """Cumulative :class:`Counters` per (model, worker) of the workers answering statistics."""
     request = service_pb2.ModelStatisticsRequest().SerializeToString()
 
     async def one(worker: str) -> tuple[str, bytes | None]:
@@ -156,3 +151,45 @@ async def poll_counters(upstreams: Upstreams, timeout_s: float) -> dict[tuple[st
             ns = sum(b.compute_infer.ns for b in row.batch_stats)
             counters[(row.name, worker)] = Counters(row.inference_count, ns / 1e9)
     return counters
+
+
+async def _discipline(upstreams: Upstreams, worker: str, timeout_s: float) -> str | None:
+    """``worker``'s scheduling discipline, or None when unknown (the reason is logged)."""
+    try:
+        config = await upstreams.model_config(worker, RUNTIME_MODEL, timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            log.warning(_NO_RUNTIME, worker)
+        else:
+            why = f"gateway: worker %s: cannot read {RUNTIME_MODEL}'s config (%s)"
+            log.warning(why + "; its scheduling is unknown", worker, exc.code().name)
+        return None
+    if config.backend != RUNTIME_BACKEND:
+        log.warning(_NO_RUNTIME, worker)
+        return None
+    params = string_values(config.parameters)
+    try:
+        return str(RuntimeParameters.read(RUNTIME_MODEL, params, PARAM_SCHEDULING))
+    except InvalidArgumentError as exc:  # its runtime refuses it too; lpt_packing names it
+        log.warning("gateway: worker %s: %s", worker, exc.message)
+        return params[PARAM_SCHEDULING]
+
+
+async def check_lpt_workers(upstreams: Upstreams, timeout_s: float) -> None:
+    """``lpt_packing``'s precondition: every worker schedules ``fifo`` or ``edf``, not ``fair``
+    (docs/scheduling.md, "The gateway's lpt_packing"); an unknown discipline is logged and accepted.
+
+    Raises:
+        WorkerSchedulingError: naming every worker that schedules otherwise and how to change it.
+    """
+    workers = upstreams.workers
+    found = await asyncio.gather(*(_discipline(upstreams, w, timeout_s) for w in workers))
+    wrong = {w: d for w, d in zip(workers, found, strict=True) if d not in (None, "fifo", "edf")}
+    if wrong:
+        listed = ", ".join(f"{w} ({d})" for w, d in sorted(wrong.items()))
+        raise WorkerSchedulingError(
+            f"gateway mode lpt_packing needs workers that schedule fifo or edf; {listed} "
+            "schedule otherwise: rebuild their repositories with hloserve repo build "
+            "--scheduling fifo (or edf), or serve them with hloserve serve --scheduling fifo "
+            "(docs/scheduling.md)"
+        )

@@ -1,8 +1,5 @@
-"""Reading the head of a serialized KServe V2 ``ModelInferRequest``: only what routing needs.
-
-Parsed against ``InferRequestHead`` (hloserve/protos/infer_head.proto): Triton's field numbers
-with payloads declared as opaque bytes, never decoded (0.8 µs for a small request, 2.7 ms for
-20 MiB, 2 CPU cores).
+"""Reading the head of a serialized KServe V2 ``ModelInferRequest``: only what routing needs,
+parsed against ``InferRequestHead`` (hloserve/protos/infer_head.proto; payloads never decoded).
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ class InferHead:
 
 
 def peek_infer_request(data: bytes) -> InferHead:
-    """Read model name, version, id and input shapes from a ModelInferRequest (also the name and
-    version of a ``ModelReady``, ``ModelMetadata`` or ``ModelConfig`` request).
+    """Read model name, version, id and input shapes from a ModelInferRequest (or a ModelReady,
+    ModelMetadata, ModelConfig request).
 
     Raises:
         InvalidArgumentError: the bytes are not a well-formed protobuf message.
@@ -42,11 +39,11 @@ def peek_infer_request(data: bytes) -> InferHead:
 
 def check_shapes(head: InferHead, max_batch: int | None) -> None:
     """Refuse input shapes no model can run (a 0-row BYTES input crashed tritonserver's Python
-    backend); ``max_batch`` None: only negative extents are refused.
+    backend).
 
     Raises:
         InvalidArgumentError: a negative extent; or, batching, a leading extent of 0 or above
-            ``max_batch``; names model, input, shape and the allowed range.
+            ``max_batch``.
     """
     model = head.model_name
     for name, shape in head.inputs:

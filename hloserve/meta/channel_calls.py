@@ -62,11 +62,8 @@ def _out_of_time(result: Any, deadline: float | None) -> bool:
 
 
 def front_args(repository: Path, model: str) -> ModelArgs | None:
-    """The ``initialize`` args of ``model``'s front in ``repository``; None when not a bundle.
-
-    Raises:
-        InvalidArgumentError: the config does not parse.
-    """
+    """The ``initialize`` args of ``model``'s front in ``repository``; None when not a bundle;
+    raises InvalidArgumentError: the config does not parse."""
     path = repository / model / "config.pbtxt"
     if not path.is_file():
         return None

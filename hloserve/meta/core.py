@@ -61,7 +61,7 @@ class ForeignCallee:
 
         specs: list[TensorSpec] = []
         for t in config.input:
-            letters = [c for c in "acdefghijklmopqrstuvwxyz"][: len(t.dims)]
+            letters = list("acdefghijklmopqrstuvwxyz")[: len(t.dims)]
             shape = ("n" if config.max_batch_size > 0 else "") + "".join(letters)
             specs.append(
                 ClientTensorSpec(
@@ -235,13 +235,9 @@ def repository_describer(repository: Path) -> Describe:
 
 
 def load_run(path: Path, model: str) -> Run:
-    """Import ``model.py`` at ``path`` as ``hloserve_meta_model_<model>``; its ``run``.
-
-    Raises:
-        NotFoundError: the file does not exist.
-        InvalidArgumentError: importing it fails (the error and its line are named) or it
-            defines no callable ``run``.
-    """
+    """Import ``model.py`` at ``path`` as ``hloserve_meta_model_<model>``; its ``run``; raises
+    NotFoundError: the file does not exist; InvalidArgumentError: importing it fails (the error and
+    its line are named) or it defines no callable ``run``."""
     if not path.is_file():
         raise NotFoundError(f"model {model!r}: {path} does not exist; a meta bundle needs it")
     module_name = f"hloserve_meta_model_{model}".replace("-", "_").replace(".", "_")
@@ -290,12 +286,9 @@ class MetaModel:
 
     @classmethod
     def from_args(cls, args: ModelArgs, send: Send) -> MetaModel:
-        """Build from the meta model's Triton config (:class:`MetaParameters`; docs/meta_models.md).
-
-        Raises:
-            InvalidArgumentError: a malformed parameter, or ``model.py`` does not import.
-            NotFoundError / ManifestError: the bundle cannot be read.
-        """
+        """Build from the meta model's Triton config (:class:`MetaParameters`; docs/meta_models.md);
+        raises InvalidArgumentError: a malformed parameter, or ``model.py`` does not import;
+        NotFoundError / ManifestError: the bundle cannot be read."""
         params = MetaParameters.from_parameters(args.name, args.parameters)
         bundle = load_bundle(args.model_dir / params.bundle, name=args.name)
         run = load_run(bundle.path / MODEL_PY, args.name)

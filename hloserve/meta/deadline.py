@@ -19,9 +19,7 @@ class Deadline:
     @classmethod
     def after_us(cls, timeout_us: int, clock: Callable[[], float] = time.monotonic) -> Deadline:
         """The deadline ``timeout_us`` microseconds from now; 0 (or less) means none."""
-        if timeout_us <= 0:
-            return cls(None, clock)
-        return cls(clock() + timeout_us / 1e6, clock)
+        return cls(None if timeout_us <= 0 else clock() + timeout_us / 1e6, clock)
 
     def remaining_s(self) -> float | None:
         """Seconds left (negative once passed), or None without a deadline."""
@@ -33,11 +31,8 @@ class Deadline:
         return 0 if left is None else max(1, int(left * 1e6))
 
     def check(self, model: str, before: str) -> None:
-        """Raise unless time is left (``before``: e.g. ``"calling model 'strong'"``).
-
-        Raises:
-            DeadlineExceededError: the deadline has passed.
-        """
+        """Raise unless time is left (``before``: e.g. ``"calling model 'strong'"``); raises
+        DeadlineExceededError: the deadline has passed."""
         left = self.remaining_s()
         if left is not None and left <= 0:
             raise DeadlineExceededError(

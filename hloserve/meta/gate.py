@@ -49,11 +49,8 @@ def remove_stale_gates() -> list[Path]:
 
 
 class MetaGate:
-    """A cross-process counting semaphore of ``slots`` permits: lock files in ``directory``.
-
-    Raises:
-        ValueError: ``slots`` < 1.
-    """
+    """A cross-process counting semaphore of ``slots`` permits: lock files in ``directory``; raises
+    ValueError: ``slots`` < 1."""
 
     def __init__(
         self, directory: Path, slots: int, *, sleep: Callable[[float], None] = time.sleep
@@ -82,11 +79,8 @@ class MetaGate:
 
     @contextlib.contextmanager
     def permit(self, model: str, deadline: Deadline) -> Iterator[None]:
-        """Hold one permit for the ``with`` body, waiting until ``deadline``.
-
-        Raises:
-            DeadlineExceededError: no permit came free before the deadline (nothing ran).
-        """
+        """Hold one permit for the ``with`` body, waiting until ``deadline``; raises
+        DeadlineExceededError: no permit came free before the deadline (nothing ran)."""
         delay = FIRST_POLL_S
         while (fd := self.try_acquire()) is None:
             left = deadline.remaining_s()

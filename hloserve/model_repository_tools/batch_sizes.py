@@ -76,13 +76,10 @@ def default_batch_sizes(manifest: Manifest) -> tuple[int, ...]:
 def choose_batch_sizes(
     manifests: Mapping[str, Manifest], options: BatchSizeOptions
 ) -> dict[str, tuple[int, ...]]:
-    """Symbolic-batch model name -> its compiled sizes (sorted, checked); others keep theirs.
-
-    Raises:
-        BatchSizeError: a named model is not in the repository or has fixed batch sizes; sizes
-            given for a repository without a symbolic bundle; a size that breaks a model's
-            ``batching.symbolic`` constraint (naming the model and the constraint).
-    """
+    """Symbolic-batch model name -> its compiled sizes (sorted, checked); others keep theirs; raises
+    BatchSizeError: a named model is not in the repository or has fixed batch sizes; sizes given for
+    a repository without a symbolic bundle; a size that breaks a model's ``batching.symbolic``
+    constraint (naming the model and the constraint)."""
     symbolic = {n: m for n, m in manifests.items() if m.is_symbolic}
     for name in options.per_model:
         if name not in manifests:

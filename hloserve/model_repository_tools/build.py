@@ -116,10 +116,6 @@ def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
             )
 
 
-def _ignore(_dir: str, entries: list[str]) -> list[str]:
-    return [e for e in entries if e.startswith(".") or e == "__pycache__"]
-
-
 def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> None:
     from hloserve.bundle.convert import convert_bundle
 
@@ -127,7 +123,9 @@ def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> 
         model_dir = root / model.name
         bundle_copy = model_dir / names.BUNDLE_SUBDIR
         bundle_copy.parent.mkdir(parents=True)
-        shutil.copytree(model.source, bundle_copy, ignore=_ignore)
+        shutil.copytree(
+            model.source, bundle_copy, ignore=shutil.ignore_patterns(".*", "__pycache__")
+        )
         line = f"{model.name}: copied to {model.name}/{names.BUNDLE_SUBDIR}"
         if model.manifest_text is not None:
             (bundle_copy / MANIFEST_FILE).write_text(model.manifest_text)

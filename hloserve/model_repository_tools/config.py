@@ -124,11 +124,8 @@ def _sequence_batching(name: str, manifest: Manifest, config: Any, delay_us: int
 
 def meta_config(name: str, manifest: Manifest, options: BuildOptions | None = None) -> Any:
     """A meta model's ``ModelConfig`` (backend ``hloserve_meta``, ``max_batch_size: 0``,
-    ``meta_concurrency`` CPU instances; docs/meta_models.md).
-
-    Raises:
-        InvalidArgumentError: ``meta_concurrency`` < 1, or a scalar tensor (shape ``""``).
-    """
+    ``meta_concurrency`` CPU instances; docs/meta_models.md); raises InvalidArgumentError:
+    ``meta_concurrency`` < 1, or a scalar tensor (shape ``""``)."""
     meta_concurrency = (options or BuildOptions()).meta_concurrency
     if meta_concurrency < 1:
         raise InvalidArgumentError(f"meta concurrency must be >= 1, got {meta_concurrency}")
@@ -153,24 +150,51 @@ def meta_config(name: str, manifest: Manifest, options: BuildOptions | None = No
 
 
 def runtime_config(models: Sequence[tuple[str, Manifest]], values: RuntimeParameters) -> Any:
-    """The runtime model's ``ModelConfig``: no tensors, ``values`` as parameters
-    (docs/serving.md, "Runtime model config"); ``models`` are (name, manifest) of every bundle.
-
-    Raises:
-        InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both,
-            an unknown residency or one for a model not in ``models``; an unknown discipline,
-            a weight <= 0 or one for a model not in ``models``; a relative cache directory.
-    """
+    """The runtime model's ``ModelConfig``: no tensors, ``values`` as parameters (docs/serving.md,
+    "Runtime model config"); ``models`` are (name, manifest) of every bundle; raises
+    InvalidArgumentError: a negative number, a fraction above 1, bytes and a fraction both, an
+    unknown residency or one for a model not in ``models``; an unknown discipline, a weight <= 0 or
+    one for a model not in ``models``; a relative cache directory."""
     v = values
-    _check_cache_options(
-        models, v.weight_cache_bytes, v.weight_cache_fraction, v.residency, v.compaction_interval
-    )
+    problems = []
+    if v.weight_cache_bytes < 0:
+        problems.append(f"weight cache bytes must be >= 0, got {v.weight_cache_bytes}")
+    if not 0.0 <= v.weight_cache_fraction <= 1.0:
+        problems.append(f"weight cache fraction must be in (0, 1], got {v.weight_cache_fraction}")
+    if v.weight_cache_bytes and v.weight_cache_fraction:
+        problems.append("give the weight cache budget as bytes or as a fraction, not both")
+    if v.compaction_interval < 0:
+        problems.append(f"compaction interval must be >= 0, got {v.compaction_interval}")
+    known = {n for n, _ in models}
+    for model, value in sorted(v.residency.items()):
+        if model not in known:
+            problems.append(
+                f"residency for {model!r}, which is not a bundle; the bundles with weights "
+                f"are {sorted(known)}"
+            )
+        if value not in names.RESIDENCIES:
+            problems.append(
+                f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
+            )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
     if not 0.0 <= v.device_memory_fraction <= 1.0:
         raise InvalidArgumentError(
             f"device memory fraction must be in (0, 1], got {v.device_memory_fraction}"
         )
-    check_scheduling_options([n for n, _ in models], v.scheduling, v.model_weights)
-    _check_executable_cache(v.executable_cache, v.executable_cache_bytes)
+    check_scheduling_options(sorted(known), v.scheduling, v.model_weights)
+    cache = v.executable_cache
+    if cache and cache != names.EXECUTABLE_CACHE_OFF and not Path(cache).is_absolute():
+        problems.append(
+            f"executable cache directory {cache!r} must be absolute (the runtime runs in "
+            f"another directory) or {names.EXECUTABLE_CACHE_OFF!r}"
+        )
+    if v.executable_cache_bytes < 0:
+        problems.append(
+            f"executable cache bytes must be >= 0 (0 = default), got {v.executable_cache_bytes}"
+        )
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
     m = pb2()
     config = m.ModelConfig(
         name=names.RUNTIME_MODEL, backend=names.RUNTIME_BACKEND, max_batch_size=0
@@ -196,12 +220,9 @@ def _classification(io: Any, spec: TensorSpec) -> None:
 def check_scheduling_options(
     models: Sequence[str], scheduling: str, model_weights: Mapping[str, float]
 ) -> None:
-    """Refuse scheduler options the runtime could not honour (docs/scheduling.md, "Settings").
-
-    Raises:
-        InvalidArgumentError: every problem: an unknown discipline, a weight that is not a
-            finite number > 0, a weight for a model not in ``models`` (the runtime's, no metas).
-    """
+    """Refuse scheduler options the runtime could not honour (docs/scheduling.md, "Settings");
+    raises InvalidArgumentError: every problem: an unknown discipline, a weight that is not a finite
+    number > 0, a weight for a model not in ``models`` (the runtime's, no metas)."""
     problems = []
     if scheduling not in names.SCHEDULING_DISCIPLINES:
         problems.append(
@@ -216,50 +237,6 @@ def check_scheduling_options(
             )
         if not (math.isfinite(weight) and weight > 0):
             problems.append(f"weight of model {model!r} must be a number > 0, got {weight!r}")
-    if problems:
-        raise InvalidArgumentError("; ".join(problems))
-
-
-def _check_cache_options(
-    models: Sequence[tuple[str, Manifest]],
-    weight_cache_bytes: int,
-    weight_cache_fraction: float,
-    residency: Mapping[str, str],
-    compaction_interval: int,
-) -> None:
-    problems = []
-    if weight_cache_bytes < 0:
-        problems.append(f"weight cache bytes must be >= 0, got {weight_cache_bytes}")
-    if not 0.0 <= weight_cache_fraction <= 1.0:
-        problems.append(f"weight cache fraction must be in (0, 1], got {weight_cache_fraction}")
-    if weight_cache_bytes and weight_cache_fraction:
-        problems.append("give the weight cache budget as bytes or as a fraction, not both")
-    if compaction_interval < 0:
-        problems.append(f"compaction interval must be >= 0, got {compaction_interval}")
-    known = {n for n, _ in models}
-    for model, value in sorted(residency.items()):
-        if model not in known:
-            problems.append(
-                f"residency for {model!r}, which is not a bundle; the bundles with weights "
-                f"are {sorted(known)}"
-            )
-        if value not in names.RESIDENCIES:
-            problems.append(
-                f"residency of model {model!r} is {value!r}, not one of {list(names.RESIDENCIES)}"
-            )
-    if problems:
-        raise InvalidArgumentError("; ".join(problems))
-
-
-def _check_executable_cache(directory: str, max_bytes: int) -> None:
-    problems = []
-    if directory and directory != names.EXECUTABLE_CACHE_OFF and not Path(directory).is_absolute():
-        problems.append(
-            f"executable cache directory {directory!r} must be absolute (the runtime runs in "
-            f"another directory) or {names.EXECUTABLE_CACHE_OFF!r}"
-        )
-    if max_bytes < 0:
-        problems.append(f"executable cache bytes must be >= 0 (0 = default), got {max_bytes}")
     if problems:
         raise InvalidArgumentError("; ".join(problems))
 
@@ -292,13 +269,6 @@ def parse_config(path: Path | str) -> Any:
         return parse_config_text(text)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{path}: {exc.message}") from None
-
-
-def parameter(config: Any, key: str) -> str | None:
-    """The ``string_value`` of parameter ``key`` of a ``ModelConfig``, None when absent."""
-    if key not in config.parameters:
-        return None
-    return str(config.parameters[key].string_value)
 
 
 def _data_type(spec: TensorSpec) -> int:

@@ -105,13 +105,10 @@ def is_candidate(path: Path) -> bool:
 
 
 def plan_foreign(path: Path) -> ForeignModel:
-    """Plan the folder ``path`` as a foreign Triton model.
-
-    Raises:
-        ForeignModelError: no recognizable model (naming the files found), model files of two
-            backends, a config whose name differs from the folder or without a version
-            directory, a bad ``hloserve.yaml``, or a model Triton cannot complete a config for.
-    """
+    """Plan the folder ``path`` as a foreign Triton model; raises ForeignModelError: no recognizable
+    model (naming the files found), model files of two backends, a config whose name differs from
+    the folder or without a version directory, a bad ``hloserve.yaml``, or a model Triton cannot
+    complete a config for."""
     name = path.name
     spec = _read_spec(path)
     config_path = path / CONFIG_FILE
@@ -250,12 +247,11 @@ def _versions(path: Path) -> list[Path]:
 
 
 def _listing(path: Path) -> list[str]:
-    found = []
-    for entry in sorted(path.rglob("*")):
-        if any(part.startswith(".") or part == "__pycache__" for part in entry.parts):
-            continue
-        found.append(str(entry.relative_to(path)) + ("/" if entry.is_dir() else ""))
-    return found[:20]
+    return [
+        str(entry.relative_to(path)) + ("/" if entry.is_dir() else "")
+        for entry in sorted(path.rglob("*"))
+        if not any(part.startswith(".") or part == "__pycache__" for part in entry.parts)
+    ][:20]
 
 
 def _detect(path: Path, spec: ForeignSpec | None) -> tuple[str, bool]:

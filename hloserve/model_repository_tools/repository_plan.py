@@ -43,13 +43,9 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class FrontModel:
-    """One front model (or meta model) of a planned repository.
-
-    Attributes:
-        text_executables: MLIR text executables (bundle-relative) converted in the copy.
-        manifest_text: the copy's ``manifest.yaml`` when it differs from the source's (chosen
-            compiled batch sizes); None = copied as it is.
-    """
+    """One front model (or meta model) of a planned repository: ``text_executables`` are the
+    MLIR text executables (bundle-relative) converted in the copy; ``manifest_text`` the copy's
+    ``manifest.yaml`` when it differs from the source's (chosen batch sizes), else None."""
 
     name: str
     source: Path

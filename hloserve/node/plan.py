@@ -361,10 +361,12 @@ def fleet_gateway_config(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
     http_listen: str | None = None,
+    open_repository_api: bool = False,
 ) -> GatewayConfig:
-    """The gateway's settings for ``serve --workers``: the file and ``HLOSERVE_GATEWAY_*``,
-    with the workers' endpoints, the listen addresses, ``admin_port`` and the workers'
-    model-control key set from the fleet.
+    """The gateway's settings for ``serve --workers`` (or ``--open-repository-api``): the file
+    and ``HLOSERVE_GATEWAY_*``, with the workers' endpoints, the listen addresses,
+    ``admin_port`` and the workers' model-control key set from the fleet, and
+    ``auth.open_repository_api`` when ``open_repository_api``.
 
     Raises:
         GatewayConfigError: the file or an environment override is invalid.
@@ -379,6 +381,8 @@ def fleet_gateway_config(
     keys = sorted({w.model_control_key for w in workers if w.model_control_key})
     if keys:  # restricted repository API: discovery needs the key (serve gives one to all)
         env[ENV_PREFIX + "UPSTREAM__MODEL_CONTROL_KEY"] = keys[0]
+    if open_repository_api:
+        env[ENV_PREFIX + "AUTH__OPEN_REPOSITORY_API"] = "true"
     return load_config(path, env)
 
 

@@ -87,7 +87,8 @@ MANAGED_FLAGS = {
 def server_options(options: ServeOptions, repository: Path) -> TritonServerOptions:
     """tritonserver options for a repository of hloserve models, with
     :data:`~hloserve.node.plan.SERVING_FLAGS`; in explicit mode the named models' dependencies
-    load too, and the repository API is keyed unless ``open_repository_api``.
+    load too, and the repository API is keyed (``--open-repository-api`` opens the gateway in
+    front, :func:`gateway_in_front`, not the worker).
 
     Raises:
         InvalidArgumentError: a port outside 1..65535, or two endpoints on one port.
@@ -102,7 +103,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
     if load_models and "*" not in load_models:
         load_models = with_dependencies(repository, load_models)
     key = None
-    if mode == "explicit" and not options.open_repository_api:
+    if mode == "explicit":
         from hloserve.model_control import launcher_key
 
         key = options.model_control_key or launcher_key()
@@ -189,9 +190,17 @@ def serve_gpus(options: ServeOptions) -> list[int | None]:
     return assign_gpus(options.gpus, options.workers, detect_gpus())
 
 
+def gateway_in_front(options: ServeOptions, workers: int) -> bool:
+    """Whether ``serve`` runs the gateway on the public ports, the ``workers`` tritonservers on
+    the worker ports behind it: with two or more, or ``--open-repository-api`` (the gateway
+    takes model control without a credential and refuses what would stop a worker; the
+    workers keep the key). One worker without it is served directly (no gateway hop)."""
+    return workers > 1 or options.open_repository_api
+
+
 def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | None]) -> NodePlan:
-    """The node ``serve`` runs: one tritonserver per entry of ``gpus``, on the public ports
-    when there is one, else on the worker ports behind the gateway.
+    """The node ``serve`` runs: one tritonserver per entry of ``gpus``, on the worker ports
+    behind the gateway when :func:`gateway_in_front`, else on the public ports.
 
     Raises:
         InvalidArgumentError: a worker port clashes with the gateway's, or leaves 1..65535.
@@ -203,7 +212,8 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
     if options.model_control_key is None:  # one key for every worker
         options = dataclasses.replace(options, model_control_key=launcher_key())
     gateway = None
-    if len(gpus) == 1:
+    fronted = gateway_in_front(options, len(gpus))
+    if not fronted:
         ports: Sequence[tuple[int, int, int]] = [
             (options.http_port, options.grpc_port, options.metrics_port)
         ]
@@ -218,7 +228,7 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
         worker_options(options, repository, WorkerPlan(i, gpu, *p))
         for i, (p, gpu) in enumerate(zip(ports, gpus, strict=True))
     ]
-    if len(gpus) > 1:
+    if fronted:
         from hloserve.gateway.config import with_tls
 
         gateway = with_tls(
@@ -228,6 +238,7 @@ def serve_plan(options: ServeOptions, repository: Path, gpus: Sequence[int | Non
                 options.metrics_port,
                 options.gateway_config,
                 http_listen=f"{options.host}:{options.http_port}",
+                open_repository_api=options.open_repository_api,
             ),
             options.tls_cert,
             options.tls_key,
@@ -248,11 +259,12 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     """Refuse bad settings before anything is built or started; ``gpus`` None: worked out.
 
     Raises:
-        InvalidArgumentError: --load-model without explicit mode, --workers,
-            --front-instances or --max-request-bytes below 1, --gateway-config or TLS with one
-            worker, a port out of range or shared, a host that does not resolve, a build
-            option with PATH a model repository, a managed flag after ``--``, bad ``--watch``
-            settings.
+        InvalidArgumentError: --load-model or --open-repository-api without explicit mode,
+            --workers,
+            --front-instances or --max-request-bytes below 1, --gateway-config or TLS without
+            the gateway (:func:`gateway_in_front`), a port out of range or shared, a host
+            that does not resolve, a build option with PATH a model repository, a managed
+            flag after ``--``, bad ``--watch`` settings.
         PortInUseError: (UNAVAILABLE) a port of the server or of the gateway is taken.
     """
     for flag in (arg.split("=", 1)[0] for arg in options.tritonserver_args):
@@ -263,6 +275,12 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
             )
     if options.load_models and options.model_control_mode != "explicit":
         raise InvalidArgumentError("--load-model needs --model-control-mode explicit")
+    if options.open_repository_api and options.model_control_mode not in (None, "explicit"):
+        raise InvalidArgumentError(
+            "--open-repository-api needs explicit model control, the default: with "
+            f"--model-control-mode {options.model_control_mode} tritonserver refuses every "
+            "load and unload"
+        )
     workers = len(serve_gpus(options) if gpus is None else gpus)
     build = options.build
     sizes = {} if build is None else {"--front-instances": build.front_instances}
@@ -270,10 +288,15 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     for flag, value in sizes.items():
         if value < 1:
             raise InvalidArgumentError(f"{flag} must be at least 1, got {value}")
-    if options.gateway_config is not None and workers == 1:
-        raise InvalidArgumentError("--gateway-config needs --workers 2 or more")
-    if workers == 1 and (options.tls_cert or options.tls_key or options.tls_client_ca):
-        raise InvalidArgumentError("--tls-cert/--tls-key need --workers 2 or more (the gateway)")
+    fronted = gateway_in_front(options, workers)
+    if options.gateway_config is not None and not fronted:
+        raise InvalidArgumentError(
+            "--gateway-config needs --workers 2 or more, or --open-repository-api (the gateway)"
+        )
+    if not fronted and (options.tls_cert or options.tls_key or options.tls_client_ca):
+        raise InvalidArgumentError(
+            "--tls-cert/--tls-key need --workers 2 or more, or --open-repository-api (the gateway)"
+        )
     if options.watch:
         from hloserve.node.watcher import check_watch_options
 
@@ -306,7 +329,7 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
         raise InvalidArgumentError(
             f"--admin-port {options.admin_port} is also the HTTP, gRPC or metrics port"
         )
-    if workers == 1:
+    if not fronted:
         check_ports_free(options.host, _check_ports(options))
         return
     gateway = {

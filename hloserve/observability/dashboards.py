@@ -78,11 +78,6 @@ def expand(expr: str, values: Mapping[str, str] | None = None) -> str:
     return re.sub(r"\$(\w+)", lambda m: values.get(m.group(1), ".*"), expr)
 
 
-def all_exprs() -> list[tuple[str, str, str]]:
-    """``(dashboard, panel title, expr)`` for every expression of every panel."""
-    return [(d.name, p.title, e) for d in DASHBOARDS for p in d.panels for e in p.exprs]
-
-
 def build(spec: DashboardSpec) -> dict[str, Any]:
     """The dashboard's JSON model (Grafana dashboard schema), built with the foundation SDK."""
     from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries
@@ -106,11 +101,7 @@ def build(spec: DashboardSpec) -> dict[str, Any]:
             .include_all(True)
             .all_value(".*")
         )
-    kinds: dict[str, Any] = {
-        "timeseries": timeseries.Panel,
-        "stat": stat.Panel,
-        "table": table.Panel,
-    }
+    kinds: dict[str, Any] = dict(timeseries=timeseries.Panel, stat=stat.Panel, table=table.Panel)
     for panel in spec.panels:
         built = kinds[panel.kind]().title(panel.title).unit(panel.unit).datasource(source)
         if panel.description:

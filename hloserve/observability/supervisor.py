@@ -16,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from hloserve.errors import HTTP_STATUS, AdminPortError, Status
 from hloserve.observability.admin_http import AdminHttpServer, Answer
-from hloserve.observability.targets import NodeTargets, remove_targets, write_targets
+from hloserve.observability.targets import NodeTargets, write_targets
 
 #: The supervisor's admin port: the one after Triton's 8000-8002.
 DEFAULT_ADMIN_PORT = 8003
@@ -160,7 +160,7 @@ class NodeObservability:
     def close(self) -> None:
         """Remove the target file and close the admin port."""
         if self._file is not None:
-            remove_targets(self._file)
+            self._file.unlink(missing_ok=True)
             self._file = None
         if self._server is not None:
             self._server.close()

@@ -63,8 +63,3 @@ def write_targets(targets: NodeTargets, directory: Path | None = None) -> Path:
     tmp.write_text(json.dumps(targets.groups(), indent=2) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def remove_targets(path: Path) -> None:
-    """Delete a target file written by :func:`write_targets` (gone already is fine)."""
-    path.unlink(missing_ok=True)

@@ -3,6 +3,9 @@
 docs/conformance.md marks ``served`` on both, run on worker 0 directly (one tritonserver of
 hloserve) and through the gateway; each must exit 0.
 
+Triton's model-control examples run against ``serve --open-repository-api`` (one worker and
+two, the gateway in front) of a repository of the 8 models they expect.
+
 The examples are not part of this repository (nor fetched here: the tests run offline):
 ``HLOSERVE_TRITON_EXAMPLES`` names a checkout's ``src/python/examples``
 (triton-inference-server/client); without it the test is skipped.
@@ -10,6 +13,7 @@ The examples are not part of this repository (nor fetched here: the tests run of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -19,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from hloserve.ports import free_ports
 from tests.conftest import ROOT, _import_script, import_example
-from tests.node.test_serve_cli import serve_two_workers, stop_serve, wait_for_line
+from tests.node.test_serve_cli import launch_serve, serve_two_workers, stop_serve, wait_for_line
 from tests.test_conformance_table import TABLE, rows
 
 pytestmark = [
@@ -88,3 +93,51 @@ def test_example(endpoints: dict[str, dict[str, str]], example: str, via: str) -
             timeout=120,
         )
         assert done.returncode == 0, f"{example} {extra} via {via}:\n{done.stdout}{done.stderr}"
+
+
+#: Triton's model-control examples and the repository size each expects: the gRPC one counts 8
+#: models in the index, the HTTP one 7 (docs/serving.md, "Model control mode").
+MODEL_CONTROL = {"simple_grpc_model_control.py": 8, "simple_http_model_control.py": 7}
+
+
+@contextlib.contextmanager
+def opened(root: Path, workers: int, models: int) -> Iterator[dict[str, str]]:
+    """``serve --open-repository-api --workers N`` of ``simple`` and copies, ``models`` models
+    with the runtime: ``{"grpc": host:port, "http": host:port, "log": path}``."""
+    script = ROOT / "examples" / "triton_simple" / "export.py"
+    export = _import_script(script, "triton_simple_export").export_simple
+    for name in ("simple", *(f"simple_copy_{i}" for i in range(1, models - 1))):
+        export(root / "bundles", name)
+    http, grpc, metrics = free_ports(3)
+    log = root / "serve.log"
+    proc = launch_serve(
+        root / "bundles", log, "--open-repository-api", "--workers", str(workers),
+        "--gpus", "none", "--worker-port-base", "0", "--admin-port", "0",
+        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+    )  # fmt: skip
+    try:
+        wait_for_line(log, r"hloserve: ready after", proc, 600)
+        yield {"grpc": f"127.0.0.1:{grpc}", "http": f"127.0.0.1:{http}", "log": str(log)}
+    finally:
+        stop_serve(proc)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+@pytest.mark.parametrize("example", sorted(MODEL_CONTROL))
+def test_model_control_example(tmp_path: Path, example: str, workers: int) -> None:
+    """Each model-control example exits 0 against ``serve --open-repository-api``, its
+    over-long ``file:`` step included; the same tritonserver(s) keep running (no restart)."""
+    if not EXAMPLES:
+        pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
+    script = Path(str(EXAMPLES)) / example
+    assert script.is_file(), f"{script} is missing from HLOSERVE_TRITON_EXAMPLES"
+    with opened(tmp_path, workers, MODEL_CONTROL[example]) as served:
+        log = Path(served["log"])
+        started = re.findall(r"tritonserver \(pid \d+\)", log.read_text())
+        url = served["http" if "http" in example else "grpc"]
+        done = subprocess.run(
+            [sys.executable, str(script), "-u", url], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{example}:\n{done.stdout}{done.stderr}"
+        assert "PASS: model control" in done.stdout
+        assert re.findall(r"tritonserver \(pid \d+\)", log.read_text()) == started

@@ -22,8 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from hloserve.gateway.config import GatewayConfig
 from hloserve.gateway.discovery import discover_table
-from hloserve.gateway.health import HealthTracker, restrict_to_healthy
-from hloserve.gateway.routing import ModelRoute, RoutingTable
+from hloserve.gateway.routing import HealthTracker, ModelRoute, RoutingTable, restrict_to_healthy
 from hloserve.gateway.upstreams import Upstreams, channel_options
 from tests.gateway.test_proxy import LIMITS, FakeWorker, _start_gateway
 

@@ -286,6 +286,50 @@ def test_plaintext_control_needs_the_token_and_model_control_the_token_or_key(
     run(body)
 
 
+def test_open_repository_api_opens_model_control_only(
+    tmp_path: Path, http_worker: HttpWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``auth.open_repository_api`` (``serve --open-repository-api``): a model load passes
+    without a credential over gRPC and HTTP, sent on with the gateway's own worker key (the
+    workers stay keyed); GatewayControl still needs the token; the start logs the warning.
+    Without the key the same load is refused (the test above)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    worker = LoadingWorker("w0")
+    (http_port,) = free_ports(1)
+    auth = ControlAuth(TOKEN, None, KEY, open_repository_api=True)
+    auth.check({}, model_control=True)
+    with pytest.raises(Exception, match="the gateway control plane needs a credential"):
+        auth.check({}, model_control=False)
+
+    async def body() -> None:
+        settings = {
+            "auth": {"token_file": str(token_file), "open_repository_api": True},
+            "upstream": {"model_control_key": KEY},
+            "http_listen": f"127.0.0.1:{http_port}",
+            "worker_http": [http_worker.address],
+        }
+        async with gateway(worker, **settings) as g:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{g.port}") as channel:
+                assert await _load_code(channel) == grpc.StatusCode.OK
+                assert worker.loads[-1][GRPC_METADATA_KEY] == KEY  # the gateway's own key
+                assert await _status_code(channel) == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await pb_grpc.GatewayControlStub(channel).Repack(pb.RepackRequest())
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert await _status_code(channel, BEARER) == grpc.StatusCode.OK
+            plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+            load = "/v2/repository/models/echo/load"
+            assert (await asyncio.to_thread(_http, plain, load))[0] == 200
+            headers = next(h for p, h in http_worker.seen if p == load)
+            assert headers[HEADER] == KEY
+
+    with caplog.at_level("WARNING", logger="hloserve.gateway"):
+        run(body)
+    assert "auth.open_repository_api: model load and unload need no credential" in caplog.text
+    assert "whoever reaches the gateway's ports can run code" in caplog.text
+
+
 def test_ctl_reads_the_token_file_named_by_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from hloserve.errors import GRPC_CODE, Status
 from hloserve.gateway.config import GatewayConfig, SchedulingConfig
 from hloserve.gateway.dataplane import fill_quantum, plan_layout
-from hloserve.gateway.health import restrict_to_healthy
-from hloserve.gateway.routing import ModelRoute, Router, RoutingTable
+from hloserve.gateway.routing import ModelRoute, Router, RoutingTable, restrict_to_healthy
 
 
 def test_unknown_model_is_not_found_and_empty_route_unavailable() -> None:

@@ -19,11 +19,11 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from hloserve import names
-from hloserve.errors import Status
+from hloserve.errors import Status, WorkerSchedulingError
 from hloserve.gateway.app import run_gateway
 from hloserve.gateway.config import GatewayConfig
-from hloserve.gateway.preconditions import WorkerSchedulingError, check_lpt_workers
 from hloserve.gateway.proxy import Upstreams, channel_options
+from hloserve.gateway.upstreams import check_lpt_workers
 from tests.gateway.test_proxy import LIMITS, FakeWorker, run
 
 

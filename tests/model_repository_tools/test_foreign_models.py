@@ -15,7 +15,7 @@ from hloserve.errors import ForeignModelError, InvalidArgumentError, RepositoryE
 from hloserve.meta.core import ForeignCallee, MetaCall, repository_describer
 from hloserve.meta.deadline import Deadline
 from hloserve.model_repository_tools.build import build_repository
-from hloserve.model_repository_tools.config import parameter, parse_config
+from hloserve.model_repository_tools.config import parse_config
 from hloserve.model_repository_tools.foreign import plan_foreign, repository_backends
 from hloserve.node.tritonserver import TritonServer
 from tests.conftest import GOLDEN, serving_options
@@ -133,7 +133,7 @@ def test_repository_holds_bundles_and_foreign_models(tmp_path: Path) -> None:
     assert repository_backends(repo)["python"] == ["plus_one", "times_two"]
     sizes = {f.name: f.memory_bytes for f in plan.foreign}  # for the gateway's placement
     runtime = parse_config(repo / names.RUNTIME_MODEL / "config.pbtxt")
-    assert parameter(runtime, names.PARAM_FOREIGN_BYTES) == (
+    assert runtime.parameters[names.PARAM_FOREIGN_BYTES].string_value == (
         f"plus_one={sizes['plus_one']},times_two={sizes['times_two']}"
     )
     assert sizes["plus_one"] == sum(

@@ -300,7 +300,6 @@ def test_exact_runtime_name_collision_is_refused(bundles: Path, tmp_path: Path) 
 
     with pytest.raises(RepositoryError, match="'a___x' is ambiguous"):
         check_names([load_bundle(root / "a"), load_bundle(root / "a_")])
-    assert names.split_runtime_tensor_name("a___x", {"a"}) == ("a", "_x")
 
 
 def test_bundle_named_like_the_runtime_is_refused(bundles: Path, tmp_path: Path) -> None:
@@ -311,13 +310,6 @@ def test_bundle_named_like_the_runtime_is_refused(bundles: Path, tmp_path: Path)
 
 def test_runtime_tensor_names() -> None:
     assert names.runtime_tensor_name("digits", "image") == "digits__image"
-    assert names.split_runtime_tensor_name("digits__image", {"digits", "affine"}) == (
-        "digits",
-        "image",
-    )
-    assert names.split_runtime_tensor_name("a__b__x", {"a__b"}) == ("a__b", "x")
-    with pytest.raises(KeyError):
-        names.split_runtime_tensor_name("other__x", {"digits"})
 
 
 # -- copies and conversion -----------------------------------------------------------------------

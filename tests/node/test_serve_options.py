@@ -14,7 +14,13 @@ from hloserve.errors import InvalidArgumentError, PortInUseError, Status, Triton
 from hloserve.model_repository_tools.build_options import BuildOptions
 from hloserve.node.plan import with_dependencies
 from hloserve.node.process_runtime import wait_all_ready
-from hloserve.node.serve_options import ServeOptions, check_options, is_repository, server_options
+from hloserve.node.serve_options import (
+    ServeOptions,
+    check_options,
+    is_repository,
+    serve_plan,
+    server_options,
+)
 from hloserve.node.tritonserver import StubProcess
 from hloserve.node.watchdog import StubWatchdog, describe_wait_status
 from hloserve.ports import free_ports
@@ -69,6 +75,11 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
         ({"http_port": 70000}, "HTTP port 70000 is not in 1..65535"),
         ({"workers": 2, "grpc_port": 70000}, "gateway gRPC port 70000 is not in 0..65535"),
         ({"load_models": ("x",)}, "--load-model needs --model-control-mode explicit"),
+        (
+            {"open_repository_api": True, "model_control_mode": "poll"},
+            "--open-repository-api needs explicit model control, the default: with "
+            "--model-control-mode poll tritonserver refuses every load and unload",
+        ),
         ({"watch": True, "watch_interval_s": 0.0}, "--watch-interval must be above 0 seconds"),
         ({"watch": True, "model_control_mode": "poll"}, "leave out --model-control-mode"),
         (
@@ -108,6 +119,60 @@ def test_a_busy_gateway_port_is_refused_up_front(tmp_path: Path, busy: str) -> N
             check_options(options)
     assert info.value.status is Status.UNAVAILABLE
     check_options(options)  # free again
+
+
+def test_one_worker_is_direct_unless_the_repository_api_is_opened(tmp_path: Path) -> None:
+    """One worker serves on the public ports (no gateway hop); ``--open-repository-api`` puts
+    the gateway there, model control open (``auth.open_repository_api``), the worker on the
+    worker ports keeping the key; with ``--workers 2`` the gateway's model control is open
+    only with the opt-in."""
+    http, grpc, metrics = free_ports(3)
+    ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+    base = ServeOptions(path=tmp_path, worker_port_base=0, **ports)  # type: ignore[arg-type]
+    direct = serve_plan(base, tmp_path, [None])
+    assert direct.gateway is None
+    (server,) = direct.servers
+    assert (server.http_port, server.grpc_port, server.metrics_port) == (http, grpc, metrics)
+    assert server.model_control_key is not None
+    opened = ServeOptions(path=tmp_path, worker_port_base=0, open_repository_api=True, **ports)  # type: ignore[arg-type]
+    check_options(opened, [None])
+    fronted = serve_plan(opened, tmp_path, [None])
+    assert fronted.gateway is not None and fronted.gateway.auth.open_repository_api
+    (worker,) = fronted.servers
+    assert fronted.gateway.listen == f"127.0.0.1:{grpc}"
+    assert fronted.gateway.http_listen == f"127.0.0.1:{http}"
+    assert fronted.gateway.admin_port == metrics
+    assert fronted.gateway.workers == (f"127.0.0.1:{worker.grpc_port}",)
+    assert not {worker.http_port, worker.grpc_port, worker.metrics_port} & {http, grpc, metrics}
+    assert worker.model_control_key is not None  # the gateway is the open door, not the worker
+    assert fronted.gateway.upstream.model_control_key is not None
+    assert fronted.gateway.upstream.model_control_key.get_secret_value() == (
+        worker.model_control_key
+    )
+    two = serve_plan(base, tmp_path, [None, None])
+    assert two.gateway is not None and not two.gateway.auth.open_repository_api
+    two_open = serve_plan(opened, tmp_path, [None, None])
+    assert two_open.gateway is not None and two_open.gateway.auth.open_repository_api
+
+
+def test_gateway_settings_with_one_worker_need_the_opt_in(tmp_path: Path) -> None:
+    """``--gateway-config`` and TLS configure the gateway: refused for one direct worker,
+    accepted with ``--open-repository-api`` (a gateway in front)."""
+    http, grpc, metrics = free_ports(3)
+    ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+    config = tmp_path / "gateway.yaml"
+    config.write_text("mode: round_robin\n")
+    for given in ({"gateway_config": config}, {"tls_cert": config, "tls_key": config}):
+        with pytest.raises(InvalidArgumentError, match="or --open-repository-api"):
+            check_options(ServeOptions(path=tmp_path, **ports, **given), [None])  # type: ignore[arg-type]
+        opened = ServeOptions(
+            path=tmp_path,
+            worker_port_base=0,
+            open_repository_api=True,
+            **ports,
+            **given,  # type: ignore[arg-type]
+        )
+        check_options(opened, [None])
 
 
 def test_stub_process_from_proc() -> None:

@@ -17,7 +17,7 @@ pytest.importorskip("prometheus_client")  # the admin port
 from hloserve.errors import InvalidArgumentError
 from hloserve.model_repository_tools.build import build_repository
 from hloserve.model_repository_tools.build_options import BuildOptions
-from hloserve.model_repository_tools.config import parameter, parse_config
+from hloserve.model_repository_tools.config import parse_config
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.model_control_client import error_text
 from hloserve.node.serve_options import ServeOptions, check_options
@@ -190,7 +190,7 @@ def test_install_version_adds_a_version_folder_and_points_the_config_at_it(
     installed = install_version(staged_copy(repo, tmp_path), repo, "a")
     assert installed.version == 2 and model_versions(repo / "a") == [1, 2]
     config = parse_config(repo / "a" / "config.pbtxt")
-    assert parameter(config, "hloserve.bundle") == "2/bundle"
+    assert config.parameters["hloserve.bundle"].string_value == "2/bundle"
     assert (repo / "a" / "2" / "bundle" / "manifest.yaml").is_file()
     assert [p for p in validate_repository(repo) if not p.warning] == []  # repo validate agrees
     roll_back(installed)
@@ -268,7 +268,8 @@ def test_changed_bundle_becomes_a_new_version_and_is_loaded(served: tuple[Path, 
     assert settle(watcher) == Changes(changed=("a",))
     assert control.calls == [("load", "a")]
     assert model_versions(repo / "a") == [1, 2]
-    assert parameter(parse_config(repo / "a" / "config.pbtxt"), "hloserve.bundle") == "2/bundle"
+    config = parse_config(repo / "a" / "config.pbtxt")
+    assert config.parameters["hloserve.bundle"].string_value == "2/bundle"
     [record] = watcher.records()
     assert (record.version, record.state, record.error) == (2, "READY", "")
     assert record.last_reload is not None

@@ -16,7 +16,6 @@ from hloserve.observability.targets import (
     NODE_JOB,
     WORKER_JOB,
     NodeTargets,
-    remove_targets,
     targets_dir,
     write_targets,
 )
@@ -53,9 +52,6 @@ def test_target_file_lists_workers_gateway_and_supervisor(tmp_path: Path) -> Non
         {"targets": ["127.0.0.1:8003"], "labels": {"node": "serve-8001", "job": NODE_JOB}},
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["serve-8001.json"]  # no temporary left
-    remove_targets(path)
-    remove_targets(path)  # twice is fine
-    assert not path.exists()
 
 
 def test_node_admin_port_serves_the_supervisor_metrics() -> None:

@@ -113,14 +113,18 @@ def test_the_node_writes_its_targets(node: Any) -> None:
 
 
 def test_every_panel_returns_data(node: Any) -> None:
-    from hloserve.observability.dashboards import all_exprs, expand
+    from hloserve.observability.dashboards import DASHBOARDS, expand
 
     assert _traffic(node["grpc"], 20) > 0  # digits and digits2 evict each other
     time.sleep(3)  # two more scrapes
     empty = []
-    for dashboard, title, expr in all_exprs():
-        if not _query(node["prom"], expand(expr)):
-            empty.append(f"{dashboard} / {title}: {expr}")
+    for dashboard in DASHBOARDS:
+        for panel in dashboard.panels:
+            empty += [
+                f"{dashboard.name} / {panel.title}: {expr}"
+                for expr in panel.exprs
+                if not _query(node["prom"], expand(expr))
+            ]
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 

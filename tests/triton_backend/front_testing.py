@@ -23,9 +23,8 @@ from hloserve.bundle.bundle import load_bundle
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 from hloserve.triton_backend.front.hooks import Hooks, load_hooks
-from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle
-from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.core import LoadedBundle, RuntimeModel
+from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
 from hloserve.triton_backend.runtime.server import RuntimeServer
 
 #: One request's outcome: its output tensors by name, or the error it got.

@@ -100,8 +100,7 @@ def _documented_rule(rows: list[int], sizes: list[int]) -> list[tuple[int, ...]]
 def test_the_scheduler_applies_the_documented_coalescing_rule() -> None:
     """The scheduler's batches equal docs/scheduling.md's three steps on 1,000 random cases
     (whole requests, arrival order, each once; docs/serving.md, "Coalescing rule")."""
-    from hloserve.triton_backend.runtime.scheduler import Scheduler, Work
-    from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+    from hloserve.triton_backend.runtime.scheduler import Scheduler, SchedulerConfig, Work
 
     rng = np.random.default_rng(0)
     for _ in range(1000):

@@ -19,7 +19,7 @@ from hloserve.bundle.validate import check_bundle
 from hloserve.export import OutputSpec, TensorSpec, export_bundle
 
 #: Every dtype token an executable tensor may carry (all but bytes).
-EXECUTABLE_TOKENS = tuple(t for t in dtypes.TOKENS if dtypes.from_token(t).executable)
+EXECUTABLE_TOKENS = tuple(t for t in dtypes.TOKENS if dtypes.from_token(t).stablehlo is not None)
 DTYPES_BATCH_SIZES = (1, 4)
 
 

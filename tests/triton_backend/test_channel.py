@@ -22,7 +22,7 @@ from hloserve.triton_backend import channel
 from hloserve.triton_backend.front.core import FrontModel
 from hloserve.triton_backend.front.front_channel import ChannelFront, Request
 from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.conftest import GOLDEN
 

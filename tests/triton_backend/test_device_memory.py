@@ -35,8 +35,7 @@ from hloserve.triton_backend.runtime.device_memory import (
     allocator_environment,
     executable_memory,
 )
-from hloserve.triton_backend.runtime.server import RuntimeServer
-from hloserve.triton_backend.runtime.state import RuntimeState
+from hloserve.triton_backend.runtime.server import RuntimeServer, RuntimeState
 from hloserve.units import format_size
 from tests.conftest import GOLDEN, needs_tritonclient
 

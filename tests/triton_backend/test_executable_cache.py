@@ -28,17 +28,17 @@ from hloserve.triton_backend.runtime.compile import (
     executable_key,
     serialize_executable,
 )
+from hloserve.triton_backend.runtime.config import (
+    ExecutableCacheSettings,
+    cache_settings,
+    default_directory,
+    executable_cache,
+)
 from hloserve.triton_backend.runtime.executable_cache import (
     CachedEntry,
     CacheKey,
     ExecutableCache,
     ExecutableLabel,
-)
-from hloserve.triton_backend.runtime.executable_cache_settings import (
-    ExecutableCacheSettings,
-    cache_settings,
-    default_directory,
-    executable_cache,
 )
 from tests.conftest import GOLDEN, ROOT
 

@@ -19,10 +19,9 @@ from hloserve.bundle import dtypes
 from hloserve.errors import HloserveError, Status
 from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.runtime.compile import compile_artifact
-from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle
+from hloserve.triton_backend.runtime.core import LoadedBundle, RuntimeModel
 from hloserve.triton_backend.runtime.server import RuntimeServer
-from hloserve.triton_backend.runtime.weights import ResidentWeightStore
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 from tests.conftest import GOLDEN
 from tests.triton_backend.front_testing import Front, front, ok, runtime_server
 from tests.triton_backend.test_bundles import (
@@ -107,8 +106,8 @@ def test_bundle_is_loaded_once_under_concurrency(compiler: CountingCompile) -> N
     [y, _] = runtime.run(held[0], 0, 2, [np.zeros((2, 4), np.float32)])
     assert np.asarray(y).shape == (2, 3)
     store = runtime.store
-    assert isinstance(store, ResidentWeightStore)
-    assert store.in_use("affine") == 0  # every execution's acquire released
+    assert isinstance(store, WeightCache) and store.budget_bytes is None
+    assert store.stats().models["affine"].in_use == 0  # every execution's acquire released
     assert store.resident_bytes == (4 * 3 + 3) * 4
     runtime.close()
     assert store.resident_bytes == 0

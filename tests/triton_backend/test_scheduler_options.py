@@ -20,7 +20,7 @@ from hloserve.model_repository_tools.repository_plan import plan_repository
 from hloserve.model_repository_tools.validate import validate_repository
 from hloserve.node.serve_options import check_options
 from hloserve.ports import free_ports
-from hloserve.triton_backend.runtime.scheduler_config import SchedulerConfig
+from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
 from tests.node.test_serve_options import _cli_serve_options, write_config
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -22,7 +22,7 @@ from hloserve.bundle.validate import validate_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, ManifestError, Status
 from hloserve.export import ExportError, OutputSpec, TensorSpec, export_bundle
 from hloserve.triton_backend.front.hooks import load_hooks
-from hloserve.triton_backend.runtime.loaded_bundle import variant_label
+from hloserve.triton_backend.runtime.core import variant_label
 from hloserve.triton_backend.runtime.server import RuntimeServer
 from tests.echo_bundle import export_echo
 from tests.triton_backend.front_testing import Execution, RecordingRuntime, front, runtime_server

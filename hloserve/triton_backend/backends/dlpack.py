@@ -34,24 +34,23 @@ _set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _dtype_field(capsule: Any) -> tuple[Any, bytes]:
+def _dtype_field(capsule: Any) -> Any:
     name = _get_name(capsule)
     if name not in _DTYPE_OFFSET:
         raise InvalidArgumentError(f"not an unconsumed DLPack capsule (name {name!r})")
     address = _get_pointer(capsule, name)
-    return (ctypes.c_uint8 * 2).from_address(address + _DTYPE_OFFSET[name]), name
+    return (ctypes.c_uint8 * 2).from_address(address + _DTYPE_OFFSET[name])
 
 
 def capsule_dtype(capsule: Any) -> tuple[int, int]:
     """``(type code, bits)`` of an unconsumed DLPack capsule."""
-    field_, _ = _dtype_field(capsule)
-    return int(field_[0]), int(field_[1])
+    code, bits = _dtype_field(capsule)
+    return int(code), int(bits)
 
 
 def relabel_capsule(capsule: Any, code: int) -> None:
     """Overwrite the DLPack type code of an unconsumed capsule in place (bits unchanged)."""
-    field_, _ = _dtype_field(capsule)
-    field_[0] = code
+    _dtype_field(capsule)[0] = code
 
 
 def mark_consumed(capsule: Any) -> None:

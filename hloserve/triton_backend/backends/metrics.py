@@ -24,37 +24,53 @@ def foreign_bytes_from_args(args: Any) -> dict[str, int]:
     return dict(RuntimeParameters.read(args.name, args.parameters, names.PARAM_FOREIGN_BYTES))
 
 
-#: (name, description, kind) of every family, in the order ``__init__`` unpacks them
-_FAMILIES = (
-    (
-        metric_names.WEIGHT_CACHE_BUDGET_BYTES,
-        "Weight cache byte budget, pinned weights included (0 = none)",
-        "GAUGE",
-    ),
-    (
-        metric_names.WEIGHT_CACHE_RESIDENT_BYTES,
-        "Bytes of weights on the device, all models",
-        "GAUGE",
-    ),
-    (
-        metric_names.WEIGHT_BYTES,
-        "Bytes of the model's weights, labelled with its residency",
-        "GAUGE",
-    ),
-    (metric_names.WEIGHT_RESIDENT_BYTES, "Bytes of the model's weights on the device", "GAUGE"),
-    (metric_names.WEIGHT_LOADS, "Host-to-device loads of the model's weights", "COUNTER"),
-    (
-        metric_names.WEIGHT_EVICTIONS,
-        "Evictions of the model's weights from the device",
-        "COUNTER",
-    ),
-    (
-        metric_names.WEIGHT_LOAD_SECONDS,
-        "Seconds per load of the model's weights to the device",
-        "HISTOGRAM",
-    ),
-    (metric_names.WEIGHT_LOAD_BYTES, "Bytes of weights loaded to the device", "COUNTER"),
-)
+#: description per family name, by kind (a ``pb_utils.MetricFamily`` attribute)
+_CACHE_FAMILIES = {
+    "GAUGE": {
+        metric_names.WEIGHT_CACHE_BUDGET_BYTES: (
+            "Weight cache byte budget, pinned weights included (0 = none)"
+        ),
+        metric_names.WEIGHT_CACHE_RESIDENT_BYTES: "Bytes of weights on the device, all models",
+        metric_names.WEIGHT_BYTES: "Bytes of the model's weights, labelled with its residency",
+        metric_names.WEIGHT_RESIDENT_BYTES: "Bytes of the model's weights on the device",
+    },
+    "COUNTER": {
+        metric_names.WEIGHT_LOADS: "Host-to-device loads of the model's weights",
+        metric_names.WEIGHT_EVICTIONS: "Evictions of the model's weights from the device",
+        metric_names.WEIGHT_LOAD_BYTES: "Bytes of weights loaded to the device",
+    },
+    "HISTOGRAM": {
+        metric_names.WEIGHT_LOAD_SECONDS: "Seconds per load of the model's weights to the device",
+    },
+}
+_RUNTIME_FAMILIES = {
+    "COUNTER": {
+        metric_names.EXECUTIONS: "Runtime executions per compiled executable (variant, batch size)",
+        EXECUTABLES: "Executables made ready by the runtime, by source (compiled or cache)",
+        "hloserve_execution_items_total": "Real items executed",
+        "hloserve_execution_padding_total": "Zero-padding items executed",
+        "hloserve_scheduler_shed_total": "Requests shed before device work",
+    },
+    "GAUGE": {
+        "hloserve_scheduler_queue_depth": "Requests queued in the runtime",
+        "hloserve_scheduler_share": "fair: weight / sum of weights",
+        "hloserve_scheduler_recent_compute_share": "The model's share of the recent-compute EMA",
+        "hloserve_scheduler_cost_seconds": "Learned execution cost per (variant, batch size)",
+        metric_names.DEVICE_MEMORY_BYTES: "The runtime's device memory by kind, bytes",
+        metric_names.SEQUENCE_STATE_BYTES: "Bytes of state kept for the model's live sequences",
+    },
+}
+
+
+def _families(pb_utils: Any, kinds: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    family = pb_utils.MetricFamily
+    return {
+        name: family(name=name, description=description, kind=getattr(family, kind))
+        for kind, named in kinds.items()
+        for name, description in named.items()
+    }
+
+
 _RESIDENT, _SECONDS = metric_names.WEIGHT_RESIDENT_BYTES, metric_names.WEIGHT_LOAD_SECONDS
 #: per-model series besides ``_SECONDS`` (a histogram)
 _PER_MODEL = (
@@ -77,12 +93,8 @@ class TritonCacheMetrics:
         models: Iterable[str],
         foreign: Mapping[str, int] | None = None,
     ) -> None:
-        family = pb_utils.MetricFamily
         self._lock = threading.Lock()
-        self._families = {
-            name: family(name=name, description=description, kind=getattr(family, kind))
-            for name, description, kind in _FAMILIES
-        }
+        self._families = _families(pb_utils, _CACHE_FAMILIES)
         self._budget = self._families[metric_names.WEIGHT_CACHE_BUDGET_BYTES].Metric(labels={})
         self._budget.set(float(budget_bytes or 0))
         self._total = self._families[metric_names.WEIGHT_CACHE_RESIDENT_BYTES].Metric(labels={})
@@ -163,45 +175,7 @@ class TritonRuntimeMetrics:
     _SHED_REASONS = ("deadline", "laxity", "cancelled", "stopping")
 
     def __init__(self, pb_utils: Any) -> None:
-        family = pb_utils.MetricFamily
-        specs = (
-            (
-                metric_names.EXECUTIONS,
-                "Runtime executions per compiled executable (variant, batch size)",
-                family.COUNTER,
-            ),
-            (
-                EXECUTABLES,
-                "Executables made ready by the runtime, by source (compiled or cache)",
-                family.COUNTER,
-            ),
-            ("hloserve_execution_items_total", "Real items executed", family.COUNTER),
-            ("hloserve_execution_padding_total", "Zero-padding items executed", family.COUNTER),
-            ("hloserve_scheduler_queue_depth", "Requests queued in the runtime", family.GAUGE),
-            ("hloserve_scheduler_share", "fair: weight / sum of weights", family.GAUGE),
-            (
-                "hloserve_scheduler_recent_compute_share",
-                "The model's share of the recent-compute EMA",
-                family.GAUGE,
-            ),
-            (
-                "hloserve_scheduler_cost_seconds",
-                "Learned execution cost per (variant, batch size)",
-                family.GAUGE,
-            ),
-            ("hloserve_scheduler_shed_total", "Requests shed before device work", family.COUNTER),
-            (
-                metric_names.DEVICE_MEMORY_BYTES,
-                "The runtime's device memory by kind, bytes",
-                family.GAUGE,
-            ),
-            (
-                metric_names.SEQUENCE_STATE_BYTES,
-                "Bytes of state kept for the model's live sequences",
-                family.GAUGE,
-            ),
-        )
-        self._families = {n: family(name=n, description=d, kind=k) for n, d, k in specs}
+        self._families = _families(pb_utils, _RUNTIME_FAMILIES)
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._lock = threading.Lock()
 
@@ -227,7 +201,7 @@ class TritonRuntimeMetrics:
                 self._metric(EXECUTABLES, model=model, source=source).increment(1.0)
 
     def publish(self, state: Any) -> None:
-        """Record one :class:`~hloserve.triton_backend.runtime.state.RuntimeState`."""
+        """Record one :class:`~hloserve.triton_backend.runtime.server.RuntimeState`."""
         with self._lock:
             if not self._families:
                 return

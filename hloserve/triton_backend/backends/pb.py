@@ -3,17 +3,14 @@ the Status <-> ``TritonError`` code table, responses, logging to the server's lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 from collections.abc import Mapping
 from typing import Any
 
 from hloserve import triton_messages
-from hloserve.errors import (
-    HloserveError,
-    ServerStartingError,
-    Status,
-)
+from hloserve.errors import HloserveError, ServerStartingError, Status
 from hloserve.triton_backend.backends.dlpack import to_triton_tensor
 
 log = logging.getLogger("hloserve.triton_backend")
@@ -58,10 +55,7 @@ def status_of_code(code_name: str, message: str = "") -> Status:
     UNAVAILABLE whatever its code (BLS to a model still loading)."""
     if triton_messages.model_not_ready(message):
         return Status.UNAVAILABLE
-    for status, name in TRITON_ERROR_CODE.items():
-        if name == code_name:
-            return status
-    return Status.INTERNAL
+    return next((s for s, name in TRITON_ERROR_CODE.items() if name == code_name), Status.INTERNAL)
 
 
 def error_from_triton(pb_utils: Any, error: Any) -> HloserveError:
@@ -95,17 +89,11 @@ def inference_response(pb_utils: Any, result: Mapping[str, Any] | BaseException)
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
-_logging_configured = False
-
-
+@functools.cache
 def configure_logging(level: int = logging.INFO) -> None:
     """Send the ``hloserve`` loggers' records to stderr (the server's log), once per process."""
-    global _logging_configured
-    if _logging_configured:
-        return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("hloserve %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("hloserve")
     root.addHandler(handler)
     root.setLevel(level)
-    _logging_configured = True

@@ -1,9 +1,6 @@
-"""The channel between front instances and the runtime: messages, sockets, shared memory.
-
-docs/serving.md, "Front -> runtime (the channel)": a Unix ``SOCK_SEQPACKET`` socket in the
-abstract namespace carries one JSON message per datagram; tensors travel through each front
-instance's shared-memory :class:`Arena` (or a :class:`Segment` of their own). Names derive from
-:func:`server_key`, so servers on one machine never meet."""
+"""The channel between front instances and the runtime (docs/serving.md, "Front -> runtime (the
+channel)"): JSON messages on an abstract ``SOCK_SEQPACKET`` socket, tensors in shared memory
+(:class:`Arena`, :class:`Segment`), names from :func:`server_key` so servers never meet."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The front model's core: validate, preprocess, pick the variant, pad; then cut, postprocess.
-
-Per request: :meth:`FrontModel.prepare`, :meth:`~FrontModel.runtime_inputs`,
-:meth:`~FrontModel.finish`; hooks and shape variants are docs/bundles.md's. No JAX and no typed
-manifest (it reads the builder's front spec: small stubs)."""
+"""The front model's core (no JAX, no typed manifest: the builder's front spec): per request
+:meth:`FrontModel.prepare` (validate, preprocess, pick the variant), ``runtime_inputs`` (pad),
+:meth:`~FrontModel.finish` (cut, postprocess); docs/bundles.md's hooks and variants."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from hloserve.bundle.front_spec import (
 from hloserve.errors import HloserveError, InvalidArgumentError, Status
 from hloserve.model_parameters import FrontParameters, ModelArgs
 from hloserve.triton_backend.channel.batching import pad_variable, unpad_outputs
-from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, load_hooks
+from hloserve.triton_backend.front.hooks import Hooks, IdentityHooks, Tensors, load_hooks
 from hloserve.triton_backend.front.tensors import TensorChecker
 
 if TYPE_CHECKING:
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hloserve.triton_backend.front")
 
-Tensors = dict[str, np.ndarray]
 #: a sequence's correlation ID (an unsigned integer or a string; 0 and "": no sequence)
 SequenceId = int | str
 
@@ -201,9 +198,8 @@ class FrontModel:
         return [spec.shape_at(rows, variant) for spec in self.manifest.outputs]
 
     def finish(self, prepared: Prepared, outputs: Sequence[np.ndarray]) -> Tensors:
-        """One request's client outputs from its executable outputs (manifest order).
-
-        Raises HloserveError INTERNAL when postprocess fails or breaks the contract."""
+        """One request's client outputs from its executable outputs (manifest order);
+        HloserveError INTERNAL when postprocess fails or breaks the contract."""
         named = {spec.name: a for spec, a in zip(self.manifest.outputs, outputs, strict=True)}
         cut = unpad_outputs(self.manifest.outputs, named, prepared.sizes)
         for name in self._state_out:  # the runtime keeps it; clients do not receive it

@@ -191,7 +191,8 @@ class ChannelFront:
                     # run() reads the answers; this thread only watches for a hang-up
                     channel.wait_hangup(link)
                     continue
-                self._read(link)
+                while True:
+                    self._handle(channel.receive(link.sock))
             except channel.ChannelClosed:
                 pass
             except Exception:
@@ -456,10 +457,6 @@ class ChannelFront:
                 self._release(p)
                 self._answer(p.handle, error)
         return None
-
-    def _read(self, link: channel.Link) -> None:
-        while True:
-            self._handle(channel.receive(link.sock))
 
     def _handle(self, message: Mapping[str, Any]) -> list[int]:
         """Answer the works one runtime message names; their ids."""

@@ -44,17 +44,8 @@ class ModuleHooks:
     def __init__(self, module: object) -> None:
         self.module = module
         self._pre = getattr(module, "preprocess", None)
-        post = getattr(module, "postprocess", None)
-        self._post = post
-        self._post_takes_inputs = post is not None and _positional_count(post) >= 2
-
-    @property
-    def has_preprocess(self) -> bool:
-        return self._pre is not None
-
-    @property
-    def has_postprocess(self) -> bool:
-        return self._post is not None
+        self._post = getattr(module, "postprocess", None)
+        self._post_takes_inputs = self._post is not None and _positional_count(self._post) >= 2
 
     def preprocess(self, inputs: Tensors) -> Tensors:
         return dict(self._pre(inputs)) if self._pre is not None else inputs
@@ -84,27 +75,21 @@ def load_hooks(name: str, bundle: Bundle | FrontBundle) -> Hooks:
     lack ``preprocess`` / ``postprocess``."""
     bundle = FrontBundle.of(bundle)
     path = bundle.path / MODEL_PY
-    manifest = bundle.spec
-    if not path.is_file():
-        hooks: Hooks = IdentityHooks()
-        has_pre = has_post = False
-    else:
+    module = None
+    if path.is_file():
         module_name = f"hloserve_hooks_{name.replace('.', '_').replace('-', '_')}"
         try:
             module = import_model_py(path, module_name)
         except ModelPyImportError as exc:
             raise InvalidArgumentError(f"model {name!r}: {path} failed to import: {exc}") from None
-        module_hooks = ModuleHooks(module)
-        has_pre, has_post = module_hooks.has_preprocess, module_hooks.has_postprocess
-        hooks = module_hooks
-    if manifest.client_inputs is not None and not has_pre:
+    if bundle.spec.client_inputs is not None and getattr(module, "preprocess", None) is None:
         raise InvalidArgumentError(
             f"model {name!r}: client_inputs are declared but {MODEL_PY} defines no preprocess "
             "to turn them into the executable's inputs"
         )
-    if manifest.client_outputs is not None and not has_post:
+    if bundle.spec.client_outputs is not None and getattr(module, "postprocess", None) is None:
         raise InvalidArgumentError(
             f"model {name!r}: client_outputs are declared but {MODEL_PY} defines no "
             "postprocess to make them from the executable's outputs"
         )
-    return hooks
+    return ModuleHooks(module) if module is not None else IdentityHooks()

@@ -18,28 +18,6 @@ if TYPE_CHECKING:  # the front's stubs never import the typed manifest (pydantic
 Spec: TypeAlias = "TensorSpec | SpecTensor"
 
 
-def spec_shape(spec: Spec) -> list[int]:
-    """The spec's row-major shape with ``-1`` at the batch axis (e.g. ``[-1, 4]``)."""
-    return [-1 if i == spec.batch_axis else d for i, d in enumerate(spec.shape_at(0))]
-
-
-def check_tensor(model: str, role: str, spec: Spec, array: np.ndarray) -> int | None:
-    """Check one tensor's dtype and shape (``role``: "input" or "output"); its batch size (None:
-    unbatched spec). InvalidArgumentError for a wrong dtype, rank or non-batch dimension."""
-    want = spec.dtype_info.numpy
-    where = f"model {model!r}: {role} {spec.name!r}"
-    if array.dtype != want:
-        raise InvalidArgumentError(
-            f"{where}: expected dtype {spec.dtype_info.kserve} ({spec.dtype}), "
-            f"got {_dtype_name(array.dtype)}"
-        )
-    expected = spec_shape(spec)
-    got = list(array.shape)
-    if len(got) != len(expected) or any(e not in (-1, g) for e, g in zip(expected, got)):  # noqa: B905
-        raise InvalidArgumentError(f"{where}: expected shape {expected}, got {got}")
-    return None if spec.batch_axis is None else got[spec.batch_axis]
-
-
 class TensorChecker:
     """Checks a set of tensors against fixed specs (the per-spec work done once)."""
 
@@ -48,8 +26,15 @@ class TensorChecker:
         self.role = role
         self.specs = list(specs)
         self.names = [s.name for s in self.specs]
+        #: (spec, dtype, shape with -1 at the batch axis, batch axis) per tensor
         self._rules = [
-            (s, s.dtype_info.numpy, tuple(spec_shape(s)), s.batch_axis) for s in self.specs
+            (
+                s,
+                s.dtype_info.numpy,
+                [-1 if i == s.batch_axis else d for i, d in enumerate(s.shape_at(0))],
+                s.batch_axis,
+            )
+            for s in self.specs
         ]
 
     def __call__(self, tensors: Mapping[str, np.ndarray]) -> int | None:
@@ -71,15 +56,19 @@ class TensorChecker:
         first = ""
         for spec, dtype, shape, axis in self._rules:
             array = tensors[spec.name]
-            if (
-                array.dtype != dtype
-                or len(array.shape) != len(shape)
-                or any(
-                    e != g and e != -1
-                    for e, g in zip(shape, array.shape)  # noqa: B905
+            if array.dtype != dtype:
+                raise InvalidArgumentError(
+                    f"model {model!r}: {role} {spec.name!r}: expected dtype "
+                    f"{spec.dtype_info.kserve} ({spec.dtype}), got {_dtype_name(array.dtype)}"
                 )
+            if len(array.shape) != len(shape) or any(
+                e != g and e != -1
+                for e, g in zip(shape, array.shape)  # noqa: B905
             ):
-                check_tensor(model, role, spec, array)  # raises with the full message
+                raise InvalidArgumentError(
+                    f"model {model!r}: {role} {spec.name!r}: expected shape {shape}, "
+                    f"got {list(array.shape)}"
+                )
             if axis is None:
                 continue
             size = int(array.shape[axis])

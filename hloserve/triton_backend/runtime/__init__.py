@@ -1,2 +1,1 @@
-"""The runtime's process (``hloserve_runtime``, one per device), the only one importing JAX;
-importing the package itself imports none. Module map: ``hloserve/triton_backend/__init__.py``."""
+"""The runtime's process (``hloserve_runtime``, one per device), the only one importing JAX."""

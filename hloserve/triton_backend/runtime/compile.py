@@ -14,12 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hloserve.bundle.stablehlo import (
-    Signature,
-    TensorType,
-    read_signature,
-    to_portable_artifact,
-)
+from hloserve.bundle.stablehlo import Signature, TensorType, read_signature, to_portable_artifact
 from hloserve.errors import InvalidArgumentError
 from hloserve.triton_backend.runtime.executable_cache import (
     COMPILED,
@@ -32,17 +27,25 @@ from hloserve.triton_backend.runtime.executable_cache import (
 log = logging.getLogger("hloserve.triton_backend.runtime.compile")
 
 
-def _numpy_dtype(element_type: str) -> np.dtype:
-    from hloserve.bundle import dtypes
+def enable_x64() -> None:
+    """Turn on JAX's 64-bit mode, so i64/u64/f64 tensors keep their width (the runtime's)."""
+    import jax
 
-    return dtypes.from_stablehlo(element_type).numpy
+    jax.config.update("jax_enable_x64", True)
+
+
+def run_cpu_inline() -> None:
+    """Have JAX's CPU backend execute on the calling thread (``jax_cpu_enable_async_dispatch``
+    off, docs/serving.md, "Requests"; no effect on GPU); call before ``jax.devices()``."""
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 @dataclass(frozen=True)
 class CompiledExecutable:
-    """A loaded XLA executable for one StableHLO ``main`` on one device.
-
-    ``signature``: ``main``'s argument types (weights first, then inputs) and result types."""
+    """A loaded XLA executable for one StableHLO ``main`` on one device; ``signature``: its
+    argument types (weights first, then inputs) and result types."""
 
     loaded: Any
     signature: Signature
@@ -78,27 +81,15 @@ class CompiledExecutable:
 
     @functools.cached_property
     def _expected(self) -> tuple[tuple[tuple[int | None, ...], np.dtype], ...]:
-        return tuple((tuple(t.shape), _numpy_dtype(t.element_type)) for t in self.signature.inputs)
+        from hloserve.bundle.dtypes import from_stablehlo
+
+        return tuple(
+            (tuple(t.shape), from_stablehlo(t.element_type).numpy) for t in self.signature.inputs
+        )
 
     def run_numpy(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`__call__` on host arrays, returning host NumPy arrays."""
         return [np.asarray(out) for out in self(args)]
-
-
-def enable_x64() -> None:
-    """Turn on JAX's 64-bit mode, so i64/u64/f64 tensors keep their width (the runtime's)."""
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-
-
-def run_cpu_inline() -> None:
-    """Have JAX's CPU backend execute on the calling thread; call before ``jax.devices()``.
-
-    Turns off ``jax_cpu_enable_async_dispatch`` (docs/serving.md, "Requests"); no effect on GPU."""
-    import jax
-
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def compile_artifact(

@@ -1,12 +1,16 @@
-"""The runtime's allocator, device memory and weight cache from its config parameters
-(docs/serving.md, "Runtime model config"); malformed values are InvalidArgumentError naming
-the model and the parameter."""
+"""The runtime's allocator, device memory, weight cache and executable cache from its config
+parameters (docs/serving.md, "Runtime model config", "Executable cache"); malformed values are
+InvalidArgumentError naming the model and the parameter."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from hloserve import names
 from hloserve.errors import InvalidArgumentError
@@ -17,12 +21,16 @@ from hloserve.triton_backend.runtime.device_memory import (
     allocator_environment,
     memory_stats,
 )
+from hloserve.triton_backend.runtime.executable_cache import DEFAULT_MAX_BYTES, ExecutableCache
 from hloserve.triton_backend.runtime.residency import Residency
 from hloserve.triton_backend.runtime.weight_cache import CacheObserver, WeightCache
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
+_cache_log = logging.getLogger("hloserve.triton_backend.runtime.executable_cache")
 #: makes the weight cache's observer from (budget bytes or None, model names)
 ObserverFactory = Callable[[int | None, Sequence[str]], CacheObserver]
+#: ``HLOSERVE_EXECUTABLE_CACHE`` (directory or ``off``), ``HLOSERVE_EXECUTABLE_CACHE_BYTES``
+ENV_PREFIX = "HLOSERVE_EXECUTABLE_"
 
 
 def weight_cache_from_args(
@@ -124,3 +132,94 @@ def _budget(args: ModelArgs, device: Any) -> int:
 def _read(args: ModelArgs, key: str) -> Any:
     """The typed value of runtime parameter ``key`` (:mod:`hloserve.model_parameters`)."""
     return RuntimeParameters.read(args.name, args.parameters, key)
+
+
+class ExecutableCacheSettings(BaseModel):
+    """The cache's settings: ``cache`` a directory, ``off``, or "" (the default directory)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cache: str = ""
+    cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
+
+
+def default_directory(environ: Mapping[str, str] | None = None) -> Path:
+    """The XDG user cache directory's ``hloserve/executables`` (``$XDG_CACHE_HOME`` when
+    absolute, else ``$HOME/.cache``; freedesktop.org basedir-spec)."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path(environ.get("HOME", "~")) / ".cache"
+    return root.expanduser() / "hloserve" / "executables"
+
+
+def cache_settings(
+    parameters: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    model: str = names.RUNTIME_MODEL,
+) -> ExecutableCacheSettings:
+    """The runtime's settings: its ``parameters`` over ``HLOSERVE_EXECUTABLE_*`` over the
+    defaults; InvalidArgumentError (naming the parameter or variable) for a variable naming no
+    setting or a bound that is not a positive integer."""
+    from hloserve.settings import load_settings
+
+    settings = load_settings(
+        ExecutableCacheSettings,
+        raw_keys=("cache",),  # "off" stays a string (YAML would read it as false)
+        prefix=ENV_PREFIX,
+        environ=os.environ if environ is None else environ,
+        path=None,
+        what="executable cache settings",
+        error=InvalidArgumentError,
+    )
+    keys = {
+        "cache": names.PARAM_EXECUTABLE_CACHE,
+        "cache_bytes": names.PARAM_EXECUTABLE_CACHE_BYTES,
+    }
+    updates = {k: RuntimeParameters.read(model, parameters, key) for k, key in keys.items()}
+    return settings.model_copy(update={k: v for k, v in updates.items() if v})
+
+
+def executable_cache(
+    settings: ExecutableCacheSettings,
+    *,
+    observer: Callable[[str, str], None] | None = None,
+    source: str = "",
+) -> ExecutableCache:
+    """The cache ``settings`` describe (off: disabled), its directory logged with ``source``
+    (where the setting came from); InvalidArgumentError for a relative directory."""
+    said = f" (from {source})" if source else ""
+    if settings.cache.strip().lower() == names.EXECUTABLE_CACHE_OFF:
+        _cache_log.info("executable cache: off%s; every executable is compiled", said)
+        return ExecutableCache(None, settings.cache_bytes, observer=observer)
+    directory = Path(settings.cache).expanduser() if settings.cache else default_directory()
+    if not directory.is_absolute():
+        raise InvalidArgumentError(
+            f"executable cache directory {settings.cache!r}{said} must be an absolute path "
+            f"or {names.EXECUTABLE_CACHE_OFF!r}"
+        )
+    _cache_log.info(
+        "executable cache: %s%s, bound %d bytes",
+        directory,
+        said or " (default)",
+        settings.cache_bytes,
+    )
+    return ExecutableCache(directory, settings.cache_bytes, observer=observer)
+
+
+def executable_cache_from_args(
+    args: ModelArgs, observer: Callable[[str, str], None] | None = None
+) -> ExecutableCache:
+    """The runtime's cache from its config; InvalidArgumentError naming the runtime model."""
+    if _read(args, names.PARAM_EXECUTABLE_CACHE):
+        source = f"parameter {names.PARAM_EXECUTABLE_CACHE}"
+    else:
+        source = f"{ENV_PREFIX}CACHE" if os.environ.get(f"{ENV_PREFIX}CACHE", "").strip() else ""
+    named = f"model {args.name!r}: "
+    try:
+        settings = cache_settings(args.parameters, model=args.name)
+        return executable_cache(settings, observer=observer, source=source)
+    except InvalidArgumentError as exc:
+        if exc.message.startswith(named):  # a parameter's error names the model already
+            raise
+        raise InvalidArgumentError(named + exc.message) from None

@@ -1,9 +1,6 @@
-"""The runtime model's core: the one JAX process that compiles and runs every bundle.
-
-Fronts hold bundles (:meth:`RuntimeModel.acquire` / :meth:`~RuntimeModel.release`) by
-reference count per generation, so a reloaded model's new bundle loads beside the old one
-(docs/serving.md, "Front -> runtime (the channel)"). A bundle that fails to load keeps its own
-error; the others keep serving."""
+"""The runtime model's core: the one JAX process, compiling and running every bundle its fronts
+hold, by reference count per generation (docs/serving.md, "Front -> runtime (the channel)",
+Loading); a bundle that fails to load keeps its error, the others serve."""
 
 from __future__ import annotations
 
@@ -11,13 +8,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hloserve.bundle.bundle import Bundle
 from hloserve.bundle.manifest import UNBATCHED
 from hloserve.bundle.validate import check_bundle
 from hloserve.errors import HloserveError, InvalidArgumentError, NotFoundError, Status
@@ -30,17 +28,44 @@ from hloserve.triton_backend.runtime.compile import (
 )
 from hloserve.triton_backend.runtime.config import (
     ObserverFactory,
+    executable_cache_from_args,
     weight_cache_from_args,
 )
 from hloserve.triton_backend.runtime.executable_cache import ExecutableCache, ExecutableLabel
-from hloserve.triton_backend.runtime.executable_cache_settings import executable_cache_from_args
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, generation, variant_label
-from hloserve.triton_backend.runtime.weights import ResidentWeightStore, WeightStore, acquired
+from hloserve.triton_backend.runtime.weight_cache import WeightCache
 
 log = logging.getLogger("hloserve.triton_backend.runtime")
 
 #: (artifact, device, label=ExecutableLabel) -> executable, e.g. :func:`compile_artifact`
 Compile = Callable[..., CompiledExecutable]
+
+
+@dataclass(frozen=True)
+class LoadedBundle:
+    """A bundle ready to run: ``key`` is ``name``, or ``name#<n>`` for a generation loaded while
+    an older one is held; ``executables`` by (variant index, compiled batch size, 0 unbatched)."""
+
+    name: str
+    key: str
+    bundle: Bundle
+    executables: Mapping[tuple[int, int], CompiledExecutable]
+    load_seconds: float
+
+
+def generation(path: Path) -> tuple[Any, ...]:
+    """What tells two bundles at ``path`` apart: the directory and its manifest file's identity
+    (device, inode, size, modification time in ns); a rebuilt repository changes it."""
+    path = Path(path)
+    try:
+        st = (path / "manifest.yaml").stat()
+    except OSError:
+        return (str(path),)
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def variant_label(dims: Mapping[str, int]) -> str:
+    """A variant's label: its axis letters and sizes, e.g. ``"s32"``; ``""`` for no variant."""
+    return "".join(f"{letter}{size}" for letter, size in sorted(dims.items()))
 
 
 @dataclass
@@ -62,7 +87,7 @@ class RuntimeModel:
     def __init__(
         self,
         *,
-        store: WeightStore | None = None,
+        store: WeightCache | None = None,
         device: Any | None = None,
         compile: Compile = compile_artifact,
         on_load: Callable[[str], None] | None = None,
@@ -74,7 +99,7 @@ class RuntimeModel:
         import jax
 
         self.device = device if device is not None else jax.devices()[0]
-        self.store: WeightStore = store if store is not None else ResidentWeightStore()
+        self.store = store if store is not None else WeightCache()  # no budget: all resident
         self._compile = compile
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
@@ -165,9 +190,8 @@ class RuntimeModel:
         return True
 
     def load(self, name: str) -> LoadedBundle:
-        """The loaded bundle ``name`` (its newest held generation), loading it on first use.
-
-        Raises NotFoundError (no one holds ``name``) or the bundle's load error."""
+        """The loaded bundle ``name`` (its newest held generation), loading it on first use;
+        NotFoundError (no one holds ``name``) or the bundle's load error."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
@@ -252,10 +276,14 @@ class RuntimeModel:
                 f"compiled batch sizes {sorted({s for _, s in loaded.executables})}"
             )
         args = [self._place(a) if isinstance(a, np.ndarray) else a for a in inputs]
-        with self._execute_lock, acquired(self.store, loaded.key) as weights:
-            results = executable([*weights, *args])
-            for result in results:  # one execution at a time: finish before the next
-                result.block_until_ready()
+        with self._execute_lock:
+            weights = self.store.acquire(loaded.key)
+            try:
+                results = executable([*weights, *args])
+                for result in results:  # one execution at a time: finish before the next
+                    result.block_until_ready()
+            finally:
+                self.store.release(loaded.key)
         return list(results)
 
     def place(self, array: np.ndarray) -> Any:

@@ -81,14 +81,10 @@ class CacheKey:
     variant: str
     batch_size: int
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields by name (the entry's metadata)."""
-        return dataclasses.asdict(self)
-
     @property
     def digest(self) -> str:
         """SHA-256 (hex) of the fields with :data:`ENTRY_FORMAT`: the entry's file name."""
-        text = json.dumps({"format": ENTRY_FORMAT, **self.as_dict()}, sort_keys=True)
+        text = json.dumps({"format": ENTRY_FORMAT, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -157,12 +153,11 @@ class ExecutableCache:
         label: ExecutableLabel | None = None,
         info: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound.
-
-        Whether it was written: failures (disk full, read-only directory) are logged, not raised."""
+        """Store ``payload`` and ``info`` (JSON) under ``key`` atomically, then apply the bound;
+        whether it was written (failures, e.g. a full disk, are logged, not raised)."""
         if self.directory is None:
             return False
-        document = {"key": key.as_dict(), "info": dict(info or {})}
+        document = {"key": dataclasses.asdict(key), "info": dict(info or {})}
         metadata = json.dumps(document, sort_keys=True).encode()
         digest = hashlib.sha256(metadata + payload).digest()
         header = _HEADER.pack(MAGIC, ENTRY_FORMAT, len(metadata), len(payload), digest)
@@ -281,7 +276,7 @@ def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | 
         stored, info = dict(metadata["key"]), dict(metadata["info"])
     except (ValueError, KeyError, TypeError):
         return "unreadable metadata", None
-    wanted = key.as_dict()
+    wanted = dataclasses.asdict(key)
     if stored != wanted:
         changed = sorted(k for k in wanted if stored.get(k) != wanted[k])
         return f"written for another key (differs in {changed})", None
@@ -289,12 +284,9 @@ def _parse_entry(data: bytes, key: CacheKey) -> tuple[str | None, CachedEntry | 
 
 
 def _fsync_directory(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)

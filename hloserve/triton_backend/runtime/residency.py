@@ -32,11 +32,8 @@ class Residency(enum.Enum):
 def budget_problems(
     budget_bytes: int, weight_bytes: Mapping[str, int], residency: Mapping[str, str]
 ) -> list[str]:
-    """What can never fit a weight cache budget of ``budget_bytes`` (> 0): one message per
-    problem, naming the models, their weight bytes and the budget; empty when all fit.
-
-    The weight cache's load-time rule applied to a whole repository (``hloserve repo build``
-    refuses on it): ``device`` models together must fit; every other model must fit what they
+    """What can never fit a weight cache budget of ``budget_bytes`` (> 0), one message per
+    problem (empty: all fit): ``device`` models together must fit, every other model what they
     leave. ``residency``: model -> residency name (missing: ``system``)."""
     pinned = {
         name: n

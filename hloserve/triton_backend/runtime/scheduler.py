@@ -1,6 +1,5 @@
-"""The runtime's scheduler: per-model queues, coalescing, cost learning (docs/scheduling.md).
-
-The runtime's loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
+"""The runtime's scheduler (docs/scheduling.md): settings, per-model queues, coalescing, cost
+learning; the loop calls :meth:`Scheduler.next`, executes, then :meth:`Scheduler.record`.
 Thread-safe; no JAX, Triton or NumPy."""
 
 from __future__ import annotations
@@ -15,15 +14,78 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal, cast
 
+from hloserve import names
 from hloserve.errors import SchedulerClosedError
-from hloserve.triton_backend.runtime.scheduler_config import Discipline, SchedulerConfig
+from hloserve.model_parameters import RuntimeParameters
 
 #: Triton's own text for a request whose ``timeout`` passed in its queue (answered UNAVAILABLE)
 REASON_EXPIRED = "Request timeout expired"
 REASON_CANCELLED = "the request was cancelled by its client before it was executed"
 
 _log = logging.getLogger(__name__)
+
+Discipline = Literal["fair", "fifo", "edf"]
+#: The disciplines, the default first (docs/scheduling.md, "Disciplines").
+DISCIPLINES = cast(tuple[Discipline, ...], names.SCHEDULING_DISCIPLINES)
+#: Weight of a model :attr:`SchedulerConfig.weights` does not list.
+DEFAULT_WEIGHT = 1.0
+
+
+#: (field, its range as errors say it, test) of the numeric settings
+_RANGES: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
+    ("ema_half_life_s", "> 0", lambda v: v > 0),
+    ("priority_cap", "in (0, 1]", lambda v: 0 < v <= 1),
+    ("coalescing_discount", "in [0, 1)", lambda v: 0 <= v < 1),
+    ("unseeded_cost_s", "> 0", lambda v: v > 0),
+    ("cost_ema_alpha", "in (0, 1]", lambda v: 0 < v <= 1),
+)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler settings (docs/scheduling.md, "Settings"; defaults are ReactantServer's);
+    unlisted models weigh :data:`DEFAULT_WEIGHT`; ValueError (naming the field) for a value out
+    of range."""
+
+    discipline: Discipline = "fair"
+    weights: Mapping[str, float] = field(default_factory=dict)
+    ema_half_life_s: float = 30.0
+    priority_cap: float = 0.25
+    coalescing_discount: float = 0.10
+    unseeded_cost_s: float = 0.01
+    cost_ema_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.discipline not in DISCIPLINES:
+            raise ValueError(
+                f"scheduling discipline {self.discipline!r} is not one of {list(DISCIPLINES)}"
+            )
+        for model, weight in self.weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(
+                    f"weight of model {model!r} must be a finite number > 0, got {weight!r}"
+                )
+        for name, allowed, ok in _RANGES:
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+
+    def weight(self, model: str) -> float:
+        """``model``'s weight (:data:`DEFAULT_WEIGHT` when unlisted)."""
+        return self.weights.get(model, DEFAULT_WEIGHT)
+
+    @classmethod
+    def from_parameters(
+        cls, parameters: Mapping[str, str], *, model: str = names.RUNTIME_MODEL
+    ) -> SchedulerConfig:
+        """The config of the runtime model's parameters ``names.PARAM_SCHEDULING`` and
+        ``names.PARAM_MODEL_WEIGHTS``; InvalidArgumentError (naming ``model`` and the parameter)
+        for an unknown discipline or a bad weight."""
+        discipline = RuntimeParameters.read(model, parameters, names.PARAM_SCHEDULING)
+        weights = RuntimeParameters.read(model, parameters, names.PARAM_MODEL_WEIGHTS)
+        return cls(discipline=cast(Discipline, discipline), weights=weights)
 
 
 @dataclass(eq=False)
@@ -52,11 +114,6 @@ class Batch:
     works: tuple[Work, ...]
     items: int
 
-    @property
-    def padding(self) -> int:
-        """Padded items: ``batch_size - items``."""
-        return self.batch_size - self.items
-
 
 @dataclass(frozen=True)
 class ModelSnapshot:
@@ -72,12 +129,11 @@ class ModelSnapshot:
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    """The scheduler's state (``shed`` and ``batches`` count since start)."""
+    """The scheduler's state (``shed`` counts since start)."""
 
     discipline: Discipline
     models: Mapping[str, ModelSnapshot]
     shed: int
-    batches: int
 
 
 @dataclass
@@ -114,7 +170,6 @@ class Scheduler:
         self._costs: dict[tuple[str, int, int], float] = {}
         self._closed = False
         self._shed = 0
-        self._batches = 0
 
     def register(
         self, model: str, variant: int, compiled_sizes: Sequence[int], coalesce: bool = True
@@ -196,9 +251,8 @@ class Scheduler:
         return len(shed)
 
     def next(self, timeout: float | None = None) -> Batch | None:
-        """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop").
-
-        Blocks up to ``timeout`` seconds (None = forever); None on timeout or after close."""
+        """Shed hopeless works, then the next batch (docs/scheduling.md, "The loop"), waiting up
+        to ``timeout`` seconds (None = forever); None on timeout or after close."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._ready:
@@ -212,8 +266,6 @@ class Scheduler:
                 now = self._clock()
                 shed = self._shed_hopeless(now)
                 batch = self._select(now)
-                if batch is not None:
-                    self._batches += 1
             self._report(shed)
             if batch is not None:
                 return batch
@@ -255,7 +307,7 @@ class Scheduler:
                 )
                 for name, entry in sorted(self._models.items())
             }
-            return SchedulerSnapshot(self._config.discipline, models, self._shed, self._batches)
+            return SchedulerSnapshot(self._config.discipline, models, self._shed)
 
     def close(self) -> None:
         """Stop: wake :meth:`next` (it returns None), refuse later submits, and shed every

@@ -1,8 +1,6 @@
-"""Each live sequence's state, kept on the runtime's device between its requests.
-
-docs/bundles.md, "Stateful bundles": per (bundle key, correlation ID), one row per ``state``
-pair; reset at START, dropped at END or when idle. Executions :func:`gather` and
-:func:`scatter` the rows on the device."""
+"""Each live sequence's state rows on the runtime's device, per (bundle key, correlation ID):
+reset at START, dropped at END or when idle (docs/bundles.md, "Stateful bundles"); executions
+:func:`gather` and :func:`scatter` them on the device."""
 
 from __future__ import annotations
 

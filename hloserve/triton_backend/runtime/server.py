@@ -1,13 +1,6 @@
-"""The runtime's side of the channel (docs/serving.md, "Front -> runtime (the channel)").
-
-Messages (JSON): ``hello`` {pid, arena, model, bundle} -> ``progress`` {executables} (after
-each executable and every flush) ... then ``ready`` {key} or ``error`` {status, message};
-``run`` {works: [{id, variant, rows, deadline, in, out, committed?, seq?}]}, ``in``/``out``
-giving ``[segment, offset]`` per executable tensor in the manifest's order (segment "": the
-arena), ``seq`` a stateful model's [correlation ID, START, END]; ``cancel`` {ids} sheds those
-still queued (CANCELLED). Answers: ``done`` {ids} or ``failed`` {ids, status, message}.
-Counts go to ``publish`` every flush, never per execution (a Triton metric call is a ~48 us
-synchronous stub -> server message)."""
+"""The runtime's side of the channel (docs/serving.md, "Front -> runtime (the channel)", whose
+Messages item lists the protocol). Counts go to ``publish`` every flush, never per execution (a
+Triton metric call is a ~48 us synchronous stub -> server message)."""
 
 from __future__ import annotations
 
@@ -32,17 +25,35 @@ from hloserve.bundle.manifest import UNBATCHED
 from hloserve.errors import HloserveError, InvalidArgumentError, Status, UnavailableError
 from hloserve.triton_backend import channel
 from hloserve.triton_backend.channel import batching
-from hloserve.triton_backend.runtime.core import RuntimeModel
+from hloserve.triton_backend.runtime.core import LoadedBundle, RuntimeModel, variant_label
 from hloserve.triton_backend.runtime.device_memory import DeviceMemory
-from hloserve.triton_backend.runtime.loaded_bundle import LoadedBundle, variant_label
-from hloserve.triton_backend.runtime.scheduler import REASON_CANCELLED, Batch, Scheduler, Work
-from hloserve.triton_backend.runtime.scheduler_config import (
+from hloserve.triton_backend.runtime.scheduler import (
+    REASON_CANCELLED,
+    Batch,
+    Scheduler,
     SchedulerConfig,
+    Work,
 )
 from hloserve.triton_backend.runtime.sequence_state import SequenceStates, gather, scatter
-from hloserve.triton_backend.runtime.state import Publish, RuntimeState, runtime_state
 
 log = logging.getLogger("hloserve.triton_backend.runtime.server")
+
+#: ``publish((model, variant label, batch size), executions since the last call)``.
+Publish = Callable[[tuple[str, str, int], int], None]
+
+
+@dataclass(frozen=True)
+class RuntimeState:
+    """What the runtime publishes every flush besides execution counts: per (model, variant)
+    real and padding rows, sheds per (model, reason), scheduler snapshots by model, learned
+    costs (s), device memory figures (None on CPU), bytes of live sequences' state."""
+
+    rows: dict[tuple[str, str], tuple[int, int]]
+    shed: dict[tuple[str, str], int]
+    models: dict[str, Any]
+    costs: dict[tuple[str, str, int], float]
+    memory: dict[str, int] | None = None
+    sequence_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -329,9 +340,9 @@ class RuntimeServer:
                         committed=bool(w.get("committed")),
                     )
                 )
-            except ValueError as exc:
-                conn.send({"op": "failed", "ids": [w["id"]], **error_message(_invalid(exc))})
             except Exception as exc:
+                if isinstance(exc, ValueError):
+                    exc = InvalidArgumentError(f"runtime: {exc}")
                 conn.send({"op": "failed", "ids": [w["id"]], **error_message(exc)})
 
     def _job(self, conn: _Connection, loaded: LoadedBundle, w: dict[str, Any]) -> _Job:
@@ -413,13 +424,9 @@ class RuntimeServer:
         job = work.payload
         assert isinstance(job, _Job)
         cancelled = reason == REASON_CANCELLED
-        kind = (
-            "laxity"
-            if "cannot be met" in reason
-            else "stopping"
-            if "stopping" in reason
-            else ("cancelled" if cancelled else "deadline")
-        )
+        kind = "cancelled" if cancelled else "deadline"
+        if "cannot be met" in reason or "stopping" in reason:
+            kind = "laxity" if "cannot be met" in reason else "stopping"
         with self._counts_lock:
             self._shed_counts[(self._name_of(work.model), kind)] += 1
         status = Status.CANCELLED if cancelled else Status.UNAVAILABLE
@@ -525,12 +532,20 @@ class RuntimeServer:
         snapshot = self.scheduler.snapshot()
         with self._holds_lock:
             loaded = dict(self._loaded)
+        models: dict[str, Any] = {}
+        costs: dict[tuple[str, str, int], float] = {}
+        for key, snap in snapshot.models.items():  # by bundle key: one name per model
+            bundle = loaded.get(key)
+            name = bundle.name if bundle is not None else key.partition("#")[0]
+            models[name] = snap
+            for (variant, size), seconds in snap.costs.items():
+                dims = bundle.bundle.manifest.variant_dims[variant] if bundle is not None else {}
+                costs[(name, variant_label(dims), size)] = seconds
+        held = {b.name: 0 for b in loaded.values() if b.bundle.manifest.stateful}
+        held.update(self.sequences.nbytes())
         memory = self.memory.figures() if self.memory is not None else None
-        return runtime_state(snapshot, loaded, rows, shed, memory, self.sequences.nbytes())
-
-
-def _invalid(exc: ValueError) -> HloserveError:
-    return InvalidArgumentError(f"runtime: {exc}")
+        rows_out = {k: (v[0], v[1]) for k, v in rows.items()}
+        return RuntimeState(rows_out, dict(shed), models, costs, memory, held)
 
 
 def _state_indices(manifest: Any) -> tuple[dict[int, int], dict[int, int]]:
@@ -549,10 +564,10 @@ def _weight(loaded: LoadedBundle, name: str) -> np.ndarray:
 
 
 def _by_connection(jobs: Sequence[_Job]) -> list[tuple[_Connection, list[int]]]:
-    grouped: dict[int, tuple[_Connection, list[int]]] = {}
+    grouped: dict[_Connection, list[int]] = {}
     for job in jobs:
-        grouped.setdefault(id(job.conn), (job.conn, []))[1].append(job.id)
-    return list(grouped.values())
+        grouped.setdefault(job.conn, []).append(job.id)
+    return list(grouped.items())
 
 
 def _close_segments(jobs: Sequence[_Job]) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from hloserve.triton_backend.channel import aligned
+
 
 class JaxTransfer:
     """:class:`Transfer` with JAX, one ``device_put`` call: pinned host memory on accelerators,
@@ -65,10 +67,6 @@ def memory_sharding(device: Any, memory_kind: str | None) -> Any:
     return SingleDeviceSharding(device, memory_kind=memory_kind)
 
 
-#: alignment of each array inside a packed chunk, bytes
-PACK_ALIGN = 64
-
-
 @dataclass(frozen=True)
 class PackedHost:
     """A model's weights in the host tier as contiguous uint8 chunks, with each chunk's
@@ -96,16 +94,16 @@ class PackedJaxTransfer(JaxTransfer):
                 groups.append([])
                 size = 0
             groups[-1].append(array)
-            size += _aligned(array.nbytes)
+            size += aligned(array.nbytes)
         chunks, layout = [], []
         for group in groups:
-            buffer = np.zeros(sum(_aligned(a.nbytes) for a in group), np.uint8)
+            buffer = np.zeros(sum(aligned(a.nbytes) for a in group), np.uint8)
             entries, offset = [], 0
             for array in group:
                 flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
                 buffer[offset : offset + flat.size] = flat
                 entries.append((offset, tuple(array.shape), np.dtype(array.dtype).name))
-                offset += _aligned(array.nbytes)
+                offset += aligned(array.nbytes)
             chunks.append(buffer)
             layout.append(tuple(entries))
         return [PackedHost(tuple(super().to_host(chunks, device)), tuple(layout))]
@@ -123,10 +121,6 @@ class PackedJaxTransfer(JaxTransfer):
 
         jax.block_until_ready(out)
         return out
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // PACK_ALIGN) * PACK_ALIGN
 
 
 @cache

@@ -1,8 +1,6 @@
-"""On-demand weights: an LRU device weight cache under a byte budget (docs/on_demand_weights.md).
-
-:class:`WeightCache` is a :class:`~hloserve.triton_backend.runtime.weights.WeightStore`; the
-residency tiers and the eviction policy are docs/on_demand_weights.md's "Residency tiers" and
-"Policy". Device copies go through :class:`Transfer`, so the policy is tested without JAX."""
+"""The runtime's weight store: an LRU device weight cache under a byte budget (none: every model
+resident from its load on); tiers and policy: docs/on_demand_weights.md. Device copies go
+through :class:`Transfer`, so the policy is tested without JAX."""
 
 from __future__ import annotations
 
@@ -124,14 +122,8 @@ class _Model:
     load_seconds: float = 0.0
 
 
-@dataclass
-class _Counters:
-    compactions: int = 0
-    loads_since_compaction: int = 0
-
-
 class WeightCache:
-    """Byte-budgeted LRU cache of device weights (a :class:`WeightStore`; thread-safe).
+    """Byte-budgeted LRU cache of device weights, by bundle key (thread-safe).
     ``budget_bytes`` None or 0: every model loaded at add and kept; ``compaction_interval`` N >
     0: free every on-demand buffer after each N on-demand loads; an acquire waits up to
     ``wait_s`` for in-use weights to make room, then UNAVAILABLE."""
@@ -162,7 +154,8 @@ class WeightCache:
         self._released = threading.Condition(self._lock)
         self._models: dict[str, _Model] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident on-demand, oldest first
-        self._counters = _Counters()
+        self._compactions = 0
+        self._loads_since_compaction = 0
 
     def add(self, name: str, bundle: Bundle, device: Any) -> None:
         """Register ``bundle``'s weights (see :meth:`add_weights`)."""
@@ -173,7 +166,7 @@ class WeightCache:
         HloserveError INTERNAL if registered, INVALID_ARGUMENT if it exceeds what pinned models
         leave."""
         residency = self._residency.get(name, self._default)
-        pinned = residency is Residency.DEVICE or self.budget_bytes is None
+        pinned = self.pinned(name)
         model = _Model(name, residency, source, device, int(source.nbytes), pinned)
         with self._lock:
             self._check_new(model)
@@ -298,7 +291,7 @@ class WeightCache:
                 self.budget_bytes,
                 self._resident_bytes(),
                 self._pinned_bytes(),
-                self._counters.compactions,
+                self._compactions,
                 models,
             )
 
@@ -365,7 +358,7 @@ class WeightCache:
         model.load_seconds += seconds
         if not model.pinned:
             self._lru[model.name] = None
-            self._counters.loads_since_compaction += 1
+            self._loads_since_compaction += 1
         log.debug("loaded weights of %r (%d bytes) in %.4f s", model.name, model.nbytes, seconds)
         if self._observer is not None:
             self._observer.loaded(model.name, model.nbytes, seconds, self._resident_bytes())
@@ -381,7 +374,7 @@ class WeightCache:
             self._observer.evicted(model.name, model.nbytes, self._resident_bytes())
 
     def _maybe_compact(self) -> None:
-        if self._interval and self._counters.loads_since_compaction >= self._interval:
+        if self._interval and self._loads_since_compaction >= self._interval:
             self._compact()
 
     def _compact(self) -> int:
@@ -391,8 +384,8 @@ class WeightCache:
             if model.in_use == 0:
                 freed += model.nbytes
                 self._evict(model)
-        self._counters.compactions += 1
-        self._counters.loads_since_compaction = 0
+        self._compactions += 1
+        self._loads_since_compaction = 0
         log.info("memory compacted: %d on-demand weight bytes freed", freed)
         return freed
 

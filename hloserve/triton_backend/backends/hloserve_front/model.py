@@ -137,32 +137,18 @@ class TritonPythonModel:
 
 
 class OverriddenFront(TritonPythonModel):
-    """This front loaded as a ``python`` model: a load whose config override names no backend.
-
-    Triton infers ``python`` from the model's ``1/model.py`` (written by the builder: a subclass
-    setting :attr:`model_file`). The override replaces ``config.pbtxt``; Triton keeps only the
-    inputs, outputs, ``max_batch_size`` and scheduling of what a Python model's
-    ``auto_complete_config`` returns, and none of its parameters (Triton 2.51
-    ``TritonModel::UpdateModelConfig``). The rest comes from the generated ``config.pbtxt``
-    still in the model directory: every tensor the override lacks (reshape, labels and format
-    included), ``max_batch_size`` when the override leaves it 0, the ``dynamic_batching`` block
-    when the override has no scheduling, and, in ``initialize``, every ``hloserve.*`` parameter
-    the override does not set. A stateful front's override must carry ``sequence_batching``
-    (docs/serving.md, "Model control mode").
-    """
+    """This front loaded as a ``python`` model (a load whose config override names no backend),
+    completing the override from the generated ``config.pbtxt`` (docs/serving.md, "Model control
+    mode"); the builder's ``1/model.py`` subclasses it, setting :attr:`model_file`."""
 
     #: the subclass's ``__file__``: ``<model directory>/1/model.py``
     model_file = ""
 
     @classmethod
     def auto_complete_config(cls, config: Any) -> Any:
-        """``config`` (``pb_utils.ModelConfig``: the override) completed from the generated one.
-
-        Raises:
-            InvalidArgumentError: the generated config has ``sequence_batching`` and the override
-                has none, or a tensor of the override disagrees with the generated one (its
-                name, the two data types or dims).
-        """
+        """``config`` (``pb_utils.ModelConfig``: the override) completed from the generated one;
+        InvalidArgumentError: the generated config has ``sequence_batching`` and the override
+        none, or an override's tensor disagrees with the generated one (name, dtypes or dims)."""
         override = config.as_dict()
         disk = _generated_config(Path(cls.model_file).parents[1])
         if "sequence_batching" in disk and "sequence_batching" not in override:
@@ -194,12 +180,8 @@ class OverriddenFront(TritonPythonModel):
         return config
 
     def initialize(self, args: dict[str, str]) -> None:
-        """The front's ``initialize``, with the generated config's ``hloserve.*`` parameters
-        under those of ``args["model_config"]`` (an override's own win).
-
-        Raises:
-            InvalidArgumentError: the generated ``config.pbtxt`` is missing or does not parse.
-        """
+        """The front's ``initialize``, the generated config's ``hloserve.*`` parameters under
+        the override's; InvalidArgumentError: the generated ``config.pbtxt`` is missing or bad."""
         model_config = json.loads(args["model_config"])
         generated = _generated_config(Path(args["model_repository"])).get("parameters", {})
         model_config["parameters"] = {**generated, **(model_config.get("parameters") or {})}
@@ -207,11 +189,7 @@ class OverriddenFront(TritonPythonModel):
 
 
 def _generated_config(model_dir: Path) -> dict[str, Any]:
-    """The model's generated ``config.pbtxt`` as Triton's JSON form (proto field names).
-
-    Raises:
-        InvalidArgumentError: the file is missing or does not parse (its path named).
-    """
+    """The generated ``config.pbtxt`` as Triton's JSON form; InvalidArgumentError naming it."""
     from google.protobuf.json_format import MessageToDict
 
     from hloserve.model_repository_tools.config import parse_config

@@ -16,6 +16,13 @@ from hloserve.meta.core import MetaModel
 from hloserve.model_parameters import ModelArgs
 from hloserve.triton_backend.backends import dlpack, pb
 
+#: description per counter family, in the order ``initialize`` unpacks them
+_FAMILIES = {
+    "hloserve_meta_runs_total": "Meta model runs",
+    "hloserve_meta_calls_total": "Sub-calls sent by meta model runs",
+    "hloserve_meta_subcalls_total": "Meta sub-calls to this bundle (over the channel)",
+}
+
 
 def _bls(model: str, inputs: Mapping[str, Any], outputs: Sequence[str], timeout_us: int) -> Any:
     """A sub-call to a foreign model: BLS, ``timeout_us`` as the request's ``timeout``."""
@@ -48,15 +55,7 @@ class TritonPythonModel:
         self.channel = ChannelCalls(model_args.model_dir.parent, self.core.calls, foreign=_bls)
         family = pb_utils.MetricFamily
         self._families = [
-            family(name=n, description=d, kind=family.COUNTER)
-            for n, d in (
-                ("hloserve_meta_runs_total", "Meta model runs"),
-                ("hloserve_meta_calls_total", "Sub-calls sent by meta model runs"),
-                (
-                    "hloserve_meta_subcalls_total",
-                    "Meta sub-calls to this bundle (over the channel)",
-                ),
-            )
+            family(name=n, description=d, kind=family.COUNTER) for n, d in _FAMILIES.items()
         ]
         labels = {"model": model_args.name}
         self._runs, self._calls = (f.Metric(labels=labels) for f in self._families[:2])

@@ -20,7 +20,7 @@ from hloserve.triton_backend.backends.metrics import (
 )
 from hloserve.triton_backend.runtime.config import allocator_from_args, device_memory_from_args
 from hloserve.triton_backend.runtime.core import RuntimeModel
-from hloserve.triton_backend.runtime.scheduler_config import scheduler_config_from_args
+from hloserve.triton_backend.runtime.scheduler import SchedulerConfig
 from hloserve.triton_backend.runtime.server import RuntimeServer
 
 
@@ -48,7 +48,9 @@ class TritonPythonModel:
         self.server = RuntimeServer(
             self.core,
             address=channel.address(model_args.name),
-            scheduler_config=scheduler_config_from_args(model_args),
+            scheduler_config=SchedulerConfig.from_parameters(
+                model_args.parameters, model=model_args.name
+            ),
             publish=self.state.executed,
             publish_state=self.state.publish,
             memory=device_memory_from_args(model_args, self.core.device, self.core.store),
