@@ -152,12 +152,9 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 
 def build_options(args: argparse.Namespace) -> typed.BuildOptions:
-    """The ``BuildOptions`` of :func:`add_build_options`'s flags.
-
-    Raises:
-        InvalidArgumentError: a malformed --residency, --model-weight or --max-queue-size, a
-            weight <= 0, or --executable-cache-bytes below 0.
-    """
+    """The ``BuildOptions`` of :func:`add_build_options`'s flags; raises InvalidArgumentError: a
+    malformed --residency, --model-weight or --max-queue-size, a weight <= 0, or
+    --executable-cache-bytes below 0."""
     import hloserve.model_repository_tools.build_options as typed
     from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
     from hloserve.names import EXECUTABLE_CACHE_OFF, parse_model_weights

@@ -30,12 +30,9 @@ DOCKER_API_VERSION = "1.41"
 
 
 def connect() -> Any:
-    """A docker SDK client connected to the daemon (``DOCKER_HOST`` or the default socket).
-
-    Raises:
-        NodeError: the docker SDK is missing (FAILED_PRECONDITION) or no daemon
-            answers (UNAVAILABLE), with what to do.
-    """
+    """A docker SDK client connected to the daemon (``DOCKER_HOST`` or the default socket);
+    raises NodeError: the docker SDK is missing (FAILED_PRECONDITION) or no daemon answers
+    (UNAVAILABLE), with what to do."""
     try:
         import docker
     except ImportError:
@@ -82,11 +79,8 @@ def node_containers(client: Any, name: str) -> list[Any]:
 
 
 def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
-    """Stop and remove every container of node ``name`` (``hloserve node down``); their names.
-
-    Raises:
-        NodeError: no Docker daemon answers, or containers remain.
-    """
+    """Stop and remove every container of node ``name`` (``hloserve node down``); their names;
+    raises NodeError: no Docker daemon answers, or containers remain."""
     client = connect()
     removed = node_containers(client, name)
     for container in removed:
@@ -202,13 +196,10 @@ class DockerWorkers:
         self._logs: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Check the daemon, the image and leftovers, then run one container per worker.
-
-        Raises:
-            NodeError: no daemon (UNAVAILABLE), image missing (NOT_FOUND), containers of this
-                node already exist (FAILED_PRECONDITION), or Docker refused a container (e.g.
-                no NVIDIA runtime for the GPU device request).
-        """
+        """Check the daemon, the image and leftovers, then run one container per worker; raises
+        NodeError: no daemon (UNAVAILABLE), image missing (NOT_FOUND), containers of this node
+        already exist (FAILED_PRECONDITION), or Docker refused a container (e.g. no NVIDIA
+        runtime for the GPU device request)."""
         import docker
 
         self._client = client = connect()
@@ -259,12 +250,8 @@ class DockerWorkers:
     def wait_ready(self, stop: threading.Event) -> float | None:
         """Poll every worker's ``/v2/health/ready`` until all answer 200, then load what each
         loads once ready (:func:`~.docker_spec.loads_when_ready`); seconds waited, or None when
-        ``stop`` was set first.
-
-        Raises:
-            NodeError: a container exited for good, or the startup timeout passed (with the
-                container's log tail).
-        """
+        ``stop`` was set first; raises NodeError: a container exited for good, or the startup
+        timeout passed (with the container's log tail)."""
         import docker
 
         host = connect_host(self.config.host)

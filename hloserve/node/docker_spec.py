@@ -72,12 +72,9 @@ def image_build_hint(config: NodeConfig) -> str:
 def worker_command(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> list[str]:
-    """The container's command line: ``hloserve serve`` on the mounted repository, or the
-    image's tritonserver with ``serve``'s flags (runtime model first: :func:`loads_when_ready`).
-
-    Raises:
-        InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse.
-    """
+    """The container's command line: ``hloserve serve`` on the mounted repository, or the image's
+    tritonserver with ``serve``'s flags (runtime model first: :func:`loads_when_ready`); raises
+    InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse."""
     repo = config.docker.repository_mount
     t = config.tritonserver
     if config.docker.launcher == "hloserve":

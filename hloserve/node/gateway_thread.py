@@ -16,11 +16,8 @@ log = logging.getLogger("hloserve.serve")
 
 class GatewayThread:
     """:func:`~hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread
-    (``config.listen`` port 0: a free port).
-
-    Raises:
-        NodeError: the gateway did not start within 60 s (its error chained).
-    """
+    (``config.listen`` port 0: a free port); raises NodeError: the gateway did not start within
+    60 s (its error chained)."""
 
     def __init__(self, config: GatewayConfig) -> None:
         if config.http_listen is not None and config.http_listen.endswith(":0"):

@@ -44,12 +44,9 @@ def run_node_up(
     available_gpus: Sequence[int] | None = None,
 ) -> int:
     """Run the node until Ctrl-C/SIGTERM, ``stop``, or ``hloserve node down`` (0), or until
-    nothing is left to serve (1); ``available_gpus`` None: detected.
-
-    Raises:
-        NodeError: no Docker daemon, image missing, containers already there, a worker not
-            ready; GpuNotFoundError; PortInUseError; NodeConfigError.
-    """
+    nothing is left to serve (1); ``available_gpus`` None: detected; raises NodeError: no Docker
+    daemon, image missing, containers already there, a worker not ready; GpuNotFoundError;
+    PortInUseError; NodeConfigError."""
     if not config.repository.is_dir():
         raise NodeError(f"node {config.name}: repository {config.repository} is not a directory")
     plan = plan_workers(config, available_gpus)
@@ -86,12 +83,9 @@ def run_node_up(
 
 
 def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
-    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process;
-    what was stopped (container names, or ``pid N``).
-
-    Raises:
-        NodeError: no Docker daemon (docker runtime), or the process did not exit in time.
-    """
+    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process; what
+    was stopped (container names, or ``pid N``); raises NodeError: no Docker daemon (docker
+    runtime), or the process did not exit in time."""
     if config.runtime == "docker":
         from hloserve.node.docker_runtime import remove_node_containers
 

@@ -209,12 +209,9 @@ def load_node_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> NodeConfig:
     """Read the node settings from a YAML file (None: the environment alone) and
-    ``HLOSERVE_NODE_*`` variables; a relative ``repository`` is relative to the file.
-
-    Raises:
-        NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value
-            out of range; the message names every offending key path.
-    """
+    ``HLOSERVE_NODE_*`` variables; a relative ``repository`` is relative to the file; raises
+    NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value out of
+    range; the message names every offending key path."""
     return load_settings(
         NodeConfig,
         what="node config",

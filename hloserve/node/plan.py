@@ -203,11 +203,8 @@ def worker_env(
 ) -> dict[str, str]:
     """Environment of a worker beyond its image's or the parent's: ``CUDA_DEVICE_ORDER``
     (NVML's), its GPU alone visible (a container: by its device request), or for a CPU worker
-    none and JAX on the CPU; with ``repository``, a GPU worker's :func:`runtime_allocator_env`.
-
-    Raises:
-        InvalidArgumentError: see :func:`runtime_allocator_env`.
-    """
+    none and JAX on the CPU; with ``repository``, a GPU worker's :func:`runtime_allocator_env`;
+    raises InvalidArgumentError: see :func:`runtime_allocator_env`."""
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if worker.gpu is None:
         return {**env, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
@@ -218,11 +215,8 @@ def worker_env(
 
 def runtime_allocator_env(repository: Path) -> dict[str, str]:
     """JAX's allocator settings for the runtime model's ``hloserve.device_memory_fraction``
-    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment`).
-
-    Raises:
-        InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not parse.
-    """
+    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment`); raises
+    InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not parse."""
     from hloserve import names
     from hloserve.model_parameters import RuntimeParameters, string_values
     from hloserve.model_repository_tools.config import parse_config
@@ -244,11 +238,8 @@ def worker_admin_port(config: NodeConfig, worker: WorkerPlan) -> int:
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
-    """Every port the node will bind: description -> (host, port).
-
-    Raises:
-        NodeConfigError: two of them are the same port.
-    """
+    """Every port the node will bind: description -> (host, port); raises NodeConfigError: two of
+    them are the same port."""
     ports: dict[str, tuple[str, int]] = {}
     for w in plan:
         named = {"http": w.http_port, "grpc": w.grpc_port, "metrics": w.metrics_port}
@@ -297,12 +288,9 @@ def _fleet_keys(
 def gateway_config(
     config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
 ) -> GatewayConfig:
-    """The gateway's settings over the node's workers (``upstream.model_control_key`` set
-    from ``model_control_key``).
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
+    """The gateway's settings over the node's workers (``upstream.model_control_key`` set from
+    ``model_control_key``); raises NodeConfigError: ``gateway.settings`` holds an invalid gateway
+    key or value."""
     from pydantic import ValidationError
 
     g, host = config.gateway, connect_host(config.host)
@@ -333,12 +321,9 @@ class WorkerPorts(NamedTuple):
 
 
 def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
-    """The ports of ``count`` workers: worker i takes ``base + 3i`` ..
-    ``base + 3i + 2``, as the node file's default port plan; ``base`` 0: free ports on ``host``.
-
-    Raises:
-        InvalidArgumentError: the range leaves 1..65535.
-    """
+    """The ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``, as the
+    node file's default port plan; ``base`` 0: free ports on ``host``; raises
+    InvalidArgumentError: the range leaves 1..65535."""
     if base == 0:
         free = free_ports(PORTS_PER_WORKER * count, host)
         return [WorkerPorts(*free[i : i + 3]) for i in range(0, len(free), 3)]
@@ -388,11 +373,8 @@ def fleet_gateway_config(
 
 def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
     """``models`` plus, in first-seen order, the models each meta's ``meta.calls`` names
-    (transitively) and the runtime model. A name without a ``config.pbtxt`` is kept as is.
-
-    Raises:
-        InvalidArgumentError: a config.pbtxt does not parse.
-    """
+    (transitively) and the runtime model. A name without a ``config.pbtxt`` is kept as is; raises
+    InvalidArgumentError: a config.pbtxt does not parse."""
     from hloserve import names
     from hloserve.model_parameters import MetaParameters, string_values
     from hloserve.model_repository_tools.config import parse_config

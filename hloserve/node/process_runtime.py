@@ -36,12 +36,9 @@ RESTART_RESET_S = 10.0
 def wait_all_ready(
     servers: Sequence[TritonServer], timeout_s: float, stop: threading.Event | None = None
 ) -> float | None:
-    """Wait until every started server is ready, within ``timeout_s`` s of wall clock for
-    all, in slices of :data:`READY_SLICE_S`; seconds waited, or None once ``stop`` is set.
-
-    Raises:
-        TritonServerError: a server exited, or ``timeout_s`` passed (with its log tail).
-    """
+    """Wait until every started server is ready, within ``timeout_s`` s of wall clock for all, in
+    slices of :data:`READY_SLICE_S`; seconds waited, or None once ``stop`` is set; raises
+    TritonServerError: a server exited, or ``timeout_s`` passed (with its log tail)."""
     start = time.monotonic()
     for server in servers:
         while True:
@@ -140,11 +137,8 @@ class ProcessWorkers:
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
         """Wait until every worker is ready, load the rest of its models, start the stub
-        watchdogs; seconds waited, or None once ``stop`` is set.
-
-        Raises:
-            TritonServerError: a worker exited or did not get ready in time (its log tail).
-        """
+        watchdogs; seconds waited, or None once ``stop`` is set; raises TritonServerError: a
+        worker exited or did not get ready in time (its log tail)."""
         start = time.monotonic()
         if wait_all_ready(self.servers, self.startup_timeout_s, stop) is None:
             return None
@@ -247,11 +241,8 @@ class ProcessWorkers:
         server.stop(timeout_s=10.0)
 
     def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
-        """Start worker ``index`` again on its ports; seconds waited until it is ready.
-
-        Raises:
-            TritonServerError: it did not start or get ready.
-        """
+        """Start worker ``index`` again on its ports; seconds waited until it is ready; raises
+        TritonServerError: it did not start or get ready."""
         self.servers[index].stop()
         self._restart_at.pop(index, None)
         return self._relaunch(index, wait=True, timeout_s=timeout_s)

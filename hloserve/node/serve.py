@@ -103,11 +103,9 @@ def watching(
 
 
 def run_serve(options: ServeOptions) -> int:
-    """Serve until Ctrl-C or SIGTERM (exit 0) or until every worker is down for good (exit 1).
-
-    Raises:
-        HloserveError: bad options, the repository cannot be prepared, or a worker cannot start.
-    """
+    """Serve until Ctrl-C or SIGTERM (exit 0) or until every worker is down for good (exit 1);
+    raises HloserveError: bad options, the repository cannot be prepared, or a worker cannot
+    start."""
     gpus = serve_options.serve_gpus(options)
     serve_options.check_options(options, gpus)
     stop = threading.Event()

@@ -169,11 +169,8 @@ def run_node(
     serving: Serving | None = None,
 ) -> int:
     """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1) on ``workers``
-    (None: process workers); ``serving`` is entered once the node is ready (``--watch``).
-
-    Raises:
-        HloserveError: a worker or the gateway did not start.
-    """
+    (None: process workers); ``serving`` is entered once the node is ready (``--watch``); raises
+    HloserveError: a worker or the gateway did not start."""
     from hloserve.node.watcher import serve_model_list, server_model_control
     from hloserve.observability.supervisor import NodeObservability
 

@@ -177,12 +177,9 @@ class TritonServer:
 
     def wait_ready(self, timeout_s: float | None = None) -> float:
         """Poll ``GET /v2/health/ready`` until the server answers 200 on its own HTTP port;
-        seconds waited (``timeout_s`` None: ``options.startup_timeout_s``).
-
-        Raises:
-            TritonServerError: not started, the process exited, or the timeout passed; the
-                message holds the tail of the server log.
-        """
+        seconds waited (``timeout_s`` None: ``options.startup_timeout_s``); raises
+        TritonServerError: not started, the process exited, or the timeout passed; the message
+        holds the tail of the server log."""
         if self._process is None:
             raise TritonServerError("tritonserver: wait_ready() before start()")
         timeout = self.options.startup_timeout_s if timeout_s is None else timeout_s
@@ -206,12 +203,9 @@ class TritonServer:
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server, SIGKILL its session after ``timeout_s`` s, wait until no
-        process of it is left, remove its run directory and shm files. Idempotent.
-
-        Raises:
-            TritonServerError: a process of the session survived SIGKILL for 10 s.
-        """
+        """SIGTERM the server, SIGKILL its session after ``timeout_s`` s, wait until no process
+        of it is left, remove its run directory and shm files. Idempotent; raises
+        TritonServerError: a process of the session survived SIGKILL for 10 s."""
         process = self._process
         if process is None:
             return

@@ -240,11 +240,8 @@ def check_watch_options(
     model_control_mode: str | None,
     load_models: Sequence[str],
 ) -> None:
-    """Refuse ``--watch`` settings other than explicit mode serving a bundles directory.
-
-    Raises:
-        InvalidArgumentError: an interval <= 0, PATH a repository, another mode, --load-model.
-    """
+    """Refuse ``--watch`` settings other than explicit mode serving a bundles directory; raises
+    InvalidArgumentError: an interval <= 0, PATH a repository, another mode, --load-model."""
     from hloserve.errors import InvalidArgumentError
 
     if not interval_s > 0:
