@@ -1,6 +1,5 @@
 """Typed settings of ``hloserve node up|down``: a YAML file plus ``HLOSERVE_NODE_<PATH>``
-overrides (the key path upper-cased, ``__`` between levels), read by :func:`load_node_config`.
-The keys, their defaults and the override rules: docs/deployment.md.
+overrides, read by :func:`load_node_config` (keys, defaults, override rules: docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -98,16 +97,10 @@ class TritonConfig(_Section):
 
 
 class DockerConfig(_Section):
-    """Settings of the docker runtime (ignored by the process runtime); each key:
-    docs/deployment.md, "The node file" and the container table.
-
-    Attributes:
-        image: None: the launcher's image (:func:`hloserve.node.docker_spec.worker_image`).
-        backend_directory: ``--backend-directory`` inside the image (launcher tritonserver).
-        mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
-        ulimits: soft = hard limits by name, -1 = unlimited.
-        gpu_driver: Docker device driver of the GPU device requests.
-    """
+    """Settings of the docker runtime (ignored by the process runtime), each key in
+    docs/deployment.md ("The node file", the container table); ``backend_directory``: the
+    ``--backend-directory`` inside the image (launcher tritonserver); ``mounts`` ``ro`` when
+    omitted; ``ulimits``: soft = hard, -1 = unlimited; ``gpu_driver``: of the device requests."""
 
     image: str | None = None
     launcher: Launcher = "tritonserver"

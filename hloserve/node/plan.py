@@ -89,11 +89,9 @@ def _query_gpus() -> tuple[tuple[int, str], ...]:
 
 
 def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
-    """Indices (PCI bus order) of the NVIDIA GPUs this process may use, e.g. ``(0, 1)``.
-
-    NVML lists them, else ``nvidia-smi``; ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-...``
-    UUIDs, CUDA's syntax) restricts them, in its order; an empty one hides every GPU.
-    """
+    """Indices (PCI bus order) of the NVIDIA GPUs this process may use, e.g. ``(0, 1)``: NVML's,
+    else ``nvidia-smi``'s, restricted by ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-...`` UUIDs,
+    CUDA's syntax) in its order; an empty one hides every GPU."""
     found = _query_gpus()
     visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
@@ -110,14 +108,10 @@ def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
 def assign_gpus(
     gpus: str | Sequence[int] | None, workers: int | None, visible: Sequence[int]
 ) -> list[int | None]:
-    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``
-    (semantics: ``hloserve serve --help``; ``visible``: :func:`detect_gpus`).
-
-    Raises:
-        InvalidArgumentError: ``--workers`` below 1, disagreeing with ``--gpus``, or above the
-            visible GPUs; a malformed ``--gpus``.
-        GpuNotFoundError: a GPU asked for is not visible.
-    """
+    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers`` (semantics:
+    ``hloserve serve --help``; ``visible``: :func:`detect_gpus`); raises InvalidArgumentError:
+    ``--workers`` below 1, disagreeing with ``--gpus``, or above the visible GPUs; a malformed
+    ``--gpus``; GpuNotFoundError: a GPU asked for is not visible."""
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")
     if gpus == "none" or (gpus is None and not visible):
@@ -164,12 +158,8 @@ def plan_workers(
     config: NodeConfig, available_gpus: Sequence[int] | None = None
 ) -> list[WorkerPlan]:
     """One :class:`WorkerPlan` per GPU (or CPU worker), ports from ``config.ports``;
-    ``available_gpus`` None: :func:`detect_gpus`.
-
-    Raises:
-        GpuNotFoundError: GPUs asked for but none visible, or an index not visible.
-        NodeConfigError: a worker's port passes 65535.
-    """
+    ``available_gpus`` None: :func:`detect_gpus`; raises GpuNotFoundError: GPUs asked for but
+    none visible, or an index not visible; NodeConfigError: a worker's port passes 65535."""
     if config.cpu_workers:
         gpus = assign_gpus("none", config.cpu_workers, ())
     else:

@@ -29,12 +29,9 @@ log = logging.getLogger("hloserve.serve")
 
 @contextlib.contextmanager
 def prepared_repository(options: ServeOptions) -> Iterator[Path]:
-    """The model repository to serve: PATH itself, or PATH's bundles built into one.
-
-    Raises:
-        NotFoundError: PATH does not exist or holds neither bundles nor models.
-        BundleError: a bundle is invalid (nothing is built).
-    """
+    """The model repository to serve: PATH itself, or PATH's bundles built into one; raises
+    NotFoundError: PATH does not exist or holds neither bundles nor models; BundleError: a bundle
+    is invalid (nothing is built)."""
     path = options.path
     if not path.is_dir():
         raise NotFoundError(f"{path}: no such directory")

@@ -24,12 +24,9 @@ UNAVAILABLE_TRIES = 3
 
 
 def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL.
-
-    Raises:
-        UnavailableError: the port cannot be reached, or the server behind it does not answer.
-        InvalidArgumentError: something answers there, but not a ``/models`` page.
-    """
+    """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL;
+    raises UnavailableError: the port cannot be reached, or the server behind it does not answer;
+    InvalidArgumentError: something answers there, but not a ``/models`` page."""
     url = (url if "://" in url else f"http://{url}").rstrip("/")
     if not url.endswith("/models"):
         url += "/models"

@@ -64,13 +64,9 @@ class Node:
         return self.workers.servers
 
     def start(self, stop: threading.Event | None = None) -> float | None:
-        """Start every worker, wait until all are ready, then start the gateway; seconds
-        waited, or None when ``stop`` was set during start-up.
-
-        Raises:
-            TritonServerError: a worker exited or was not ready in time.
-            NodeError: a container or the gateway did not start.
-        """
+        """Start every worker, wait until all are ready, then start the gateway; seconds waited,
+        or None when ``stop`` was set during start-up; raises TritonServerError: a worker exited
+        or was not ready in time; NodeError: a container or the gateway did not start."""
         stop = stop or threading.Event()
         started = time.monotonic()
         self.workers.start()

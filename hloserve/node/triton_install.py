@@ -23,14 +23,11 @@ STUB = "triton_python_backend_stub"
 
 @dataclass(frozen=True)
 class TritonInstall:
-    """Where the tritonserver binary, its libraries and the Python backend live.
-
-    Attributes:
-        library_dirs: ``LD_LIBRARY_PATH``: the wheel's libraries, then the interpreter's
-            ``LIBDIR`` (the ``libpython3.X.so`` the stub links).
-        python_bin_dir: first on ``PATH``: the isolated stub interpreter computes
-            ``sys.prefix`` from the first ``python3`` there, so it sees the venv.
-    """
+    """Where the tritonserver binary, its libraries and the Python backend live:
+    ``library_dirs`` (``LD_LIBRARY_PATH``) the wheel's libraries, then the interpreter's
+    ``LIBDIR`` (the ``libpython3.X.so`` the stub links); ``python_bin_dir`` goes first on
+    ``PATH``: the isolated stub interpreter computes ``sys.prefix`` from the first ``python3``
+    there, so it sees the venv."""
 
     server_binary: Path
     library_dirs: tuple[Path, ...]

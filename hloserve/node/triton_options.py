@@ -16,20 +16,15 @@ ModelControlMode = Literal["none", "poll", "explicit"]
 
 @dataclass(frozen=True)
 class TritonServerOptions:
-    """How to run one tritonserver; fields named after a flag set that flag.
-
-    Attributes:
-        metrics_port: None disables metrics.
-        model_control_key: with "explicit", the key Triton's repository API requires
-            (:mod:`hloserve.model_control`); None leaves that API open.
-        extra_backend_dirs: Python-based backends by name (each a directory with a
-            ``model.py``), linked beside ``python/`` in the ``--backend-directory``.
-        env: set for the server and its stubs, over the parent's environment.
-        log_file: receives the server's output (appended); None: file descriptor 1.
-        run_dir: where the backend directory is composed; None: a temporary one.
-        die_with_parent: SIGTERM the server when the thread that started it exits.
-        install: where tritonserver lives; None: the nvidia-pytriton wheel.
-    """
+    """How to run one tritonserver; fields named after a flag set that flag. ``metrics_port``
+    None disables metrics; ``model_control_key``: with "explicit", the key Triton's repository
+    API requires (:mod:`hloserve.model_control`), None leaves it open; ``extra_backend_dirs``:
+    Python-based backends by name (each a directory with a ``model.py``), linked beside
+    ``python/`` in the ``--backend-directory``; ``env``: over the parent's, for the server and
+    its stubs; ``log_file`` receives the output (appended; None: file descriptor 1); ``run_dir``:
+    where the backend directory is composed (None: a temporary one); ``die_with_parent``:
+    SIGTERM the server when the thread that started it exits; ``install`` None: the
+    nvidia-pytriton wheel's."""
 
     model_repository: Path
     http_port: int = 8000

@@ -51,13 +51,9 @@ def health_ready(address: str) -> bool:
 
 @dataclass(frozen=True)
 class StubProcess:
-    """One Python backend stub process of a server (one per model instance).
-
-    Attributes:
-        instance: Triton's instance name, e.g. ``digits_0_1``.
-        wait_status: the ``waitpid`` status of a dead stub its server has not reaped yet
-            (``/proc/<pid>/stat`` field 52), None while the stub runs.
-    """
+    """One Python backend stub process of a server (one per model instance): ``instance`` is
+    Triton's instance name (``digits_0_1``), ``wait_status`` the ``waitpid`` status of a dead
+    stub its server has not reaped yet (``/proc/<pid>/stat`` field 52), None while it runs."""
 
     pid: int
     model: str
@@ -146,13 +142,10 @@ class TritonServer:
         return session_stubs(self._process.pid, self._stub_argv)
 
     def start(self) -> None:
-        """Compose the backend directory and launch tritonserver; do not wait for readiness.
-
-        Raises:
-            TritonServerError: already started, tritonserver not found, or launch failed.
-            PortInUseError: a port is already bound on ``options.host``.
-            InvalidArgumentError: a backend directory is misnamed or lacks ``model.py``.
-        """
+        """Compose the backend directory and launch tritonserver; do not wait for readiness;
+        raises TritonServerError: already started, tritonserver not found, or launch failed;
+        PortInUseError: a port is already bound on ``options.host``; InvalidArgumentError: a
+        backend directory is misnamed or lacks ``model.py``."""
         if self._process is not None:
             raise TritonServerError(f"tritonserver: already started (pid {self._process.pid})")
         o = self.options

@@ -1,7 +1,6 @@
-"""Reload a model whose Python backend stub process died (Triton 2.51 never restarts one);
-outside explicit mode, have the worker drained and restarted. docs/serving.md, "model control
-mode and dead model processes".
-"""
+"""Reload a model whose Python backend stub process died (Triton 2.51 never restarts one), or
+outside explicit mode have the worker restarted: docs/serving.md, "model control mode and dead
+model processes"."""
 
 from __future__ import annotations
 
@@ -49,13 +48,10 @@ def describe_wait_status(status: int) -> str:
 
 
 class StubWatchdog:
-    """Notices dead stubs of one server and reloads their models.
-
-    ``server`` is a local server or a container's stubs (:class:`StubSource`).
-    ``reload(model)`` runs in a thread of its own; without it ``restart(model)`` has the
-    worker drained and restarted; with neither, deaths are only reported. Call :meth:`check`
-    periodically (one ``/proc`` scan).
-    """
+    """Notices dead stubs of one server (:class:`StubSource`) and reloads their models:
+    ``reload(model)`` in a thread of its own; without it ``restart(model)`` has the worker
+    drained and restarted; with neither, deaths are only reported. Call :meth:`check`
+    periodically (one ``/proc`` scan)."""
 
     def __init__(
         self,
