@@ -28,10 +28,8 @@ def _bundle_validate(args: argparse.Namespace) -> int:
             print(f"{path.name}/{p}", file=sys.stderr)
         if errors:
             failed += 1
-            print(
-                f"{path}: INVALID ({len(errors)} problem{'s' * (len(errors) != 1)})",
-                file=sys.stderr,
-            )
+            n = len(errors)
+            print(f"{path}: INVALID ({n} problem{'s' * (n != 1)})", file=sys.stderr)
         else:
             print(f"{path}: valid")
     return 1 if failed else 0
@@ -184,12 +182,6 @@ def _gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gateway_ctl(args: argparse.Namespace) -> int:
-    from hloserve.gateway.ctl import run
-
-    return run(args)
-
-
 def _node(args: argparse.Namespace) -> int:
     from hloserve.node.node import run_node_down, run_node_up
     from hloserve.node.node_config import load_node_config
@@ -198,18 +190,15 @@ def _node(args: argparse.Namespace) -> int:
     if args.node_command == "up":
         return run_node_up(config)
     stopped = run_node_down(config)
-    print(
-        f"node {config.name}: "
-        + (f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
-    )
+    what = f"stopped {', '.join(stopped)}" if stopped else "nothing was running"
+    print(f"node {config.name}: {what}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``hloserve`` (built on call, never at import)."""
     parser = argparse.ArgumentParser(
-        prog="hloserve",
-        description="Serve StableHLO models on NVIDIA Triton Inference Server.",
+        prog="hloserve", description="Serve StableHLO models on NVIDIA Triton Inference Server."
     )
     parser.add_argument("--version", action="version", version=f"hloserve {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -300,9 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flag(gateway, "gateway", "environment")
     add_tls_flags(gateway, "")
     gateway.set_defaults(func=_gateway)
-    from hloserve.gateway.ctl import add_parser as add_gateway_ctl
+    from hloserve.gateway import ctl
 
-    add_gateway_ctl(commands, _gateway_ctl)
+    ctl.add_parser(commands, ctl.run)
     actions = _group(
         commands,
         "node",

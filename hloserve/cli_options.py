@@ -64,11 +64,8 @@ def add_weight_cache_options(parser: argparse.ArgumentParser) -> None:
 
 
 def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
-    """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments.
-
-    Raises:
-        InvalidArgumentError: a malformed ``--residency``.
-    """
+    """The ``WeightCacheOptions`` of :func:`add_weight_cache_options`'s arguments; a malformed
+    ``--residency`` raises InvalidArgumentError."""
     from hloserve.model_repository_tools.build_options import WeightCacheOptions
     from hloserve.names import parse_residency
 
@@ -87,8 +84,7 @@ def weight_cache_options(args: argparse.Namespace) -> typed.WeightCacheOptions:
 
 def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
     """Every flag that shapes the repository built from bundles (docs/serving.md, "Build
-    options"), the scalar ones declared on ``BuildOptions``' fields; ``when`` fills their
-    help's ``{when}`` (``" when building"`` for ``serve``)."""
+    options"); ``when`` fills the help's ``{when}`` (``" when building"`` for ``serve``)."""
     from hloserve.model_repository_tools.build_options import BuildOptions
 
     for f in dataclasses.fields(BuildOptions):
@@ -156,19 +152,11 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 
 def build_options(args: argparse.Namespace) -> typed.BuildOptions:
-    """The ``BuildOptions`` of :func:`add_build_options`'s flags (the executable cache
-    directory made absolute).
-
-    Raises:
-        InvalidArgumentError: a malformed --residency, --model-weight or --max-queue-size, a
-            weight <= 0, or --executable-cache-bytes below 0.
-    """
+    """The ``BuildOptions`` of :func:`add_build_options`'s flags; raises InvalidArgumentError: a
+    malformed --residency, --model-weight or --max-queue-size, a weight <= 0, or
+    --executable-cache-bytes below 0."""
+    import hloserve.model_repository_tools.build_options as typed
     from hloserve.model_repository_tools.batch_sizes import parse_batch_sizes
-    from hloserve.model_repository_tools.build_options import (
-        BuildOptions,
-        ExecutableCacheOptions,
-        SchedulingOptions,
-    )
     from hloserve.names import EXECUTABLE_CACHE_OFF, parse_model_weights
 
     weight_cache = weight_cache_options(args)
@@ -188,15 +176,15 @@ def build_options(args: argparse.Namespace) -> typed.BuildOptions:
         directory = str(Path(directory).expanduser().absolute())
     scalars = {
         f.name: getattr(args, f.name)
-        for f in dataclasses.fields(BuildOptions)
+        for f in dataclasses.fields(typed.BuildOptions)
         if f.metadata.get("help")
     }
-    return BuildOptions(
+    return typed.BuildOptions(
         **scalars,
         weight_cache=weight_cache,
         batch_sizes=batch_sizes,
-        scheduling=SchedulingOptions(scheduling=args.scheduling, model_weights=weights),
-        executable_cache=ExecutableCacheOptions(
+        scheduling=typed.SchedulingOptions(scheduling=args.scheduling, model_weights=weights),
+        executable_cache=typed.ExecutableCacheOptions(
             directory=directory, max_bytes=args.executable_cache_bytes
         ),
         queue=queue_options(args.max_queue_size),

@@ -1,8 +1,6 @@
-"""The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker SDK.
-
-:class:`DockerWorkers` starts, watches and stops the containers (restarts are Docker's own,
-docs/deployment.md; with the ``tritonserver`` launcher it also watches each container's Python
-backend stubs, :class:`ContainerStubs`); :func:`remove_node_containers` is ``hloserve node down``.
+"""The docker runtime of ``hloserve node``: one tritonserver container per GPU, via the docker
+SDK (:class:`DockerWorkers`; restarts are Docker's own, docs/deployment.md);
+:func:`remove_node_containers` is ``hloserve node down``.
 """
 
 from __future__ import annotations
@@ -18,34 +16,23 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hloserve.errors import NodeError, Status
-from hloserve.model_control import RepositoryClient
-from hloserve.node.docker_spec import (
-    LABEL_NODE,
-    LABEL_WORKER,
-    container_spec,
-    image_build_hint,
-    loads_when_ready,
-    to_sdk,
-    worker_image,
-)
+from hloserve.node import docker_spec
+from hloserve.node.docker_spec import loads_when_ready
+from hloserve.node.model_control_client import load_all
 from hloserve.node.node_config import NodeConfig, TritonConfig
-from hloserve.node.plan import WorkerPlan, connect_host, restart_allowed
+from hloserve.node.plan import WorkerPlan, connect_host, device_name, restart_allowed
 from hloserve.node.process_runtime import restart_delay, restarts_after
 from hloserve.node.tritonserver import StubProcess, health_ready, session_stubs
-from hloserve.node.watchdog import StubWatchdog
+from hloserve.node.watchdog import StubWatchdog, stub_watchdog
 
-_LOG_TAIL_LINES = 40
 #: Docker Engine API version spoken to the daemon (Docker >= 20.10).
 DOCKER_API_VERSION = "1.41"
 
 
 def connect() -> Any:
-    """A docker SDK client connected to the daemon (``DOCKER_HOST`` or the default socket).
-
-    Raises:
-        NodeError: the docker SDK is missing (FAILED_PRECONDITION) or no daemon
-            answers (UNAVAILABLE), with what to do.
-    """
+    """A docker SDK client connected to the daemon (``DOCKER_HOST`` or the default socket);
+    raises NodeError: the docker SDK is missing (FAILED_PRECONDITION) or no daemon answers
+    (UNAVAILABLE), with what to do."""
     try:
         import docker
     except ImportError:
@@ -83,32 +70,21 @@ def connect() -> Any:
 
 
 def node_containers(client: Any, name: str) -> list[Any]:
-    """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index.
-
-    A container removed between the listing and its inspection (``node up`` and ``node down``
-    removing the same containers at once) is left out rather than raising ``NotFound``.
-    """
+    """Every container (running or not) labelled ``hloserve.node=<name>``, by worker index;
+    one removed while listed is left out."""
     found = client.containers.list(
-        all=True, filters={"label": f"{LABEL_NODE}={name}"}, ignore_removed=True
+        all=True, filters={"label": f"{docker_spec.LABEL_NODE}={name}"}, ignore_removed=True
     )
-    return sorted(found, key=lambda c: int(c.labels.get(LABEL_WORKER, "0")))
+    return sorted(found, key=lambda c: int(c.labels.get(docker_spec.LABEL_WORKER, "0")))
 
 
 def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
-    """Stop and remove every container of node ``name`` (``hloserve node down``).
-
-    Returns:
-        The names of the removed containers (empty when none was there).
-
-    Raises:
-        NodeError: no Docker daemon answers.
-    """
-
+    """Stop and remove every container of node ``name`` (``hloserve node down``); their names;
+    raises NodeError: no Docker daemon answers, or containers remain."""
     client = connect()
-    removed = []
-    for container in node_containers(client, name):
+    removed = node_containers(client, name)
+    for container in removed:
         _stop_and_remove(container, timeout_s)
-        removed.append(container.name)
     # the node's own `node up` may be removing some at the same time: wait until all are gone
     deadline = time.monotonic() + timeout_s + 30
     while node_containers(client, name) and time.monotonic() < deadline:
@@ -116,7 +92,7 @@ def remove_node_containers(name: str, timeout_s: int = 30) -> list[str]:
     left = node_containers(client, name)
     if left:
         raise NodeError(f"node {name}: containers {', '.join(c.name for c in left)} remain")
-    return removed
+    return [c.name for c in removed]
 
 
 def _stop_and_remove(container: Any, timeout_s: int) -> None:
@@ -133,64 +109,51 @@ def _stop_and_remove(container: Any, timeout_s: int) -> None:
                 raise
 
 
-def _log_tail(container: Any, lines: int = _LOG_TAIL_LINES) -> str:
+def _log_tail(container: Any) -> str:
     with contextlib.suppress(Exception):
-        return str(container.logs(tail=lines).decode(errors="replace")).rstrip()
+        return str(container.logs(tail=40).decode(errors="replace")).rstrip()
     return "(no log)"
 
 
-class _LogStream(threading.Thread):
+def _stream_logs(container_id: str, prefix: str, stop: threading.Event) -> None:
     """Copy one container's output to stdout, each line prefixed, across restarts."""
+    import docker
 
-    def __init__(self, container_id: str, prefix: str, stop: threading.Event) -> None:
-        super().__init__(name=f"logs {prefix}", daemon=True)
-        self._id = container_id
-        self._prefix = prefix
-        self._halt = stop
-
-    def run(self) -> None:
-        import docker
-
-        client = docker.from_env(version=DOCKER_API_VERSION)
-        since: float | None = None
-        try:
-            while not self._halt.is_set():
-                try:
-                    container = client.containers.get(self._id)
-                    pending = b""
-                    for chunk in container.logs(stream=True, follow=True, since=since):
-                        pending += chunk
-                        *lines, pending = pending.split(b"\n")
-                        for line in lines:
-                            self._emit(line)
-                        if self._halt.is_set():
-                            return
-                    if pending:
-                        self._emit(pending)
-                    since = time.time()
-                except docker.errors.NotFound:
-                    return
-                except docker.errors.DockerException:
-                    pass
-                self._halt.wait(0.5)  # stopped (or restarting): attach again shortly
-        finally:
-            client.close()
-
-    def _emit(self, line: bytes) -> None:
-        sys.stdout.write(f"{self._prefix} {line.decode(errors='replace')}\n")
+    def emit(line: bytes) -> None:
+        sys.stdout.write(f"{prefix} {line.decode(errors='replace')}\n")
         sys.stdout.flush()
+
+    client = docker.from_env(version=DOCKER_API_VERSION)
+    since: float | None = None
+    try:
+        while not stop.is_set():
+            try:
+                pending = b""
+                logs = client.containers.get(container_id).logs(
+                    stream=True, follow=True, since=since
+                )
+                for chunk in logs:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        emit(line)
+                    if stop.is_set():
+                        return
+                if pending:
+                    emit(pending)
+                since = time.time()
+            except docker.errors.NotFound:
+                return
+            except docker.errors.DockerException:
+                pass
+            stop.wait(0.5)  # stopped (or restarting): attach again shortly
+    finally:
+        client.close()
 
 
 class ContainerStubs:
-    """The Python backend stubs of one worker container, for
-    :class:`~hloserve.node.watchdog.StubWatchdog`: the processes in the session of the
-    container's init (``State.Pid``, Docker's ``init``), read from this host's ``/proc``
-    (host pids).
-
-    Args:
-        container: the docker SDK container; read as of its last ``reload()``.
-        options: the node's tritonserver settings (``model_control_mode``).
-    """
+    """The Python backend stubs of one worker container for
+    :class:`~hloserve.node.watchdog.StubWatchdog`: the session of the container's init
+    (``State.Pid`` as of the container's last ``reload()``) in this host's ``/proc``."""
 
     def __init__(self, container: Any, options: TritonConfig) -> None:
         self.container = container
@@ -210,10 +173,7 @@ class DockerWorkers:
     """The node's worker containers: start, wait ready, watch, stop. Not thread-safe."""
 
     def __init__(
-        self,
-        config: NodeConfig,
-        plan: Sequence[WorkerPlan],
-        model_control_key: str | None = None,
+        self, config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
     ) -> None:
         self.config = config
         self.plan = tuple(plan)
@@ -224,36 +184,32 @@ class DockerWorkers:
         self._down: set[int] = set()
         self._running = 0
         #: Called with the worker index after each restart Docker made (metrics).
-        self.on_restart: Callable[[int], None] | None = None
+        self.on_restart: Callable[[int], None] = lambda i: None
         #: Called with the worker index and the model after each stub reload (metrics).
-        self.on_stub_reload: Callable[[int, str], None] | None = None
+        self.on_stub_reload: Callable[[int, str], None] = lambda i, model: None
         self._watchdogs: dict[int, StubWatchdog] = {}
         self._recover_at: dict[int, float] = {}  # worker -> when to restart it (dead stub)
         self._recovering: set[int] = set()
         self._recoveries: dict[int, int] = {}
         self._recovered_at: dict[int, float] = {}
         self._logs_stop = threading.Event()
-        self._logs: list[_LogStream] = []
+        self._logs: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Check the daemon, the image and leftovers, then run one container per worker.
-
-        Raises:
-            NodeError: no daemon (UNAVAILABLE), image missing (NOT_FOUND), containers of this
-                node already exist (FAILED_PRECONDITION), or Docker refused a container (e.g.
-                no NVIDIA runtime for the GPU device request).
-        """
+        """Check the daemon, the image and leftovers, then run one container per worker; raises
+        NodeError: no daemon (UNAVAILABLE), image missing (NOT_FOUND), containers of this node
+        already exist (FAILED_PRECONDITION), or Docker refused a container (e.g. no NVIDIA
+        runtime for the GPU device request)."""
         import docker
 
         self._client = client = connect()
-        image = worker_image(self.config)
+        image = docker_spec.worker_image(self.config)
         try:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             raise NodeError(
                 f"docker image {image!r} is not present on this Docker host: build it "
-                f"({image_build_hint(self.config)}) or pull it, "
-                "or set docker.image",
+                f"({docker_spec.image_build_hint(self.config)}) or pull it, or set docker.image",
                 status=Status.NOT_FOUND,
             ) from None
         existing = node_containers(client, self.config.name)
@@ -264,9 +220,9 @@ class DockerWorkers:
                 status=Status.FAILED_PRECONDITION,
             )
         for worker in self.plan:
-            spec = container_spec(self.config, worker, self._model_control_key)
+            spec = docker_spec.container_spec(self.config, worker, self._model_control_key)
             try:
-                container = client.containers.run(**to_sdk(spec))
+                container = client.containers.run(**docker_spec.to_sdk(spec))
             except docker.errors.APIError as exc:
                 hint = ""
                 if worker.gpu is not None and "device driver" in str(exc):
@@ -279,28 +235,23 @@ class DockerWorkers:
                 ) from None
             self._containers.append(container)
             self._restarts.append(0)
-            stream = _LogStream(container.id, f"[worker {worker.index}]", self._logs_stop)
+            prefix = f"[worker {worker.index}]"
+            stream = threading.Thread(
+                target=_stream_logs, args=(container.id, prefix, self._logs_stop), daemon=True
+            )
             stream.start()
             self._logs.append(stream)
-            device = "CPU" if worker.gpu is None else f"GPU {worker.gpu}"
             print(
                 f"hloserve node: worker {worker.index} container {spec['name']} "
-                f"({container.short_id}, {device})",
+                f"({container.short_id}, {device_name(worker.gpu)})",
                 flush=True,
             )
 
     def wait_ready(self, stop: threading.Event) -> float | None:
         """Poll every worker's ``/v2/health/ready`` until all answer 200, then load what each
-        loads once ready (the ``tritonserver`` launcher in explicit mode started it with the
-        runtime model only: :func:`~.docker_spec.loads_when_ready`).
-
-        Returns:
-            Seconds waited, or None when ``stop`` was set first.
-
-        Raises:
-            NodeError: a container exited and Docker will not restart it, or the startup
-                timeout passed; the message holds the container's log tail.
-        """
+        loads once ready (:func:`~.docker_spec.loads_when_ready`); seconds waited, or None when
+        ``stop`` was set first; raises NodeError: a container exited for good, or the startup
+        timeout passed (with the container's log tail)."""
         import docker
 
         host = connect_host(self.config.host)
@@ -344,26 +295,17 @@ class DockerWorkers:
         return time.monotonic() - start
 
     def _watchdog(self, i: int) -> StubWatchdog:
-        """Worker ``i``'s stub watchdog: reload in explicit mode, else restart the container."""
-        options = self.config.tritonserver
-        url = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
-        client = RepositoryClient(url, self._model_control_key, 600.0)
-
-        def reload(model: str) -> None:
-            client.reload(model)
-            if self.on_stub_reload is not None:
-                self.on_stub_reload(i, model)
-
-        return StubWatchdog(
-            ContainerStubs(self._containers[i], options),
-            reload if options.model_control_mode == "explicit" else None,
-            lambda line: print(f"[worker {i}] {line}", flush=True),
+        return stub_watchdog(
+            ContainerStubs(self._containers[i], self.config.tritonserver),
+            f"{connect_host(self.config.host)}:{self.plan[i].http_port}",
+            self._model_control_key,
+            lambda model: self.on_stub_reload(i, model),
             lambda model: self._schedule_recovery(i),
+            lambda line: print(f"[worker {i}] {line}", flush=True),
         )
 
     def _schedule_recovery(self, i: int) -> None:
-        """Have :meth:`poll` restart worker ``i`` after the backoff (a dead stub outside
-        explicit mode)."""
+        """Have :meth:`poll` restart worker ``i`` after the backoff (a dead stub)."""
         if i in self._recover_at or i in self._recovering:
             return
         now = time.monotonic()
@@ -384,8 +326,7 @@ class DockerWorkers:
         try:
             self._containers[i].restart(timeout=self.config.docker.stop_timeout_s)
             self._recovered_at[i] = time.monotonic()
-            if self.on_restart is not None:
-                self.on_restart(i)
+            self.on_restart(i)
             if loads_when_ready(self.config, self.plan[i], self._model_control_key):
                 self._load_when_ready(i)
         except docker.errors.DockerException as exc:
@@ -394,19 +335,14 @@ class DockerWorkers:
             self._recovering.discard(i)
 
     def _load_rest(self, i: int) -> None:
-        """Load what worker ``i`` loads once ready (:func:`~.docker_spec.loads_when_ready`:
-        the ``tritonserver`` launcher started it with the runtime model only)."""
         later = loads_when_ready(self.config, self.plan[i], self._model_control_key)
         if later:
-            from hloserve.node.model_control_client import load_all
-
             url = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
             timeout = self.config.tritonserver.startup_timeout_s
             load_all(url, self._model_control_key, later, timeout)
 
     def _load_when_ready(self, i: int) -> None:
-        """After Docker restarted worker ``i``: wait until it is ready, then load the rest
-        (the restarted container loads the runtime model only, as at start)."""
+        """After a restart of worker ``i``: wait until it is ready, then load the rest."""
         address = f"{connect_host(self.config.host)}:{self.plan[i].http_port}"
         deadline = time.monotonic() + self.config.tritonserver.startup_timeout_s
         while time.monotonic() < deadline and not self._logs_stop.is_set():
@@ -423,11 +359,8 @@ class DockerWorkers:
         )
 
     def poll(self) -> str | None:
-        """Report restarts and workers down for good; a reason to stop, or None.
-
-        Returns:
-            A message when the node's containers were removed (``hloserve node down``).
-        """
+        """Report restarts and workers down for good; a reason to stop (the containers were
+        removed: ``hloserve node down``), else None."""
         import docker
 
         running = 0
@@ -445,8 +378,7 @@ class DockerWorkers:
                     f"(restart {count}, policy {self.config.restart.policy})",
                     flush=True,
                 )
-                if self.on_restart is not None:
-                    self.on_restart(i)
+                self.on_restart(i)
                 if loads_when_ready(self.config, self.plan[i], self._model_control_key):
                     threading.Thread(target=self._load_when_ready, args=(i,), daemon=True).start()
             state = container.attrs["State"]

@@ -34,10 +34,8 @@ def _script_image(config: NodeConfig) -> str:
 
 
 def worker_image(config: NodeConfig) -> str:
-    """The worker containers' image: ``docker.image``, or by default the image the launcher
-    runs under the name its documented build gives it: ``hloserve-worker-gpu:latest`` /
-    ``hloserve-worker-cpu:latest`` (``docker.launcher: hloserve`` with GPUs / CPU workers;
-    ``bash scripts/images.sh gpu|cpu``), :data:`NGC_WORKER_IMAGE` (``tritonserver``)."""
+    """The worker containers' image: ``docker.image``, else the launcher's under its documented
+    name (docs/deployment.md, "The node file")."""
     if config.docker.image:
         return config.docker.image
     if config.docker.launcher == "hloserve":
@@ -46,15 +44,9 @@ def worker_image(config: NodeConfig) -> str:
 
 
 def image_build_command(config: NodeConfig) -> str:
-    """The ``docker build`` line that makes the worker image (:func:`worker_image`) from this
+    """The ``docker build`` line of the worker image (:func:`worker_image`) from this
     repository's Dockerfiles, as their headers write it (``--network=host``: a daemon without a
-    bridge has no other build network).
-
-    ``docker.launcher: hloserve`` runs ``hloserve serve`` in the image:
-    ``containers/worker-gpu.Dockerfile`` with GPUs, ``worker-cpu.Dockerfile`` with CPU
-    workers; ``tritonserver`` runs the NGC image's server: ``containers/worker.Dockerfile``.
-    Used in the "image missing" hint of ``node up`` (:func:`image_build_hint`).
-    """
+    bridge has no other build network)."""
     image = worker_image(config)
     if config.docker.launcher == "hloserve":
         dockerfile = f"worker-{_script_image(config)}.Dockerfile"
@@ -64,9 +56,8 @@ def image_build_command(config: NodeConfig) -> str:
 
 
 def image_build_hint(config: NodeConfig) -> str:
-    """How to build the missing worker image: ``bash scripts/images.sh cpu|gpu`` (with
-    ``TAG=`` for a tag other than ``latest``) when the image has the name that script gives
-    it, then :func:`image_build_command`."""
+    """How to build the missing worker image: ``[TAG=..] bash scripts/images.sh cpu|gpu`` when
+    the image has that script's name, then :func:`image_build_command`."""
     build = image_build_command(config)
     if config.docker.launcher != "hloserve":
         return build
@@ -81,13 +72,9 @@ def image_build_hint(config: NodeConfig) -> str:
 def worker_command(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> list[str]:
-    """The container's command line for ``docker.launcher``: ``hloserve serve`` on the mounted
-    repository, or the image's tritonserver with ``serve``'s flags (keyed repository API,
-    runtime model first: :func:`loads_when_ready`).
-
-    Raises:
-        InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse.
-    """
+    """The container's command line: ``hloserve serve`` on the mounted repository, or the image's
+    tritonserver with ``serve``'s flags (runtime model first: :func:`loads_when_ready`); raises
+    InvalidArgumentError: a meta's ``config.pbtxt`` named in the load list does not parse."""
     repo = config.docker.repository_mount
     t = config.tritonserver
     if config.docker.launcher == "hloserve":
@@ -109,8 +96,6 @@ def worker_command(
     options, _ = runtime_first(node_server_options(config, worker, model_control_key))
     flags = server_flags(options)
     if not any("shm-region-prefix-name" in flag for flag in flags):
-        # the Python backend's stub regions are named by this prefix; with ipc: host every
-        # worker's lie in the host's /dev/shm, so each worker needs its own
         flags.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(config, worker)}")
     return [
         "tritonserver",
@@ -124,16 +109,15 @@ def loads_when_ready(
     config: NodeConfig, worker: WorkerPlan, model_control_key: str | None = None
 ) -> tuple[str, ...]:
     """What a worker loads through its repository API once ready
-    (:func:`~hloserve.node.plan.runtime_first`; ``("*",)``: every other model); nothing for
-    the ``hloserve`` launcher, which orders its own loads."""
+    (:func:`~hloserve.node.plan.runtime_first`); nothing for the ``hloserve`` launcher."""
     if config.docker.launcher == "hloserve":
         return ()
     return runtime_first(node_server_options(config, worker, model_control_key))[1]
 
 
 def shm_prefix(config: NodeConfig, worker: WorkerPlan) -> str:
-    """The Python backend's ``shm-region-prefix-name`` of one worker container: unique per
-    node and worker, since with ``docker.ipc: host`` they share the host's ``/dev/shm``."""
+    """The Python backend's ``shm-region-prefix-name`` of one worker container (unique: with
+    ``docker.ipc: host`` they share the host's ``/dev/shm``)."""
     return f"hloserve-{config.name}-w{worker.index}-"
 
 
@@ -155,6 +139,7 @@ def container_spec(
         from hloserve.model_control import ENV_KEY
 
         env[ENV_KEY] = model_control_key
+    gpu = {"driver": d.gpu_driver, "device_ids": [str(worker.gpu)], "capabilities": [["gpu"]]}
     policy: dict[str, Any] = {"Name": config.restart.policy}
     if config.restart.policy == "on-failure":
         policy["MaximumRetryCount"] = config.restart.max_retries
@@ -173,17 +158,7 @@ def container_spec(
         **({"shm_size": d.shm_size} if d.ipc == "private" else {}),
         "volumes": volumes,
         "ulimits": [{"name": k, "soft": v, "hard": v} for k, v in d.ulimits.items()],
-        "device_requests": (
-            []
-            if worker.gpu is None
-            else [
-                {
-                    "driver": d.gpu_driver,
-                    "device_ids": [str(worker.gpu)],
-                    "capabilities": [["gpu"]],
-                }
-            ]
-        ),
+        "device_requests": [] if worker.gpu is None else [gpu],
         "restart_policy": policy,
         "init": True,
         "detach": True,

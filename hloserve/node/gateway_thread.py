@@ -16,13 +16,10 @@ log = logging.getLogger("hloserve.serve")
 
 class GatewayThread:
     """:func:`~hloserve.gateway.app.run_gateway` on its own event loop in a daemon thread
-    (``config.listen`` port 0: a free port).
+    (``config.listen`` port 0: a free port); raises NodeError: the gateway did not start within
+    60 s (its error chained)."""
 
-    Raises:
-        NodeError: the gateway did not start within ``start_timeout_s`` (its error chained).
-    """
-
-    def __init__(self, config: GatewayConfig, start_timeout_s: float = 60.0) -> None:
+    def __init__(self, config: GatewayConfig) -> None:
         if config.http_listen is not None and config.http_listen.endswith(":0"):
             host = config.http_listen.rpartition(":")[0]
             port = free_ports(1, host.strip("[]"))[0]
@@ -36,7 +33,7 @@ class GatewayThread:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hloserve-gateway", daemon=True)
         self._thread.start()
-        if not self._ready.wait(start_timeout_s) or self.error is not None:
+        if not self._ready.wait(60.0) or self.error is not None:
             self.close()
             raise NodeError(
                 f"gateway did not start on {config.listen}: {self.error or 'timed out'}"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hloserve.model_control import RepositoryClient
+from hloserve.names import RUNTIME_MODEL
 
 
 class FleetModelControl:
@@ -55,10 +57,6 @@ class FleetModelControl:
 def load_all(http_url: str, key: str | None, models: Sequence[str], timeout_s: float) -> None:
     """Load ``models`` (``*``: every one in the index but the runtime), 4 at a time as Triton
     does at start; a failed one stays UNAVAILABLE with its reason in the index."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from hloserve.names import RUNTIME_MODEL
-
     control = RepositoryClient(http_url, key, timeout_s)
     if "*" in models:
         models = [m["name"] for m in control.index() if m["name"] != RUNTIME_MODEL]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hloserve.errors import NodeError
+from hloserve.model_control import launcher_key
 from hloserve.node.node_config import NodeConfig
 from hloserve.node.plan import (
     NodePlan,
@@ -43,24 +44,17 @@ def run_node_up(
     available_gpus: Sequence[int] | None = None,
 ) -> int:
     """Run the node until Ctrl-C/SIGTERM, ``stop``, or ``hloserve node down`` (0), or until
-    nothing is left to serve (1); ``available_gpus`` None: detected.
-
-    Raises:
-        NodeError: no Docker daemon, image missing, containers already there, a worker not
-            ready; GpuNotFoundError; PortInUseError; NodeConfigError.
-    """
+    nothing is left to serve (1); ``available_gpus`` None: detected; raises NodeError: no Docker
+    daemon, image missing, containers already there, a worker not ready; GpuNotFoundError;
+    PortInUseError; NodeConfigError."""
     if not config.repository.is_dir():
         raise NodeError(f"node {config.name}: repository {config.repository} is not a directory")
     plan = plan_workers(config, available_gpus)
-    ports = planned_ports(config, plan)
-    for endpoint, (host, port) in ports.items():
-        hint = "; stop what holds it or change ports in the node file"
+    hint = "; stop what holds it or change ports in the node file"
+    for endpoint, (host, port) in planned_ports(config, plan).items():
         check_ports_free(host, {endpoint: port}, "node: ", hint)
-    key = None
-    if config.tritonserver.model_control_mode == "explicit":  # one key for the whole node
-        from hloserve.model_control import launcher_key
-
-        key = launcher_key()
+    explicit = config.tritonserver.model_control_mode == "explicit"
+    key = launcher_key() if explicit else None  # one key for the whole node
     node = NodePlan(
         servers=tuple(node_server_options(config, w, key) for w in plan),
         gateway=gateway_config(config, plan, key) if gateway_enabled(config, len(plan)) else None,
@@ -89,12 +83,9 @@ def run_node_up(
 
 
 def run_node_down(config: NodeConfig, timeout_s: float = 60.0) -> list[str]:
-    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process;
-    what was stopped (container names, or ``pid N``).
-
-    Raises:
-        NodeError: no Docker daemon (docker runtime), or the process did not exit in time.
-    """
+    """Stop node ``config.name``: remove its containers, or SIGTERM its ``node up`` process; what
+    was stopped (container names, or ``pid N``); raises NodeError: no Docker daemon (docker
+    runtime), or the process did not exit in time."""
     if config.runtime == "docker":
         from hloserve.node.docker_runtime import remove_node_containers
 

@@ -1,6 +1,5 @@
 """Typed settings of ``hloserve node up|down``: a YAML file plus ``HLOSERVE_NODE_<PATH>``
-overrides (the key path upper-cased, ``__`` between levels), read by :func:`load_node_config`.
-The keys, their defaults and the override rules: docs/deployment.md.
+overrides, read by :func:`load_node_config` (keys, defaults, override rules: docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -45,18 +44,9 @@ class _Section(BaseModel):
 
 
 class PortsConfig(_Section):
-    """Port plan of the workers: worker ``i`` binds ``<base> + i * stride``.
-
-    Attributes:
-        http_base: KServe V2 HTTP port of worker 0 (8100); readiness is polled there.
-        grpc_base: KServe V2 gRPC port of worker 0 (8101); the gateway forwards there.
-        metrics_base: Prometheus port of worker 0 (8102).
-        stride: distance between two workers' ports (3, so worker 1 takes 8103-8105 as with
-            ``hloserve serve --workers``); must exceed the spread of the three bases.
-        admin_base: admin port (``hloserve status --models``) of the ``hloserve serve`` in
-            worker container ``i`` (``docker.launcher: hloserve``): ``admin_base + i``
-            (8004, 8005, ...; the node's own is ``admin_port``, 8003); 0 = a free port each.
-    """
+    """Port plan of the workers: worker ``i`` binds ``<base> + i * stride`` (``stride`` must
+    exceed the spread of the three bases); ``admin_base + i``: the admin port of the
+    ``hloserve serve`` in worker container ``i`` (``docker.launcher: hloserve``; 0 = free)."""
 
     http_base: int = Field(default=8100, ge=1, le=65535)
     grpc_base: int = Field(default=8101, ge=1, le=65535)
@@ -107,36 +97,10 @@ class TritonConfig(_Section):
 
 
 class DockerConfig(_Section):
-    """Settings of the docker runtime (ignored by the process runtime).
-
-    Attributes:
-        image: worker image; None (default): the one the launcher runs, under the name its
-            documented build gives it (:func:`hloserve.node.docker_spec.worker_image`):
-            ``hloserve-worker:24.12`` for ``tritonserver`` (``containers/worker.Dockerfile``),
-            ``hloserve-worker-gpu:latest`` / ``hloserve-worker-cpu:latest`` for ``hloserve``
-            with ``gpus`` / ``cpu_workers`` (``bash scripts/images.sh gpu`` / ``cpu``).
-        launcher: what the container runs: ``tritonserver`` (the NGC image's
-            ``/opt/tritonserver/bin/tritonserver`` with hloserve's backends in
-            ``backend_directory``) or ``hloserve`` (``hloserve serve``, which runs the
-            nvidia-pytriton wheel's tritonserver: the CPU image).
-        backend_directory: ``--backend-directory`` inside the image (launcher tritonserver).
-        repository_mount: where the repository is mounted, read-only, in the container.
-        ipc: the containers' IPC namespace: ``host`` (default) shares the host's ``/dev/shm``,
-            so a client's system shared-memory regions (KServe's shared-memory extension)
-            are visible to the workers; ``private`` gives each container its own
-            ``/dev/shm`` of ``shm_size`` (clients then cannot register regions).
-        shm_size: ``/dev/shm`` size with ``ipc: private``, Docker syntax (``"1g"``); the
-            Python backend moves every tensor through it, so Docker's 64 MiB default is too
-            small. With ``ipc: host`` the host's ``/dev/shm`` is used.
-        env: extra environment variables of every worker container.
-        mounts: extra bind mounts, ``"HOST:CONTAINER[:ro|rw]"`` (``ro`` when omitted).
-        stop_timeout_s: seconds Docker waits after SIGTERM before SIGKILL on stop (30).
-        ulimits: soft = hard limits by name, -1 = unlimited; default memlock -1 and stack
-            64 MiB, as NVIDIA documents for Triton containers. A host whose own hard limit is
-            lower (an unprivileged or nested daemon) refuses to start the container with
-            "error setting rlimit"; lower the value there.
-        gpu_driver: Docker device driver of the GPU device requests (``nvidia``).
-    """
+    """Settings of the docker runtime (ignored by the process runtime), each key in
+    docs/deployment.md ("The node file", the container table); ``backend_directory``: the
+    ``--backend-directory`` inside the image (launcher tritonserver); ``mounts`` ``ro`` when
+    omitted; ``ulimits``: soft = hard, -1 = unlimited; ``gpu_driver``: of the device requests."""
 
     image: str | None = None
     launcher: Launcher = "tritonserver"
@@ -238,12 +202,9 @@ def load_node_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> NodeConfig:
     """Read the node settings from a YAML file (None: the environment alone) and
-    ``HLOSERVE_NODE_*`` variables; a relative ``repository`` is relative to the file.
-
-    Raises:
-        NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value
-            out of range; the message names every offending key path.
-    """
+    ``HLOSERVE_NODE_*`` variables; a relative ``repository`` is relative to the file; raises
+    NodeConfigError: unreadable file, not a mapping, unknown key or variable, or a value out of
+    range; the message names every offending key path."""
     return load_settings(
         NodeConfig,
         what="node config",

@@ -31,11 +31,8 @@ class PerfResult:
 
 
 def perf_analyzer_binary() -> Path:
-    """The perf_analyzer executable beside the running Python (from tritonclient[all]).
-
-    Raises:
-        NotFoundError: not installed.
-    """
+    """The perf_analyzer executable beside the running Python (from tritonclient[all]); raises
+    NotFoundError: not installed."""
     candidate = Path(sys.executable).parent / "perf_analyzer"
     found = candidate if candidate.exists() else shutil.which("perf_analyzer")
     if not found:
@@ -65,15 +62,10 @@ def run_perf_analyzer(
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
 ) -> tuple[list[PerfResult], str]:
-    """Measure ``model`` at ``url`` (``host:port``) at each concurrency level, one run each;
-    (a result per level, every run's stdout).
-
-    Arguments map to perf_analyzer's flags (``shape``: ``--shape NAME:D1,D2`` values;
-    ``request_count``: instead of windows repeated until two agree); ``timeout_s`` per run.
-
-    Raises:
-        PerfAnalyzerError: perf_analyzer failed (its output is in the message).
-    """
+    """Measure ``model`` at ``url`` (``host:port``) at each concurrency level, one run each; (a
+    result per level, every run's stdout). Arguments map to perf_analyzer's flags (``shape``:
+    ``NAME:D1,D2`` values); ``timeout_s`` per run; raises PerfAnalyzerError: perf_analyzer failed
+    (its output is in the message)."""
     results: list[PerfResult] = []
     outputs: list[str] = []
     for level in concurrency:

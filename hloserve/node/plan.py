@@ -1,6 +1,5 @@
-"""The plan of a node (:class:`NodePlan`), shared by ``serve`` and ``node up`` and by both
-runtimes: GPUs, workers, ports, environment, gateway settings, load list, restart policy
-(docs/deployment.md).
+"""The plan of a node (:class:`NodePlan`) for ``serve`` and ``node up`` and both runtimes: GPUs,
+workers, ports, environment, gateway settings, load list, restart policy (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class NodePlan:
 
 
 def device_name(gpu: int | None) -> str:
-    """ "GPU 3" or "CPU"."""
+    """'GPU 3' or 'CPU'."""
     return "CPU" if gpu is None else f"GPU {gpu}"
 
 
@@ -80,63 +79,44 @@ def _query_gpus() -> tuple[tuple[int, str], ...]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return ()
+    argv = [smi, "--query-gpu=index,uuid", "--format=csv,noheader"]
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
-    found = []
-    for line in out.splitlines():
-        index, _, uuid = (part.strip() for part in line.partition(","))
-        if index.isdigit():
-            found.append((int(index), uuid))
-    return tuple(found)
+    rows = [[p.strip() for p in line.partition(",")[::2]] for line in out.splitlines()]
+    return tuple((int(index), uuid) for index, uuid in rows if index.isdigit())
 
 
 def detect_gpus(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
-    """Indices (PCI bus order) of the NVIDIA GPUs this process may use, e.g. ``(0, 1)``.
-
-    NVML lists them, else ``nvidia-smi``; ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-...``
-    UUIDs, CUDA's syntax) restricts them, in its order; an empty one hides every GPU.
-    """
+    """Indices (PCI bus order) of the NVIDIA GPUs this process may use, e.g. ``(0, 1)``: NVML's,
+    else ``nvidia-smi``'s, restricted by ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-...`` UUIDs,
+    CUDA's syntax) in its order; an empty one hides every GPU."""
     found = _query_gpus()
     visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return tuple(i for i, _ in found)
     by_name = {str(i): i for i, _ in found} | {u: i for i, u in found if u}
-    chosen: list[int] = []
+    chosen: dict[int, None] = {}
     for name in (n.strip() for n in visible.split(",")):
-        index = by_name.get(name)
-        if index is None:
+        if name not in by_name:
             break  # CUDA stops at the first entry it cannot resolve
-        if index not in chosen:
-            chosen.append(index)
+        chosen.setdefault(by_name[name])
     return tuple(chosen)
 
 
 def assign_gpus(
     gpus: str | Sequence[int] | None, workers: int | None, visible: Sequence[int]
 ) -> list[int | None]:
-    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers``
-    (semantics: ``hloserve serve --help``; ``visible``: :func:`detect_gpus`).
-
-    Raises:
-        InvalidArgumentError: ``--workers`` below 1, disagreeing with ``--gpus``, or above the
-            visible GPUs; a malformed ``--gpus``.
-        GpuNotFoundError: a GPU asked for is not visible.
-    """
+    """The GPU of each worker (None: a CPU worker), from ``--gpus`` and ``--workers`` (semantics:
+    ``hloserve serve --help``; ``visible``: :func:`detect_gpus`); raises InvalidArgumentError:
+    ``--workers`` below 1, disagreeing with ``--gpus``, or above the visible GPUs; a malformed
+    ``--gpus``; GpuNotFoundError: a GPU asked for is not visible."""
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers must be at least 1, got {workers}")
-    if gpus == "none":
+    if gpus == "none" or (gpus is None and not visible):
         return [None] * (workers or 1)
     if gpus is None:
-        if not visible:
-            return [None] * (workers or 1)
         if workers is not None and workers > len(visible):
             raise InvalidArgumentError(
                 f"--workers {workers} but {len(visible)} GPU(s) visible "
@@ -178,12 +158,8 @@ def plan_workers(
     config: NodeConfig, available_gpus: Sequence[int] | None = None
 ) -> list[WorkerPlan]:
     """One :class:`WorkerPlan` per GPU (or CPU worker), ports from ``config.ports``;
-    ``available_gpus`` None: :func:`detect_gpus`.
-
-    Raises:
-        GpuNotFoundError: GPUs asked for but none visible, or an index not visible.
-        NodeConfigError: a worker's port passes 65535.
-    """
+    ``available_gpus`` None: :func:`detect_gpus`; raises GpuNotFoundError: GPUs asked for but
+    none visible, or an index not visible; NodeConfigError: a worker's port passes 65535."""
     if config.cpu_workers:
         gpus = assign_gpus("none", config.cpu_workers, ())
     else:
@@ -215,16 +191,10 @@ def gateway_enabled(config: NodeConfig, workers: int) -> bool:
 def worker_env(
     worker: WorkerPlan, *, docker: bool, repository: Path | None = None
 ) -> dict[str, str]:
-    """Environment of a worker beyond its image's or the parent's (every stub inherits it).
-
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML's numbering); a GPU process sees only its GPU (a
-    container gets it from its device request); a CPU worker hides every GPU and runs JAX on
-    the CPU; with ``repository``, a GPU worker carries :func:`runtime_allocator_env`.
-
-    Raises:
-        InvalidArgumentError: the runtime model's ``hloserve.device_memory_fraction`` is
-            malformed, or its ``config.pbtxt`` does not parse.
-    """
+    """Environment of a worker beyond its image's or the parent's: ``CUDA_DEVICE_ORDER``
+    (NVML's), its GPU alone visible (a container: by its device request), or for a CPU worker
+    none and JAX on the CPU; with ``repository``, a GPU worker's :func:`runtime_allocator_env`;
+    raises InvalidArgumentError: see :func:`runtime_allocator_env`."""
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if worker.gpu is None:
         return {**env, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
@@ -234,14 +204,9 @@ def worker_env(
 
 
 def runtime_allocator_env(repository: Path) -> dict[str, str]:
-    """JAX's allocator settings for the runtime of ``repository``
-    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment` of its
-    ``hloserve.device_memory_fraction``; absent: the default).
-
-    Raises:
-        InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not
-            parse.
-    """
+    """JAX's allocator settings for the runtime model's ``hloserve.device_memory_fraction``
+    (:func:`~hloserve.triton_backend.runtime.device_memory.allocator_environment`); raises
+    InvalidArgumentError: the fraction is malformed, or the ``config.pbtxt`` does not parse."""
     from hloserve import names
     from hloserve.model_parameters import RuntimeParameters, string_values
     from hloserve.model_repository_tools.config import parse_config
@@ -257,18 +222,14 @@ def runtime_allocator_env(repository: Path) -> dict[str, str]:
 
 
 def worker_admin_port(config: NodeConfig, worker: WorkerPlan) -> int:
-    """The ``--admin-port`` of the ``hloserve serve`` a worker container runs
-    (``docker.launcher: hloserve``): ``ports.admin_base + i``, or 0 (a free port) when
-    ``admin_base`` is 0; with host networking each container needs its own."""
+    """The ``--admin-port`` of a worker container's ``hloserve serve``: ``ports.admin_base +
+    i``, or 0 (a free port) when ``admin_base`` is 0."""
     return config.ports.admin_base + worker.index if config.ports.admin_base else 0
 
 
 def planned_ports(config: NodeConfig, plan: Sequence[WorkerPlan]) -> dict[str, tuple[str, int]]:
-    """Every port the node will bind: description -> (host, port).
-
-    Raises:
-        NodeConfigError: two of them are the same port.
-    """
+    """Every port the node will bind: description -> (host, port); raises NodeConfigError: two of
+    them are the same port."""
     ports: dict[str, tuple[str, int]] = {}
     for w in plan:
         named = {"http": w.http_port, "grpc": w.grpc_port, "metrics": w.metrics_port}
@@ -317,12 +278,9 @@ def _fleet_keys(
 def gateway_config(
     config: NodeConfig, plan: Sequence[WorkerPlan], model_control_key: str | None = None
 ) -> GatewayConfig:
-    """The gateway's settings over the node's workers (``upstream.model_control_key`` set
-    from ``model_control_key``).
-
-    Raises:
-        NodeConfigError: ``gateway.settings`` holds an invalid gateway key or value.
-    """
+    """The gateway's settings over the node's workers (``upstream.model_control_key`` set from
+    ``model_control_key``); raises NodeConfigError: ``gateway.settings`` holds an invalid gateway
+    key or value."""
     from pydantic import ValidationError
 
     g, host = config.gateway, connect_host(config.host)
@@ -353,14 +311,9 @@ class WorkerPorts(NamedTuple):
 
 
 def worker_ports(count: int, base: int, host: str = "127.0.0.1") -> list[WorkerPorts]:
-    """The ports of ``count`` workers: worker i takes ``base + 3i`` ..
-    ``base + 3i + 2``, as the node file's default port plan; ``base`` 0: free ports on ``host``.
-
-    Raises:
-        InvalidArgumentError: ``count`` < 1, or the range leaves 1..65535.
-    """
-    if count < 1:
-        raise InvalidArgumentError(f"--workers must be at least 1, got {count}")
+    """The ports of ``count`` workers: worker i takes ``base + 3i`` .. ``base + 3i + 2``, as the
+    node file's default port plan; ``base`` 0: free ports on ``host``; raises
+    InvalidArgumentError: the range leaves 1..65535."""
     if base == 0:
         free = free_ports(PORTS_PER_WORKER * count, host)
         return [WorkerPorts(*free[i : i + 3]) for i in range(0, len(free), 3)]
@@ -410,11 +363,8 @@ def fleet_gateway_config(
 
 def with_dependencies(repository: Path, models: Sequence[str]) -> tuple[str, ...]:
     """``models`` plus, in first-seen order, the models each meta's ``meta.calls`` names
-    (transitively) and the runtime model. A name without a ``config.pbtxt`` is kept as is.
-
-    Raises:
-        InvalidArgumentError: a config.pbtxt does not parse.
-    """
+    (transitively) and the runtime model. A name without a ``config.pbtxt`` is kept as is; raises
+    InvalidArgumentError: a config.pbtxt does not parse."""
     from hloserve import names
     from hloserve.model_parameters import MetaParameters, string_values
     from hloserve.model_repository_tools.config import parse_config

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import HloserveError, TritonServerError
+from hloserve.node.model_control_client import load_all
 from hloserve.node.plan import NodePlan, describe_exit, restart_allowed, runtime_first
 from hloserve.node.tritonserver import TritonServer
 from hloserve.node.watchdog import StubWatchdog, stub_watchdog
@@ -35,12 +36,9 @@ RESTART_RESET_S = 10.0
 def wait_all_ready(
     servers: Sequence[TritonServer], timeout_s: float, stop: threading.Event | None = None
 ) -> float | None:
-    """Wait until every started server is ready, within ``timeout_s`` s of wall clock for
-    all, in slices of :data:`READY_SLICE_S`; seconds waited, or None once ``stop`` is set.
-
-    Raises:
-        TritonServerError: a server exited, or ``timeout_s`` passed (with its log tail).
-    """
+    """Wait until every started server is ready, within ``timeout_s`` s of wall clock for all, in
+    slices of :data:`READY_SLICE_S`; seconds waited, or None once ``stop`` is set; raises
+    TritonServerError: a server exited, or ``timeout_s`` passed (with its log tail)."""
     start = time.monotonic()
     for server in servers:
         while True:
@@ -90,23 +88,18 @@ def follow_log(path: Path, prefix: str, stop: threading.Event) -> None:
 
 
 class ProcessWorkers:
-    """Local tritonservers, one per planned worker, watched and restarted by this process.
-
-    Each worker's output goes to ``<run dir>/worker<i>.log``, copied to stdout as ``[worker
-    i] ...``. A supervisor may set ``report`` and the hooks ``on_restart(i)`` and
-    ``on_stub_reload(i, model)``.
-    """
+    """Local tritonservers, one per planned worker, watched and restarted by this process;
+    each one's output is copied to stdout as ``[worker i] ...``."""
 
     def __init__(
         self, plan: NodePlan, report: Callable[[str], None] = lambda line: print(line, flush=True)
     ) -> None:
         self.plan = plan
-        self.restart = plan.restart
         self.startup_timeout_s = plan.ready_timeout_s
         self._prefix = plan.prefix
         self.report = report
-        self.on_restart: Callable[[int], None] | None = None
-        self.on_stub_reload: Callable[[int, str], None] | None = None
+        self.on_restart: Callable[[int], None] = lambda i: None
+        self.on_stub_reload: Callable[[int, str], None] = lambda i, model: None
         self._run_dir = Path(tempfile.mkdtemp(prefix=f"hloserve-node-{plan.name}-"))
         self.options = [
             dataclasses.replace(runtime_first(o)[0], log_file=self._run_dir / f"worker{i}.log")
@@ -129,11 +122,9 @@ class ProcessWorkers:
         for i, server in enumerate(self.servers):
             server.start()
             self._started_at[i] = time.monotonic()
+            log = self._run_dir / f"worker{i}.log"
             follower = threading.Thread(
-                target=follow_log,
-                args=(self._run_dir / f"worker{i}.log", f"[worker {i}]"),
-                kwargs={"stop": self._logs_stop},
-                daemon=True,
+                target=follow_log, args=(log, f"[worker {i}]", self._logs_stop), daemon=True
             )
             follower.start()
             self._logs.append(follower)
@@ -145,13 +136,9 @@ class ProcessWorkers:
             )
 
     def wait_ready(self, stop: threading.Event | None = None) -> float | None:
-        """Wait until every worker is ready, load the rest of its models
-        (:func:`~hloserve.node.plan.runtime_first`), start the stub watchdogs; seconds
-        waited, or None once ``stop`` is set.
-
-        Raises:
-            TritonServerError: a worker exited or did not get ready in time (its log tail).
-        """
+        """Wait until every worker is ready, load the rest of its models, start the stub
+        watchdogs; seconds waited, or None once ``stop`` is set; raises TritonServerError: a
+        worker exited or did not get ready in time (its log tail)."""
         start = time.monotonic()
         if wait_all_ready(self.servers, self.startup_timeout_s, stop) is None:
             return None
@@ -162,20 +149,17 @@ class ProcessWorkers:
 
     def _load_rest(self, i: int, server: TritonServer) -> None:
         if self._then_load[i]:
-            from hloserve.node.model_control_client import load_all
-
             key = server.options.model_control_key
             load_all(server.urls.http, key, self._then_load[i], self.startup_timeout_s)
 
     def _watchdog(self, i: int, server: TritonServer) -> StubWatchdog:
-        def reloaded(model: str) -> None:
-            if self.on_stub_reload is not None:
-                self.on_stub_reload(i, model)
-
-        def restart(model: str) -> None:
-            self._draining.setdefault(i, None)  # poll() drains and restarts the worker
-
-        return stub_watchdog(server, reloaded, restart)
+        return stub_watchdog(
+            server,
+            server.urls.http,
+            server.options.model_control_key,
+            lambda model: self.on_stub_reload(i, model),
+            lambda model: self._draining.setdefault(i, None),  # poll() drains and restarts it
+        )
 
     def _drain(self, i: int, server: TritonServer, delay: float) -> None:
         """Stop worker ``i`` gracefully, then have :meth:`poll` restart it ``delay`` s later."""
@@ -196,7 +180,7 @@ class ProcessWorkers:
     def poll(self) -> str | None:
         """Reload models whose stub died; restart workers that exited, under the restart
         policy and after the backoff. Never asks to stop (returns None)."""
-        now = time.monotonic()
+        now, restart = time.monotonic(), self.plan.restart
         for i, server in enumerate(self.servers):
             if i in self._down:
                 continue
@@ -230,12 +214,12 @@ class ProcessWorkers:
             self._restarts[i] = restarts_after(self._restarts[i], self._started_at[i], now)
             how = describe_exit(code)
             self._watchdogs[i] = None
-            if not restart_allowed(self.restart, code, self._restarts[i]):
+            if not restart_allowed(restart, code, self._restarts[i]):
                 self._down.add(i)
                 left = len(self.servers) - len(self._down)
                 self.report(
                     f"{self._prefix}: worker {i} (gRPC {server.urls.grpc}) {how}; the restart "
-                    f"policy ({self.restart.policy}) keeps it down, {left} worker(s) keep serving"
+                    f"policy ({restart.policy}) keeps it down, {left} worker(s) keep serving"
                 )
                 continue
             self._restarts[i] += 1
@@ -257,11 +241,8 @@ class ProcessWorkers:
         server.stop(timeout_s=10.0)
 
     def restart_worker(self, index: int, timeout_s: float | None = None) -> float:
-        """Start worker ``index`` again on its ports; seconds waited until it is ready.
-
-        Raises:
-            TritonServerError: it did not start or get ready.
-        """
+        """Start worker ``index`` again on its ports; seconds waited until it is ready; raises
+        TritonServerError: it did not start or get ready."""
         self.servers[index].stop()
         self._restart_at.pop(index, None)
         return self._relaunch(index, wait=True, timeout_s=timeout_s)
@@ -273,8 +254,7 @@ class ProcessWorkers:
         self._down.discard(i)
         self._watchdogs[i] = None
         self._started_at[i] = time.monotonic()
-        if self.on_restart is not None:
-            self.on_restart(i)
+        self.on_restart(i)
         try:
             replacement.start()
         except HloserveError as exc:

@@ -38,18 +38,10 @@ def is_repository(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """Settings of ``hloserve serve``.
-
-    Each field is the ``serve`` flag of that name (``--help``, docs/serving.md; ``*_s``:
-    seconds, e.g. ``--startup-timeout``), except:
-
-    Attributes:
-        model_control_mode: None = explicit with ``--load-model=*``, the repository API
-            restricted to ``model_control_key``.
-        model_control_key: None = :func:`~hloserve.model_control.launcher_key`.
-        build: the build options when PATH is a bundles directory; None = every default.
-        tritonserver_args: the flags after ``--``, passed through last.
-    """
+    """Settings of ``hloserve serve``: each field is the ``serve`` flag of that name (``*_s``:
+    seconds), ``tritonserver_args`` the flags after ``--``; ``model_control_mode`` None =
+    explicit with ``--load-model=*``, the repository API restricted to ``model_control_key``
+    (None: :func:`~hloserve.model_control.launcher_key`); ``build`` None = every default."""
 
     path: Path
     http_port: int = 8000
@@ -134,7 +126,7 @@ def server_options(options: ServeOptions, repository: Path) -> TritonServerOptio
 def worker_options(
     options: ServeOptions, repository: Path, worker: WorkerPlan
 ) -> TritonServerOptions:
-    """:func:`server_options` on ``worker``'s ports, with its environment, ending with its
+    """:func:`server_options` on ``worker``'s ports, with its environment, dying with its
     supervisor."""
     from hloserve.node.plan import worker_env
 

@@ -24,24 +24,17 @@ UNAVAILABLE_TRIES = 3
 
 
 def fetch_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL.
-
-    Raises:
-        UnavailableError: the port cannot be reached, or the server behind it does not answer.
-        InvalidArgumentError: something answers there, but not a ``/models`` page (a worker's
-            metrics port, or ``serve --workers``, whose supervisor has no model list).
-    """
-    if "://" not in url:
-        url = f"http://{url}"
-    url = url.rstrip("/")
+    """The ``/models`` rows of a supervisor's admin port; ``url`` is ``host:port`` or a URL;
+    raises UnavailableError: the port cannot be reached, or the server behind it does not answer;
+    InvalidArgumentError: something answers there, but not a ``/models`` page."""
+    url = (url if "://" in url else f"http://{url}").rstrip("/")
     if not url.endswith("/models"):
         url += "/models"
     not_models = f"{url} is not the model list of hloserve serve's admin port (--admin-port)"
     for attempt in range(UNAVAILABLE_TRIES):
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as response:
-                rows = json.loads(response.read().decode())["models"]
-            return list(rows)
+                return list(json.loads(response.read().decode())["models"])
         except urllib.error.HTTPError as exc:
             if exc.code != 503:
                 raise InvalidArgumentError(f"{not_models}: HTTP {exc.code} {exc.reason}") from None
@@ -77,8 +70,8 @@ def render_models(rows: list[dict[str, Any]]) -> str:
 
 
 def print_quietly(text: str) -> None:
-    """Print ``text``; a reader that went away (``| head``) ends it quietly (the recipe of
-    the Python ``signal`` module's documentation)."""
+    """Print ``text``; a reader that went away (``| head``) ends it quietly (the Python
+    ``signal`` module documentation's recipe)."""
     try:
         print(text, flush=True)
     except BrokenPipeError:

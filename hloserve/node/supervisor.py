@@ -1,6 +1,5 @@
-"""The one supervisor of ``hloserve serve`` and ``hloserve node up``: :func:`run_node` runs a
-:class:`~hloserve.node.plan.NodePlan` (workers, then the gateway in a thread), reports, serves
-the admin port and restarts what dies until stopped (docs/deployment.md).
+"""The one supervisor of ``hloserve serve`` and ``node up``: :func:`run_node` runs a
+:class:`~hloserve.node.plan.NodePlan`, its workers and gateway, until stopped (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -30,42 +29,32 @@ Serving = Callable[["Node", "NodeObservability"], contextlib.AbstractContextMana
 class Workers(Protocol):
     """What :class:`Node` needs of a runtime (process workers or docker containers)."""
 
-    on_restart: Callable[[int], None] | None
+    on_restart: Callable[[int], None]
+    on_stub_reload: Callable[[int, str], None]
 
     def start(self) -> None:
         """Start every worker (returns once each was launched, not once it is ready)."""
-        ...
 
     def wait_ready(self, stop: threading.Event) -> float | None:
         """Seconds until every worker was ready, or None when ``stop`` was set first."""
-        ...
 
     def poll(self) -> str | None:
         """Restart what died under the restart policy; a reason to stop the node, else None."""
-        ...
 
     def running(self) -> int:
         """How many workers are running now."""
-        ...
 
     def stop(self) -> None:
         """Stop every worker and wait for it to exit."""
-        ...
 
 
 class Node:
     """A node's workers (None: :class:`ProcessWorkers` of ``plan``) and, when planned, the
     gateway in front. Use as a context manager or call :meth:`start` and :meth:`close`."""
 
-    def __init__(
-        self,
-        plan: NodePlan,
-        workers: Workers | None = None,
-        report: Callable[[str], None] = lambda line: print(line, flush=True),
-    ) -> None:
+    def __init__(self, plan: NodePlan, workers: Workers | None = None) -> None:
         self.plan = plan
-        self.workers: Workers = workers or ProcessWorkers(plan, report)
-        self.report = report
+        self.workers: Workers = workers or ProcessWorkers(plan)
         self.gateway: GatewayThread | None = None
 
     @property
@@ -75,13 +64,9 @@ class Node:
         return self.workers.servers
 
     def start(self, stop: threading.Event | None = None) -> float | None:
-        """Start every worker, wait until all are ready, then start the gateway; seconds
-        waited, or None when ``stop`` was set during start-up.
-
-        Raises:
-            TritonServerError: a worker exited or was not ready in time.
-            NodeError: a container or the gateway did not start.
-        """
+        """Start every worker, wait until all are ready, then start the gateway; seconds waited,
+        or None when ``stop`` was set during start-up; raises TritonServerError: a worker exited
+        or was not ready in time; NodeError: a container or the gateway did not start."""
         stop = stop or threading.Event()
         started = time.monotonic()
         self.workers.start()
@@ -116,26 +101,21 @@ class Node:
         assert isinstance(self.workers, ProcessWorkers)
         return self.workers.restart_worker(index, timeout_s)
 
-    def supervise(
-        self, stop: threading.Event, observe: NodeObservability | None = None, poll_s: float = 0.5
-    ) -> int:
+    def supervise(self, stop: threading.Event, observe: NodeObservability) -> int:
         """Poll the workers until ``stop`` is set or the runtime says the node was stopped
         (0), or until nothing is left to serve (1)."""
-        workers = self.workers
-        if isinstance(workers, ProcessWorkers):
-            workers.report = self.report
-        while not stop.wait(poll_s):
+        workers, prefix = self.workers, self.plan.prefix
+        while not stop.wait(0.5):
             reason = workers.poll()
             if reason is not None:
-                self.report(f"{self.plan.prefix}: {reason}; stopping")
+                print(f"{prefix}: {reason}; stopping", flush=True)
                 return 0
-            if observe is not None:
-                observe.workers_up(workers.running())
+            observe.workers_up(workers.running())
             if isinstance(workers, ProcessWorkers) and len(workers.down()) == len(self.servers):
-                self.report(f"{self.plan.prefix}: every worker has exited; stopping")
+                print(f"{prefix}: every worker has exited; stopping", flush=True)
                 return 1
             if self.gateway is not None and not self.gateway.is_running():
-                self.report(f"{self.plan.prefix}: the gateway stopped; stopping")
+                print(f"{prefix}: the gateway stopped; stopping", flush=True)
                 return 1
         return 0
 
@@ -185,12 +165,8 @@ def run_node(
     serving: Serving | None = None,
 ) -> int:
     """Run ``plan`` until ``stop`` is set (0) or nothing is left to serve (1) on ``workers``
-    (None: process workers); ``serving`` is entered once the node is ready (``--watch``).
-
-    Raises:
-        HloserveError: a worker or the gateway did not start.
-    """
-    from hloserve.node.docker_runtime import DockerWorkers
+    (None: process workers); ``serving`` is entered once the node is ready (``--watch``); raises
+    HloserveError: a worker or the gateway did not start."""
     from hloserve.node.watcher import serve_model_list, server_model_control
     from hloserve.observability.supervisor import NodeObservability
 
@@ -216,12 +192,10 @@ def run_node(
             )
         )
         node.workers.on_restart = observe.worker_restarted
-        if isinstance(node.workers, (ProcessWorkers, DockerWorkers)):
-            node.workers.on_stub_reload = observe.stub_reloaded
+        node.workers.on_stub_reload = observe.stub_reloaded
         observe.workers_up(len(plan.servers))
         lines = []
-        if node.gateway is not None:
-            gateway = node.gateway
+        if (gateway := node.gateway) is not None:
             mode = gateway.config.mode
             lines.append(f"  gateway gRPC    {gateway.address} (KServe V2, mode {mode})")
             if gateway.http_address:

@@ -23,15 +23,11 @@ STUB = "triton_python_backend_stub"
 
 @dataclass(frozen=True)
 class TritonInstall:
-    """Where the tritonserver binary, its libraries and the Python backend live.
-
-    Attributes:
-        library_dirs: ``LD_LIBRARY_PATH`` entries: the wheel's libraries, then the
-            interpreter's ``LIBDIR`` (the ``libpython3.X.so`` the stub links).
-        python_backend_files: files of the ``python/`` backend directory by name.
-        python_bin_dir: put first on ``PATH``: the isolated stub interpreter computes
-            ``sys.prefix`` from the first ``python3`` there, so it sees the venv.
-    """
+    """Where the tritonserver binary, its libraries and the Python backend live:
+    ``library_dirs`` (``LD_LIBRARY_PATH``) the wheel's libraries, then the interpreter's
+    ``LIBDIR`` (the ``libpython3.X.so`` the stub links); ``python_bin_dir`` goes first on
+    ``PATH``: the isolated stub interpreter computes ``sys.prefix`` from the first ``python3``
+    there, so it sees the venv."""
 
     server_binary: Path
     library_dirs: tuple[Path, ...]
@@ -41,11 +37,8 @@ class TritonInstall:
 
     @classmethod
     def from_pytriton_wheel(cls) -> TritonInstall:
-        """Locate (not import) tritonserver in the nvidia-pytriton wheel, for this Python.
-
-        Raises:
-            TritonServerError: the wheel is not installed, or a file is missing from it.
-        """
+        """Locate (not import) tritonserver in the nvidia-pytriton wheel, for this Python; raises
+        TritonServerError: the wheel is not installed, or a file is missing from it."""
         spec = importlib.util.find_spec("pytriton")
         if spec is None or spec.origin is None:
             raise TritonServerError(
@@ -88,12 +81,9 @@ class TritonInstall:
 
 
 def check_backends(repository: Path, available: set[str]) -> None:
-    """Refuse a repository with a model whose backend this tritonserver lacks (hloserve's
-    own are composed by the launcher; others need the NGC image, docs/deployment.md).
-
-    Raises:
-        InvalidArgumentError: naming each model, the backend it needs and the ones there are.
-    """
+    """Refuse a repository with a model whose backend this tritonserver lacks (hloserve's own are
+    composed by the launcher; others need the NGC image, docs/deployment.md); raises
+    InvalidArgumentError: naming each model, the backend it needs and the ones there are."""
     from hloserve.model_repository_tools.foreign import repository_backends
 
     missing = {
@@ -113,11 +103,8 @@ def check_backends(repository: Path, available: set[str]) -> None:
 def compose_backend_dir(
     run_dir: Path, install: TritonInstall, extra_backend_dirs: Mapping[str, Path]
 ) -> Path:
-    """Build ``<run_dir>/backends``: ``python/`` and one symlink per extra backend.
-
-    Raises:
-        InvalidArgumentError: a backend name is reserved, or its directory has no model.py.
-    """
+    """Build ``<run_dir>/backends``: ``python/`` and one symlink per extra backend; raises
+    InvalidArgumentError: a backend name is reserved, or its directory has no model.py."""
     backends = run_dir / "backends"
     python = backends / PYTHON_BACKEND
     python.mkdir(parents=True, exist_ok=True)

@@ -16,22 +16,15 @@ ModelControlMode = Literal["none", "poll", "explicit"]
 
 @dataclass(frozen=True)
 class TritonServerOptions:
-    """How to run one tritonserver; fields named after a flag set that flag.
-
-    Attributes:
-        metrics_port: None disables metrics.
-        model_control_key: with "explicit", the key Triton's repository API requires
-            (:mod:`hloserve.model_control`); None leaves that API open.
-        extra_backend_dirs: Python-based backends by name (each a directory with a
-            ``model.py``), linked beside ``python/`` in the ``--backend-directory``.
-        env: set for the server and its stubs, over the parent's environment.
-        log_file: receives the server's output (appended); None: file descriptor 1.
-        run_dir: where the backend directory is composed; None: a temporary one.
-        die_with_parent: SIGTERM the server when the thread that started it exits
-            (``PR_SET_PDEATHSIG`` follows the thread, not the process).
-        startup_timeout_s: :meth:`TritonServer.wait_ready`'s default timeout.
-        install: where tritonserver lives; None: the nvidia-pytriton wheel.
-    """
+    """How to run one tritonserver; fields named after a flag set that flag. ``metrics_port``
+    None disables metrics; ``model_control_key``: with "explicit", the key Triton's repository
+    API requires (:mod:`hloserve.model_control`), None leaves it open; ``extra_backend_dirs``:
+    Python-based backends by name (each a directory with a ``model.py``), linked beside
+    ``python/`` in the ``--backend-directory``; ``env``: over the parent's, for the server and
+    its stubs; ``log_file`` receives the output (appended; None: file descriptor 1); ``run_dir``:
+    where the backend directory is composed (None: a temporary one); ``die_with_parent``:
+    SIGTERM the server when the thread that started it exits; ``install`` None: the
+    nvidia-pytriton wheel's."""
 
     model_repository: Path
     http_port: int = 8000
@@ -58,14 +51,8 @@ class TritonServerOptions:
     ) -> TritonServerOptions:
         """Options with free HTTP, gRPC and metrics ports on ``host``; ``kwargs``: other fields."""
         http, grpc, metrics = free_ports(3, host)
-        return cls(
-            model_repository,
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            host=host,
-            **kwargs,  # type: ignore[arg-type]
-        )
+        ports = {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+        return cls(model_repository, host=host, **ports, **kwargs)  # type: ignore[arg-type]
 
     def ports(self) -> dict[str, int]:
         """The ports the server binds, by endpoint name ("http", "grpc", "metrics")."""

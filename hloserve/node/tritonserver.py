@@ -21,7 +21,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,25 +28,9 @@ from pathlib import Path
 from typing import IO
 
 from hloserve.errors import TritonServerError
-from hloserve.node.procfs import (
-    die_with_parent,
-    kill_session,
-    listening_ports,
-    session_pids,
-    session_processes,
-)
-from hloserve.node.triton_install import (
-    PYTHON_BACKEND,
-    STUB,
-    TritonInstall,
-    check_backends,
-    compose_backend_dir,
-)
-from hloserve.node.triton_options import (
-    TritonServerOptions,
-    TritonServerUrls,
-    server_flags,
-)
+from hloserve.node import procfs, triton_install
+from hloserve.node.triton_install import PYTHON_BACKEND, STUB, TritonInstall
+from hloserve.node.triton_options import TritonServerOptions, TritonServerUrls, server_flags
 from hloserve.ports import check_ports_free
 
 _LOG_TAIL_LINES = 60
@@ -68,13 +51,9 @@ def health_ready(address: str) -> bool:
 
 @dataclass(frozen=True)
 class StubProcess:
-    """One Python backend stub process of a server (one per model instance).
-
-    Attributes:
-        instance: Triton's instance name, e.g. ``digits_0_1``.
-        wait_status: the ``waitpid`` status of a dead stub its server has not reaped yet
-            (``/proc/<pid>/stat`` field 52), None while the stub runs.
-    """
+    """One Python backend stub process of a server (one per model instance): ``instance`` is
+    Triton's instance name (``digits_0_1``), ``wait_status`` the ``waitpid`` status of a dead
+    stub its server has not reaped yet (``/proc/<pid>/stat`` field 52), None while it runs."""
 
     pid: int
     model: str
@@ -95,27 +74,17 @@ class StubProcess:
             return None
         model_py = Path(argv[1])
         fields = stat[stat.rindex(")") + 2 :].split()
-        zombie = fields[0] in ("Z", "X")
-        return cls(
-            pid=pid,
-            model=model_py.parent.parent.name,
-            version=model_py.parent.name,
-            instance=argv[8] if len(argv) > 8 else "",
-            wait_status=int(fields[-1]) if zombie else None,
-        )
+        instance = argv[8] if len(argv) > 8 else ""
+        status = int(fields[-1]) if fields[0] in ("Z", "X") else None  # a zombie's
+        return cls(pid, model_py.parent.parent.name, model_py.parent.name, instance, status)
 
 
 def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubProcess]:
-    """The Python backend stubs among the processes of ``session`` (a tritonserver started in
-    a session of its own, or a container's init), dead (unreaped) ones included.
-
-    Args:
-        session: the session (or process group) id, as this process's ``/proc`` shows it.
-        argv_seen: pid -> command line of stubs seen running, kept by the caller between calls
-            (a zombie's ``/proc/<pid>/cmdline`` is empty); updated here.
-    """
+    """The Python backend stubs, dead (unreaped) ones included, among the processes of
+    ``session`` (a session or process group id in this host's ``/proc``); ``argv_seen``: pid ->
+    command line of stubs seen running, kept by the caller between calls (updated here)."""
     stubs = []
-    for pid, stat, words in session_processes(session):
+    for pid, stat, words in procfs.session_processes(session):
         if not words:  # a zombie's cmdline is empty: use what was seen while it ran
             words = argv_seen.get(pid, [])
         elif Path(words[0]).name == STUB:
@@ -129,11 +98,8 @@ def session_stubs(session: int, argv_seen: dict[int, list[str]]) -> list[StubPro
 
 
 class TritonServer:
-    """One local tritonserver process, in its own session, and the stubs it starts.
-
-    Use as a context manager, or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`.
-    Not thread-safe.
-    """
+    """One local tritonserver process, in its own session, and the stubs it starts: a context
+    manager, or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`. Not thread-safe."""
 
     def __init__(self, options: TritonServerOptions) -> None:
         self.options = options
@@ -176,18 +142,15 @@ class TritonServer:
         return session_stubs(self._process.pid, self._stub_argv)
 
     def start(self) -> None:
-        """Compose the backend directory and launch tritonserver; do not wait for readiness.
-
-        Raises:
-            TritonServerError: already started, tritonserver not found, or launch failed.
-            PortInUseError: a port is already bound on ``options.host``.
-            InvalidArgumentError: a backend directory is misnamed or lacks ``model.py``.
-        """
+        """Compose the backend directory and launch tritonserver; do not wait for readiness;
+        raises TritonServerError: already started, tritonserver not found, or launch failed;
+        PortInUseError: a port is already bound on ``options.host``; InvalidArgumentError: a
+        backend directory is misnamed or lacks ``model.py``."""
         if self._process is not None:
             raise TritonServerError(f"tritonserver: already started (pid {self._process.pid})")
         o = self.options
         install = o.install or TritonInstall.from_pytriton_wheel()
-        check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
+        triton_install.check_backends(o.model_repository, {PYTHON_BACKEND, *o.extra_backend_dirs})
         check_ports_free(o.host, o.ports(), "tritonserver: ")
         if o.run_dir is None:
             self._run_dir = Path(tempfile.mkdtemp(prefix="hloserve-tritonserver-"))
@@ -196,10 +159,10 @@ class TritonServer:
             self._run_dir = o.run_dir
             self._run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            backends = compose_backend_dir(self._run_dir, install, o.extra_backend_dirs)
-            argv = self._argv(install, backends)
-            env = self._env(install)
-            self._launch(argv, env)
+            backends = triton_install.compose_backend_dir(
+                self._run_dir, install, o.extra_backend_dirs
+            )
+            self._launch(self._argv(install, backends), self._env(install))
         except BaseException:
             self._cleanup_files()
             raise
@@ -207,12 +170,9 @@ class TritonServer:
 
     def wait_ready(self, timeout_s: float | None = None) -> float:
         """Poll ``GET /v2/health/ready`` until the server answers 200 on its own HTTP port;
-        seconds waited (``timeout_s`` None: ``options.startup_timeout_s``).
-
-        Raises:
-            TritonServerError: not started, the process exited, or the timeout passed; the
-                message holds the tail of the server log.
-        """
+        seconds waited (``timeout_s`` None: ``options.startup_timeout_s``); raises
+        TritonServerError: not started, the process exited, or the timeout passed; the message
+        holds the tail of the server log."""
         if self._process is None:
             raise TritonServerError("tritonserver: wait_ready() before start()")
         timeout = self.options.startup_timeout_s if timeout_s is None else timeout_s
@@ -236,12 +196,9 @@ class TritonServer:
         )
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server, SIGKILL its session after ``timeout_s`` s, wait until no
-        process of it is left, remove its run directory and shm files. Idempotent.
-
-        Raises:
-            TritonServerError: a process of the session survived SIGKILL for 10 s.
-        """
+        """SIGTERM the server, SIGKILL its session after ``timeout_s`` s, wait until no process
+        of it is left, remove its run directory and shm files. Idempotent; raises
+        TritonServerError: a process of the session survived SIGKILL for 10 s."""
         process = self._process
         if process is None:
             return
@@ -250,7 +207,7 @@ class TritonServer:
             process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout_s)
-        survivors = kill_session(process.pid, grace_s=2.0)
+        survivors = procfs.kill_session(process.pid, grace_s=2.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5.0)
         if self._forwarder is not None:
@@ -262,15 +219,15 @@ class TritonServer:
                 f"tritonserver (session {process.pid}): processes {survivors} survived SIGKILL"
             )
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of the server's output (from ``log_file`` if set)."""
+    def log_tail(self) -> str:
+        """The last 60 lines of the server's output (from ``log_file`` if set)."""
         log_file = self.options.log_file
         if log_file is not None and log_file.exists():
             with log_file.open("rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
                 text = f.read().decode(errors="replace")
-            return "\n".join(text.splitlines()[-lines:])
-        return "".join(list(self._tail)[-lines:]).rstrip("\n")
+            return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+        return "".join(self._tail).rstrip("\n")
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -316,18 +273,15 @@ class TritonServer:
         if log_file is not None:
             log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_handle = log_file.open("ab")
-        stdout: IO[bytes] | int = (
-            self._log_handle if self._log_handle is not None else subprocess.PIPE
-        )
         try:
             self._process = subprocess.Popen(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=stdout,
+                stdout=self._log_handle or subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent if self.options.die_with_parent else None,
+                preexec_fn=procfs.die_with_parent if self.options.die_with_parent else None,
             )
         except OSError as e:
             raise TritonServerError(f"tritonserver: cannot run {argv[0]}: {e}") from e
@@ -350,7 +304,7 @@ class TritonServer:
         if self._process is None:
             return False
         try:
-            return port in listening_ports(session_pids(self._process.pid))
+            return port in procfs.listening_ports(procfs.session_pids(self._process.pid))
         except OSError:
             return True
 
@@ -369,4 +323,4 @@ class TritonServer:
 
     def _kill_at_exit(self) -> None:
         if self._process is not None:
-            kill_session(self._process.pid, grace_s=1.0)
+            procfs.kill_session(self._process.pid, grace_s=1.0)

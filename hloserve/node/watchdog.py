@@ -1,7 +1,6 @@
-"""Reload a model whose Python backend stub process died (Triton 2.51 never restarts one);
-outside explicit mode, have the worker drained and restarted. docs/serving.md, "model control
-mode and dead model processes".
-"""
+"""Reload a model whose Python backend stub process died (Triton 2.51 never restarts one), or
+outside explicit mode have the worker restarted: docs/serving.md, "model control mode and dead
+model processes"."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from hloserve.model_control import RepositoryClient
-from hloserve.node.tritonserver import StubProcess, TritonServer
+from hloserve.node.tritonserver import StubProcess
 
 log = logging.getLogger("hloserve.watchdog")
 
@@ -23,21 +22,18 @@ class ControlMode(Protocol):
     @property
     def model_control_mode(self) -> str:
         """``explicit``, ``none`` or ``poll``."""
-        ...
 
 
 class StubSource(Protocol):
-    """What :class:`StubWatchdog` watches: a local :class:`TritonServer`, or a container's
+    """What :class:`StubWatchdog` watches: a local ``TritonServer``, or a container's
     (:class:`hloserve.node.docker_runtime.ContainerStubs`)."""
 
     @property
     def options(self) -> ControlMode:
         """The server's settings."""
-        ...
 
     def stub_processes(self) -> list[StubProcess]:
         """The server's Python backend stubs, dead (unreaped) ones included."""
-        ...
 
 
 def describe_wait_status(status: int) -> str:
@@ -52,20 +48,17 @@ def describe_wait_status(status: int) -> str:
 
 
 class StubWatchdog:
-    """Notices dead stubs of one server and reloads their models.
-
-    ``server`` is a local server or a container's stubs (:class:`StubSource`).
-    ``reload(model)`` runs in a thread of its own; without it ``restart(model)`` has the
-    worker drained and restarted; with neither, deaths are only reported. Call :meth:`check`
-    periodically (one ``/proc`` scan).
-    """
+    """Notices dead stubs of one server (:class:`StubSource`) and reloads their models:
+    ``reload(model)`` in a thread of its own; without it ``restart(model)`` has the worker
+    drained and restarted; with neither, deaths are only reported. Call :meth:`check`
+    periodically (one ``/proc`` scan)."""
 
     def __init__(
         self,
         server: StubSource,
         reload: Callable[[str], None] | None,
         report: Callable[[str], None] = log.warning,
-        restart: Callable[[str], None] | None = None,
+        restart: Callable[[str], object] | None = None,
     ) -> None:
         self.server = server
         self.reload = reload
@@ -84,8 +77,7 @@ class StubWatchdog:
         # still unreaped one check later died on its own.
         dead = [s for s in zombies if s.pid in self._suspects]
         self._suspects = {s.pid for s in zombies} - {s.pid for s in dead}
-        for stub in dead:
-            self._seen.add(stub.pid)
+        self._seen |= {s.pid for s in dead}
         for model in sorted({s.model for s in dead}):
             stubs = [s for s in dead if s.model == model]
             what = ", ".join(
@@ -132,20 +124,20 @@ class StubWatchdog:
 
 
 def stub_watchdog(
-    server: TritonServer,
-    on_reload: Callable[[str], None] | None = None,
-    restart: Callable[[str], None] | None = None,
+    server: StubSource,
+    http_url: str,
+    key: str | None,
+    on_reload: Callable[[str], None],
+    restart: Callable[[str], object],
+    report: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> StubWatchdog:
-    """The watchdog of a server: it reloads models in explicit mode (then ``on_reload(model)``),
-    else asks ``restart`` (None: only reports)."""
-    explicit = server.options.model_control_mode == "explicit"
-    client = RepositoryClient(server.urls.http, server.options.model_control_key, 600.0)
+    """The watchdog of a server: in explicit mode it reloads models through the repository API
+    at ``http_url`` (then ``on_reload(model)``), else asks ``restart``."""
+    client = RepositoryClient(http_url, key, 600.0)
 
     def reload(model: str) -> None:
         client.reload(model)
-        if on_reload is not None:
-            on_reload(model)
+        on_reload(model)
 
-    return StubWatchdog(
-        server, reload if explicit else None, lambda line: print(line, flush=True), restart
-    )
+    explicit = server.options.model_control_mode == "explicit"
+    return StubWatchdog(server, reload if explicit else None, report, restart)

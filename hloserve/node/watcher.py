@@ -1,21 +1,18 @@
-"""``hloserve serve BUNDLES --watch``: bundles added, changed or removed while the server runs.
-
-:class:`BundleWatcher` polls the bundles directory (:func:`scan`, :class:`Debouncer`) and
-builds, installs and loads each settled change through Triton's repository API;
-:func:`watching` runs it in a thread. The rules: docs/serving.md, "Watching the bundles
-directory".
+"""``hloserve serve BUNDLES --watch``: :class:`BundleWatcher` builds, installs and loads each
+settled change of the bundles directory through Triton's repository API (docs/serving.md,
+"Watching the bundles directory"); :func:`hloserve.node.serve.watching` runs it in a thread.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +28,7 @@ if TYPE_CHECKING:
     from hloserve.observability.supervisor import NodeObservability
 
 log = logging.getLogger("hloserve.watch")
+_print_flushed = functools.partial(print, flush=True)
 
 #: Seconds between two polls of the bundles directory (ReactantServer's default).
 DEFAULT_WATCH_INTERVAL_S = 15.0
@@ -43,8 +41,7 @@ Fingerprint = tuple[FileStamp, ...]
 
 def fingerprint(bundle: Path) -> Fingerprint:
     """The stamps of every file under ``bundle`` (links followed; ``.*`` and ``__pycache__``
-    left out, as the build does). A file vanishing while read gets ``(path, -1, now, 0)``,
-    which never repeats, so a bundle mid-change never counts as settled."""
+    left out, as the build does); a file vanishing while read gets a stamp that never repeats."""
     stamps: list[FileStamp] = []
     for root, dirs, files in os.walk(bundle, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
@@ -82,12 +79,9 @@ class Changes:
 
 
 class Debouncer:
-    """Which bundles changed and then held still for one poll (ReactantServer's rule).
-
-    ``acted``: the content the server holds, name -> fingerprint. A new content (or absence)
-    seen at two polls in a row is reported once and then counts as acted on, whether acting
-    succeeded or not (a broken bundle is tried again when it changes again).
-    """
+    """Which bundles changed and then held still for one poll (ReactantServer's rule): a new
+    content (or absence) seen at two polls in a row is reported once and then counts as acted
+    on (``acted``: name -> fingerprint), whether acting succeeded or not."""
 
     def __init__(self, acted: Mapping[str, Fingerprint]) -> None:
         self.acted: dict[str, Fingerprint] = dict(acted)
@@ -142,15 +136,9 @@ def callers(models: Iterable[str], calls: Mapping[str, Sequence[str]]) -> set[st
 
 @dataclass
 class ModelRecord:
-    """What the watcher last did to one model (``hloserve status --models``).
-
-    Attributes:
-        version: the Triton version serving (0 = none yet).
-        state: ``READY``, ``FAILED`` (the last change failed; the previous version, if any,
-            keeps serving) or ``UNLOADED`` (the bundle was removed).
-        last_reload: UNIX time (s) of the last load, reload or unload; None = loaded at start.
-        error: why the last change failed ("" when it did not).
-    """
+    """What the watcher last did to one model (``hloserve status --models``): ``version`` 0 =
+    none yet; ``state`` ``READY``, ``FAILED`` (the previous version, if any, keeps serving) or
+    ``UNLOADED``; ``last_reload`` UNIX time (s), None = loaded at start."""
 
     name: str
     version: int = 1
@@ -170,18 +158,11 @@ def model_rows(
         row = rows.get(name)
         if row is not None and row["state"] == "READY":
             continue  # an old version's entry beside the one serving
-        rows[name] = {
-            "name": name,
-            "version": str(entry.get("version", "")),
-            "state": str(entry.get("state", "")),
-            "reason": str(entry.get("reason", "")),
-            "last_reload": None,
-            "error": "",
-        }
+        fields = {k: str(entry.get(k, "")) for k in ("version", "state", "reason")}
+        rows[name] = {"name": name, **fields, "last_reload": None, "error": ""}
     for record in records:
         row = rows.setdefault(
-            record.name,
-            {"name": record.name, "version": "", "state": record.state, "reason": ""},
+            record.name, {"name": record.name, "version": "", "state": record.state, "reason": ""}
         )
         row["last_reload"] = record.last_reload
         row["error"] = record.error
@@ -206,10 +187,9 @@ class Installed:
 
 
 def install_version(staged: Path, repository: Path, name: str) -> Installed:
-    """Move a model folder built by ``write_repository`` (version 1) into ``repository``: a
-    new model by one rename; else as version N+1 with ``config.pbtxt`` pointing
-    ``hloserve.bundle`` at ``N+1/bundle`` (one rename each). ``staged`` must be on the
-    repository's file system."""
+    """Move a model folder built by ``write_repository`` (version 1, on the repository's file
+    system) into ``repository``: a new model as is, else as version N+1 with ``config.pbtxt``'s
+    ``hloserve.bundle`` at ``N+1/bundle``."""
     from hloserve import names
     from hloserve.model_repository_tools.build import CONFIG_FILE
     from hloserve.model_repository_tools.config import config_text, parse_config_text
@@ -260,12 +240,8 @@ def check_watch_options(
     model_control_mode: str | None,
     load_models: Sequence[str],
 ) -> None:
-    """Refuse ``--watch`` settings other than explicit mode serving a bundles directory.
-
-    Raises:
-        InvalidArgumentError: an interval of 0 or less, PATH a model repository, another
-            model control mode, or ``--load-model``.
-    """
+    """Refuse ``--watch`` settings other than explicit mode serving a bundles directory; raises
+    InvalidArgumentError: an interval <= 0, PATH a repository, another mode, --load-model."""
     from hloserve.errors import InvalidArgumentError
 
     if not interval_s > 0:
@@ -298,14 +274,9 @@ class ModelControl(Protocol):
 
 @dataclass
 class BundleWatcher:
-    """Polls a bundles directory and brings a repository and its server in line with it.
-
-    Args:
-        acted: the content the repository was built from (a :func:`scan` taken before the
-            build, so that a change during the build is seen).
-        build: the build options the repository was built with (None: every default).
-        report: receives one line per event.
-    """
+    """Polls a bundles directory and brings a repository and its server in line with it;
+    ``acted``: a :func:`scan` taken before the build (a change during it is seen), ``build``:
+    the repository's build options (None: every default), ``report``: a line per event."""
 
     bundles_dir: Path
     repository: Path
@@ -313,7 +284,7 @@ class BundleWatcher:
     acted: Mapping[str, Fingerprint]
     build: BuildOptions | None = None
     interval_s: float = DEFAULT_WATCH_INTERVAL_S
-    report: Callable[[str], None] = print
+    report: Callable[[str], None] = _print_flushed
 
     def __post_init__(self) -> None:
         from hloserve.bundle.bundle import load_bundle
@@ -388,16 +359,17 @@ class BundleWatcher:
             return [ModelRecord(**vars(r)) for _, r in sorted(self._records.items())]
 
     def _record(self, name: str, **values: Any) -> None:
+        """Update ``name``'s record, its ``last_reload`` to now."""
         with self._lock:
             record = self._records.setdefault(name, ModelRecord(name, version=0))
-            for key, value in values.items():
+            for key, value in {**values, "last_reload": time.time()}.items():
                 setattr(record, key, value)
 
     def _fail(self, name: str, what: str, error: str) -> None:
         version = self._records[name].version if name in self._records else 0
         keeps = f"version {version} keeps serving" if version else "not served"
         self.report(f"hloserve: watch: model '{name}': {what} failed ({keeps}): {error}")
-        self._record(name, state="FAILED", error=error, last_reload=time.time())
+        self._record(name, state="FAILED", error=error)
 
     def _remove(self, name: str) -> None:
         loaded = (self.repository / name).is_dir()  # else it never loaded
@@ -406,9 +378,10 @@ class BundleWatcher:
             if not self._control(name, "unload", self.control.unload):
                 return
             shutil.rmtree(self.repository / name, ignore_errors=True)
-        self._forget(name)
+        self._calls.pop(name, None)
+        self._kinds.pop(name, None)
         if loaded or name in self._records:
-            self._record(name, state="UNLOADED", version=0, error="", last_reload=time.time())
+            self._record(name, state="UNLOADED", version=0, error="")
         if loaded:
             self.report(f"hloserve: watch: model '{name}': unloaded")
 
@@ -420,10 +393,6 @@ class BundleWatcher:
             self._fail(name, what, error_text(exc))
             return False
         return True
-
-    def _forget(self, name: str) -> None:
-        self._calls.pop(name, None)
-        self._kinds.pop(name, None)
 
     def _install(self, name: str) -> bool:
         """Validate, build, move in and load bundle ``name``; whether it now serves."""
@@ -461,9 +430,7 @@ class BundleWatcher:
             shutil.rmtree(staging, ignore_errors=True)
         prune_versions(self.repository / name, keep_from=installed.version - 1)
         self._remember(name, manifest)
-        self._record(
-            name, version=installed.version, state="READY", error="", last_reload=time.time()
-        )
+        self._record(name, version=installed.version, state="READY", error="")
         self.report(
             f"hloserve: watch: model '{name}': version {installed.version} READY "
             f"({time.monotonic() - started:.1f} s)"
@@ -489,7 +456,7 @@ class BundleWatcher:
     def _reload_caller(self, meta: str) -> None:
         self.report(f"hloserve: watch: meta model '{meta}': reloading after its callees")
         if self._control(meta, "reload", self.control.reload):
-            self._record(meta, state="READY", error="", last_reload=time.time())
+            self._record(meta, state="READY", error="")
             self.report(f"hloserve: watch: meta model '{meta}': reloaded")
 
     def _served_copy(self, name: str) -> Path:
@@ -528,47 +495,6 @@ def _options_for(build: BuildOptions | None, models: set[str]) -> BuildOptions:
         scheduling=replace(sched, model_weights=only(sched.model_weights)),
         queue=replace(queue, per_model=only(queue.per_model)),
     )
-
-
-@contextlib.contextmanager
-def watching(
-    bundles_dir: Path,
-    repository: Path,
-    servers: Sequence[TritonServer],
-    observe: NodeObservability,
-    acted: Mapping[str, Fingerprint],
-    *,
-    build: BuildOptions | None,
-    interval_s: float,
-    timeout_s: float,
-) -> Iterator[BundleWatcher]:
-    """Run a :class:`BundleWatcher` over ``servers`` (one, or ``serve --workers N``'s) in a
-    thread until the block ends, ``/models`` answering with :func:`model_rows`;
-    ``timeout_s`` bounds one load."""
-    control = server_model_control(servers, timeout_s)
-    watcher = BundleWatcher(
-        bundles_dir,
-        repository,
-        control,
-        acted,
-        build=build,
-        interval_s=interval_s,
-        report=lambda line: print(line, flush=True),
-    )
-    serve_model_list(observe, control, watcher)
-    stop = threading.Event()
-    thread = threading.Thread(target=watcher.run, args=(stop,), name="hloserve-watch", daemon=True)
-    thread.start()
-    print(
-        f"  watching {bundles_dir} every {interval_s:g} s "
-        "(a change is acted on once two polls see it)",
-        flush=True,
-    )
-    try:
-        yield watcher
-    finally:
-        stop.set()
-        thread.join(10.0)  # a load in flight ends with the server
 
 
 def server_model_control(
