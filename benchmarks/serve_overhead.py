@@ -152,6 +152,20 @@ def main() -> int:
         "(each as model digits_instances<N>, after the --inflight ones)",
     )
     parser.add_argument(
+        "--unbounded",
+        default="",
+        help="also measure hloserve with no default_queue_policy at these front instance "
+        "counts, e.g. 1 (the default before the queue bound; each as model "
+        "digits_unbounded<N>, after the --instances ones)",
+    )
+    parser.add_argument(
+        "--stability-percentage",
+        type=float,
+        default=10.0,
+        help="perf_analyzer's --stability-percentage (10, its default); a busy machine, or a "
+        "model whose p99 a rare ~500 ms stall sets, may need 50",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -198,6 +212,18 @@ def main() -> int:
                     lambda t, n=n: re.sub(r"count: \d+", f"count: {n}", t, count=1),
                 )
             )
+        for n in (int(v) for v in args.unbounded.split(",") if v.strip()):
+            extra.append(
+                (
+                    f"digits_unbounded{n}",
+                    f"{n} inst., no queue policy",
+                    lambda t, n=n: re.sub(
+                        r"\s*default_queue_policy \{[^}]*\}",
+                        "",
+                        re.sub(r"count: \d+", f"count: {n}", t, count=1),
+                    ),
+                )
+            )
         if args.no_preferred:
             extra.append(
                 (
@@ -232,6 +258,7 @@ def main() -> int:
         rows: dict[str, dict[str, float]] = {}
         with TritonServer(server_options(options, repo)) as server:
             interval = int(args.seconds * 1000)
+            stability = [f"--stability-percentage={args.stability_percentage:g}"]
             samples: dict[str, list[dict[str, float]]] = {}
             for round_ in range(1 + args.rounds):  # alternate; round 0 only warms up
                 models = [("b", "digits_plain"), ("c", "digits")]
@@ -242,12 +269,14 @@ def main() -> int:
                         server.urls.grpc,
                         concurrency=(1,),
                         measurement_interval_ms=interval,
+                        extra_args=stability,
                     )
                     (load,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
                         measurement_interval_ms=interval,
                         concurrency=(args.concurrency,),
+                        extra_args=stability,
                     )
                     if round_ == 0:
                         continue

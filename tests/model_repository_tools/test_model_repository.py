@@ -139,7 +139,10 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
     ]
     assert list(front.dynamic_batching.preferred_batch_size) == [1, 2]
     assert front.dynamic_batching.max_queue_delay_microseconds == 500
-    assert [(g.count, g.kind) for g in front.instance_group] == [(1, KIND_CPU)]
+    assert [(g.count, g.kind) for g in front.instance_group] == [(2, KIND_CPU)]
+    policy = front.dynamic_batching.default_queue_policy  # the default bound: 2 instances
+    assert (policy.max_queue_size, policy.allow_timeout_override) == (128, True)
+    assert policy.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
     assert {k: v.string_value for k, v in front.parameters.items()} == {
         names.PARAM_BUNDLE: "1/bundle",
         names.PARAM_RUNTIME_MODEL: names.RUNTIME_MODEL,
@@ -211,7 +214,8 @@ def test_non_leading_batch_axis_gets_max_batch_size_0(odd_bundles: Path) -> None
     [nonlead] = [m for m in plan.models if m.name == "nonlead"]
     config = parse_config_text(nonlead.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")  # no queue bound asked for
+    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 128
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4, -1])]
     assert [(o.name, list(o.dims), o.HasField("reshape")) for o in config.output] == [
         ("y", [-1, 3], False),
@@ -224,8 +228,13 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     [unbatched] = [m for m in plan.models if m.name == "unbatched"]
     config = parse_config_text(unbatched.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")  # no queue bound asked for
-    bounded = plan_repository(odd_bundles, queue=QueueOptions(max_queue_size=5))
+    assert not config.dynamic_batching.preferred_batch_size  # only its queue policy
+    # max(128, 16 x batch 1)
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 128
+    one = plan_repository(odd_bundles, front_instances=1)  # one instance: no default bound
+    [unbatched] = [m for m in one.models if m.name == "unbatched"]
+    assert not parse_config_text(unbatched.config_text).HasField("dynamic_batching")
+    bounded = plan_repository(odd_bundles, front_instances=1, queue=QueueOptions(max_queue_size=5))
     [unbatched] = [m for m in bounded.models if m.name == "unbatched"]
     policy = parse_config_text(unbatched.config_text).dynamic_batching.default_queue_policy
     assert (policy.max_queue_size, policy.allow_timeout_override) == (5, True)
@@ -409,7 +418,8 @@ def test_readers_never_see_a_partial_repository(bundles: Path, tmp_path: Path) -
     if not build_module._exchange(tmp_path / "a", tmp_path / "b"):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     repo = tmp_path / "repo"
-    build_repository(bundles, repo, front_instances=1)
+    queue = QueueOptions(max_queue_size=128)  # the same bound on one instance and on two
+    build_repository(bundles, repo, front_instances=1, queue=queue)
     expected = {
         n: (repo / "tiny" / "config.pbtxt").read_text().replace("count: 1", f"count: {n}")
         for n in (1, 2)
@@ -430,7 +440,7 @@ def test_readers_never_see_a_partial_repository(bundles: Path, tmp_path: Path) -
     poller.start()
     try:
         for i in range(6):
-            build_repository(bundles, repo, front_instances=1 + i % 2, overwrite=True)
+            build_repository(bundles, repo, front_instances=1 + i % 2, queue=queue, overwrite=True)
     finally:
         done.set()
         poller.join(timeout=30)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hloserve import names
 from hloserve.cli_options import queue_options
 from hloserve.errors import InvalidArgumentError, RepositoryError
 from hloserve.model_repository_tools.build_options import QueueOptions
@@ -32,11 +33,14 @@ def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
     tiny_bundle: Path,
 ) -> None:
     bundles = tiny_bundle.parent
-    default = next(m for m in plan_repository(bundles).models if m.name == "tiny")
-    # no queue policy by default (tritonserver 2.51 stalls ~500 ms at times with one)
-    assert not parse_config_text(default.config_text).dynamic_batching.HasField(
-        "default_queue_policy"
-    )
+    default = _queue(plan_repository(bundles), "tiny")  # two front instances by default
+    assert (default.max_queue_size, default.allow_timeout_override) == (128, True)  # 16 x 4 < 128
+    assert default.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
+    # one front instance: no policy unless a bound is given (tritonserver 2.51's ~500 ms stall)
+    one = next(m for m in plan_repository(bundles, front_instances=1).models if m.name == "tiny")
+    assert not parse_config_text(one.config_text).dynamic_batching.HasField("default_queue_policy")
+    bounded = plan_repository(bundles, front_instances=1, queue=QueueOptions(max_queue_size=3))
+    assert _queue(bounded, "tiny").max_queue_size == 3
     assert (
         _queue(
             plan_repository(bundles, queue=QueueOptions(max_queue_size=3)), "tiny"
