@@ -3,10 +3,15 @@
     .venv/bin/python benchmarks/queue_stall.py [--rounds 3] [--requests 400] [--clients 1]
 
 Builds the digits bundle once per variant (each a front model ``digits_<variant>`` in ONE
-tritonserver, one runtime), then, round after round, sends each variant ``--requests``
-sequential gRPC requests from each of ``--clients`` threads and counts those slower than
-``--stall-ms`` (100) after the first 20 of each client (warm-up). Prints, per variant, the
-stalls of each round, p50/p99/max in ms, and Triton's queue time per request (its statistics).
+tritonserver, one runtime; built with one front instance and ``--max-queue-size``, then the
+variant's edit of its config.pbtxt: ``nopolicy`` drops the queue policy, ``policy`` keeps it,
+``_inst2`` two instances (the build's default), ``_inflight<N>`` ``hloserve.front_inflight``,
+``_delay0`` ``max_queue_delay_microseconds: 0``, ``priority2`` no policy but
+``priority_levels: 2``), then, round after round, sends each variant
+``--requests`` sequential gRPC requests from each of ``--clients`` threads and counts those
+slower than ``--stall-ms`` (100) after the first 20 of each client (warm-up). Prints, per
+variant, the stalls of each round, p50/p99/max in ms, and Triton's queue time per request (its
+statistics).
 
 Why (tritonserver 2.51, core r24.10): any ``default_queue_policy`` field turns off the priority
 queue's prefetching (``PriorityQueue::support_prefetching_``); the dynamic batcher then wakes
@@ -71,6 +76,10 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     "policy_inflight2": _inflight(2),
     "policy_inst2_inflight1": _chain(_instances(2), _inflight(1)),
     "policy_delay0": _delay(0),
+    # no queue policy, but priority levels: prefetching is off all the same
+    "priority2": lambda text: POLICY.sub(
+        "\n  priority_levels: 2\n  default_priority_level: 1", text, count=1
+    ),
 }
 
 
@@ -138,7 +147,9 @@ def main() -> int:
         for v in variants:
             shutil.copytree(bundles / "src" / "digits", bundles / f"digits_{v}")
         shutil.rmtree(bundles / "src")
-        build_repository(bundles, repo, queue=QueueOptions(max_queue_size=args.max_queue_size))
+        # one front instance and a bound on each: the variants edit from there
+        queue = QueueOptions(max_queue_size=args.max_queue_size)
+        build_repository(bundles, repo, front_instances=1, queue=queue)
         for v in variants:
             config = repo / f"digits_{v}" / "config.pbtxt"
             config.write_text(VARIANTS[v](config.read_text()))

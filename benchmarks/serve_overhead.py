@@ -159,11 +159,11 @@ def main() -> int:
         "digits_unbounded<N>, after the --instances ones)",
     )
     parser.add_argument(
-        "--stability-percentage",
-        type=float,
-        default=10.0,
-        help="perf_analyzer's --stability-percentage (10, its default); a busy machine, or a "
-        "model whose p99 a rare ~500 ms stall sets, may need 50",
+        "--request-count",
+        type=int,
+        default=0,
+        help="measure this many requests per figure instead of windows until two agree (a "
+        "loaded machine, or a p99 set by rare ~500 ms stalls, may never settle)",
     )
     parser.add_argument(
         "--rounds",
@@ -258,7 +258,6 @@ def main() -> int:
         rows: dict[str, dict[str, float]] = {}
         with TritonServer(server_options(options, repo)) as server:
             interval = int(args.seconds * 1000)
-            stability = [f"--stability-percentage={args.stability_percentage:g}"]
             samples: dict[str, list[dict[str, float]]] = {}
             for round_ in range(1 + args.rounds):  # alternate; round 0 only warms up
                 models = [("b", "digits_plain"), ("c", "digits")]
@@ -269,14 +268,14 @@ def main() -> int:
                         server.urls.grpc,
                         concurrency=(1,),
                         measurement_interval_ms=interval,
-                        extra_args=stability,
+                        request_count=args.request_count or None,
                     )
                     (load,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
                         measurement_interval_ms=interval,
                         concurrency=(args.concurrency,),
-                        extra_args=stability,
+                        request_count=args.request_count or None,
                     )
                     if round_ == 0:
                         continue

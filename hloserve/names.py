@@ -66,8 +66,9 @@ PARAM_FOREIGN_BYTES = "hloserve.foreign_memory_bytes"
 DEFAULT_FRONT_INFLIGHT = 0
 #: Default of :data:`PARAM_RUNTIME_WAIT_S`, seconds.
 DEFAULT_RUNTIME_WAIT_S = 120.0
-#: CPU instances per front model (docs/serving.md, "Front instances"): two, so that the default
-#: queue bound is written (:data:`QUEUE_POLICY_MIN_INSTANCES`).
+#: CPU instances per stateless front model (docs/serving.md, "Front instances"): two, so that
+#: its default queue bound is written (:data:`QUEUE_POLICY_MIN_INSTANCES`). A stateful front
+#: gets one: Triton's sequence batcher coalesces sequences only within an instance.
 DEFAULT_FRONT_INSTANCES = 2
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB.
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30

@@ -92,9 +92,12 @@ class BuildOptions:
     options"); the scalar fields' help texts are their flags' help."""
 
     front_instances: int = field(
-        default=names.DEFAULT_FRONT_INSTANCES,
+        default=0,
         metadata=_flag(
-            "--front-instances", "N", "CPU instances of each front model{when} (default: {default})"
+            "--front-instances",
+            "N",
+            "CPU instances of each front model{when} (default: "
+            f"{names.DEFAULT_FRONT_INSTANCES}, 1 for a stateful bundle)",
         ),
     )
     meta_concurrency: int = field(
@@ -156,8 +159,10 @@ class BuildOptions:
 
     def check(self) -> None:
         """RepositoryError naming the first scalar option out of range."""
-        if self.front_instances < 1:
-            raise RepositoryError(f"front instances must be >= 1, got {self.front_instances}")
+        if self.front_instances < 0:
+            raise RepositoryError(
+                f"front instances must be >= 0 (0 = default), got {self.front_instances}"
+            )
         if self.max_queue_delay_us < 0:
             raise RepositoryError(
                 f"max queue delay must be >= 0 microseconds, got {self.max_queue_delay_us}"

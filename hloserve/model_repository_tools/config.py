@@ -79,13 +79,18 @@ def front_config(
             io.reshape.SetInParent()  # per-item scalar: dims [1], the front returns [batch]
         # No reshape on inputs: Triton 2.51 skips its size check for a reshaped input and
         # crashes (SIGSEGV) on a 0-row request; the front drops the trailing 1 itself.
-    config.instance_group.add(count=options.front_instances, kind=m.ModelInstanceGroup.KIND_CPU)
+    # 0: the default, two (the queue bound below), one for a stateful front (its sequence
+    # batcher coalesces sequences only within an instance)
+    instances = options.front_instances or (
+        1 if manifest.stateful else names.DEFAULT_FRONT_INSTANCES
+    )
+    config.instance_group.add(count=instances, kind=m.ModelInstanceGroup.KIND_CPU)
     if max_queue_size < 0:
         raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")
     if manifest.stateful:
         _sequence_batching(name, manifest, config, options.max_queue_delay_us)
     else:
-        if not max_queue_size and options.front_instances >= names.QUEUE_POLICY_MIN_INSTANCES:
+        if not max_queue_size and instances >= names.QUEUE_POLICY_MIN_INSTANCES:
             largest = max(manifest.batching.compiled_batch_sizes, default=1)
             max_queue_size = max(names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest)
         if max_queue_size > 0:

@@ -189,7 +189,7 @@ def test_two_builds_are_byte_identical(bundles: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "text"),
     [
-        ({"front_instances": 0}, "front instances must be >= 1"),
+        ({"front_instances": -1}, "front instances must be >= 0"),
         ({"max_queue_delay_us": -1}, "max queue delay must be >= 0"),
     ],
 )
