@@ -123,6 +123,7 @@ def queue_ns(url: str, model: str) -> tuple[int, int]:
 
 
 def main() -> int:
+    """Build, serve, probe every variant round after round, print the table; 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=400, help="per client per round")
