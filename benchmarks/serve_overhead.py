@@ -155,7 +155,7 @@ def main() -> int:
         "--unbounded",
         default="",
         help="also measure hloserve with no default_queue_policy at these front instance "
-        "counts, e.g. 1 (the default before the queue bound; each as model "
+        "counts, e.g. 2 (a front of two instances otherwise gets the default bound; each as model "
         "digits_unbounded<N>, after the --instances ones)",
     )
     parser.add_argument(

@@ -52,8 +52,8 @@ class ExecutableCacheOptions:
 @dataclass(frozen=True, kw_only=True)
 class QueueOptions:
     """Bounds of Triton's queue before each front, in requests; 0 = the default (sized from the
-    largest batch, on fronts of two instances or more; none on one instance); ``per_model``
-    overrides (docs/serving.md, "Queue bounds and deadlines")."""
+    largest batch on fronts of two instances or more; none on one instance, the default
+    instance count); ``per_model`` overrides (docs/serving.md, "Queue bounds and deadlines")."""
 
     max_queue_size: int = field(default=0, metadata=_flag("--max-queue-size"))
     per_model: Mapping[str, int] = field(default_factory=dict, metadata=_flag("--max-queue-size"))
@@ -97,7 +97,8 @@ class BuildOptions:
             "--front-instances",
             "N",
             "CPU instances of each front model{when} (default: "
-            f"{names.DEFAULT_FRONT_INSTANCES}, 1 for a stateful bundle)",
+            f"{names.DEFAULT_FRONT_INSTANCES}; {names.QUEUE_POLICY_MIN_INSTANCES} for a model "
+            "whose queue --max-queue-size bounds)",
         ),
     )
     meta_concurrency: int = field(

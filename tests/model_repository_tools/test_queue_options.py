@@ -33,14 +33,27 @@ def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
     tiny_bundle: Path,
 ) -> None:
     bundles = tiny_bundle.parent
-    default = _queue(plan_repository(bundles), "tiny")  # two front instances by default
-    assert (default.max_queue_size, default.allow_timeout_override) == (128, True)  # 16 x 4 < 128
-    assert default.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
-    # one front instance: no policy unless a bound is given (tritonserver 2.51's ~500 ms stall)
-    one = next(m for m in plan_repository(bundles, front_instances=1).models if m.name == "tiny")
-    assert not parse_config_text(one.config_text).dynamic_batching.HasField("default_queue_policy")
-    bounded = plan_repository(bundles, front_instances=1, queue=QueueOptions(max_queue_size=3))
-    assert _queue(bounded, "tiny").max_queue_size == 3
+
+    def config(**kwargs: object) -> object:
+        model = next(m for m in plan_repository(bundles, **kwargs).models if m.name == "tiny")
+        return parse_config_text(model.config_text)
+
+    # the default: one front instance and no policy (tritonserver 2.51's ~500 ms stall)
+    default = config()
+    assert [g.count for g in default.instance_group] == [names.DEFAULT_FRONT_INSTANCES] == [1]
+    assert not default.dynamic_batching.HasField("default_queue_policy")
+    # a bound asked for: two instances, so the one-instance stall cannot happen
+    asked = config(queue=QueueOptions(per_model={"tiny": 3}))
+    assert [g.count for g in asked.instance_group] == [names.QUEUE_POLICY_MIN_INSTANCES] == [2]
+    assert asked.dynamic_batching.default_queue_policy.max_queue_size == 3
+    # two instances asked for: the default bound, max(128, 16 x the largest batch 4)
+    two = config(front_instances=2).dynamic_batching.default_queue_policy
+    assert (two.max_queue_size, two.allow_timeout_override) == (128, True)
+    assert two.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
+    # one instance and a bound, both asked for: as asked
+    one = config(front_instances=1, queue=QueueOptions(max_queue_size=3))
+    assert [g.count for g in one.instance_group] == [1]
+    assert one.dynamic_batching.default_queue_policy.max_queue_size == 3
     assert (
         _queue(
             plan_repository(bundles, queue=QueueOptions(max_queue_size=3)), "tiny"

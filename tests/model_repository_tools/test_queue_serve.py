@@ -1,7 +1,7 @@
 """Queue bounds and deadlines of front models, answered by a real tritonserver (issue 28).
 
-The repository is built with the defaults (two front instances, each front's default queue
-bound) but for ``slow``: ``tiny`` with a ``preprocess`` hook that sleeps :data:`HOOK_S`
+The repository is built with two front instances per model (each front then gets its default
+queue bound) but for ``slow``: ``tiny`` with a ``preprocess`` hook that sleeps :data:`HOOK_S`
 seconds, so its two front instances stay busy while more requests arrive, and its queue is
 bounded to one request (``QueueOptions(per_model={"slow": 1})``): under a burst Triton refuses
 the overflow itself, and a request whose KServe ``timeout`` passes in the queue is dropped
@@ -82,7 +82,7 @@ def server(
     export_heavy(src / "heavy")
     shutil.copytree(tiny_bundle_src, src / "tiny")
     repo = src.parent / "repository"
-    build_repository(src, repo, queue=QueueOptions(per_model={"slow": 1}))
+    build_repository(src, repo, front_instances=2, queue=QueueOptions(per_model={"slow": 1}))
     with TritonServer(serving_options(repo, src.parent / "server.log")) as srv:
         yield srv
 
@@ -108,7 +108,7 @@ def test_every_front_gets_a_bounded_queue_and_timeouts(server: TritonServer) -> 
     assert slow.max_queue_size == 1
     assert slow.allow_timeout_override and slow.default_timeout_microseconds > 0
     tiny = parse_config(repo / "tiny" / "config.pbtxt")
-    assert tiny.instance_group[0].count == names.QUEUE_POLICY_MIN_INSTANCES == 2  # the default
+    assert tiny.instance_group[0].count == names.QUEUE_POLICY_MIN_INSTANCES == 2  # as built
     policy = tiny.dynamic_batching.default_queue_policy
     # the default bound, max(128, 16 x the largest batch 4), and the queue deadlines
     assert (policy.max_queue_size, policy.allow_timeout_override) == (128, True)
