@@ -152,6 +152,20 @@ def main() -> int:
         "(each as model digits_instances<N>, after the --inflight ones)",
     )
     parser.add_argument(
+        "--unbounded",
+        default="",
+        help="also measure hloserve with no default_queue_policy at these front instance "
+        "counts, e.g. 2 (a front of two instances otherwise gets the default bound; each as model "
+        "digits_unbounded<N>, after the --instances ones)",
+    )
+    parser.add_argument(
+        "--request-count",
+        type=int,
+        default=0,
+        help="measure this many requests per figure instead of windows until two agree (a "
+        "loaded machine, or a p99 set by rare ~500 ms stalls, may never settle)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -198,6 +212,18 @@ def main() -> int:
                     lambda t, n=n: re.sub(r"count: \d+", f"count: {n}", t, count=1),
                 )
             )
+        for n in (int(v) for v in args.unbounded.split(",") if v.strip()):
+            extra.append(
+                (
+                    f"digits_unbounded{n}",
+                    f"{n} inst., no queue policy",
+                    lambda t, n=n: re.sub(
+                        r"\s*default_queue_policy \{[^}]*\}",
+                        "",
+                        re.sub(r"count: \d+", f"count: {n}", t, count=1),
+                    ),
+                )
+            )
         if args.no_preferred:
             extra.append(
                 (
@@ -242,12 +268,14 @@ def main() -> int:
                         server.urls.grpc,
                         concurrency=(1,),
                         measurement_interval_ms=interval,
+                        request_count=args.request_count or None,
                     )
                     (load,), _ = run_perf_analyzer(
                         model,
                         server.urls.grpc,
                         measurement_interval_ms=interval,
                         concurrency=(args.concurrency,),
+                        request_count=args.request_count or None,
                     )
                     if round_ == 0:
                         continue

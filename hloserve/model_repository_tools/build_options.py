@@ -51,8 +51,9 @@ class ExecutableCacheOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class QueueOptions:
-    """Bounds of Triton's queue before each front, in requests; 0 = unbounded (no queue
-    policy); ``per_model`` overrides (docs/serving.md, "Queue bounds and deadlines")."""
+    """Bounds of Triton's queue before each front, in requests; 0 = the default (sized from the
+    largest batch on fronts of two instances or more; none on one instance, the default
+    instance count); ``per_model`` overrides (docs/serving.md, "Queue bounds and deadlines")."""
 
     max_queue_size: int = field(default=0, metadata=_flag("--max-queue-size"))
     per_model: Mapping[str, int] = field(default_factory=dict, metadata=_flag("--max-queue-size"))
@@ -61,9 +62,7 @@ class QueueOptions:
         """RepositoryError for a negative bound, a per-model one below 1 or not in ``fronts``."""
         problems = []
         if self.max_queue_size < 0:
-            problems.append(
-                f"max queue size must be >= 0 (0 = unbounded), got {self.max_queue_size}"
-            )
+            problems.append(f"max queue size must be >= 0 (0 = default), got {self.max_queue_size}")
         for model, size in sorted(self.per_model.items()):
             if size < 1:
                 problems.append(f"max queue size of model {model!r} must be >= 1, got {size}")
@@ -93,9 +92,13 @@ class BuildOptions:
     options"); the scalar fields' help texts are their flags' help."""
 
     front_instances: int = field(
-        default=names.DEFAULT_FRONT_INSTANCES,
+        default=0,
         metadata=_flag(
-            "--front-instances", "N", "CPU instances of each front model{when} (default: {default})"
+            "--front-instances",
+            "N",
+            "CPU instances of each front model{when} (default: "
+            f"{names.DEFAULT_FRONT_INSTANCES}; {names.QUEUE_POLICY_MIN_INSTANCES} for a model "
+            "whose queue --max-queue-size bounds)",
         ),
     )
     meta_concurrency: int = field(
@@ -157,8 +160,10 @@ class BuildOptions:
 
     def check(self) -> None:
         """RepositoryError naming the first scalar option out of range."""
-        if self.front_instances < 1:
-            raise RepositoryError(f"front instances must be >= 1, got {self.front_instances}")
+        if self.front_instances < 0:
+            raise RepositoryError(
+                f"front instances must be >= 0 (0 = default), got {self.front_instances}"
+            )
         if self.max_queue_delay_us < 0:
             raise RepositoryError(
                 f"max queue delay must be >= 0 microseconds, got {self.max_queue_delay_us}"

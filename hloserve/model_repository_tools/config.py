@@ -49,11 +49,15 @@ def front_config(
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle (docs/serving.md).
 
-    A stateful bundle gets ``sequence_batching``; every other front a ``dynamic_batching``,
-    with a ``default_queue_policy`` only where ``options.queue`` gives the model a bound: it
-    bounds the queue and honours a request's ``timeout`` (docs/serving.md, "Queue bounds and
-    deadlines": tritonserver 2.51 holds a request ~500 ms in the queue at times when a model
-    has a queue policy, so none is written by default).
+    A stateful bundle gets ``sequence_batching``; every other front a ``dynamic_batching``
+    whose ``default_queue_policy`` bounds the queue and honours a request's ``timeout``: the
+    bound ``options.queue`` gives the model (the front then gets
+    :data:`~hloserve.names.QUEUE_POLICY_MIN_INSTANCES` instances unless ``front_instances`` is
+    set), else, on a front of that many instances or more,
+    :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size, at least
+    :data:`~hloserve.names.DEFAULT_QUEUE_MIN`; a front of one instance gets no policy unless a
+    bound is given (docs/serving.md, "Queue bounds and deadlines": with a policy, tritonserver
+    2.51 holds a request ~500 ms in the queue at times when the model's only instance is busy).
 
     Raises:
         InvalidArgumentError: a tensor Triton cannot declare (a scalar of an unbatched model),
@@ -76,12 +80,20 @@ def front_config(
             io.reshape.SetInParent()  # per-item scalar: dims [1], the front returns [batch]
         # No reshape on inputs: Triton 2.51 skips its size check for a reshaped input and
         # crashes (SIGSEGV) on a 0-row request; the front drops the trailing 1 itself.
-    config.instance_group.add(count=options.front_instances, kind=m.ModelInstanceGroup.KIND_CPU)
+    # 0: the default; a bounded dynamic-batching queue needs two (no 500 ms stall)
+    bounded = max_queue_size > 0 and not manifest.stateful
+    instances = options.front_instances or (
+        names.QUEUE_POLICY_MIN_INSTANCES if bounded else names.DEFAULT_FRONT_INSTANCES
+    )
+    config.instance_group.add(count=instances, kind=m.ModelInstanceGroup.KIND_CPU)
     if max_queue_size < 0:
         raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")
     if manifest.stateful:
         _sequence_batching(name, manifest, config, options.max_queue_delay_us)
     else:
+        if not max_queue_size and instances >= names.QUEUE_POLICY_MIN_INSTANCES:
+            largest = max(manifest.batching.compiled_batch_sizes, default=1)
+            max_queue_size = max(names.DEFAULT_QUEUE_MIN, names.DEFAULT_QUEUE_BATCHES * largest)
         if max_queue_size > 0:
             policy = config.dynamic_batching.default_queue_policy
             policy.max_queue_size = max_queue_size

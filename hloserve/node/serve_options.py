@@ -286,8 +286,9 @@ def check_options(options: ServeOptions, gpus: Sequence[int | None] | None = Non
     sizes = {} if build is None else {"--front-instances": build.front_instances}
     sizes |= {} if build is None else {"--max-request-bytes": build.max_request_bytes}
     for flag, value in sizes.items():
-        if value < 1:
-            raise InvalidArgumentError(f"{flag} must be at least 1, got {value}")
+        least = 0 if flag == "--front-instances" else 1  # 0: the build's default
+        if value < least:
+            raise InvalidArgumentError(f"{flag} must be at least {least}, got {value}")
     fronted = gateway_in_front(options, workers)
     if options.gateway_config is not None and not fronted:
         raise InvalidArgumentError(

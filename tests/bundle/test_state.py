@@ -74,6 +74,10 @@ def test_front_config_has_sequence_batching_without_triton_state() -> None:
     m = parse_manifest(copy.deepcopy(VALID))
     config = front_config("acc", m, BuildOptions(max_queue_delay_us=100))
     assert not config.HasField("dynamic_batching")
+    # one instance by default: the sequence batcher coalesces sequences only within one
+    assert [g.count for g in config.instance_group] == [1]
+    three = front_config("acc", m, BuildOptions(front_instances=3))
+    assert [g.count for g in three.instance_group] == [3]  # as asked
     seq = config.sequence_batching
     assert seq.max_sequence_idle_microseconds == MAX_SEQUENCE_IDLE_US
     # no CORRID: 2.51 writes a string ID past a UINT64 CORRID tensor (the front reads the ID

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hloserve import names
 from hloserve.cli_options import queue_options
 from hloserve.errors import InvalidArgumentError, RepositoryError
 from hloserve.model_repository_tools.build_options import QueueOptions
@@ -32,11 +33,27 @@ def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
     tiny_bundle: Path,
 ) -> None:
     bundles = tiny_bundle.parent
-    default = next(m for m in plan_repository(bundles).models if m.name == "tiny")
-    # no queue policy by default (tritonserver 2.51 stalls ~500 ms at times with one)
-    assert not parse_config_text(default.config_text).dynamic_batching.HasField(
-        "default_queue_policy"
-    )
+
+    def config(**kwargs: object) -> object:
+        model = next(m for m in plan_repository(bundles, **kwargs).models if m.name == "tiny")
+        return parse_config_text(model.config_text)
+
+    # the default: one front instance and no policy (tritonserver 2.51's ~500 ms stall)
+    default = config()
+    assert [g.count for g in default.instance_group] == [names.DEFAULT_FRONT_INSTANCES] == [1]
+    assert not default.dynamic_batching.HasField("default_queue_policy")
+    # a bound asked for: two instances, so the one-instance stall cannot happen
+    asked = config(queue=QueueOptions(per_model={"tiny": 3}))
+    assert [g.count for g in asked.instance_group] == [names.QUEUE_POLICY_MIN_INSTANCES] == [2]
+    assert asked.dynamic_batching.default_queue_policy.max_queue_size == 3
+    # two instances asked for: the default bound, max(128, 16 x the largest batch 4)
+    two = config(front_instances=2).dynamic_batching.default_queue_policy
+    assert (two.max_queue_size, two.allow_timeout_override) == (128, True)
+    assert two.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
+    # one instance and a bound, both asked for: as asked
+    one = config(front_instances=1, queue=QueueOptions(max_queue_size=3))
+    assert [g.count for g in one.instance_group] == [1]
+    assert one.dynamic_batching.default_queue_policy.max_queue_size == 3
     assert (
         _queue(
             plan_repository(bundles, queue=QueueOptions(max_queue_size=3)), "tiny"

@@ -1,13 +1,16 @@
 """Queue bounds and deadlines of front models, answered by a real tritonserver (issue 28).
 
-The ``slow`` bundle is ``tiny`` with a ``preprocess`` hook that sleeps :data:`HOOK_S` seconds,
-so its one front instance stays busy while more requests arrive. Its queue is bounded to one
-request (``QueueOptions(per_model={"slow": 1})``): under a burst Triton refuses the overflow
-itself, and a request whose KServe ``timeout`` passes in the queue is dropped there.
+The repository is built with two front instances per model (each front then gets its default
+queue bound) but for ``slow``: ``tiny`` with a ``preprocess`` hook that sleeps :data:`HOOK_S`
+seconds, so its two front instances stay busy while more requests arrive, and its queue is
+bounded to one request (``QueueOptions(per_model={"slow": 1})``): under a burst Triton refuses
+the overflow itself, and a request whose KServe ``timeout`` passes in the queue is dropped
+there.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hloserve import names
 from hloserve.model_repository_tools.build import build_repository
 from hloserve.model_repository_tools.build_options import QueueOptions
 from hloserve.model_repository_tools.config import parse_config
@@ -78,9 +82,7 @@ def server(
     export_heavy(src / "heavy")
     shutil.copytree(tiny_bundle_src, src / "tiny")
     repo = src.parent / "repository"
-    build_repository(
-        src, repo, front_instances=1, queue=QueueOptions(max_queue_size=128, per_model={"slow": 1})
-    )
+    build_repository(src, repo, front_instances=2, queue=QueueOptions(per_model={"slow": 1}))
     with TritonServer(serving_options(repo, src.parent / "server.log")) as srv:
         yield srv
 
@@ -105,8 +107,12 @@ def test_every_front_gets_a_bounded_queue_and_timeouts(server: TritonServer) -> 
     slow = parse_config(repo / "slow" / "config.pbtxt").dynamic_batching.default_queue_policy
     assert slow.max_queue_size == 1
     assert slow.allow_timeout_override and slow.default_timeout_microseconds > 0
-    tiny = parse_config(repo / "tiny" / "config.pbtxt").dynamic_batching.default_queue_policy
-    assert tiny.max_queue_size == 128  # the global bound asked for
+    tiny = parse_config(repo / "tiny" / "config.pbtxt")
+    assert tiny.instance_group[0].count == names.QUEUE_POLICY_MIN_INSTANCES == 2  # as built
+    policy = tiny.dynamic_batching.default_queue_policy
+    # the default bound, max(128, 16 x the largest batch 4), and the queue deadlines
+    assert (policy.max_queue_size, policy.allow_timeout_override) == (128, True)
+    assert policy.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
 
 
 def test_a_burst_past_the_bound_is_refused_by_triton(grpc: Any) -> None:
@@ -124,7 +130,8 @@ def test_a_burst_past_the_bound_is_refused_by_triton(grpc: Any) -> None:
     assert refused, "no request was refused"
     for error in refused:
         assert error.status() == "StatusCode.UNAVAILABLE"
-        assert "Exceeds maximum queue size" in error.message()
+        # Triton's own text (core r24.10 PolicyQueue::Enqueue, with InferenceRequest::LogRequest)
+        assert re.fullmatch(r"\[request id: [^\]]+\] Exceeds maximum queue size", error.message())
     answered = [(x, r) for x, r in zip(xs, results, strict=True) if r not in refused]
     assert answered, "every request was refused"
     for x, result in answered:
@@ -132,15 +139,18 @@ def test_a_burst_past_the_bound_is_refused_by_triton(grpc: Any) -> None:
 
 
 def test_a_request_whose_timeout_passes_in_the_queue_is_dropped(grpc: Any) -> None:
-    busy = threading.Thread(target=_infer, args=(grpc, np.ones((1, 4), np.float32)))
-    busy.start()
-    time.sleep(HOOK_S / 4)  # the first request is executing: the next one waits in the queue
+    busy = [threading.Thread(target=_infer, args=(grpc, np.ones((1, 4), np.float32))) for _ in "ab"]
+    for thread in busy:
+        thread.start()
+        time.sleep(HOOK_S / 8)  # the batcher hands it to an instance before the next arrives
+    # both instances are executing: the next request waits in the queue
     started = time.monotonic()
     try:
         with pytest.raises(InferenceServerException) as caught:
             _infer(grpc, np.zeros((1, 4), np.float32), timeout=100_000)  # 100 ms, microseconds
     finally:
-        busy.join(timeout=30)
+        for thread in busy:
+            thread.join(timeout=30)
     assert time.monotonic() - started < HOOK_S * 2
     assert caught.value.status() == "StatusCode.UNAVAILABLE", caught.value
     assert "Request timeout expired" in caught.value.message()

@@ -160,8 +160,8 @@ def test_serve_refuses_bad_options_before_building(tmp_path: Path) -> None:
     out = tmp_path / "repo"
     for args, message in [
         (
-            ("--front-instances", "0"),
-            "error (INVALID_ARGUMENT): --front-instances must be at least 1",
+            ("--front-instances", "-1"),  # 0 is the default
+            "error (INVALID_ARGUMENT): --front-instances must be at least 0",
         ),
         (("--host", "999.1.1.1"), "error (INVALID_ARGUMENT): cannot resolve host '999.1.1.1'"),
     ]:

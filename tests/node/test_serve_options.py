@@ -67,7 +67,10 @@ def test_default_mode_is_explicit_loading_everything_on_every_host(tmp_path: Pat
     ("change", "message"),
     [
         ({"host": "999.1.1.1"}, "cannot resolve host '999.1.1.1'"),
-        ({"build": BuildOptions(front_instances=0)}, "--front-instances must be at least 1, got 0"),
+        (
+            {"build": BuildOptions(front_instances=-1)},
+            "--front-instances must be at least 0, got -1",
+        ),
         (
             {"build": BuildOptions(max_request_bytes=0)},
             "--max-request-bytes must be at least 1, got 0",
