@@ -13,7 +13,8 @@ with tritonserver's own status and words for a deeper over-long component (asked
 in the same run) while the same tritonserver keeps serving. With the opt-in the gateway serves
 the public ports even for one worker (the workers keep the key); without it one worker is
 served directly and the key refuses the same load. With ``--workers 2`` the same calls pass
-through the gateway without a token; GatewayControl still needs it.
+through the gateway without a token; GatewayControl still needs it. Without the opt-in the
+gateway of ``--workers 2`` passes them with the control token sent as a header.
 """
 
 from __future__ import annotations
@@ -215,11 +216,9 @@ def test_without_the_opt_in_one_worker_is_direct_and_the_load_is_refused(tmp_pat
 TOKEN = "control-token-0123456789"
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """``serve --open-repository-api --workers 2`` of ``affine`` with a control token:
+def _two_workers(root: Path, *args: str) -> Iterator[dict[str, Any]]:
+    """``serve --workers 2 ARGS`` of ``affine`` with a control token:
     ``{"grpc": gateway, "http": gateway, "workers": [worker gRPC, ...], "worker_http": [...]}``."""
-    root = tmp_path_factory.mktemp("open")
     (root / "bundles").mkdir()
     (root / "bundles" / "affine").symlink_to(GOLDEN / "affine", target_is_directory=True)
     log = root / "serve.log"
@@ -228,7 +227,7 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         log,
         "--admin-port",
         "0",
-        "--open-repository-api",
+        *args,
         env={"HLOSERVE_CONTROL_TOKEN": TOKEN, ENV_KEY: KEY},
     )
     try:
@@ -243,6 +242,18 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         }
     finally:
         stop_serve(proc)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``serve --open-repository-api --workers 2`` (see :func:`_two_workers`)."""
+    yield from _two_workers(tmp_path_factory.mktemp("open"), "--open-repository-api")
+
+
+@pytest.fixture(scope="module")
+def two_keyed_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``serve --workers 2`` without the opt-in (see :func:`_two_workers`)."""
+    yield from _two_workers(tmp_path_factory.mktemp("keyed"))
 
 
 @pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
@@ -303,3 +314,27 @@ def test_an_override_without_sequence_batching_of_a_stateful_front_is_refused(
     finally:
         client.close()
         stop_serve(proc)
+
+
+@pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
+def test_through_the_gateway_without_the_opt_in_the_calls_work_with_the_control_token(
+    two_keyed_workers: dict[str, Any], module: Any
+) -> None:
+    """Without ``--open-repository-api`` the gateway's model control needs the control token
+    (docs/gateway.md, "Control plane: authentication"): the examples' first load without it is
+    refused UNAUTHENTICATED / 401; with it as tritonclient's ``authorization: Bearer`` header
+    the examples' whole sequence passes, the override reaching both workers."""
+    grpc = module is grpcclient
+    client = module.InferenceServerClient(two_keyed_workers["grpc" if grpc else "http"])
+    replicas = tuple(grpcclient.InferenceServerClient(w) for w in two_keyed_workers["workers"])
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("affine")
+        assert refused.value.status() == ("StatusCode.UNAUTHENTICATED" if grpc else "401"), (
+            refused.value.status(),
+            refused.value.message(),
+        )
+        _model_control_calls(client, {"authorization": f"Bearer {TOKEN}"}, replicas)
+    finally:
+        for one in (client, *replicas):
+            one.close()
