@@ -4,7 +4,9 @@ docs/conformance.md marks ``served`` on both, run on worker 0 directly (one trit
 hloserve) and through the gateway; each must exit 0.
 
 Triton's model-control examples run against ``serve --open-repository-api`` (one worker and
-two, the gateway in front) of a repository of the 8 models they expect.
+two, the gateway in front) of a repository of the 8 models they expect. Triton's image
+classification examples run against the same ``--workers 2`` with the digits bundle given an
+image ``format`` and ``labels`` (docs/bundles.md).
 
 The examples are not part of this repository (nor fetched here: the tests run offline):
 ``HLOSERVE_TRITON_EXAMPLES`` names a checkout's ``src/python/examples``
@@ -16,15 +18,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hloserve.ports import free_ports
 from tests.conftest import ROOT, _import_script, import_example
+from tests.model_repository_tools.test_classification_serve import LABELS, label_digits
 from tests.node.test_serve_cli import launch_serve, serve_two_workers, stop_serve, wait_for_line
 from tests.test_conformance_table import TABLE, rows
 
@@ -58,11 +63,14 @@ def runs(example: str) -> list[tuple[str, ...]]:
 
 
 @pytest.fixture(scope="module")
-def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, str]]]:
+def endpoints(
+    tmp_path_factory: pytest.TempPathFactory, digits_bundle: Path
+) -> Iterator[dict[str, dict[str, str]]]:
     """``{"direct" | "gateway": {"grpc": host:port, "http": host:port}}``."""
     if not EXAMPLES:
         pytest.skip("HLOSERVE_TRITON_EXAMPLES is not set (Triton's src/python/examples)")
     root = tmp_path_factory.mktemp("examples")
+    label_digits(Path(shutil.copytree(digits_bundle, root / "bundles" / "digits")))
     script = ROOT / "examples" / "triton_simple" / "export.py"
     _import_script(script, "triton_simple_export").export_simple(root / "bundles")
     import_example("sequence", "export").export_sequence(root / "bundles")
@@ -141,3 +149,62 @@ def test_model_control_example(tmp_path: Path, example: str, workers: int) -> No
         assert done.returncode == 0, f"{example}:\n{done.stdout}{done.stderr}"
         assert "PASS: model control" in done.stdout
         assert re.findall(r"tritonserver \(pid \d+\)", log.read_text()) == started
+
+
+#: (example, protocol, extra arguments) of each image-classification run
+IMAGE_CLIENTS = [
+    ("image_client.py", "http", ()),
+    ("image_client.py", "grpc", ("-i", "grpc")),
+    ("grpc_image_client.py", "grpc", ()),
+]
+
+
+@pytest.mark.parametrize("via", ["direct", "gateway"])
+@pytest.mark.parametrize(
+    ("example", "protocol", "extra"), IMAGE_CLIENTS, ids=[f"{e}-{p}" for e, p, _ in IMAGE_CLIENTS]
+)
+def test_image_client_example(
+    endpoints: dict[str, dict[str, str]],
+    tmp_path: Path,
+    example: str,
+    protocol: str,
+    extra: tuple[str, ...],
+    via: str,
+) -> None:
+    """Each image-classification example, unchanged, reads the digits model's ``format``
+    (NHWC) and shape from its metadata and config, sends an 8x8 grey image with ``-c 3``
+    (Triton's classification extension) and prints three classes, each with its label from
+    the bundle's label file, then PASS."""
+    from PIL import Image
+
+    if protocol == "http":  # the example's own dependency, not the server's
+        pytest.importorskip("attrdict", reason="image_client.py over HTTP imports attrdict "
+                            "(pip install attrdict3 on Python 3.10 and later)")  # fmt: skip
+    script = Path(str(EXAMPLES)) / example
+    assert script.is_file(), f"{script} is missing from HLOSERVE_TRITON_EXAMPLES"
+    image = tmp_path / "digit.png"
+    Image.fromarray((np.arange(64).reshape(8, 8) * 4).astype(np.uint8), "L").save(image)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "-m",
+            "digits",
+            "-c",
+            "3",
+            "-s",
+            "NONE",
+            "-u",
+            endpoints[via][protocol],
+            *extra,
+            str(image),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{example} {extra} via {via}:\n{done.stdout}{done.stderr}"
+    classes = re.findall(r"^\s+[-\d.e+]+ \((\d)\) = (\w+)$", done.stdout, re.MULTILINE)
+    assert len(classes) == 3, done.stdout
+    assert all(label == LABELS[int(index)] for index, label in classes), classes
+    assert "PASS" in done.stdout
