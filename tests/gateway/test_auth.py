@@ -219,6 +219,19 @@ def _http(connection: http.client.HTTPConnection, path: str, **headers: str) -> 
         connection.close()
 
 
+def _plaintext(
+    token_file: Path, http_port: int, http_worker: HttpWorker, **auth: Any
+) -> dict[str, Any]:
+    """Gateway settings without TLS: the token file and ``auth`` keys, the workers' key, the
+    KServe HTTP listener on ``http_port`` in front of ``http_worker``."""
+    return {
+        "auth": {"token_file": str(token_file), **auth},
+        "upstream": {"model_control_key": KEY},
+        "http_listen": f"127.0.0.1:{http_port}",
+        "worker_http": [http_worker.address],
+    }
+
+
 def test_plaintext_control_needs_the_token_and_model_control_the_token_or_key(
     tmp_path: Path, http_worker: HttpWorker
 ) -> None:
@@ -231,12 +244,7 @@ def test_plaintext_control_needs_the_token_and_model_control_the_token_or_key(
     (http_port,) = free_ports(1)
 
     async def body() -> None:
-        settings = {
-            "auth": {"token_file": str(token_file)},
-            "upstream": {"model_control_key": KEY},
-            "http_listen": f"127.0.0.1:{http_port}",
-            "worker_http": [http_worker.address],
-        }
+        settings = _plaintext(token_file, http_port, http_worker)
         async with gateway(worker, **settings) as g:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{g.port}") as channel:
                 assert await _status_code(channel) == grpc.StatusCode.UNAUTHENTICATED
@@ -303,12 +311,7 @@ def test_open_repository_api_opens_model_control_only(
         auth.check({}, model_control=False)
 
     async def body() -> None:
-        settings = {
-            "auth": {"token_file": str(token_file), "open_repository_api": True},
-            "upstream": {"model_control_key": KEY},
-            "http_listen": f"127.0.0.1:{http_port}",
-            "worker_http": [http_worker.address],
-        }
+        settings = _plaintext(token_file, http_port, http_worker, open_repository_api=True)
         async with gateway(worker, **settings) as g:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{g.port}") as channel:
                 assert await _load_code(channel) == grpc.StatusCode.OK
