@@ -103,9 +103,7 @@ def add_build_options(parser: argparse.ArgumentParser, when: str = "") -> None:
         metavar="[MODEL=]N",
         help=f"requests Triton's queue in front of each front model holds{when}; more are "
         "refused UNAVAILABLE 'Exceeds maximum queue size', and a request's KServe timeout "
-        f"expires it in the queue; a bounded front gets {names.QUEUE_POLICY_MIN_INSTANCES} "
-        "instances unless --front-instances says otherwise (default: unbounded on one "
-        f"instance, where tritonserver 2.51 would hold requests ~500 ms at times; "
+        "expires it in the queue (default: "
         f"{names.DEFAULT_QUEUE_BATCHES} x the model's largest batch size, at least "
         f"{names.DEFAULT_QUEUE_MIN}, on fronts of {names.QUEUE_POLICY_MIN_INSTANCES} instances "
         "or more); MODEL=N for one "

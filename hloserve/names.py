@@ -66,9 +66,12 @@ PARAM_FOREIGN_BYTES = "hloserve.foreign_memory_bytes"
 DEFAULT_FRONT_INFLIGHT = 0
 #: Default of :data:`PARAM_RUNTIME_WAIT_S`, seconds.
 DEFAULT_RUNTIME_WAIT_S = 120.0
-#: CPU instances per front model (docs/serving.md, "Front instances"); a front whose queue is
-#: bounded gets :data:`QUEUE_POLICY_MIN_INSTANCES` unless ``--front-instances`` says otherwise.
-DEFAULT_FRONT_INSTANCES = 1
+#: CPU instances per stateless front model (docs/serving.md, "Front instances"): two, so that
+#: its bounded queue never stalls (:data:`QUEUE_POLICY_MIN_INSTANCES`).
+DEFAULT_FRONT_INSTANCES = 2
+#: CPU instances per stateful front model: Triton's sequence batcher coalesces sequences only
+#: within an instance (docs/serving.md, "Front instances").
+STATEFUL_FRONT_INSTANCES = 1
 #: Default of :data:`PARAM_MAX_REQUEST_BYTES`: 1 GiB.
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 #: Default ``max_queue_size`` of a front, in largest compiled batches (docs/serving.md, "Queue
@@ -76,11 +79,10 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 30
 DEFAULT_QUEUE_BATCHES = 16
 #: The default ``max_queue_size`` is never below this: twice the gateway's default admission.
 DEFAULT_QUEUE_MIN = 128
-#: Fewest front instances that get the default queue bound, and the instances of a front whose
-#: bound is asked for: tritonserver 2.51's dynamic batcher,
-#: once a model has a queue policy, wakes for a new request only while an instance waits for
-#: work, so with one instance a request arriving as that instance finishes waits ~500 ms
-#: (docs/serving.md, "Queue bounds and deadlines").
+#: Fewest front instances that get the default queue bound: tritonserver 2.51's dynamic
+#: batcher, once a model has a queue policy, wakes for a new request only while an instance
+#: waits for work, so with one instance a request arriving as that instance finishes waits
+#: ~500 ms (docs/serving.md, "Queue bounds and deadlines").
 QUEUE_POLICY_MIN_INSTANCES = 2
 #: ``default_timeout_microseconds`` of a bounded front queue: 1 hour, so only a request's own
 #: ``timeout`` expires it there.

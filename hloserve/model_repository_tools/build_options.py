@@ -97,8 +97,9 @@ class BuildOptions:
             "--front-instances",
             "N",
             "CPU instances of each front model{when} (default: "
-            f"{names.DEFAULT_FRONT_INSTANCES}; {names.QUEUE_POLICY_MIN_INSTANCES} for a model "
-            "whose queue --max-queue-size bounds)",
+            f"{names.DEFAULT_FRONT_INSTANCES}, {names.STATEFUL_FRONT_INSTANCES} for a stateful "
+            "model; a front of one instance gets no queue bound unless --max-queue-size asks, "
+            "where tritonserver 2.51 would hold requests ~500 ms at times)",
         ),
     )
     meta_concurrency: int = field(

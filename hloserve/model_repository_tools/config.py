@@ -49,15 +49,17 @@ def front_config(
 ) -> Any:
     """The front model's ``ModelConfig`` for a bundle (docs/serving.md).
 
-    A stateful bundle gets ``sequence_batching``; every other front a ``dynamic_batching``
-    whose ``default_queue_policy`` bounds the queue and honours a request's ``timeout``: the
-    bound ``options.queue`` gives the model (the front then gets
-    :data:`~hloserve.names.QUEUE_POLICY_MIN_INSTANCES` instances unless ``front_instances`` is
-    set), else, on a front of that many instances or more,
+    A stateful bundle gets ``sequence_batching`` and
+    :data:`~hloserve.names.STATEFUL_FRONT_INSTANCES` instance; every other front
+    :data:`~hloserve.names.DEFAULT_FRONT_INSTANCES` instances and a ``dynamic_batching`` whose
+    ``default_queue_policy`` bounds the queue and honours a request's ``timeout``: the bound
+    ``options.queue`` gives the model, else
     :data:`~hloserve.names.DEFAULT_QUEUE_BATCHES` x the largest compiled batch size, at least
-    :data:`~hloserve.names.DEFAULT_QUEUE_MIN`; a front of one instance gets no policy unless a
-    bound is given (docs/serving.md, "Queue bounds and deadlines": with a policy, tritonserver
-    2.51 holds a request ~500 ms in the queue at times when the model's only instance is busy).
+    :data:`~hloserve.names.DEFAULT_QUEUE_MIN`. ``options.front_instances`` (0: the default)
+    replaces the count; a front of fewer than :data:`~hloserve.names.QUEUE_POLICY_MIN_INSTANCES`
+    gets a policy only where a bound is given (docs/serving.md, "Queue bounds and deadlines":
+    with a policy, tritonserver 2.51 holds a request ~500 ms in the queue at times when the
+    model's only instance is busy).
 
     Raises:
         InvalidArgumentError: a tensor Triton cannot declare (a scalar of an unbatched model),
@@ -80,11 +82,8 @@ def front_config(
             io.reshape.SetInParent()  # per-item scalar: dims [1], the front returns [batch]
         # No reshape on inputs: Triton 2.51 skips its size check for a reshaped input and
         # crashes (SIGSEGV) on a 0-row request; the front drops the trailing 1 itself.
-    # 0: the default; a bounded dynamic-batching queue needs two (no 500 ms stall)
-    bounded = max_queue_size > 0 and not manifest.stateful
-    instances = options.front_instances or (
-        names.QUEUE_POLICY_MIN_INSTANCES if bounded else names.DEFAULT_FRONT_INSTANCES
-    )
+    default = names.STATEFUL_FRONT_INSTANCES if manifest.stateful else names.DEFAULT_FRONT_INSTANCES
+    instances = options.front_instances or default
     config.instance_group.add(count=instances, kind=m.ModelInstanceGroup.KIND_CPU)
     if max_queue_size < 0:
         raise InvalidArgumentError(f"max queue size must be >= 0, got {max_queue_size}")

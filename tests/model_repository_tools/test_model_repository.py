@@ -139,7 +139,7 @@ def test_golden_configs_parse_back(tmp_path: Path) -> None:
     ]
     assert list(front.dynamic_batching.preferred_batch_size) == [1, 2]
     assert front.dynamic_batching.max_queue_delay_microseconds == 500
-    assert [(g.count, g.kind) for g in front.instance_group] == [(1, KIND_CPU)]
+    assert [(g.count, g.kind) for g in front.instance_group] == [(2, KIND_CPU)]
     assert {k: v.string_value for k, v in front.parameters.items()} == {
         names.PARAM_BUNDLE: "1/bundle",
         names.PARAM_RUNTIME_MODEL: names.RUNTIME_MODEL,
@@ -211,7 +211,9 @@ def test_non_leading_batch_axis_gets_max_batch_size_0(odd_bundles: Path) -> None
     [nonlead] = [m for m in plan.models if m.name == "nonlead"]
     config = parse_config_text(nonlead.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")  # no queue bound asked for
+    # a dynamic_batching block for the default queue bound alone (no preferred sizes)
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 128
+    assert not config.dynamic_batching.preferred_batch_size
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [4, -1])]
     assert [(o.name, list(o.dims), o.HasField("reshape")) for o in config.output] == [
         ("y", [-1, 3], False),
@@ -224,11 +226,10 @@ def test_unbatched_model(odd_bundles: Path) -> None:
     [unbatched] = [m for m in plan.models if m.name == "unbatched"]
     config = parse_config_text(unbatched.config_text)
     assert config.max_batch_size == 0
-    assert not config.HasField("dynamic_batching")  # no queue bound asked for
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 128  # the default
     bounded = plan_repository(odd_bundles, queue=QueueOptions(max_queue_size=5))
     [unbatched] = [m for m in bounded.models if m.name == "unbatched"]
     bounded_config = parse_config_text(unbatched.config_text)
-    # a bounded queue gets two instances: one would stall ~500 ms at times (docs/serving.md)
     assert [g.count for g in bounded_config.instance_group] == [2]
     policy = bounded_config.dynamic_batching.default_queue_policy
     assert (policy.max_queue_size, policy.allow_timeout_override) == (5, True)

@@ -38,18 +38,21 @@ def test_the_plan_writes_the_default_the_global_and_the_per_model_bound(
         model = next(m for m in plan_repository(bundles, **kwargs).models if m.name == "tiny")
         return parse_config_text(model.config_text)
 
-    # the default: one front instance and no policy (tritonserver 2.51's ~500 ms stall)
+    # the default: two front instances and the default bound, max(128, 16 x the largest
+    # batch 4), with queue deadlines (two: tritonserver 2.51's one-instance ~500 ms stall)
     default = config()
-    assert [g.count for g in default.instance_group] == [names.DEFAULT_FRONT_INSTANCES] == [1]
-    assert not default.dynamic_batching.HasField("default_queue_policy")
-    # a bound asked for: two instances, so the one-instance stall cannot happen
+    assert [g.count for g in default.instance_group] == [names.DEFAULT_FRONT_INSTANCES] == [2]
+    policy = default.dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.allow_timeout_override) == (128, True)
+    assert policy.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
+    # a bound asked for: the default two instances keep it
     asked = config(queue=QueueOptions(per_model={"tiny": 3}))
-    assert [g.count for g in asked.instance_group] == [names.QUEUE_POLICY_MIN_INSTANCES] == [2]
+    assert [g.count for g in asked.instance_group] == [2]
     assert asked.dynamic_batching.default_queue_policy.max_queue_size == 3
-    # two instances asked for: the default bound, max(128, 16 x the largest batch 4)
-    two = config(front_instances=2).dynamic_batching.default_queue_policy
-    assert (two.max_queue_size, two.allow_timeout_override) == (128, True)
-    assert two.default_timeout_microseconds == names.QUEUE_TIMEOUT_US
+    # one instance asked for: no policy (the stall), the queue unbounded as Triton's default
+    lean = config(front_instances=1)
+    assert [g.count for g in lean.instance_group] == [1]
+    assert not lean.dynamic_batching.HasField("default_queue_policy")
     # one instance and a bound, both asked for: as asked
     one = config(front_instances=1, queue=QueueOptions(max_queue_size=3))
     assert [g.count for g in one.instance_group] == [1]
