@@ -5,13 +5,13 @@
 
 One ``hloserve serve`` (one worker under the node supervisor: a dead stub is reloaded, a dead
 tritonserver restarted) serves ``slow``: the golden ``affine`` bundle with a ``preprocess``
-hook sleeping ``--hook-ms`` per call, one front instance, Triton's queue bounded to
+hook sleeping ``--hook-ms`` per call, the default front instances (two), Triton's queue bounded to
 ``--max-queue-size`` requests; beside it ``watched``, the same bundle with no sleep, which the
 soak rewrites. A gateway (this process, HAProxy) stands in front of it. Every
 case runs against both targets, ``direct`` (the worker's gRPC port) and ``gateway``.
 
 **Overload**, per target: the saturation throughput of ``--clients`` closed-loop clients (as
-many as the queue and the one instance hold, so none is refused) over
+many as the queue and the two instances hold, so none is refused) over
 ``--measure-seconds`` and the p50 of one client alone (baseline); then ``--factor`` (3) times
 the saturation rate offered open-loop for ``--overload-seconds``. Checked: every accepted
 request answered correctly, every refused one Triton's queue-full status (UNAVAILABLE
@@ -65,6 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hloserve import names
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "affine"
@@ -183,7 +185,7 @@ class Worker:
         command = [
             *(sys.executable, "-m", "hloserve.cli", "serve", str(bundles)),
             *("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)),
-            *("--admin-port", str(admin), "--front-instances", "1"),
+            *("--admin-port", str(admin)),
             *("--max-queue-size", f"{MODEL}={max_queue_size}"),
         ]
         if watch_s is not None:
@@ -451,7 +453,8 @@ def overload(
 ) -> Case:
     """The overload case on ``target`` (module docstring)."""
     address = r.targets[target]
-    clients = clients or r.max_queue_size + 1  # as many as the queue and the instance hold
+    # as many as the queue and the instances hold
+    clients = clients or r.max_queue_size + names.DEFAULT_FRONT_INSTANCES
     case = Case(f"overload {target}")
     one = Sender(target, address, 30.0)
     closed_loop([one], 1.0)  # warm
@@ -702,7 +705,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--overload-seconds", type=float, default=60.0)
     parser.add_argument("--measure-seconds", type=float, default=5.0)
-    parser.add_argument("--clients", type=int, default=None, help="default: queue bound + 1")
+    parser.add_argument(
+        "--clients", type=int, default=None, help="default: queue bound + front instances"
+    )
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--rss-slack-mib", type=float, default=200.0)
     parser.add_argument(

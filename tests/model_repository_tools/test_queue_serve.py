@@ -50,7 +50,8 @@ def make_slow(tiny_bundle_src: Path, out: Path, edit: Callable[..., None]) -> Pa
 
 def export_heavy(out: Path) -> Path:
     """A bundle whose one execution keeps the runtime busy for seconds on a CPU
-    (600000 dependent 256x256 steps: 2 to 4 s here): ``y = f(x)``, f32 ``(1, 256)``."""
+    (1200000 dependent 256x256 steps: 3 s on an idle 2-core machine, more when loaded):
+    ``y = f(x)``, f32 ``(1, 256)``."""
     import jax
     import jax.numpy as jnp
 
@@ -58,7 +59,7 @@ def export_heavy(out: Path) -> Path:
 
     def heavy(_params: Any, x: Any) -> Any:
         step = jnp.eye(256, dtype=jnp.float32) * 1.0001
-        return jax.lax.fori_loop(0, 600_000, lambda _, y: jnp.tanh(y @ step), x)
+        return jax.lax.fori_loop(0, 1_200_000, lambda _, y: jnp.tanh(y @ step), x)
 
     x = TensorSpec(name="x", dtype="f32", shape="nk", dims={"k": 256})
     export_bundle(heavy, {}, [x], [OutputSpec("y", "nk")], [1], out)
@@ -231,7 +232,7 @@ def test_a_request_cancelled_in_the_runtimes_queue_is_shed(server: TritonServer,
     busy = threading.Thread(target=grpc.infer, args=("heavy", [heavy]))
     started = time.monotonic()
     busy.start()
-    # the runtime executes heavy (2 to 4 s here; a loaded machine may take a second to start
+    # the runtime executes heavy (3 s or more here; a loaded machine may take a second to start
     # it): tiny's work waits in its queue
     time.sleep(1.0)
     try:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hloserve import names
 from hloserve.bundle.bundle import load_bundle
 from hloserve.errors import NodeError
 from hloserve.model_repository_tools.build import build_repository
@@ -127,17 +128,19 @@ def infer(node: Any) -> str:
     return "OK"
 
 
-def kill_stub(node: Any, model: str) -> int:
-    """SIGKILL ``model``'s stub in worker 0's container (a host pid); its pid."""
+def kill_stubs(node: Any, model: str) -> list[int]:
+    """SIGKILL every stub of ``model`` (each front instance's) in worker 0's container (host
+    pids), so that the model serves again only once recovered; their pids."""
     from hloserve.node.docker_runtime import ContainerStubs
 
     container = node._containers[0]
     container.reload()
     stubs = [s for s in ContainerStubs(container, node.config.tritonserver).stub_processes()]
     pids = [s.pid for s in stubs if s.model == model and not s.dead]
-    assert pids, f"no live stub of {model!r}: {stubs}"
-    os.kill(pids[0], signal.SIGKILL)
-    return pids[0]
+    assert len(pids) == names.DEFAULT_FRONT_INSTANCES, f"stubs of {model!r}: {stubs}"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def recover(node: Any) -> tuple[float, list[str]]:
@@ -159,11 +162,11 @@ def test_explicit_mode_reloads_the_model_of_a_dead_stub(
     explicit: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert infer(explicit) == "OK"
-    pid = kill_stub(explicit, "affine")
+    pids = kill_stubs(explicit, "affine")
     took, failures = recover(explicit)
     out = capsys.readouterr().out
     print(f"recovered in {took:.1f} s; failures {failures[:2]}")
-    assert f"stub pid {pid}" in out and "reloading" in out, out[-3000:]
+    assert any(f"stub pid {pid}" in out for pid in pids) and "reloading" in out, out[-3000:]
     assert "model 'affine': reloaded" in out, out[-3000:]
     assert all("not healthy" in f for f in failures), failures
 
@@ -172,7 +175,7 @@ def test_none_mode_restarts_the_container_after_the_backoff(
     none_mode: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert infer(none_mode) == "OK"
-    kill_stub(none_mode, "affine")
+    kill_stubs(none_mode, "affine")
     took, failures = recover(none_mode)
     out = capsys.readouterr().out
     print(f"recovered in {took:.1f} s; failures {sorted(set(f[:60] for f in failures))}")
