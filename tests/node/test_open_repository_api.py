@@ -111,6 +111,10 @@ def _model_control_calls(
     after = _infer(client)
     for name in before:  # the same front: same answers, same shapes (label's reshape kept)
         np.testing.assert_array_equal(after[name], before[name])
+    # below the generated preferred sizes [1, 2]: those above it are left out, not refused
+    client.load_model("affine", headers=headers, config='{"max_batch_size":"1"}')
+    assert _config(client) == {"max_batch_size": 1, "backend": "python"}
+    assert _preferred(client) == [1]
     client.unload_model("affine", headers=headers)
     assert not client.is_model_ready("affine")
     with pytest.raises(InferenceServerException) as wrong:
@@ -129,6 +133,14 @@ def _config(client: Any) -> dict[str, Any]:
     if isinstance(config, dict):
         return {"max_batch_size": config["max_batch_size"], "backend": config["backend"]}
     return {"max_batch_size": config.config.max_batch_size, "backend": config.config.backend}
+
+
+def _preferred(client: Any) -> list[int]:
+    """``affine``'s ``dynamic_batching.preferred_batch_size``."""
+    config = client.get_model_config("affine")
+    if isinstance(config, dict):  # HTTP: the config itself
+        return [int(s) for s in config["dynamic_batching"]["preferred_batch_size"]]
+    return list(config.config.dynamic_batching.preferred_batch_size)
 
 
 def _infer(client: Any) -> dict[str, np.ndarray]:

@@ -176,7 +176,14 @@ class OverriddenFront(TritonPythonModel):
         scheduled = "sequence_batching" in override or "dynamic_batching" in override
         if "dynamic_batching" in disk and not scheduled:
             config.set_dynamic_batching()  # checks, then the generated block (queue policy)
-            override["dynamic_batching"] = disk["dynamic_batching"]
+            block = dict(disk["dynamic_batching"])
+            # Triton refuses a preferred size above max_batch_size: keep those that fit an
+            # override's smaller max_batch_size (the compiled sizes stay the runtime's)
+            largest = int(override.get("max_batch_size") or disk.get("max_batch_size") or 0)
+            preferred = [s for s in block.pop("preferred_batch_size", []) if int(s) <= largest]
+            if preferred:
+                block["preferred_batch_size"] = preferred
+            override["dynamic_batching"] = block
         return config
 
     def initialize(self, args: dict[str, str]) -> None:
