@@ -243,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_build_options(build)
     build.add_argument(
-        "--overwrite", action="store_true", help="replace REPO_DIR if it exists (atomically)"
+        "--overwrite",
+        action="store_true",
+        help="replace REPO_DIR if it exists (atomically; only a repository hloserve built, or an "
+        "empty directory)",
     )
     build.set_defaults(func=_repo_build)
     repo_validate = repo_cmds.add_parser(

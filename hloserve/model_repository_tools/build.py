@@ -59,7 +59,8 @@ def write_repository(
 
     Raises:
         RepositoryError (FAILED_PRECONDITION): ``out_dir`` exists and ``overwrite`` is False,
-            or is not a directory, or holds a bundle source.
+            or is not a directory, or holds a bundle source, or is a non-empty directory that is
+            not a repository hloserve built (no ``hloserve_runtime/config.pbtxt``).
         ArtifactError: an MLIR text executable does not convert (nothing is left behind).
     """
     out = Path(out_dir).absolute()
@@ -88,7 +89,8 @@ def build_repository(
 ) -> RepositoryPlan:
     """:func:`plan_repository` then :func:`write_repository` (their errors); returns the plan."""
     out = Path(out_dir).absolute()
-    _check_target(out, [], overwrite)  # fail before validating when the answer is known
+    # fail before validating when the answer is known
+    _check_target(out, [Path(bundles_dir)], overwrite)
     plan = plan_repository(bundles_dir, options, progress=progress, **fields)
     write_repository(plan, out, overwrite=overwrite, progress=progress)
     return plan
@@ -114,6 +116,13 @@ def _check_target(out: Path, sources: Sequence[Path], overwrite: bool) -> None:
                 f"{out} holds the bundle {source}; write the repository somewhere else",
                 status=Status.FAILED_PRECONDITION,
             )
+    built = (out / names.RUNTIME_MODEL / "config.pbtxt").is_file()
+    if out.is_dir() and any(out.iterdir()) and not built:
+        raise RepositoryError(
+            f"{out} exists and is not a repository hloserve built (no "
+            f"{names.RUNTIME_MODEL}/config.pbtxt); refusing to replace it: choose a new path",
+            status=Status.FAILED_PRECONDITION,
+        )
 
 
 def _write_tree(plan: RepositoryPlan, root: Path, progress: Progress | None) -> None:

@@ -14,8 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hloserve import names
-from hloserve.errors import FailedPreconditionError, NotFoundError
+from hloserve.errors import NotFoundError
 from hloserve.node import serve_options
 from hloserve.node.serve_options import ServeOptions
 from hloserve.node.supervisor import Node, run_node, stop_on_signals
@@ -39,7 +38,13 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
         yield path
         return
     from hloserve.bundle.bundle import discover_bundles
+    from hloserve.bundle.manifest import MANIFEST_FILE
 
+    if (path / MANIFEST_FILE).is_file():
+        raise NotFoundError(
+            f"{path}: a bundle, not a bundles directory; serve the directory that holds it "
+            f"({path.parent})"
+        )
     if not discover_bundles(path):
         raise NotFoundError(
             f"{path}: neither a bundles directory (no */manifest.yaml) "
@@ -52,12 +57,7 @@ def prepared_repository(options: ServeOptions) -> Iterator[Path]:
         scratch = Path(tempfile.mkdtemp(prefix="hloserve-repository-"))
         out = scratch / "repository"
     else:
-        out = options.repository_out
-        if out.exists() and not (out / names.RUNTIME_MODEL / "config.pbtxt").is_file():
-            raise FailedPreconditionError(
-                f"--repository-out {out} exists and is not a repository hloserve built; "
-                "choose a new path (hloserve replaces only its own repositories)"
-            )
+        out = options.repository_out  # build_repository replaces only its own repositories
     try:
         log.info("building the model repository from bundles in %s into %s", path, out)
         build_repository(path, out, options.build, overwrite=True)

@@ -365,6 +365,23 @@ def test_existing_repository_needs_overwrite(bundles: Path, tmp_path: Path) -> N
     assert _digest(repo) == before
 
 
+def test_overwrite_never_replaces_a_directory_hloserve_did_not_build(
+    bundles: Path, tmp_path: Path
+) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(RepositoryError, match="is not a repository hloserve built") as info:
+        build_repository(bundles, precious, overwrite=True)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert (precious / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build_repository(bundles, empty, overwrite=True)  # an empty directory is fine
+    build_repository(bundles, empty, overwrite=True)  # and so is its own repository
+    assert (empty / names.RUNTIME_MODEL / "config.pbtxt").is_file()
+
+
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
 def test_overwrite_replaces_whole_repository(
     bundles: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool

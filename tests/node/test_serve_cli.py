@@ -122,6 +122,15 @@ def test_serve_refuses_a_directory_without_bundles_or_models(tmp_path: Path) -> 
     assert "neither a bundles directory" in result.stderr
 
 
+def test_serve_of_a_bundle_itself_names_the_directory_to_serve(tmp_path: Path) -> None:
+    result = run_cli("serve", GOLDEN / "affine")  # the bundle, not the folder holding it
+    assert result.returncode == 1
+    assert "error (NOT_FOUND)" in result.stderr and "a bundle, not a bundles directory" in (
+        result.stderr
+    )
+    assert f"serve the directory that holds it ({GOLDEN})" in result.stderr
+
+
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hloserve.cli", *map(str, args)],
