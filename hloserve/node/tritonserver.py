@@ -34,6 +34,9 @@ from hloserve.node.triton_options import TritonServerOptions, TritonServerUrls, 
 from hloserve.ports import check_ports_free
 
 _LOG_TAIL_LINES = 60
+#: First lines of the server's output kept too: an argument error ("unrecognized option")
+#: comes first, before hundreds of lines of usage text.
+_LOG_HEAD_LINES = 3
 _POLL_INTERVAL_S = 0.1
 
 
@@ -108,6 +111,8 @@ class TritonServer:
         self._owns_run_dir = False
         self._shm_prefix = f"hloserve-{os.getpid()}-{secrets.token_hex(4)}-"
         self._tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
+        self._head: list[str] = []
+        self._lines = 0
         self._log_handle: IO[bytes] | None = None
         self._forwarder: threading.Thread | None = None
         self._stub_argv: dict[int, list[str]] = {}  # a zombie's /proc cmdline is empty
@@ -220,14 +225,16 @@ class TritonServer:
             )
 
     def log_tail(self) -> str:
-        """The last 60 lines of the server's output (from ``log_file`` if set)."""
+        """The last 60 lines of the server's output (from ``log_file`` if set); from the
+        output itself, its first 3 lines too when they are not among those."""
         log_file = self.options.log_file
         if log_file is not None and log_file.exists():
             with log_file.open("rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
                 text = f.read().decode(errors="replace")
             return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
-        return "".join(self._tail).rstrip("\n")
+        head = self._head if self._lines > len(self._head) + len(self._tail) else []
+        return "".join([*head, *(["...\n"] if head else []), *self._tail]).rstrip("\n")
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -295,7 +302,11 @@ class TritonServer:
         """Copy the server's output to file descriptor 1, keeping the last lines."""
         with pipe:
             for line in iter(pipe.readline, b""):
-                self._tail.append(line.decode(errors="replace"))
+                text = line.decode(errors="replace")
+                if len(self._head) < _LOG_HEAD_LINES:
+                    self._head.append(text)
+                self._tail.append(text)
+                self._lines += 1
                 with contextlib.suppress(OSError):
                     os.write(1, line)
 

@@ -13,6 +13,7 @@ declares it unhealthy. ``_to_pb`` hands over the capsule and renames it as NumPy
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import importlib.util
 import os
@@ -319,6 +320,27 @@ def test_wait_ready_reports_model_failure_with_log_tail(tmp_path: Path) -> None:
             server.wait_ready(60.0)
     finally:
         server.stop()
+
+
+def test_an_argument_tritonserver_refuses_is_named_before_its_usage_text(tmp_path: Path) -> None:
+    """tritonserver prints "unrecognized option" first, then ~400 lines of usage: the error
+    keeps the first lines as well as the last."""
+    repo = tmp_path / "repo"
+    _write_model(repo, "broken", "python", BROKEN_BACKEND)
+    options = dataclasses.replace(
+        TritonServerOptions.on_free_ports(repo), extra_args=("--bogus-flag=1",)
+    )
+    server = ts.TritonServer(options)
+    server.start()
+    try:
+        with pytest.raises(TritonServerError) as info:
+            server.wait_ready(60.0)
+    finally:
+        server.stop()
+    message = str(info.value)
+    assert "exited with code 1 before it was ready" in message, message[:500]
+    assert "unrecognized option '--bogus-flag=1'" in message, message[:500]
+    assert message.count("\n") < 70  # the head, "...", the tail: not the whole usage text
 
 
 def test_stop_leaves_no_process_nor_files(tmp_path: Path) -> None:
