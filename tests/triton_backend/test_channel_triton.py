@@ -14,6 +14,7 @@ import shutil
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,21 @@ def test_no_segment_is_left_after_a_stop_and_a_killed_servers_are_cleaned(
     assert re.match(r"\d+", str(_namespace()))
 
 
+def _weight_series(server: TritonServer, model: str) -> dict[str, float]:
+    """``model``'s resident bytes and weight bytes on the server's metrics port."""
+    with urllib.request.urlopen(f"http://{server.urls.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = {}
+    for key, metric in (
+        ("resident", "hloserve_weight_resident_bytes"),
+        ("weights", "hloserve_weight_bytes"),
+    ):
+        for line in text.splitlines():
+            if line.startswith(metric + "{") and f'model="{model}"' in line:
+                found[key] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def test_loading_a_model_under_load_leaves_the_runtime_and_the_others_alone(
     watched: Watched,
 ) -> None:
@@ -269,8 +285,14 @@ def test_loading_a_model_under_load_leaves_the_runtime_and_the_others_alone(
     client.load_model("late", headers=control)
     during = count()
     assert client.infer("late", [_x()]).as_numpy("y").shape == (1, 3)
+    assert _weight_series(server, "late") == {"resident": 60.0, "weights": 60.0}
     client.unload_model("late", headers=control)
     time.sleep(0.5)
+    deadline = time.monotonic() + 10  # the runtime lets go once the last front has gone
+    while any(_weight_series(server, "late").values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # no bytes counted for it any more (the rows add up to the total; placement reads them)
+    assert _weight_series(server, "late") == {"resident": 0.0, "weights": 0.0}
     stop.set()
     loop.join(60)
     (outcome,) = results

@@ -81,6 +81,9 @@ class Events:
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         self.log.append(("evict", name, resident_bytes))
 
+    def removed(self, name: str, resident_bytes: int) -> None:
+        self.log.append(("remove", name, resident_bytes))
+
     def resized(self, budget_bytes: int) -> None:
         self.log.append(("resize", "", budget_bytes))
 
@@ -292,6 +295,9 @@ def test_observer_sees_every_load_and_eviction_with_totals() -> None:
         ("evict", "a", 0),
         ("load", "b", KIB),
     ]
+    cache.remove("b")  # its model unloaded: the metrics drop its series
+    cache.remove("b")  # no-op, no event
+    assert events.log[-1:] == [("remove", "b", 0)]
 
 
 def test_concurrent_acquires_stay_within_budget() -> None:

@@ -96,6 +96,9 @@ def test_budget_and_residency_from_parameters_serve_correctly(repo: Path) -> Non
         def evicted(self, name: str, nbytes: int, resident: int) -> None:
             events.append(("evict", name))
 
+        def removed(self, name: str, resident: int) -> None:
+            events.append(("remove", name))
+
     budgets: list[int | None] = []
 
     def observer(budget: int | None, names_: Any) -> Observer:

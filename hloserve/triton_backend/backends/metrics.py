@@ -161,6 +161,18 @@ class TritonCacheMetrics:
                 series[metric_names.WEIGHT_EVICTIONS].increment(1.0)
             self._total.set(float(resident_bytes))
 
+    def removed(self, name: str, resident_bytes: int) -> None:
+        """``name``'s resident and weight bytes to 0 (its model was unloaded: the per-model rows
+        add up to the total again, and placement counts no bytes for it). The series stay:
+        the Python backend deletes a metric only with its family."""
+        with self._lock:
+            if (series := self._series.get(name)) is not None:
+                series[_RESIDENT].set(0.0)
+            if (size := self._size.get(name)) is not None:
+                size.set(0.0)
+            if self._total is not None:
+                self._total.set(float(resident_bytes))
+
     def resized(self, budget_bytes: int) -> None:
         with self._lock:
             if self._budget is not None:

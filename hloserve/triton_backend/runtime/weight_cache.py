@@ -68,6 +68,10 @@ class CacheObserver(Protocol):
     def evicted(self, name: str, nbytes: int, resident_bytes: int) -> None:
         """``name``'s weights left the device; ``resident_bytes`` is the new total."""
 
+    def removed(self, name: str, resident_bytes: int) -> None:
+        """``name`` left the cache (its model was unloaded); ``resident_bytes`` is the new
+        total."""
+
     def resized(self, budget_bytes: int) -> None:
         """The budget became ``budget_bytes`` (:meth:`WeightCache.resize`)."""
 
@@ -234,6 +238,8 @@ class WeightCache:
                     self._transfer.delete(arrays)
             model.host = None
             self._released.notify_all()
+            if self._observer is not None:
+                self._observer.removed(name, self._resident_bytes())
 
     @property
     def resident_bytes(self) -> int:
