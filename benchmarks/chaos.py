@@ -19,7 +19,7 @@ request answered correctly, every refused one Triton's queue-full status (UNAVAI
 ``--rss-slack-mib`` (200) of the baseline, and the p50 of one client over the 5 s after back
 within 1.2x of the baseline.
 
-**Kills**, each once under load (one closed-loop client per target): a front stub, the
+**Kills**, each once under load (one closed-loop client per target): the front stubs, the
 runtime stub, the tritonserver, the gateway's HAProxy master (``haproxy``: the gateway starts
 it again, docs/gateway.md), SIGKILLed. Checked: no request hangs (every one answered within
 ``--hang-seconds``), failures carry the statuses docs/serving.md lists (UNAVAILABLE, INTERNAL),
@@ -498,7 +498,9 @@ def overload(
 
 
 def _kill(r: Rig, kind: str) -> int:
-    """SIGKILL the process of ``kind`` (front, runtime, tritonserver, haproxy); its pid."""
+    """SIGKILL the process of ``kind`` (front: every front stub of the model, one per
+    instance, so that it serves again only once reloaded; runtime, tritonserver, haproxy); the
+    first pid."""
     if kind == "haproxy":  # the gateway runs in this process: HAProxy's master is its child
         pids = [p for p in children(os.getpid()) if (cmdline(p) or [b""])[0].endswith(b"haproxy")]
     elif kind == "tritonserver":
@@ -507,7 +509,8 @@ def _kill(r: Rig, kind: str) -> int:
         pids = r.stubs(MODEL if kind == "front" else "hloserve_runtime")
     if not pids:
         raise RuntimeError(f"no {kind} process to kill:\n" + r.tail())
-    os.kill(pids[0], signal.SIGKILL)
+    for pid in pids if kind == "front" else pids[:1]:
+        os.kill(pid, signal.SIGKILL)
     return pids[0]
 
 
