@@ -243,10 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_build_options(build)
     build.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace REPO_DIR if it exists (atomically; only a repository hloserve built, or an "
-        "empty directory)",
+        "--overwrite", action="store_true", help="replace REPO_DIR if hloserve built it, atomically"
     )
     build.set_defaults(func=_repo_build)
     repo_validate = repo_cmds.add_parser(
